@@ -1,0 +1,114 @@
+//! Timing suites: `weft bench [SUITE] [--quick] [--json PATH] [--csv PATH]`. Every rank times,
+//! results are combined across ranks (the slowest rank's median is the reported time), rank 0
+//! prints the table and writes the files.
+
+mod nccl;
+
+use crate::job::Job;
+use crate::json::Json;
+use crate::results::{today, RunMeta, Table};
+use anyhow::{bail, Context};
+use std::path::PathBuf;
+
+pub const SUITES: &[&str] = &["nccl"];
+
+#[derive(Debug, Default, PartialEq)]
+pub struct BenchOptions {
+    pub suites: Vec<String>,
+    pub json: Option<PathBuf>,
+    pub csv: Option<PathBuf>,
+    pub quick: bool,
+}
+
+/// What one suite measured: the table rank 0 prints and the rows of its results file.
+pub struct SuiteResult {
+    pub table: Table,
+    pub rows: Vec<Json>,
+}
+
+pub fn parse(args: &[String]) -> anyhow::Result<BenchOptions> {
+    let mut o = BenchOptions::default();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--quick" => o.quick = true,
+            "--json" => o.json = Some(it.next().context("--json needs a file path")?.into()),
+            "--csv" => o.csv = Some(it.next().context("--csv needs a file path")?.into()),
+            s if s.starts_with('-') => bail!("weft bench: unknown option {s:?} (options: --quick, --json PATH, --csv PATH)"),
+            s if SUITES.contains(&s) => o.suites.push(s.to_string()),
+            s => bail!("weft bench: unknown suite {s:?} (suites: {})", SUITES.join(", ")),
+        }
+    }
+    if o.suites.is_empty() {
+        o.suites = SUITES.iter().map(|s| s.to_string()).collect();
+    }
+    if (o.json.is_some() || o.csv.is_some()) && o.suites.len() > 1 {
+        bail!("weft bench: --json/--csv write one suite's results: name the suite ({})", SUITES.join(", "));
+    }
+    Ok(o)
+}
+
+pub fn run(job: &mut Job, opts: &BenchOptions) -> anyhow::Result<()> {
+    let gpu = job.gpu().map_err(|why| anyhow::anyhow!("weft bench needs a GPU: {why}"))?;
+    let device = crate::info::gpu_info(gpu.ordinal)?.name;
+    for suite in &opts.suites {
+        let result = match suite.as_str() {
+            "nccl" => nccl::run(job, opts.quick)?,
+            other => bail!("unknown suite {other}"),
+        };
+        if job.rank() != 0 {
+            continue;
+        }
+        println!("\n# weft bench {suite}: {} ranks, {device}\n{}", job.world(), result.table.render());
+        let meta = RunMeta {
+            suite: suite.clone(),
+            device: device.clone(),
+            gpus: job.world(),
+            driver: crate::nvml::driver_version(),
+            commit: env!("WEFT_COMMIT").to_string(),
+            date: today(),
+            command: format!("{} ({} ranks, launcher {:?})", std::env::args().collect::<Vec<_>>().join(" "), job.world(), job.env.launcher),
+        };
+        if let Some(path) = &opts.json {
+            write_file(path, &meta.to_json(result.rows).render())?;
+            println!("wrote {}", path.display());
+        }
+        if let Some(path) = &opts.csv {
+            write_file(path, &result.table.csv())?;
+            println!("wrote {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+fn write_file(path: &PathBuf, text: &str) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn parses_suites_and_options() {
+        let o = parse(&words("nccl --quick --json r.json")).unwrap();
+        assert_eq!(o.suites, vec!["nccl"]);
+        assert!(o.quick);
+        assert_eq!(o.json, Some(PathBuf::from("r.json")));
+        assert_eq!(parse(&[]).unwrap().suites, SUITES.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn rejects_unknown_suites_and_options() {
+        assert!(parse(&words("gemmm")).unwrap_err().to_string().contains("unknown suite \"gemmm\""));
+        assert!(parse(&words("--fast")).unwrap_err().to_string().contains("unknown option"));
+        assert!(parse(&words("nccl --json")).unwrap_err().to_string().contains("needs a file path"));
+    }
+}

@@ -1,0 +1,81 @@
+//! One rank's view of the job: its launcher variables, the rendezvous with the other ranks, its
+//! GPU (or why there is none) and, created on first use, its NCCL communicator.
+
+use anyhow::Context;
+use cudarc::driver::{CudaContext, CudaStream};
+use std::sync::Arc;
+use std::time::Duration;
+use weft_pgl::gpu::{self, GpuAvailability};
+use weft_pgl::nccl::Communicator;
+use weft_pgl::rank_env::RankEnv;
+use weft_pgl::rendezvous::Rendezvous;
+
+/// How long ranks wait for each other at start-up.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The GPU this rank drives: its primary context (cudarc event tracking off — weft synchronises
+/// explicitly) and a stream for the suites.
+pub struct Gpu {
+    pub ordinal: usize,
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+}
+
+pub struct Job {
+    pub env: RankEnv,
+    pub rdzv: Rendezvous,
+    gpu: Result<Gpu, String>,
+    comm: Option<Communicator>,
+}
+
+impl Job {
+    /// Reads the launcher's variables, meets the other ranks and opens this rank's GPU if any.
+    pub fn start() -> anyhow::Result<Self> {
+        let env = RankEnv::from_env().context("reading the launcher's rank variables")?;
+        let rdzv = Rendezvous::connect(&env, CONNECT_TIMEOUT)
+            .with_context(|| format!("rank {} of {}: rendezvous", env.rank, env.world))?;
+        let gpu = match gpu::probe() {
+            GpuAvailability::Absent { reason } => Err(reason),
+            GpuAvailability::Present { count } => Ok(open_gpu(&env, count)?),
+        };
+        Ok(Self { env, rdzv, gpu, comm: None })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.env.rank
+    }
+
+    pub fn world(&self) -> usize {
+        self.env.world
+    }
+
+    /// This rank's GPU, or the reason it has none (GPU trials are ignored with that reason).
+    pub fn gpu(&self) -> Result<&Gpu, &str> {
+        self.gpu.as_ref().map_err(|r| r.as_str())
+    }
+
+    /// The NCCL communicator over all ranks; collective on first call.
+    pub fn comm(&mut self) -> anyhow::Result<&Communicator> {
+        if self.comm.is_none() {
+            let gpu = self.gpu.as_ref().map_err(|r| anyhow::anyhow!("no GPU: {r}"))?;
+            self.comm = Some(Communicator::new(&mut self.rdzv, &gpu.ctx)?);
+        }
+        Ok(self.comm.as_ref().unwrap())
+    }
+
+    /// The communicator together with the GPU (both borrowed at once).
+    pub fn comm_and_gpu(&mut self) -> anyhow::Result<(&Communicator, &Gpu)> {
+        self.comm()?;
+        let gpu = self.gpu.as_ref().map_err(|r| anyhow::anyhow!("no GPU: {r}"))?;
+        Ok((self.comm.as_ref().unwrap(), gpu))
+    }
+}
+
+fn open_gpu(env: &RankEnv, count: usize) -> anyhow::Result<Gpu> {
+    let ordinal = gpu::device_for_rank(env, count)?;
+    let ctx = CudaContext::new(ordinal).with_context(|| format!("rank {}: opening GPU {ordinal}", env.rank))?;
+    // SAFETY: weft orders its streams itself (events, synchronize) and frees nothing in use.
+    unsafe { ctx.disable_event_tracking() };
+    let stream = ctx.new_stream()?;
+    Ok(Gpu { ordinal, ctx, stream })
+}

@@ -1,0 +1,125 @@
+//! `weft`: runs weft's correctness and timing suites on every rank of a job.
+//!
+//! ```text
+//! weft                         info, the correctness suite, then a quick benchmark, on all local GPUs
+//! weft info                    GPUs, SMs, memory, peer access, NVLink, driver/CUDA/NCCL versions
+//! weft test [FILTER] [FLAGS]   correctness trials (libtest flags: --list, --exact, --ignored, …)
+//! weft bench [SUITE] [--quick] [--json PATH] [--csv PATH]
+//! weft launch -n N -- CMD …    N local ranks (one per GPU), stopped together on any failure
+//! ```
+//! Under a launcher (mpirun, srun, torchrun, `weft launch`) every rank runs the same command;
+//! rank 0 prints.
+
+mod bench;
+mod data;
+mod info;
+mod job;
+mod json;
+mod nvml;
+mod results;
+mod suites;
+mod timing;
+mod trials;
+
+use anyhow::Context;
+use job::Job;
+use std::ffi::OsString;
+use std::process::ExitCode;
+use weft_pgl::gpu::{self, GpuAvailability};
+use weft_pgl::launch::{self, LaunchSpec};
+use weft_pgl::rank_env::{Launcher, RankEnv};
+
+const USAGE: &str = "\
+usage:
+  weft                          info, correctness suite and a quick benchmark on all local GPUs
+  weft info                     describe the GPUs, links and library versions
+  weft test [FILTER] [FLAGS]    correctness trials (libtest flags: --list, --exact, --skip, …)
+  weft bench [SUITE] [--quick] [--json PATH] [--csv PATH]   timing suites (suites: nccl)
+  weft launch -n N -- CMD [ARGS…]   start N local ranks of CMD
+Under mpirun / srun / torchrun / weft launch every rank runs the same command; rank 0 prints.";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        None => default_run(true),
+        Some("--no-info") if args.len() == 1 => default_run(false),
+        Some("info") => info::print().map(|()| ExitCode::SUCCESS),
+        Some("test") => test(&args[1..]),
+        Some("bench") => bench_command(&args[1..]),
+        Some("launch") => {
+            let rest: Vec<OsString> = std::env::args_os().skip(2).collect();
+            launch::parse_launch_args(&rest).and_then(|spec| launch::run_local(&spec)).map(|()| ExitCode::SUCCESS)
+        }
+        Some("help" | "--help" | "-h") => {
+            println!("{USAGE}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(other) => Err(anyhow::anyhow!("unknown command {other:?}\n{USAGE}")),
+    };
+    result.unwrap_or_else(|e| {
+        let who = std::env::var("WEFT_RANK").or_else(|_| std::env::var("OMPI_COMM_WORLD_RANK")).map(|r| format!(" (rank {r})")).unwrap_or_default();
+        eprintln!("weft{who}: error: {e:#}");
+        ExitCode::FAILURE
+    })
+}
+
+fn test(args: &[String]) -> anyhow::Result<ExitCode> {
+    let job = Job::start()?;
+    let flags = libtest_mimic::Arguments::from_iter(std::iter::once("weft test".to_string()).chain(args.iter().cloned()));
+    let (conclusion, _job) = trials::run(job, suites::all(), flags);
+    Ok(conclusion.exit_code())
+}
+
+fn bench_command(args: &[String]) -> anyhow::Result<ExitCode> {
+    let opts = bench::parse(args)?;
+    let mut job = Job::start()?;
+    if let Err(e) = bench::run(&mut job, &opts) {
+        job.rdzv.abort(&format!("{e:#}"));
+        return Err(e);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Plain `weft`: the main job on every local GPU. Not under a launcher, it starts one rank per
+/// GPU itself (after printing the host description once).
+fn default_run(print_info: bool) -> anyhow::Result<ExitCode> {
+    let env = RankEnv::from_env().context("reading the launcher's rank variables")?;
+    if env.launcher == Launcher::Standalone {
+        let count = match gpu::probe() {
+            GpuAvailability::Absent { reason } => {
+                eprintln!(
+                    "weft: no GPU available ({reason}).\nweft's main job runs on NVIDIA GPUs; on this machine `weft test` runs the CPU checks."
+                );
+                return Ok(ExitCode::from(2));
+            }
+            GpuAvailability::Present { count } => count,
+        };
+        info::print()?;
+        if count > 1 {
+            println!("\nstarting one rank per GPU ({count} ranks)");
+            let exe = std::env::current_exe().context("locating the weft executable")?;
+            launch::run_local(&LaunchSpec { ranks: count, program: exe.into(), args: vec!["--no-info".into()] })?;
+            return Ok(ExitCode::SUCCESS);
+        }
+    } else if print_info && env.rank == 0 {
+        info::print()?;
+    }
+    let job = Job::start()?;
+    if let Err(why) = job.gpu() {
+        anyhow::bail!("rank {}: no GPU available: {why}", job.rank());
+    }
+    if job.rank() == 0 {
+        println!("\n# correctness ({} ranks)", job.world());
+    }
+    let flags = libtest_mimic::Arguments::from_iter(["weft"]);
+    let (conclusion, mut job) = trials::run(job, suites::all(), flags);
+    if conclusion.has_failed() {
+        return Ok(conclusion.exit_code());
+    }
+    let opts = bench::BenchOptions { suites: vec!["nccl".into()], quick: true, ..Default::default() };
+    if let Err(e) = bench::run(&mut job, &opts) {
+        job.rdzv.abort(&format!("{e:#}"));
+        return Err(e);
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,101 @@
+//! Results files: `{"suite", "device", "gpus", "driver", "commit", "date", "command", "rows"}`
+//! (DESIGN.md §5), shared by every timing suite so runs can be compared and plotted.
+
+use crate::json::Json;
+
+/// Where and how a timing run was made.
+pub struct RunMeta {
+    pub suite: String,
+    pub device: String,
+    pub gpus: usize,
+    pub driver: String,
+    pub commit: String,
+    pub date: String,
+    pub command: String,
+}
+
+impl RunMeta {
+    pub fn to_json(&self, rows: Vec<Json>) -> Json {
+        Json::obj([
+            ("suite", Json::from(self.suite.as_str())),
+            ("device", Json::from(self.device.as_str())),
+            ("gpus", Json::from(self.gpus)),
+            ("driver", Json::from(self.driver.as_str())),
+            ("commit", Json::from(self.commit.as_str())),
+            ("date", Json::from(self.date.as_str())),
+            ("command", Json::from(self.command.as_str())),
+            ("rows", Json::Arr(rows)),
+        ])
+    }
+}
+
+/// Today's UTC date as YYYY-MM-DD.
+pub fn today() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    civil_date((secs / 86_400) as i64)
+}
+
+/// Days since 1970-01-01 → "YYYY-MM-DD" (Howard Hinnant's civil_from_days).
+fn civil_date(days: i64) -> String {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// A plain-text table, right-aligned columns (printed by rank 0), also writable as CSV.
+pub struct Table {
+    pub headers: Vec<&'static str>,
+    pub rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn render(&self) -> String {
+        let widths: Vec<usize> = (0..self.headers.len())
+            .map(|c| self.rows.iter().map(|r| r[c].len()).chain([self.headers[c].len()]).max().unwrap_or(0))
+            .collect();
+        let line = |cells: Vec<&str>| cells.iter().zip(&widths).map(|(s, w)| format!("{s:>w$}")).collect::<Vec<_>>().join("  ");
+        let mut out = line(self.headers.clone());
+        out.push('\n');
+        for r in &self.rows {
+            out.push_str(&line(r.iter().map(String::as_str).collect()));
+            out.push('\n');
+        }
+        out
+    }
+
+    pub fn csv(&self) -> String {
+        let mut out = self.headers.join(",");
+        out.push('\n');
+        for r in &self.rows {
+            out.push_str(&r.join(","));
+            out.push('\n');
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn civil_dates() {
+        assert_eq!(civil_date(0), "1970-01-01");
+        assert_eq!(civil_date(11_016), "2000-02-29");
+        assert_eq!(civil_date(20_778), "2026-11-21");
+    }
+
+    #[test]
+    fn table_aligns_columns() {
+        let t = Table { headers: vec!["op", "ms"], rows: vec![vec!["all_reduce".into(), "1.5".into()]] };
+        assert_eq!(t.render(), "        op   ms\nall_reduce  1.5\n");
+        assert_eq!(t.csv(), "op,ms\nall_reduce,1.5\n");
+    }
+}

@@ -1,0 +1,140 @@
+//! Compiles every `kernels/**/*.cu` of the workspace for sm_90a into a cubin, embeds them, and
+//! binds the plain-old-data structs of `kernels/include/weft/abi.h` with bindgen.
+//!
+//! This is the one place weft finds nvcc: `NVCC`, then `CUDA_HOME`/`CUDA_PATH`, then `PATH`,
+//! then `.toolchain/cuda` where `ci/setup.sh` installs the CUDA 13.0 wheels. ptxas resource usage
+//! (registers, shared memory, stack, spills) is kept in `$OUT_DIR/ptxas.log` and in this build
+//! script's output; any spill is raised as a cargo warning.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Hopper with the architecture-specific features (wgmma, setmaxnreg). The -gencode form is the
+/// one that does not also run a plain sm_90 pass.
+const GENCODE: &str = "-gencode=arch=compute_90a,code=sm_90a";
+
+fn main() {
+    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
+    let root = manifest.join("../..").canonicalize().expect("workspace root");
+    let kernels = root.join("kernels");
+    let include = kernels.join("include");
+    let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
+
+    println!("cargo:rerun-if-changed={}", kernels.display());
+    for var in ["NVCC", "CUDA_HOME", "CUDA_PATH"] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+
+    let nvcc = find_nvcc(&root).unwrap_or_else(|searched| {
+        panic!(
+            "\n\nweft-kernels: nvcc (CUDA 13.0) not found. Searched: {searched}.\n\
+             Install the compiler into the workspace with:\n    bash ci/setup.sh\n\
+             or point NVCC at an nvcc binary (or CUDA_HOME at a CUDA 13 toolkit).\n"
+        )
+    });
+
+    let mut sources = Vec::new();
+    collect_sources(&kernels, &mut sources);
+    sources.sort();
+
+    let mut ptxas_log = String::new();
+    let mut consts = String::new();
+    for src in &sources {
+        let rel = src.strip_prefix(&kernels).unwrap();
+        let name = rel.with_extension("").to_string_lossy().replace(['/', '-'], "_");
+        let cubin = out.join(format!("{name}.cubin"));
+        let output = Command::new(&nvcc)
+            .args([GENCODE, "-cubin", "-O3", "-std=c++17", "-lineinfo", "-Xptxas", "-v", "-Werror", "all-warnings"])
+            .arg("-I")
+            .arg(&include)
+            .arg("-o")
+            .arg(&cubin)
+            .arg(src)
+            .output()
+            .unwrap_or_else(|e| panic!("weft-kernels: could not run {}: {e}", nvcc.display()));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if !output.status.success() {
+            panic!("\n\nweft-kernels: nvcc failed on kernels/{}:\n{stderr}\n", rel.display());
+        }
+        ptxas_log.push_str(&format!("== kernels/{}\n{stderr}", rel.display()));
+        for line in stderr.lines() {
+            println!("ptxas: kernels/{}: {line}", rel.display());
+            if line.contains("spill") && !line.contains(" 0 bytes spill stores, 0 bytes spill loads") {
+                println!("cargo:warning=kernels/{}: register spills: {}", rel.display(), line.trim());
+            }
+        }
+        consts.push_str(&format!(
+            "/// `kernels/{}` compiled for sm_90a.\npub const {}: Cubin = Cubin {{ source: \"kernels/{}\", image: include_bytes!({:?}) }};\n",
+            rel.display(),
+            name.to_uppercase(),
+            rel.display(),
+            cubin
+        ));
+    }
+    let all: Vec<String> = sources
+        .iter()
+        .map(|s| s.strip_prefix(&kernels).unwrap().with_extension("").to_string_lossy().replace(['/', '-'], "_").to_uppercase())
+        .collect();
+    consts.push_str(&format!("/// Every embedded cubin.\npub const ALL: &[Cubin] = &[{}];\n", all.join(", ")));
+    std::fs::write(out.join("cubins.rs"), consts).unwrap();
+    std::fs::write(out.join("ptxas.log"), ptxas_log).unwrap();
+
+    let abi = bindgen::Builder::default()
+        .header(include.join("weft/abi.h").to_string_lossy())
+        .clang_arg(format!("-I{}", include.display()))
+        .allowlist_type("weft_.*")
+        .allowlist_var("WEFT_.*")
+        .derive_default(true)
+        .derive_debug(true)
+        .layout_tests(true)
+        .generate()
+        .unwrap_or_else(|e| panic!("weft-kernels: bindgen failed on kernels/include/weft/abi.h: {e} (is libclang installed? run `bash ci/setup.sh`)"));
+    abi.write_to_file(out.join("abi.rs")).unwrap();
+}
+
+fn collect_sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display())) {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            collect_sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "cu") {
+            out.push(path);
+        }
+    }
+}
+
+/// nvcc by the documented precedence; on failure, the list of places searched.
+fn find_nvcc(root: &Path) -> Result<PathBuf, String> {
+    let mut searched = Vec::new();
+    if let Ok(p) = std::env::var("NVCC") {
+        let p = PathBuf::from(p);
+        if p.is_file() {
+            return Ok(p);
+        }
+        searched.push(format!("NVCC={}", p.display()));
+    }
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Ok(home) = std::env::var(var) {
+            let p = Path::new(&home).join("bin/nvcc");
+            if p.is_file() {
+                return Ok(p);
+            }
+            searched.push(format!("{var}/bin/nvcc={}", p.display()));
+        }
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            let p = dir.join("nvcc");
+            if p.is_file() {
+                return Ok(p);
+            }
+        }
+        searched.push("PATH".into());
+    }
+    let p = root.join(".toolchain/cuda/nvidia/cu13/bin/nvcc");
+    if p.is_file() {
+        return Ok(p);
+    }
+    searched.push(p.display().to_string());
+    Err(searched.join(", "))
+}

@@ -1,0 +1,249 @@
+//! NCCL communicators created through the rendezvous, with a checked, typed API.
+//!
+//! Thin by design: each method is one NCCL call on a caller-given stream, returning errors that
+//! carry NCCL's own last-error text. Buffers are cudarc device slices; contexts used with this
+//! module should have cudarc's event tracking disabled (weft synchronises explicitly).
+
+use crate::rendezvous::Rendezvous;
+use anyhow::{bail, Context};
+use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::nccl::{result as nc, sys, Id, NcclType};
+use std::sync::Arc;
+
+/// A reduction operator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum,
+    Max,
+    Min,
+    Avg,
+}
+
+impl ReduceOp {
+    fn raw(self) -> sys::ncclRedOp_t {
+        match self {
+            ReduceOp::Sum => sys::ncclRedOp_t::ncclSum,
+            ReduceOp::Max => sys::ncclRedOp_t::ncclMax,
+            ReduceOp::Min => sys::ncclRedOp_t::ncclMin,
+            ReduceOp::Avg => sys::ncclRedOp_t::ncclAvg,
+        }
+    }
+}
+
+/// True when libnccl can be loaded (checked before any NCCL call; a missing library would panic).
+pub fn is_available() -> bool {
+    // SAFETY: only tries to dlopen the library.
+    unsafe { sys::is_culib_present() }
+}
+
+/// NCCL's version as (major, minor, patch).
+pub fn version() -> anyhow::Result<(i32, i32, i32)> {
+    if !is_available() {
+        bail!("libnccl.so could not be loaded");
+    }
+    let v = nc::get_nccl_version().map_err(|e| anyhow::anyhow!("ncclGetVersion failed: {e:?}"))?;
+    Ok((v / 10000, (v % 10000) / 100, v % 100))
+}
+
+/// One rank's member of a communicator spanning every rank of the rendezvous.
+pub struct Communicator {
+    comm: sys::ncclComm_t,
+    ctx: Arc<CudaContext>,
+    rank: usize,
+    world: usize,
+}
+
+// SAFETY: an ncclComm_t may be used from any thread as long as calls on it are not concurrent;
+// `&mut self`-free methods below are each a single enqueue, and weft drives a communicator from
+// one thread at a time (the harness holds it behind a Mutex).
+unsafe impl Send for Communicator {}
+
+/// Wraps an NCCL call's result with the call's name and NCCL's last-error text.
+fn check(call: &str, comm: sys::ncclComm_t, r: Result<nc::NcclStatus, nc::NcclError>) -> anyhow::Result<()> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            // SAFETY: ncclGetLastError accepts any communicator (or null) and returns a C string.
+            let text = unsafe {
+                let p = sys::ncclGetLastError(comm);
+                if p.is_null() { String::new() } else { std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned() }
+            };
+            bail!("{call} failed: {e:?}: {text}")
+        }
+    }
+}
+
+impl Communicator {
+    /// Collective: every rank of `rdzv` must call it. Rank 0 creates the unique id and the
+    /// rendezvous broadcasts it; each rank then joins on `ctx`'s device.
+    pub fn new(rdzv: &mut Rendezvous, ctx: &Arc<CudaContext>) -> anyhow::Result<Self> {
+        if !is_available() {
+            bail!("rank {}: libnccl.so could not be loaded (install NCCL or set LD_LIBRARY_PATH)", rdzv.rank());
+        }
+        let id_bytes: Vec<u8> = if rdzv.rank() == 0 {
+            let id = Id::new().map_err(|e| anyhow::anyhow!("ncclGetUniqueId failed: {e:?}"))?;
+            id.internal().iter().map(|&c| c as u8).collect()
+        } else {
+            Vec::new()
+        };
+        let id_bytes = rdzv.broadcast(0, &id_bytes).context("broadcasting the NCCL unique id")?;
+        if id_bytes.len() != 128 {
+            bail!("NCCL unique id from rank 0 has {} bytes, expected 128", id_bytes.len());
+        }
+        let mut internal = [0 as core::ffi::c_char; 128];
+        for (dst, src) in internal.iter_mut().zip(&id_bytes) {
+            *dst = *src as core::ffi::c_char;
+        }
+        ctx.bind_to_thread()?;
+        let mut comm = std::mem::MaybeUninit::uninit();
+        let (rank, world) = (rdzv.rank(), rdzv.world());
+        // SAFETY: out-parameter; the id is the one rank 0 created for this communicator.
+        let r = unsafe { nc::comm_init_rank(comm.as_mut_ptr(), world as i32, sys::ncclUniqueId { internal }, rank as i32) };
+        check(&format!("ncclCommInitRank(rank {rank} of {world})"), std::ptr::null_mut(), r)?;
+        // SAFETY: initialised by the successful call above.
+        let comm = unsafe { comm.assume_init() };
+        Ok(Self { comm, ctx: ctx.clone(), rank, world })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// `recv[i] = op over ranks of send[i]`; `send` and `recv` have equal length (may alias via in-place slices).
+    pub fn all_reduce<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self, send: &S, recv: &mut R, op: ReduceOp, stream: &CudaStream,
+    ) -> anyhow::Result<()> {
+        if send.len() != recv.len() {
+            bail!("all_reduce: send has {} elements, recv {}", send.len(), recv.len());
+        }
+        let n = recv.len();
+        let (s, _gs) = send.device_ptr(stream);
+        let (r, _gr) = recv.device_ptr_mut(stream);
+        // SAFETY: both buffers hold n elements of T on this communicator's device.
+        let res = unsafe { nc::all_reduce(s as _, r as _, n, T::as_nccl_type(), op.raw(), self.comm, stream.cu_stream() as _) };
+        check("ncclAllReduce", self.comm, res)
+    }
+
+    /// `recv` (n elements) = op over ranks of `send[rank*n .. (rank+1)*n]`; `send` holds world·n.
+    pub fn reduce_scatter<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self, send: &S, recv: &mut R, op: ReduceOp, stream: &CudaStream,
+    ) -> anyhow::Result<()> {
+        let n = recv.len();
+        if send.len() != n * self.world {
+            bail!("reduce_scatter: send has {} elements, expected world ({}) × recv ({n})", send.len(), self.world);
+        }
+        let (s, _gs) = send.device_ptr(stream);
+        let (r, _gr) = recv.device_ptr_mut(stream);
+        // SAFETY: sizes checked above.
+        let res = unsafe { nc::reduce_scatter(s as _, r as _, n, T::as_nccl_type(), op.raw(), self.comm, stream.cu_stream() as _) };
+        check("ncclReduceScatter", self.comm, res)
+    }
+
+    /// `recv[r*n .. (r+1)*n]` = rank r's `send` (n elements); `recv` holds world·n.
+    pub fn all_gather<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self, send: &S, recv: &mut R, stream: &CudaStream,
+    ) -> anyhow::Result<()> {
+        let n = send.len();
+        if recv.len() != n * self.world {
+            bail!("all_gather: recv has {} elements, expected world ({}) × send ({n})", recv.len(), self.world);
+        }
+        let (s, _gs) = send.device_ptr(stream);
+        let (r, _gr) = recv.device_ptr_mut(stream);
+        // SAFETY: sizes checked above.
+        let res = unsafe { nc::all_gather(s as _, r as _, n, T::as_nccl_type(), self.comm, stream.cu_stream() as _) };
+        check("ncclAllGather", self.comm, res)
+    }
+
+    /// All-to-all with equal blocks: block p of `send` (n = len / world elements) goes to rank p,
+    /// and block p of `recv` comes from rank p. One NCCL group of world sends and world receives.
+    pub fn all_to_all<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self, send: &S, recv: &mut R, stream: &CudaStream,
+    ) -> anyhow::Result<()> {
+        if send.len() != recv.len() || send.len() % self.world != 0 {
+            bail!("all_to_all: send {} and recv {} elements must be equal and divisible by world {}", send.len(), recv.len(), self.world);
+        }
+        let n = send.len() / self.world;
+        let bytes = n * std::mem::size_of::<T>();
+        let (s, _gs) = send.device_ptr(stream);
+        let (r, _gr) = recv.device_ptr_mut(stream);
+        let group = Group::start()?;
+        for peer in 0..self.world {
+            let off = (peer * bytes) as u64;
+            // SAFETY: block `peer` of each buffer is in bounds (sizes checked above).
+            let rs = unsafe { nc::send((s + off) as _, n, T::as_nccl_type(), peer as i32, self.comm, stream.cu_stream() as _) };
+            check("ncclSend", self.comm, rs)?;
+            let rr = unsafe { nc::recv((r + off) as _, n, T::as_nccl_type(), peer as i32, self.comm, stream.cu_stream() as _) };
+            check("ncclRecv", self.comm, rr)?;
+        }
+        group.end()
+    }
+
+    /// Sends `send` to `to` and receives `recv` from `from` in one group (a ring step when
+    /// to = rank+1 and from = rank−1).
+    pub fn send_recv<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self, send: &S, to: usize, recv: &mut R, from: usize, stream: &CudaStream,
+    ) -> anyhow::Result<()> {
+        if to >= self.world || from >= self.world {
+            bail!("send_recv: peers {to} and {from} must be below world {}", self.world);
+        }
+        let (send_len, recv_len) = (send.len(), recv.len());
+        let (s, _gs) = send.device_ptr(stream);
+        let (r, _gr) = recv.device_ptr_mut(stream);
+        let group = Group::start()?;
+        // SAFETY: each buffer's own length is passed.
+        let rs = unsafe { nc::send(s as _, send_len, T::as_nccl_type(), to as i32, self.comm, stream.cu_stream() as _) };
+        check("ncclSend", self.comm, rs)?;
+        let rr = unsafe { nc::recv(r as _, recv_len, T::as_nccl_type(), from as i32, self.comm, stream.cu_stream() as _) };
+        check("ncclRecv", self.comm, rr)?;
+        group.end()
+    }
+}
+
+/// An NCCL group; `end` must be called (dropping without it ends the group too, ignoring errors,
+/// so an early `?` never leaves NCCL inside a group).
+struct Group {
+    open: bool,
+}
+
+impl Group {
+    fn start() -> anyhow::Result<Self> {
+        check("ncclGroupStart", std::ptr::null_mut(), nc::group_start())?;
+        Ok(Self { open: true })
+    }
+
+    fn end(mut self) -> anyhow::Result<()> {
+        self.open = false;
+        check("ncclGroupEnd", std::ptr::null_mut(), nc::group_end())
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if self.open {
+            let _ = nc::group_end();
+        }
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // Finalize flushes outstanding operations before destroy; errors here cannot be
+        // returned, so they are reported and the communicator is aborted instead.
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: the communicator is valid and used by no one else once dropped.
+        unsafe {
+            if let Err(e) = nc::comm_finalize(self.comm).and_then(|_| nc::comm_destroy(self.comm)) {
+                eprintln!("weft: rank {}: NCCL communicator teardown failed ({e:?}); aborting it", self.rank);
+                let _ = nc::comm_abort(self.comm);
+            }
+        }
+    }
+}

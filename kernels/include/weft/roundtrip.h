@@ -1,0 +1,12 @@
+// Parameters of the harness round-trip kernel (kernels/harness/roundtrip.cu).
+#pragma once
+#include <stdint.h>
+
+// output[i] = input[i] * scale + rank, for i < n. Passed to the kernel by value.
+typedef struct weft_roundtrip_params {
+  const float* input;
+  float* output;
+  uint64_t n;
+  float scale;
+  int32_t rank;
+} weft_roundtrip_params;
