@@ -1,5 +1,6 @@
 //! Compiles every `kernels/**/*.cu` of the workspace for sm_90a into a cubin, embeds them, and
-//! binds the plain-old-data structs of `kernels/include/weft/abi.h` with bindgen.
+//! binds the plain-old-data structs and WEFT_HD functions of `kernels/include/weft/abi.h` with
+//! bindgen (the functions' host copies compiled with cc from bindgen's wrappers).
 //!
 //! This is the one place weft finds nvcc: `NVCC`, then `CUDA_HOME`/`CUDA_PATH`, then `PATH`,
 //! then `.toolchain/cuda` where `ci/setup.sh` installs the CUDA 13.0 wheels. ptxas resource usage
@@ -84,12 +85,24 @@ fn main() {
         .clang_arg(format!("-I{}", include.display()))
         .allowlist_type("weft_.*")
         .allowlist_var("WEFT_.*")
+        .allowlist_function("weft_.*")
+        // WEFT_HD functions are `static inline` in C: bindgen writes extern wrappers for them,
+        // compiled below, so the host calls the very definitions the kernels use.
+        .wrap_static_fns(true)
+        .wrap_static_fns_path(out.join("abi_static"))
         .derive_default(true)
         .derive_debug(true)
         .layout_tests(true)
         .generate()
         .unwrap_or_else(|e| panic!("weft-kernels: bindgen failed on kernels/include/weft/abi.h: {e} (is libclang installed? run `bash ci/setup.sh`)"));
     abi.write_to_file(out.join("abi.rs")).unwrap();
+    cc::Build::new()
+        .file(out.join("abi_static.c"))
+        .include(&include)
+        .include(&manifest) // the wrappers #include the header by the path bindgen was given
+        .flag_if_supported("-std=c11")
+        .warnings_into_errors(true)
+        .compile("weft_abi_static");
 }
 
 fn collect_sources(dir: &Path, out: &mut Vec<PathBuf>) {

@@ -34,7 +34,7 @@ usage:
   weft                          info, correctness suite and a quick benchmark on all local GPUs
   weft info                     describe the GPUs, links and library versions
   weft test [FILTER] [FLAGS]    correctness trials (libtest flags: --list, --exact, --skip, …)
-  weft bench [SUITE] [--quick] [--json PATH] [--csv PATH]   timing suites (suites: nccl)
+  weft bench [SUITE] [--quick] [--json PATH] [--csv PATH]   timing suites (see `weft bench --list`)
   weft launch -n N -- CMD [ARGS…]   start N local ranks of CMD
 Under mpirun / srun / torchrun / weft launch every rank runs the same command; rank 0 prints.";
 
@@ -45,11 +45,17 @@ fn main() -> ExitCode {
         Some("--no-info") if args.len() == 1 => default_run(false),
         Some("info") => info::print().map(|()| ExitCode::SUCCESS),
         Some("test") => test(&args[1..]),
+        Some("bench") if args.get(1).map(String::as_str) == Some("--list") => {
+            println!("{}", bench::SUITES.join("\n"));
+            Ok(ExitCode::SUCCESS)
+        }
         Some("bench") => bench_command(&args[1..]),
         Some("launch") => {
             let rest: Vec<OsString> = std::env::args_os().skip(2).collect();
             launch::parse_launch_args(&rest).and_then(|spec| launch::run_local(&spec)).map(|()| ExitCode::SUCCESS)
         }
+        // Internal: the sync timeout trials run their trapping kernel in this child process.
+        Some("__sync-timeout-child") => suites::sync_timeout_child(&args[1..]).map(|()| ExitCode::SUCCESS),
         Some("help" | "--help" | "-h") => {
             println!("{USAGE}");
             Ok(ExitCode::SUCCESS)

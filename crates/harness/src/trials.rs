@@ -19,6 +19,19 @@ pub enum Needs {
 
 pub type Body = fn(&mut Job) -> anyhow::Result<()>;
 
+/// Returned (as an error) by a trial that does not apply to this job, e.g. one that needs two
+/// ranks in a one-rank job; the trial is reported as ignored with this reason.
+#[derive(Debug)]
+pub struct Skip(pub String);
+
+impl std::fmt::Display for Skip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Skip {}
+
 /// A named trial body (suites list these).
 pub struct Case {
     pub name: String,
@@ -167,7 +180,10 @@ pub fn run(job: Job, cases: Vec<Case>, mut args: Arguments) -> (libtest_mimic::C
                     (Needs::Gpu, Err(why)) => Local::Ignored(format!("no GPU: {why}")),
                     _ => match catch_unwind(AssertUnwindSafe(|| (case.body)(&mut job))) {
                         Ok(Ok(())) => Local::Pass,
-                        Ok(Err(e)) => Local::Fail(format!("{e:#}")),
+                        Ok(Err(e)) => match e.downcast_ref::<Skip>() {
+                            Some(skip) => Local::Ignored(skip.0.clone()),
+                            None => Local::Fail(format!("{e:#}")),
+                        },
                         Err(p) => Local::Fail(format!("panicked: {}", panic_text(p))),
                     },
                 };

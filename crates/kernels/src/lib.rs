@@ -39,6 +39,14 @@ pub mod abi {
 // SAFETY: these are `#[repr(C)]` plain-old-data structs whose layout bindgen checked against
 // the same header the kernels include; they are passed to kernels by value.
 unsafe impl DeviceRepr for abi::weft_roundtrip_params {}
+unsafe impl DeviceRepr for abi::weft_pgl_view {}
+unsafe impl DeviceRepr for abi::weft_pgl_shape {}
+unsafe impl DeviceRepr for abi::weft_tile_coord {}
+unsafe impl DeviceRepr for abi::weft_sync_counters {}
+unsafe impl DeviceRepr for abi::weft_stress_params {}
+unsafe impl DeviceRepr for abi::weft_laps_params {}
+unsafe impl DeviceRepr for abi::weft_latency_params {}
+unsafe impl DeviceRepr for abi::weft_timeout_params {}
 
 #[cfg(test)]
 mod tests {

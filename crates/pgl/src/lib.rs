@@ -1,17 +1,42 @@
 //! weft-pgl: parallel global layouts over peer GPU memory, and the rank runtime every weft crate
 //! and the `weft` harness share.
 //!
+//! Parallel global layouts (the seed's PGL):
+//! - [`Pgl`]: a buffer of one [`Shape`] on every rank, each peer's buffer mapped into this
+//!   process, and the plain-old-data view (`weft_pgl_view`, `kernels/include/weft/pgl.h`) that
+//!   kernels take by value. Collective allocation and free in process mode; [`PglGroup`] for one
+//!   process driving several GPUs. Backends: [`Backend::Vmm`] (default) and [`Backend::Ipc`].
+//! - [`shape`]: shapes and tile coordinates, one C definition shared with the kernels.
+//! - [`multicast`]: NVLink multicast behind an explicit opt-in, refused where forbidden.
+//!
 //! Rank runtime (one process per GPU is the main mode):
-//! - [`rank_env`]: rank, world size, local rank and a job id from the launcher's variables
-//!   (Open MPI, MPICH/Hydra, Slurm, torchrun, `weft launch`).
-//! - [`rendezvous`]: rank 0 listens, the others connect; broadcast, all-gather of bytes and a
-//!   barrier, each bounded by a timeout that names the rank that did not answer.
+//! - [`rank_env`]: rank, world size, local rank and a job id from the launcher's variables.
+//! - [`rendezvous`]: rank 0 listens, the others connect; broadcast, all-gather and barrier of
+//!   bytes, each bounded by a timeout that names the rank that did not answer.
 //! - [`launch`]: `weft launch -n N -- CMD…` — N local ranks, stopped together on failure.
 //! - [`gpu`]: which GPU a rank drives, and whether any GPU is usable at all.
 //! - [`nccl`]: NCCL communicators created through the rendezvous.
 
+mod agree;
+mod backend;
+mod driver;
+mod element;
+mod group;
+mod ipc;
+mod pgl;
+mod vmm;
+
 pub mod gpu;
 pub mod launch;
+pub mod multicast;
 pub mod nccl;
 pub mod rank_env;
 pub mod rendezvous;
+pub mod shape;
+
+pub use agree::agree;
+pub use backend::Backend;
+pub use element::{DType, PglElement};
+pub use group::{enable_peer_access, PglGroup};
+pub use pgl::Pgl;
+pub use shape::{Shape, TileCoord, TileGrid};

@@ -1,4 +1,8 @@
-// Plain-old-data structs shared by kernels and Rust (bound with bindgen in crates/kernels).
-// Rules: fixed-width types only; no C++ in these headers; one concept per header.
+// Plain-old-data structs shared by kernels and Rust (bound with bindgen in crates/kernels), and
+// the WEFT_HD functions over them (compiled for the host through bindgen's wrappers).
+// Rules: C only, fixed-width types; one concept per header.
 #pragma once
+#include "weft/pgl.h"
 #include "weft/roundtrip.h"
+#include "weft/sync.h"
+#include "weft/sync_checks.h"

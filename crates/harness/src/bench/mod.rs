@@ -3,6 +3,8 @@
 //! prints the table and writes the files.
 
 mod nccl;
+mod pgl;
+mod sync;
 
 use crate::job::Job;
 use crate::json::Json;
@@ -10,7 +12,7 @@ use crate::results::{today, RunMeta, Table};
 use anyhow::{bail, Context};
 use std::path::PathBuf;
 
-pub const SUITES: &[&str] = &["nccl"];
+pub const SUITES: &[&str] = &["nccl", "pgl", "sync"];
 
 #[derive(Debug, Default, PartialEq)]
 pub struct BenchOptions {
@@ -54,6 +56,8 @@ pub fn run(job: &mut Job, opts: &BenchOptions) -> anyhow::Result<()> {
     for suite in &opts.suites {
         let result = match suite.as_str() {
             "nccl" => nccl::run(job, opts.quick)?,
+            "pgl" => pgl::run(job, opts.quick)?,
+            "sync" => sync::run(job, opts.quick)?,
             other => bail!("unknown suite {other}"),
         };
         if job.rank() != 0 {

@@ -1,15 +1,21 @@
 //! Correctness suites, one libtest-mimic trial per (test × configuration).
 
 mod nccl;
+mod pgl;
 mod rendezvous;
 mod roundtrip;
+mod sync;
 
 use crate::trials::Case;
+
+pub use sync::timeout_child as sync_timeout_child;
 
 /// Every trial, in the order every rank runs them.
 pub fn all() -> Vec<Case> {
     let mut cases = rendezvous::cases();
     cases.extend(roundtrip::cases());
     cases.extend(nccl::cases());
+    cases.extend(pgl::cases());
+    cases.extend(sync::cases());
     cases
 }

@@ -1,0 +1,70 @@
+//! The `weft` binary's command line, as a user meets it on a machine with or without GPUs:
+//! argument errors of `weft launch`, a failing rank stopping the job, unknown commands, and the
+//! main job's message when there is no GPU.
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn weft(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_weft")).args(args).env_remove("WEFT_RANK").output().expect("running weft")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn launch_argument_errors_are_named() {
+    for (args, expected) in [
+        (&["launch"][..], "missing -n"),
+        (&["launch", "-n"][..], "-n"),
+        (&["launch", "-n", "zero", "--", "true"][..], "zero"),
+        (&["launch", "-n", "0", "--", "true"][..], "0"),
+        (&["launch", "-n", "2"][..], "no command"),
+        (&["launch", "-n", "2", "--", "/nonexistent/weft-test-program"][..], "/nonexistent/weft-test-program"),
+    ] {
+        let o = weft(args);
+        assert!(!o.status.success(), "weft {args:?} succeeded");
+        assert!(stderr(&o).contains(expected), "weft {args:?}: stderr {:?} lacks {expected:?}", stderr(&o));
+    }
+}
+
+#[test]
+fn a_failing_rank_stops_the_job_and_is_named() {
+    let start = Instant::now();
+    let o = weft(&["launch", "-n", "3", "--", "sh", "-c", "if [ \"$WEFT_RANK\" = 1 ]; then exit 7; fi; sleep 30"]);
+    assert!(start.elapsed() < Duration::from_secs(20), "the job was not stopped promptly");
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("rank 1") && e.contains('7'), "{e}");
+}
+
+#[test]
+fn ranks_run_the_harness_together() {
+    let exe = env!("CARGO_BIN_EXE_weft");
+    let o = weft(&["launch", "-n", "3", "--", exe, "test", "rendezvous::"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "stdout {out}\nstderr {}", stderr(&o));
+    assert!(out.contains("3 passed"), "{out}");
+}
+
+#[test]
+fn unknown_commands_and_suites_are_rejected() {
+    let o = weft(&["frobnicate"]);
+    assert!(!o.status.success() && stderr(&o).contains("unknown command \"frobnicate\""));
+    let o = weft(&["bench", "nosuch"]);
+    assert!(!o.status.success() && stderr(&o).contains("unknown suite \"nosuch\""));
+}
+
+/// Without a GPU the main job says so and exits with status 2; with one, this test has nothing
+/// to check (the GPU suites cover it).
+#[test]
+fn main_job_without_gpu_explains_itself() {
+    let has_driver = std::path::Path::new("/proc/driver/nvidia").exists();
+    if has_driver {
+        return;
+    }
+    let o = weft(&[]);
+    assert_eq!(o.status.code(), Some(2), "stderr {}", stderr(&o));
+    assert!(stderr(&o).contains("no GPU available"), "{}", stderr(&o));
+}

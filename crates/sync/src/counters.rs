@@ -1,0 +1,92 @@
+//! `Counters`: a pgl-allocated layout of u64 counters on every rank, its error slot, its wait
+//! bound and its epoch — everything a kernel's `weft_sync_counters` argument is built from.
+
+use crate::budget::WaitBudget;
+use crate::epoch::Epoch;
+use crate::error_slot::ErrorSlot;
+use anyhow::Context;
+use cudarc::driver::{result, CudaContext, CudaStream};
+use std::sync::Arc;
+use weft_kernels::abi::{weft_sync_bound, weft_sync_counters};
+use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::{agree, Backend, Pgl, Shape};
+
+pub struct Counters {
+    pgl: Pgl<u64>,
+    slot: ErrorSlot,
+    budget: WaitBudget,
+    epoch: Epoch,
+}
+
+impl Counters {
+    /// Collective: zeroed counters of `shape` on every rank (pgl's default backend), this rank's
+    /// error slot, and waits bounded by `budget`.
+    pub fn alloc(rdzv: &mut Rendezvous, ctx: &Arc<CudaContext>, shape: Shape, budget: WaitBudget) -> anyhow::Result<Self> {
+        let slot = agree(rdzv, "sync error slot", ErrorSlot::new(ctx))?;
+        let pgl = Pgl::alloc(rdzv, ctx, shape, Backend::default()).context("allocating sync counters")?;
+        Ok(Self { pgl, slot, budget, epoch: Epoch::default() })
+    }
+
+    /// The kernel argument: the counters' view and the bound of their waits.
+    pub fn device(&self) -> anyhow::Result<weft_sync_counters> {
+        Ok(weft_sync_counters {
+            view: self.pgl.view(),
+            bound: weft_sync_bound { error_slot: self.slot.device_ptr(self.pgl.context())?, budget_cycles: self.budget.cycles },
+        })
+    }
+
+    /// Reserves `steps` steps for the next launch; returns its epoch base (see [`crate::epoch`]).
+    pub fn begin(&mut self, steps: u64) -> u64 {
+        self.epoch.begin(steps)
+    }
+
+    /// Steps taken so far.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.steps()
+    }
+
+    pub fn budget(&self) -> WaitBudget {
+        self.budget
+    }
+
+    pub fn set_budget(&mut self, budget: WaitBudget) {
+        self.budget = budget;
+    }
+
+    pub fn slot(&self) -> &ErrorSlot {
+        &self.slot
+    }
+
+    pub fn pgl(&self) -> &Pgl<u64> {
+        &self.pgl
+    }
+
+    /// Err naming what a timed-out wait recorded, if one did.
+    pub fn check(&self) -> anyhow::Result<()> {
+        self.slot.check()
+    }
+
+    /// Collective: back to zero without reallocating. Waits for `stream` and for every rank
+    /// (nobody may still signal into these counters), zeroes this rank's buffer, waits for every
+    /// rank again (nobody signals into a buffer not yet zeroed), and restarts the epoch.
+    pub fn reset(&mut self, rdzv: &mut Rendezvous, stream: &Arc<CudaStream>) -> anyhow::Result<()> {
+        agree(rdzv, "sync counters reset (drain)", stream.synchronize().map_err(anyhow::Error::from))?;
+        let zeroed = (|| -> anyhow::Result<()> {
+            stream.context().bind_to_thread()?;
+            let bytes = self.pgl.len() * std::mem::size_of::<u64>();
+            // SAFETY: this rank's buffer holds len() u64; no kernel uses it (drained above).
+            unsafe { result::memset_d8_async(self.pgl.local_ptr(), 0, bytes, stream.cu_stream()) }?;
+            stream.synchronize()?;
+            Ok(())
+        })();
+        agree(rdzv, "sync counters reset (zero)", zeroed)?;
+        self.epoch.reset();
+        self.slot.clear();
+        Ok(())
+    }
+
+    /// Collective: frees the counters on every rank.
+    pub fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+        self.pgl.free(rdzv)
+    }
+}

@@ -1,0 +1,53 @@
+//! Launch plumbing shared by the sync kernels: loading a kernel, small result structs in device
+//! memory, and waiting for a stream in a way that turns a trapped kernel into its slot's report.
+
+use crate::error_slot::ErrorSlot;
+use anyhow::{bail, Context};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr};
+use std::marker::PhantomData;
+use std::sync::Arc;
+use weft_kernels::Cubin;
+
+/// Loads `name` from `cubin` into `ctx`.
+pub fn load(ctx: &Arc<CudaContext>, cubin: &Cubin, name: &str) -> anyhow::Result<CudaFunction> {
+    let module = cubin.load(ctx).with_context(|| format!("loading {}", cubin.source))?;
+    module.load_function(name).with_context(|| format!("{} has no kernel {name}", cubin.source))
+}
+
+/// A zero-initialised plain-old-data struct in device memory that a kernel fills.
+pub struct DeviceStruct<T: Copy> {
+    buf: CudaSlice<u8>,
+    _t: PhantomData<T>,
+}
+
+impl<T: Copy> DeviceStruct<T> {
+    pub fn zeroed(stream: &Arc<CudaStream>) -> anyhow::Result<Self> {
+        Ok(Self { buf: stream.alloc_zeros::<u8>(std::mem::size_of::<T>())?, _t: PhantomData })
+    }
+
+    /// The device address to hand the kernel.
+    pub fn addr(&self, stream: &Arc<CudaStream>) -> u64 {
+        self.buf.device_ptr(stream).0
+    }
+
+    /// Copies the struct back (synchronous on `stream`).
+    pub fn read(&self, stream: &Arc<CudaStream>) -> anyhow::Result<T> {
+        let bytes = stream.clone_dtoh(&self.buf)?;
+        anyhow::ensure!(bytes.len() == std::mem::size_of::<T>());
+        // SAFETY: T is a bindgen plain-old-data struct (every bit pattern valid) of exactly these bytes.
+        Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const T) })
+    }
+}
+
+/// Waits for `stream`. A kernel that stopped is reported by what its error slots recorded
+/// (rank, primitive, coordinate, expected, observed, bound), with the driver's error attached.
+pub fn sync_checked(stream: &Arc<CudaStream>, slots: &[&ErrorSlot]) -> anyhow::Result<()> {
+    let synced = stream.synchronize();
+    let reports: Vec<String> = slots.iter().filter_map(|s| s.report()).collect();
+    match (synced, reports.is_empty()) {
+        (Ok(()), true) => Ok(()),
+        (Ok(()), false) => bail!("{} (yet the kernel completed: a wait recorded a failure without stopping it)", reports.join("; ")),
+        (Err(e), true) => Err(anyhow::Error::from(e)).context("a sync kernel failed and recorded nothing in its error slot"),
+        (Err(e), false) => bail!("{} (the kernel was stopped: {e})", reports.join("; ")),
+    }
+}

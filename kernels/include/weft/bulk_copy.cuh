@@ -1,0 +1,129 @@
+// TMA bulk copies (non-tensor `cp.async.bulk`, sm_90) and the shared-memory mbarriers that the
+// global -> shared direction completes on. Device-only C++ (not read by bindgen): named wrappers so
+// kernels never carry inline PTX of their own.
+//
+// Orderings, in one place:
+// - A bulk load global -> shared (`bulk_load_g2s`) is issued by one thread and performed by the
+//   async proxy; it signals the mbarrier with complete_tx(bytes) when the bytes are in shared
+//   memory. A thread that sees the phase complete through `mbar_try_wait` (acquire, CTA scope)
+//   then sees those bytes, and may hand them to a bulk store with no proxy fence: both sides are
+//   the async proxy.
+// - Shared memory written by ordinary (generic-proxy) stores and then read by a bulk store needs
+//   `fence_proxy_async_smem()` between the two (the writing threads, then a CTA barrier, then the
+//   issuing thread).
+// - A bulk store shared -> global (`bulk_store_s2g`) joins the thread's current bulk group;
+//   `bulk_commit_group()` closes the group. `bulk_wait_group_read<N>()` returns once all but the N
+//   most recent groups have finished READING shared memory: their source may be overwritten, but
+//   their global writes may still be in flight. `bulk_wait_group<N>()` returns once all but the N
+//   most recent groups are COMPLETE: the writes are performed. Only after `bulk_wait_group<0>()`
+//   may a thread signal (with a release at the consumer's scope, `.sys` for a peer GPU) that the
+//   data is there, and a kernel must not exit with groups still pending.
+// - mbarrier initialisation is a generic-proxy write that the async proxy later updates:
+//   `mbar_fence_init()` after the inits and before the first bulk load that names the barrier.
+// - Addresses: shared operands 16-byte aligned (128 recommended), global operands 16-byte
+//   aligned, sizes multiples of 16 bytes. One transaction count is at most 2^20 - 1 bytes.
+#pragma once
+#include <stdint.h>
+
+namespace weft {
+
+// The shared-state-space address of a generic pointer into this CTA's shared memory.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---------------------------------------------------------------------------------------------
+// mbarrier (shared::cta)
+
+// Initialise `bar` for `arrivals` arrivals per phase; the current phase is phase 0 (parity 0).
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(arrivals) : "memory");
+}
+
+// Makes preceding mbarrier inits visible to the async proxy (and to the cluster) before any bulk
+// copy signals them. One CTA is a cluster of one, so the cluster form is valid without clusters.
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Arrives once (release, CTA scope) and raises the current phase's expected transaction count by
+// `bytes`; the phase completes when every arrival is in and `bytes` more have been completed by
+// complete_tx. Issue it before the bulk copy that completes the bytes.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+
+// True once the phase of parity `parity` has completed (acquire, CTA scope: data the completing
+// operations wrote to shared memory is visible to this thread afterwards). May suspend briefly.
+__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n .reg .pred p;\n"
+      " mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+// Waits for the phase of parity `parity`, at most `budget_cycles` SM clock cycles; false when the
+// budget ran out (the caller reports and traps: waits in weft are bounded).
+__device__ __forceinline__ bool mbar_wait_bounded(uint64_t* bar, uint32_t parity, uint64_t budget_cycles) {
+  if (mbar_try_wait(bar, parity)) return true;
+  const uint64_t start = clock64();
+  while (!mbar_try_wait(bar, parity)) {
+    if (static_cast<uint64_t>(clock64()) - start > budget_cycles) return false;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Proxy fence
+
+// Orders this thread's preceding generic-proxy accesses to shared memory before its subsequent
+// async-proxy (bulk copy) accesses: needed when ordinary stores fill a buffer a bulk store reads.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bulk copies (cp.async.bulk, non-tensor)
+
+// global (local or a mapped peer address) -> this CTA's shared memory, `bytes` bytes; completes
+// complete_tx(bytes) on `bar`, which must already expect them (mbar_arrive_expect_tx).
+__device__ __forceinline__ void bulk_load_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(smem_addr(smem_dst)), "l"(gmem_src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+
+// This CTA's shared memory -> global (local or a mapped peer address), `bytes` bytes, in the
+// calling thread's current bulk group (see bulk_commit_group / bulk_wait_group*).
+__device__ __forceinline__ void bulk_store_s2g(void* gmem_dst, const void* smem_src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+               ::"l"(gmem_dst), "r"(smem_addr(smem_src)), "r"(bytes)
+               : "memory");
+}
+
+// Closes the calling thread's current bulk group (every bulk store issued since the last commit).
+__device__ __forceinline__ void bulk_commit_group() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+// Returns once at most N of this thread's committed bulk groups have not finished reading their
+// shared-memory source (their global writes may still be in flight).
+template <int N>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+
+// Returns once at most N of this thread's committed bulk groups are incomplete; with N = 0 every
+// write this thread issued by bulk store is performed.
+template <int N>
+__device__ __forceinline__ void bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+
+}  // namespace weft

@@ -1,0 +1,58 @@
+// Bounded device synchronization (crates/sync): the counter layout handed to kernels, the bound on
+// every wait, and the error slot a wait fills when the bound expires. Plain C (bindgen reads it).
+// The device primitives over these structs are in weft/sync/*.cuh (umbrella: weft/sync.cuh).
+#pragma once
+#include <stdint.h>
+#include "weft/pgl.h"
+
+// weft_error_slot.status. The first failing thread (weft/sync/error.cuh) marks the slot WRITING,
+// fills the fields, then publishes one of the final codes. The host clears it to NONE.
+#define WEFT_SYNC_STATUS_NONE 0
+#define WEFT_SYNC_STATUS_WRITING 1
+#define WEFT_SYNC_STATUS_TIMEOUT 2    // a wait ran past its cycle budget
+#define WEFT_SYNC_STATUS_BAD_COORD 3  // a coordinate or rank outside the counter layout
+
+// weft_error_slot.primitive: which primitive gave up.
+#define WEFT_SYNC_PRIM_WAIT 1           // wait(): poll one rank's counter, .sys scope acquire
+#define WEFT_SYNC_PRIM_BARRIER 2        // barrier(): all ranks, .sys scope
+#define WEFT_SYNC_PRIM_SIGNAL 3         // signal() / signal_all() (bad coordinates only)
+#define WEFT_SYNC_PRIM_WAIT_GPU 4       // wait_gpu(): this rank's counter, .gpu scope acquire
+#define WEFT_SYNC_PRIM_BARRIER_GPU 5    // barrier_gpu(): blocks of one GPU
+#define WEFT_SYNC_PRIM_MBARRIER_WAIT 6  // mbarrier parity wait inside one SM
+#define WEFT_SYNC_PRIM_WAIT_UNORDERED 7 // unordered::wait() (relaxed poll, no acquire)
+
+// What the first thread whose wait expired saw. Lives in host-mapped pinned memory so the host can
+// read it after the kernel trapped and its context died.
+typedef struct weft_error_slot {
+  int32_t status;          // WEFT_SYNC_STATUS_*
+  int32_t primitive;       // WEFT_SYNC_PRIM_*
+  int32_t rank;            // the rank whose thread gave up
+  int32_t target_rank;     // the rank whose counter it polled (or signalled, for BAD_COORD)
+  weft_tile_coord coord;   // element coordinate (b, d, row, col) in the counter layout
+  uint64_t expected;       // the target the counter had to reach (>=)
+  uint64_t observed;       // the counter's last value read
+  uint64_t elapsed_cycles; // clock64 cycles spent polling
+  uint64_t budget_cycles;  // the bound it ran under
+  uint64_t elapsed_ns;     // %globaltimer nanoseconds spent polling
+  uint32_t block;          // linear block index of the thread
+  uint32_t thread;         // linear thread index in its block
+  uint32_t smid;
+  uint32_t reserved;
+} weft_error_slot;
+
+// The bound every wait runs under.
+typedef struct weft_sync_bound {
+  uint64_t error_slot;    // device address of a weft_error_slot (host-mapped pinned memory)
+  uint64_t budget_cycles; // SM clock cycles (clock64) one wait may poll before it reports and traps
+} weft_sync_bound;
+
+// What kernels receive as `bar`: a PGL of uint64_t counters (elem_bytes 8, same shape on every
+// rank) plus the bound of its waits. Counters only ever rise (see crates/sync/README.md, "epochs").
+typedef struct weft_sync_counters {
+  weft_pgl_view view;
+  weft_sync_bound bound;
+} weft_sync_counters;
+
+// The value a barrier counter reaches once every rank has arrived `epoch` times (epochs count
+// from 1 since the counters were zeroed): each arrival adds 1 on every rank.
+WEFT_HD uint64_t weft_barrier_target(int32_t world, uint64_t epoch) { return (uint64_t)world * epoch; }

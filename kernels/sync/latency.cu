@@ -1,0 +1,159 @@
+// Latency of the sync primitives, timed inside the kernel by one thread per side: each timed
+// iteration's clock64 cycles go to `samples`, and the whole timed loop is measured by both
+// clock64 and %globaltimer so the host converts cycles to nanoseconds at the clock the SM ran.
+//
+//   RING       token around all ranks: rank 0 signals rank 1, ..., rank world-1 signals rank 0;
+//              one iteration = one lap = world one-way signal->wait hops (every rank records it)
+//   PING_PONG  rank 0 signals rank 1, rank 1 waits then signals back; one round trip
+//   BARRIER    barrier() on every rank, back to back; one barrier per iteration
+//   INTER_SM   the ping-pong between two blocks of one GPU, signal_gpu / wait_gpu
+//   MBARRIER   the ping-pong between two warps of one block through shared-memory mbarriers
+// Counter targets continue from `first` (iterations done on these counters by earlier launches).
+#include "weft/sync.cuh"
+#include "weft/sync_checks.h"
+
+using namespace weft::sync;
+
+namespace {
+
+// Records iteration times of one thread; the first `warmup` iterations are not recorded.
+struct iteration_timer {
+  const weft_latency_params& p;
+  long long last;
+  long long c0 = 0;
+  uint64_t t0 = 0;
+
+  __device__ explicit iteration_timer(const weft_latency_params& params) : p(params), last(clock64()) {
+    if (p.warmup == 0) start();
+  }
+  __device__ void start() {
+    t0 = globaltimer_ns();
+    c0 = clock64();
+    last = c0;
+  }
+  // Call at the end of iteration i.
+  __device__ void lap(uint32_t i) {
+    const long long now = clock64();
+    if (i >= p.warmup) reinterpret_cast<uint32_t*>(p.samples)[i - p.warmup] = uint32_t(now - last);
+    last = now;
+    if (i + 1 == p.warmup) start();
+  }
+  __device__ void finish(uint32_t side) {
+    auto* s = reinterpret_cast<weft_latency_summary*>(p.summary);
+    s->total_cycles = uint64_t(clock64() - c0);
+    s->total_ns = globaltimer_ns() - t0;
+    s->smid[side] = smid();
+  }
+};
+
+__device__ void ring(const weft_latency_params& p) {
+  const int32_t rank = p.counters.view.rank, world = p.counters.view.world;
+  const weft_tile_coord token = coord4(0, 0, 0, 0);
+  iteration_timer t(p);
+  for (uint32_t i = 0; i < p.warmup + p.iters; ++i) {
+    const uint64_t j = p.first + i + 1;
+    if (rank == 0) {
+      signal(p.counters, token, 1 % world, 1);
+      wait(p.counters, token, rank, j);
+    } else {
+      wait(p.counters, token, rank, j);
+      signal(p.counters, token, (rank + 1) % world, 1);
+    }
+    t.lap(i);
+  }
+  t.finish(0);
+}
+
+__device__ void ping_pong(const weft_latency_params& p) {
+  const int32_t rank = p.counters.view.rank;
+  if (rank > 1) return;
+  const weft_tile_coord ball = coord4(0, 0, 0, 0);
+  iteration_timer t(p);
+  for (uint32_t i = 0; i < p.warmup + p.iters; ++i) {
+    const uint64_t j = p.first + i + 1;
+    if (rank == 0) {
+      signal(p.counters, ball, 1, 1);
+      wait(p.counters, ball, 0, j);
+    } else {
+      wait(p.counters, ball, 1, j);
+      signal(p.counters, ball, 0, 1);
+    }
+    t.lap(i);
+  }
+  t.finish(0);
+}
+
+__device__ void barriers(const weft_latency_params& p) {
+  iteration_timer t(p);
+  for (uint32_t i = 0; i < p.warmup + p.iters; ++i) {
+    barrier(p.counters, coord4(0, 0, 0, 0), p.first + i + 1);
+    t.lap(i);
+  }
+  t.finish(0);
+}
+
+// Block 0 pings on counter 1, block 1 pongs on counter 0 (both on this GPU).
+__device__ void inter_sm(const weft_latency_params& p) {
+  const weft_tile_coord ping = coord4(0, 0, 0, 1), pong = coord4(0, 0, 0, 0);
+  if (blockIdx.x == 0) {
+    iteration_timer t(p);
+    for (uint32_t i = 0; i < p.warmup + p.iters; ++i) {
+      signal_gpu(p.counters, ping, 1);
+      wait_gpu(p.counters, pong, p.first + i + 1);
+      t.lap(i);
+    }
+    t.finish(0);
+  } else {
+    for (uint32_t i = 0; i < p.warmup + p.iters; ++i) {
+      wait_gpu(p.counters, ping, p.first + i + 1);
+      signal_gpu(p.counters, pong, 1);
+    }
+    reinterpret_cast<weft_latency_summary*>(p.summary)->smid[1] = smid();
+  }
+}
+
+// Warp 0 arrives on bars[0] and waits on bars[1]; warp 1 the other way round.
+__device__ void mbarrier_ping_pong(const weft_latency_params& p) {
+  __shared__ uint64_t bars[2];
+  if (threadIdx.x == 0) {
+    mbarrier_init(&bars[0], 1);
+    mbarrier_init(&bars[1], 1);
+  }
+  __syncthreads();
+  const int32_t rank = p.counters.view.rank;
+  const uint32_t warp = threadIdx.x / 32;
+  if (threadIdx.x % 32 != 0 || warp > 1) return;
+  if (warp == 0) {
+    iteration_timer t(p);
+    for (uint32_t i = 0; i < p.warmup + p.iters; ++i) {
+      mbarrier_arrive(&bars[0]);
+      mbarrier_wait(&bars[1], i & 1, p.counters.bound, rank, coord4(0, 0, 0, 1));
+      t.lap(i);
+    }
+    t.finish(0);
+  } else {
+    for (uint32_t i = 0; i < p.warmup + p.iters; ++i) {
+      mbarrier_wait(&bars[0], i & 1, p.counters.bound, rank, coord4(0, 0, 0, 0));
+      mbarrier_arrive(&bars[1]);
+    }
+  }
+}
+
+}  // namespace
+
+// Grid: RING / PING_PONG / BARRIER one block of 32 threads (thread 0 works); INTER_SM two blocks
+// of 32 (on different SMs: the host checks summary.smid); MBARRIER one block of 64.
+extern "C" __global__ void weft_sync_latency(const __grid_constant__ weft_latency_params p) {
+  if (p.kind == WEFT_LATENCY_MBARRIER) {
+    mbarrier_ping_pong(p);
+    return;
+  }
+  if (threadIdx.x != 0) return;
+  switch (p.kind) {
+    case WEFT_LATENCY_RING: ring(p); break;
+    case WEFT_LATENCY_PING_PONG: ping_pong(p); break;
+    case WEFT_LATENCY_BARRIER: barriers(p); break;
+    case WEFT_LATENCY_INTER_SM: inter_sm(p); break;
+    default: break;
+  }
+}
