@@ -1,6 +1,7 @@
 //! The deliberately missing signal (`kernels/sync/timeout.cu`), run in a throwaway context: its
-//! wait must give up after the budget, fill the error slot and trap, and the trap must end only
-//! that context, never the rank's own.
+//! wait must give up after the budget, fill the error slot and trap. A trap leaves every context
+//! of its process unusable on driver 580, so callers run this in a process of its own (the
+//! harness uses a child process).
 
 use crate::budget::WaitBudget;
 use crate::error_slot::ErrorSlot;
