@@ -116,8 +116,8 @@ __device__ void inter_sm(const weft_latency_params& p) {
 __device__ void mbarrier_ping_pong(const weft_latency_params& p) {
   __shared__ uint64_t bars[2];
   if (threadIdx.x == 0) {
-    mbarrier_init(&bars[0], 1);
-    mbarrier_init(&bars[1], 1);
+    weft::mbar_init(&bars[0], 1);
+    weft::mbar_init(&bars[1], 1);
   }
   __syncthreads();
   const int32_t rank = p.counters.view.rank;
@@ -126,7 +126,7 @@ __device__ void mbarrier_ping_pong(const weft_latency_params& p) {
   if (warp == 0) {
     iteration_timer t(p);
     for (uint32_t i = 0; i < p.warmup + p.iters; ++i) {
-      mbarrier_arrive(&bars[0]);
+      weft::mbar_arrive(&bars[0]);
       mbarrier_wait(&bars[1], i & 1, p.counters.bound, rank, coord4(0, 0, 0, 1));
       t.lap(i);
     }
@@ -134,7 +134,7 @@ __device__ void mbarrier_ping_pong(const weft_latency_params& p) {
   } else {
     for (uint32_t i = 0; i < p.warmup + p.iters; ++i) {
       mbarrier_wait(&bars[0], i & 1, p.counters.bound, rank, coord4(0, 0, 0, 0));
-      mbarrier_arrive(&bars[1]);
+      weft::mbar_arrive(&bars[1]);
     }
   }
 }
