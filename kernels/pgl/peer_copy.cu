@@ -118,6 +118,8 @@ __device__ __forceinline__ void bulk_copy(const void* src, void* dst, uint64_t b
   __shared__ uint64_t bars[kMaxStages];
   extern __shared__ __align__(128) uint8_t buf[];
   if (threadIdx.x != 0) return;
+  // The host keeps 1 <= inflight < stages <= kMaxStages; anything else would index past bars[].
+  if (stages > kMaxStages || inflight == 0 || inflight >= stages) __trap();
   const uint8_t* s = static_cast<const uint8_t*>(src);
   uint8_t* d = static_cast<uint8_t*>(dst);
   switch (inflight) {

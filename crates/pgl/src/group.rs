@@ -90,6 +90,8 @@ impl<T: PglElement> PglGroup<T> {
             };
             // SAFETY: fills the memory allocated just above.
             check(|| "cuMemsetD8".into(), unsafe { sys::cuMemsetD8_v2(ptr, 0, size) })?;
+            // The fill is asynchronous on the legacy stream: complete it before any member uses it.
+            ctx.synchronize()?;
             owns.push((own, ptr));
         }
         let ptrs: Vec<_> = owns.iter().map(|(_, p)| *p).collect();

@@ -232,6 +232,9 @@ fn allocate_own(
             let own = Own::Ipc { ptr }; // frees on an early return below
             // SAFETY: fills the allocation made just above.
             check(|| "cuMemsetD8".into(), unsafe { sys::cuMemsetD8_v2(ptr, 0, nonzero) })?;
+            // The fill runs asynchronously on the legacy stream, unordered with weft's streams and
+            // with peers: it must be done before the buffer is exported or used.
+            ctx.synchronize()?;
             let export = ipc::export(ptr)?.to_vec();
             Ok((own, export, None))
         }
@@ -241,6 +244,7 @@ fn allocate_own(
             let map = vmm::Mapping::new(&phys, vmm::granularity(device)?, &[device])?;
             // SAFETY: fills the mapping made just above.
             check(|| "cuMemsetD8".into(), unsafe { sys::cuMemsetD8_v2(map.va, 0, size) })?;
+            ctx.synchronize()?; // as above: the fill completes before the export
             let fd = phys.export_fd()?;
             let mut export = Vec::with_capacity(16);
             export.extend_from_slice(&std::process::id().to_le_bytes());

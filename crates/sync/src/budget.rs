@@ -58,6 +58,8 @@ fn timeout_from(var: Option<&str>) -> anyhow::Result<Duration> {
         Some(text) => {
             let ms: u64 = text.trim().parse().with_context(|| format!("{TIMEOUT_VAR}={text:?} is not a whole number of milliseconds"))?;
             anyhow::ensure!(ms > 0, "{TIMEOUT_VAR}=0: a wait needs a positive bound");
+            // A bound of hours is no bound: a lost signal must surface while someone is watching.
+            anyhow::ensure!(ms <= 3_600_000, "{TIMEOUT_VAR}={ms}: at most 3600000 (one hour)");
             Ok(Duration::from_millis(ms))
         }
     }

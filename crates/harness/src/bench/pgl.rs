@@ -186,8 +186,10 @@ impl BulkConfig {
     }
 
     fn validate(&self) -> anyhow::Result<()> {
-        if self.chunk < 16 || self.chunk % 16 != 0 {
-            bail!("chunk {} must be a positive multiple of 16 bytes", self.chunk);
+        // One bulk transaction moves at most 2^20 - 1 bytes; the stages must fit shared memory
+        // (checked against the device's opt-in limit at launch).
+        if self.chunk < 16 || self.chunk % 16 != 0 || self.chunk >= 1 << 20 {
+            bail!("chunk {} must be a multiple of 16 bytes below 1 MiB", self.chunk);
         }
         if !(2..=8).contains(&self.stages) {
             bail!("stages {} must be 2 to 8", self.stages);
@@ -199,6 +201,7 @@ impl BulkConfig {
     }
 
     fn smem_bytes(&self) -> u32 {
+        // chunk < 2^20 and stages <= 8 (validate), so this cannot overflow.
         self.chunk * self.stages
     }
 
@@ -537,6 +540,9 @@ fn verify(
 ) -> anyhow::Result<()> {
     let stream = copy.stream;
     let words = bytes / 4;
+    // The previous rank may still be running its last timed write into our destination.
+    stream.synchronize()?;
+    job.rdzv.barrier()?;
     // SAFETY: the local destination holds at least `words` words.
     unsafe { sys::cuMemsetD32Async(dst.local_ptr(), POISON, words, stream.cu_stream()).result()? };
     stream.synchronize()?;

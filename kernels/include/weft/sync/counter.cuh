@@ -12,7 +12,7 @@ namespace weft::sync {
 
 // The counter at `coord` in `rank`'s buffer, or nullptr when outside the layout.
 __device__ __forceinline__ uint64_t* counter_ptr(const weft_pgl_view& v, weft_tile_coord coord, int32_t rank) {
-  const bool inside = rank >= 0 && rank < v.world && v.elem_bytes == sizeof(uint64_t) && coord.b < v.shape.batch &&
+  const bool inside = rank >= 0 && rank < v.world && rank < WEFT_PGL_MAX_RANKS && v.elem_bytes == sizeof(uint64_t) && coord.b < v.shape.batch &&
                       coord.d < v.shape.depth && coord.r < v.shape.rows && coord.c < v.shape.cols &&
                       v.base[rank] != 0;
   if (!inside) return nullptr;

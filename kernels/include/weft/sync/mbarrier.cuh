@@ -11,7 +11,8 @@
 namespace weft::sync {
 
 // Waits for the phase of parity `parity` to complete, bounded by `bound`; on expiry reports
-// MBARRIER_WAIT (expected = parity, observed = the raw mbarrier word, coord = `coord`) and traps.
+// MBARRIER_WAIT (expected = the awaited parity, observed = the other parity, coord = `coord`) and
+// traps.
 __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity, const weft_sync_bound& bound, int32_t rank,
                                               weft_tile_coord coord) {
   if (weft::mbar_try_wait(bar, parity)) return;
@@ -26,7 +27,7 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity, co
       f.target_rank = rank;
       f.coord = coord;
       f.expected = parity;
-      f.observed = *reinterpret_cast<volatile uint64_t*>(bar);
+      f.observed = parity ^ 1u;  // the mbarrier word is opaque: report the phase still pending
       f.elapsed_cycles = spent;
       f.elapsed_ns = globaltimer_ns() - t0;
       fail(bound, rank, f);
