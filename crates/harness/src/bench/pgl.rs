@@ -442,7 +442,11 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                     .with_context(|| format!("{} on {blocks} SMs, {bytes} B", method.name()))?;
                 cases.push(Case { method, sms: blocks, bytes, median_ms: median(&ms) });
             }
-            verify(job, &copy, &dst, &mut host, seed, prev, method, blocks, largest)?;
+            // The largest size (full chunks everywhere) and two odd ones: a short last chunk, shrunken
+            // chunks, blocks with no chunk and fewer chunks than stages.
+            for check_bytes in [largest, 4096 + 48, (largest / 7) / 16 * 16 + 48] {
+                verify(job, &copy, &dst, &mut host, seed, prev, method, blocks, check_bytes)?;
+            }
         }
     }
     dst.free(&mut job.rdzv)?;
@@ -540,22 +544,26 @@ fn verify(
 ) -> anyhow::Result<()> {
     let stream = copy.stream;
     let words = bytes / 4;
+    // Words past the message that must keep their poison (an overrun would overwrite them).
+    let guard = (host.len() - words).min(64);
     // The previous rank may still be running its last timed write into our destination.
     stream.synchronize()?;
     job.rdzv.barrier()?;
-    // SAFETY: the local destination holds at least `words` words.
-    unsafe { sys::cuMemsetD32Async(dst.local_ptr(), POISON, words, stream.cu_stream()).result()? };
+    // SAFETY: the local destination holds at least `words + guard` words.
+    unsafe { sys::cuMemsetD32Async(dst.local_ptr(), POISON, words + guard, stream.cu_stream()).result()? };
     stream.synchronize()?;
     job.rdzv.barrier()?; // every destination poisoned before any rank writes
     copy.enqueue(method, blocks, bytes)?;
     stream.synchronize().with_context(|| format!("{} on {blocks} SMs, {bytes} B (check run)", method.name()))?;
     job.rdzv.barrier()?; // every copy into every destination done
-    // SAFETY: `host` holds `words` words; synchronised below before it is read.
-    unsafe { result::memcpy_dtoh_async(&mut host[..words], dst.local_ptr(), stream.cu_stream())? };
+    // SAFETY: `host` holds `words + guard` words; synchronised below before it is read.
+    unsafe { result::memcpy_dtoh_async(&mut host[..words + guard], dst.local_ptr(), stream.cu_stream())? };
     stream.synchronize()?;
-    let local = match check_source(&host[..words], seed, prev) {
-        Some(wrong) => Err(anyhow::anyhow!(wrong)),
-        None => Ok(()),
+    let overrun = host[words..words + guard].iter().position(|&w| w != POISON);
+    let local = match (check_source(&host[..words], seed, prev), overrun) {
+        (Some(wrong), _) => Err(anyhow::anyhow!(wrong)),
+        (None, Some(i)) => Err(anyhow::anyhow!("wrote past the message: word {} (message ends at {words})", words + i)),
+        (None, None) => Ok(()),
     };
     let sms = if method.is_kernel() { format!(" on {blocks} SMs") } else { String::new() };
     let step = format!(
