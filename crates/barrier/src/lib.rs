@@ -1,5 +1,15 @@
 //! weft-barrier: KernelBarrier, a device counter that communication kernels arrive on at launch
-//! and a one-thread wait kernel that holds the compute stream until they are resident.
+//! and a one-thread wait kernel that holds the compute stream until they are resident, so a greedy
+//! compute kernel issued first cannot starve them of SMs. Rules in `README.md`.
 //!
-//! Not implemented yet (tracked by the barrier issue). This crate deliberately exports nothing
-//! until the barrier exists and its overlap is measured.
+//! [`synthetic`] holds the workloads the overlap-order bench and the barrier trials order: a
+//! persistent compute kernel with an `sm_margin` knob and a copy kernel that arrives.
+
+mod bound;
+mod kernel_barrier;
+mod report;
+pub mod synthetic;
+
+pub use bound::{default_timeout, TIMEOUT_VAR};
+pub use kernel_barrier::KernelBarrier;
+pub use report::describe;

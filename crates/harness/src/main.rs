@@ -56,6 +56,8 @@ fn main() -> ExitCode {
         }
         // Internal: the sync timeout trials run their trapping kernel in this child process.
         Some("__sync-timeout-child") => suites::sync_timeout_child(&args[1..]).map(|()| ExitCode::SUCCESS),
+        // Internal: each overlap-order mode is measured in this child process (fresh context).
+        Some(bench::overlap_order::CHILD_COMMAND) => bench::overlap_order::child(&args[1..]).map(|()| ExitCode::SUCCESS),
         Some("help" | "--help" | "-h") => {
             println!("{USAGE}");
             Ok(ExitCode::SUCCESS)

@@ -2,6 +2,9 @@
 // the WEFT_HD functions over them (compiled for the host through bindgen's wrappers).
 // Rules: C only, fixed-width types; one concept per header.
 #pragma once
+#include "weft/grpcoll.h"
+#include "weft/kernel_barrier.h"
+#include "weft/overlap_work.h"
 #include "weft/pgl.h"
 #include "weft/roundtrip.h"
 #include "weft/sync.h"

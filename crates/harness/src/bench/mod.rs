@@ -2,7 +2,9 @@
 //! results are combined across ranks (the slowest rank's median is the reported time), rank 0
 //! prints the table and writes the files.
 
+mod grpcoll;
 mod nccl;
+pub mod overlap_order;
 mod pgl;
 mod sync;
 
@@ -12,7 +14,7 @@ use crate::results::{today, RunMeta, Table};
 use anyhow::{bail, Context};
 use std::path::PathBuf;
 
-pub const SUITES: &[&str] = &["nccl", "pgl", "sync"];
+pub const SUITES: &[&str] = &["nccl", "pgl", "sync", "overlap-order", "grpcoll"];
 
 #[derive(Debug, Default, PartialEq)]
 pub struct BenchOptions {
@@ -56,8 +58,10 @@ pub fn run(job: &mut Job, opts: &BenchOptions) -> anyhow::Result<()> {
     for suite in &opts.suites {
         let result = match suite.as_str() {
             "nccl" => nccl::run(job, opts.quick)?,
+            "grpcoll" => grpcoll::run(job, opts.quick)?,
             "pgl" => pgl::run(job, opts.quick)?,
             "sync" => sync::run(job, opts.quick)?,
+            "overlap-order" => overlap_order::run(job, opts.quick)?,
             other => bail!("unknown suite {other}"),
         };
         if job.rank() != 0 {

@@ -1,5 +1,7 @@
 //! Correctness suites, one libtest-mimic trial per (test × configuration).
 
+mod barrier;
+mod grpcoll;
 mod nccl;
 mod pgl;
 mod rendezvous;
@@ -17,5 +19,7 @@ pub fn all() -> Vec<Case> {
     cases.extend(nccl::cases());
     cases.extend(pgl::cases());
     cases.extend(sync::cases());
+    cases.extend(barrier::cases());
+    cases.extend(grpcoll::cases());
     cases
 }

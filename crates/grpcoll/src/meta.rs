@@ -1,0 +1,342 @@
+//! Group-collective metadata: this rank's description, local validation, the all-gathered
+//! cross-rank check, and the global matching of input splits to output splits.
+//!
+//! Matching rule (as in all-to-all-v): the k-th input split (in index order) that rank r sends to
+//! rank d is the k-th output split (in index order) of rank d that lists r as a source.
+
+use anyhow::bail;
+
+/// GroupCast metadata of one rank: input split i (`input_split_rows[i]` rows, consecutive from
+/// row 0) goes to every rank in `dst_indices[i]` (possibly none); output split j
+/// (`output_split_rows[j]` rows, consecutive) comes from rank `src_index[j]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupCastMeta {
+    /// Rows of this rank's input tensor; the input splits must sum to it.
+    pub input_rows: usize,
+    pub input_split_rows: Vec<usize>,
+    pub dst_indices: Vec<Vec<usize>>,
+    /// Rows of this rank's output tensor; the output splits must sum to it.
+    pub output_rows: usize,
+    pub output_split_rows: Vec<usize>,
+    pub src_index: Vec<usize>,
+}
+
+/// GroupReduce metadata of one rank: input split i (a partial result) goes to rank
+/// `dst_index[i]`; output split j is the reduction over the partials of every rank in
+/// `src_indices[j]` (at least one, each at most once).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupReduceMeta {
+    pub input_rows: usize,
+    pub input_split_rows: Vec<usize>,
+    pub dst_index: Vec<usize>,
+    pub output_rows: usize,
+    pub output_split_rows: Vec<usize>,
+    pub src_indices: Vec<Vec<usize>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Cast = 1,
+    Reduce = 2,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Cast => "group_cast",
+            Kind::Reduce => "group_reduce",
+        }
+    }
+    fn in_peers(self) -> &'static str {
+        match self {
+            Kind::Cast => "dst_indices",
+            Kind::Reduce => "dst_index",
+        }
+    }
+    fn out_peers(self) -> &'static str {
+        match self {
+            Kind::Cast => "src_index",
+            Kind::Reduce => "src_indices",
+        }
+    }
+}
+
+/// Either kind as one shape: the peers of each input split (destinations) and of each output
+/// split (sources).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Desc {
+    pub input_rows: usize,
+    pub input_split_rows: Vec<usize>,
+    pub input_peers: Vec<Vec<usize>>,
+    pub output_rows: usize,
+    pub output_split_rows: Vec<usize>,
+    pub output_peers: Vec<Vec<usize>>,
+}
+
+impl From<&GroupCastMeta> for Desc {
+    fn from(m: &GroupCastMeta) -> Self {
+        Desc {
+            input_rows: m.input_rows,
+            input_split_rows: m.input_split_rows.clone(),
+            input_peers: m.dst_indices.clone(),
+            output_rows: m.output_rows,
+            output_split_rows: m.output_split_rows.clone(),
+            output_peers: m.src_index.iter().map(|&s| vec![s]).collect(),
+        }
+    }
+}
+
+impl From<&GroupReduceMeta> for Desc {
+    fn from(m: &GroupReduceMeta) -> Self {
+        Desc {
+            input_rows: m.input_rows,
+            input_split_rows: m.input_split_rows.clone(),
+            input_peers: m.dst_index.iter().map(|&d| vec![d]).collect(),
+            output_rows: m.output_rows,
+            output_split_rows: m.output_split_rows.clone(),
+            output_peers: m.src_indices.clone(),
+        }
+    }
+}
+
+/// Checks one rank's metadata on its own: list lengths, split sums, ranks in range, no rank
+/// listed twice for one split, a source for every reduce output split, sizes within u32.
+pub(crate) fn validate_local(kind: Kind, d: &Desc, world: usize) -> anyhow::Result<()> {
+    let name = kind.name();
+    let mut errs = Vec::new();
+    for (side, rows, splits, peers, field) in [
+        ("input", d.input_rows, &d.input_split_rows, &d.input_peers, kind.in_peers()),
+        ("output", d.output_rows, &d.output_split_rows, &d.output_peers, kind.out_peers()),
+    ] {
+        if splits.len() != peers.len() {
+            errs.push(format!("{side}_split_rows has {} splits but {field} has {} entries", splits.len(), peers.len()));
+        }
+        let sum: usize = splits.iter().sum();
+        if sum != rows {
+            errs.push(format!("{side}_split_rows sum to {sum} rows but the {side} has {rows} rows"));
+        }
+        if rows > u32::MAX as usize {
+            errs.push(format!("the {side} has {rows} rows; at most {} are supported", u32::MAX));
+        }
+        for (i, list) in peers.iter().enumerate() {
+            for (k, &r) in list.iter().enumerate() {
+                if r >= world {
+                    errs.push(format!("{field}[{i}] lists rank {r}, but the world has {world} ranks (0..{})", world - 1));
+                }
+                if list[..k].contains(&r) {
+                    errs.push(format!("{field}[{i}] lists rank {r} twice"));
+                }
+            }
+            if kind == Kind::Reduce && side == "output" && list.is_empty() {
+                errs.push(format!("src_indices[{i}] lists no source rank (every output split reduces at least one partial)"));
+            }
+        }
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        bail!("{name}: invalid metadata: {}", errs.join("; "))
+    }
+}
+
+/// Everything the ranks must agree on besides the splits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Header {
+    pub kind: u64,
+    pub dtype: u64,
+    pub row_elems: u64,
+    pub op: u64,
+    pub lse_per_row: u64,
+    pub sms: u64,
+}
+
+impl Header {
+    const FIELDS: [&'static str; 6] = ["collective", "dtype", "row_elems", "reduce op", "lse_per_row", "SM count"];
+    fn values(&self) -> [u64; 6] {
+        [self.kind, self.dtype, self.row_elems, self.op, self.lse_per_row, self.sms]
+    }
+}
+
+pub(crate) fn encode(h: &Header, d: &Desc) -> Vec<u8> {
+    let mut v: Vec<u64> = h.values().to_vec();
+    for (rows, splits, peers) in [(d.input_rows, &d.input_split_rows, &d.input_peers), (d.output_rows, &d.output_split_rows, &d.output_peers)] {
+        v.push(rows as u64);
+        v.push(splits.len() as u64);
+        for (i, &s) in splits.iter().enumerate() {
+            v.push(s as u64);
+            v.push(peers[i].len() as u64);
+            v.extend(peers[i].iter().map(|&p| p as u64));
+        }
+    }
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+pub(crate) fn decode(bytes: &[u8]) -> anyhow::Result<(Header, Desc)> {
+    anyhow::ensure!(bytes.len() % 8 == 0, "grpcoll metadata of {} bytes is not a list of u64", bytes.len());
+    let words: Vec<u64> = bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+    let mut it = words.into_iter();
+    let mut next = || it.next().ok_or_else(|| anyhow::anyhow!("grpcoll metadata is truncated"));
+    let h = Header { kind: next()?, dtype: next()?, row_elems: next()?, op: next()?, lse_per_row: next()?, sms: next()? };
+    let mut sides = Vec::new();
+    for _ in 0..2 {
+        let rows = next()? as usize;
+        let n = next()? as usize;
+        let (mut splits, mut peers) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            splits.push(next()? as usize);
+            let k = next()? as usize;
+            peers.push((0..k).map(|_| next().map(|p| p as usize)).collect::<anyhow::Result<Vec<_>>>()?);
+        }
+        sides.push((rows, splits, peers));
+    }
+    let (out_rows, out_splits, out_peers) = sides.pop().unwrap();
+    let (in_rows, in_splits, in_peers) = sides.pop().unwrap();
+    Ok((h, Desc { input_rows: in_rows, input_split_rows: in_splits, input_peers: in_peers, output_rows: out_rows, output_split_rows: out_splits, output_peers: out_peers }))
+}
+
+/// Every rank's header must equal rank 0's; the error names each differing rank and field.
+pub(crate) fn check_headers(kind: Kind, headers: &[Header], describe: impl Fn(usize, u64) -> String) -> anyhow::Result<()> {
+    let mut errs = Vec::new();
+    for (r, h) in headers.iter().enumerate().skip(1) {
+        for (f, (a, b)) in headers[0].values().iter().zip(h.values()).enumerate() {
+            if *a != b {
+                errs.push(format!("rank {r} has {} {} but rank 0 has {}", Header::FIELDS[f], describe(f, b), describe(f, *a)));
+            }
+        }
+    }
+    if errs.is_empty() { Ok(()) } else { bail!("{}: the ranks disagree: {}", kind.name(), errs.join("; ")) }
+}
+
+/// One matched pair: `rows` rows from rank `src`'s input split `src_split` (first row
+/// `src_row`) to rank `dst`'s output split `dst_split` (first row `dst_row`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transfer {
+    pub src: usize,
+    pub src_split: usize,
+    pub src_row: usize,
+    pub dst: usize,
+    pub dst_split: usize,
+    pub dst_row: usize,
+    pub rows: usize,
+}
+
+fn offsets(splits: &[usize]) -> Vec<usize> {
+    let mut at = 0;
+    splits
+        .iter()
+        .map(|&s| {
+            at += s;
+            at - s
+        })
+        .collect()
+}
+
+/// Matches every rank's sends with every rank's receives (the rule in the module docs). Every
+/// rank computes the same answer from the same all-gathered metadata, so every rank fails alike;
+/// the error names the ranks and splits that disagree.
+pub(crate) fn match_global(kind: Kind, descs: &[Desc]) -> anyhow::Result<Vec<Transfer>> {
+    let world = descs.len();
+    let (fi, fo) = (kind.in_peers(), kind.out_peers());
+    let mut errs = Vec::new();
+    let mut out = Vec::new();
+    let in_off: Vec<Vec<usize>> = descs.iter().map(|d| offsets(&d.input_split_rows)).collect();
+    let out_off: Vec<Vec<usize>> = descs.iter().map(|d| offsets(&d.output_split_rows)).collect();
+    for s in 0..world {
+        for d in 0..world {
+            let sends: Vec<usize> = (0..descs[s].input_peers.len()).filter(|&i| descs[s].input_peers[i].contains(&d)).collect();
+            let recvs: Vec<usize> = (0..descs[d].output_peers.len()).filter(|&j| descs[d].output_peers[j].contains(&s)).collect();
+            if sends.len() != recvs.len() {
+                errs.push(format!(
+                    "rank {s} sends {} input splits to rank {d} (its {fi} list {d} in splits {sends:?}) but rank {d} expects {} from rank {s} (its {fo} list {s} in output splits {recvs:?})",
+                    sends.len(),
+                    recvs.len()
+                ));
+                continue;
+            }
+            for (&i, &j) in sends.iter().zip(&recvs) {
+                let (a, b) = (descs[s].input_split_rows[i], descs[d].output_split_rows[j]);
+                if a != b {
+                    errs.push(format!("rank {s}'s input split {i} ({a} rows) is rank {d}'s output split {j} by the matching rule, which has {b} rows"));
+                    continue;
+                }
+                out.push(Transfer { src: s, src_split: i, src_row: in_off[s][i], dst: d, dst_split: j, dst_row: out_off[d][j], rows: a });
+            }
+        }
+    }
+    if errs.is_empty() {
+        Ok(out)
+    } else {
+        let n = errs.len();
+        errs.truncate(8);
+        let more = if n > 8 { format!(" (and {} more)", n - 8) } else { String::new() };
+        bail!("{}: metadata disagrees across ranks: {}{more}", kind.name(), errs.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cast(input_split_rows: Vec<usize>, dst: Vec<Vec<usize>>, output_split_rows: Vec<usize>, src: Vec<usize>) -> Desc {
+        Desc::from(&GroupCastMeta {
+            input_rows: input_split_rows.iter().sum(),
+            input_split_rows,
+            dst_indices: dst,
+            output_rows: output_split_rows.iter().sum(),
+            output_split_rows,
+            src_index: src,
+        })
+    }
+
+    #[test]
+    fn local_errors_are_named() {
+        let mut d = cast(vec![2, 3], vec![vec![0, 1], vec![1, 1]], vec![4], vec![2]);
+        d.input_rows = 6;
+        let e = validate_local(Kind::Cast, &d, 2).unwrap_err().to_string();
+        assert!(e.contains("input_split_rows sum to 5 rows but the input has 6 rows"), "{e}");
+        assert!(e.contains("dst_indices[1] lists rank 1 twice"), "{e}");
+        assert!(e.contains("src_index[0] lists rank 2, but the world has 2 ranks"), "{e}");
+        let r = Desc::from(&GroupReduceMeta { input_rows: 1, input_split_rows: vec![1], dst_index: vec![0], output_rows: 1, output_split_rows: vec![1], src_indices: vec![vec![]] });
+        let e = validate_local(Kind::Reduce, &r, 2).unwrap_err().to_string();
+        assert!(e.contains("src_indices[0] lists no source rank"), "{e}");
+        let short = cast(vec![1, 1], vec![vec![0]], vec![], vec![]);
+        let e = validate_local(Kind::Cast, &short, 1).unwrap_err().to_string();
+        assert!(e.contains("input_split_rows has 2 splits but dst_indices has 1 entries"), "{e}");
+    }
+
+    #[test]
+    fn encoding_round_trips() {
+        let h = Header { kind: 1, dtype: 7, row_elems: 128, op: 0, lse_per_row: 0, sms: 24 };
+        let d = cast(vec![2, 0, 3], vec![vec![0, 1], vec![], vec![1]], vec![4, 1], vec![1, 0]);
+        assert_eq!(decode(&encode(&h, &d)).unwrap(), (h, d));
+        assert!(decode(&[1, 2, 3]).is_err());
+        assert!(decode(&0u64.to_le_bytes()).is_err());
+    }
+
+    #[test]
+    fn matching_follows_the_rule_and_names_disagreements() {
+        // Rank 0 sends split 0 (2 rows) to 0 and 1, split 1 (3 rows) to 1; rank 1 sends split 0 (1 row) to 0.
+        let d0 = cast(vec![2, 3], vec![vec![0, 1], vec![1]], vec![1, 2], vec![1, 0]);
+        let d1 = cast(vec![1], vec![vec![0]], vec![3, 2], vec![0, 0]);
+        // Rank 1 lists its output splits in the wrong order (3 rows first): a size mismatch.
+        let e = match_global(Kind::Cast, &[d0.clone(), d1]).unwrap_err().to_string();
+        assert!(e.contains("rank 0's input split 0 (2 rows) is rank 1's output split 0 by the matching rule, which has 3 rows"), "{e}");
+        let d1 = cast(vec![1], vec![vec![0]], vec![2, 3], vec![0, 0]);
+        let t = match_global(Kind::Cast, &[d0.clone(), d1]).unwrap();
+        assert_eq!(t.len(), 4);
+        assert!(t.contains(&Transfer { src: 0, src_split: 1, src_row: 2, dst: 1, dst_split: 1, dst_row: 2, rows: 3 }));
+        assert!(t.contains(&Transfer { src: 1, src_split: 0, src_row: 0, dst: 0, dst_split: 0, dst_row: 0, rows: 1 }));
+        // A missing receive is named with both sides.
+        let d1 = cast(vec![1], vec![vec![0]], vec![2], vec![0]);
+        let e = match_global(Kind::Cast, &[d0, d1]).unwrap_err().to_string();
+        assert!(e.contains("rank 0 sends 2 input splits to rank 1") && e.contains("rank 1 expects 1 from rank 0"), "{e}");
+    }
+
+    #[test]
+    fn headers_must_agree() {
+        let h = Header { kind: 2, dtype: 7, row_elems: 128, op: 0, lse_per_row: 0, sms: 24 };
+        let h2 = Header { row_elems: 64, ..h };
+        let e = check_headers(Kind::Reduce, &[h, h, h2], |_, v| v.to_string()).unwrap_err().to_string();
+        assert!(e.contains("rank 2 has row_elems 64 but rank 0 has 128"), "{e}");
+    }
+}

@@ -1,0 +1,407 @@
+//! overlap-order: a greedy persistent compute kernel and a communication kernel (a peer copy)
+//! issued on two streams in the unfavourable order (compute first), measured five ways —
+//! nothing, CUDA_DEVICE_MAX_CONNECTIONS=1, an sm_margin sweep, a high-priority comm stream,
+//! KernelBarrier — plus the favourable order (comm issued first) as a reference.
+//!
+//! One process drives two GPUs: this rank's GPU runs both kernels and the copy writes into the
+//! next visible GPU. Under a launcher only rank 0 measures; the other ranks wait for it at a
+//! rendezvous barrier (their GPUs stay idle, apart from the peer GPU receiving the copy). Each
+//! mode runs in a child process (`weft __overlap-order-child`) with a fresh context, which is what
+//! CUDA_DEVICE_MAX_CONNECTIONS needs; the first child calibrates the sizes (compute alone on all
+//! SMs ≈ 4 ms, the copy alone ≈ 1 ms) and every mode uses them.
+//!
+//! Per mode (medians over the repetitions, CUDA events for times, %globaltimer stamps for starts):
+//! T_comp and T_comm alone in the mode's configuration, T_total of the pair, the comm kernel's
+//! start delay, overlap efficiency = (T_comp + T_comm − T_total) / min(T_comp, T_comm), compute
+//! slowdown (compute span in the pair / all-SM compute span alone) and the comm kernel's SM share.
+//! Every repetition checks both outputs (compute sampled, in full on the first; every copied word).
+
+mod measure;
+
+use super::SuiteResult;
+use crate::job::Job;
+use crate::json::Json;
+use crate::results::Table;
+use anyhow::Context;
+use cudarc::driver::CudaContext;
+use measure::{Config, Measured};
+use std::time::{Duration, Instant};
+
+pub const CHILD_COMMAND: &str = "__overlap-order-child";
+/// 8 blocks: peer writes from 8 SMs already reach ~90% of the copy engine (bench pgl), and every
+/// SM the copy holds is one the compute kernel loses while they overlap.
+const DEFAULT_COMM_BLOCKS: u32 = 8;
+/// Overrides the comm kernel's block count.
+const COMM_BLOCKS_VAR: &str = "WEFT_OVERLAP_COMM_BLOCKS";
+const CHILD_TIMEOUT: Duration = Duration::from_secs(120);
+const BASELINE: &str = "nothing (unfavourable order)";
+/// The goals.
+const GOAL_EFFICIENCY: f64 = 0.9;
+const GOAL_WAIT_US: f64 = 5.0;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Calibrate,
+    Favourable,
+    Nothing,
+    MaxConnections1,
+    Margin(u32),
+    HighPriority,
+    Barrier,
+}
+
+impl Mode {
+    fn arg(self) -> String {
+        match self {
+            Mode::Calibrate => "calibrate".into(),
+            Mode::Favourable => "favourable".into(),
+            Mode::Nothing => "nothing".into(),
+            Mode::MaxConnections1 => "max-connections-1".into(),
+            Mode::Margin(m) => format!("sm-margin-{m}"),
+            Mode::HighPriority => "high-priority".into(),
+            Mode::Barrier => "barrier".into(),
+        }
+    }
+
+    fn from_arg(s: &str) -> anyhow::Result<Self> {
+        Ok(match s {
+            "calibrate" => Mode::Calibrate,
+            "favourable" => Mode::Favourable,
+            "nothing" => Mode::Nothing,
+            "max-connections-1" => Mode::MaxConnections1,
+            "high-priority" => Mode::HighPriority,
+            "barrier" => Mode::Barrier,
+            _ => Mode::Margin(
+                s.strip_prefix("sm-margin-")
+                    .and_then(|m| m.parse().ok())
+                    .with_context(|| format!("unknown overlap-order mode {s:?}"))?,
+            ),
+        })
+    }
+
+    pub fn name(self) -> String {
+        match self {
+            Mode::Calibrate => "calibration".into(),
+            Mode::Favourable => "reference: favourable order (comm issued first)".into(),
+            Mode::Nothing => "nothing (unfavourable order)".into(),
+            Mode::MaxConnections1 => "CUDA_DEVICE_MAX_CONNECTIONS=1".into(),
+            Mode::Margin(m) => format!("sm_margin {m}"),
+            Mode::HighPriority => "high-priority comm stream".into(),
+            Mode::Barrier => "KernelBarrier".into(),
+        }
+    }
+
+    pub fn sm_margin(self) -> u32 {
+        if let Mode::Margin(m) = self {
+            m
+        } else {
+            0
+        }
+    }
+}
+
+/// `weft __overlap-order-child MODE COMPUTE_GPU PEER_GPU TILES BYTES COMM_BLOCKS REPS SEED`:
+/// measures one mode and prints `key value` lines. Not a rank of any job.
+pub fn child(args: &[String]) -> anyhow::Result<()> {
+    let [mode, a, b, tiles, bytes, blocks, reps, seed] = args else {
+        anyhow::bail!("usage: weft {CHILD_COMMAND} MODE COMPUTE_GPU PEER_GPU TILES BYTES COMM_BLOCKS REPS SEED");
+    };
+    let cfg = Config {
+        compute_gpu: a.parse()?,
+        peer_gpu: b.parse()?,
+        tiles: tiles.parse()?,
+        bytes: bytes.parse()?,
+        comm_blocks: blocks.parse()?,
+        reps: reps.parse()?,
+        seed: seed.parse()?,
+    };
+    match Mode::from_arg(mode)? {
+        Mode::Calibrate => {
+            let c = measure::calibrate(cfg)?;
+            println!("tiles {}\nbytes {}", c.tiles, c.bytes);
+        }
+        m => {
+            for (k, v) in measure::measure(m, cfg)?.fields() {
+                println!("{k} {v}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs one mode's child (bounded) and returns its stdout.
+fn run_child(mode: Mode, cfg: &Config) -> anyhow::Result<String> {
+    let exe = std::env::current_exe()?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg(CHILD_COMMAND).arg(mode.arg());
+    for v in [
+        cfg.compute_gpu as u64,
+        cfg.peer_gpu as u64,
+        cfg.tiles as u64,
+        cfg.bytes,
+        cfg.comm_blocks as u64,
+        cfg.reps as u64,
+        cfg.seed,
+    ] {
+        cmd.arg(v.to_string());
+    }
+    // Only the CUDA_DEVICE_MAX_CONNECTIONS mode sets it; the others measure the default.
+    if mode == Mode::MaxConnections1 {
+        cmd.env("CUDA_DEVICE_MAX_CONNECTIONS", "1");
+    } else {
+        cmd.env_remove("CUDA_DEVICE_MAX_CONNECTIONS");
+    }
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let deadline = Instant::now() + CHILD_TIMEOUT;
+    while child.try_wait()?.is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            anyhow::bail!(
+                "overlap-order {}: the child process ran past {} s and was killed",
+                mode.name(),
+                CHILD_TIMEOUT.as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    anyhow::ensure!(
+        out.status.success(),
+        "overlap-order {}: the child process failed ({}): {}",
+        mode.name(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(stdout)
+}
+
+pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
+    let result = if job.rank() == 0 {
+        measure_all(job, quick)
+    } else {
+        Ok(SuiteResult {
+            table: Table {
+                headers: vec![],
+                rows: vec![],
+            },
+            rows: vec![],
+        })
+    };
+    if result.is_ok() {
+        // Other ranks idle here while rank 0 measures.
+        job.rdzv.barrier()?;
+    }
+    result
+}
+
+fn measure_all(job: &Job, quick: bool) -> anyhow::Result<SuiteResult> {
+    let gpu = job.gpu().map_err(|why| anyhow::anyhow!("no GPU: {why}"))?;
+    let count = CudaContext::device_count()? as usize;
+    anyhow::ensure!(count >= 2, "overlap-order needs 2 visible GPUs (this rank's GPU computes and copies into the next one); {count} visible");
+    let comm_blocks = match std::env::var(COMM_BLOCKS_VAR) {
+        Ok(v) => v
+            .trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|&b| b > 0)
+            .with_context(|| format!("{COMM_BLOCKS_VAR}={v:?} is not a positive block count"))?,
+        Err(_) => DEFAULT_COMM_BLOCKS,
+    };
+    let seed = std::env::var("WEFT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x0E7A_u64);
+    let cfg = Config {
+        compute_gpu: gpu.ordinal,
+        peer_gpu: (gpu.ordinal + 1) % count,
+        tiles: 0,
+        bytes: 0,
+        comm_blocks,
+        reps: if quick { 5 } else { 20 },
+        seed,
+    };
+    let out = run_child(Mode::Calibrate, &cfg)?;
+    let field = |k: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(k).and_then(|r| r.trim().parse::<u64>().ok()))
+    };
+    let (Some(tiles), Some(bytes)) = (field("tiles "), field("bytes ")) else {
+        anyhow::bail!("the calibration child reported no sizes: {out:?}")
+    };
+    let cfg = Config {
+        tiles: tiles as u32,
+        bytes,
+        ..cfg
+    };
+
+    let mut modes = vec![Mode::Favourable, Mode::Nothing, Mode::MaxConnections1];
+    let mut margins = vec![4, 8, 16, 32, comm_blocks];
+    margins.sort_unstable();
+    margins.dedup();
+    modes.extend(margins.into_iter().map(Mode::Margin));
+    modes.extend([Mode::HighPriority, Mode::Barrier]);
+    let mut measured = Vec::new();
+    for m in modes {
+        measured.push((
+            m,
+            Measured::parse(&run_child(m, &cfg)?).with_context(|| m.name())?,
+        ));
+    }
+    Ok(report(&cfg, &measured))
+}
+
+fn report(cfg: &Config, measured: &[(Mode, Measured)]) -> SuiteResult {
+    let base = measured
+        .iter()
+        .find(|(m, _)| *m == Mode::Nothing)
+        .map(|(_, r)| r)
+        .expect("the nothing mode is always measured");
+    let sms = base.sms;
+    let share = cfg.comm_blocks.min(sms) as f64 / sms as f64;
+    let mut table = Table {
+        headers: vec![
+            "mode",
+            "T_total (ms)",
+            "T_comp (ms)",
+            "T_comm (ms)",
+            "efficiency",
+            "comm start delay (us)",
+            "vs first start (us)",
+            "compute slowdown",
+            "vs nothing",
+            "checked",
+        ],
+        rows: Vec::new(),
+    };
+    let mut rows = Vec::new();
+    for (mode, r) in measured {
+        let efficiency = (r.t_comp_ms + r.t_comm_ms - r.t_total_ms) / r.t_comp_ms.min(r.t_comm_ms);
+        let slowdown = r.comp_span_pair_ms / base.comp_span_alone_ms;
+        let ratio = base.t_total_ms / r.t_total_ms;
+        table.rows.push(vec![
+            mode.name(),
+            format!("{:.3}", r.t_total_ms),
+            format!("{:.3}", r.t_comp_ms),
+            format!("{:.3}", r.t_comm_ms),
+            format!("{:.0}%", 100.0 * efficiency),
+            format!("{:.1}", r.start_delay_us),
+            format!("{:.1}", r.start_delay_first_us),
+            format!("{slowdown:.3}x"),
+            format!("{ratio:.2}x"),
+            r.checked.to_string(),
+        ]);
+        let mut row = vec![
+            ("case", Json::from(mode.name())),
+            ("weft_ms", Json::from(r.t_total_ms)),
+            ("baseline", Json::from(BASELINE)),
+            ("baseline_ms", Json::from(base.t_total_ms)),
+            ("ratio", Json::from(ratio)),
+            ("efficiency", Json::from(efficiency)),
+            ("start_delay_us", Json::from(r.start_delay_us)),
+            (
+                "start_delay_vs_first_us",
+                Json::from(r.start_delay_first_us),
+            ),
+            (
+                "arrive_to_wait_exit_us",
+                Json::from(r.arrive_to_wait_exit_us),
+            ),
+            (
+                "wait_exit_to_compute_us",
+                Json::from(r.wait_exit_to_compute_us),
+            ),
+            ("t_comp_ms", Json::from(r.t_comp_ms)),
+            ("t_comm_ms", Json::from(r.t_comm_ms)),
+            ("comp_span_alone_ms", Json::from(r.comp_span_alone_ms)),
+            ("comp_span_pair_ms", Json::from(r.comp_span_pair_ms)),
+            ("slowdown", Json::from(slowdown)),
+            ("comm_sm_share", Json::from(share)),
+            ("sm_margin", Json::from(mode.sm_margin() as usize)),
+            ("comm_blocks", Json::from(cfg.comm_blocks as usize)),
+            ("sms", Json::from(sms as usize)),
+            ("compute_tiles", Json::from(cfg.tiles as usize)),
+            ("comm_bytes", Json::from(cfg.bytes as usize)),
+            ("repetitions", Json::from(cfg.reps)),
+            ("elements_checked", Json::from(r.checked as usize)),
+        ];
+        if *mode == Mode::Barrier {
+            row.push((
+                "meets_goal",
+                Json::from(
+                    if efficiency >= GOAL_EFFICIENCY && slowdown - 1.0 <= share {
+                        "yes"
+                    } else {
+                        "no"
+                    },
+                ),
+            ));
+        }
+        rows.push(Json::obj(row));
+    }
+    if let Some((_, b)) = measured.iter().find(|(m, _)| *m == Mode::Barrier) {
+        table.rows.push(vec![
+            "KernelBarrier wait, target already reached (events around it)".into(),
+            format!("{:.4}", b.wait_us / 1e3),
+            String::new(),
+            String::new(),
+            String::new(),
+            String::new(),
+            String::new(),
+            String::new(),
+            format!("empty events: {:.1} us", b.empty_events_us),
+            String::new(),
+        ]);
+        rows.push(Json::obj([
+            (
+                "case",
+                Json::from("KernelBarrier wait, target already reached, idle stream"),
+            ),
+            ("weft_ms", Json::from(b.wait_us / 1e3)),
+            ("weft_us", Json::from(b.wait_us)),
+            ("baseline", Json::from("events with nothing between them")),
+            ("baseline_ms", Json::from(b.empty_events_us / 1e3)),
+            ("ratio", Json::from(b.empty_events_us / b.wait_us)),
+            ("goal_us", Json::from(GOAL_WAIT_US)),
+            (
+                "meets_goal",
+                Json::from(if b.wait_us <= GOAL_WAIT_US {
+                    "yes"
+                } else {
+                    "no"
+                }),
+            ),
+        ]));
+    }
+    // Whether a comm block can share an SM with a compute block at all (registers).
+    let note = format!(
+        "GPU {} computes and copies into GPU {}; {} SMs; compute {} tiles, 1 block/SM x {} threads x {} registers; comm {} blocks x {} threads x {} registers, {} MiB",
+        cfg.compute_gpu,
+        cfg.peer_gpu,
+        sms,
+        cfg.tiles,
+        weft_barrier::synthetic::THREADS,
+        base.compute_regs,
+        cfg.comm_blocks,
+        weft_barrier::synthetic::THREADS,
+        base.comm_regs,
+        cfg.bytes >> 20
+    );
+    table.rows.push(vec![
+        note,
+        String::new(),
+        String::new(),
+        String::new(),
+        String::new(),
+        String::new(),
+        String::new(),
+        String::new(),
+        String::new(),
+        String::new(),
+    ]);
+    SuiteResult { table, rows }
+}

@@ -1,0 +1,257 @@
+//! KernelBarrier correctness (crates/barrier, kernels/barrier/*.cu), on each rank's own GPU: the
+//! synthetic persistent compute kernel (all SMs) waits on the compute stream while the copy kernel
+//! (local → local, so one GPU suffices) arrives from the comm stream; the compute is issued first.
+//! - orders_compute_after_comm_start: the compute kernel's first block starts after the comm
+//!   kernel arrived; every compute output and every copied byte correct.
+//! - reuse_without_host_sync: 50 rounds enqueued back to back with cumulative targets and one
+//!   synchronisation; every round ordered and checked; then a reset and 5 more rounds from 0.
+//! - wait_times_out: a target nobody reaches, with a 100 ms bound: check() names target, observed
+//!   count and bound, the wait gave up within a few bounds, and the context and the barrier work
+//!   afterwards (reset, one ordered round).
+
+use crate::data::shared_seed;
+use crate::job::Job;
+use crate::trials::Case;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use weft_barrier::synthetic::{memset_u32, ComputeWork, CopyArgs, Kernels, Stamps, DEFAULT_ROUNDS};
+use weft_barrier::KernelBarrier;
+
+const COMM_BLOCKS: u32 = 16;
+const POISON: u32 = 0xA5A5_A5A5;
+const REUSE_ROUNDS: usize = 50;
+const TIMEOUT_BOUND: Duration = Duration::from_millis(100);
+
+pub fn cases() -> Vec<Case> {
+    vec![
+        Case::gpu(
+            "barrier::orders_compute_after_comm_start",
+            orders_compute_after_comm_start,
+        ),
+        Case::gpu("barrier::reuse_without_host_sync", reuse_without_host_sync),
+        Case::gpu("barrier::wait_times_out", wait_times_out),
+    ]
+}
+
+/// One round's buffers: the compute work, the copy's source and destination, the stamps.
+struct Round {
+    work: ComputeWork,
+    src: Vec<u32>,
+    src_dev: CudaSlice<u32>,
+    dst: CudaSlice<u32>,
+    stamps: Stamps,
+}
+
+impl Round {
+    fn new(
+        stream: &Arc<CudaStream>,
+        tiles: u32,
+        words: usize,
+        rng: &mut StdRng,
+    ) -> anyhow::Result<Self> {
+        let src: Vec<u32> = (0..words).map(|_| rng.random::<u32>()).collect();
+        Ok(Self {
+            work: ComputeWork::new(stream, tiles, DEFAULT_ROUNDS, rng.random())?,
+            src_dev: stream.clone_htod(&src)?,
+            src,
+            dst: stream.alloc_zeros::<u32>(words)?,
+            stamps: Stamps::new(stream)?,
+        })
+    }
+
+    /// Poisons the outputs and resets the counters and stamps, in `stream` order.
+    fn prepare(&mut self, stream: &Arc<CudaStream>) -> anyhow::Result<()> {
+        self.work.prepare(stream)?;
+        self.stamps.reset(stream)?;
+        memset_u32(
+            stream,
+            self.dst.device_ptr(stream).0,
+            POISON,
+            self.dst.len(),
+        )
+    }
+
+    fn copy(&self, stream: &Arc<CudaStream>) -> CopyArgs {
+        CopyArgs {
+            src: self.src_dev.device_ptr(stream).0,
+            dst: self.dst.device_ptr(stream).0,
+            bytes: 4 * self.src.len() as u64,
+        }
+    }
+
+    /// wait(target) then compute on `compute`; the arriving copy on `comm` (issued second).
+    fn enqueue(
+        &self,
+        k: &Kernels,
+        bar: &KernelBarrier,
+        target: i32,
+        compute: &Arc<CudaStream>,
+        comm: &Arc<CudaStream>,
+    ) -> anyhow::Result<()> {
+        bar.wait(compute, target)?;
+        k.launch_compute(compute, &self.work, &self.stamps, 0)?;
+        k.launch_comm(
+            comm,
+            &self.copy(comm),
+            &self.stamps,
+            Some(bar.view()),
+            COMM_BLOCKS,
+        )
+    }
+
+    /// After a synchronisation: ordered, every output right.
+    fn verify(&self, stream: &Arc<CudaStream>, what: &str) -> anyhow::Result<()> {
+        let s = self.stamps.read(stream)?;
+        anyhow::ensure!(s.complete(), "{what}: a kernel left no stamps: {s:?}");
+        anyhow::ensure!(
+            s.compute_start >= s.comm_arrive,
+            "{what}: the compute kernel started {} ns before the comm kernel arrived ({s:?})",
+            s.comm_arrive - s.compute_start
+        );
+        self.work
+            .check(stream, 1)
+            .map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+        let got = stream.clone_dtoh(&self.dst)?;
+        if let Some(i) = (0..got.len()).find(|&i| got[i] != self.src[i]) {
+            let bad = (0..got.len()).filter(|&i| got[i] != self.src[i]).count();
+            anyhow::bail!("{what}: copy destination: {bad} of {} words differ; word {i} is {:#x}, expected {:#x}", got.len(), got[i], self.src[i]);
+        }
+        Ok(())
+    }
+}
+
+struct Rig {
+    kernels: Kernels,
+    compute: Arc<CudaStream>,
+    comm: Arc<CudaStream>,
+}
+
+fn rig(job: &Job) -> anyhow::Result<Rig> {
+    let gpu = job.gpu().map_err(|why| anyhow::anyhow!("no GPU: {why}"))?;
+    Ok(Rig {
+        kernels: Kernels::load(&gpu.ctx)?,
+        compute: gpu.ctx.new_stream()?,
+        comm: gpu.ctx.new_stream()?,
+    })
+}
+
+fn synchronize(r: &Rig) -> anyhow::Result<()> {
+    r.compute.synchronize()?;
+    r.comm.synchronize()?;
+    Ok(())
+}
+
+fn orders_compute_after_comm_start(job: &mut Job) -> anyhow::Result<()> {
+    let seed = shared_seed(job)? ^ job.rank() as u64;
+    let r = rig(job)?;
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut bar = KernelBarrier::new(r.compute.context())?;
+    // About four waves of tiles; a 16 MiB copy.
+    let mut round = Round::new(&r.compute, 4 * r.kernels.sms(), 4 << 20, &mut rng)?;
+    for rep in 0..3 {
+        round.prepare(&r.compute)?;
+        r.compute.synchronize()?;
+        let target = bar.expect(1)?;
+        round.enqueue(&r.kernels, &bar, target, &r.compute, &r.comm)?;
+        synchronize(&r)?;
+        bar.check()?;
+        round.verify(&r.compute, &format!("repetition {rep}, seed {seed}"))?;
+    }
+    Ok(())
+}
+
+fn reuse_without_host_sync(job: &mut Job) -> anyhow::Result<()> {
+    let seed = shared_seed(job)? ^ job.rank() as u64;
+    let r = rig(job)?;
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut bar = KernelBarrier::new(r.compute.context())?;
+    // One wave of tiles and a 1 MiB copy per round.
+    let mut rounds: Vec<Round> = (0..REUSE_ROUNDS)
+        .map(|_| Round::new(&r.compute, r.kernels.sms(), 1 << 18, &mut rng))
+        .collect::<anyhow::Result<_>>()?;
+    for round in &mut rounds {
+        round.prepare(&r.compute)?;
+    }
+    r.compute.synchronize()?;
+    for pass in ["first pass", "after reset"] {
+        let n = if pass == "first pass" {
+            REUSE_ROUNDS
+        } else {
+            5
+        };
+        // Everything enqueued back to back: round i waits for arrival i + 1 (cumulative), comm
+        // kernels run in order on one stream, so a count >= i + 1 means round i's comm arrived.
+        for (i, round) in rounds[..n].iter().enumerate() {
+            let target = bar.expect(1)?;
+            anyhow::ensure!(
+                target == i as i32 + 1,
+                "{pass}: round {i} got target {target}"
+            );
+            round.enqueue(&r.kernels, &bar, target, &r.compute, &r.comm)?;
+        }
+        synchronize(&r)?;
+        bar.check()?;
+        for (i, round) in rounds[..n].iter().enumerate() {
+            round.verify(
+                &r.compute,
+                &format!("{pass}, round {i} of {n}, seed {seed}"),
+            )?;
+        }
+        // Both streams are idle: the reset is ordered after every wait and arrival above.
+        bar.reset(&r.compute)?;
+        for round in &mut rounds[..5] {
+            round.prepare(&r.compute)?;
+        }
+        r.compute.synchronize()?;
+    }
+    Ok(())
+}
+
+fn wait_times_out(job: &mut Job) -> anyhow::Result<()> {
+    let seed = shared_seed(job)? ^ job.rank() as u64;
+    let r = rig(job)?;
+    let mut bar = KernelBarrier::new(r.compute.context())?;
+    bar.set_timeout(TIMEOUT_BOUND);
+    let target = bar.expect(1)?; // nobody arrives
+    let t0 = Instant::now();
+    bar.wait(&r.compute, target)?;
+    r.compute.synchronize()?;
+    let wall = t0.elapsed();
+    let msg = match bar.check() {
+        Ok(()) => anyhow::bail!("a wait for an arrival nobody makes returned without error"),
+        Err(e) => format!("{e:#}"),
+    };
+    for part in ["timed out", "target 1 arrivals, observed 0", "bound"] {
+        anyhow::ensure!(msg.contains(part), "the error does not say {part:?}: {msg}");
+    }
+    // The bound is cycles at the maximum SM clock: at least 100 ms, longer at lower clocks.
+    anyhow::ensure!(
+        wall >= TIMEOUT_BOUND.mul_f64(0.99) && wall <= TIMEOUT_BOUND * 10,
+        "the wait gave up after {:.1} ms of host time for a {} ms bound: {msg}",
+        wall.as_secs_f64() * 1e3,
+        TIMEOUT_BOUND.as_millis()
+    );
+    bar.check()
+        .map_err(|e| anyhow::anyhow!("check() did not clear the report: {e}"))?;
+    // The context and the barrier still work: reset, then one ordered round.
+    bar.reset(&r.compute)?;
+    let mut round = Round::new(
+        &r.compute,
+        r.kernels.sms(),
+        1 << 18,
+        &mut StdRng::seed_from_u64(seed),
+    )?;
+    round.prepare(&r.compute)?;
+    r.compute.synchronize()?;
+    let target = bar.expect(1)?;
+    round.enqueue(&r.kernels, &bar, target, &r.compute, &r.comm)?;
+    synchronize(&r)?;
+    bar.check()?;
+    round.verify(
+        &r.compute,
+        &format!("the round after the timeout, seed {seed}"),
+    )
+}

@@ -1,0 +1,46 @@
+// The KernelBarrier wait kernel (crates/barrier): 1 block, 1 thread, enqueued on the compute
+// stream before the compute kernel. It spins on a relaxed load until the counter reaches the
+// target; the compute kernel starts when it exits (stream order). No data is handed over, so no
+// acquire is needed. Bounded: past its cycle budget it fills the report and returns (no trap: the
+// context must stay usable); the host turns the report into an error.
+#include <stdint.h>
+#include "weft/kernel_barrier.cuh"
+
+namespace {
+
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(1, 1) weft_kernel_barrier_wait(const __grid_constant__ weft_kernel_barrier_wait_params p) {
+  const uint64_t c0 = clock64();
+  int32_t seen = weft::kernel_barrier_load(p.view.counter);
+  if (seen >= p.target) {  // already reached: the common case when comm started first
+    if (p.exit_stamp != 0) *reinterpret_cast<uint64_t*>(p.exit_stamp) = globaltimer_ns();
+    return;
+  }
+  const uint64_t t0 = globaltimer_ns();
+  uint64_t spent = 0;
+  while (seen < p.target) {
+    spent = clock64() - c0;
+    if (spent > p.budget_cycles) {
+      volatile weft_kernel_barrier_report* r = reinterpret_cast<volatile weft_kernel_barrier_report*>(p.report);
+      if (r->status == WEFT_KERNEL_BARRIER_STATUS_NONE) {  // keep the first failure
+        r->target = p.target;
+        r->observed = seen;
+        r->elapsed_ns = globaltimer_ns() - t0;
+        r->elapsed_cycles = spent;
+        r->budget_cycles = p.budget_cycles;
+        __threadfence_system();  // the fields before the status (the host reads after a sync anyway)
+        r->status = WEFT_KERNEL_BARRIER_STATUS_TIMEOUT;
+      }
+      return;
+    }
+    seen = weft::kernel_barrier_load(p.view.counter);
+  }
+  if (p.exit_stamp != 0) *reinterpret_cast<uint64_t*>(p.exit_stamp) = globaltimer_ns();
+}
