@@ -26,10 +26,20 @@ namespace {
 constexpr int kUnroll = 4;
 
 __device__ __forceinline__ void start_barrier(const weft_grpcoll_params& p) {
-  if (p.synced) {
-    if (threadIdx.x == 0) barrier(p.bar, coord4(0, 0, 0, blockIdx.x), p.epoch);
-    __syncthreads();
+  if (!p.synced) return;
+  if (threadIdx.x < 32) {
+    uint32_t passed = 0;
+    if (threadIdx.x == 0) {
+      barrier(p.bar, coord4(0, 0, 0, blockIdx.x), p.epoch);
+      passed = 1;
+    }
+    // Reconverge warp 0 before the CTA barrier (the shuffle waits for every lane): with a
+    // lane-0-only wait right before __syncthreads, nvcc 13.0 / sm_90a let lanes 1-31 pass early
+    // in a similar kernel (kernels/barrier/persistent_compute.cu) — here they would touch peers'
+    // buffers before the cross-rank barrier.
+    if (__shfl_sync(0xffffffffu, passed, 0) == 0) __trap();
   }
+  __syncthreads();
 }
 
 __device__ __forceinline__ void end_barrier(const weft_grpcoll_params& p) {
@@ -39,11 +49,10 @@ __device__ __forceinline__ void end_barrier(const weft_grpcoll_params& p) {
   }
 }
 
-// Thread 0 copies the item into shared memory; everyone reads it after the sync.
-__device__ __forceinline__ void load_item(const weft_grpcoll_params& p, uint32_t it, weft_grpcoll_item* s) {
-  __syncthreads();  // the previous item is no longer read
-  if (threadIdx.x == 0) *s = reinterpret_cast<const weft_grpcoll_item*>(p.items)[it];
-  __syncthreads();
+// Every thread reads the (read-only, L1-cached) item from global memory: no lane-0-only copy into
+// shared memory followed by a barrier inside the item loop (see start_barrier).
+__device__ __forceinline__ const weft_grpcoll_item& item(const weft_grpcoll_params& p, uint32_t it) {
+  return reinterpret_cast<const weft_grpcoll_item*>(p.items)[it];
 }
 
 template <int BYTES> struct Raw;
@@ -56,12 +65,11 @@ template <> struct Raw<1> { using T = uint8_t; };
 template <int BYTES>
 __device__ __forceinline__ void cast(const weft_grpcoll_params& p) {
   using V = typename Raw<BYTES>::T;
-  __shared__ weft_grpcoll_item s;
   start_barrier(p);
   const uint64_t vpr = p.row_bytes / BYTES;
   const char* in = reinterpret_cast<const char*>(p.input.base[p.input.rank]);
   for (uint32_t it = blockIdx.x; it < p.nitems; it += gridDim.x) {
-    load_item(p, it, &s);
+    const weft_grpcoll_item& s = item(p, it);
     const V* src = reinterpret_cast<const V*>(in + uint64_t(s.row) * p.row_bytes);
     const uint64_t n = uint64_t(s.rows) * vpr;
     const uint32_t npeers = s.npeers;
@@ -109,14 +117,13 @@ struct alignas(sizeof(T) * VEC) Pack {
 template <typename T, int VEC>
 __device__ __forceinline__ void reduce(const weft_grpcoll_params& p) {
   using P = Pack<T, VEC>;
-  __shared__ weft_grpcoll_item s;
   start_barrier(p);
   const uint32_t vpr = p.row_elems / VEC;
   const uint32_t group = p.op == WEFT_GRPCOLL_OP_LSE ? p.row_elems / p.lse_per_row : p.row_elems;
   T* out = reinterpret_cast<T*>(p.output.base[p.output.rank]);
   float* out_lse = reinterpret_cast<float*>(p.output_lse.base[p.output_lse.rank]);
   for (uint32_t it = blockIdx.x; it < p.nitems; it += gridDim.x) {
-    load_item(p, it, &s);
+    const weft_grpcoll_item& s = item(p, it);
     const uint64_t n = uint64_t(s.rows) * vpr;
     const uint32_t npeers = s.npeers;
     for (uint64_t i = threadIdx.x; i < n; i += blockDim.x) {

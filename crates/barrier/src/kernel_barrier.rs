@@ -52,6 +52,8 @@ impl KernelBarrier {
         let wait = module
             .load_function("weft_kernel_barrier_wait")
             .context("kernels/barrier/wait.cu has no weft_kernel_barrier_wait")?;
+        // Everything that can fail without side effects comes before the allocation below.
+        let timeout = bound::default_timeout()?;
         // SAFETY: a fresh 4-byte allocation, zeroed before any use.
         let counter =
             unsafe { result::malloc_sync(4) }.context("allocating the KernelBarrier counter")?;
@@ -62,7 +64,7 @@ impl KernelBarrier {
             report: std::ptr::null_mut(),
             report_dev: 0,
             total: 0,
-            timeout: bound::default_timeout()?,
+            timeout,
             clock_khz: clock_khz as u32,
         };
         // SAFETY: the counter allocated above; synchronous.

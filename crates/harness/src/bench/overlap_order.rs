@@ -193,7 +193,9 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         })
     };
     if result.is_ok() {
-        // Other ranks idle here while rank 0 measures.
+        // Other ranks idle here while rank 0 measures: one child per mode, each bounded by
+        // CHILD_TIMEOUT, so the wait may exceed the rendezvous' default bound.
+        job.rdzv.set_timeout(CHILD_TIMEOUT * 16 + Duration::from_secs(60));
         job.rdzv.barrier()?;
     }
     result

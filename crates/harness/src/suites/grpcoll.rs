@@ -141,6 +141,9 @@ fn write<T: PglElement>(pgl: &Pgl<T>, host: &[T]) -> anyhow::Result<()> {
     // SAFETY: copies host.len() elements into this rank's buffer, which holds at least as many.
     let r = unsafe { sys::cuMemcpyHtoD_v2(pgl.local_ptr(), host.as_ptr().cast(), std::mem::size_of_val(host)) };
     anyhow::ensure!(r == sys::CUresult::CUDA_SUCCESS, "copying to the PGL failed: {r:?}");
+    // From pageable memory the copy may still be in flight on the legacy stream when the call
+    // returns, unordered with the plan's stream and with peers: finish it here.
+    pgl.context().synchronize()?;
     Ok(())
 }
 
