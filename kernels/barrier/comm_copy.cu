@@ -2,18 +2,15 @@
 // KernelBarrier first thing, then copies `bytes` from a local buffer to a (peer) buffer by 16-byte
 // vectors, grid-stride, blocks of WEFT_OVERLAP_THREADS. Stamps its arrival, start and end.
 #include <stdint.h>
+#include "weft/sync/clock.cuh"
 #include "weft/kernel_barrier.cuh"
 #include "weft/overlap_work.h"
 
 namespace {
 
-constexpr int kUnroll = 4;  // independent 16-byte loads in flight per thread
+using weft::sync::globaltimer_ns;
 
-__device__ __forceinline__ uint64_t globaltimer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+constexpr int kUnroll = 4;  // independent 16-byte loads in flight per thread
 
 __device__ __forceinline__ unsigned long long* stamp(const weft_comm_copy_params& p, int i) {
   return reinterpret_cast<unsigned long long*>(p.stamps + i);

@@ -4,15 +4,12 @@
 // global counter (dynamic scheduling: a block that starts late does fewer tiles). Each tile is
 // exact integer work the host recomputes in closed form (weft/overlap_work.h).
 #include <stdint.h>
+#include "weft/sync/clock.cuh"
 #include "weft/overlap_work.h"
 
 namespace {
 
-__device__ __forceinline__ uint64_t globaltimer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+using weft::sync::globaltimer_ns;
 
 __device__ __forceinline__ unsigned long long* stamp(const weft_persistent_compute_params& p, int i) {
   return reinterpret_cast<unsigned long long*>(p.stamps + i);

@@ -4,15 +4,12 @@
 // acquire is needed. Bounded: past its cycle budget it fills the report and returns (no trap: the
 // context must stay usable); the host turns the report into an error.
 #include <stdint.h>
+#include "weft/sync/clock.cuh"
 #include "weft/kernel_barrier.cuh"
 
 namespace {
 
-__device__ __forceinline__ uint64_t globaltimer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+using weft::sync::globaltimer_ns;
 
 }  // namespace
 
