@@ -8,8 +8,17 @@ fn main() {
     }
     println!("cargo:rerun-if-env-changed=WEFT_COMMIT");
     let commit = std::env::var("WEFT_COMMIT").ok().or_else(|| {
-        let out = Command::new("git").args(["describe", "--always", "--dirty", "--abbrev=12"]).current_dir(&root).output().ok()?;
-        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+        let out = Command::new("git")
+            .args(["describe", "--always", "--dirty", "--abbrev=12"])
+            .current_dir(&root)
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
     });
-    println!("cargo:rustc-env=WEFT_COMMIT={}", commit.unwrap_or_else(|| "unknown".into()));
+    println!(
+        "cargo:rustc-env=WEFT_COMMIT={}",
+        commit.unwrap_or_else(|| "unknown".into())
+    );
 }

@@ -16,7 +16,10 @@ const GENCODE: &str = "-gencode=arch=compute_90a,code=sm_90a";
 
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
-    let root = manifest.join("../..").canonicalize().expect("workspace root");
+    let root = manifest
+        .join("../..")
+        .canonicalize()
+        .expect("workspace root");
     let kernels = root.join("kernels");
     let include = kernels.join("include");
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
@@ -38,30 +41,38 @@ fn main() {
     collect_sources(&kernels, &mut sources);
     sources.sort();
 
+    // nvcc runs for several files at once (one per available core); results are reported in
+    // source order so the log and the generated constants are deterministic.
+    let outputs = compile_all(&nvcc, &include, &out, &kernels, &sources);
     let mut ptxas_log = String::new();
     let mut consts = String::new();
-    for src in &sources {
+    for (src, (cubin, output)) in sources.iter().zip(outputs) {
         let rel = src.strip_prefix(&kernels).unwrap();
-        let name = rel.with_extension("").to_string_lossy().replace(['/', '-'], "_");
-        let cubin = out.join(format!("{name}.cubin"));
-        let output = Command::new(&nvcc)
-            .args([GENCODE, "-cubin", "-O3", "-std=c++17", "-lineinfo", "-Xptxas", "-v", "-Werror", "all-warnings"])
-            .arg("-I")
-            .arg(&include)
-            .arg("-o")
-            .arg(&cubin)
-            .arg(src)
-            .output()
-            .unwrap_or_else(|e| panic!("weft-kernels: could not run {}: {e}", nvcc.display()));
+        let name = rel
+            .with_extension("")
+            .to_string_lossy()
+            .replace(['/', '-'], "_");
         let stderr = String::from_utf8_lossy(&output.stderr);
         if !output.status.success() {
-            panic!("\n\nweft-kernels: nvcc failed on kernels/{}:\n{stderr}\n", rel.display());
+            panic!(
+                "\n\nweft-kernels: nvcc failed on kernels/{}:\n{stderr}\n",
+                rel.display()
+            );
         }
         ptxas_log.push_str(&format!("== kernels/{}\n{stderr}", rel.display()));
         for line in stderr.lines() {
             println!("ptxas: kernels/{}: {line}", rel.display());
-            if line.contains("spill") && !line.contains(" 0 bytes spill stores, 0 bytes spill loads") {
-                println!("cargo:warning=kernels/{}: register spills: {}", rel.display(), line.trim());
+            if line.contains("spill")
+                && !line.contains(" 0 bytes spill stores, 0 bytes spill loads")
+            {
+                println!(
+                    "cargo:warning=kernels/{}: register spills: {}",
+                    rel.display(),
+                    line.trim()
+                );
+            }
+            if line.contains("setmaxnreg' ignored") {
+                println!("cargo:warning=kernels/{}: {}", rel.display(), line.trim());
             }
         }
         consts.push_str(&format!(
@@ -74,9 +85,19 @@ fn main() {
     }
     let all: Vec<String> = sources
         .iter()
-        .map(|s| s.strip_prefix(&kernels).unwrap().with_extension("").to_string_lossy().replace(['/', '-'], "_").to_uppercase())
+        .map(|s| {
+            s.strip_prefix(&kernels)
+                .unwrap()
+                .with_extension("")
+                .to_string_lossy()
+                .replace(['/', '-'], "_")
+                .to_uppercase()
+        })
         .collect();
-    consts.push_str(&format!("/// Every embedded cubin.\npub const ALL: &[Cubin] = &[{}];\n", all.join(", ")));
+    consts.push_str(&format!(
+        "/// Every embedded cubin.\npub const ALL: &[Cubin] = &[{}];\n",
+        all.join(", ")
+    ));
     std::fs::write(out.join("cubins.rs"), consts).unwrap();
     std::fs::write(out.join("ptxas.log"), ptxas_log).unwrap();
 
@@ -105,8 +126,69 @@ fn main() {
         .compile("weft_abi_static");
 }
 
+/// Compiles every source to a cubin in `out`, a few nvcc processes at a time; returns each
+/// source's cubin path and nvcc's output, in the order of `sources`.
+fn compile_all(
+    nvcc: &Path,
+    include: &Path,
+    out: &Path,
+    kernels: &Path,
+    sources: &[PathBuf],
+) -> Vec<(PathBuf, std::process::Output)> {
+    let jobs = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .max(1);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: std::sync::Mutex<Vec<Option<(PathBuf, std::process::Output)>>> =
+        std::sync::Mutex::new((0..sources.len()).map(|_| None).collect());
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.min(sources.len()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(src) = sources.get(i) else { break };
+                let rel = src.strip_prefix(kernels).unwrap();
+                let name = rel
+                    .with_extension("")
+                    .to_string_lossy()
+                    .replace(['/', '-'], "_");
+                let cubin = out.join(format!("{name}.cubin"));
+                let output = Command::new(nvcc)
+                    .args([
+                        GENCODE,
+                        "-cubin",
+                        "-O3",
+                        "-std=c++17",
+                        "-lineinfo",
+                        "-Xptxas",
+                        "-v",
+                        "-Werror",
+                        "all-warnings",
+                    ])
+                    .arg("-I")
+                    .arg(include)
+                    .arg("-o")
+                    .arg(&cubin)
+                    .arg(src)
+                    .output()
+                    .unwrap_or_else(|e| {
+                        panic!("weft-kernels: could not run {}: {e}", nvcc.display())
+                    });
+                results.lock().unwrap()[i] = Some((cubin, output));
+            });
+        }
+    });
+    results
+        .into_inner()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.expect("every source compiled"))
+        .collect()
+}
+
 fn collect_sources(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display())) {
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+    {
         let path = entry.unwrap().path();
         if path.is_dir() {
             collect_sources(&path, out);

@@ -118,7 +118,12 @@ impl KernelBarrier {
 
     /// As [`wait`](Self::wait), and the wait kernel writes its exit `%globaltimer` (u64 ns) to
     /// device address `exit_stamp` (0: none) — for measuring the hand-off to the next kernel.
-    pub fn wait_stamped(&self, stream: &Arc<CudaStream>, target: i32, exit_stamp: u64) -> anyhow::Result<()> {
+    pub fn wait_stamped(
+        &self,
+        stream: &Arc<CudaStream>,
+        target: i32,
+        exit_stamp: u64,
+    ) -> anyhow::Result<()> {
         if stream.context().cu_ctx() != self.ctx.cu_ctx() {
             bail!("KernelBarrier::wait: the stream belongs to another context than the barrier (GPU {})", self.ctx.ordinal());
         }

@@ -18,10 +18,14 @@ pub mod pattern;
 pub use meta::{GroupCastMeta, GroupReduceMeta, Transfer};
 
 use anyhow::{bail, Context};
-use cudarc::driver::{sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
 use meta::{Desc, Header, Kind};
 use std::sync::Arc;
-use weft_kernels::abi::{weft_grpcoll_item, weft_grpcoll_params, weft_pgl_shape, weft_pgl_view, WEFT_GRPCOLL_MAX_PEERS};
+use weft_kernels::abi::{
+    weft_grpcoll_item, weft_grpcoll_params, weft_pgl_shape, weft_pgl_view, WEFT_GRPCOLL_MAX_PEERS,
+};
 use weft_kernels::cubins;
 use weft_pgl::nccl::Communicator;
 use weft_pgl::rendezvous::Rendezvous;
@@ -53,7 +57,9 @@ pub enum ReduceOp {
     /// (each lse value covers `row_elems / lse_per_row` contiguous elements of its row),
     /// `lse = log Σ_k exp(lse_k)` and `out = Σ_k exp(lse_k − lse) · out_k`, computed
     /// max-subtracted. Sources whose lse is −∞ contribute nothing; if all are, lse = −∞ and out = 0.
-    Lse { lse_per_row: usize },
+    Lse {
+        lse_per_row: usize,
+    },
 }
 
 impl ReduceOp {
@@ -101,8 +107,15 @@ impl Items {
         // SAFETY: weft_grpcoll_item is a bindgen plain-old-data struct of u32/i32 fields with no
         // padding; viewing the slice as bytes reads only initialised memory.
         let raw = unsafe { std::slice::from_raw_parts(items.as_ptr() as *const u8, bytes) };
-        let buf = if raw.is_empty() { stream.alloc_zeros::<u8>(1)? } else { stream.clone_htod(raw)? };
-        Ok(Self { buf, count: items.len() as u32 })
+        let buf = if raw.is_empty() {
+            stream.alloc_zeros::<u8>(1)?
+        } else {
+            stream.clone_htod(raw)?
+        };
+        Ok(Self {
+            buf,
+            count: items.len() as u32,
+        })
     }
 }
 
@@ -145,7 +158,10 @@ fn dtype_name(code: u64) -> String {
 
 /// The largest of 16, 8, 4, 2, 1 dividing `bytes`.
 fn vector_bytes(bytes: usize) -> usize {
-    [16, 8, 4, 2, 1].into_iter().find(|v| bytes % v == 0).unwrap()
+    [16, 8, 4, 2, 1]
+        .into_iter()
+        .find(|v| bytes % v == 0)
+        .unwrap()
 }
 
 fn cast_kernel_name(row_bytes: usize) -> String {
@@ -158,22 +174,52 @@ fn reduce_kernel_name(dtype: DType, group: usize) -> anyhow::Result<String> {
     let (name, per16) = match dtype {
         DType::F32 => ("f32", 4),
         DType::Bf16 => ("bf16", 8),
-        other => bail!("group_reduce: data dtype {} is not supported (supported: f32, bf16)", other.name()),
+        other => bail!(
+            "group_reduce: data dtype {} is not supported (supported: f32, bf16)",
+            other.name()
+        ),
     };
-    Ok(format!("weft_grpcoll_reduce_{name}_v{}", if group % per16 == 0 { per16 } else { 1 }))
+    Ok(format!(
+        "weft_grpcoll_reduce_{name}_v{}",
+        if group % per16 == 0 { per16 } else { 1 }
+    ))
 }
 
 fn empty_view() -> weft_pgl_view {
-    weft_pgl_view { base: [0; 16], shape: weft_pgl_shape { batch: 0, depth: 0, rows: 0, cols: 0 }, rank: 0, world: 0, elem_bytes: 0, reserved: 0 }
+    weft_pgl_view {
+        base: [0; 16],
+        shape: weft_pgl_shape {
+            batch: 0,
+            depth: 0,
+            rows: 0,
+            cols: 0,
+        },
+        rank: 0,
+        world: 0,
+        elem_bytes: 0,
+        reserved: 0,
+    }
 }
 
 /// A view whose every rank's base is `ptr` (a local staging buffer, indexed by peer in the items).
-fn local_view(ptr: u64, rank: usize, world: usize, rows: usize, cols: usize, elem_bytes: usize) -> weft_pgl_view {
+fn local_view(
+    ptr: u64,
+    rank: usize,
+    world: usize,
+    rows: usize,
+    cols: usize,
+    elem_bytes: usize,
+) -> weft_pgl_view {
     let mut base = [0u64; 16];
     base.iter_mut().take(world).for_each(|b| *b = ptr);
     weft_pgl_view {
         base,
-        shape: weft_pgl_shape { batch: 1, depth: 1, rows: rows as u32, cols: cols as u32 },
+        shape: weft_pgl_shape {
+            batch: 1,
+            depth: 1,
+            rows: rows as u32,
+            cols: cols as u32,
+        },
         rank: rank as i32,
         world: world as i32,
         elem_bytes: elem_bytes as u32,
@@ -183,12 +229,25 @@ fn local_view(ptr: u64, rank: usize, world: usize, rows: usize, cols: usize, ele
 
 /// Splits `rows` rows into chunks of at most `chunk` rows, one item each, with `peers` (rank,
 /// first row) advanced alongside.
-fn push_chunks(out: &mut Vec<weft_grpcoll_item>, row: usize, rows: usize, peers: &[(usize, usize)], chunk: usize) {
+fn push_chunks(
+    out: &mut Vec<weft_grpcoll_item>,
+    row: usize,
+    rows: usize,
+    peers: &[(usize, usize)],
+    chunk: usize,
+) {
     assert!(peers.len() <= WEFT_GRPCOLL_MAX_PEERS as usize);
     let mut at = 0;
     while at < rows {
         let n = chunk.min(rows - at);
-        let mut item = weft_grpcoll_item { row: (row + at) as u32, rows: n as u32, npeers: peers.len() as u32, reserved: 0, peer: [0; 16], peer_row: [0; 16] };
+        let mut item = weft_grpcoll_item {
+            row: (row + at) as u32,
+            rows: n as u32,
+            npeers: peers.len() as u32,
+            reserved: 0,
+            peer: [0; 16],
+            peer_row: [0; 16],
+        };
         for (k, &(p, r)) in peers.iter().enumerate() {
             item.peer[k] = p as i32;
             item.peer_row[k] = (r + at) as u32;
@@ -201,11 +260,19 @@ fn push_chunks(out: &mut Vec<weft_grpcoll_item>, row: usize, rows: usize, peers:
 impl<T: PglElement> Core<T> {
     #[allow(clippy::too_many_arguments)]
     fn build(
-        kind: Kind, rdzv: &mut Rendezvous, stream: &Arc<CudaStream>, desc: Desc, row_elems: usize, op: ReduceOp, opts: Options,
+        kind: Kind,
+        rdzv: &mut Rendezvous,
+        stream: &Arc<CudaStream>,
+        desc: Desc,
+        row_elems: usize,
+        op: ReduceOp,
+        opts: Options,
     ) -> anyhow::Result<Self> {
         let (rank, world) = (rdzv.rank(), rdzv.world());
         let ctx = stream.context().clone();
-        let device_sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let device_sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+            as u32;
         let sms = opts.sms.unwrap_or(DEFAULT_SMS.min(device_sms));
         let lse_per_row = op.lse_per_row();
         let elem_bytes = T::DTYPE.size();
@@ -213,10 +280,16 @@ impl<T: PglElement> Core<T> {
         let local = (|| -> anyhow::Result<()> {
             meta::validate_local(kind, &desc, world)?;
             if row_elems == 0 || row_elems * elem_bytes > u32::MAX as usize {
-                bail!("{}: row_elems {row_elems} must be at least 1 and a row at most 4 GiB", kind_name(kind));
+                bail!(
+                    "{}: row_elems {row_elems} must be at least 1 and a row at most 4 GiB",
+                    kind_name(kind)
+                );
             }
             if sms == 0 || sms > device_sms {
-                bail!("{}: {sms} SMs requested; the device has {device_sms}", kind_name(kind));
+                bail!(
+                    "{}: {sms} SMs requested; the device has {device_sms}",
+                    kind_name(kind)
+                );
             }
             if kind == Kind::Reduce {
                 reduce_kernel_name(T::DTYPE, row_elems)?;
@@ -228,19 +301,32 @@ impl<T: PglElement> Core<T> {
             }
             Ok(())
         })();
-        agree(rdzv, &format!("{} plan (local metadata)", kind_name(kind)), local)?;
+        agree(
+            rdzv,
+            &format!("{} plan (local metadata)", kind_name(kind)),
+            local,
+        )?;
 
         // Cross-rank: every rank's metadata, the same checks everywhere.
         let header = Header {
             kind: kind as u64,
             dtype: elem_code(T::DTYPE),
             row_elems: row_elems as u64,
-            op: if kind == Kind::Reduce { op.code() as u64 } else { 0 },
+            op: if kind == Kind::Reduce {
+                op.code() as u64
+            } else {
+                0
+            },
             lse_per_row: lse_per_row as u64,
             sms: sms as u64,
         };
-        let all = rdzv.all_gather(&meta::encode(&header, &desc)).context("all-gathering grpcoll metadata")?;
-        let decoded = all.iter().map(|b| meta::decode(b)).collect::<anyhow::Result<Vec<_>>>()?;
+        let all = rdzv
+            .all_gather(&meta::encode(&header, &desc))
+            .context("all-gathering grpcoll metadata")?;
+        let decoded = all
+            .iter()
+            .map(|b| meta::decode(b))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let headers: Vec<Header> = decoded.iter().map(|(h, _)| *h).collect();
         meta::check_headers(kind, &headers, |f, v| match f {
             0 => (if v == 1 { "group_cast" } else { "group_reduce" }).to_string(),
@@ -252,24 +338,57 @@ impl<T: PglElement> Core<T> {
         let transfers = meta::match_global(kind, &descs)?;
 
         let max_in = descs.iter().map(|d| d.input_rows).max().unwrap_or(0).max(1);
-        let max_out = descs.iter().map(|d| d.output_rows).max().unwrap_or(0).max(1);
+        let max_out = descs
+            .iter()
+            .map(|d| d.output_rows)
+            .max()
+            .unwrap_or(0)
+            .max(1);
         let budget = WaitBudget::default_for(&ctx)?;
-        let input = Pgl::<T>::alloc(rdzv, &ctx, Shape::new(1, 1, max_in as u32, row_elems as u32), Backend::default()).context("allocating the grpcoll input")?;
-        let output = Pgl::<T>::alloc(rdzv, &ctx, Shape::new(1, 1, max_out as u32, row_elems as u32), Backend::default()).context("allocating the grpcoll output")?;
+        let input = Pgl::<T>::alloc(
+            rdzv,
+            &ctx,
+            Shape::new(1, 1, max_in as u32, row_elems as u32),
+            Backend::default(),
+        )
+        .context("allocating the grpcoll input")?;
+        let output = Pgl::<T>::alloc(
+            rdzv,
+            &ctx,
+            Shape::new(1, 1, max_out as u32, row_elems as u32),
+            Backend::default(),
+        )
+        .context("allocating the grpcoll output")?;
         let (input_lse, output_lse) = if lse_per_row > 0 {
             (
-                Some(Pgl::<f32>::alloc(rdzv, &ctx, Shape::new(1, 1, max_in as u32, lse_per_row as u32), Backend::default())?),
-                Some(Pgl::<f32>::alloc(rdzv, &ctx, Shape::new(1, 1, max_out as u32, lse_per_row as u32), Backend::default())?),
+                Some(Pgl::<f32>::alloc(
+                    rdzv,
+                    &ctx,
+                    Shape::new(1, 1, max_in as u32, lse_per_row as u32),
+                    Backend::default(),
+                )?),
+                Some(Pgl::<f32>::alloc(
+                    rdzv,
+                    &ctx,
+                    Shape::new(1, 1, max_out as u32, lse_per_row as u32),
+                    Backend::default(),
+                )?),
             )
         } else {
             (None, None)
         };
         let counters = Counters::alloc(rdzv, &ctx, Shape::new(1, 1, 2, sms), budget)?;
 
-        let module = cubins::GRPCOLL_GRPCOLL.load(&ctx).context("loading kernels/grpcoll/grpcoll.cu")?;
+        let module = cubins::GRPCOLL_GRPCOLL
+            .load(&ctx)
+            .context("loading kernels/grpcoll/grpcoll.cu")?;
         let row_bytes = row_elems * elem_bytes;
         let copy_data = module.load_function(&cast_kernel_name(row_bytes))?;
-        let copy_lse = if lse_per_row > 0 { Some(module.load_function(&cast_kernel_name(lse_per_row * 4))?) } else { None };
+        let copy_lse = if lse_per_row > 0 {
+            Some(module.load_function(&cast_kernel_name(lse_per_row * 4))?)
+        } else {
+            None
+        };
         let native = match kind {
             Kind::Cast => copy_data.clone(),
             Kind::Reduce => {
@@ -284,18 +403,26 @@ impl<T: PglElement> Core<T> {
         match kind {
             Kind::Cast => {
                 for i in 0..descs[rank].input_split_rows.len() {
-                    let ts: Vec<&Transfer> = transfers.iter().filter(|t| t.src == rank && t.src_split == i).collect();
+                    let ts: Vec<&Transfer> = transfers
+                        .iter()
+                        .filter(|t| t.src == rank && t.src_split == i)
+                        .collect();
                     if let Some(t0) = ts.first() {
-                        let peers: Vec<(usize, usize)> = ts.iter().map(|t| (t.dst, t.dst_row)).collect();
+                        let peers: Vec<(usize, usize)> =
+                            ts.iter().map(|t| (t.dst, t.dst_row)).collect();
                         push_chunks(&mut native_items, t0.src_row, t0.rows, &peers, chunk);
                     }
                 }
             }
             Kind::Reduce => {
                 for j in 0..descs[rank].output_split_rows.len() {
-                    let ts: Vec<&Transfer> = transfers.iter().filter(|t| t.dst == rank && t.dst_split == j).collect();
+                    let ts: Vec<&Transfer> = transfers
+                        .iter()
+                        .filter(|t| t.dst == rank && t.dst_split == j)
+                        .collect();
                     if let Some(t0) = ts.first() {
-                        let peers: Vec<(usize, usize)> = ts.iter().map(|t| (t.src, t.src_row)).collect();
+                        let peers: Vec<(usize, usize)> =
+                            ts.iter().map(|t| (t.src, t.src_row)).collect();
                         push_chunks(&mut native_items, t0.dst_row, t0.rows, &peers, chunk);
                     }
                 }
@@ -308,7 +435,10 @@ impl<T: PglElement> Core<T> {
         let mut gather = Vec::new();
         let mut send_at = 0;
         for (p, rows) in send_rows.iter_mut().enumerate() {
-            let mut ts: Vec<&Transfer> = transfers.iter().filter(|t| t.src == rank && t.dst == p).collect();
+            let mut ts: Vec<&Transfer> = transfers
+                .iter()
+                .filter(|t| t.src == rank && t.dst == p)
+                .collect();
             ts.sort_by_key(|t| t.src_split);
             for t in ts {
                 push_chunks(&mut gather, t.src_row, t.rows, &[(rank, send_at)], chunk);
@@ -319,7 +449,10 @@ impl<T: PglElement> Core<T> {
         let mut recv_at_of = std::collections::HashMap::new();
         let mut recv_at = 0;
         for (p, rows) in recv_rows.iter_mut().enumerate() {
-            let mut ts: Vec<&Transfer> = transfers.iter().filter(|t| t.dst == rank && t.src == p).collect();
+            let mut ts: Vec<&Transfer> = transfers
+                .iter()
+                .filter(|t| t.dst == rank && t.src == p)
+                .collect();
             ts.sort_by_key(|t| t.dst_split);
             for t in ts {
                 recv_at_of.insert((t.src, t.dst_split), recv_at);
@@ -329,24 +462,41 @@ impl<T: PglElement> Core<T> {
         }
         let mut scatter = Vec::new();
         for j in 0..descs[rank].output_split_rows.len() {
-            let ts: Vec<&Transfer> = transfers.iter().filter(|t| t.dst == rank && t.dst_split == j).collect();
+            let ts: Vec<&Transfer> = transfers
+                .iter()
+                .filter(|t| t.dst == rank && t.dst_split == j)
+                .collect();
             let Some(t0) = ts.first() else { continue };
             match kind {
                 // Cast: recv staging rows → output rows (input view = staging, output = the PGL).
-                Kind::Cast => push_chunks(&mut scatter, recv_at_of[&(t0.src, j)], t0.rows, &[(rank, t0.dst_row)], chunk),
+                Kind::Cast => push_chunks(
+                    &mut scatter,
+                    recv_at_of[&(t0.src, j)],
+                    t0.rows,
+                    &[(rank, t0.dst_row)],
+                    chunk,
+                ),
                 // Reduce: output rows ← every source's rows in recv staging.
                 Kind::Reduce => {
-                    let peers: Vec<(usize, usize)> = ts.iter().map(|t| (t.src, recv_at_of[&(t.src, j)])).collect();
+                    let peers: Vec<(usize, usize)> = ts
+                        .iter()
+                        .map(|t| (t.src, recv_at_of[&(t.src, j)]))
+                        .collect();
                     push_chunks(&mut scatter, t0.dst_row, t0.rows, &peers, chunk);
                 }
             }
         }
         let uploaded = (|| -> anyhow::Result<_> {
-            let r = (Items::upload(stream, &native_items)?, Items::upload(stream, &gather)?, Items::upload(stream, &scatter)?);
+            let r = (
+                Items::upload(stream, &native_items)?,
+                Items::upload(stream, &gather)?,
+                Items::upload(stream, &scatter)?,
+            );
             stream.synchronize()?;
             Ok(r)
         })();
-        let (native_items, gather_items, scatter_items) = agree(rdzv, "grpcoll plan (work lists)", uploaded)?;
+        let (native_items, gather_items, scatter_items) =
+            agree(rdzv, "grpcoll plan (work lists)", uploaded)?;
         Ok(Self {
             kind,
             rank,
@@ -374,7 +524,13 @@ impl<T: PglElement> Core<T> {
         })
     }
 
-    fn params(&self, input: weft_pgl_view, output: weft_pgl_view, items: &Items, row_bytes: usize) -> anyhow::Result<weft_grpcoll_params> {
+    fn params(
+        &self,
+        input: weft_pgl_view,
+        output: weft_pgl_view,
+        items: &Items,
+        row_bytes: usize,
+    ) -> anyhow::Result<weft_grpcoll_params> {
         Ok(weft_grpcoll_params {
             input,
             output,
@@ -393,8 +549,16 @@ impl<T: PglElement> Core<T> {
     }
 
     fn launch(&self, f: &CudaFunction, p: &weft_grpcoll_params, grid: u32) -> anyhow::Result<()> {
-        let threads = if std::ptr::eq(f, &self.native) && self.kind == Kind::Reduce { REDUCE_THREADS } else { CAST_THREADS };
-        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+        let threads = if std::ptr::eq(f, &self.native) && self.kind == Kind::Reduce {
+            REDUCE_THREADS
+        } else {
+            CAST_THREADS
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: the params' views and work lists point at buffers this plan owns (or peers'
         // mapped buffers of the same shapes), alive until the plan is freed; the items stay in
         // bounds of them by construction (validated metadata).
@@ -405,7 +569,12 @@ impl<T: PglElement> Core<T> {
     /// The native kernel: start barrier, push / pull, end barrier.
     fn run_native(&mut self) -> anyhow::Result<()> {
         let base = self.counters.begin(1);
-        let mut p = self.params(self.input.view(), self.output.view(), &self.native_items, self.row_elems * T::DTYPE.size())?;
+        let mut p = self.params(
+            self.input.view(),
+            self.output.view(),
+            &self.native_items,
+            self.row_elems * T::DTYPE.size(),
+        )?;
         if let (Some(il), Some(ol)) = (&self.input_lse, &self.output_lse) {
             p.input_lse = il.view();
             p.output_lse = ol.view();
@@ -418,19 +587,34 @@ impl<T: PglElement> Core<T> {
     /// Range-gather → NCCL grouped send/recv → range-scatter (cast) or scatter-reduce (reduce).
     fn run_baseline(&mut self, comm: &Communicator) -> anyhow::Result<()> {
         if comm.world() != self.world || comm.rank() != self.rank {
-            bail!("grpcoll baseline: communicator is rank {} of {}, the plan rank {} of {}", comm.rank(), comm.world(), self.rank, self.world);
+            bail!(
+                "grpcoll baseline: communicator is rank {} of {}, the plan rank {} of {}",
+                comm.rank(),
+                comm.world(),
+                self.rank,
+                self.world
+            );
         }
         let row_bytes = self.row_elems * T::DTYPE.size();
         let lse_bytes = self.op.lse_per_row() * 4;
-        let (sends, recvs): (usize, usize) = (self.send_rows.iter().sum(), self.recv_rows.iter().sum());
+        let (sends, recvs): (usize, usize) =
+            (self.send_rows.iter().sum(), self.recv_rows.iter().sum());
         if self.staging.is_none() {
             let s = &self.stream;
             let lse = self.input_lse.is_some();
             self.staging = Some(Staging {
                 send: s.alloc_zeros::<u8>((sends * row_bytes).max(1))?,
                 recv: s.alloc_zeros::<u8>((recvs * row_bytes).max(1))?,
-                lse_send: if lse { Some(s.alloc_zeros::<u8>((sends * lse_bytes).max(1))?) } else { None },
-                lse_recv: if lse { Some(s.alloc_zeros::<u8>((recvs * lse_bytes).max(1))?) } else { None },
+                lse_send: if lse {
+                    Some(s.alloc_zeros::<u8>((sends * lse_bytes).max(1))?)
+                } else {
+                    None
+                },
+                lse_recv: if lse {
+                    Some(s.alloc_zeros::<u8>((recvs * lse_bytes).max(1))?)
+                } else {
+                    None
+                },
             });
         }
         let mut st = self.staging.take().unwrap();
@@ -439,7 +623,13 @@ impl<T: PglElement> Core<T> {
         done
     }
 
-    fn baseline_with(&self, comm: &Communicator, st: &mut Staging, sends: usize, recvs: usize) -> anyhow::Result<()> {
+    fn baseline_with(
+        &self,
+        comm: &Communicator,
+        st: &mut Staging,
+        sends: usize,
+        recvs: usize,
+    ) -> anyhow::Result<()> {
         let row_bytes = self.row_elems * T::DTYPE.size();
         let lse_bytes = self.op.lse_per_row() * 4;
         let (rank, world) = (self.rank, self.world);
@@ -447,11 +637,23 @@ impl<T: PglElement> Core<T> {
         let grid = self.device_sms;
 
         // Range-gather: the input rows each peer needs, packed per peer.
-        let send_view = local_view(ptr(&st.send), rank, world, sends, self.row_elems, T::DTYPE.size());
+        let send_view = local_view(
+            ptr(&st.send),
+            rank,
+            world,
+            sends,
+            self.row_elems,
+            T::DTYPE.size(),
+        );
         let p = self.params(self.input.view(), send_view, &self.gather_items, row_bytes)?;
         self.launch(&self.copy_data, &p, grid)?;
         if let (Some(f), Some(il), Some(ls)) = (&self.copy_lse, &self.input_lse, &st.lse_send) {
-            let p = self.params(il.view(), local_view(ptr(ls), rank, world, sends, self.op.lse_per_row(), 4), &self.gather_items, lse_bytes)?;
+            let p = self.params(
+                il.view(),
+                local_view(ptr(ls), rank, world, sends, self.op.lse_per_row(), 4),
+                &self.gather_items,
+                lse_bytes,
+            )?;
             self.launch(f, &p, grid)?;
         }
 
@@ -478,14 +680,31 @@ impl<T: PglElement> Core<T> {
         }
 
         // Range-scatter / scatter-reduce into the output PGL's final rows.
-        let recv_view = local_view(ptr(&st.recv), rank, world, recvs, self.row_elems, T::DTYPE.size());
+        let recv_view = local_view(
+            ptr(&st.recv),
+            rank,
+            world,
+            recvs,
+            self.row_elems,
+            T::DTYPE.size(),
+        );
         match self.kind {
             Kind::Cast => {
-                let p = self.params(recv_view, self.output.view(), &self.scatter_items, row_bytes)?;
+                let p = self.params(
+                    recv_view,
+                    self.output.view(),
+                    &self.scatter_items,
+                    row_bytes,
+                )?;
                 self.launch(&self.copy_data, &p, grid)
             }
             Kind::Reduce => {
-                let mut p = self.params(recv_view, self.output.view(), &self.scatter_items, row_bytes)?;
+                let mut p = self.params(
+                    recv_view,
+                    self.output.view(),
+                    &self.scatter_items,
+                    row_bytes,
+                )?;
                 if let (Some(lr), Some(ol)) = (&st.lse_recv, &self.output_lse) {
                     p.input_lse = local_view(ptr(lr), rank, world, recvs, self.op.lse_per_row(), 4);
                     p.output_lse = ol.view();
@@ -525,12 +744,14 @@ struct NcclGroup {
 
 impl NcclGroup {
     fn start() -> anyhow::Result<Self> {
-        cudarc::nccl::result::group_start().map_err(|e| anyhow::anyhow!("ncclGroupStart failed: {e:?}"))?;
+        cudarc::nccl::result::group_start()
+            .map_err(|e| anyhow::anyhow!("ncclGroupStart failed: {e:?}"))?;
         Ok(Self { open: true })
     }
     fn end(mut self) -> anyhow::Result<()> {
         self.open = false;
-        cudarc::nccl::result::group_end().map_err(|e| anyhow::anyhow!("ncclGroupEnd failed: {e:?}"))?;
+        cudarc::nccl::result::group_end()
+            .map_err(|e| anyhow::anyhow!("ncclGroupEnd failed: {e:?}"))?;
         Ok(())
     }
 }
@@ -598,8 +819,24 @@ pub struct GroupCast<T: PglElement> {
 impl<T: PglElement> GroupCast<T> {
     /// Collective: validates `meta` (locally, then against every rank's), allocates the input and
     /// output PGLs (rows = the largest input / output across ranks), and uploads this rank's work.
-    pub fn new(rdzv: &mut Rendezvous, stream: &Arc<CudaStream>, meta: &GroupCastMeta, row_elems: usize, opts: Options) -> anyhow::Result<Self> {
-        Ok(Self { core: Core::build(Kind::Cast, rdzv, stream, Desc::from(meta), row_elems, ReduceOp::Sum, opts)? })
+    pub fn new(
+        rdzv: &mut Rendezvous,
+        stream: &Arc<CudaStream>,
+        meta: &GroupCastMeta,
+        row_elems: usize,
+        opts: Options,
+    ) -> anyhow::Result<Self> {
+        Ok(Self {
+            core: Core::build(
+                Kind::Cast,
+                rdzv,
+                stream,
+                Desc::from(meta),
+                row_elems,
+                ReduceOp::Sum,
+                opts,
+            )?,
+        })
     }
     common_methods!();
 }
@@ -612,8 +849,25 @@ pub struct GroupReduce<T: PglElement> {
 impl<T: PglElement> GroupReduce<T> {
     /// Collective, as [`GroupCast::new`]; with [`ReduceOp::Lse`] it also allocates the f32 lse
     /// PGLs (`input_lse()`, `output_lse()`, `lse_per_row` columns).
-    pub fn new(rdzv: &mut Rendezvous, stream: &Arc<CudaStream>, meta: &GroupReduceMeta, row_elems: usize, op: ReduceOp, opts: Options) -> anyhow::Result<Self> {
-        Ok(Self { core: Core::build(Kind::Reduce, rdzv, stream, Desc::from(meta), row_elems, op, opts)? })
+    pub fn new(
+        rdzv: &mut Rendezvous,
+        stream: &Arc<CudaStream>,
+        meta: &GroupReduceMeta,
+        row_elems: usize,
+        op: ReduceOp,
+        opts: Options,
+    ) -> anyhow::Result<Self> {
+        Ok(Self {
+            core: Core::build(
+                Kind::Reduce,
+                rdzv,
+                stream,
+                Desc::from(meta),
+                row_elems,
+                op,
+                opts,
+            )?,
+        })
     }
     common_methods!();
     pub fn op(&self) -> ReduceOp {
@@ -639,11 +893,23 @@ mod tests {
         assert_eq!(cast_kernel_name(12), "weft_grpcoll_cast_v4");
         assert_eq!(cast_kernel_name(6), "weft_grpcoll_cast_v2");
         assert_eq!(cast_kernel_name(3), "weft_grpcoll_cast_v1");
-        assert_eq!(reduce_kernel_name(DType::Bf16, 128).unwrap(), "weft_grpcoll_reduce_bf16_v8");
-        assert_eq!(reduce_kernel_name(DType::Bf16, 12).unwrap(), "weft_grpcoll_reduce_bf16_v1");
-        assert_eq!(reduce_kernel_name(DType::F32, 12).unwrap(), "weft_grpcoll_reduce_f32_v4");
+        assert_eq!(
+            reduce_kernel_name(DType::Bf16, 128).unwrap(),
+            "weft_grpcoll_reduce_bf16_v8"
+        );
+        assert_eq!(
+            reduce_kernel_name(DType::Bf16, 12).unwrap(),
+            "weft_grpcoll_reduce_bf16_v1"
+        );
+        assert_eq!(
+            reduce_kernel_name(DType::F32, 12).unwrap(),
+            "weft_grpcoll_reduce_f32_v4"
+        );
         let e = reduce_kernel_name(DType::U32, 4).unwrap_err().to_string();
-        assert!(e.contains("data dtype u32 is not supported (supported: f32, bf16)"), "{e}");
+        assert!(
+            e.contains("data dtype u32 is not supported (supported: f32, bf16)"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -651,7 +917,16 @@ mod tests {
         let mut v = Vec::new();
         push_chunks(&mut v, 10, 7, &[(1, 100), (3, 0)], 3);
         assert_eq!(v.len(), 3);
-        assert_eq!((v[2].row, v[2].rows, v[2].peer_row[0], v[2].peer_row[1], v[2].peer[1]), (16, 1, 106, 6, 3));
+        assert_eq!(
+            (
+                v[2].row,
+                v[2].rows,
+                v[2].peer_row[0],
+                v[2].peer_row[1],
+                v[2].peer[1]
+            ),
+            (16, 1, 106, 6, 3)
+        );
         push_chunks(&mut v, 0, 0, &[(0, 0)], 3);
         assert_eq!(v.len(), 3);
     }
@@ -659,11 +934,19 @@ mod tests {
     #[test]
     fn every_kernel_the_plans_name_exists() {
         let img = cubins::GRPCOLL_GRPCOLL.image;
-        let has = |name: &str| img.windows(name.len() + 1).any(|w| &w[..name.len()] == name.as_bytes() && w[name.len()] == 0);
+        let has = |name: &str| {
+            img.windows(name.len() + 1)
+                .any(|w| &w[..name.len()] == name.as_bytes() && w[name.len()] == 0)
+        };
         for b in [16, 8, 4, 2, 1] {
             assert!(has(&cast_kernel_name(b)), "{b}");
         }
-        for (d, g) in [(DType::F32, 4), (DType::F32, 1), (DType::Bf16, 8), (DType::Bf16, 1)] {
+        for (d, g) in [
+            (DType::F32, 4),
+            (DType::F32, 1),
+            (DType::Bf16, 8),
+            (DType::Bf16, 1),
+        ] {
             assert!(has(&reduce_kernel_name(d, g).unwrap()));
         }
     }

@@ -105,23 +105,47 @@ pub(crate) fn validate_local(kind: Kind, d: &Desc, world: usize) -> anyhow::Resu
     let name = kind.name();
     let mut errs = Vec::new();
     for (side, rows, splits, peers, field) in [
-        ("input", d.input_rows, &d.input_split_rows, &d.input_peers, kind.in_peers()),
-        ("output", d.output_rows, &d.output_split_rows, &d.output_peers, kind.out_peers()),
+        (
+            "input",
+            d.input_rows,
+            &d.input_split_rows,
+            &d.input_peers,
+            kind.in_peers(),
+        ),
+        (
+            "output",
+            d.output_rows,
+            &d.output_split_rows,
+            &d.output_peers,
+            kind.out_peers(),
+        ),
     ] {
         if splits.len() != peers.len() {
-            errs.push(format!("{side}_split_rows has {} splits but {field} has {} entries", splits.len(), peers.len()));
+            errs.push(format!(
+                "{side}_split_rows has {} splits but {field} has {} entries",
+                splits.len(),
+                peers.len()
+            ));
         }
         let sum: usize = splits.iter().sum();
         if sum != rows {
-            errs.push(format!("{side}_split_rows sum to {sum} rows but the {side} has {rows} rows"));
+            errs.push(format!(
+                "{side}_split_rows sum to {sum} rows but the {side} has {rows} rows"
+            ));
         }
         if rows > u32::MAX as usize {
-            errs.push(format!("the {side} has {rows} rows; at most {} are supported", u32::MAX));
+            errs.push(format!(
+                "the {side} has {rows} rows; at most {} are supported",
+                u32::MAX
+            ));
         }
         for (i, list) in peers.iter().enumerate() {
             for (k, &r) in list.iter().enumerate() {
                 if r >= world {
-                    errs.push(format!("{field}[{i}] lists rank {r}, but the world has {world} ranks (0..{})", world - 1));
+                    errs.push(format!(
+                        "{field}[{i}] lists rank {r}, but the world has {world} ranks (0..{})",
+                        world - 1
+                    ));
                 }
                 if list[..k].contains(&r) {
                     errs.push(format!("{field}[{i}] lists rank {r} twice"));
@@ -151,15 +175,32 @@ pub(crate) struct Header {
 }
 
 impl Header {
-    const FIELDS: [&'static str; 6] = ["collective", "dtype", "row_elems", "reduce op", "lse_per_row", "SM count"];
+    const FIELDS: [&'static str; 6] = [
+        "collective",
+        "dtype",
+        "row_elems",
+        "reduce op",
+        "lse_per_row",
+        "SM count",
+    ];
     fn values(&self) -> [u64; 6] {
-        [self.kind, self.dtype, self.row_elems, self.op, self.lse_per_row, self.sms]
+        [
+            self.kind,
+            self.dtype,
+            self.row_elems,
+            self.op,
+            self.lse_per_row,
+            self.sms,
+        ]
     }
 }
 
 pub(crate) fn encode(h: &Header, d: &Desc) -> Vec<u8> {
     let mut v: Vec<u64> = h.values().to_vec();
-    for (rows, splits, peers) in [(d.input_rows, &d.input_split_rows, &d.input_peers), (d.output_rows, &d.output_split_rows, &d.output_peers)] {
+    for (rows, splits, peers) in [
+        (d.input_rows, &d.input_split_rows, &d.input_peers),
+        (d.output_rows, &d.output_split_rows, &d.output_peers),
+    ] {
         v.push(rows as u64);
         v.push(splits.len() as u64);
         for (i, &s) in splits.iter().enumerate() {
@@ -172,11 +213,28 @@ pub(crate) fn encode(h: &Header, d: &Desc) -> Vec<u8> {
 }
 
 pub(crate) fn decode(bytes: &[u8]) -> anyhow::Result<(Header, Desc)> {
-    anyhow::ensure!(bytes.len() % 8 == 0, "grpcoll metadata of {} bytes is not a list of u64", bytes.len());
-    let words: Vec<u64> = bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+    anyhow::ensure!(
+        bytes.len() % 8 == 0,
+        "grpcoll metadata of {} bytes is not a list of u64",
+        bytes.len()
+    );
+    let words: Vec<u64> = bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
     let mut it = words.into_iter();
-    let mut next = || it.next().ok_or_else(|| anyhow::anyhow!("grpcoll metadata is truncated"));
-    let h = Header { kind: next()?, dtype: next()?, row_elems: next()?, op: next()?, lse_per_row: next()?, sms: next()? };
+    let mut next = || {
+        it.next()
+            .ok_or_else(|| anyhow::anyhow!("grpcoll metadata is truncated"))
+    };
+    let h = Header {
+        kind: next()?,
+        dtype: next()?,
+        row_elems: next()?,
+        op: next()?,
+        lse_per_row: next()?,
+        sms: next()?,
+    };
     let mut sides = Vec::new();
     for _ in 0..2 {
         let rows = next()? as usize;
@@ -185,26 +243,53 @@ pub(crate) fn decode(bytes: &[u8]) -> anyhow::Result<(Header, Desc)> {
         for _ in 0..n {
             splits.push(next()? as usize);
             let k = next()? as usize;
-            peers.push((0..k).map(|_| next().map(|p| p as usize)).collect::<anyhow::Result<Vec<_>>>()?);
+            peers.push(
+                (0..k)
+                    .map(|_| next().map(|p| p as usize))
+                    .collect::<anyhow::Result<Vec<_>>>()?,
+            );
         }
         sides.push((rows, splits, peers));
     }
     let (out_rows, out_splits, out_peers) = sides.pop().unwrap();
     let (in_rows, in_splits, in_peers) = sides.pop().unwrap();
-    Ok((h, Desc { input_rows: in_rows, input_split_rows: in_splits, input_peers: in_peers, output_rows: out_rows, output_split_rows: out_splits, output_peers: out_peers }))
+    Ok((
+        h,
+        Desc {
+            input_rows: in_rows,
+            input_split_rows: in_splits,
+            input_peers: in_peers,
+            output_rows: out_rows,
+            output_split_rows: out_splits,
+            output_peers: out_peers,
+        },
+    ))
 }
 
 /// Every rank's header must equal rank 0's; the error names each differing rank and field.
-pub(crate) fn check_headers(kind: Kind, headers: &[Header], describe: impl Fn(usize, u64) -> String) -> anyhow::Result<()> {
+pub(crate) fn check_headers(
+    kind: Kind,
+    headers: &[Header],
+    describe: impl Fn(usize, u64) -> String,
+) -> anyhow::Result<()> {
     let mut errs = Vec::new();
     for (r, h) in headers.iter().enumerate().skip(1) {
         for (f, (a, b)) in headers[0].values().iter().zip(h.values()).enumerate() {
             if *a != b {
-                errs.push(format!("rank {r} has {} {} but rank 0 has {}", Header::FIELDS[f], describe(f, b), describe(f, *a)));
+                errs.push(format!(
+                    "rank {r} has {} {} but rank 0 has {}",
+                    Header::FIELDS[f],
+                    describe(f, b),
+                    describe(f, *a)
+                ));
             }
         }
     }
-    if errs.is_empty() { Ok(()) } else { bail!("{}: the ranks disagree: {}", kind.name(), errs.join("; ")) }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        bail!("{}: the ranks disagree: {}", kind.name(), errs.join("; "))
+    }
 }
 
 /// One matched pair: `rows` rows from rank `src`'s input split `src_split` (first row
@@ -240,11 +325,18 @@ pub(crate) fn match_global(kind: Kind, descs: &[Desc]) -> anyhow::Result<Vec<Tra
     let mut errs = Vec::new();
     let mut out = Vec::new();
     let in_off: Vec<Vec<usize>> = descs.iter().map(|d| offsets(&d.input_split_rows)).collect();
-    let out_off: Vec<Vec<usize>> = descs.iter().map(|d| offsets(&d.output_split_rows)).collect();
+    let out_off: Vec<Vec<usize>> = descs
+        .iter()
+        .map(|d| offsets(&d.output_split_rows))
+        .collect();
     for s in 0..world {
         for d in 0..world {
-            let sends: Vec<usize> = (0..descs[s].input_peers.len()).filter(|&i| descs[s].input_peers[i].contains(&d)).collect();
-            let recvs: Vec<usize> = (0..descs[d].output_peers.len()).filter(|&j| descs[d].output_peers[j].contains(&s)).collect();
+            let sends: Vec<usize> = (0..descs[s].input_peers.len())
+                .filter(|&i| descs[s].input_peers[i].contains(&d))
+                .collect();
+            let recvs: Vec<usize> = (0..descs[d].output_peers.len())
+                .filter(|&j| descs[d].output_peers[j].contains(&s))
+                .collect();
             if sends.len() != recvs.len() {
                 errs.push(format!(
                     "rank {s} sends {} input splits to rank {d} (its {fi} list {d} in splits {sends:?}) but rank {d} expects {} from rank {s} (its {fo} list {s} in output splits {recvs:?})",
@@ -259,7 +351,15 @@ pub(crate) fn match_global(kind: Kind, descs: &[Desc]) -> anyhow::Result<Vec<Tra
                     errs.push(format!("rank {s}'s input split {i} ({a} rows) is rank {d}'s output split {j} by the matching rule, which has {b} rows"));
                     continue;
                 }
-                out.push(Transfer { src: s, src_split: i, src_row: in_off[s][i], dst: d, dst_split: j, dst_row: out_off[d][j], rows: a });
+                out.push(Transfer {
+                    src: s,
+                    src_split: i,
+                    src_row: in_off[s][i],
+                    dst: d,
+                    dst_split: j,
+                    dst_row: out_off[d][j],
+                    rows: a,
+                });
             }
         }
     }
@@ -268,8 +368,16 @@ pub(crate) fn match_global(kind: Kind, descs: &[Desc]) -> anyhow::Result<Vec<Tra
     } else {
         let n = errs.len();
         errs.truncate(8);
-        let more = if n > 8 { format!(" (and {} more)", n - 8) } else { String::new() };
-        bail!("{}: metadata disagrees across ranks: {}{more}", kind.name(), errs.join("; "))
+        let more = if n > 8 {
+            format!(" (and {} more)", n - 8)
+        } else {
+            String::new()
+        };
+        bail!(
+            "{}: metadata disagrees across ranks: {}{more}",
+            kind.name(),
+            errs.join("; ")
+        )
     }
 }
 
@@ -277,7 +385,12 @@ pub(crate) fn match_global(kind: Kind, descs: &[Desc]) -> anyhow::Result<Vec<Tra
 mod tests {
     use super::*;
 
-    fn cast(input_split_rows: Vec<usize>, dst: Vec<Vec<usize>>, output_split_rows: Vec<usize>, src: Vec<usize>) -> Desc {
+    fn cast(
+        input_split_rows: Vec<usize>,
+        dst: Vec<Vec<usize>>,
+        output_split_rows: Vec<usize>,
+        src: Vec<usize>,
+    ) -> Desc {
         Desc::from(&GroupCastMeta {
             input_rows: input_split_rows.iter().sum(),
             input_split_rows,
@@ -293,21 +406,51 @@ mod tests {
         let mut d = cast(vec![2, 3], vec![vec![0, 1], vec![1, 1]], vec![4], vec![2]);
         d.input_rows = 6;
         let e = validate_local(Kind::Cast, &d, 2).unwrap_err().to_string();
-        assert!(e.contains("input_split_rows sum to 5 rows but the input has 6 rows"), "{e}");
+        assert!(
+            e.contains("input_split_rows sum to 5 rows but the input has 6 rows"),
+            "{e}"
+        );
         assert!(e.contains("dst_indices[1] lists rank 1 twice"), "{e}");
-        assert!(e.contains("src_index[0] lists rank 2, but the world has 2 ranks"), "{e}");
-        let r = Desc::from(&GroupReduceMeta { input_rows: 1, input_split_rows: vec![1], dst_index: vec![0], output_rows: 1, output_split_rows: vec![1], src_indices: vec![vec![]] });
+        assert!(
+            e.contains("src_index[0] lists rank 2, but the world has 2 ranks"),
+            "{e}"
+        );
+        let r = Desc::from(&GroupReduceMeta {
+            input_rows: 1,
+            input_split_rows: vec![1],
+            dst_index: vec![0],
+            output_rows: 1,
+            output_split_rows: vec![1],
+            src_indices: vec![vec![]],
+        });
         let e = validate_local(Kind::Reduce, &r, 2).unwrap_err().to_string();
         assert!(e.contains("src_indices[0] lists no source rank"), "{e}");
         let short = cast(vec![1, 1], vec![vec![0]], vec![], vec![]);
-        let e = validate_local(Kind::Cast, &short, 1).unwrap_err().to_string();
-        assert!(e.contains("input_split_rows has 2 splits but dst_indices has 1 entries"), "{e}");
+        let e = validate_local(Kind::Cast, &short, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("input_split_rows has 2 splits but dst_indices has 1 entries"),
+            "{e}"
+        );
     }
 
     #[test]
     fn encoding_round_trips() {
-        let h = Header { kind: 1, dtype: 7, row_elems: 128, op: 0, lse_per_row: 0, sms: 24 };
-        let d = cast(vec![2, 0, 3], vec![vec![0, 1], vec![], vec![1]], vec![4, 1], vec![1, 0]);
+        let h = Header {
+            kind: 1,
+            dtype: 7,
+            row_elems: 128,
+            op: 0,
+            lse_per_row: 0,
+            sms: 24,
+        };
+        let d = cast(
+            vec![2, 0, 3],
+            vec![vec![0, 1], vec![], vec![1]],
+            vec![4, 1],
+            vec![1, 0],
+        );
         assert_eq!(decode(&encode(&h, &d)).unwrap(), (h, d));
         assert!(decode(&[1, 2, 3]).is_err());
         assert!(decode(&0u64.to_le_bytes()).is_err());
@@ -316,27 +459,66 @@ mod tests {
     #[test]
     fn matching_follows_the_rule_and_names_disagreements() {
         // Rank 0 sends split 0 (2 rows) to 0 and 1, split 1 (3 rows) to 1; rank 1 sends split 0 (1 row) to 0.
-        let d0 = cast(vec![2, 3], vec![vec![0, 1], vec![1]], vec![1, 2], vec![1, 0]);
+        let d0 = cast(
+            vec![2, 3],
+            vec![vec![0, 1], vec![1]],
+            vec![1, 2],
+            vec![1, 0],
+        );
         let d1 = cast(vec![1], vec![vec![0]], vec![3, 2], vec![0, 0]);
         // Rank 1 lists its output splits in the wrong order (3 rows first): a size mismatch.
-        let e = match_global(Kind::Cast, &[d0.clone(), d1]).unwrap_err().to_string();
+        let e = match_global(Kind::Cast, &[d0.clone(), d1])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("rank 0's input split 0 (2 rows) is rank 1's output split 0 by the matching rule, which has 3 rows"), "{e}");
         let d1 = cast(vec![1], vec![vec![0]], vec![2, 3], vec![0, 0]);
         let t = match_global(Kind::Cast, &[d0.clone(), d1]).unwrap();
         assert_eq!(t.len(), 4);
-        assert!(t.contains(&Transfer { src: 0, src_split: 1, src_row: 2, dst: 1, dst_split: 1, dst_row: 2, rows: 3 }));
-        assert!(t.contains(&Transfer { src: 1, src_split: 0, src_row: 0, dst: 0, dst_split: 0, dst_row: 0, rows: 1 }));
+        assert!(t.contains(&Transfer {
+            src: 0,
+            src_split: 1,
+            src_row: 2,
+            dst: 1,
+            dst_split: 1,
+            dst_row: 2,
+            rows: 3
+        }));
+        assert!(t.contains(&Transfer {
+            src: 1,
+            src_split: 0,
+            src_row: 0,
+            dst: 0,
+            dst_split: 0,
+            dst_row: 0,
+            rows: 1
+        }));
         // A missing receive is named with both sides.
         let d1 = cast(vec![1], vec![vec![0]], vec![2], vec![0]);
         let e = match_global(Kind::Cast, &[d0, d1]).unwrap_err().to_string();
-        assert!(e.contains("rank 0 sends 2 input splits to rank 1") && e.contains("rank 1 expects 1 from rank 0"), "{e}");
+        assert!(
+            e.contains("rank 0 sends 2 input splits to rank 1")
+                && e.contains("rank 1 expects 1 from rank 0"),
+            "{e}"
+        );
     }
 
     #[test]
     fn headers_must_agree() {
-        let h = Header { kind: 2, dtype: 7, row_elems: 128, op: 0, lse_per_row: 0, sms: 24 };
+        let h = Header {
+            kind: 2,
+            dtype: 7,
+            row_elems: 128,
+            op: 0,
+            lse_per_row: 0,
+            sms: 24,
+        };
         let h2 = Header { row_elems: 64, ..h };
-        let e = check_headers(Kind::Reduce, &[h, h, h2], |_, v| v.to_string()).unwrap_err().to_string();
-        assert!(e.contains("rank 2 has row_elems 64 but rank 0 has 128"), "{e}");
+        let e = check_headers(Kind::Reduce, &[h, h, h2], |_, v| v.to_string())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("rank 2 has row_elems 64 but rank 0 has 128"),
+            "{e}"
+        );
     }
 }

@@ -88,11 +88,31 @@ mod tests {
     #[test]
     fn generated_cast_metadata_matches_blocks() {
         let blocks = vec![
-            CastBlock { owner: 0, rows: 3, dsts: vec![1, 2] },
-            CastBlock { owner: 1, rows: 0, dsts: vec![0] },
-            CastBlock { owner: 0, rows: 5, dsts: vec![] },
-            CastBlock { owner: 2, rows: 4, dsts: vec![0, 1, 2] },
-            CastBlock { owner: 0, rows: 2, dsts: vec![1] },
+            CastBlock {
+                owner: 0,
+                rows: 3,
+                dsts: vec![1, 2],
+            },
+            CastBlock {
+                owner: 1,
+                rows: 0,
+                dsts: vec![0],
+            },
+            CastBlock {
+                owner: 0,
+                rows: 5,
+                dsts: vec![],
+            },
+            CastBlock {
+                owner: 2,
+                rows: 4,
+                dsts: vec![0, 1, 2],
+            },
+            CastBlock {
+                owner: 0,
+                rows: 2,
+                dsts: vec![1],
+            },
         ];
         let metas = cast_metas(3, &blocks);
         let descs: Vec<Desc> = metas.iter().map(Desc::from).collect();
@@ -106,15 +126,30 @@ mod tests {
         assert_eq!(metas[1].src_index, vec![0, 2, 0]);
         assert_eq!(metas[1].output_split_rows, vec![3, 4, 2]);
         let last = t.iter().find(|x| x.src == 0 && x.src_split == 2).unwrap();
-        assert_eq!((last.src_row, last.dst, last.dst_split, last.dst_row), (8, 1, 2, 7));
+        assert_eq!(
+            (last.src_row, last.dst, last.dst_split, last.dst_row),
+            (8, 1, 2, 7)
+        );
     }
 
     #[test]
     fn generated_reduce_metadata_matches_blocks() {
         let blocks = vec![
-            ReduceBlock { receiver: 1, rows: 2, srcs: vec![0, 1] },
-            ReduceBlock { receiver: 0, rows: 3, srcs: vec![1] },
-            ReduceBlock { receiver: 1, rows: 1, srcs: vec![1, 0] },
+            ReduceBlock {
+                receiver: 1,
+                rows: 2,
+                srcs: vec![0, 1],
+            },
+            ReduceBlock {
+                receiver: 0,
+                rows: 3,
+                srcs: vec![1],
+            },
+            ReduceBlock {
+                receiver: 1,
+                rows: 1,
+                srcs: vec![1, 0],
+            },
         ];
         let metas = reduce_metas(2, &blocks);
         let descs: Vec<Desc> = metas.iter().map(Desc::from).collect();

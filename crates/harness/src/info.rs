@@ -29,7 +29,9 @@ pub fn gpu_info(ordinal: usize) -> anyhow::Result<GpuInfo> {
     let rc = unsafe { sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, dev) };
     let pci_bus_id = if rc == sys::CUresult::CUDA_SUCCESS {
         // SAFETY: NUL-terminated by the driver on success.
-        unsafe { std::ffi::CStr::from_ptr(bus.as_ptr()) }.to_string_lossy().into_owned()
+        unsafe { std::ffi::CStr::from_ptr(bus.as_ptr()) }
+            .to_string_lossy()
+            .into_owned()
     } else {
         "unknown".into()
     };
@@ -56,13 +58,20 @@ fn can_access_peer(a: usize, b: usize) -> anyhow::Result<bool> {
     let mut ok = 0;
     // SAFETY: out-parameter and valid device handles.
     let rc = unsafe { sys::cuDeviceCanAccessPeer(&mut ok, da, db) };
-    anyhow::ensure!(rc == sys::CUresult::CUDA_SUCCESS, "cuDeviceCanAccessPeer({a}, {b}) failed: {rc:?}");
+    anyhow::ensure!(
+        rc == sys::CUresult::CUDA_SUCCESS,
+        "cuDeviceCanAccessPeer({a}, {b}) failed: {rc:?}"
+    );
     Ok(ok == 1)
 }
 
 /// Prints the report; an error when no GPU is usable (the message says why).
 pub fn print() -> anyhow::Result<()> {
-    println!("weft {} (commit {})", env!("CARGO_PKG_VERSION"), env!("WEFT_COMMIT"));
+    println!(
+        "weft {} (commit {})",
+        env!("CARGO_PKG_VERSION"),
+        env!("WEFT_COMMIT")
+    );
     let count = match gpu::probe() {
         GpuAvailability::Absent { reason } => anyhow::bail!("no GPU available: {reason}"),
         GpuAvailability::Present { count } => count,
@@ -72,7 +81,10 @@ pub fn print() -> anyhow::Result<()> {
         Ok((a, b, c)) => format!("{a}.{b}.{c}"),
         Err(e) => format!("unavailable ({e})"),
     };
-    println!("driver {}, CUDA driver API {cu_major}.{cu_minor}, NCCL {nccl}", nvml::driver_version());
+    println!(
+        "driver {}, CUDA driver API {cu_major}.{cu_minor}, NCCL {nccl}",
+        nvml::driver_version()
+    );
     let nvml = Nvml::open();
     let infos: Vec<GpuInfo> = (0..count).map(gpu_info).collect::<anyhow::Result<_>>()?;
     for g in &infos {
@@ -104,7 +116,13 @@ pub fn print() -> anyhow::Result<()> {
         for a in 0..count {
             print!("  {a:>3}");
             for b in 0..count {
-                let cell = if a == b { "-" } else if can_access_peer(a, b)? { "y" } else { "n" };
+                let cell = if a == b {
+                    "-"
+                } else if can_access_peer(a, b)? {
+                    "y"
+                } else {
+                    "n"
+                };
                 print!("{cell:>3}");
             }
             println!();

@@ -38,7 +38,12 @@ impl Job {
             GpuAvailability::Absent { reason } => Err(reason),
             GpuAvailability::Present { count } => Ok(open_gpu(&env, count)?),
         };
-        Ok(Self { env, rdzv, gpu, comm: None })
+        Ok(Self {
+            env,
+            rdzv,
+            gpu,
+            comm: None,
+        })
     }
 
     pub fn rank(&self) -> usize {
@@ -57,7 +62,10 @@ impl Job {
     /// The NCCL communicator over all ranks; collective on first call.
     pub fn comm(&mut self) -> anyhow::Result<&Communicator> {
         if self.comm.is_none() {
-            let gpu = self.gpu.as_ref().map_err(|r| anyhow::anyhow!("no GPU: {r}"))?;
+            let gpu = self
+                .gpu
+                .as_ref()
+                .map_err(|r| anyhow::anyhow!("no GPU: {r}"))?;
             self.comm = Some(Communicator::new(&mut self.rdzv, &gpu.ctx)?);
         }
         Ok(self.comm.as_ref().unwrap())
@@ -66,16 +74,24 @@ impl Job {
     /// The communicator together with the GPU (both borrowed at once).
     pub fn comm_and_gpu(&mut self) -> anyhow::Result<(&Communicator, &Gpu)> {
         self.comm()?;
-        let gpu = self.gpu.as_ref().map_err(|r| anyhow::anyhow!("no GPU: {r}"))?;
+        let gpu = self
+            .gpu
+            .as_ref()
+            .map_err(|r| anyhow::anyhow!("no GPU: {r}"))?;
         Ok((self.comm.as_ref().unwrap(), gpu))
     }
 }
 
 fn open_gpu(env: &RankEnv, count: usize) -> anyhow::Result<Gpu> {
     let ordinal = gpu::device_for_rank(env, count)?;
-    let ctx = CudaContext::new(ordinal).with_context(|| format!("rank {}: opening GPU {ordinal}", env.rank))?;
+    let ctx = CudaContext::new(ordinal)
+        .with_context(|| format!("rank {}: opening GPU {ordinal}", env.rank))?;
     // SAFETY: weft orders its streams itself (events, synchronize) and frees nothing in use.
     unsafe { ctx.disable_event_tracking() };
     let stream = ctx.new_stream()?;
-    Ok(Gpu { ordinal, ctx, stream })
+    Ok(Gpu {
+        ordinal,
+        ctx,
+        stream,
+    })
 }

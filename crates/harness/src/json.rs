@@ -13,7 +13,12 @@ pub enum Json {
 
 impl Json {
     pub fn obj(fields: impl IntoIterator<Item = (&'static str, Json)>) -> Json {
-        Json::Obj(fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+        Json::Obj(
+            fields
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+        )
     }
 
     /// Pretty-printed with two-space indentation; arrays of objects one element per line.
@@ -29,7 +34,9 @@ impl Json {
             Json::Null => out.push_str("null"),
             // JSON has no NaN or infinity: those are written as null.
             Json::Num(x) if !x.is_finite() => out.push_str("null"),
-            Json::Num(x) if x.fract() == 0.0 && x.abs() < 1e15 => write!(out, "{}", *x as i64).unwrap(),
+            Json::Num(x) if x.fract() == 0.0 && x.abs() < 1e15 => {
+                write!(out, "{}", *x as i64).unwrap()
+            }
             Json::Num(x) => write!(out, "{x}").unwrap(),
             Json::Str(s) => write_string(out, s),
             Json::Arr(items) => {
@@ -144,7 +151,10 @@ mod tests {
             ("i", Json::from(3usize)),
             ("nan", Json::Num(f64::NAN)),
             ("none", Json::from(None::<f64>)),
-            ("rows", Json::Arr(vec![Json::obj([("k", Json::from(1usize))])])),
+            (
+                "rows",
+                Json::Arr(vec![Json::obj([("k", Json::from(1usize))])]),
+            ),
         ]);
         let text = j.render();
         assert_eq!(

@@ -12,6 +12,7 @@
 
 mod bench;
 mod data;
+mod gemm_data;
 mod info;
 mod job;
 mod json;
@@ -52,12 +53,18 @@ fn main() -> ExitCode {
         Some("bench") => bench_command(&args[1..]),
         Some("launch") => {
             let rest: Vec<OsString> = std::env::args_os().skip(2).collect();
-            launch::parse_launch_args(&rest).and_then(|spec| launch::run_local(&spec)).map(|()| ExitCode::SUCCESS)
+            launch::parse_launch_args(&rest)
+                .and_then(|spec| launch::run_local(&spec))
+                .map(|()| ExitCode::SUCCESS)
         }
         // Internal: the sync timeout trials run their trapping kernel in this child process.
-        Some("__sync-timeout-child") => suites::sync_timeout_child(&args[1..]).map(|()| ExitCode::SUCCESS),
+        Some("__sync-timeout-child") => {
+            suites::sync_timeout_child(&args[1..]).map(|()| ExitCode::SUCCESS)
+        }
         // Internal: each overlap-order mode is measured in this child process (fresh context).
-        Some(bench::overlap_order::CHILD_COMMAND) => bench::overlap_order::child(&args[1..]).map(|()| ExitCode::SUCCESS),
+        Some(bench::overlap_order::CHILD_COMMAND) => {
+            bench::overlap_order::child(&args[1..]).map(|()| ExitCode::SUCCESS)
+        }
         Some("help" | "--help" | "-h") => {
             println!("{USAGE}");
             Ok(ExitCode::SUCCESS)
@@ -65,7 +72,10 @@ fn main() -> ExitCode {
         Some(other) => Err(anyhow::anyhow!("unknown command {other:?}\n{USAGE}")),
     };
     result.unwrap_or_else(|e| {
-        let who = std::env::var("WEFT_RANK").or_else(|_| std::env::var("OMPI_COMM_WORLD_RANK")).map(|r| format!(" (rank {r})")).unwrap_or_default();
+        let who = std::env::var("WEFT_RANK")
+            .or_else(|_| std::env::var("OMPI_COMM_WORLD_RANK"))
+            .map(|r| format!(" (rank {r})"))
+            .unwrap_or_default();
         eprintln!("weft{who}: error: {e:#}");
         ExitCode::FAILURE
     })
@@ -73,7 +83,9 @@ fn main() -> ExitCode {
 
 fn test(args: &[String]) -> anyhow::Result<ExitCode> {
     let job = Job::start()?;
-    let flags = libtest_mimic::Arguments::from_iter(std::iter::once("weft test".to_string()).chain(args.iter().cloned()));
+    let flags = libtest_mimic::Arguments::from_iter(
+        std::iter::once("weft test".to_string()).chain(args.iter().cloned()),
+    );
     let (conclusion, _job) = trials::run(job, suites::all(), flags);
     Ok(conclusion.exit_code())
 }
@@ -106,7 +118,11 @@ fn default_run(print_info: bool) -> anyhow::Result<ExitCode> {
         if count > 1 {
             println!("\nstarting one rank per GPU ({count} ranks)");
             let exe = std::env::current_exe().context("locating the weft executable")?;
-            launch::run_local(&LaunchSpec { ranks: count, program: exe.into(), args: vec!["--no-info".into()] })?;
+            launch::run_local(&LaunchSpec {
+                ranks: count,
+                program: exe.into(),
+                args: vec!["--no-info".into()],
+            })?;
             return Ok(ExitCode::SUCCESS);
         }
     } else if print_info && env.rank == 0 {
@@ -124,7 +140,11 @@ fn default_run(print_info: bool) -> anyhow::Result<ExitCode> {
     if conclusion.has_failed() {
         return Ok(conclusion.exit_code());
     }
-    let opts = bench::BenchOptions { suites: vec!["nccl".into()], quick: true, ..Default::default() };
+    let opts = bench::BenchOptions {
+        suites: vec!["nccl".into()],
+        quick: true,
+        ..Default::default()
+    };
     if let Err(e) = bench::run(&mut job, &opts) {
         job.rdzv.abort(&format!("{e:#}"));
         return Err(e);

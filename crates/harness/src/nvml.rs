@@ -18,7 +18,10 @@ impl Nvml {
     /// Loads and initialises NVML; None when it is not installed or does not start.
     pub fn open() -> Option<Self> {
         // SAFETY: loading the system NVML library runs its (trusted) initialisers only.
-        let lib = unsafe { Library::new("libnvidia-ml.so.1").or_else(|_| Library::new("libnvidia-ml.so")) }.ok()?;
+        let lib = unsafe {
+            Library::new("libnvidia-ml.so.1").or_else(|_| Library::new("libnvidia-ml.so"))
+        }
+        .ok()?;
         let nvml = Self { lib };
         // SAFETY: nvmlInit_v2 takes no arguments.
         let rc = unsafe { nvml.sym::<unsafe extern "C" fn() -> c_int>(b"nvmlInit_v2\0")?() };
@@ -31,18 +34,28 @@ impl Nvml {
     }
 
     pub fn driver_version(&self) -> Option<String> {
-        let f = self.sym::<unsafe extern "C" fn(*mut c_char, c_uint) -> c_int>(b"nvmlSystemGetDriverVersion\0")?;
+        let f = self.sym::<unsafe extern "C" fn(*mut c_char, c_uint) -> c_int>(
+            b"nvmlSystemGetDriverVersion\0",
+        )?;
         let mut buf = [0 as c_char; 96];
         // SAFETY: buffer and its length.
         let rc = unsafe { f(buf.as_mut_ptr(), buf.len() as c_uint) };
         // SAFETY: NVML NUL-terminates on success.
-        (rc == NVML_SUCCESS).then(|| unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
+        (rc == NVML_SUCCESS).then(|| {
+            unsafe { CStr::from_ptr(buf.as_ptr()) }
+                .to_string_lossy()
+                .into_owned()
+        })
     }
 
     /// Active NVLink links of the GPU at `pci_bus_id` (as CUDA reports it), or None if unknown.
     pub fn active_nvlinks(&self, pci_bus_id: &str) -> Option<u32> {
-        let by_pci = self.sym::<unsafe extern "C" fn(*const c_char, *mut Device) -> c_int>(b"nvmlDeviceGetHandleByPciBusId_v2\0")?;
-        let state = self.sym::<unsafe extern "C" fn(Device, c_uint, *mut c_int) -> c_int>(b"nvmlDeviceGetNvLinkState\0")?;
+        let by_pci = self.sym::<unsafe extern "C" fn(*const c_char, *mut Device) -> c_int>(
+            b"nvmlDeviceGetHandleByPciBusId_v2\0",
+        )?;
+        let state = self.sym::<unsafe extern "C" fn(Device, c_uint, *mut c_int) -> c_int>(
+            b"nvmlDeviceGetNvLinkState\0",
+        )?;
         let id = CString::new(pci_bus_id).ok()?;
         let mut dev: Device = std::ptr::null_mut();
         // SAFETY: valid C string and out-parameter.
@@ -85,7 +98,11 @@ pub fn driver_version() -> String {
 fn parse_proc_version(text: &str) -> Option<String> {
     let line = text.lines().find(|l| l.starts_with("NVRM version"))?;
     line.split_whitespace()
-        .find(|w| w.split('.').count() >= 2 && w.split('.').all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit())))
+        .find(|w| {
+            w.split('.').count() >= 2
+                && w.split('.')
+                    .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+        })
         .map(str::to_string)
 }
 

@@ -31,7 +31,9 @@ impl RunMeta {
 
 /// Today's UTC date as YYYY-MM-DD.
 pub fn today() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     civil_date((secs / 86_400) as i64)
 }
 
@@ -58,9 +60,23 @@ pub struct Table {
 impl Table {
     pub fn render(&self) -> String {
         let widths: Vec<usize> = (0..self.headers.len())
-            .map(|c| self.rows.iter().map(|r| r[c].len()).chain([self.headers[c].len()]).max().unwrap_or(0))
+            .map(|c| {
+                self.rows
+                    .iter()
+                    .map(|r| r[c].len())
+                    .chain([self.headers[c].len()])
+                    .max()
+                    .unwrap_or(0)
+            })
             .collect();
-        let line = |cells: Vec<&str>| cells.iter().zip(&widths).map(|(s, w)| format!("{s:>w$}")).collect::<Vec<_>>().join("  ");
+        let line = |cells: Vec<&str>| {
+            cells
+                .iter()
+                .zip(&widths)
+                .map(|(s, w)| format!("{s:>w$}"))
+                .collect::<Vec<_>>()
+                .join("  ")
+        };
         let mut out = line(self.headers.clone());
         out.push('\n');
         for r in &self.rows {
@@ -94,7 +110,10 @@ mod tests {
 
     #[test]
     fn table_aligns_columns() {
-        let t = Table { headers: vec!["op", "ms"], rows: vec![vec!["all_reduce".into(), "1.5".into()]] };
+        let t = Table {
+            headers: vec!["op", "ms"],
+            rows: vec![vec!["all_reduce".into(), "1.5".into()]],
+        };
         assert_eq!(t.render(), "        op   ms\nall_reduce  1.5\n");
         assert_eq!(t.csv(), "op,ms\nall_reduce,1.5\n");
     }

@@ -41,10 +41,18 @@ pub struct Case {
 
 impl Case {
     pub fn cpu(name: impl Into<String>, body: Body) -> Self {
-        Self { name: name.into(), needs: Needs::Cpu, body }
+        Self {
+            name: name.into(),
+            needs: Needs::Cpu,
+            body,
+        }
     }
     pub fn gpu(name: impl Into<String>, body: Body) -> Self {
-        Self { name: name.into(), needs: Needs::Gpu, body }
+        Self {
+            name: name.into(),
+            needs: Needs::Gpu,
+            body,
+        }
     }
 }
 
@@ -95,7 +103,13 @@ fn combine(results: &[Local]) -> Result<Completion, Failed> {
     let ignored: Vec<(usize, &String)> = results
         .iter()
         .enumerate()
-        .filter_map(|(r, l)| if let Local::Ignored(why) = l { Some((r, why)) } else { None })
+        .filter_map(|(r, l)| {
+            if let Local::Ignored(why) = l {
+                Some((r, why))
+            } else {
+                None
+            }
+        })
         .collect();
     match ignored.len() {
         0 => Ok(Completion::Completed),
@@ -103,7 +117,11 @@ fn combine(results: &[Local]) -> Result<Completion, Failed> {
         _ => Err(format!(
             "ranks disagree: {} ran it but {}",
             results.len() - ignored.len(),
-            ignored.iter().map(|(r, why)| format!("rank {r} ignored it ({why})")).collect::<Vec<_>>().join(", ")
+            ignored
+                .iter()
+                .map(|(r, why)| format!("rank {r} ignored it ({why})"))
+                .collect::<Vec<_>>()
+                .join(", ")
         )
         .into()),
     }
@@ -144,7 +162,10 @@ impl Watchdog {
 }
 
 fn trial_timeout() -> Duration {
-    let secs = std::env::var("WEFT_TRIAL_TIMEOUT").ok().and_then(|s| s.parse().ok()).unwrap_or(600);
+    let secs = std::env::var("WEFT_TRIAL_TIMEOUT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(600);
     Duration::from_secs(secs)
 }
 
@@ -188,17 +209,25 @@ pub fn run(job: Job, cases: Vec<Case>, mut args: Arguments) -> (libtest_mimic::C
                     },
                 };
                 watchdog.clear();
-                let gathered = job
-                    .rdzv
-                    .all_gather(&local.encode())
-                    .map_err(|e| Failed::from(format!("rank {}: exchanging results: {e:#}", job.rank())))?;
-                combine(&gathered.iter().map(|b| Local::decode(b)).collect::<Vec<_>>())
+                let gathered = job.rdzv.all_gather(&local.encode()).map_err(|e| {
+                    Failed::from(format!("rank {}: exchanging results: {e:#}", job.rank()))
+                })?;
+                combine(
+                    &gathered
+                        .iter()
+                        .map(|b| Local::decode(b))
+                        .collect::<Vec<_>>(),
+                )
             })
         })
         .collect();
     let conclusion = libtest_mimic::run(&args, trials);
     // The trials (and their clones of the job) were consumed by the run.
-    let job = Arc::try_unwrap(job).ok().expect("trials still hold the job").into_inner().unwrap_or_else(|p| p.into_inner());
+    let job = Arc::try_unwrap(job)
+        .ok()
+        .expect("trials still hold the job")
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner());
     (conclusion, job)
 }
 
@@ -220,13 +249,25 @@ mod tests {
             Ok(Completion::Ignored { reason: Some(r) }) if r == "no GPU"
         ));
         let mixed = combine(&[Local::Pass, Local::Ignored("no GPU".into())]);
-        assert!(mixed.err().unwrap().message().unwrap().contains("rank 1 ignored it"));
-        assert!(matches!(combine(&[Local::Pass, Local::Pass]), Ok(Completion::Completed)));
+        assert!(mixed
+            .err()
+            .unwrap()
+            .message()
+            .unwrap()
+            .contains("rank 1 ignored it"));
+        assert!(matches!(
+            combine(&[Local::Pass, Local::Pass]),
+            Ok(Completion::Completed)
+        ));
     }
 
     #[test]
     fn outcomes_round_trip_through_bytes() {
-        for l in [Local::Pass, Local::Ignored("why".into()), Local::Fail("msg".into())] {
+        for l in [
+            Local::Pass,
+            Local::Ignored("why".into()),
+            Local::Fail("msg".into()),
+        ] {
             let back = Local::decode(&l.encode());
             assert_eq!(back.encode(), l.encode());
         }

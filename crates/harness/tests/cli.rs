@@ -6,7 +6,11 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 fn weft(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_weft")).args(args).env_remove("WEFT_RANK").output().expect("running weft")
+    Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(args)
+        .env_remove("WEFT_RANK")
+        .output()
+        .expect("running weft")
 }
 
 fn stderr(o: &Output) -> String {
@@ -21,19 +25,37 @@ fn launch_argument_errors_are_named() {
         (&["launch", "-n", "zero", "--", "true"][..], "zero"),
         (&["launch", "-n", "0", "--", "true"][..], "0"),
         (&["launch", "-n", "2"][..], "no command"),
-        (&["launch", "-n", "2", "--", "/nonexistent/weft-test-program"][..], "/nonexistent/weft-test-program"),
+        (
+            &["launch", "-n", "2", "--", "/nonexistent/weft-test-program"][..],
+            "/nonexistent/weft-test-program",
+        ),
     ] {
         let o = weft(args);
         assert!(!o.status.success(), "weft {args:?} succeeded");
-        assert!(stderr(&o).contains(expected), "weft {args:?}: stderr {:?} lacks {expected:?}", stderr(&o));
+        assert!(
+            stderr(&o).contains(expected),
+            "weft {args:?}: stderr {:?} lacks {expected:?}",
+            stderr(&o)
+        );
     }
 }
 
 #[test]
 fn a_failing_rank_stops_the_job_and_is_named() {
     let start = Instant::now();
-    let o = weft(&["launch", "-n", "3", "--", "sh", "-c", "if [ \"$WEFT_RANK\" = 1 ]; then exit 7; fi; sleep 30"]);
-    assert!(start.elapsed() < Duration::from_secs(20), "the job was not stopped promptly");
+    let o = weft(&[
+        "launch",
+        "-n",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        "if [ \"$WEFT_RANK\" = 1 ]; then exit 7; fi; sleep 30",
+    ]);
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "the job was not stopped promptly"
+    );
     assert!(!o.status.success());
     let e = stderr(&o);
     assert!(e.contains("rank 1") && e.contains('7'), "{e}");

@@ -31,7 +31,12 @@ pub mod cubins {
 }
 
 /// Structs shared with the kernels, generated from `kernels/include/weft/abi.h`.
-#[allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code)]
+#[allow(
+    non_camel_case_types,
+    non_upper_case_globals,
+    non_snake_case,
+    dead_code
+)]
 pub mod abi {
     include!(concat!(env!("OUT_DIR"), "/abi.rs"));
 }
@@ -52,6 +57,7 @@ unsafe impl DeviceRepr for abi::weft_kernel_barrier_view {}
 unsafe impl DeviceRepr for abi::weft_kernel_barrier_wait_params {}
 unsafe impl DeviceRepr for abi::weft_persistent_compute_params {}
 unsafe impl DeviceRepr for abi::weft_comm_copy_params {}
+unsafe impl DeviceRepr for abi::weft_gemm_params {}
 
 #[cfg(test)]
 mod tests {
@@ -67,13 +73,48 @@ mod tests {
             assert_eq!(&img[..4], b"\x7fELF", "{} is not an ELF image", c.source);
             assert_eq!(img[4], 2, "{} is not ELF64", c.source);
             let machine = u16::from_le_bytes([img[18], img[19]]);
-            assert_eq!(machine, 190, "{} has e_machine {machine}, not EM_CUDA", c.source);
+            assert_eq!(
+                machine, 190,
+                "{} has e_machine {machine}, not EM_CUDA",
+                c.source
+            );
             // e_flags holds the SM version: bits 8..16 from CUDA's ELF ABI version 8 on (what
             // CUDA 13 writes, e.g. 0x0900_5a04), the low byte before that.
             let flags = u32::from_le_bytes([img[48], img[49], img[50], img[51]]);
-            let sm = if img[8] >= 8 { (flags >> 8) & 0xff } else { flags & 0xff };
+            let sm = if img[8] >= 8 {
+                (flags >> 8) & 0xff
+            } else {
+                flags & 0xff
+            };
             assert_eq!(sm, 90, "{}: e_flags {flags:#x} is not sm_90", c.source);
         }
+    }
+
+    /// ptxas's report for every kernel: no register spills, and no setmaxnreg it ignored (the
+    /// GEMM's register reallocation must take effect).
+    #[test]
+    fn no_kernel_spills_or_loses_setmaxnreg() {
+        let log = include_str!(concat!(env!("OUT_DIR"), "/ptxas.log"));
+        let spill_lines: Vec<&str> = log.lines().filter(|l| l.contains("spill")).collect();
+        assert!(
+            spill_lines.len() >= 24,
+            "ptxas log has only {} spill reports",
+            spill_lines.len()
+        );
+        for l in spill_lines {
+            assert!(
+                l.contains(" 0 bytes spill stores, 0 bytes spill loads"),
+                "spill: {l}"
+            );
+        }
+        assert!(
+            !log.contains("setmaxnreg' ignored"),
+            "ptxas ignored a setmaxnreg"
+        );
+        assert!(
+            log.contains("weft_gemm_bf16_bf16_nk_256"),
+            "GEMM kernels missing from the ptxas log"
+        );
     }
 
     #[test]

@@ -21,6 +21,11 @@ pub fn agree<T>(rdzv: &mut Rendezvous, step: &str, local: anyhow::Result<T>) -> 
     if failures.is_empty() {
         local
     } else {
-        Err(anyhow::anyhow!("{step} failed on {} of {} ranks: {}", failures.len(), all.len(), failures.join("; ")))
+        Err(anyhow::anyhow!(
+            "{step} failed on {} of {} ranks: {}",
+            failures.len(),
+            all.len(),
+            failures.join("; ")
+        ))
     }
 }

@@ -28,7 +28,9 @@ impl Backend {
     }
 
     pub fn from_code(code: u8) -> Option<Backend> {
-        [Backend::Ipc, Backend::Vmm].into_iter().find(|b| *b as u8 == code)
+        [Backend::Ipc, Backend::Vmm]
+            .into_iter()
+            .find(|b| *b as u8 == code)
     }
 
     /// The backend for a new allocation: `requested` if given, else `WEFT_PGL_BACKEND` (read
@@ -46,7 +48,13 @@ impl Backend {
             Some("vmm") => Some(Backend::Vmm),
             Some(other) => bail!("WEFT_PGL_BACKEND={other:?}: expected \"ipc\" or \"vmm\""),
         };
-        let implied = if existing_buffer { Some(Backend::Ipc) } else if multicast { Some(Backend::Vmm) } else { None };
+        let implied = if existing_buffer {
+            Some(Backend::Ipc)
+        } else if multicast {
+            Some(Backend::Vmm)
+        } else {
+            None
+        };
         let chosen = requested.or(implied).or(from_env).unwrap_or_default();
         if existing_buffer && chosen != Backend::Ipc {
             bail!("sharing an existing buffer needs the ipc backend (vmm can only share memory it allocated)");
@@ -68,17 +76,38 @@ mod tests {
 
     #[test]
     fn default_env_and_explicit_choices() {
-        assert_eq!(Backend::choose(None, env(None), false, false).unwrap(), Backend::Vmm);
-        assert_eq!(Backend::choose(None, env(Some("ipc")), false, false).unwrap(), Backend::Ipc);
-        assert_eq!(Backend::choose(Some(Backend::Vmm), env(Some("ipc")), false, false).unwrap(), Backend::Vmm);
-        assert!(Backend::choose(None, env(Some("nvshmem")), false, false).unwrap_err().to_string().contains("WEFT_PGL_BACKEND"));
+        assert_eq!(
+            Backend::choose(None, env(None), false, false).unwrap(),
+            Backend::Vmm
+        );
+        assert_eq!(
+            Backend::choose(None, env(Some("ipc")), false, false).unwrap(),
+            Backend::Ipc
+        );
+        assert_eq!(
+            Backend::choose(Some(Backend::Vmm), env(Some("ipc")), false, false).unwrap(),
+            Backend::Vmm
+        );
+        assert!(Backend::choose(None, env(Some("nvshmem")), false, false)
+            .unwrap_err()
+            .to_string()
+            .contains("WEFT_PGL_BACKEND"));
     }
 
     #[test]
     fn existing_buffers_need_ipc_and_multicast_needs_vmm() {
-        assert_eq!(Backend::choose(None, env(Some("vmm")), true, false).unwrap(), Backend::Ipc);
+        assert_eq!(
+            Backend::choose(None, env(Some("vmm")), true, false).unwrap(),
+            Backend::Ipc
+        );
         assert!(Backend::choose(Some(Backend::Vmm), env(None), true, false).is_err());
-        assert_eq!(Backend::choose(None, env(Some("ipc")), false, true).unwrap(), Backend::Vmm);
-        assert!(Backend::choose(Some(Backend::Ipc), env(None), false, true).unwrap_err().to_string().contains("vmm"));
+        assert_eq!(
+            Backend::choose(None, env(Some("ipc")), false, true).unwrap(),
+            Backend::Vmm
+        );
+        assert!(Backend::choose(Some(Backend::Ipc), env(None), false, true)
+            .unwrap_err()
+            .to_string()
+            .contains("vmm"));
     }
 }

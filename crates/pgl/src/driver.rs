@@ -15,7 +15,11 @@ pub fn describe(r: CUresult) -> String {
     }
     let s = |p: *const std::ffi::c_char| {
         // SAFETY: non-null pointers from the driver are NUL-terminated static strings.
-        if p.is_null() { format!("{r:?}") } else { unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned() }
+        if p.is_null() {
+            format!("{r:?}")
+        } else {
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        }
     };
     format!("{}: {}", s(name), s(text))
 }

@@ -39,9 +39,18 @@ impl DType {
     }
 
     pub fn from_code(code: u8) -> Option<DType> {
-        [DType::U8, DType::I32, DType::U32, DType::U64, DType::F16, DType::Bf16, DType::F32, DType::F64]
-            .into_iter()
-            .find(|d| *d as u8 == code)
+        [
+            DType::U8,
+            DType::I32,
+            DType::U32,
+            DType::U64,
+            DType::F16,
+            DType::Bf16,
+            DType::F32,
+            DType::F64,
+        ]
+        .into_iter()
+        .find(|d| *d as u8 == code)
     }
 }
 
@@ -72,11 +81,26 @@ mod tests {
 
     #[test]
     fn codes_round_trip_and_sizes_match_rust() {
-        for d in [DType::U8, DType::I32, DType::U32, DType::U64, DType::F16, DType::Bf16, DType::F32, DType::F64] {
+        for d in [
+            DType::U8,
+            DType::I32,
+            DType::U32,
+            DType::U64,
+            DType::F16,
+            DType::Bf16,
+            DType::F32,
+            DType::F64,
+        ] {
             assert_eq!(DType::from_code(d as u8), Some(d));
         }
         assert_eq!(DType::from_code(0), None);
-        assert_eq!(<f64 as PglElement>::DTYPE.size(), std::mem::size_of::<f64>());
-        assert_eq!(<half::bf16 as PglElement>::DTYPE.size(), std::mem::size_of::<half::bf16>());
+        assert_eq!(
+            <f64 as PglElement>::DTYPE.size(),
+            std::mem::size_of::<f64>()
+        );
+        assert_eq!(
+            <half::bf16 as PglElement>::DTYPE.size(),
+            std::mem::size_of::<half::bf16>()
+        );
     }
 }

@@ -23,12 +23,18 @@ pub fn probe() -> GpuAvailability {
         };
     }
     if let Err(e) = cu::init() {
-        return GpuAvailability::Absent { reason: format!("cuInit failed: {e:?}") };
+        return GpuAvailability::Absent {
+            reason: format!("cuInit failed: {e:?}"),
+        };
     }
     match cu::device::get_count() {
-        Ok(0) => GpuAvailability::Absent { reason: "the NVIDIA driver reports no CUDA devices".into() },
+        Ok(0) => GpuAvailability::Absent {
+            reason: "the NVIDIA driver reports no CUDA devices".into(),
+        },
         Ok(n) => GpuAvailability::Present { count: n as usize },
-        Err(e) => GpuAvailability::Absent { reason: format!("cuDeviceGetCount failed: {e:?}") },
+        Err(e) => GpuAvailability::Absent {
+            reason: format!("cuDeviceGetCount failed: {e:?}"),
+        },
     }
 }
 
@@ -43,7 +49,10 @@ pub fn device_for_rank(env: &RankEnv, visible: usize) -> anyhow::Result<usize> {
             .parse()
             .with_context(|| format!("WEFT_DEVICE={text:?} is not a device ordinal"))?;
         if ordinal >= visible {
-            bail!("WEFT_DEVICE={ordinal} but only {visible} GPU(s) are visible to rank {}", env.rank);
+            bail!(
+                "WEFT_DEVICE={ordinal} but only {visible} GPU(s) are visible to rank {}",
+                env.rank
+            );
         }
         return Ok(ordinal);
     }

@@ -31,7 +31,9 @@ pub fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> anyhow::Result<()> {
             }
             let mut ok = 0;
             // SAFETY: out-parameter, valid devices.
-            check(|| "cuDeviceCanAccessPeer".into(), unsafe { sys::cuDeviceCanAccessPeer(&mut ok, ca.cu_device(), cb.cu_device()) })?;
+            check(|| "cuDeviceCanAccessPeer".into(), unsafe {
+                sys::cuDeviceCanAccessPeer(&mut ok, ca.cu_device(), cb.cu_device())
+            })?;
             if ok != 1 {
                 bail!(
                     "no peer access from member {a} (GPU {}, {}) to member {b} (GPU {}, {})",
@@ -45,7 +47,16 @@ pub fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> anyhow::Result<()> {
             // SAFETY: both contexts are live.
             let r = unsafe { sys::cuCtxEnablePeerAccess(cb.cu_ctx(), 0) };
             if r != CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
-                check(|| format!("cuCtxEnablePeerAccess(GPU {} -> GPU {})", ca.ordinal(), cb.ordinal()), r)?;
+                check(
+                    || {
+                        format!(
+                            "cuCtxEnablePeerAccess(GPU {} -> GPU {})",
+                            ca.ordinal(),
+                            cb.ordinal()
+                        )
+                    },
+                    r,
+                )?;
             }
         }
     }
@@ -54,14 +65,24 @@ pub fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> anyhow::Result<()> {
 
 impl<T: PglElement> PglGroup<T> {
     /// Allocates `shape` (zero-filled) on each context's device and maps all of them everywhere.
-    pub fn alloc(contexts: &[Arc<CudaContext>], shape: Shape, backend: Backend) -> anyhow::Result<Self> {
+    pub fn alloc(
+        contexts: &[Arc<CudaContext>],
+        shape: Shape,
+        backend: Backend,
+    ) -> anyhow::Result<Self> {
         let world = contexts.len();
         if world == 0 || world > WEFT_PGL_MAX_RANKS as usize {
             bail!("a single-process PGL needs 1 to {WEFT_PGL_MAX_RANKS} GPUs, got {world}");
         }
         for (a, ca) in contexts.iter().enumerate() {
-            if let Some(b) = contexts[..a].iter().position(|cb| cb.cu_device() == ca.cu_device()) {
-                bail!("members {b} and {a} both use GPU {}: one GPU per member", ca.ordinal());
+            if let Some(b) = contexts[..a]
+                .iter()
+                .position(|cb| cb.cu_device() == ca.cu_device())
+            {
+                bail!(
+                    "members {b} and {a} both use GPU {}: one GPU per member",
+                    ca.ordinal()
+                );
             }
         }
         let bytes = byte_size::<T>(shape)?.max(1);
@@ -72,10 +93,15 @@ impl<T: PglElement> PglGroup<T> {
             ctx.bind_to_thread()?;
             let (free, _) = ctx.mem_get_info()?;
             if bytes > free {
-                bail!("member {i}: allocation of {bytes} B does not fit: GPU {} has {free} B free", ctx.ordinal());
+                bail!(
+                    "member {i}: allocation of {bytes} B does not fit: GPU {} has {free} B free",
+                    ctx.ordinal()
+                );
             }
             let own = match backend {
-                Backend::Ipc => Own::Ipc { ptr: ipc::alloc(bytes)? },
+                Backend::Ipc => Own::Ipc {
+                    ptr: ipc::alloc(bytes)?,
+                },
                 Backend::Vmm => {
                     let g = vmm::granularity(ctx.cu_device())?;
                     let phys = vmm::Physical::create(ctx.cu_device(), vmm::round_up(bytes, g))?;
@@ -86,10 +112,14 @@ impl<T: PglElement> PglGroup<T> {
             let (ptr, size) = match &own {
                 Own::Ipc { ptr } => (*ptr, bytes),
                 Own::Vmm { map, .. } => (map.va, map.size),
-                Own::Borrowed { .. } => unreachable!("single-process mode allocates its own memory"),
+                Own::Borrowed { .. } => {
+                    unreachable!("single-process mode allocates its own memory")
+                }
             };
             // SAFETY: fills the memory allocated just above.
-            check(|| "cuMemsetD8".into(), unsafe { sys::cuMemsetD8_v2(ptr, 0, size) })?;
+            check(|| "cuMemsetD8".into(), unsafe {
+                sys::cuMemsetD8_v2(ptr, 0, size)
+            })?;
             // The fill is asynchronous on the legacy stream: complete it before any member uses it.
             ctx.synchronize()?;
             owns.push((own, ptr));
@@ -106,7 +136,15 @@ impl<T: PglElement> PglGroup<T> {
                 backend,
                 mode: Mode::SingleProcess,
                 own: Some(own),
-                peers: (0..world).map(|r| if r == i { Peer::Own } else { Peer::Direct { ptr: ptrs[r] } }).collect(),
+                peers: (0..world)
+                    .map(|r| {
+                        if r == i {
+                            Peer::Own
+                        } else {
+                            Peer::Direct { ptr: ptrs[r] }
+                        }
+                    })
+                    .collect(),
                 _t: PhantomData,
             })
             .collect();

@@ -32,9 +32,14 @@ impl MulticastOptIn {
 
 /// Ok when multicast may be set up: the environment opts in, the machine does not forbid it,
 /// and the device supports it. `var` reads environment variables.
-pub fn multicast_permitted(var: impl Fn(&str) -> Option<String>, device_supports: bool) -> anyhow::Result<()> {
+pub fn multicast_permitted(
+    var: impl Fn(&str) -> Option<String>,
+    device_supports: bool,
+) -> anyhow::Result<()> {
     if var("NCCL_NVLS_ENABLE").as_deref().map(str::trim) == Some("0") {
-        bail!("NVLink multicast refused: NCCL_NVLS_ENABLE=0 is set (this machine forbids multicast)");
+        bail!(
+            "NVLink multicast refused: NCCL_NVLS_ENABLE=0 is set (this machine forbids multicast)"
+        );
     }
     if var("WEFT_ALLOW_MULTICAST").as_deref() != Some("1") {
         bail!("NVLink multicast refused: not opted in (set WEFT_ALLOW_MULTICAST=1 on machines that allow it)");
@@ -60,13 +65,23 @@ impl MulticastMapping {
 
 /// Collective: creates a multicast object spanning every rank of `pgl` (VMM backend) and maps it
 /// (the seed's Appendix F). Refused, on every rank alike, unless [`multicast_permitted`] allows.
-pub fn bind_multicast<T: PglElement>(rdzv: &mut Rendezvous, pgl: &Pgl<T>, _opt_in: &MulticastOptIn) -> anyhow::Result<MulticastMapping> {
+pub fn bind_multicast<T: PglElement>(
+    rdzv: &mut Rendezvous,
+    pgl: &Pgl<T>,
+    _opt_in: &MulticastOptIn,
+) -> anyhow::Result<MulticastMapping> {
     let device = pgl.context().cu_device();
     let mut supported = 0;
     // SAFETY: out-parameter, valid device.
     let attr = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED;
-    check(|| "cuDeviceGetAttribute".into(), unsafe { sys::cuDeviceGetAttribute(&mut supported, attr, device) })?;
-    agree(rdzv, "multicast permission", multicast_permitted(|k| std::env::var(k).ok(), supported == 1))?;
+    check(|| "cuDeviceGetAttribute".into(), unsafe {
+        sys::cuDeviceGetAttribute(&mut supported, attr, device)
+    })?;
+    agree(
+        rdzv,
+        "multicast permission",
+        multicast_permitted(|k| std::env::var(k).ok(), supported == 1),
+    )?;
     let Some(Own::Vmm { _phys: phys, .. }) = pgl.own.as_ref() else {
         bail!("multicast needs a PGL allocated with the vmm backend");
     };
@@ -74,19 +89,28 @@ pub fn bind_multicast<T: PglElement>(rdzv: &mut Rendezvous, pgl: &Pgl<T>, _opt_i
     // SAFETY: an all-zero prop is valid before the fields below are set.
     let mut prop: sys::CUmulticastObjectProp = unsafe { std::mem::zeroed() };
     prop.numDevices = pgl.world() as u32;
-    prop.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0 as u64;
+    prop.handleTypes =
+        sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0 as u64;
     let mut gran = 0;
     let opt = sys::CUmulticastGranularity_flags::CU_MULTICAST_GRANULARITY_RECOMMENDED;
     // SAFETY: out-parameter, valid prop.
-    check(|| "cuMulticastGetGranularity".into(), unsafe { sys::cuMulticastGetGranularity(&mut gran, &prop, opt) })?;
+    check(|| "cuMulticastGetGranularity".into(), unsafe {
+        sys::cuMulticastGetGranularity(&mut gran, &prop, opt)
+    })?;
     prop.size = vmm::round_up(phys.size, gran);
 
     // Rank 0 creates the object and exports it; the others import it.
     let created = if pgl.rank() == 0 {
         let mut handle = 0;
         // SAFETY: out-parameter, valid prop. Reached only through the permission check above.
-        check(|| "cuMulticastCreate".into(), unsafe { sys::cuMulticastCreate(&mut handle, &prop) }).and_then(|()| {
-            let mc = vmm::Physical { handle, size: prop.size };
+        check(|| "cuMulticastCreate".into(), unsafe {
+            sys::cuMulticastCreate(&mut handle, &prop)
+        })
+        .and_then(|()| {
+            let mc = vmm::Physical {
+                handle,
+                size: prop.size,
+            };
             let fd = mc.export_fd()?;
             Ok((Some(mc), Some(fd)))
         })
@@ -108,12 +132,20 @@ pub fn bind_multicast<T: PglElement>(rdzv: &mut Rendezvous, pgl: &Pgl<T>, _opt_i
     let mc = agree(rdzv, "multicast import", mc)?;
     // Every device joins before any memory is bound.
     // SAFETY: valid handle and device.
-    let added = check(|| "cuMulticastAddDevice".into(), unsafe { sys::cuMulticastAddDevice(mc.handle, device) });
+    let added = check(|| "cuMulticastAddDevice".into(), unsafe {
+        sys::cuMulticastAddDevice(mc.handle, device)
+    });
     agree(rdzv, "multicast add device", added)?;
     // SAFETY: binds this rank's physical memory at offset 0 of the object.
-    let bound = check(|| "cuMulticastBindMem".into(), unsafe { sys::cuMulticastBindMem(mc.handle, 0, phys.handle, 0, phys.size, 0) });
+    let bound = check(|| "cuMulticastBindMem".into(), unsafe {
+        sys::cuMulticastBindMem(mc.handle, 0, phys.handle, 0, phys.size, 0)
+    });
     agree(rdzv, "multicast bind", bound)?;
-    let map = agree(rdzv, "multicast map", vmm::Mapping::new(&mc, gran, &[device]))?;
+    let map = agree(
+        rdzv,
+        "multicast map",
+        vmm::Mapping::new(&mc, gran, &[device]),
+    )?;
     // Every rank imported the object above; rank 0's exported descriptor (fd0) closes here.
     drop(fd0);
     Ok(MulticastMapping { map, _mc: mc })
@@ -124,18 +156,31 @@ mod tests {
     use super::*;
 
     fn vars<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
     }
 
     #[test]
     fn refused_where_nccl_nvls_is_disabled_even_when_opted_in() {
-        let e = multicast_permitted(vars(&[("NCCL_NVLS_ENABLE", "0"), ("WEFT_ALLOW_MULTICAST", "1")]), true).unwrap_err();
+        let e = multicast_permitted(
+            vars(&[("NCCL_NVLS_ENABLE", "0"), ("WEFT_ALLOW_MULTICAST", "1")]),
+            true,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("NCCL_NVLS_ENABLE=0"), "{e}");
     }
 
     #[test]
     fn refused_without_the_environment_opt_in() {
-        for v in [&[][..], &[("WEFT_ALLOW_MULTICAST", "0")][..], &[("WEFT_ALLOW_MULTICAST", "yes")][..]] {
+        for v in [
+            &[][..],
+            &[("WEFT_ALLOW_MULTICAST", "0")][..],
+            &[("WEFT_ALLOW_MULTICAST", "yes")][..],
+        ] {
             let e = multicast_permitted(vars(v), true).unwrap_err();
             assert!(e.to_string().contains("not opted in"), "{e}");
         }
@@ -144,7 +189,10 @@ mod tests {
     #[test]
     fn refused_without_device_support_and_permitted_only_with_everything() {
         let ok = [("WEFT_ALLOW_MULTICAST", "1"), ("NCCL_NVLS_ENABLE", "1")];
-        assert!(multicast_permitted(vars(&ok), false).unwrap_err().to_string().contains("does not support"));
+        assert!(multicast_permitted(vars(&ok), false)
+            .unwrap_err()
+            .to_string()
+            .contains("does not support"));
         assert!(multicast_permitted(vars(&ok), true).is_ok());
         assert!(multicast_permitted(vars(&ok[..1]), true).is_ok());
     }

@@ -59,14 +59,22 @@ pub struct Communicator {
 unsafe impl Send for Communicator {}
 
 /// Wraps an NCCL call's result with the call's name and NCCL's last-error text.
-fn check(call: &str, comm: sys::ncclComm_t, r: Result<nc::NcclStatus, nc::NcclError>) -> anyhow::Result<()> {
+fn check(
+    call: &str,
+    comm: sys::ncclComm_t,
+    r: Result<nc::NcclStatus, nc::NcclError>,
+) -> anyhow::Result<()> {
     match r {
         Ok(_) => Ok(()),
         Err(e) => {
             // SAFETY: ncclGetLastError accepts any communicator (or null) and returns a C string.
             let text = unsafe {
                 let p = sys::ncclGetLastError(comm);
-                if p.is_null() { String::new() } else { std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned() }
+                if p.is_null() {
+                    String::new()
+                } else {
+                    std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+                }
             };
             bail!("{call} failed: {e:?}: {text}")
         }
@@ -78,7 +86,10 @@ impl Communicator {
     /// rendezvous broadcasts it; each rank then joins on `ctx`'s device.
     pub fn new(rdzv: &mut Rendezvous, ctx: &Arc<CudaContext>) -> anyhow::Result<Self> {
         if !is_available() {
-            bail!("rank {}: libnccl.so could not be loaded (install NCCL or set LD_LIBRARY_PATH)", rdzv.rank());
+            bail!(
+                "rank {}: libnccl.so could not be loaded (install NCCL or set LD_LIBRARY_PATH)",
+                rdzv.rank()
+            );
         }
         let id_bytes: Vec<u8> = if rdzv.rank() == 0 {
             let id = Id::new().map_err(|e| anyhow::anyhow!("ncclGetUniqueId failed: {e:?}"))?;
@@ -86,9 +97,14 @@ impl Communicator {
         } else {
             Vec::new()
         };
-        let id_bytes = rdzv.broadcast(0, &id_bytes).context("broadcasting the NCCL unique id")?;
+        let id_bytes = rdzv
+            .broadcast(0, &id_bytes)
+            .context("broadcasting the NCCL unique id")?;
         if id_bytes.len() != 128 {
-            bail!("NCCL unique id from rank 0 has {} bytes, expected 128", id_bytes.len());
+            bail!(
+                "NCCL unique id from rank 0 has {} bytes, expected 128",
+                id_bytes.len()
+            );
         }
         let mut internal = [0 as core::ffi::c_char; 128];
         for (dst, src) in internal.iter_mut().zip(&id_bytes) {
@@ -98,11 +114,27 @@ impl Communicator {
         let mut comm = std::mem::MaybeUninit::uninit();
         let (rank, world) = (rdzv.rank(), rdzv.world());
         // SAFETY: out-parameter; the id is the one rank 0 created for this communicator.
-        let r = unsafe { nc::comm_init_rank(comm.as_mut_ptr(), world as i32, sys::ncclUniqueId { internal }, rank as i32) };
-        check(&format!("ncclCommInitRank(rank {rank} of {world})"), std::ptr::null_mut(), r)?;
+        let r = unsafe {
+            nc::comm_init_rank(
+                comm.as_mut_ptr(),
+                world as i32,
+                sys::ncclUniqueId { internal },
+                rank as i32,
+            )
+        };
+        check(
+            &format!("ncclCommInitRank(rank {rank} of {world})"),
+            std::ptr::null_mut(),
+            r,
+        )?;
         // SAFETY: initialised by the successful call above.
         let comm = unsafe { comm.assume_init() };
-        Ok(Self { comm, ctx: ctx.clone(), rank, world })
+        Ok(Self {
+            comm,
+            ctx: ctx.clone(),
+            rank,
+            world,
+        })
     }
 
     pub fn rank(&self) -> usize {
@@ -119,56 +151,116 @@ impl Communicator {
 
     /// `recv[i] = op over ranks of send[i]`; `send` and `recv` have equal length (may alias via in-place slices).
     pub fn all_reduce<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
-        &self, send: &S, recv: &mut R, op: ReduceOp, stream: &CudaStream,
+        &self,
+        send: &S,
+        recv: &mut R,
+        op: ReduceOp,
+        stream: &CudaStream,
     ) -> anyhow::Result<()> {
         if send.len() != recv.len() {
-            bail!("all_reduce: send has {} elements, recv {}", send.len(), recv.len());
+            bail!(
+                "all_reduce: send has {} elements, recv {}",
+                send.len(),
+                recv.len()
+            );
         }
         let n = recv.len();
         let (s, _gs) = send.device_ptr(stream);
         let (r, _gr) = recv.device_ptr_mut(stream);
         // SAFETY: both buffers hold n elements of T on this communicator's device.
-        let res = unsafe { nc::all_reduce(s as _, r as _, n, T::as_nccl_type(), op.raw(), self.comm, stream.cu_stream() as _) };
+        let res = unsafe {
+            nc::all_reduce(
+                s as _,
+                r as _,
+                n,
+                T::as_nccl_type(),
+                op.raw(),
+                self.comm,
+                stream.cu_stream() as _,
+            )
+        };
         check("ncclAllReduce", self.comm, res)
     }
 
     /// `recv` (n elements) = op over ranks of `send[rank*n .. (rank+1)*n]`; `send` holds world·n.
     pub fn reduce_scatter<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
-        &self, send: &S, recv: &mut R, op: ReduceOp, stream: &CudaStream,
+        &self,
+        send: &S,
+        recv: &mut R,
+        op: ReduceOp,
+        stream: &CudaStream,
     ) -> anyhow::Result<()> {
         let n = recv.len();
         if send.len() != n * self.world {
-            bail!("reduce_scatter: send has {} elements, expected world ({}) × recv ({n})", send.len(), self.world);
+            bail!(
+                "reduce_scatter: send has {} elements, expected world ({}) × recv ({n})",
+                send.len(),
+                self.world
+            );
         }
         let (s, _gs) = send.device_ptr(stream);
         let (r, _gr) = recv.device_ptr_mut(stream);
         // SAFETY: sizes checked above.
-        let res = unsafe { nc::reduce_scatter(s as _, r as _, n, T::as_nccl_type(), op.raw(), self.comm, stream.cu_stream() as _) };
+        let res = unsafe {
+            nc::reduce_scatter(
+                s as _,
+                r as _,
+                n,
+                T::as_nccl_type(),
+                op.raw(),
+                self.comm,
+                stream.cu_stream() as _,
+            )
+        };
         check("ncclReduceScatter", self.comm, res)
     }
 
     /// `recv[r*n .. (r+1)*n]` = rank r's `send` (n elements); `recv` holds world·n.
     pub fn all_gather<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
-        &self, send: &S, recv: &mut R, stream: &CudaStream,
+        &self,
+        send: &S,
+        recv: &mut R,
+        stream: &CudaStream,
     ) -> anyhow::Result<()> {
         let n = send.len();
         if recv.len() != n * self.world {
-            bail!("all_gather: recv has {} elements, expected world ({}) × send ({n})", recv.len(), self.world);
+            bail!(
+                "all_gather: recv has {} elements, expected world ({}) × send ({n})",
+                recv.len(),
+                self.world
+            );
         }
         let (s, _gs) = send.device_ptr(stream);
         let (r, _gr) = recv.device_ptr_mut(stream);
         // SAFETY: sizes checked above.
-        let res = unsafe { nc::all_gather(s as _, r as _, n, T::as_nccl_type(), self.comm, stream.cu_stream() as _) };
+        let res = unsafe {
+            nc::all_gather(
+                s as _,
+                r as _,
+                n,
+                T::as_nccl_type(),
+                self.comm,
+                stream.cu_stream() as _,
+            )
+        };
         check("ncclAllGather", self.comm, res)
     }
 
     /// All-to-all with equal blocks: block p of `send` (n = len / world elements) goes to rank p,
     /// and block p of `recv` comes from rank p. One NCCL group of world sends and world receives.
     pub fn all_to_all<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
-        &self, send: &S, recv: &mut R, stream: &CudaStream,
+        &self,
+        send: &S,
+        recv: &mut R,
+        stream: &CudaStream,
     ) -> anyhow::Result<()> {
         if send.len() != recv.len() || send.len() % self.world != 0 {
-            bail!("all_to_all: send {} and recv {} elements must be equal and divisible by world {}", send.len(), recv.len(), self.world);
+            bail!(
+                "all_to_all: send {} and recv {} elements must be equal and divisible by world {}",
+                send.len(),
+                recv.len(),
+                self.world
+            );
         }
         let n = send.len() / self.world;
         let bytes = n * std::mem::size_of::<T>();
@@ -178,9 +270,27 @@ impl Communicator {
         for peer in 0..self.world {
             let off = (peer * bytes) as u64;
             // SAFETY: block `peer` of each buffer is in bounds (sizes checked above).
-            let rs = unsafe { nc::send((s + off) as _, n, T::as_nccl_type(), peer as i32, self.comm, stream.cu_stream() as _) };
+            let rs = unsafe {
+                nc::send(
+                    (s + off) as _,
+                    n,
+                    T::as_nccl_type(),
+                    peer as i32,
+                    self.comm,
+                    stream.cu_stream() as _,
+                )
+            };
             check("ncclSend", self.comm, rs)?;
-            let rr = unsafe { nc::recv((r + off) as _, n, T::as_nccl_type(), peer as i32, self.comm, stream.cu_stream() as _) };
+            let rr = unsafe {
+                nc::recv(
+                    (r + off) as _,
+                    n,
+                    T::as_nccl_type(),
+                    peer as i32,
+                    self.comm,
+                    stream.cu_stream() as _,
+                )
+            };
             check("ncclRecv", self.comm, rr)?;
         }
         group.end()
@@ -189,19 +299,45 @@ impl Communicator {
     /// Sends `send` to `to` and receives `recv` from `from` in one group (a ring step when
     /// to = rank+1 and from = rank−1).
     pub fn send_recv<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
-        &self, send: &S, to: usize, recv: &mut R, from: usize, stream: &CudaStream,
+        &self,
+        send: &S,
+        to: usize,
+        recv: &mut R,
+        from: usize,
+        stream: &CudaStream,
     ) -> anyhow::Result<()> {
         if to >= self.world || from >= self.world {
-            bail!("send_recv: peers {to} and {from} must be below world {}", self.world);
+            bail!(
+                "send_recv: peers {to} and {from} must be below world {}",
+                self.world
+            );
         }
         let (send_len, recv_len) = (send.len(), recv.len());
         let (s, _gs) = send.device_ptr(stream);
         let (r, _gr) = recv.device_ptr_mut(stream);
         let group = Group::start()?;
         // SAFETY: each buffer's own length is passed.
-        let rs = unsafe { nc::send(s as _, send_len, T::as_nccl_type(), to as i32, self.comm, stream.cu_stream() as _) };
+        let rs = unsafe {
+            nc::send(
+                s as _,
+                send_len,
+                T::as_nccl_type(),
+                to as i32,
+                self.comm,
+                stream.cu_stream() as _,
+            )
+        };
         check("ncclSend", self.comm, rs)?;
-        let rr = unsafe { nc::recv(r as _, recv_len, T::as_nccl_type(), from as i32, self.comm, stream.cu_stream() as _) };
+        let rr = unsafe {
+            nc::recv(
+                r as _,
+                recv_len,
+                T::as_nccl_type(),
+                from as i32,
+                self.comm,
+                stream.cu_stream() as _,
+            )
+        };
         check("ncclRecv", self.comm, rr)?;
         group.end()
     }
@@ -241,7 +377,10 @@ impl Drop for Communicator {
         // SAFETY: the communicator is valid and used by no one else once dropped.
         unsafe {
             if let Err(e) = nc::comm_finalize(self.comm).and_then(|_| nc::comm_destroy(self.comm)) {
-                eprintln!("weft: rank {}: NCCL communicator teardown failed ({e:?}); aborting it", self.rank);
+                eprintln!(
+                    "weft: rank {}: NCCL communicator teardown failed ({e:?}); aborting it",
+                    self.rank
+                );
                 let _ = nc::comm_abort(self.comm);
             }
         }

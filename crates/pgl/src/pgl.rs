@@ -37,7 +37,10 @@ pub(crate) enum Own {
     Ipc { ptr: CUdeviceptr },
     /// The caller's buffer (never freed by weft).
     Borrowed { ptr: CUdeviceptr },
-    Vmm { map: vmm::Mapping, _phys: vmm::Physical },
+    Vmm {
+        map: vmm::Mapping,
+        _phys: vmm::Physical,
+    },
 }
 
 impl Drop for Own {
@@ -57,10 +60,17 @@ pub(crate) enum Peer {
     Own,
     /// Not mapped (only while an allocation is being built or torn down).
     Unmapped,
-    IpcOpened { base: CUdeviceptr, ptr: CUdeviceptr },
-    Vmm { map: vmm::Mapping },
+    IpcOpened {
+        base: CUdeviceptr,
+        ptr: CUdeviceptr,
+    },
+    Vmm {
+        map: vmm::Mapping,
+    },
     /// Same address space (single-process mode): nothing to unmap.
-    Direct { ptr: CUdeviceptr },
+    Direct {
+        ptr: CUdeviceptr,
+    },
 }
 
 pub struct Pgl<T: PglElement> {
@@ -81,7 +91,12 @@ pub(crate) fn byte_size<T: PglElement>(shape: Shape) -> anyhow::Result<usize> {
     usize::try_from(shape.elems())
         .ok()
         .and_then(|n| n.checked_mul(T::DTYPE.size()))
-        .with_context(|| format!("shape {shape} of {} overflows the address space", T::DTYPE.name()))
+        .with_context(|| {
+            format!(
+                "shape {shape} of {} overflows the address space",
+                T::DTYPE.name()
+            )
+        })
 }
 
 /// What every rank must agree on before allocating: shape, dtype, backend; plus where it runs.
@@ -95,7 +110,12 @@ struct Descriptor {
 impl Descriptor {
     fn encode(&self) -> Vec<u8> {
         let mut v = Vec::new();
-        for x in [self.shape.batch, self.shape.depth, self.shape.rows, self.shape.cols] {
+        for x in [
+            self.shape.batch,
+            self.shape.depth,
+            self.shape.rows,
+            self.shape.cols,
+        ] {
             v.extend_from_slice(&x.to_le_bytes());
         }
         v.push(self.dtype);
@@ -105,7 +125,11 @@ impl Descriptor {
     }
 
     fn decode(b: &[u8]) -> anyhow::Result<Self> {
-        anyhow::ensure!(b.len() >= 18, "malformed PGL descriptor ({} bytes)", b.len());
+        anyhow::ensure!(
+            b.len() >= 18,
+            "malformed PGL descriptor ({} bytes)",
+            b.len()
+        );
         let u = |i: usize| u32::from_le_bytes(b[4 * i..4 * i + 4].try_into().unwrap());
         Ok(Self {
             shape: Shape::new(u(0), u(1), u(2), u(3)),
@@ -130,7 +154,9 @@ pub(crate) fn pci_bus_id(device: CUdevice) -> String {
         return "unknown".into();
     }
     // SAFETY: NUL-terminated on success.
-    unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned()
+    unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// Ranks whose descriptor differs from rank 0's, as an error naming them.
@@ -144,7 +170,11 @@ fn check_agreement(all: &[Descriptor]) -> anyhow::Result<()> {
         .map(|(r, d)| format!("rank {r} asked for {}", d.describe()))
         .collect();
     if !differing.is_empty() {
-        bail!("PGL allocation: ranks disagree: rank 0 asked for {}, {}", first.describe(), differing.join(", "));
+        bail!(
+            "PGL allocation: ranks disagree: rank 0 asked for {}, {}",
+            first.describe(),
+            differing.join(", ")
+        );
     }
     Ok(())
 }
@@ -154,7 +184,12 @@ impl<T: PglElement> Pgl<T> {
     /// maps every peer's buffer. Every rank must pass the same shape, element type and backend;
     /// a disagreement, an allocation that does not fit, or a pair of ranks without peer access
     /// fails on every rank with an error naming the ranks involved.
-    pub fn alloc(rdzv: &mut Rendezvous, ctx: &Arc<CudaContext>, shape: Shape, backend: Backend) -> anyhow::Result<Self> {
+    pub fn alloc(
+        rdzv: &mut Rendezvous,
+        ctx: &Arc<CudaContext>,
+        shape: Shape,
+        backend: Backend,
+    ) -> anyhow::Result<Self> {
         Self::build(rdzv, ctx, shape, backend, None)
     }
 
@@ -164,7 +199,12 @@ impl<T: PglElement> Pgl<T> {
     /// # Safety
     /// `ptr` must point to device memory of `ctx`'s device holding at least `shape.elems()`
     /// elements of T, live until this `Pgl` is freed.
-    pub unsafe fn share(rdzv: &mut Rendezvous, ctx: &Arc<CudaContext>, shape: Shape, ptr: CUdeviceptr) -> anyhow::Result<Self> {
+    pub unsafe fn share(
+        rdzv: &mut Rendezvous,
+        ctx: &Arc<CudaContext>,
+        shape: Shape,
+        ptr: CUdeviceptr,
+    ) -> anyhow::Result<Self> {
         Self::build(rdzv, ctx, shape, Backend::Ipc, Some(ptr))
     }
 
@@ -182,16 +222,41 @@ impl<T: PglElement> Pgl<T> {
         ctx.bind_to_thread()?;
         let device = ctx.cu_device();
         let valid = byte_size::<T>(shape);
-        let mine = Descriptor { shape, dtype: T::DTYPE as u8, backend: backend as u8, pci_bus_id: pci_bus_id(device) };
-        let all = rdzv.all_gather(&mine.encode())?.iter().map(|b| Descriptor::decode(b)).collect::<anyhow::Result<Vec<_>>>()?;
+        let mine = Descriptor {
+            shape,
+            dtype: T::DTYPE as u8,
+            backend: backend as u8,
+            pci_bus_id: pci_bus_id(device),
+        };
+        let all = rdzv
+            .all_gather(&mine.encode())?
+            .iter()
+            .map(|b| Descriptor::decode(b))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         check_agreement(&all)?;
         let bytes = agree(rdzv, "PGL shape check", valid)?;
 
-        let mut pgl = Self { ctx: ctx.clone(), shape, rank, world, backend, mode: Mode::Process, own: None, peers: Vec::new(), _t: PhantomData };
-        pgl.peers = (0..world).map(|r| if r == rank { Peer::Own } else { Peer::Unmapped }).collect();
+        let mut pgl = Self {
+            ctx: ctx.clone(),
+            shape,
+            rank,
+            world,
+            backend,
+            mode: Mode::Process,
+            own: None,
+            peers: Vec::new(),
+            _t: PhantomData,
+        };
+        pgl.peers = (0..world)
+            .map(|r| if r == rank { Peer::Own } else { Peer::Unmapped })
+            .collect();
         // A rank whose allocation failed makes every rank fail here (memory allocated on the
         // others is freed by Own's drop); after it, failures tear down collectively.
-        let (own, export, _exported_fd) = agree(rdzv, "PGL allocation", allocate_own(ctx, bytes, backend, existing))?;
+        let (own, export, _exported_fd) = agree(
+            rdzv,
+            "PGL allocation",
+            allocate_own(ctx, bytes, backend, existing),
+        )?;
         pgl.own = Some(own);
         // A failed exchange means a broken rendezvous: no collective teardown is possible then.
         let exports = rdzv.all_gather(&export)?;
@@ -230,8 +295,10 @@ fn allocate_own(
         (Backend::Ipc, None) => {
             let ptr = ipc::alloc(nonzero)?;
             let own = Own::Ipc { ptr }; // frees on an early return below
-            // SAFETY: fills the allocation made just above.
-            check(|| "cuMemsetD8".into(), unsafe { sys::cuMemsetD8_v2(ptr, 0, nonzero) })?;
+                                        // SAFETY: fills the allocation made just above.
+            check(|| "cuMemsetD8".into(), unsafe {
+                sys::cuMemsetD8_v2(ptr, 0, nonzero)
+            })?;
             // The fill runs asynchronously on the legacy stream, unordered with weft's streams and
             // with peers: it must be done before the buffer is exported or used.
             ctx.synchronize()?;
@@ -243,7 +310,9 @@ fn allocate_own(
             let phys = vmm::Physical::create(device, size)?;
             let map = vmm::Mapping::new(&phys, vmm::granularity(device)?, &[device])?;
             // SAFETY: fills the mapping made just above.
-            check(|| "cuMemsetD8".into(), unsafe { sys::cuMemsetD8_v2(map.va, 0, size) })?;
+            check(|| "cuMemsetD8".into(), unsafe {
+                sys::cuMemsetD8_v2(map.va, 0, size)
+            })?;
             ctx.synchronize()?; // as above: the fill completes before the export
             let fd = phys.export_fd()?;
             let mut export = Vec::with_capacity(16);
@@ -257,14 +326,23 @@ fn allocate_own(
 }
 
 /// Maps every peer's exported buffer into this process.
-fn map_peers<T: PglElement>(pgl: &mut Pgl<T>, all: &[Descriptor], exports: &[Vec<u8>]) -> anyhow::Result<()> {
+fn map_peers<T: PglElement>(
+    pgl: &mut Pgl<T>,
+    all: &[Descriptor],
+    exports: &[Vec<u8>],
+) -> anyhow::Result<()> {
     let device = pgl.ctx.cu_device();
     for (r, export) in exports.iter().enumerate() {
         if r == pgl.rank {
             continue;
         }
         check_peer_access(pgl.rank, device, r, &all[r].pci_bus_id)?;
-        let what = || format!("rank {} mapping rank {r}'s buffer (GPU {})", pgl.rank, all[r].pci_bus_id);
+        let what = || {
+            format!(
+                "rank {} mapping rank {r}'s buffer (GPU {})",
+                pgl.rank, all[r].pci_bus_id
+            )
+        };
         pgl.peers[r] = match pgl.backend {
             Backend::Ipc => {
                 let (base, ptr) = ipc::open(export).with_context(what)?;
@@ -277,7 +355,8 @@ fn map_peers<T: PglElement>(pgl: &mut Pgl<T>, all: &[Descriptor], exports: &[Vec
                 let size = u64::from_le_bytes(export[8..16].try_into().unwrap()) as usize;
                 let local_fd = vmm::fd_from_process(pid, fd).with_context(what)?;
                 let phys = vmm::Physical::import_fd(&local_fd, size).with_context(what)?;
-                let map = vmm::Mapping::new(&phys, vmm::granularity(device)?, &[device]).with_context(what)?;
+                let map = vmm::Mapping::new(&phys, vmm::granularity(device)?, &[device])
+                    .with_context(what)?;
                 // The mapping holds the memory; our handle and descriptor may go.
                 Peer::Vmm { map }
             }
@@ -287,11 +366,20 @@ fn map_peers<T: PglElement>(pgl: &mut Pgl<T>, all: &[Descriptor], exports: &[Vec
 }
 
 /// Errors naming the pair when `peer`'s GPU is visible here and this GPU cannot access it.
-fn check_peer_access(rank: usize, device: CUdevice, peer: usize, peer_pci: &str) -> anyhow::Result<()> {
-    let Ok(id) = std::ffi::CString::new(peer_pci) else { return Ok(()) };
+fn check_peer_access(
+    rank: usize,
+    device: CUdevice,
+    peer: usize,
+    peer_pci: &str,
+) -> anyhow::Result<()> {
+    let Ok(id) = std::ffi::CString::new(peer_pci) else {
+        return Ok(());
+    };
     let mut peer_dev = 0;
     // SAFETY: out-parameter and a NUL-terminated id.
-    if unsafe { sys::cuDeviceGetByPCIBusId(&mut peer_dev, id.as_ptr()) } != sys::CUresult::CUDA_SUCCESS {
+    if unsafe { sys::cuDeviceGetByPCIBusId(&mut peer_dev, id.as_ptr()) }
+        != sys::CUresult::CUDA_SUCCESS
+    {
         return Ok(()); // not visible in this process: the mapping itself will tell
     }
     if peer_dev == device {
@@ -299,9 +387,14 @@ fn check_peer_access(rank: usize, device: CUdevice, peer: usize, peer_pci: &str)
     }
     let mut ok = 0;
     // SAFETY: out-parameter and valid devices.
-    check(|| "cuDeviceCanAccessPeer".into(), unsafe { sys::cuDeviceCanAccessPeer(&mut ok, device, peer_dev) })?;
+    check(|| "cuDeviceCanAccessPeer".into(), unsafe {
+        sys::cuDeviceCanAccessPeer(&mut ok, device, peer_dev)
+    })?;
     if ok != 1 {
-        bail!("no peer access between rank {rank} (GPU {}) and rank {peer} (GPU {peer_pci})", pci_bus_id(device));
+        bail!(
+            "no peer access between rank {rank} (GPU {}) and rank {peer} (GPU {peer_pci})",
+            pci_bus_id(device)
+        );
     }
     Ok(())
 }
@@ -340,7 +433,11 @@ impl<T: PglElement> Pgl<T> {
 
     /// Rank `r`'s buffer as mapped into this process.
     pub fn peer_ptr(&self, r: usize) -> CUdeviceptr {
-        assert!(r < self.world, "rank {r} out of range for a PGL of {} ranks", self.world);
+        assert!(
+            r < self.world,
+            "rank {r} out of range for a PGL of {} ranks",
+            self.world
+        );
         match &self.peers[r] {
             Peer::Own => self.local_ptr(),
             Peer::IpcOpened { ptr, .. } | Peer::Direct { ptr } => *ptr,
@@ -439,14 +536,22 @@ mod tests {
     use super::*;
 
     fn d(shape: Shape, dtype: DType, backend: Backend) -> Descriptor {
-        Descriptor { shape, dtype: dtype as u8, backend: backend as u8, pci_bus_id: "0000:01:00.0".into() }
+        Descriptor {
+            shape,
+            dtype: dtype as u8,
+            backend: backend as u8,
+            pci_bus_id: "0000:01:00.0".into(),
+        }
     }
 
     #[test]
     fn descriptors_round_trip() {
         let x = d(Shape::new(2, 3, 4, 5), DType::Bf16, Backend::Ipc);
         let y = Descriptor::decode(&x.encode()).unwrap();
-        assert_eq!((y.shape, y.dtype, y.backend, y.pci_bus_id.as_str()), (x.shape, x.dtype, x.backend, "0000:01:00.0"));
+        assert_eq!(
+            (y.shape, y.dtype, y.backend, y.pci_bus_id.as_str()),
+            (x.shape, x.dtype, x.backend, "0000:01:00.0")
+        );
     }
 
     #[test]
@@ -460,10 +565,19 @@ mod tests {
             d(s, DType::F32, Backend::Ipc),
         ];
         let e = check_agreement(&all).unwrap_err().to_string();
-        assert!(e.contains("rank 0 asked for shape (1, 1, 1, 16) of f32 with the vmm backend"), "{e}");
+        assert!(
+            e.contains("rank 0 asked for shape (1, 1, 1, 16) of f32 with the vmm backend"),
+            "{e}"
+        );
         assert!(e.contains("rank 2 asked for shape (1, 1, 1, 17)"), "{e}");
-        assert!(e.contains("rank 3 asked for shape (1, 1, 1, 16) of bf16"), "{e}");
-        assert!(e.contains("rank 4 asked for shape (1, 1, 1, 16) of f32 with the ipc backend"), "{e}");
+        assert!(
+            e.contains("rank 3 asked for shape (1, 1, 1, 16) of bf16"),
+            "{e}"
+        );
+        assert!(
+            e.contains("rank 4 asked for shape (1, 1, 1, 16) of f32 with the ipc backend"),
+            "{e}"
+        );
         assert!(!e.contains("rank 1 "), "{e}");
         assert!(check_agreement(&all[..2]).is_ok());
     }
@@ -472,6 +586,11 @@ mod tests {
     fn byte_sizes_check_dimensions_and_overflow() {
         assert_eq!(byte_size::<f32>(Shape::new(2, 3, 4, 5)).unwrap(), 480);
         assert!(byte_size::<f32>(Shape::new(1, 1, 0, 5)).is_err());
-        assert!(byte_size::<u64>(Shape::new(u32::MAX, u32::MAX, u32::MAX, u32::MAX)).unwrap_err().to_string().contains("overflows"));
+        assert!(
+            byte_size::<u64>(Shape::new(u32::MAX, u32::MAX, u32::MAX, u32::MAX))
+                .unwrap_err()
+                .to_string()
+                .contains("overflows")
+        );
     }
 }

@@ -15,7 +15,12 @@ pub struct Shape {
 
 impl Shape {
     pub fn new(batch: u32, depth: u32, rows: u32, cols: u32) -> Self {
-        Self { batch, depth, rows, cols }
+        Self {
+            batch,
+            depth,
+            rows,
+            cols,
+        }
     }
 
     /// (1, 1, 1, n): a flat buffer of n elements.
@@ -29,13 +34,26 @@ impl Shape {
     }
 
     pub fn raw(&self) -> weft_pgl_shape {
-        weft_pgl_shape { batch: self.batch, depth: self.depth, rows: self.rows, cols: self.cols }
+        weft_pgl_shape {
+            batch: self.batch,
+            depth: self.depth,
+            rows: self.rows,
+            cols: self.cols,
+        }
     }
 
     /// Errors on a zero dimension, naming it.
     pub fn validate(&self) -> anyhow::Result<()> {
-        for (name, v) in [("batch", self.batch), ("depth", self.depth), ("rows", self.rows), ("cols", self.cols)] {
-            anyhow::ensure!(v >= 1, "shape {self}: {name} is 0 (every dimension must be at least 1)");
+        for (name, v) in [
+            ("batch", self.batch),
+            ("depth", self.depth),
+            ("rows", self.rows),
+            ("cols", self.cols),
+        ] {
+            anyhow::ensure!(
+                v >= 1,
+                "shape {self}: {name} is 0 (every dimension must be at least 1)"
+            );
         }
         Ok(())
     }
@@ -49,7 +67,11 @@ impl Shape {
 
 impl std::fmt::Display for Shape {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "({}, {}, {}, {})", self.batch, self.depth, self.rows, self.cols)
+        write!(
+            f,
+            "({}, {}, {}, {})",
+            self.batch, self.depth, self.rows, self.cols
+        )
     }
 }
 
@@ -67,8 +89,15 @@ pub type TileCoord = weft_tile_coord;
 impl TileGrid {
     pub fn new(shape: Shape, tile_rows: u32, tile_cols: u32) -> anyhow::Result<Self> {
         shape.validate()?;
-        anyhow::ensure!(tile_rows >= 1 && tile_cols >= 1, "tile shape {tile_rows}×{tile_cols} has a zero side");
-        Ok(Self { shape, tile_rows, tile_cols })
+        anyhow::ensure!(
+            tile_rows >= 1 && tile_cols >= 1,
+            "tile shape {tile_rows}×{tile_cols} has a zero side"
+        );
+        Ok(Self {
+            shape,
+            tile_rows,
+            tile_cols,
+        })
     }
 
     pub fn count(&self) -> u64 {
@@ -116,7 +145,10 @@ mod tests {
         let g = TileGrid::new(shape, tr, tc).unwrap();
         let tiles_r = shape.rows.div_ceil(tr);
         let tiles_c = shape.cols.div_ceil(tc);
-        assert_eq!(g.count(), (shape.batch * shape.depth * tiles_r * tiles_c) as u64);
+        assert_eq!(
+            g.count(),
+            (shape.batch * shape.depth * tiles_r * tiles_c) as u64
+        );
         let mut covered = vec![0u8; shape.elems() as usize];
         for linear in 0..g.count() {
             let t = g.coord(linear);
@@ -129,14 +161,18 @@ mod tests {
                 for j in 0..vc {
                     let row = t.r * tr + i;
                     let col = t.c * tc + j;
-                    let off = (((t.b as u64 * shape.depth as u64 + t.d as u64) * shape.rows as u64 + row as u64)
+                    let off = (((t.b as u64 * shape.depth as u64 + t.d as u64) * shape.rows as u64
+                        + row as u64)
                         * shape.cols as u64
                         + col as u64) as usize;
                     covered[off] += 1;
                 }
             }
         }
-        assert!(covered.iter().all(|&c| c == 1), "{shape} tiled {tr}×{tc}: not a partition");
+        assert!(
+            covered.iter().all(|&c| c == 1),
+            "{shape} tiled {tr}×{tc}: not a partition"
+        );
     }
 
     #[test]

@@ -10,8 +10,12 @@ fn prop(device: CUdevice) -> sys::CUmemAllocationProp {
     // SAFETY: an all-zero CUmemAllocationProp is valid (null metadata, no flags).
     let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
     p.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-    p.requestedHandleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    p.location = sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device };
+    p.requestedHandleTypes =
+        sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    p.location = sys::CUmemLocation {
+        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: device,
+    };
     p
 }
 
@@ -21,7 +25,9 @@ pub fn granularity(device: CUdevice) -> anyhow::Result<usize> {
     let p = prop(device);
     let opt = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED;
     // SAFETY: out-parameter and a valid prop.
-    check(|| "cuMemGetAllocationGranularity".into(), unsafe { sys::cuMemGetAllocationGranularity(&mut g, &p, opt) })?;
+    check(|| "cuMemGetAllocationGranularity".into(), unsafe {
+        sys::cuMemGetAllocationGranularity(&mut g, &p, opt)
+    })?;
     Ok(g)
 }
 
@@ -37,7 +43,9 @@ impl Physical {
         let mut handle = 0;
         let p = prop(device);
         // SAFETY: out-parameter and a valid prop.
-        check(|| format!("cuMemCreate({size} B)"), unsafe { sys::cuMemCreate(&mut handle, size, &p, 0) })?;
+        check(|| format!("cuMemCreate({size} B)"), unsafe {
+            sys::cuMemCreate(&mut handle, size, &p, 0)
+        })?;
         Ok(Self { handle, size })
     }
 
@@ -46,7 +54,12 @@ impl Physical {
         let kind = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
         // SAFETY: for POSIX fds the shareable handle is an int written through the pointer.
         check(|| "cuMemExportToShareableHandle".into(), unsafe {
-            sys::cuMemExportToShareableHandle(&mut fd as *mut RawFd as *mut std::ffi::c_void, self.handle, kind, 0)
+            sys::cuMemExportToShareableHandle(
+                &mut fd as *mut RawFd as *mut std::ffi::c_void,
+                self.handle,
+                kind,
+                0,
+            )
         })?;
         // SAFETY: the driver returned a new descriptor that we now own.
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -57,7 +70,11 @@ impl Physical {
         let kind = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
         // SAFETY: for POSIX fds the OS handle is the descriptor's value cast to a pointer.
         check(|| "cuMemImportFromShareableHandle".into(), unsafe {
-            sys::cuMemImportFromShareableHandle(&mut handle, fd.as_raw_fd() as usize as *mut std::ffi::c_void, kind)
+            sys::cuMemImportFromShareableHandle(
+                &mut handle,
+                fd.as_raw_fd() as usize as *mut std::ffi::c_void,
+                kind,
+            )
         })?;
         Ok(Self { handle, size })
     }
@@ -66,7 +83,9 @@ impl Physical {
 impl Drop for Physical {
     fn drop(&mut self) {
         // SAFETY: releases our reference; mappings hold their own.
-        if let Err(e) = check(|| "cuMemRelease".into(), unsafe { sys::cuMemRelease(self.handle) }) {
+        if let Err(e) = check(|| "cuMemRelease".into(), unsafe {
+            sys::cuMemRelease(self.handle)
+        }) {
             eprintln!("weft-pgl: {e:#}");
         }
     }
@@ -80,13 +99,21 @@ pub struct Mapping {
 
 impl Mapping {
     /// Maps `physical` and grants read/write access to each of `devices`.
-    pub fn new(physical: &Physical, alignment: usize, devices: &[CUdevice]) -> anyhow::Result<Self> {
+    pub fn new(
+        physical: &Physical,
+        alignment: usize,
+        devices: &[CUdevice],
+    ) -> anyhow::Result<Self> {
         let size = physical.size;
         let mut va = 0;
         // SAFETY: out-parameter; the range is ours until freed in drop.
-        check(|| format!("cuMemAddressReserve({size} B)"), unsafe { sys::cuMemAddressReserve(&mut va, size, alignment, 0, 0) })?;
+        check(|| format!("cuMemAddressReserve({size} B)"), unsafe {
+            sys::cuMemAddressReserve(&mut va, size, alignment, 0, 0)
+        })?;
         // SAFETY: maps the whole physical allocation at the start of the reserved range.
-        if let Err(e) = check(|| "cuMemMap".into(), unsafe { sys::cuMemMap(va, size, 0, physical.handle, 0) }) {
+        if let Err(e) = check(|| "cuMemMap".into(), unsafe {
+            sys::cuMemMap(va, size, 0, physical.handle, 0)
+        }) {
             // SAFETY: the range is reserved and unmapped.
             unsafe { sys::cuMemAddressFree(va, size) };
             return Err(e);
@@ -96,12 +123,17 @@ impl Mapping {
         let access: Vec<sys::CUmemAccessDesc> = devices
             .iter()
             .map(|&d| sys::CUmemAccessDesc {
-                location: sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: d },
+                location: sys::CUmemLocation {
+                    type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                    id: d,
+                },
                 flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
             })
             .collect();
         // SAFETY: the range is mapped; one descriptor per device.
-        check(|| format!("cuMemSetAccess(devices {devices:?})"), unsafe { sys::cuMemSetAccess(va, size, access.as_ptr(), access.len()) })?;
+        check(|| format!("cuMemSetAccess(devices {devices:?})"), unsafe {
+            sys::cuMemSetAccess(va, size, access.as_ptr(), access.len())
+        })?;
         Ok(mapping)
     }
 }
@@ -131,7 +163,10 @@ pub fn fd_from_process(pid: u32, fd: RawFd) -> anyhow::Result<OwnedFd> {
     // SAFETY: plain syscalls; returned descriptors are owned below.
     let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
     if pidfd < 0 {
-        anyhow::bail!("pidfd_open({pid}) failed: {}", std::io::Error::last_os_error());
+        anyhow::bail!(
+            "pidfd_open({pid}) failed: {}",
+            std::io::Error::last_os_error()
+        );
     }
     // SAFETY: a new descriptor we own.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as RawFd) };

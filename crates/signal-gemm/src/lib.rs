@@ -1,6 +1,26 @@
-//! weft-signal-gemm: a persistent, warp-specialized Hopper GEMM (TMA + wgmma) whose epilogue
-//! signals finished waves and writes through reorder maps, overlapped with NCCL or fused peer
-//! communication.
+//! weft-signal-gemm: a persistent, warp-specialized Hopper GEMM (TMA loads into a multi-stage
+//! mbarrier pipeline, wgmma consumers with register reallocation, TMA-store epilogue) written as
+//! a template of roles — loader, consumer, storer, communicator (kernels/include/weft/gemm/) — so
+//! signalling epilogues and communicators plug in without copying the main loop.
 //!
-//! Not implemented yet (tracked by the signal-gemm issues). This crate deliberately exports
-//! nothing until the GEMM exists and is measured against cuBLAS.
+//! - [`GemmPlan`]: shape, dtypes, B layout, `sm_margin`, validated once, with the tile shape and
+//!   the schedule ([`GemmPlan::schedule`]: every tile's order and wave, from the kernel's own
+//!   scheduler function in kernels/include/weft/gemm.h).
+//! - [`Gemm`]: the plan's kernel loaded on a context; `launch` on a stream, `launch_with` for
+//!   per-tile flags ([`TileFlags`]), the test communicator's copy, or a trace.
+//! - [`CublasGemm`]: the cuBLAS baseline of the same operation; [`reference`]: float64 CPU
+//!   reference and tolerances.
+
+mod cublas;
+mod dtype;
+mod gemm;
+mod plan;
+pub mod reference;
+mod schedule;
+mod tensor_map;
+
+pub use cublas::CublasGemm;
+pub use dtype::{Dtype, GemmElement};
+pub use gemm::{device_sms, Gemm, LaunchExtras, TileFlags, SIGNALS_PER_TILE};
+pub use plan::{BLayout, GemmOptions, GemmPlan, GemmShape, TileChoice};
+pub use schedule::ScheduledTile;

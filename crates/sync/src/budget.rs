@@ -27,8 +27,13 @@ pub struct WaitBudget {
 impl WaitBudget {
     /// `d` at `clock_khz` (rounded up to a whole cycle; at least one cycle).
     pub fn from_duration(d: Duration, clock_khz: u32) -> Self {
-        let cycles = (d.as_nanos() * clock_khz as u128).div_ceil(1_000_000).max(1);
-        Self { cycles: u64::try_from(cycles).unwrap_or(u64::MAX), clock_khz }
+        let cycles = (d.as_nanos() * clock_khz as u128)
+            .div_ceil(1_000_000)
+            .max(1);
+        Self {
+            cycles: u64::try_from(cycles).unwrap_or(u64::MAX),
+            clock_khz,
+        }
     }
 
     /// `d` on `ctx`'s device.
@@ -43,7 +48,10 @@ impl WaitBudget {
 
     /// The shortest wall time the budget lasts (at the maximum clock).
     pub fn duration(&self) -> Duration {
-        Duration::from_nanos(u64::try_from(self.cycles as u128 * 1_000_000 / self.clock_khz.max(1) as u128).unwrap_or(u64::MAX))
+        Duration::from_nanos(
+            u64::try_from(self.cycles as u128 * 1_000_000 / self.clock_khz.max(1) as u128)
+                .unwrap_or(u64::MAX),
+        )
     }
 }
 
@@ -56,10 +64,15 @@ fn timeout_from(var: Option<&str>) -> anyhow::Result<Duration> {
     match var {
         None => Ok(DEFAULT_TIMEOUT),
         Some(text) => {
-            let ms: u64 = text.trim().parse().with_context(|| format!("{TIMEOUT_VAR}={text:?} is not a whole number of milliseconds"))?;
+            let ms: u64 = text.trim().parse().with_context(|| {
+                format!("{TIMEOUT_VAR}={text:?} is not a whole number of milliseconds")
+            })?;
             anyhow::ensure!(ms > 0, "{TIMEOUT_VAR}=0: a wait needs a positive bound");
             // A bound of hours is no bound: a lost signal must surface while someone is watching.
-            anyhow::ensure!(ms <= 3_600_000, "{TIMEOUT_VAR}={ms}: at most 3600000 (one hour)");
+            anyhow::ensure!(
+                ms <= 3_600_000,
+                "{TIMEOUT_VAR}={ms}: at most 3600000 (one hour)"
+            );
             Ok(Duration::from_millis(ms))
         }
     }
@@ -85,19 +98,43 @@ mod tests {
         assert_eq!(b.cycles, 198_000_000);
         assert_eq!(b.duration(), Duration::from_millis(100));
         // Rounds up, never zero.
-        assert_eq!(WaitBudget::from_duration(Duration::from_nanos(1), 1_000).cycles, 1);
-        assert_eq!(WaitBudget::from_duration(Duration::ZERO, 1_980_000).cycles, 1);
-        assert_eq!(WaitBudget::from_duration(Duration::from_nanos(1001), 1_000_000).cycles, 1001);
+        assert_eq!(
+            WaitBudget::from_duration(Duration::from_nanos(1), 1_000).cycles,
+            1
+        );
+        assert_eq!(
+            WaitBudget::from_duration(Duration::ZERO, 1_980_000).cycles,
+            1
+        );
+        assert_eq!(
+            WaitBudget::from_duration(Duration::from_nanos(1001), 1_000_000).cycles,
+            1001
+        );
         // Ten seconds at 2 GHz fits easily; absurd durations saturate rather than wrap.
-        assert_eq!(WaitBudget::from_duration(DEFAULT_TIMEOUT, 2_000_000).cycles, 20_000_000_000);
-        assert_eq!(WaitBudget::from_duration(Duration::MAX, u32::MAX).cycles, u64::MAX);
+        assert_eq!(
+            WaitBudget::from_duration(DEFAULT_TIMEOUT, 2_000_000).cycles,
+            20_000_000_000
+        );
+        assert_eq!(
+            WaitBudget::from_duration(Duration::MAX, u32::MAX).cycles,
+            u64::MAX
+        );
     }
 
     #[test]
     fn timeout_variable() {
         assert_eq!(timeout_from(None).unwrap(), DEFAULT_TIMEOUT);
-        assert_eq!(timeout_from(Some(" 250 ")).unwrap(), Duration::from_millis(250));
-        assert!(timeout_from(Some("0")).unwrap_err().to_string().contains("positive"));
-        assert!(timeout_from(Some("1s")).unwrap_err().to_string().contains("WEFT_SYNC_TIMEOUT_MS=\"1s\""));
+        assert_eq!(
+            timeout_from(Some(" 250 ")).unwrap(),
+            Duration::from_millis(250)
+        );
+        assert!(timeout_from(Some("0"))
+            .unwrap_err()
+            .to_string()
+            .contains("positive"));
+        assert!(timeout_from(Some("1s"))
+            .unwrap_err()
+            .to_string()
+            .contains("WEFT_SYNC_TIMEOUT_MS=\"1s\""));
     }
 }

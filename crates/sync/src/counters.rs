@@ -21,17 +21,31 @@ pub struct Counters {
 impl Counters {
     /// Collective: zeroed counters of `shape` on every rank (pgl's default backend), this rank's
     /// error slot, and waits bounded by `budget`.
-    pub fn alloc(rdzv: &mut Rendezvous, ctx: &Arc<CudaContext>, shape: Shape, budget: WaitBudget) -> anyhow::Result<Self> {
+    pub fn alloc(
+        rdzv: &mut Rendezvous,
+        ctx: &Arc<CudaContext>,
+        shape: Shape,
+        budget: WaitBudget,
+    ) -> anyhow::Result<Self> {
         let slot = agree(rdzv, "sync error slot", ErrorSlot::new(ctx))?;
-        let pgl = Pgl::alloc(rdzv, ctx, shape, Backend::default()).context("allocating sync counters")?;
-        Ok(Self { pgl, slot, budget, epoch: Epoch::default() })
+        let pgl =
+            Pgl::alloc(rdzv, ctx, shape, Backend::default()).context("allocating sync counters")?;
+        Ok(Self {
+            pgl,
+            slot,
+            budget,
+            epoch: Epoch::default(),
+        })
     }
 
     /// The kernel argument: the counters' view and the bound of their waits.
     pub fn device(&self) -> anyhow::Result<weft_sync_counters> {
         Ok(weft_sync_counters {
             view: self.pgl.view(),
-            bound: weft_sync_bound { error_slot: self.slot.device_ptr(self.pgl.context())?, budget_cycles: self.budget.cycles },
+            bound: weft_sync_bound {
+                error_slot: self.slot.device_ptr(self.pgl.context())?,
+                budget_cycles: self.budget.cycles,
+            },
         })
     }
 
@@ -70,7 +84,11 @@ impl Counters {
     /// (nobody may still signal into these counters), zeroes this rank's buffer, waits for every
     /// rank again (nobody signals into a buffer not yet zeroed), and restarts the epoch.
     pub fn reset(&mut self, rdzv: &mut Rendezvous, stream: &Arc<CudaStream>) -> anyhow::Result<()> {
-        agree(rdzv, "sync counters reset (drain)", stream.synchronize().map_err(anyhow::Error::from))?;
+        agree(
+            rdzv,
+            "sync counters reset (drain)",
+            stream.synchronize().map_err(anyhow::Error::from),
+        )?;
         let zeroed = (|| -> anyhow::Result<()> {
             stream.context().bind_to_thread()?;
             let bytes = self.pgl.len() * std::mem::size_of::<u64>();

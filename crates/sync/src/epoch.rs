@@ -24,7 +24,10 @@ impl Epoch {
     /// Reserves `n` steps for the next launch and returns its base.
     pub fn begin(&mut self, n: u64) -> u64 {
         let base = self.steps;
-        self.steps = self.steps.checked_add(n).expect("a u64 counter cannot overflow in practice");
+        self.steps = self
+            .steps
+            .checked_add(n)
+            .expect("a u64 counter cannot overflow in practice");
         base
     }
 
@@ -52,7 +55,9 @@ mod tests {
         assert_eq!(e.steps(), 100_003);
         assert_eq!(target(100_000, 0, 1), 100_001);
         // Barrier epochs: the kernel's `epoch` argument is base + k + 1; its target is world * that.
-        assert_eq!(target(100_000, 2, 4), unsafe { abi::weft_barrier_target(4, 100_003) });
+        assert_eq!(target(100_000, 2, 4), unsafe {
+            abi::weft_barrier_target(4, 100_003)
+        });
         e.reset();
         assert_eq!(e.begin(1), 0);
     }
@@ -86,7 +91,8 @@ mod tests {
             Waiting,
             Done,
         }
-        let max = |a: &mut Vec<u64>, b: &[u64]| a.iter_mut().zip(b).for_each(|(x, y)| *x = (*x).max(*y));
+        let max =
+            |a: &mut Vec<u64>, b: &[u64]| a.iter_mut().zip(b).for_each(|(x, y)| *x = (*x).max(*y));
         let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         let mut next = move || {
             rng ^= rng << 13;
@@ -99,16 +105,19 @@ mod tests {
         let bases: Vec<u64> = launches.iter().map(|&n| epoch.begin(n)).collect();
         let mut counter = vec![0u64; world];
         let mut started = vec![0u64; world]; // arrivals each rank has begun
-        // seen[r][q]: the latest arrival of q whose earlier writes r is guaranteed to see.
+                                             // seen[r][q]: the latest arrival of q whose earlier writes r is guaranteed to see.
         let mut seen = vec![vec![0u64; world]; world];
         let mut released = seen.clone(); // what each rank's current arrival releases
         let mut included = seen.clone(); // what an acquire of each rank's counter synchronises with
-        // Per rank: (launch, lap within launch, program counter).
+                                         // Per rank: (launch, lap within launch, program counter).
         let mut state: Vec<(usize, u64, Pc)> = vec![(0, 0, Pc::Arriving { next_peer: 0 }); world];
         let mut steps = 0u64;
         while state.iter().any(|s| !matches!(s.2, Pc::Done)) {
             steps += 1;
-            assert!(steps < 1_000_000, "no progress: deadlock (world {world}, seed {seed})");
+            assert!(
+                steps < 1_000_000,
+                "no progress: deadlock (world {world}, seed {seed})"
+            );
             let r = (next() % world as u64) as usize;
             let (launch, k, pc) = state[r];
             match pc {
@@ -123,7 +132,13 @@ mod tests {
                     counter[dst] += 1;
                     let carried = released[r].clone();
                     max(&mut included[dst], &carried);
-                    state[r].2 = if next_peer + 1 == world { Pc::Waiting } else { Pc::Arriving { next_peer: next_peer + 1 } };
+                    state[r].2 = if next_peer + 1 == world {
+                        Pc::Waiting
+                    } else {
+                        Pc::Arriving {
+                            next_peer: next_peer + 1,
+                        }
+                    };
                 }
                 Pc::Waiting => {
                     let e = bases[launch] + k + 1;
@@ -134,8 +149,16 @@ mod tests {
                             assert!(started[q] >= e, "rank {r} passed barrier {e} before rank {q} arrived (world {world}, seed {seed})");
                             assert!(seen[r][q] >= e, "rank {r} passed barrier {e} without seeing rank {q}'s writes (world {world}, seed {seed})");
                         }
-                        let (launch, k) = if k + 1 == launches[launch] { (launch + 1, 0) } else { (launch, k + 1) };
-                        state[r] = if launch == launches.len() { (launch, k, Pc::Done) } else { (launch, k, Pc::Arriving { next_peer: 0 }) };
+                        let (launch, k) = if k + 1 == launches[launch] {
+                            (launch + 1, 0)
+                        } else {
+                            (launch, k + 1)
+                        };
+                        state[r] = if launch == launches.len() {
+                            (launch, k, Pc::Done)
+                        } else {
+                            (launch, k, Pc::Arriving { next_peer: 0 })
+                        };
                     }
                 }
             }

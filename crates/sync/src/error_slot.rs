@@ -30,7 +30,11 @@ impl ErrorSlot {
         let host = unsafe { result::malloc_host(std::mem::size_of::<weft_error_slot>(), flags) }
             .context("allocating the sync error slot (cuMemHostAlloc, portable + device-mapped)")?
             as *mut weft_error_slot;
-        let slot = Self { host, ctx: ctx.clone(), clock_khz };
+        let slot = Self {
+            host,
+            ctx: ctx.clone(),
+            clock_khz,
+        };
         slot.clear();
         Ok(slot)
     }
@@ -79,7 +83,10 @@ impl ErrorSlot {
 
 impl Drop for ErrorSlot {
     fn drop(&mut self) {
-        let freed = self.ctx.bind_to_thread().and_then(|()| unsafe { result::free_host(self.host as *mut _) });
+        let freed = self
+            .ctx
+            .bind_to_thread()
+            .and_then(|()| unsafe { result::free_host(self.host as *mut _) });
         if let Err(e) = freed {
             eprintln!("weft-sync: freeing the error slot: {e}");
         }
@@ -106,7 +113,10 @@ fn ms(cycles: u64, clock_khz: u32) -> f64 {
 
 /// A slot's content as a message; None when nothing was recorded.
 pub fn describe(s: &weft_error_slot, clock_khz: u32) -> Option<String> {
-    let at = format!("(b {}, d {}, row {}, col {})", s.coord.b, s.coord.d, s.coord.r, s.coord.c);
+    let at = format!(
+        "(b {}, d {}, row {}, col {})",
+        s.coord.b, s.coord.d, s.coord.r, s.coord.c
+    );
     let prim = primitive_name(s.primitive);
     let whence = format!("[block {}, thread {}, SM {}]", s.block, s.thread, s.smid);
     match s.status as u32 {
@@ -149,7 +159,12 @@ mod tests {
             primitive: abi::WEFT_SYNC_PRIM_WAIT as i32,
             rank: 2,
             target_rank: 2,
-            coord: weft_tile_coord { b: 0, d: 1, r: 3, c: 5 },
+            coord: weft_tile_coord {
+                b: 0,
+                d: 1,
+                r: 3,
+                c: 5,
+            },
             expected: 17,
             observed: 12,
             elapsed_cycles: 198_000_123,
@@ -188,12 +203,20 @@ mod tests {
         s.status = abi::WEFT_SYNC_STATUS_BAD_COORD as i32;
         s.primitive = abi::WEFT_SYNC_PRIM_SIGNAL as i32;
         let msg = describe(&s, 1_980_000).unwrap();
-        assert!(msg.starts_with("rank 2: sync signal was given counter (b 0, d 1, row 3, col 5) of rank 2, outside"), "{msg}");
+        assert!(
+            msg.starts_with(
+                "rank 2: sync signal was given counter (b 0, d 1, row 3, col 5) of rank 2, outside"
+            ),
+            "{msg}"
+        );
         s.status = abi::WEFT_SYNC_STATUS_WRITING as i32;
         assert!(describe(&s, 1).unwrap().contains("fields may be partial"));
         s.status = 99;
         assert!(describe(&s, 1).unwrap().contains("unknown status 99"));
-        assert_eq!(primitive_name(abi::WEFT_SYNC_PRIM_BARRIER as i32), "barrier");
+        assert_eq!(
+            primitive_name(abi::WEFT_SYNC_PRIM_BARRIER as i32),
+            "barrier"
+        );
         assert_eq!(primitive_name(-1), "unknown primitive");
     }
 

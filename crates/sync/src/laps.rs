@@ -50,7 +50,12 @@ impl LapsReport {
             self.first_lap + self.laps as u64,
             self.first_bad.as_deref().unwrap_or("not recorded")
         );
-        anyhow::ensure!(self.checks == self.expected_checks, "{} checks made, expected {}", self.checks, self.expected_checks);
+        anyhow::ensure!(
+            self.checks == self.expected_checks,
+            "{} checks made, expected {}",
+            self.checks,
+            self.expected_checks
+        );
         anyhow::ensure!(
             self.delay_ns >= self.requested_delay_ns,
             "the kernel spent {} ns in random delays, less than the {} ns it was given",
@@ -63,25 +68,52 @@ impl LapsReport {
 
 impl Laps {
     /// Collective: one barrier counter and one row of `seen` slots per block.
-    pub fn alloc(rdzv: &mut Rendezvous, ctx: &Arc<CudaContext>, blocks: u32, budget: WaitBudget) -> anyhow::Result<Self> {
+    pub fn alloc(
+        rdzv: &mut Rendezvous,
+        ctx: &Arc<CudaContext>,
+        blocks: u32,
+        budget: WaitBudget,
+    ) -> anyhow::Result<Self> {
         anyhow::ensure!(blocks >= 1, "laps needs at least one block");
         let world = rdzv.world() as u32;
-        let func = agree(rdzv, "loading the sync laps kernel", load(ctx, &cubins::SYNC_LAPS, "weft_sync_laps"))?;
+        let func = agree(
+            rdzv,
+            "loading the sync laps kernel",
+            load(ctx, &cubins::SYNC_LAPS, "weft_sync_laps"),
+        )?;
         let barrier = Counters::alloc(rdzv, ctx, Shape::new(1, 1, 1, blocks), budget)?;
-        let seen = Pgl::alloc(rdzv, ctx, Shape::new(1, 1, blocks, world), Backend::default())?;
-        Ok(Self { barrier, seen, func, blocks })
+        let seen = Pgl::alloc(
+            rdzv,
+            ctx,
+            Shape::new(1, 1, blocks, world),
+            Backend::default(),
+        )?;
+        Ok(Self {
+            barrier,
+            seen,
+            func,
+            blocks,
+        })
     }
 
     /// Enqueues `laps` barriers per block continuing the epoch; delays up to `max_delay_ns`
     /// (one lap in 64 up to ten times that).
-    pub fn launch(&mut self, stream: &Arc<CudaStream>, laps: u32, seed: u64, max_delay_ns: u32) -> anyhow::Result<PendingLaps> {
+    pub fn launch(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        laps: u32,
+        seed: u64,
+        max_delay_ns: u32,
+    ) -> anyhow::Result<PendingLaps> {
         let (rank, world) = (self.seen.rank() as u32, self.seen.world() as u64);
         let first_lap = self.barrier.begin(laps as u64);
         let blocks = self.blocks;
         let requested_delay_ns = (first_lap + 1..=first_lap + laps as u64)
             .flat_map(|e| (0..blocks).map(move |b| (e, b)))
             // SAFETY: pure arithmetic (the C definition the kernel uses).
-            .map(|(e, b)| u64::from(unsafe { abi::weft_laps_delay_ns(seed, e, rank, b, max_delay_ns) }))
+            .map(|(e, b)| {
+                u64::from(unsafe { abi::weft_laps_delay_ns(seed, e, rank, b, max_delay_ns) })
+            })
             .sum();
         let result = DeviceStruct::<weft_laps_result>::zeroed(stream)?;
         let params = weft_laps_params {
@@ -93,13 +125,27 @@ impl Laps {
             laps,
             max_delay_ns,
         };
-        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: buffers outlive the launch (finish() synchronises); blocks are few and resident.
         unsafe { stream.launch_builder(&self.func).arg(&params).launch(cfg)? };
-        Ok(PendingLaps { result, expected_checks: laps as u64 * blocks as u64 * world, requested_delay_ns, first_lap, laps })
+        Ok(PendingLaps {
+            result,
+            expected_checks: laps as u64 * blocks as u64 * world,
+            requested_delay_ns,
+            first_lap,
+            laps,
+        })
     }
 
-    pub fn finish(&self, stream: &Arc<CudaStream>, pending: PendingLaps) -> anyhow::Result<LapsReport> {
+    pub fn finish(
+        &self,
+        stream: &Arc<CudaStream>,
+        pending: PendingLaps,
+    ) -> anyhow::Result<LapsReport> {
         sync_checked(stream, &[self.barrier.slot()])?;
         let r = pending.result.read(stream)?;
         let first_bad = (r.bad_claimed != 0).then(|| {
@@ -139,10 +185,17 @@ mod tests {
     #[test]
     fn delays_are_bounded_varied_and_sometimes_long() {
         let max = 2000;
-        let d: Vec<u32> = (1..=10_000u64).map(|e| unsafe { abi::weft_laps_delay_ns(3, e, 1, 0, max) }).collect();
+        let d: Vec<u32> = (1..=10_000u64)
+            .map(|e| unsafe { abi::weft_laps_delay_ns(3, e, 1, 0, max) })
+            .collect();
         assert!(d.iter().all(|&x| x <= 10 * max));
-        assert!(d.iter().filter(|&&x| x > max).count() > 50, "about one lap in 64 is long");
-        let other_rank: Vec<u32> = (1..=10_000u64).map(|e| unsafe { abi::weft_laps_delay_ns(3, e, 2, 0, max) }).collect();
+        assert!(
+            d.iter().filter(|&&x| x > max).count() > 50,
+            "about one lap in 64 is long"
+        );
+        let other_rank: Vec<u32> = (1..=10_000u64)
+            .map(|e| unsafe { abi::weft_laps_delay_ns(3, e, 2, 0, max) })
+            .collect();
         assert_ne!(d, other_rank, "ranks are delayed differently");
     }
 }

@@ -50,14 +50,29 @@ impl LatencyKind {
 
     /// Whether ranks must launch together (cross-GPU kinds).
     pub fn cross_gpu(self) -> bool {
-        matches!(self, LatencyKind::Ring | LatencyKind::PingPong | LatencyKind::Barrier)
+        matches!(
+            self,
+            LatencyKind::Ring | LatencyKind::PingPong | LatencyKind::Barrier
+        )
     }
 
     fn launch_config(self) -> LaunchConfig {
         match self {
-            LatencyKind::InterSm => LaunchConfig { grid_dim: (2, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: INTER_SM_SMEM },
-            LatencyKind::Mbarrier => LaunchConfig { grid_dim: (1, 1, 1), block_dim: (64, 1, 1), shared_mem_bytes: 0 },
-            _ => LaunchConfig { grid_dim: (1, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 },
+            LatencyKind::InterSm => LaunchConfig {
+                grid_dim: (2, 1, 1),
+                block_dim: (32, 1, 1),
+                shared_mem_bytes: INTER_SM_SMEM,
+            },
+            LatencyKind::Mbarrier => LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (64, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            _ => LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (32, 1, 1),
+                shared_mem_bytes: 0,
+            },
         }
     }
 }
@@ -75,7 +90,10 @@ pub struct LatencySamples {
 
 /// Per-iteration nanoseconds from cycle samples and the loop's totals by both clocks.
 pub fn cycles_to_ns(samples: &[u32], total_cycles: u64, total_ns: u64) -> anyhow::Result<Vec<f64>> {
-    anyhow::ensure!(total_cycles > 0 && total_ns > 0, "the timed loop measured {total_cycles} cycles in {total_ns} ns");
+    anyhow::ensure!(
+        total_cycles > 0 && total_ns > 0,
+        "the timed loop measured {total_cycles} cycles in {total_ns} ns"
+    );
     let ns_per_cycle = total_ns as f64 / total_cycles as f64;
     Ok(samples.iter().map(|&c| c as f64 * ns_per_cycle).collect())
 }
@@ -87,9 +105,16 @@ pub struct Latency {
 
 impl Latency {
     /// Collective: two counters per rank for one kind's launches.
-    pub fn alloc(rdzv: &mut Rendezvous, ctx: &Arc<CudaContext>, budget: WaitBudget) -> anyhow::Result<Self> {
+    pub fn alloc(
+        rdzv: &mut Rendezvous,
+        ctx: &Arc<CudaContext>,
+        budget: WaitBudget,
+    ) -> anyhow::Result<Self> {
         let loaded = load(ctx, &cubins::SYNC_LATENCY, "weft_sync_latency").and_then(|f| {
-            f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, INTER_SM_SMEM as i32)?;
+            f.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                INTER_SM_SMEM as i32,
+            )?;
             Ok(f)
         });
         let func = agree(rdzv, "loading the sync latency kernel", loaded)?;
@@ -99,7 +124,13 @@ impl Latency {
 
     /// Runs `warmup + iters` iterations of `kind` (use one kind per `Latency`: the counters'
     /// epoch counts iterations). None on a rank that does not take part.
-    pub fn run(&mut self, stream: &Arc<CudaStream>, kind: LatencyKind, warmup: u32, iters: u32) -> anyhow::Result<Option<LatencySamples>> {
+    pub fn run(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        kind: LatencyKind,
+        warmup: u32,
+        iters: u32,
+    ) -> anyhow::Result<Option<LatencySamples>> {
         anyhow::ensure!(iters > 0, "no timed iterations");
         let first = self.counters.begin(u64::from(warmup) + u64::from(iters));
         if !kind.takes_part(self.counters.pgl().rank()) {
@@ -118,12 +149,21 @@ impl Latency {
             reserved: 0,
         };
         // SAFETY: buffers outlive the launch (synchronised below).
-        unsafe { stream.launch_builder(&self.func).arg(&params).launch(kind.launch_config())? };
+        unsafe {
+            stream
+                .launch_builder(&self.func)
+                .arg(&params)
+                .launch(kind.launch_config())?
+        };
         sync_checked(stream, &[self.counters.slot()])?;
         let cycles = stream.clone_dtoh(&samples)?;
         let s = summary.read(stream)?;
         if kind == LatencyKind::InterSm {
-            anyhow::ensure!(s.smid[0] != s.smid[1], "both inter-SM blocks ran on SM {}", s.smid[0]);
+            anyhow::ensure!(
+                s.smid[0] != s.smid[1],
+                "both inter-SM blocks ran on SM {}",
+                s.smid[0]
+            );
         }
         Ok(Some(LatencySamples {
             ns: cycles_to_ns(&cycles, s.total_cycles, s.total_ns)?,
@@ -145,7 +185,10 @@ mod tests {
     #[test]
     fn converts_cycles_at_the_measured_clock() {
         // 4000 cycles in 2000 ns: 2 GHz.
-        assert_eq!(cycles_to_ns(&[2000, 3000], 4000, 2000).unwrap(), vec![1000.0, 1500.0]);
+        assert_eq!(
+            cycles_to_ns(&[2000, 3000], 4000, 2000).unwrap(),
+            vec![1000.0, 1500.0]
+        );
         assert!(cycles_to_ns(&[1], 0, 10).is_err());
     }
 

@@ -10,8 +10,12 @@ use weft_kernels::Cubin;
 
 /// Loads `name` from `cubin` into `ctx`.
 pub fn load(ctx: &Arc<CudaContext>, cubin: &Cubin, name: &str) -> anyhow::Result<CudaFunction> {
-    let module = cubin.load(ctx).with_context(|| format!("loading {}", cubin.source))?;
-    module.load_function(name).with_context(|| format!("{} has no kernel {name}", cubin.source))
+    let module = cubin
+        .load(ctx)
+        .with_context(|| format!("loading {}", cubin.source))?;
+    module
+        .load_function(name)
+        .with_context(|| format!("{} has no kernel {name}", cubin.source))
 }
 
 /// A zero-initialised plain-old-data struct in device memory that a kernel fills.
@@ -22,7 +26,10 @@ pub struct DeviceStruct<T: Copy> {
 
 impl<T: Copy> DeviceStruct<T> {
     pub fn zeroed(stream: &Arc<CudaStream>) -> anyhow::Result<Self> {
-        Ok(Self { buf: stream.alloc_zeros::<u8>(std::mem::size_of::<T>())?, _t: PhantomData })
+        Ok(Self {
+            buf: stream.alloc_zeros::<u8>(std::mem::size_of::<T>())?,
+            _t: PhantomData,
+        })
     }
 
     /// The device address to hand the kernel.
@@ -46,8 +53,12 @@ pub fn sync_checked(stream: &Arc<CudaStream>, slots: &[&ErrorSlot]) -> anyhow::R
     let reports: Vec<String> = slots.iter().filter_map(|s| s.report()).collect();
     match (synced, reports.is_empty()) {
         (Ok(()), true) => Ok(()),
-        (Ok(()), false) => bail!("{} (yet the kernel completed: a wait recorded a failure without stopping it)", reports.join("; ")),
-        (Err(e), true) => Err(anyhow::Error::from(e)).context("a sync kernel failed and recorded nothing in its error slot"),
+        (Ok(()), false) => bail!(
+            "{} (yet the kernel completed: a wait recorded a failure without stopping it)",
+            reports.join("; ")
+        ),
+        (Err(e), true) => Err(anyhow::Error::from(e))
+            .context("a sync kernel failed and recorded nothing in its error slot"),
         (Err(e), false) => bail!("{} (the kernel was stopped: {e})", reports.join("; ")),
     }
 }

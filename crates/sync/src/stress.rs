@@ -127,12 +127,31 @@ impl Stress {
         slots: u32,
         budget: WaitBudget,
     ) -> anyhow::Result<Self> {
-        anyhow::ensure!(max_elems >= 1 && slots >= 1, "stress needs max_elems >= 1 and slots >= 1");
+        anyhow::ensure!(
+            max_elems >= 1 && slots >= 1,
+            "stress needs max_elems >= 1 and slots >= 1"
+        );
         let world = rdzv.world() as u32;
-        let func = agree(rdzv, "loading the sync stress kernel", load(ctx, &cubins::SYNC_STRESS, "weft_sync_stress"))?;
-        let data = Pgl::alloc(rdzv, ctx, Shape::new(1, slots, world, max_elems), Backend::default())?;
+        let func = agree(
+            rdzv,
+            "loading the sync stress kernel",
+            load(ctx, &cubins::SYNC_STRESS, "weft_sync_stress"),
+        )?;
+        let data = Pgl::alloc(
+            rdzv,
+            ctx,
+            Shape::new(1, slots, world, max_elems),
+            Backend::default(),
+        )?;
         let counters = Counters::alloc(rdzv, ctx, Shape::new(1, 1, 2, world), budget)?;
-        Ok(Self { data, counters, func, mode, max_elems, slots })
+        Ok(Self {
+            data,
+            counters,
+            func,
+            mode,
+            max_elems,
+            slots,
+        })
     }
 
     pub fn counters(&self) -> &Counters {
@@ -141,12 +160,22 @@ impl Stress {
 
     /// Collective: zeroes the counters and restarts at round 0 (the payload buffers keep their
     /// content; the next messages overwrite them).
-    pub fn reset_counters(&mut self, rdzv: &mut Rendezvous, stream: &Arc<CudaStream>) -> anyhow::Result<()> {
+    pub fn reset_counters(
+        &mut self,
+        rdzv: &mut Rendezvous,
+        stream: &Arc<CudaStream>,
+    ) -> anyhow::Result<()> {
         self.counters.reset(rdzv, stream)
     }
 
     /// Enqueues `rounds` rounds continuing from the previous launch (no memset, no host barrier).
-    pub fn launch(&mut self, stream: &Arc<CudaStream>, rounds: u32, seed: u64, ordering: Ordering) -> anyhow::Result<PendingStress> {
+    pub fn launch(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        rounds: u32,
+        seed: u64,
+        ordering: Ordering,
+    ) -> anyhow::Result<PendingStress> {
         let (rank, world) = (self.data.rank(), self.data.world());
         let first_round = self.counters.begin(rounds as u64);
         let senders = self.mode.senders_to(rank, world);
@@ -154,7 +183,11 @@ impl Stress {
         let expected_checked = (first_round..first_round + rounds as u64)
             .flat_map(|g| senders.iter().map(move |&s| (g, s)))
             // SAFETY: pure arithmetic (the C definition the kernel uses).
-            .map(|(g, s)| u64::from(unsafe { abi::weft_stress_elems(seed, g, s as u32, rank as u32, max_elems) }))
+            .map(|(g, s)| {
+                u64::from(unsafe {
+                    abi::weft_stress_elems(seed, g, s as u32, rank as u32, max_elems)
+                })
+            })
             .sum();
         let result = DeviceStruct::<weft_stress_result>::zeroed(stream)?;
         let params = weft_stress_params {
@@ -173,16 +206,34 @@ impl Stress {
             }) as i32,
             reserved: 0,
         };
-        let pairs = if self.mode == StressMode::AllToAll { world as u32 } else { 1 };
-        let cfg = LaunchConfig { grid_dim: (2 * pairs, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let pairs = if self.mode == StressMode::AllToAll {
+            world as u32
+        } else {
+            1
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (2 * pairs, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: the views and result buffer outlive the launch (finish() synchronises before
         // they can be dropped); all 2 * pairs blocks are resident together on any Hopper GPU.
         unsafe { stream.launch_builder(&self.func).arg(&params).launch(cfg)? };
-        Ok(PendingStress { result, expected_checked, expected_rounds: rounds as u64 * senders.len() as u64, first_round, rounds })
+        Ok(PendingStress {
+            result,
+            expected_checked,
+            expected_rounds: rounds as u64 * senders.len() as u64,
+            first_round,
+            rounds,
+        })
     }
 
     /// Waits for the launch and reads its report (a timed-out wait becomes the error).
-    pub fn finish(&self, stream: &Arc<CudaStream>, pending: PendingStress) -> anyhow::Result<StressReport> {
+    pub fn finish(
+        &self,
+        stream: &Arc<CudaStream>,
+        pending: PendingStress,
+    ) -> anyhow::Result<StressReport> {
         sync_checked(stream, &[self.counters.slot()])?;
         let r = pending.result.read(stream)?;
         let first_bad = (r.bad_claimed != 0).then(|| {
@@ -193,7 +244,11 @@ impl Stress {
                 r.bad_index,
                 r.bad_got,
                 r.bad_want,
-                if r.bad_got == abi::WEFT_STRESS_POISON { " (poison: the slot's previous use, already consumed)" } else { "" }
+                if r.bad_got == abi::WEFT_STRESS_POISON {
+                    " (poison: the slot's previous use, already consumed)"
+                } else {
+                    ""
+                }
             )
         });
         Ok(StressReport {
@@ -231,19 +286,37 @@ mod tests {
     #[test]
     fn payload_sizes_cover_the_range_and_patterns_differ() {
         let max = 8192;
-        let sizes: Vec<u32> = (0..20_000u64).map(|g| unsafe { abi::weft_stress_elems(7, g, 1, 2, max) }).collect();
+        let sizes: Vec<u32> = (0..20_000u64)
+            .map(|g| unsafe { abi::weft_stress_elems(7, g, 1, 2, max) })
+            .collect();
         assert!(sizes.iter().all(|&n| (1..=max).contains(&n)));
         assert!(sizes.contains(&1), "single-element payloads occur");
-        assert!(sizes.iter().filter(|&&n| n <= 32).count() > 20_000 / 10, "about one in eight is short");
-        assert!(sizes.iter().any(|&n| n > max - 64), "near-full payloads occur");
+        assert!(
+            sizes.iter().filter(|&&n| n <= 32).count() > 20_000 / 10,
+            "about one in eight is short"
+        );
+        assert!(
+            sizes.iter().any(|&n| n > max - 64),
+            "near-full payloads occur"
+        );
         // The pattern depends on every input, so a stale or misdirected payload cannot pass.
-        let v = |seed, g, s, r, i| unsafe { abi::weft_stress_value(abi::weft_stress_message_key(seed, g, s, r), i) };
+        let v = |seed, g, s, r, i| unsafe {
+            abi::weft_stress_value(abi::weft_stress_message_key(seed, g, s, r), i)
+        };
         let base = v(7, 10, 1, 2, 5);
-        for other in [v(8, 10, 1, 2, 5), v(7, 11, 1, 2, 5), v(7, 10, 0, 2, 5), v(7, 10, 1, 3, 5), v(7, 10, 1, 2, 6)] {
+        for other in [
+            v(8, 10, 1, 2, 5),
+            v(7, 11, 1, 2, 5),
+            v(7, 10, 0, 2, 5),
+            v(7, 10, 1, 3, 5),
+            v(7, 10, 1, 2, 6),
+        ] {
             assert_ne!(base, other);
         }
         // Never the poison value.
-        assert!((0..100_000u32).all(|i| unsafe { abi::weft_stress_value(i as u64 * 0x1234_5678, i) } != abi::WEFT_STRESS_POISON));
+        assert!((0..100_000u32).all(|i| unsafe {
+            abi::weft_stress_value(i as u64 * 0x1234_5678, i)
+        } != abi::WEFT_STRESS_POISON));
     }
 
     #[test]
@@ -259,9 +332,21 @@ mod tests {
             first_bad: None,
         };
         assert!(ok.verify().is_ok());
-        let bad = StressReport { mismatches: 1, first_bad: Some("round 1 from rank 0, element 3".into()), ..ok.clone() };
-        assert!(bad.verify().unwrap_err().to_string().contains("1 of 10 payload elements wrong (rounds 0..2); first: round 1"));
+        let bad = StressReport {
+            mismatches: 1,
+            first_bad: Some("round 1 from rank 0, element 3".into()),
+            ..ok.clone()
+        };
+        assert!(bad
+            .verify()
+            .unwrap_err()
+            .to_string()
+            .contains("1 of 10 payload elements wrong (rounds 0..2); first: round 1"));
         let short = StressReport { checked: 9, ..ok };
-        assert!(short.verify().unwrap_err().to_string().contains("checked 9 elements; expected 2 and 10"));
+        assert!(short
+            .verify()
+            .unwrap_err()
+            .to_string()
+            .contains("checked 9 elements; expected 2 and 10"));
     }
 }

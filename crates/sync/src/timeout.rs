@@ -8,7 +8,10 @@ use crate::error_slot::ErrorSlot;
 use crate::launch::{load, sync_checked};
 use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
 use std::time::{Duration, Instant};
-use weft_kernels::abi::{weft_error_slot, weft_pgl_view, weft_sync_bound, weft_sync_counters, weft_tile_coord, weft_timeout_params};
+use weft_kernels::abi::{
+    weft_error_slot, weft_pgl_view, weft_sync_bound, weft_sync_counters, weft_tile_coord,
+    weft_timeout_params,
+};
 use weft_kernels::cubins;
 use weft_pgl::Shape;
 
@@ -39,7 +42,12 @@ pub fn run_missing_signal(
     expected: u64,
     budget: WaitBudget,
 ) -> anyhow::Result<MissingSignal> {
-    anyhow::ensure!(values.len() as u64 == shape.elems(), "{} values for a shape of {} elements", values.len(), shape.elems());
+    anyhow::ensure!(
+        values.len() as u64 == shape.elems(),
+        "{} values for a shape of {} elements",
+        values.len(),
+        shape.elems()
+    );
     slot.clear();
     let ctx = CudaContext::new_non_primary(ordinal, 0)?;
     // SAFETY: one stream, synchronised explicitly below.
@@ -50,19 +58,40 @@ pub fn run_missing_signal(
         let counters = stream.clone_htod(values)?;
         let mut base = [0u64; weft_kernels::abi::WEFT_PGL_MAX_RANKS as usize];
         base[rank] = cudarc::driver::DevicePtr::device_ptr(&counters, &stream).0;
-        let view = weft_pgl_view { base, shape: shape.raw(), rank: rank as i32, world: world as i32, elem_bytes: 8, reserved: 0 };
+        let view = weft_pgl_view {
+            base,
+            shape: shape.raw(),
+            rank: rank as i32,
+            world: world as i32,
+            elem_bytes: 8,
+            reserved: 0,
+        };
         let params = weft_timeout_params {
-            counters: weft_sync_counters { view, bound: weft_sync_bound { error_slot: slot.device_ptr(&ctx)?, budget_cycles: budget.cycles } },
+            counters: weft_sync_counters {
+                view,
+                bound: weft_sync_bound {
+                    error_slot: slot.device_ptr(&ctx)?,
+                    budget_cycles: budget.cycles,
+                },
+            },
             coord,
             expected,
         };
         stream.synchronize()?;
         let start = Instant::now();
-        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: the counters outlive the launch (synchronised below); the slot outlives the context.
         unsafe { stream.launch_builder(&func).arg(&params).launch(cfg)? };
         let error = sync_checked(&stream, &[slot]).err();
-        Ok(MissingSignal { error, slot: slot.read(), wall: start.elapsed() })
+        Ok(MissingSignal {
+            error,
+            slot: slot.read(),
+            wall: start.elapsed(),
+        })
     })();
     // The context (and everything in it) is destroyed here; the slot lives on in its own.
     drop(ctx);

@@ -35,7 +35,11 @@ fn fans(world: usize) -> Vec<usize> {
 
 pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
     let (rank, world) = (job.rank(), job.world());
-    let stream = job.gpu().map_err(|w| anyhow::anyhow!("no GPU: {w}"))?.stream.clone();
+    let stream = job
+        .gpu()
+        .map_err(|w| anyhow::anyhow!("no GPU: {w}"))?
+        .stream
+        .clone();
     job.comm()?;
     let iters = if quick { 10 } else { 30 };
     let split = ROWS / world;
@@ -44,44 +48,122 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
     for &f in &fans(world) {
         // GroupCast, fan-out f.
         let blocks: Vec<CastBlock> = (0..world)
-            .flat_map(|r| (0..world).map(move |i| CastBlock { owner: r, rows: split, dsts: (0..f).map(|t| (r + i + t) % world).collect() }))
+            .flat_map(|r| {
+                (0..world).map(move |i| CastBlock {
+                    owner: r,
+                    rows: split,
+                    dsts: (0..f).map(|t| (r + i + t) % world).collect(),
+                })
+            })
             .collect();
         let metas = cast_metas(world, &blocks);
-        let mut plan = GroupCast::<bf16>::new(&mut job.rdzv, &stream, &metas[rank], HIDDEN, Options::default())?;
-        let remote: usize = metas[rank].src_index.iter().zip(&metas[rank].output_split_rows).filter(|(s, _)| **s != rank).map(|(_, r)| r * row_bytes).sum();
+        let mut plan = GroupCast::<bf16>::new(
+            &mut job.rdzv,
+            &stream,
+            &metas[rank],
+            HIDDEN,
+            Options::default(),
+        )?;
+        let remote: usize = metas[rank]
+            .src_index
+            .iter()
+            .zip(&metas[rank].output_split_rows)
+            .filter(|(s, _)| **s != rank)
+            .map(|(_, r)| r * row_bytes)
+            .sum();
         let native = median(&time_iterations(&stream, 5, iters, || plan.run())?);
         plan.synchronize()?;
         let comm = job.comm()?;
-        let baseline = median(&time_iterations(&stream, 5, iters, || plan.run_baseline(comm))?);
-        out.push(Measured { name: format!("cast bf16 {ROWS}x{HIDDEN} fan-out {f}"), fan: f, sms: plan.sms(), remote_bytes: remote, native_ms: native, baseline_ms: baseline });
+        let baseline = median(&time_iterations(&stream, 5, iters, || {
+            plan.run_baseline(comm)
+        })?);
+        out.push(Measured {
+            name: format!("cast bf16 {ROWS}x{HIDDEN} fan-out {f}"),
+            fan: f,
+            sms: plan.sms(),
+            remote_bytes: remote,
+            native_ms: native,
+            baseline_ms: baseline,
+        });
         plan.free(&mut job.rdzv)?;
 
         // GroupReduce (sum), fan-in f.
         let blocks: Vec<ReduceBlock> = (0..world)
-            .flat_map(|d| (0..world).map(move |j| ReduceBlock { receiver: d, rows: split, srcs: (0..f).map(|t| (d + j + t) % world).collect() }))
+            .flat_map(|d| {
+                (0..world).map(move |j| ReduceBlock {
+                    receiver: d,
+                    rows: split,
+                    srcs: (0..f).map(|t| (d + j + t) % world).collect(),
+                })
+            })
             .collect();
         let metas = reduce_metas(world, &blocks);
-        let mut plan = GroupReduce::<bf16>::new(&mut job.rdzv, &stream, &metas[rank], HIDDEN, ReduceOp::Sum, Options::default())?;
-        let remote: usize = metas[rank].src_indices.iter().zip(&metas[rank].output_split_rows).map(|(s, r)| s.iter().filter(|&&x| x != rank).count() * r * row_bytes).sum();
+        let mut plan = GroupReduce::<bf16>::new(
+            &mut job.rdzv,
+            &stream,
+            &metas[rank],
+            HIDDEN,
+            ReduceOp::Sum,
+            Options::default(),
+        )?;
+        let remote: usize = metas[rank]
+            .src_indices
+            .iter()
+            .zip(&metas[rank].output_split_rows)
+            .map(|(s, r)| s.iter().filter(|&&x| x != rank).count() * r * row_bytes)
+            .sum();
         let native = median(&time_iterations(&stream, 5, iters, || plan.run())?);
         plan.synchronize()?;
         let comm = job.comm()?;
-        let baseline = median(&time_iterations(&stream, 5, iters, || plan.run_baseline(comm))?);
-        out.push(Measured { name: format!("reduce sum bf16 {ROWS}x{HIDDEN} fan-in {f}"), fan: f, sms: plan.sms(), remote_bytes: remote, native_ms: native, baseline_ms: baseline });
+        let baseline = median(&time_iterations(&stream, 5, iters, || {
+            plan.run_baseline(comm)
+        })?);
+        out.push(Measured {
+            name: format!("reduce sum bf16 {ROWS}x{HIDDEN} fan-in {f}"),
+            fan: f,
+            sms: plan.sms(),
+            remote_bytes: remote,
+            native_ms: native,
+            baseline_ms: baseline,
+        });
         plan.free(&mut job.rdzv)?;
     }
 
     // Slowest rank per case and path.
-    let mine: Vec<u8> = out.iter().flat_map(|m| [m.native_ms, m.baseline_ms, m.remote_bytes as f64]).flat_map(|v| v.to_le_bytes()).collect();
+    let mine: Vec<u8> = out
+        .iter()
+        .flat_map(|m| [m.native_ms, m.baseline_ms, m.remote_bytes as f64])
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
     let all = job.rdzv.all_gather(&mine)?;
-    let per_rank: Vec<Vec<f64>> = all.iter().map(|b| b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect()).collect();
+    let per_rank: Vec<Vec<f64>> = all
+        .iter()
+        .map(|b| {
+            b.chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+                .collect()
+        })
+        .collect();
     let mut table = Table {
-        headers: vec!["case", "SMs", "native (us)", "AlltoAll-v (us)", "ratio", "native GB/s per GPU", "AlltoAll-v GB/s per GPU"],
+        headers: vec![
+            "case",
+            "SMs",
+            "native (us)",
+            "AlltoAll-v (us)",
+            "ratio",
+            "native GB/s per GPU",
+            "AlltoAll-v GB/s per GPU",
+        ],
         rows: Vec::new(),
     };
     let mut rows = Vec::new();
     for (i, m) in out.iter().enumerate() {
-        let max = |k: usize| per_rank.iter().map(|r| r[3 * i + k]).fold(f64::MIN, f64::max);
+        let max = |k: usize| {
+            per_rank
+                .iter()
+                .map(|r| r[3 * i + k])
+                .fold(f64::MIN, f64::max)
+        };
         let (native, baseline) = (max(0), max(1));
         let min_native = per_rank.iter().map(|r| r[3 * i]).fold(f64::MAX, f64::min);
         let bytes = max(2);

@@ -2,6 +2,7 @@
 //! results are combined across ranks (the slowest rank's median is the reported time), rank 0
 //! prints the table and writes the files.
 
+mod gemm;
 mod grpcoll;
 mod nccl;
 pub mod overlap_order;
@@ -14,7 +15,7 @@ use crate::results::{today, RunMeta, Table};
 use anyhow::{bail, Context};
 use std::path::PathBuf;
 
-pub const SUITES: &[&str] = &["nccl", "pgl", "sync", "overlap-order", "grpcoll"];
+pub const SUITES: &[&str] = &["nccl", "pgl", "sync", "overlap-order", "grpcoll", "gemm"];
 
 #[derive(Debug, Default, PartialEq)]
 pub struct BenchOptions {
@@ -38,27 +39,38 @@ pub fn parse(args: &[String]) -> anyhow::Result<BenchOptions> {
             "--quick" => o.quick = true,
             "--json" => o.json = Some(it.next().context("--json needs a file path")?.into()),
             "--csv" => o.csv = Some(it.next().context("--csv needs a file path")?.into()),
-            s if s.starts_with('-') => bail!("weft bench: unknown option {s:?} (options: --quick, --json PATH, --csv PATH)"),
+            s if s.starts_with('-') => bail!(
+                "weft bench: unknown option {s:?} (options: --quick, --json PATH, --csv PATH)"
+            ),
             s if SUITES.contains(&s) => o.suites.push(s.to_string()),
-            s => bail!("weft bench: unknown suite {s:?} (suites: {})", SUITES.join(", ")),
+            s => bail!(
+                "weft bench: unknown suite {s:?} (suites: {})",
+                SUITES.join(", ")
+            ),
         }
     }
     if o.suites.is_empty() {
         o.suites = SUITES.iter().map(|s| s.to_string()).collect();
     }
     if (o.json.is_some() || o.csv.is_some()) && o.suites.len() > 1 {
-        bail!("weft bench: --json/--csv write one suite's results: name the suite ({})", SUITES.join(", "));
+        bail!(
+            "weft bench: --json/--csv write one suite's results: name the suite ({})",
+            SUITES.join(", ")
+        );
     }
     Ok(o)
 }
 
 pub fn run(job: &mut Job, opts: &BenchOptions) -> anyhow::Result<()> {
-    let gpu = job.gpu().map_err(|why| anyhow::anyhow!("weft bench needs a GPU: {why}"))?;
+    let gpu = job
+        .gpu()
+        .map_err(|why| anyhow::anyhow!("weft bench needs a GPU: {why}"))?;
     let device = crate::info::gpu_info(gpu.ordinal)?.name;
     for suite in &opts.suites {
         let result = match suite.as_str() {
             "nccl" => nccl::run(job, opts.quick)?,
             "grpcoll" => grpcoll::run(job, opts.quick)?,
+            "gemm" => gemm::run(job, opts.quick)?,
             "pgl" => pgl::run(job, opts.quick)?,
             "sync" => sync::run(job, opts.quick)?,
             "overlap-order" => overlap_order::run(job, opts.quick)?,
@@ -67,7 +79,11 @@ pub fn run(job: &mut Job, opts: &BenchOptions) -> anyhow::Result<()> {
         if job.rank() != 0 {
             continue;
         }
-        println!("\n# weft bench {suite}: {} ranks, {device}\n{}", job.world(), result.table.render());
+        println!(
+            "\n# weft bench {suite}: {} ranks, {device}\n{}",
+            job.world(),
+            result.table.render()
+        );
         let meta = RunMeta {
             suite: suite.clone(),
             device: device.clone(),
@@ -75,7 +91,12 @@ pub fn run(job: &mut Job, opts: &BenchOptions) -> anyhow::Result<()> {
             driver: crate::nvml::driver_version(),
             commit: env!("WEFT_COMMIT").to_string(),
             date: today(),
-            command: format!("{} ({} ranks, launcher {:?})", std::env::args().collect::<Vec<_>>().join(" "), job.world(), job.env.launcher),
+            command: format!(
+                "{} ({} ranks, launcher {:?})",
+                std::env::args().collect::<Vec<_>>().join(" "),
+                job.world(),
+                job.env.launcher
+            ),
         };
         if let Some(path) = &opts.json {
             write_file(path, &meta.to_json(result.rows).render())?;
@@ -110,13 +131,25 @@ mod tests {
         assert_eq!(o.suites, vec!["nccl"]);
         assert!(o.quick);
         assert_eq!(o.json, Some(PathBuf::from("r.json")));
-        assert_eq!(parse(&[]).unwrap().suites, SUITES.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(
+            parse(&[]).unwrap().suites,
+            SUITES.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+        );
     }
 
     #[test]
     fn rejects_unknown_suites_and_options() {
-        assert!(parse(&words("gemmm")).unwrap_err().to_string().contains("unknown suite \"gemmm\""));
-        assert!(parse(&words("--fast")).unwrap_err().to_string().contains("unknown option"));
-        assert!(parse(&words("nccl --json")).unwrap_err().to_string().contains("needs a file path"));
+        assert!(parse(&words("gemmm"))
+            .unwrap_err()
+            .to_string()
+            .contains("unknown suite \"gemmm\""));
+        assert!(parse(&words("--fast"))
+            .unwrap_err()
+            .to_string()
+            .contains("unknown option"));
+        assert!(parse(&words("nccl --json"))
+            .unwrap_err()
+            .to_string()
+            .contains("needs a file path"));
     }
 }

@@ -26,7 +26,13 @@ enum Op {
     SendRecv,
 }
 
-const OPS: [Op; 5] = [Op::AllReduce, Op::ReduceScatter, Op::AllGather, Op::AllToAll, Op::SendRecv];
+const OPS: [Op; 5] = [
+    Op::AllReduce,
+    Op::ReduceScatter,
+    Op::AllGather,
+    Op::AllToAll,
+    Op::SendRecv,
+];
 
 impl Op {
     fn name(self) -> &'static str {
@@ -89,7 +95,15 @@ fn sizes(quick: bool) -> Vec<usize> {
     }
 }
 
-fn enqueue(comm: &Communicator, op: Op, send: &CudaSlice<f32>, recv: &mut CudaSlice<f32>, s: usize, r: usize, stream: &Arc<CudaStream>) -> anyhow::Result<()> {
+fn enqueue(
+    comm: &Communicator,
+    op: Op,
+    send: &CudaSlice<f32>,
+    recv: &mut CudaSlice<f32>,
+    s: usize,
+    r: usize,
+    stream: &Arc<CudaStream>,
+) -> anyhow::Result<()> {
     let (send, mut recv) = (send.slice(..s), recv.slice_mut(..r));
     let world = comm.world();
     match op {
@@ -97,14 +111,22 @@ fn enqueue(comm: &Communicator, op: Op, send: &CudaSlice<f32>, recv: &mut CudaSl
         Op::ReduceScatter => comm.reduce_scatter(&send, &mut recv, ReduceOp::Sum, stream),
         Op::AllGather => comm.all_gather(&send, &mut recv, stream),
         Op::AllToAll => comm.all_to_all(&send, &mut recv, stream),
-        Op::SendRecv => comm.send_recv(&send, (comm.rank() + 1) % world, &mut recv, (comm.rank() + world - 1) % world, stream),
+        Op::SendRecv => comm.send_recv(
+            &send,
+            (comm.rank() + 1) % world,
+            &mut recv,
+            (comm.rank() + world - 1) % world,
+            stream,
+        ),
     }
 }
 
 /// A device buffer of `n` random f32 (filled from a 16 MiB random block, copied repeatedly).
 fn random_buffer(stream: &Arc<CudaStream>, n: usize, seed: u64) -> anyhow::Result<CudaSlice<f32>> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let block: Vec<f32> = (0..(1 << 22).min(n)).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let block: Vec<f32> = (0..(1 << 22).min(n))
+        .map(|_| rng.random_range(-1.0..1.0))
+        .collect();
     // SAFETY: every element is written by the copies below before any use.
     let mut buf = unsafe { stream.alloc::<f32>(n) }?;
     let mut at = 0;
@@ -120,10 +142,14 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
     let world = job.world();
     let rank = job.rank();
     let sizes = sizes(quick);
-    let max_elems = OPS.iter().map(|op| {
-        let (s, r) = op.counts(*sizes.last().unwrap(), world);
-        s.max(r)
-    }).max().unwrap();
+    let max_elems = OPS
+        .iter()
+        .map(|op| {
+            let (s, r) = op.counts(*sizes.last().unwrap(), world);
+            s.max(r)
+        })
+        .max()
+        .unwrap();
     let mut medians: Vec<(Op, usize, f64)> = Vec::new();
     {
         let (comm, gpu) = job.comm_and_gpu()?;
@@ -133,8 +159,16 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         for op in OPS {
             for &bytes in &sizes {
                 let (s, r) = op.counts(bytes, world);
-                let iters = if quick { 10 } else if bytes <= 1 << 24 { 50 } else { 20 };
-                let ms = time_iterations(stream, 5, iters, || enqueue(comm, op, &send, &mut recv, s, r, stream))?;
+                let iters = if quick {
+                    10
+                } else if bytes <= 1 << 24 {
+                    50
+                } else {
+                    20
+                };
+                let ms = time_iterations(stream, 5, iters, || {
+                    enqueue(comm, op, &send, &mut recv, s, r, stream)
+                })?;
                 medians.push((op, op.reported_bytes(s, r), median(&ms)));
             }
         }
@@ -144,11 +178,24 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
     let all = job.rdzv.all_gather(&mine)?;
     let per_rank: Vec<Vec<f64>> = all
         .iter()
-        .map(|b| b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect())
+        .map(|b| {
+            b.chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+                .collect()
+        })
         .collect();
 
     let mut table = Table {
-        headers: vec!["op", "size (B)", "time (us)", "min rank (us)", "max rank (us)", "algbw (GB/s)", "busbw (GB/s)", "anchor busbw"],
+        headers: vec![
+            "op",
+            "size (B)",
+            "time (us)",
+            "min rank (us)",
+            "max rank (us)",
+            "algbw (GB/s)",
+            "busbw (GB/s)",
+            "anchor busbw",
+        ],
         rows: Vec::new(),
     };
     let mut rows = Vec::new();
@@ -159,7 +206,9 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         let algbw = bytes as f64 / (slowest * 1e-3) / 1e9;
         let busbw = algbw * op.bus_factor(world);
         // Compare with the anchor only where it was measured: 1 GiB on 4 ranks.
-        let anchor = op.anchor_busbw_gbs().filter(|_| world == 4 && bytes == 1 << 30);
+        let anchor = op
+            .anchor_busbw_gbs()
+            .filter(|_| world == 4 && bytes == 1 << 30);
         let anchor_ms = anchor.map(|bw| bytes as f64 * op.bus_factor(world) / (bw * 1e9) * 1e3);
         table.rows.push(vec![
             op.name().into(),
@@ -180,7 +229,10 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             ("min_rank_ms", Json::from(fastest)),
             ("algbw_gbs", Json::from(algbw)),
             ("busbw_gbs", Json::from(busbw)),
-            ("baseline", Json::from(anchor.map(|_| "DESIGN.md §4 anchor: NCCL 2.28 busbw on 4xH200"))),
+            (
+                "baseline",
+                Json::from(anchor.map(|_| "DESIGN.md §4 anchor: NCCL 2.28 busbw on 4xH200")),
+            ),
             ("baseline_busbw_gbs", Json::from(anchor)),
             ("baseline_ms", Json::from(anchor_ms)),
             ("ratio", Json::from(anchor_ms.map(|a| a / slowest))),

@@ -195,7 +195,8 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
     if result.is_ok() {
         // Other ranks idle here while rank 0 measures: one child per mode, each bounded by
         // CHILD_TIMEOUT, so the wait may exceed the rendezvous' default bound.
-        job.rdzv.set_timeout(CHILD_TIMEOUT * 16 + Duration::from_secs(60));
+        job.rdzv
+            .set_timeout(CHILD_TIMEOUT * 16 + Duration::from_secs(60));
         job.rdzv.barrier()?;
     }
     result
@@ -348,9 +349,15 @@ fn report(cfg: &Config, measured: &[(Mode, Measured)]) -> SuiteResult {
     if let Some((_, b)) = measured.iter().find(|(m, _)| *m == Mode::Barrier) {
         // The wait's own cost: the events around it minus the same events around nothing.
         let overhead_us = b.wait_us - b.empty_events_us;
-        let mut cells = padded_row(&table, "KernelBarrier wait, target already reached (events around it)".into());
+        let mut cells = padded_row(
+            &table,
+            "KernelBarrier wait, target already reached (events around it)".into(),
+        );
         cells[1] = format!("{:.4}", b.wait_us / 1e3);
-        cells[8] = format!("empty events: {:.1} us, overhead {overhead_us:.1} us", b.empty_events_us);
+        cells[8] = format!(
+            "empty events: {:.1} us, overhead {overhead_us:.1} us",
+            b.empty_events_us
+        );
         table.rows.push(cells);
         rows.push(Json::obj([
             (

@@ -64,7 +64,9 @@ use crate::results::Table;
 use crate::timing::{median, time_iterations};
 use anyhow::{bail, Context};
 use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute};
-use cudarc::driver::{result, CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    result, CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
+};
 use std::sync::Arc;
 use weft_kernels::cubins;
 use weft_pgl::{Backend, Pgl, Shape};
@@ -98,8 +100,14 @@ enum Method {
     BulkRead,
 }
 
-const METHODS: [Method; 6] =
-    [Method::CopyEngineWrite, Method::CopyEngineRead, Method::PlainWrite, Method::PlainRead, Method::BulkWrite, Method::BulkRead];
+const METHODS: [Method; 6] = [
+    Method::CopyEngineWrite,
+    Method::CopyEngineRead,
+    Method::PlainWrite,
+    Method::PlainRead,
+    Method::BulkWrite,
+    Method::BulkRead,
+];
 
 impl Method {
     fn name(self) -> &'static str {
@@ -119,7 +127,10 @@ impl Method {
 
     /// Issued by the receiver (peer source, local destination) rather than the sender.
     fn is_read(self) -> bool {
-        matches!(self, Method::CopyEngineRead | Method::PlainRead | Method::BulkRead)
+        matches!(
+            self,
+            Method::CopyEngineRead | Method::PlainRead | Method::BulkRead
+        )
     }
 }
 
@@ -135,7 +146,11 @@ fn sizes(quick: bool) -> Vec<usize> {
 /// SM (= block) counts for the kernels: 4, 8, 16, 32, half and all of the device's SMs; quick: 16,
 /// 32 and all. Never more than the device has, ascending, without repeats.
 fn sm_counts(sms: u32, quick: bool) -> Vec<u32> {
-    let wanted: Vec<u32> = if quick { vec![16, 32, sms] } else { vec![4, 8, 16, 32, sms / 2, sms] };
+    let wanted: Vec<u32> = if quick {
+        vec![16, 32, sms]
+    } else {
+        vec![4, 8, 16, 32, sms / 2, sms]
+    };
     let mut v: Vec<u32> = wanted.into_iter().filter(|&s| s >= 1 && s <= sms).collect();
     v.sort_unstable();
     v.dedup();
@@ -167,21 +182,32 @@ struct BulkConfig {
 
 impl Default for BulkConfig {
     fn default() -> Self {
-        BulkConfig { chunk: 32 * KIB as u32, stages: 6, inflight: 3 }
+        BulkConfig {
+            chunk: 32 * KIB as u32,
+            stages: 6,
+            inflight: 3,
+        }
     }
 }
 
 impl BulkConfig {
     /// `WEFT_PGL_BULK=chunk,stages,inflight` when set (through `var`), else the default.
     fn from_env(var: impl Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
-        let Some(text) = var("WEFT_PGL_BULK") else { return Ok(Self::default()) };
+        let Some(text) = var("WEFT_PGL_BULK") else {
+            return Ok(Self::default());
+        };
         let parts: Vec<&str> = text.split(',').map(str::trim).collect();
         let parsed: Vec<u32> = parts.iter().filter_map(|p| p.parse().ok()).collect();
         let [chunk, stages, inflight] = parsed[..] else {
             bail!("WEFT_PGL_BULK={text:?}: expected chunk,stages,inflight (e.g. 32768,6,3)");
         };
-        let c = BulkConfig { chunk, stages, inflight };
-        c.validate().with_context(|| format!("WEFT_PGL_BULK={text:?}"))?;
+        let c = BulkConfig {
+            chunk,
+            stages,
+            inflight,
+        };
+        c.validate()
+            .with_context(|| format!("WEFT_PGL_BULK={text:?}"))?;
         Ok(c)
     }
 
@@ -189,13 +215,20 @@ impl BulkConfig {
         // One bulk transaction moves at most 2^20 - 1 bytes; the stages must fit shared memory
         // (checked against the device's opt-in limit at launch).
         if self.chunk < 16 || self.chunk % 16 != 0 || self.chunk >= 1 << 20 {
-            bail!("chunk {} must be a multiple of 16 bytes below 1 MiB", self.chunk);
+            bail!(
+                "chunk {} must be a multiple of 16 bytes below 1 MiB",
+                self.chunk
+            );
         }
         if !(2..=8).contains(&self.stages) {
             bail!("stages {} must be 2 to 8", self.stages);
         }
         if self.inflight < 1 || self.inflight >= self.stages {
-            bail!("inflight {} must be at least 1 and below stages ({})", self.inflight, self.stages);
+            bail!(
+                "inflight {} must be at least 1 and below stages ({})",
+                self.inflight,
+                self.stages
+            );
         }
         Ok(())
     }
@@ -220,17 +253,25 @@ impl BulkConfig {
 /// A source word: a hash of (seed, rank, index), never [`POISON`]. Any rank can regenerate any
 /// rank's source to check what it received.
 fn source_word(seed: u64, rank: usize, i: usize) -> u32 {
-    let mut z = seed ^ (rank as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (i as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
+    let mut z = seed
+        ^ (rank as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ (i as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^= z >> 31;
     let w = z as u32;
-    if w == POISON { w ^ 1 } else { w }
+    if w == POISON {
+        w ^ 1
+    } else {
+        w
+    }
 }
 
 /// Host threads for filling and checking 1 GiB (the process's CPU affinity decides).
 fn host_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get()).min(16)
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(16)
 }
 
 /// Fills `buf` with rank `rank`'s source words, in parallel.
@@ -273,14 +314,21 @@ fn check_source(got: &[u32], seed: u64, from: usize) -> Option<String> {
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("check thread panicked")).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("check thread panicked"))
+            .collect()
     });
     let bad: usize = parts.iter().map(|p| p.0).sum();
     if bad == 0 {
         return None;
     }
     let first: Vec<String> = parts.into_iter().flat_map(|p| p.1).take(4).collect();
-    Some(format!("{bad} of {} words differ from rank {from}'s source: {}", got.len(), first.join("; ")))
+    Some(format!(
+        "{bad} of {} words differ from rank {from}'s source: {}",
+        got.len(),
+        first.join("; ")
+    ))
 }
 
 /// The copy kernels, loaded, with the dynamic shared memory each launch takes.
@@ -298,29 +346,77 @@ struct Kernels {
 
 impl Kernels {
     fn load(ctx: &Arc<CudaContext>, bulk: BulkConfig) -> anyhow::Result<Self> {
-        let module = cubins::PGL_PEER_COPY.load(ctx).context("loading kernels/pgl/peer_copy.cu")?;
-        let f = |name: &str| module.load_function(name).with_context(|| format!("kernels/pgl/peer_copy.cu: {name}"));
-        let (write_plain, read_plain, write_bulk, read_bulk) =
-            (f("weft_peer_write_plain")?, f("weft_peer_read_plain")?, f("weft_peer_write_bulk")?, f("weft_peer_read_bulk")?);
-        let per_sm = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)? as u32;
-        let optin = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32;
-        let plain_smem = one_block_per_sm(&[&write_plain, &read_plain], PLAIN_THREADS, 0, per_sm, optin)?;
-        let bulk_smem = one_block_per_sm(&[&write_bulk, &read_bulk], BULK_THREADS, bulk.smem_bytes(), per_sm, optin)
-            .with_context(|| format!("bulk pipeline {}", bulk.describe()))?;
-        Ok(Kernels { _module: module, write_plain, read_plain, write_bulk, read_bulk, plain_smem, bulk_smem, bulk })
+        let module = cubins::PGL_PEER_COPY
+            .load(ctx)
+            .context("loading kernels/pgl/peer_copy.cu")?;
+        let f = |name: &str| {
+            module
+                .load_function(name)
+                .with_context(|| format!("kernels/pgl/peer_copy.cu: {name}"))
+        };
+        let (write_plain, read_plain, write_bulk, read_bulk) = (
+            f("weft_peer_write_plain")?,
+            f("weft_peer_read_plain")?,
+            f("weft_peer_write_bulk")?,
+            f("weft_peer_read_bulk")?,
+        );
+        let per_sm = ctx.attribute(
+            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+        )? as u32;
+        let optin = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
+            as u32;
+        let plain_smem = one_block_per_sm(
+            &[&write_plain, &read_plain],
+            PLAIN_THREADS,
+            0,
+            per_sm,
+            optin,
+        )?;
+        let bulk_smem = one_block_per_sm(
+            &[&write_bulk, &read_bulk],
+            BULK_THREADS,
+            bulk.smem_bytes(),
+            per_sm,
+            optin,
+        )
+        .with_context(|| format!("bulk pipeline {}", bulk.describe()))?;
+        Ok(Kernels {
+            _module: module,
+            write_plain,
+            read_plain,
+            write_bulk,
+            read_bulk,
+            plain_smem,
+            bulk_smem,
+            bulk,
+        })
     }
 }
 
 /// The dynamic shared memory (at least `wanted`) with which every one of `funcs` runs one block
 /// per SM: `wanted` if occupancy already says one, else more than half an SM's shared memory.
 /// Raises each function's dynamic-shared-memory limit to the device's opt-in maximum.
-fn one_block_per_sm(funcs: &[&CudaFunction], threads: u32, wanted: u32, per_sm: u32, optin: u32) -> anyhow::Result<u32> {
+fn one_block_per_sm(
+    funcs: &[&CudaFunction],
+    threads: u32,
+    wanted: u32,
+    per_sm: u32,
+    optin: u32,
+) -> anyhow::Result<u32> {
     let mut smem = wanted;
     for f in funcs {
-        let static_smem = f.get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)? as u32;
-        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (optin - static_smem) as i32)?;
+        let static_smem =
+            f.get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)? as u32;
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            (optin - static_smem) as i32,
+        )?;
         if smem + static_smem > optin {
-            bail!("{smem} bytes of shared memory per block do not fit (at most {} on this device)", optin - static_smem);
+            bail!(
+                "{smem} bytes of shared memory per block do not fit (at most {} on this device)",
+                optin - static_smem
+            );
         }
         if f.occupancy_max_active_blocks_per_multiprocessor(threads, smem as usize, None)? > 1 {
             smem = smem.max(per_sm / 2 + 1);
@@ -349,7 +445,11 @@ struct Transfer<'a> {
 impl Transfer<'_> {
     /// Enqueues one copy of `bytes` by `method` on `blocks` SMs (ignored by the copy engine).
     fn enqueue(&self, method: Method, blocks: u32, bytes: usize) -> anyhow::Result<()> {
-        let (src, dst) = if method.is_read() { (self.src_prev, self.dst_local) } else { (self.src_local, self.dst_next) };
+        let (src, dst) = if method.is_read() {
+            (self.src_prev, self.dst_local)
+        } else {
+            (self.src_local, self.dst_next)
+        };
         if bytes % 16 != 0 || src % 16 != 0 || dst % 16 != 0 {
             bail!("peer copy of {bytes} B from {src:#x} to {dst:#x}: sizes and addresses must be multiples of 16");
         }
@@ -362,19 +462,50 @@ impl Transfer<'_> {
                 unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream())? };
             }
             Method::PlainWrite | Method::PlainRead => {
-                let func = if method == Method::PlainWrite { &k.write_plain } else { &k.read_plain };
-                let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (PLAIN_THREADS, 1, 1), shared_mem_bytes: k.plain_smem };
+                let func = if method == Method::PlainWrite {
+                    &k.write_plain
+                } else {
+                    &k.read_plain
+                };
+                let cfg = LaunchConfig {
+                    grid_dim: (blocks, 1, 1),
+                    block_dim: (PLAIN_THREADS, 1, 1),
+                    shared_mem_bytes: k.plain_smem,
+                };
                 // SAFETY: (src, dst, bytes) as the kernel expects: 16-byte aligned, disjoint, live.
-                unsafe { stream.launch_builder(func).arg(&src).arg(&dst).arg(&n).launch(cfg)? };
+                unsafe {
+                    stream
+                        .launch_builder(func)
+                        .arg(&src)
+                        .arg(&dst)
+                        .arg(&n)
+                        .launch(cfg)?
+                };
             }
             Method::BulkWrite | Method::BulkRead => {
-                let func = if method == Method::BulkWrite { &k.write_bulk } else { &k.read_bulk };
+                let func = if method == Method::BulkWrite {
+                    &k.write_bulk
+                } else {
+                    &k.read_bulk
+                };
                 let chunk = k.bulk.chunk_for(bytes, blocks);
                 let (stages, inflight) = (k.bulk.stages, k.bulk.inflight);
-                let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BULK_THREADS, 1, 1), shared_mem_bytes: k.bulk_smem };
+                let cfg = LaunchConfig {
+                    grid_dim: (blocks, 1, 1),
+                    block_dim: (BULK_THREADS, 1, 1),
+                    shared_mem_bytes: k.bulk_smem,
+                };
                 // SAFETY: as above; chunk * stages <= the dynamic shared memory of the launch.
                 unsafe {
-                    stream.launch_builder(func).arg(&src).arg(&dst).arg(&n).arg(&chunk).arg(&stages).arg(&inflight).launch(cfg)?
+                    stream
+                        .launch_builder(func)
+                        .arg(&src)
+                        .arg(&dst)
+                        .arg(&n)
+                        .arg(&chunk)
+                        .arg(&stages)
+                        .arg(&inflight)
+                        .launch(cfg)?
                 };
             }
         }
@@ -433,19 +564,40 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
     };
     let mut cases: Vec<Case> = Vec::new();
     for method in METHODS {
-        let configs: Vec<u32> = if method.is_kernel() { counts.clone() } else { vec![0] };
+        let configs: Vec<u32> = if method.is_kernel() {
+            counts.clone()
+        } else {
+            vec![0]
+        };
         for &blocks in &configs {
             for &bytes in &sizes {
                 let (warmup, iters) = repetitions(bytes, quick);
                 job.rdzv.barrier()?;
-                let ms = time_iterations(&stream, warmup, iters, || copy.enqueue(method, blocks, bytes))
-                    .with_context(|| format!("{} on {blocks} SMs, {bytes} B", method.name()))?;
-                cases.push(Case { method, sms: blocks, bytes, median_ms: median(&ms) });
+                let ms = time_iterations(&stream, warmup, iters, || {
+                    copy.enqueue(method, blocks, bytes)
+                })
+                .with_context(|| format!("{} on {blocks} SMs, {bytes} B", method.name()))?;
+                cases.push(Case {
+                    method,
+                    sms: blocks,
+                    bytes,
+                    median_ms: median(&ms),
+                });
             }
             // The largest size (full chunks everywhere) and two odd ones: a short last chunk, shrunken
             // chunks, blocks with no chunk and fewer chunks than stages.
             for check_bytes in [largest, 4096 + 48, (largest / 7) / 16 * 16 + 48] {
-                verify(job, &copy, &dst, &mut host, seed, prev, method, blocks, check_bytes)?;
+                verify(
+                    job,
+                    &copy,
+                    &dst,
+                    &mut host,
+                    seed,
+                    prev,
+                    method,
+                    blocks,
+                    check_bytes,
+                )?;
             }
         }
     }
@@ -453,21 +605,45 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
     src.free(&mut job.rdzv)?;
 
     // Every rank's medians, in the same order on every rank.
-    let mine: Vec<u8> = cases.iter().flat_map(|c| c.median_ms.to_le_bytes()).collect();
+    let mine: Vec<u8> = cases
+        .iter()
+        .flat_map(|c| c.median_ms.to_le_bytes())
+        .collect();
     let per_rank: Vec<Vec<f64>> = job
         .rdzv
         .all_gather(&mine)?
         .iter()
-        .map(|b| b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect())
+        .map(|b| {
+            b.chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+                .collect()
+        })
         .collect();
-    let slowest: Vec<f64> = (0..cases.len()).map(|i| per_rank.iter().map(|r| r[i]).fold(f64::MIN, f64::max)).collect();
-    let fastest: Vec<f64> = (0..cases.len()).map(|i| per_rank.iter().map(|r| r[i]).fold(f64::MAX, f64::min)).collect();
+    let slowest: Vec<f64> = (0..cases.len())
+        .map(|i| per_rank.iter().map(|r| r[i]).fold(f64::MIN, f64::max))
+        .collect();
+    let fastest: Vec<f64> = (0..cases.len())
+        .map(|i| per_rank.iter().map(|r| r[i]).fold(f64::MAX, f64::min))
+        .collect();
     let ce_ms = |bytes: usize| {
-        cases.iter().zip(&slowest).find(|(c, _)| c.method == Method::CopyEngineWrite && c.bytes == bytes).map(|(_, &t)| t)
+        cases
+            .iter()
+            .zip(&slowest)
+            .find(|(c, _)| c.method == Method::CopyEngineWrite && c.bytes == bytes)
+            .map(|(_, &t)| t)
     };
 
     let mut table = Table {
-        headers: vec!["method", "SMs", "per block", "size", "time (us)", "min rank (us)", "GB/s", "% of CE"],
+        headers: vec![
+            "method",
+            "SMs",
+            "per block",
+            "size",
+            "time (us)",
+            "min rank (us)",
+            "GB/s",
+            "% of CE",
+        ],
         rows: Vec::new(),
     };
     let mut rows = Vec::new();
@@ -487,7 +663,11 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         }
         table.rows.push(vec![
             c.method.name().into(),
-            if c.method.is_kernel() { c.sms.to_string() } else { "-".into() },
+            if c.method.is_kernel() {
+                c.sms.to_string()
+            } else {
+                "-".into()
+            },
             block.clone(),
             human_size(c.bytes),
             format!("{:.1}", t * 1e3),
@@ -503,8 +683,14 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         rows.push(Json::obj([
             ("case", Json::from(case)),
             ("method", Json::from(c.method.name())),
-            ("direction", Json::from(if c.method.is_read() { "read" } else { "write" })),
-            ("sms", Json::from(c.method.is_kernel().then_some(c.sms as usize))),
+            (
+                "direction",
+                Json::from(if c.method.is_read() { "read" } else { "write" }),
+            ),
+            (
+                "sms",
+                Json::from(c.method.is_kernel().then_some(c.sms as usize)),
+            ),
             ("block", Json::from((!block.is_empty()).then_some(block))),
             ("bytes", Json::from(c.bytes)),
             ("backend", Json::from(backend)),
@@ -550,22 +736,40 @@ fn verify(
     stream.synchronize()?;
     job.rdzv.barrier()?;
     // SAFETY: the local destination holds at least `words + guard` words.
-    unsafe { sys::cuMemsetD32Async(dst.local_ptr(), POISON, words + guard, stream.cu_stream()).result()? };
+    unsafe {
+        sys::cuMemsetD32Async(dst.local_ptr(), POISON, words + guard, stream.cu_stream())
+            .result()?
+    };
     stream.synchronize()?;
     job.rdzv.barrier()?; // every destination poisoned before any rank writes
     copy.enqueue(method, blocks, bytes)?;
-    stream.synchronize().with_context(|| format!("{} on {blocks} SMs, {bytes} B (check run)", method.name()))?;
+    stream
+        .synchronize()
+        .with_context(|| format!("{} on {blocks} SMs, {bytes} B (check run)", method.name()))?;
     job.rdzv.barrier()?; // every copy into every destination done
-    // SAFETY: `host` holds `words + guard` words; synchronised below before it is read.
-    unsafe { result::memcpy_dtoh_async(&mut host[..words + guard], dst.local_ptr(), stream.cu_stream())? };
+                         // SAFETY: `host` holds `words + guard` words; synchronised below before it is read.
+    unsafe {
+        result::memcpy_dtoh_async(
+            &mut host[..words + guard],
+            dst.local_ptr(),
+            stream.cu_stream(),
+        )?
+    };
     stream.synchronize()?;
     let overrun = host[words..words + guard].iter().position(|&w| w != POISON);
     let local = match (check_source(&host[..words], seed, prev), overrun) {
         (Some(wrong), _) => Err(anyhow::anyhow!(wrong)),
-        (None, Some(i)) => Err(anyhow::anyhow!("wrote past the message: word {} (message ends at {words})", words + i)),
+        (None, Some(i)) => Err(anyhow::anyhow!(
+            "wrote past the message: word {} (message ends at {words})",
+            words + i
+        )),
         (None, None) => Ok(()),
     };
-    let sms = if method.is_kernel() { format!(" on {blocks} SMs") } else { String::new() };
+    let sms = if method.is_kernel() {
+        format!(" on {blocks} SMs")
+    } else {
+        String::new()
+    };
     let step = format!(
         "weft bench pgl: checking {}{sms}, {bytes} B (seed {seed}, WEFT_SEED={seed} replays it)",
         method.name()
@@ -581,16 +785,35 @@ fn goal_summary(pcts: &[(Method, u32, usize, f64)]) -> Vec<String> {
         human_size(GOAL_FROM_BYTES)
     )];
     for method in METHODS.into_iter().filter(|m| m.is_kernel()) {
-        let mut sms: Vec<u32> = pcts.iter().filter(|p| p.0 == method && p.1 <= GOAL_MAX_SMS).map(|p| p.1).collect();
+        let mut sms: Vec<u32> = pcts
+            .iter()
+            .filter(|p| p.0 == method && p.1 <= GOAL_MAX_SMS)
+            .map(|p| p.1)
+            .collect();
         sms.sort_unstable();
         sms.dedup();
         // The worst size from GOAL_FROM_BYTES up at each SM count.
         let worst = |s: u32| {
-            pcts.iter().filter(|p| p.0 == method && p.1 == s && p.2 >= GOAL_FROM_BYTES).map(|p| p.3).fold(f64::INFINITY, f64::min)
+            pcts.iter()
+                .filter(|p| p.0 == method && p.1 == s && p.2 >= GOAL_FROM_BYTES)
+                .map(|p| p.3)
+                .fold(f64::INFINITY, f64::min)
         };
-        let line = match sms.iter().find(|&&s| worst(s).is_finite() && worst(s) >= GOAL_PCT) {
-            Some(&s) => format!("  {}: met from {s} SMs (worst size {:.1}%)", method.name(), worst(s)),
-            None => match sms.iter().filter(|&&s| worst(s).is_finite()).map(|&s| (s, worst(s))).max_by(|a, b| a.1.total_cmp(&b.1)) {
+        let line = match sms
+            .iter()
+            .find(|&&s| worst(s).is_finite() && worst(s) >= GOAL_PCT)
+        {
+            Some(&s) => format!(
+                "  {}: met from {s} SMs (worst size {:.1}%)",
+                method.name(),
+                worst(s)
+            ),
+            None => match sms
+                .iter()
+                .filter(|&&s| worst(s).is_finite())
+                .map(|&s| (s, worst(s)))
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+            {
                 Some((s, w)) => format!("  {}: not met (best: {w:.1}% at {s} SMs)", method.name()),
                 None => format!("  {}: not measured", method.name()),
             },
@@ -634,11 +857,29 @@ mod tests {
 
     #[test]
     fn bulk_config_from_env_and_validation() {
-        assert_eq!(BulkConfig::from_env(|_| None).unwrap(), BulkConfig::default());
+        assert_eq!(
+            BulkConfig::from_env(|_| None).unwrap(),
+            BulkConfig::default()
+        );
         assert!(BulkConfig::default().validate().is_ok());
         let c = BulkConfig::from_env(|_| Some("65536, 3, 1".into())).unwrap();
-        assert_eq!(c, BulkConfig { chunk: 65536, stages: 3, inflight: 1 });
-        for bad in ["1000,4,1", "32768,1,1", "32768,9,1", "32768,4,4", "32768,4,0", "32768,4", "a,b,c"] {
+        assert_eq!(
+            c,
+            BulkConfig {
+                chunk: 65536,
+                stages: 3,
+                inflight: 1
+            }
+        );
+        for bad in [
+            "1000,4,1",
+            "32768,1,1",
+            "32768,9,1",
+            "32768,4,4",
+            "32768,4,0",
+            "32768,4",
+            "a,b,c",
+        ] {
             assert!(BulkConfig::from_env(|_| Some(bad.into())).is_err(), "{bad}");
         }
     }
@@ -652,13 +893,19 @@ mod tests {
         assert_eq!(c.chunk_for(16, 132), 16);
         for (bytes, blocks) in [(4 * KIB, 4), (1 << 20, 132), (48, 7)] {
             let ch = c.chunk_for(bytes, blocks);
-            assert!(ch % 16 == 0 && ch >= 16 && ch <= c.chunk, "{bytes} {blocks} -> {ch}");
+            assert!(
+                ch % 16 == 0 && ch >= 16 && ch <= c.chunk,
+                "{bytes} {blocks} -> {ch}"
+            );
         }
     }
 
     #[test]
     fn source_words_differ_by_rank_and_are_never_poison() {
-        assert_ne!((0..64).map(|i| source_word(7, 0, i)).collect::<Vec<_>>(), (0..64).map(|i| source_word(7, 1, i)).collect::<Vec<_>>());
+        assert_ne!(
+            (0..64).map(|i| source_word(7, 0, i)).collect::<Vec<_>>(),
+            (0..64).map(|i| source_word(7, 1, i)).collect::<Vec<_>>()
+        );
         assert!((0..100_000).all(|i| source_word(7, 3, i) != POISON));
         let mut buf = vec![0u32; 10_001];
         fill_source(&mut buf, 9, 2);
@@ -666,8 +913,15 @@ mod tests {
         buf[10_000] = POISON;
         buf[5] ^= 1;
         let e = check_source(&buf, 9, 2).unwrap();
-        assert!(e.starts_with("2 of 10001 words differ from rank 2") && e.contains("[5]") && e.contains("never written"), "{e}");
-        assert!(check_source(&buf, 9, 1).unwrap().starts_with("10001 of 10001"));
+        assert!(
+            e.starts_with("2 of 10001 words differ from rank 2")
+                && e.contains("[5]")
+                && e.contains("never written"),
+            "{e}"
+        );
+        assert!(check_source(&buf, 9, 1)
+            .unwrap()
+            .starts_with("10001 of 10001"));
     }
 
     #[test]
@@ -683,8 +937,14 @@ mod tests {
             (Method::PlainWrite, 132, GIB, 94.0), // more than 32 SMs: not part of the goal
         ];
         let s = goal_summary(&p).join("\n");
-        assert!(s.contains("bulk write: met from 16 SMs (worst size 91.0%)"), "{s}");
-        assert!(s.contains("plain write: not met (best: 89.0% at 32 SMs)"), "{s}");
+        assert!(
+            s.contains("bulk write: met from 16 SMs (worst size 91.0%)"),
+            "{s}"
+        );
+        assert!(
+            s.contains("plain write: not met (best: 89.0% at 32 SMs)"),
+            "{s}"
+        );
         assert!(s.contains("plain read: not measured"), "{s}");
     }
 

@@ -43,14 +43,23 @@ struct Measured {
     mismatches: Option<(u64, u64)>,
 }
 
-fn latency_rows(job: &mut Job, ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, quick: bool) -> anyhow::Result<Vec<Measured>> {
+fn latency_rows(
+    job: &mut Job,
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    quick: bool,
+) -> anyhow::Result<Vec<Measured>> {
     let world = job.world();
     let budget = WaitBudget::default_for(ctx)?;
     let (iters, launches) = if quick { (2_000, 3) } else { (20_000, 5) };
     let warmup = iters / 10;
     let mut kinds = Vec::new();
     if world >= 2 {
-        kinds.extend([LatencyKind::Ring, LatencyKind::PingPong, LatencyKind::Barrier]);
+        kinds.extend([
+            LatencyKind::Ring,
+            LatencyKind::PingPong,
+            LatencyKind::Barrier,
+        ]);
     }
     kinds.extend([LatencyKind::InterSm, LatencyKind::Mbarrier]);
     let mut rows = Vec::new();
@@ -70,9 +79,19 @@ fn latency_rows(job: &mut Job, ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>,
         })();
         lat.free(&mut job.rdzv)?;
         measured?;
-        let us = if ns.is_empty() { f64::NAN } else { median(&ns) / 1e3 };
+        let us = if ns.is_empty() {
+            f64::NAN
+        } else {
+            median(&ns) / 1e3
+        };
         let w = world as f64;
-        let part = |case: String, us: f64, reference, goal_us| Measured { case, us, reference, goal_us, mismatches: None };
+        let part = |case: String, us: f64, reference, goal_us| Measured {
+            case,
+            us,
+            reference,
+            goal_us,
+            mismatches: None,
+        };
         match kind {
             LatencyKind::Ring => rows.push(part(
                 format!("one-way signal->wait (token ring over {world} GPUs, per hop)"),
@@ -81,7 +100,12 @@ fn latency_rows(job: &mut Job, ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>,
                 Some(GOAL_ONE_WAY_US),
             )),
             LatencyKind::PingPong => {
-                rows.push(part("ping-pong round trip (ranks 0 <-> 1)".into(), us, Some((ANCHOR_PING_PONG_US, "DESIGN.md §4 flag ping-pong")), None));
+                rows.push(part(
+                    "ping-pong round trip (ranks 0 <-> 1)".into(),
+                    us,
+                    Some((ANCHOR_PING_PONG_US, "DESIGN.md §4 flag ping-pong")),
+                    None,
+                ));
                 rows.push(part(
                     "one-way signal->wait (ping-pong / 2)".into(),
                     us / 2.0,
@@ -89,7 +113,12 @@ fn latency_rows(job: &mut Job, ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>,
                     Some(GOAL_ONE_WAY_US),
                 ));
             }
-            LatencyKind::Barrier => rows.push(part(format!("barrier ({world} ranks)"), us, None, Some(GOAL_BARRIER_US))),
+            LatencyKind::Barrier => rows.push(part(
+                format!("barrier ({world} ranks)"),
+                us,
+                None,
+                Some(GOAL_BARRIER_US),
+            )),
             LatencyKind::InterSm => rows.push(part(
                 "inter-SM signal->wait, one GPU (round trip / 2)".into(),
                 us / 2.0,
@@ -108,13 +137,21 @@ fn latency_rows(job: &mut Job, ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>,
 }
 
 /// The ring stress kernel per round, with and without release/acquire.
-fn stress_rows(job: &mut Job, ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>, quick: bool) -> anyhow::Result<Vec<Measured>> {
+fn stress_rows(
+    job: &mut Job,
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    quick: bool,
+) -> anyhow::Result<Vec<Measured>> {
     let rounds: u32 = if quick { 5_000 } else { 50_000 };
     let budget = WaitBudget::default_for(ctx)?;
     let mut s = Stress::alloc(&mut job.rdzv, ctx, StressMode::Ring, 8192, 4, budget)?;
     let mut rows = Vec::new();
     let measured = (|| -> anyhow::Result<()> {
-        for (ordering, name) in [(Ordering::ReleaseAcquire, "release/acquire"), (Ordering::Relaxed, "relaxed, no fences (negative control)")] {
+        for (ordering, name) in [
+            (Ordering::ReleaseAcquire, "release/acquire"),
+            (Ordering::Relaxed, "relaxed, no fences (negative control)"),
+        ] {
             job.rdzv.barrier()?;
             let mut pending: Vec<PendingStress> = Vec::new();
             let ms = time_iterations(stream, 1, 3, || {
@@ -148,7 +185,9 @@ fn nccl_all_reduce_4b_us(job: &mut Job, quick: bool) -> anyhow::Result<f64> {
     let (comm, gpu) = job.comm_and_gpu()?;
     let send = gpu.stream.clone_htod(&[1.0f32])?;
     let mut recv = gpu.stream.clone_htod(&[0.0f32])?;
-    let ms = time_iterations(&gpu.stream, 20, if quick { 100 } else { 500 }, || comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &gpu.stream))?;
+    let ms = time_iterations(&gpu.stream, 20, if quick { 100 } else { 500 }, || {
+        comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &gpu.stream)
+    })?;
     Ok(median(&ms) * 1e3)
 }
 
@@ -158,12 +197,20 @@ fn gather(job: &mut Job, values: &[f64]) -> anyhow::Result<Vec<Vec<f64>>> {
         .rdzv
         .all_gather(&mine)?
         .iter()
-        .map(|b| b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect())
+        .map(|b| {
+            b.chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+                .collect()
+        })
         .collect())
 }
 
 fn fmt_us(x: f64) -> String {
-    if x.is_finite() { format!("{x:.3}") } else { "-".into() }
+    if x.is_finite() {
+        format!("{x:.3}")
+    } else {
+        "-".into()
+    }
 }
 
 pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
@@ -178,23 +225,40 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
     // Per rank: every row's value, then the NCCL time, then (mismatches, checked) of stress rows.
     let mut mine: Vec<f64> = measured.iter().map(|m| m.us).collect();
     mine.push(nccl_us);
-    mine.extend(measured.iter().flat_map(|m| m.mismatches.map_or([0.0, 0.0], |(b, c)| [b as f64, c as f64])));
+    mine.extend(measured.iter().flat_map(|m| {
+        m.mismatches
+            .map_or([0.0, 0.0], |(b, c)| [b as f64, c as f64])
+    }));
     let all = gather(job, &mine)?;
     let n = measured.len();
     let across = |i: usize| -> (f64, f64) {
         let v: Vec<f64> = all.iter().map(|r| r[i]).filter(|x| x.is_finite()).collect();
-        (v.iter().cloned().fold(f64::NAN, f64::max), v.iter().cloned().fold(f64::NAN, f64::min))
+        (
+            v.iter().cloned().fold(f64::NAN, f64::max),
+            v.iter().cloned().fold(f64::NAN, f64::min),
+        )
     };
     let (nccl_slowest, nccl_fastest) = across(n);
 
     let mut table = Table {
-        headers: vec!["case", "median (us)", "min rank (us)", "NCCL 4 B all-reduce (us)", "vs NCCL", "reference (us)", "goal (us)", "notes"],
+        headers: vec![
+            "case",
+            "median (us)",
+            "min rank (us)",
+            "NCCL 4 B all-reduce (us)",
+            "vs NCCL",
+            "reference (us)",
+            "goal (us)",
+            "notes",
+        ],
         rows: Vec::new(),
     };
     let mut rows = Vec::new();
     for (i, m) in measured.iter().enumerate() {
         let (slowest, fastest) = across(i);
-        let (bad, checked) = all.iter().fold((0.0, 0.0), |(b, c), r| (b + r[n + 1 + 2 * i], c + r[n + 2 + 2 * i]));
+        let (bad, checked) = all.iter().fold((0.0, 0.0), |(b, c), r| {
+            (b + r[n + 1 + 2 * i], c + r[n + 2 + 2 * i])
+        });
         let meets = m.goal_us.map(|g| if slowest <= g { "yes" } else { "no" });
         let notes = match (m.mismatches, meets) {
             (Some(_), _) => format!("{bad:.0} of {checked:.0} elements wrong"),
@@ -224,7 +288,10 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             ("goal_us", Json::from(m.goal_us)),
             ("meets_goal", Json::from(meets)),
             ("mismatches", Json::from(m.mismatches.map(|_| bad))),
-            ("elements_checked", Json::from(m.mismatches.map(|_| checked))),
+            (
+                "elements_checked",
+                Json::from(m.mismatches.map(|_| checked)),
+            ),
         ]));
     }
     table.rows.push(vec![
@@ -245,7 +312,10 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         ("baseline_ms", Json::from(nccl_slowest / 1e3)),
         ("ratio", Json::from(1.0)),
         ("reference_us", Json::from(19.0)),
-        ("reference", Json::from("DESIGN.md §4: NCCL all-reduce of 4 B")),
+        (
+            "reference",
+            Json::from("DESIGN.md §4: NCCL all-reduce of 4 B"),
+        ),
     ]));
     Ok(SuiteResult { table, rows })
 }

@@ -22,12 +22,24 @@ pub fn cases() -> Vec<Case> {
     vec![
         Case::gpu("grpcoll::cast::f32", cast_trial::<f32>),
         Case::gpu("grpcoll::cast::bf16", cast_trial::<bf16>),
-        Case::gpu("grpcoll::reduce::sum::f32", |j| reduce_trial::<f32>(j, Op::Sum)),
-        Case::gpu("grpcoll::reduce::sum::bf16", |j| reduce_trial::<bf16>(j, Op::Sum)),
-        Case::gpu("grpcoll::reduce::avg::f32", |j| reduce_trial::<f32>(j, Op::Avg)),
-        Case::gpu("grpcoll::reduce::avg::bf16", |j| reduce_trial::<bf16>(j, Op::Avg)),
-        Case::gpu("grpcoll::reduce::lse::f32", |j| reduce_trial::<f32>(j, Op::Lse)),
-        Case::gpu("grpcoll::reduce::lse::bf16", |j| reduce_trial::<bf16>(j, Op::Lse)),
+        Case::gpu("grpcoll::reduce::sum::f32", |j| {
+            reduce_trial::<f32>(j, Op::Sum)
+        }),
+        Case::gpu("grpcoll::reduce::sum::bf16", |j| {
+            reduce_trial::<bf16>(j, Op::Sum)
+        }),
+        Case::gpu("grpcoll::reduce::avg::f32", |j| {
+            reduce_trial::<f32>(j, Op::Avg)
+        }),
+        Case::gpu("grpcoll::reduce::avg::bf16", |j| {
+            reduce_trial::<bf16>(j, Op::Avg)
+        }),
+        Case::gpu("grpcoll::reduce::lse::f32", |j| {
+            reduce_trial::<f32>(j, Op::Lse)
+        }),
+        Case::gpu("grpcoll::reduce::lse::bf16", |j| {
+            reduce_trial::<bf16>(j, Op::Lse)
+        }),
         Case::gpu("grpcoll::errors::split_sum", err_split_sum),
         Case::gpu("grpcoll::errors::index_out_of_range", err_out_of_range),
         Case::gpu("grpcoll::errors::duplicate_destination", err_duplicate),
@@ -54,23 +66,39 @@ trait GElem: PglElement + PartialEq + std::fmt::Debug {
 
 impl GElem for f32 {
     const EPS: f64 = f32::EPSILON as f64;
-    fn from_f64(v: f64) -> Self { v as f32 }
-    fn to_f64(self) -> f64 { self as f64 }
-    fn poison() -> Self { f32::NAN }
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn poison() -> Self {
+        f32::NAN
+    }
 }
 
 impl GElem for bf16 {
     const EPS: f64 = 0.0078125;
-    fn from_f64(v: f64) -> Self { bf16::from_f64(v) }
-    fn to_f64(self) -> f64 { self.to_f64() }
-    fn poison() -> Self { bf16::NAN }
+    fn from_f64(v: f64) -> Self {
+        bf16::from_f64(v)
+    }
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+    fn poison() -> Self {
+        bf16::NAN
+    }
 }
 
 const PATTERNS: usize = 6;
 const ROW_ELEMS: [usize; 6] = [1, 3, 8, 24, 136, 1024];
 
 fn gpu_stream(job: &Job) -> anyhow::Result<std::sync::Arc<cudarc::driver::CudaStream>> {
-    Ok(job.gpu().map_err(|w| anyhow::anyhow!("no GPU: {w}"))?.stream.clone())
+    Ok(job
+        .gpu()
+        .map_err(|w| anyhow::anyhow!("no GPU: {w}"))?
+        .stream
+        .clone())
 }
 
 fn random_subset(rng: &mut StdRng, world: usize, min: usize) -> Vec<usize> {
@@ -97,8 +125,16 @@ fn cast_blocks(rng: &mut StdRng, world: usize, p: usize, big: bool) -> Vec<CastB
     let mut v = Vec::new();
     for owner in 0..world {
         for _ in 0..rng.random_range(0..=5) {
-            let dsts = if p == 0 { (0..world).collect() } else { random_subset(rng, world, 0) };
-            v.push(CastBlock { owner, rows: random_rows(rng, big), dsts });
+            let dsts = if p == 0 {
+                (0..world).collect()
+            } else {
+                random_subset(rng, world, 0)
+            };
+            v.push(CastBlock {
+                owner,
+                rows: random_rows(rng, big),
+                dsts,
+            });
         }
     }
     // Interleave owners in the list (the generator keeps each owner's order).
@@ -114,8 +150,16 @@ fn reduce_blocks(rng: &mut StdRng, world: usize, p: usize, big: bool) -> Vec<Red
     let mut v = Vec::new();
     for receiver in 0..world {
         for _ in 0..rng.random_range(0..=5) {
-            let srcs = if p == 0 { (0..world).collect() } else { random_subset(rng, world, 1) };
-            v.push(ReduceBlock { receiver, rows: random_rows(rng, big), srcs });
+            let srcs = if p == 0 {
+                (0..world).collect()
+            } else {
+                random_subset(rng, world, 1)
+            };
+            v.push(ReduceBlock {
+                receiver,
+                rows: random_rows(rng, big),
+                srcs,
+            });
         }
     }
     v
@@ -123,24 +167,52 @@ fn reduce_blocks(rng: &mut StdRng, world: usize, p: usize, big: bool) -> Vec<Red
 
 /// Rank r's inputs of pattern p (values already rounded to T), regenerable by every rank.
 fn inputs<T: GElem>(seed: u64, p: usize, r: usize, rows: usize, row_elems: usize) -> Vec<T> {
-    let mut rng = StdRng::seed_from_u64(seed ^ ((p as u64) << 32) ^ (r as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    (0..rows * row_elems).map(|_| T::from_f64(rng.random_range(-1.0..1.0))).collect()
+    let mut rng = StdRng::seed_from_u64(
+        seed ^ ((p as u64) << 32) ^ (r as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+    );
+    (0..rows * row_elems)
+        .map(|_| T::from_f64(rng.random_range(-1.0..1.0)))
+        .collect()
 }
 
 fn lse_inputs(seed: u64, p: usize, r: usize, n: usize) -> Vec<f32> {
-    let mut rng = StdRng::seed_from_u64(!seed ^ ((p as u64) << 32) ^ (r as u64).wrapping_mul(0xD1B5_4A32_D192_ED03));
-    (0..n).map(|_| if rng.random_range(0..20) == 0 { f32::NEG_INFINITY } else { rng.random_range(-4.0f32..4.0) }).collect()
+    let mut rng = StdRng::seed_from_u64(
+        !seed ^ ((p as u64) << 32) ^ (r as u64).wrapping_mul(0xD1B5_4A32_D192_ED03),
+    );
+    (0..n)
+        .map(|_| {
+            if rng.random_range(0..20) == 0 {
+                f32::NEG_INFINITY
+            } else {
+                rng.random_range(-4.0f32..4.0)
+            }
+        })
+        .collect()
 }
 
 fn write<T: PglElement>(pgl: &Pgl<T>, host: &[T]) -> anyhow::Result<()> {
-    anyhow::ensure!(host.len() <= pgl.len(), "{} elements do not fit a PGL of {}", host.len(), pgl.len());
+    anyhow::ensure!(
+        host.len() <= pgl.len(),
+        "{} elements do not fit a PGL of {}",
+        host.len(),
+        pgl.len()
+    );
     if host.is_empty() {
         return Ok(());
     }
     pgl.context().bind_to_thread()?;
     // SAFETY: copies host.len() elements into this rank's buffer, which holds at least as many.
-    let r = unsafe { sys::cuMemcpyHtoD_v2(pgl.local_ptr(), host.as_ptr().cast(), std::mem::size_of_val(host)) };
-    anyhow::ensure!(r == sys::CUresult::CUDA_SUCCESS, "copying to the PGL failed: {r:?}");
+    let r = unsafe {
+        sys::cuMemcpyHtoD_v2(
+            pgl.local_ptr(),
+            host.as_ptr().cast(),
+            std::mem::size_of_val(host),
+        )
+    };
+    anyhow::ensure!(
+        r == sys::CUresult::CUDA_SUCCESS,
+        "copying to the PGL failed: {r:?}"
+    );
     // From pageable memory the copy may still be in flight on the legacy stream when the call
     // returns, unordered with the plan's stream and with peers: finish it here.
     pgl.context().synchronize()?;
@@ -151,14 +223,29 @@ fn read<T: PglElement + Default + Clone>(pgl: &Pgl<T>) -> anyhow::Result<Vec<T>>
     let mut host = vec![T::default(); pgl.len()];
     pgl.context().bind_to_thread()?;
     // SAFETY: copies this rank's whole buffer into a host vector of the same length.
-    let r = unsafe { sys::cuMemcpyDtoH_v2(host.as_mut_ptr().cast(), pgl.local_ptr(), std::mem::size_of_val(host.as_slice())) };
-    anyhow::ensure!(r == sys::CUresult::CUDA_SUCCESS, "copying the PGL back failed: {r:?}");
+    let r = unsafe {
+        sys::cuMemcpyDtoH_v2(
+            host.as_mut_ptr().cast(),
+            pgl.local_ptr(),
+            std::mem::size_of_val(host.as_slice()),
+        )
+    };
+    anyhow::ensure!(
+        r == sys::CUresult::CUDA_SUCCESS,
+        "copying the PGL back failed: {r:?}"
+    );
     Ok(host)
 }
 
 /// The first row of each block in its owner's (cast) / receiver-side source's (reduce) input,
 /// from the generator's ordering rule, computed here independently of the plan's matching.
-fn cast_reference(blocks: &[CastBlock], world: usize, ins: &[Vec<f64>], row_elems: usize, d: usize) -> Vec<f64> {
+fn cast_reference(
+    blocks: &[CastBlock],
+    world: usize,
+    ins: &[Vec<f64>],
+    row_elems: usize,
+    d: usize,
+) -> Vec<f64> {
     let mut off = vec![0usize; world];
     let mut local = vec![0usize; world];
     let mut placed = Vec::new(); // (local index, owner, input row, rows)
@@ -188,12 +275,23 @@ fn check_cast<T: GElem>(what: &str, got: &[T], want: &[f64]) -> anyhow::Result<(
         if !ok {
             bad += 1;
             if first.len() < 4 {
-                let note = if i >= want.len() { " (written past the output)" } else if g.to_f64().is_nan() { " (never written)" } else { "" };
+                let note = if i >= want.len() {
+                    " (written past the output)"
+                } else if g.to_f64().is_nan() {
+                    " (never written)"
+                } else {
+                    ""
+                };
                 first.push(format!("[{i}] = {g:?}, expected {:?}{note}", want.get(i)));
             }
         }
     }
-    anyhow::ensure!(bad == 0, "{what}: {bad} of {} elements wrong: {}", got.len(), first.join("; "));
+    anyhow::ensure!(
+        bad == 0,
+        "{what}: {bad} of {} elements wrong: {}",
+        got.len(),
+        first.join("; ")
+    );
     Ok(())
 }
 
@@ -207,13 +305,27 @@ fn cast_trial<T: GElem + Default + Clone>(job: &mut Job) -> anyhow::Result<()> {
         let row_elems = ROW_ELEMS[rng.random_range(0..ROW_ELEMS.len())];
         let blocks = cast_blocks(&mut rng, world, p, row_elems <= 136);
         let metas = cast_metas(world, &blocks);
-        let ins: Vec<Vec<f64>> = (0..world).map(|r| inputs::<T>(seed, p, r, metas[r].input_rows, row_elems).iter().map(|v| v.to_f64()).collect()).collect();
+        let ins: Vec<Vec<f64>> = (0..world)
+            .map(|r| {
+                inputs::<T>(seed, p, r, metas[r].input_rows, row_elems)
+                    .iter()
+                    .map(|v| v.to_f64())
+                    .collect()
+            })
+            .collect();
         let want = cast_reference(&blocks, world, &ins, row_elems, rank);
-        let sms = Options { sms: Some(rng.random_range(1..=24)) };
+        let sms = Options {
+            sms: Some(rng.random_range(1..=24)),
+        };
         let mut plan = GroupCast::<T>::new(&mut job.rdzv, &stream, &metas[rank], row_elems, sms)?;
         let nsms = plan.sms();
-        let what = |path: &str| format!("{} cast {path}, pattern {p}, row_elems {row_elems}, {nsms} SMs, seed {seed}, rank {rank}", std::any::type_name::<T>());
-        write(plan.input(), &inputs::<T>(seed, p, rank, metas[rank].input_rows, row_elems))?;
+        let what = |path: &str| {
+            format!("{} cast {path}, pattern {p}, row_elems {row_elems}, {nsms} SMs, seed {seed}, rank {rank}", std::any::type_name::<T>())
+        };
+        write(
+            plan.input(),
+            &inputs::<T>(seed, p, rank, metas[rank].input_rows, row_elems),
+        )?;
         let checked = (|| -> anyhow::Result<()> {
             write(plan.output(), &vec![T::poison(); plan.output().len()])?;
             for _ in 0..3 {
@@ -237,19 +349,35 @@ fn cast_trial<T: GElem + Default + Clone>(job: &mut Job) -> anyhow::Result<()> {
 
 /// Reference for rank d's output: (values, lse, scale) where scale bounds the terms' magnitude
 /// (Σ |weight · x|) for the tolerance.
-#[allow(clippy::type_complexity, clippy::too_many_arguments, clippy::needless_range_loop)]
+#[allow(
+    clippy::type_complexity,
+    clippy::too_many_arguments,
+    clippy::needless_range_loop
+)]
 fn reduce_reference(
-    blocks: &[ReduceBlock], world: usize, ins: &[Vec<f64>], lses: &[Vec<f64>], row_elems: usize, lse_per_row: usize, op: Op, d: usize,
+    blocks: &[ReduceBlock],
+    world: usize,
+    ins: &[Vec<f64>],
+    lses: &[Vec<f64>],
+    row_elems: usize,
+    lse_per_row: usize,
+    op: Op,
+    d: usize,
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     // Each source's input row of each block: blocks listing s, ordered by (receiver-local index, receiver).
     let mut local = vec![0usize; world];
-    let locals: Vec<usize> = blocks.iter().map(|b| {
-        local[b.receiver] += 1;
-        local[b.receiver] - 1
-    }).collect();
+    let locals: Vec<usize> = blocks
+        .iter()
+        .map(|b| {
+            local[b.receiver] += 1;
+            local[b.receiver] - 1
+        })
+        .collect();
     let mut in_row = vec![vec![0usize; world]; blocks.len()];
     for s in 0..world {
-        let mut mine: Vec<usize> = (0..blocks.len()).filter(|&g| blocks[g].srcs.contains(&s)).collect();
+        let mut mine: Vec<usize> = (0..blocks.len())
+            .filter(|&g| blocks[g].srcs.contains(&s))
+            .collect();
         mine.sort_by_key(|&g| (locals[g], blocks[g].receiver));
         let mut at = 0;
         for g in mine {
@@ -257,17 +385,29 @@ fn reduce_reference(
             at += blocks[g].rows;
         }
     }
-    let group = if op == Op::Lse { row_elems / lse_per_row } else { row_elems };
+    let group = if op == Op::Lse {
+        row_elems / lse_per_row
+    } else {
+        row_elems
+    };
     let (mut out, mut out_lse, mut scale) = (Vec::new(), Vec::new(), Vec::new());
     for (g, b) in blocks.iter().enumerate().filter(|(_, b)| b.receiver == d) {
         for r in 0..b.rows {
             for c in 0..row_elems {
                 let h = c / group;
-                let xs: Vec<(f64, f64)> = b.srcs.iter().map(|&s| {
-                    let row = in_row[g][s] + r;
-                    let l = if op == Op::Lse { lses[s][row * lse_per_row + h] } else { 0.0 };
-                    (ins[s][row * row_elems + c], l)
-                }).collect();
+                let xs: Vec<(f64, f64)> = b
+                    .srcs
+                    .iter()
+                    .map(|&s| {
+                        let row = in_row[g][s] + r;
+                        let l = if op == Op::Lse {
+                            lses[s][row * lse_per_row + h]
+                        } else {
+                            0.0
+                        };
+                        (ins[s][row * row_elems + c], l)
+                    })
+                    .collect();
                 let n = xs.len() as f64;
                 match op {
                     Op::Sum => {
@@ -285,7 +425,11 @@ fn reduce_reference(
                         } else {
                             let lse = m + xs.iter().map(|x| (x.1 - m).exp()).sum::<f64>().ln();
                             let w = |x: &(f64, f64)| (x.1 - lse).exp();
-                            (lse, xs.iter().map(|x| w(x) * x.0).sum(), xs.iter().map(|x| w(x) * x.0.abs()).sum())
+                            (
+                                lse,
+                                xs.iter().map(|x| w(x) * x.0).sum(),
+                                xs.iter().map(|x| w(x) * x.0.abs()).sum(),
+                            )
                         };
                         out.push(v);
                         scale.push(sc);
@@ -305,10 +449,19 @@ fn reduce_reference(
 /// compared with the reference rounded to bf16, allowing one bf16 ulp for a rounding flip.
 fn tolerance<T: GElem>(want: f64, scale: f64) -> f64 {
     let acc = 64.0 * f32::EPSILON as f64 * (scale + want.abs());
-    if T::EPS > f32::EPSILON as f64 { acc + T::EPS * want.abs().max(f64::MIN_POSITIVE) } else { acc }
+    if T::EPS > f32::EPSILON as f64 {
+        acc + T::EPS * want.abs().max(f64::MIN_POSITIVE)
+    } else {
+        acc
+    }
 }
 
-fn check_reduce<T: GElem>(what: &str, got: &[T], want: &[f64], scale: &[f64]) -> anyhow::Result<()> {
+fn check_reduce<T: GElem>(
+    what: &str,
+    got: &[T],
+    want: &[f64],
+    scale: &[f64],
+) -> anyhow::Result<()> {
     let mut bad = 0;
     let mut first = Vec::new();
     for (i, g) in got.iter().enumerate() {
@@ -323,12 +476,23 @@ fn check_reduce<T: GElem>(what: &str, got: &[T], want: &[f64], scale: &[f64]) ->
         if !ok {
             bad += 1;
             if first.len() < 4 {
-                let note = if i >= want.len() { " (written past the output)" } else if gv.is_nan() { " (never written)" } else { "" };
+                let note = if i >= want.len() {
+                    " (written past the output)"
+                } else if gv.is_nan() {
+                    " (never written)"
+                } else {
+                    ""
+                };
                 first.push(format!("[{i}] = {gv}, expected {:?}{note}", want.get(i)));
             }
         }
     }
-    anyhow::ensure!(bad == 0, "{what}: {bad} of {} elements wrong: {}", got.len(), first.join("; "));
+    anyhow::ensure!(
+        bad == 0,
+        "{what}: {bad} of {} elements wrong: {}",
+        got.len(),
+        first.join("; ")
+    );
     Ok(())
 }
 
@@ -348,7 +512,12 @@ fn check_lse(what: &str, got: &[f32], want: &[f64]) -> anyhow::Result<()> {
             }
         }
     }
-    anyhow::ensure!(count == 0, "{what}: {count} of {} lse values wrong: {}", got.len(), bad.join("; "));
+    anyhow::ensure!(
+        count == 0,
+        "{what}: {count} of {} lse values wrong: {}",
+        got.len(),
+        bad.join("; ")
+    );
     Ok(())
 }
 
@@ -360,24 +529,64 @@ fn reduce_trial<T: GElem + Default + Clone>(job: &mut Job, op: Op) -> anyhow::Re
     let mut rng = StdRng::seed_from_u64(seed);
     for p in 0..PATTERNS {
         let row_elems = ROW_ELEMS[rng.random_range(0..ROW_ELEMS.len())];
-        let divisors: Vec<usize> = (1..=row_elems.min(16)).filter(|d| row_elems % d == 0).collect();
-        let lse_per_row = if op == Op::Lse { divisors[rng.random_range(0..divisors.len())] } else { 0 };
+        let divisors: Vec<usize> = (1..=row_elems.min(16))
+            .filter(|d| row_elems % d == 0)
+            .collect();
+        let lse_per_row = if op == Op::Lse {
+            divisors[rng.random_range(0..divisors.len())]
+        } else {
+            0
+        };
         let blocks = reduce_blocks(&mut rng, world, p, row_elems <= 136);
         let metas = reduce_metas(world, &blocks);
-        let ins: Vec<Vec<f64>> = (0..world).map(|r| inputs::<T>(seed, p, r, metas[r].input_rows, row_elems).iter().map(|v| v.to_f64()).collect()).collect();
-        let lses: Vec<Vec<f64>> = (0..world).map(|r| lse_inputs(seed, p, r, metas[r].input_rows * lse_per_row).iter().map(|&v| v as f64).collect()).collect();
-        let (want, want_lse, scale) = reduce_reference(&blocks, world, &ins, &lses, row_elems, lse_per_row, op, rank);
+        let ins: Vec<Vec<f64>> = (0..world)
+            .map(|r| {
+                inputs::<T>(seed, p, r, metas[r].input_rows, row_elems)
+                    .iter()
+                    .map(|v| v.to_f64())
+                    .collect()
+            })
+            .collect();
+        let lses: Vec<Vec<f64>> = (0..world)
+            .map(|r| {
+                lse_inputs(seed, p, r, metas[r].input_rows * lse_per_row)
+                    .iter()
+                    .map(|&v| v as f64)
+                    .collect()
+            })
+            .collect();
+        let (want, want_lse, scale) = reduce_reference(
+            &blocks,
+            world,
+            &ins,
+            &lses,
+            row_elems,
+            lse_per_row,
+            op,
+            rank,
+        );
         let rop = match op {
             Op::Sum => ReduceOp::Sum,
             Op::Avg => ReduceOp::Avg,
             Op::Lse => ReduceOp::Lse { lse_per_row },
         };
-        let opts = Options { sms: Some(rng.random_range(1..=24)) };
-        let mut plan = GroupReduce::<T>::new(&mut job.rdzv, &stream, &metas[rank], row_elems, rop, opts)?;
-        let what = |path: &str| format!("{} reduce {op:?} {path}, pattern {p}, row_elems {row_elems}, lse_per_row {lse_per_row}, seed {seed}, rank {rank}", std::any::type_name::<T>());
-        write(plan.input(), &inputs::<T>(seed, p, rank, metas[rank].input_rows, row_elems))?;
+        let opts = Options {
+            sms: Some(rng.random_range(1..=24)),
+        };
+        let mut plan =
+            GroupReduce::<T>::new(&mut job.rdzv, &stream, &metas[rank], row_elems, rop, opts)?;
+        let what = |path: &str| {
+            format!("{} reduce {op:?} {path}, pattern {p}, row_elems {row_elems}, lse_per_row {lse_per_row}, seed {seed}, rank {rank}", std::any::type_name::<T>())
+        };
+        write(
+            plan.input(),
+            &inputs::<T>(seed, p, rank, metas[rank].input_rows, row_elems),
+        )?;
         if let Some(l) = plan.input_lse() {
-            write(l, &lse_inputs(seed, p, rank, metas[rank].input_rows * lse_per_row))?;
+            write(
+                l,
+                &lse_inputs(seed, p, rank, metas[rank].input_rows * lse_per_row),
+            )?;
         }
         let checked = (|| -> anyhow::Result<()> {
             for baseline in [false, true] {
@@ -393,7 +602,11 @@ fn reduce_trial<T: GElem + Default + Clone>(job: &mut Job, op: Op) -> anyhow::Re
                     }
                 }
                 plan.synchronize()?;
-                let path = if baseline { "AlltoAll-v baseline" } else { "native" };
+                let path = if baseline {
+                    "AlltoAll-v baseline"
+                } else {
+                    "native"
+                };
                 check_reduce(&what(path), &read(plan.output())?, &want, &scale)?;
                 if let Some(l) = plan.output_lse() {
                     check_lse(&what(path), &read(l)?, &want_lse)?;
@@ -430,7 +643,10 @@ fn expect_cast_error(job: &mut Job, meta: GroupCastMeta, needle: &str) -> anyhow
         }
         Err(e) => {
             let text = format!("{e:#}");
-            anyhow::ensure!(text.contains(needle), "expected an error containing {needle:?}, got: {text}");
+            anyhow::ensure!(
+                text.contains(needle),
+                "expected an error containing {needle:?}, got: {text}"
+            );
             Ok(())
         }
     }
@@ -476,7 +692,12 @@ fn err_disagreement(job: &mut Job) -> anyhow::Result<()> {
     // Rank 0 expects nothing from its source (a missing receive).
     let mut m = ring_cast(rank, world, 4);
     if rank == 0 {
-        m = GroupCastMeta { output_rows: 0, output_split_rows: vec![], src_index: vec![], ..m };
+        m = GroupCastMeta {
+            output_rows: 0,
+            output_split_rows: vec![],
+            src_index: vec![],
+            ..m
+        };
     }
     let needle = format!("rank {} sends 1 input splits to rank 0", world - 1);
     expect_cast_error(job, m, &needle)?;
@@ -494,7 +715,10 @@ fn err_disagreement(job: &mut Job) -> anyhow::Result<()> {
         }
         Err(e) => {
             let needle = format!("rank {} has row_elems 32 but rank 0 has 16", world - 1);
-            anyhow::ensure!(format!("{e:#}").contains(&needle), "expected {needle:?}, got: {e:#}");
+            anyhow::ensure!(
+                format!("{e:#}").contains(&needle),
+                "expected {needle:?}, got: {e:#}"
+            );
             Ok(())
         }
     }
@@ -511,13 +735,23 @@ fn err_dtype(job: &mut Job) -> anyhow::Result<()> {
         output_split_rows: vec![2],
         src_indices: vec![vec![(rank + world - 1) % world]],
     };
-    match GroupReduce::<u32>::new(&mut job.rdzv, &stream, &m, 8, ReduceOp::Sum, Options::default()) {
+    match GroupReduce::<u32>::new(
+        &mut job.rdzv,
+        &stream,
+        &m,
+        8,
+        ReduceOp::Sum,
+        Options::default(),
+    ) {
         Ok(p) => {
             p.free(&mut job.rdzv)?;
             anyhow::bail!("a u32 reduce was accepted")
         }
         Err(e) => {
-            anyhow::ensure!(format!("{e:#}").contains("data dtype u32 is not supported (supported: f32, bf16)"), "got: {e:#}");
+            anyhow::ensure!(
+                format!("{e:#}").contains("data dtype u32 is not supported (supported: f32, bf16)"),
+                "got: {e:#}"
+            );
             Ok(())
         }
     }

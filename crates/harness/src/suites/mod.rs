@@ -1,6 +1,7 @@
 //! Correctness suites, one libtest-mimic trial per (test × configuration).
 
 mod barrier;
+mod gemm;
 mod grpcoll;
 mod nccl;
 mod pgl;
@@ -21,5 +22,6 @@ pub fn all() -> Vec<Case> {
     cases.extend(sync::cases());
     cases.extend(barrier::cases());
     cases.extend(grpcoll::cases());
+    cases.extend(gemm::cases());
     cases
 }

@@ -12,11 +12,21 @@ use weft_pgl::nccl::ReduceOp;
 
 pub fn cases() -> Vec<Case> {
     vec![
-        Case::gpu("nccl::all_reduce::f32_sum", |j| all_reduce::<f32>(j, ReduceOp::Sum)),
-        Case::gpu("nccl::all_reduce::bf16_sum", |j| all_reduce::<bf16>(j, ReduceOp::Sum)),
-        Case::gpu("nccl::all_reduce::f64_sum", |j| all_reduce::<f64>(j, ReduceOp::Sum)),
-        Case::gpu("nccl::all_reduce::i32_sum", |j| all_reduce::<i32>(j, ReduceOp::Sum)),
-        Case::gpu("nccl::all_reduce::f32_max", |j| all_reduce::<f32>(j, ReduceOp::Max)),
+        Case::gpu("nccl::all_reduce::f32_sum", |j| {
+            all_reduce::<f32>(j, ReduceOp::Sum)
+        }),
+        Case::gpu("nccl::all_reduce::bf16_sum", |j| {
+            all_reduce::<bf16>(j, ReduceOp::Sum)
+        }),
+        Case::gpu("nccl::all_reduce::f64_sum", |j| {
+            all_reduce::<f64>(j, ReduceOp::Sum)
+        }),
+        Case::gpu("nccl::all_reduce::i32_sum", |j| {
+            all_reduce::<i32>(j, ReduceOp::Sum)
+        }),
+        Case::gpu("nccl::all_reduce::f32_max", |j| {
+            all_reduce::<f32>(j, ReduceOp::Max)
+        }),
         Case::gpu("nccl::reduce_scatter::f32_sum", reduce_scatter::<f32>),
         Case::gpu("nccl::reduce_scatter::bf16_sum", reduce_scatter::<bf16>),
         Case::gpu("nccl::all_gather::f32", all_gather::<f32>),
@@ -29,7 +39,11 @@ pub fn cases() -> Vec<Case> {
 /// Element counts per trial: 1, a small and a large random count (per rank block).
 fn counts(seed: u64) -> [usize; 3] {
     let mut rng = StdRng::seed_from_u64(seed);
-    [1, rng.random_range(2..1000), rng.random_range(100_000..2_000_000)]
+    [
+        1,
+        rng.random_range(2..1000),
+        rng.random_range(100_000..2_000_000),
+    ]
 }
 
 fn to_elems<T: Elem>(v: &[i32]) -> Vec<T> {
@@ -58,7 +72,11 @@ fn all_reduce<T: Elem>(job: &mut Job, op: ReduceOp) -> anyhow::Result<()> {
         let mut recv = gpu.stream.clone_htod(&vec![T::poison(); n])?;
         comm.all_reduce(&send, &mut recv, op, &gpu.stream)?;
         let got = gpu.stream.clone_dtoh(&recv)?;
-        check_equal(&format!("all_reduce {} {op:?} n={n} seed={s}", T::NAME), &got, &want)?;
+        check_equal(
+            &format!("all_reduce {} {op:?} n={n} seed={s}", T::NAME),
+            &got,
+            &want,
+        )?;
     }
     Ok(())
 }
@@ -70,12 +88,18 @@ fn reduce_scatter<T: Elem>(job: &mut Job) -> anyhow::Result<()> {
     for (k, n) in counts(seed).into_iter().enumerate() {
         let s = seed.wrapping_add(k as u64);
         let inputs: Vec<Vec<i32>> = (0..world).map(|r| small_ints(s, r, n * world)).collect();
-        let want: Vec<T> = (0..n).map(|i| T::from_small_int(inputs.iter().map(|v| v[rank * n + i]).sum())).collect();
+        let want: Vec<T> = (0..n)
+            .map(|i| T::from_small_int(inputs.iter().map(|v| v[rank * n + i]).sum()))
+            .collect();
         let send = gpu.stream.clone_htod(&to_elems::<T>(&inputs[rank]))?;
         let mut recv = gpu.stream.clone_htod(&vec![T::poison(); n])?;
         comm.reduce_scatter(&send, &mut recv, ReduceOp::Sum, &gpu.stream)?;
         let got = gpu.stream.clone_dtoh(&recv)?;
-        check_equal(&format!("reduce_scatter {} n={n} seed={s}", T::NAME), &got, &want)?;
+        check_equal(
+            &format!("reduce_scatter {} n={n} seed={s}", T::NAME),
+            &got,
+            &want,
+        )?;
     }
     Ok(())
 }
@@ -86,12 +110,20 @@ fn all_gather<T: Elem>(job: &mut Job) -> anyhow::Result<()> {
     let (comm, gpu) = job.comm_and_gpu()?;
     for (k, n) in counts(seed).into_iter().enumerate() {
         let s = seed.wrapping_add(k as u64);
-        let want: Vec<T> = (0..world).flat_map(|r| to_elems::<T>(&small_ints(s, r, n))).collect();
-        let send = gpu.stream.clone_htod(&to_elems::<T>(&small_ints(s, rank, n)))?;
+        let want: Vec<T> = (0..world)
+            .flat_map(|r| to_elems::<T>(&small_ints(s, r, n)))
+            .collect();
+        let send = gpu
+            .stream
+            .clone_htod(&to_elems::<T>(&small_ints(s, rank, n)))?;
         let mut recv = gpu.stream.clone_htod(&vec![T::poison(); n * world])?;
         comm.all_gather(&send, &mut recv, &gpu.stream)?;
         let got = gpu.stream.clone_dtoh(&recv)?;
-        check_equal(&format!("all_gather {} n={n} seed={s}", T::NAME), &got, &want)?;
+        check_equal(
+            &format!("all_gather {} n={n} seed={s}", T::NAME),
+            &got,
+            &want,
+        )?;
     }
     Ok(())
 }
@@ -103,12 +135,20 @@ fn all_to_all<T: Elem>(job: &mut Job) -> anyhow::Result<()> {
     let (comm, gpu) = job.comm_and_gpu()?;
     for (k, n) in counts(seed).into_iter().enumerate() {
         let s = seed.wrapping_add(k as u64);
-        let want: Vec<T> = (0..world).flat_map(|p| to_elems::<T>(&small_ints(s, p, n * world)[rank * n..(rank + 1) * n])).collect();
-        let send = gpu.stream.clone_htod(&to_elems::<T>(&small_ints(s, rank, n * world)))?;
+        let want: Vec<T> = (0..world)
+            .flat_map(|p| to_elems::<T>(&small_ints(s, p, n * world)[rank * n..(rank + 1) * n]))
+            .collect();
+        let send = gpu
+            .stream
+            .clone_htod(&to_elems::<T>(&small_ints(s, rank, n * world)))?;
         let mut recv = gpu.stream.clone_htod(&vec![T::poison(); n * world])?;
         comm.all_to_all(&send, &mut recv, &gpu.stream)?;
         let got = gpu.stream.clone_dtoh(&recv)?;
-        check_equal(&format!("all_to_all {} n={n} seed={s}", T::NAME), &got, &want)?;
+        check_equal(
+            &format!("all_to_all {} n={n} seed={s}", T::NAME),
+            &got,
+            &want,
+        )?;
     }
     Ok(())
 }
@@ -122,11 +162,17 @@ fn send_recv_ring<T: Elem>(job: &mut Job) -> anyhow::Result<()> {
     for (k, n) in counts(seed).into_iter().enumerate() {
         let s = seed.wrapping_add(k as u64);
         let want: Vec<T> = to_elems(&small_ints(s, from, n));
-        let send = gpu.stream.clone_htod(&to_elems::<T>(&small_ints(s, rank, n)))?;
+        let send = gpu
+            .stream
+            .clone_htod(&to_elems::<T>(&small_ints(s, rank, n)))?;
         let mut recv = gpu.stream.clone_htod(&vec![T::poison(); n])?;
         comm.send_recv(&send, to, &mut recv, from, &gpu.stream)?;
         let got = gpu.stream.clone_dtoh(&recv)?;
-        check_equal(&format!("send_recv {} n={n} from rank {from} seed={s}", T::NAME), &got, &want)?;
+        check_equal(
+            &format!("send_recv {} n={n} from rank {from} seed={s}", T::NAME),
+            &got,
+            &want,
+        )?;
     }
     Ok(())
 }

@@ -17,13 +17,28 @@ use weft_pgl::{Backend, Pgl, PglGroup, Shape};
 
 pub fn cases() -> Vec<Case> {
     vec![
-        Case::gpu("pgl::pattern::vmm::process", |j| pattern_process(j, Backend::Vmm)),
-        Case::gpu("pgl::pattern::ipc::process", |j| pattern_process(j, Backend::Ipc)),
-        Case::gpu("pgl::pattern::ipc::shared_user_buffer", pattern_shared_user_buffer),
-        Case::gpu("pgl::pattern::vmm::single_process", |j| pattern_single_process(j, Backend::Vmm)),
-        Case::gpu("pgl::pattern::ipc::single_process", |j| pattern_single_process(j, Backend::Ipc)),
-        Case::gpu("pgl::alloc_free_1000::vmm", |j| alloc_free_cycles(j, Backend::Vmm)),
-        Case::gpu("pgl::alloc_free_1000::ipc", |j| alloc_free_cycles(j, Backend::Ipc)),
+        Case::gpu("pgl::pattern::vmm::process", |j| {
+            pattern_process(j, Backend::Vmm)
+        }),
+        Case::gpu("pgl::pattern::ipc::process", |j| {
+            pattern_process(j, Backend::Ipc)
+        }),
+        Case::gpu(
+            "pgl::pattern::ipc::shared_user_buffer",
+            pattern_shared_user_buffer,
+        ),
+        Case::gpu("pgl::pattern::vmm::single_process", |j| {
+            pattern_single_process(j, Backend::Vmm)
+        }),
+        Case::gpu("pgl::pattern::ipc::single_process", |j| {
+            pattern_single_process(j, Backend::Ipc)
+        }),
+        Case::gpu("pgl::alloc_free_1000::vmm", |j| {
+            alloc_free_cycles(j, Backend::Vmm)
+        }),
+        Case::gpu("pgl::alloc_free_1000::ipc", |j| {
+            alloc_free_cycles(j, Backend::Ipc)
+        }),
         Case::gpu("pgl::errors::shape_mismatch", shape_mismatch),
         Case::gpu("pgl::errors::backend_mismatch", backend_mismatch),
         Case::gpu("pgl::errors::too_large", too_large),
@@ -33,7 +48,11 @@ pub fn cases() -> Vec<Case> {
 
 /// Must match pattern_value() in kernels/pgl/pattern.cu.
 fn pattern_value(writer: u32, owner: u32, offset: u64) -> u32 {
-    let mut x = offset.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add((writer as u64) << 40).wrapping_add((owner as u64) << 48).wrapping_add(1);
+    let mut x = offset
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add((writer as u64) << 40)
+        .wrapping_add((owner as u64) << 48)
+        .wrapping_add(1);
     x ^= x >> 29;
     (x as u32) | 1
 }
@@ -48,22 +67,53 @@ fn pattern_cases(world: u32, rng: &mut StdRng) -> Vec<(Shape, u32, u32)> {
         (Shape::new(1, 3, 5, 7), 16, 32),
         (Shape::new(1, 1, 17, 33), 16, 32),
         (Shape::new(1, 2, 1000, 999), 64, 64),
-        (Shape::new(1, rng.random_range(1..4), rng.random_range(1..2000), rng.random_range(1..3000)), 1, 256),
+        (
+            Shape::new(
+                1,
+                rng.random_range(1..4),
+                rng.random_range(1..2000),
+                rng.random_range(1..3000),
+            ),
+            1,
+            256,
+        ),
         (Shape::new(1, 1, big_rows, 16384), 64, 128),
     ]
 }
 
-fn launch_pattern(stream: &Arc<CudaStream>, pgl: &Pgl<u32>, tile_rows: u32, tile_cols: u32) -> anyhow::Result<()> {
+fn launch_pattern(
+    stream: &Arc<CudaStream>,
+    pgl: &Pgl<u32>,
+    tile_rows: u32,
+    tile_cols: u32,
+) -> anyhow::Result<()> {
     let module = cubins::PGL_PATTERN.load(stream.context())?;
     let f = module.load_function("weft_pgl_pattern")?;
     let view = pgl.view();
-    let slice = Shape { batch: 1, ..pgl.shape() };
+    let slice = Shape {
+        batch: 1,
+        ..pgl.shape()
+    };
     let tiles = weft_pgl::TileGrid::new(slice, tile_rows, tile_cols)?.count();
-    let sms = stream.context().attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u64;
+    let sms = stream
+        .context()
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+        as u64;
     let grid = tiles.min(sms * 8) as u32;
-    let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
     // SAFETY: the view's buffers hold shape.elems() u32 on every rank and outlive the launch.
-    unsafe { stream.launch_builder(&f).arg(&view).arg(&tile_rows).arg(&tile_cols).launch(cfg)? };
+    unsafe {
+        stream
+            .launch_builder(&f)
+            .arg(&view)
+            .arg(&tile_rows)
+            .arg(&tile_cols)
+            .launch(cfg)?
+    };
     Ok(())
 }
 
@@ -74,7 +124,10 @@ fn check_pattern(pgl: &Pgl<u32>, owner: usize, what: &str) -> anyhow::Result<()>
     pgl.context().bind_to_thread()?;
     // SAFETY: copies the owner's n-element buffer into a host vector of n elements.
     let r = unsafe { sys::cuMemcpyDtoH_v2(host.as_mut_ptr().cast(), pgl.peer_ptr(owner), n * 4) };
-    anyhow::ensure!(r == sys::CUresult::CUDA_SUCCESS, "{what}: copying the buffer back failed: {r:?}");
+    anyhow::ensure!(
+        r == sys::CUresult::CUDA_SUCCESS,
+        "{what}: copying the buffer back failed: {r:?}"
+    );
     let slice = n as u64 / pgl.world() as u64;
     let mut bad = 0u64;
     let mut first = Vec::new();
@@ -85,11 +138,17 @@ fn check_pattern(pgl: &Pgl<u32>, owner: usize, what: &str) -> anyhow::Result<()>
             bad += 1;
             if first.len() < 3 {
                 let note = if got == 0 { " (never written)" } else { "" };
-                first.push(format!("[{i}] = {got:#x}, expected {want:#x} from rank {writer}{note}"));
+                first.push(format!(
+                    "[{i}] = {got:#x}, expected {want:#x} from rank {writer}{note}"
+                ));
             }
         }
     }
-    anyhow::ensure!(bad == 0, "{what}: rank {owner}'s buffer has {bad} of {n} elements wrong: {}", first.join("; "));
+    anyhow::ensure!(
+        bad == 0,
+        "{what}: rank {owner}'s buffer has {bad} of {n} elements wrong: {}",
+        first.join("; ")
+    );
     Ok(())
 }
 
@@ -101,8 +160,14 @@ fn pattern_process(job: &mut Job, backend: Backend) -> anyhow::Result<()> {
         (gpu.ctx.clone(), gpu.stream.clone())
     };
     for (slice, tr, tc) in pattern_cases(world, &mut StdRng::seed_from_u64(seed)) {
-        let shape = Shape { batch: world, ..slice };
-        let what = format!("{} process mode, shape {shape}, tiles {tr}×{tc}, seed {seed}", backend.name());
+        let shape = Shape {
+            batch: world,
+            ..slice
+        };
+        let what = format!(
+            "{} process mode, shape {shape}, tiles {tr}×{tc}, seed {seed}",
+            backend.name()
+        );
         let pgl: Pgl<u32> = Pgl::alloc(&mut job.rdzv, &ctx, shape, backend)?;
         launch_pattern(&stream, &pgl, tr, tc)?;
         stream.synchronize()?;
@@ -144,23 +209,38 @@ fn pattern_shared_user_buffer(job: &mut Job) -> anyhow::Result<()> {
     // SAFETY: allocated above; every rank's Pgl over it is freed.
     let r = unsafe { sys::cuMemFree_v2(base) };
     result?;
-    anyhow::ensure!(r == sys::CUresult::CUDA_SUCCESS, "freeing the user buffer failed ({r:?}): was it freed twice?");
+    anyhow::ensure!(
+        r == sys::CUresult::CUDA_SUCCESS,
+        "freeing the user buffer failed ({r:?}): was it freed twice?"
+    );
     Ok(())
 }
 
 fn pattern_single_process(job: &mut Job, backend: Backend) -> anyhow::Result<()> {
     if job.world() != 1 {
-        return Err(Skip("single-process mode runs in a one-rank job (`weft test pgl::`)".into()).into());
+        return Err(
+            Skip("single-process mode runs in a one-rank job (`weft test pgl::`)".into()).into(),
+        );
     }
     let count = CudaContext::device_count()? as usize;
     if count < 2 {
-        return Err(Skip(format!("single-process mode needs 2 or more GPUs; {count} visible")).into());
+        return Err(Skip(format!(
+            "single-process mode needs 2 or more GPUs; {count} visible"
+        ))
+        .into());
     }
     let seed = shared_seed(job)?;
-    let contexts: Vec<Arc<CudaContext>> = (0..count).map(CudaContext::new).collect::<Result<_, _>>()?;
-    let streams: Vec<Arc<CudaStream>> = contexts.iter().map(|c| c.new_stream()).collect::<Result<_, _>>()?;
+    let contexts: Vec<Arc<CudaContext>> =
+        (0..count).map(CudaContext::new).collect::<Result<_, _>>()?;
+    let streams: Vec<Arc<CudaStream>> = contexts
+        .iter()
+        .map(|c| c.new_stream())
+        .collect::<Result<_, _>>()?;
     for (slice, tr, tc) in pattern_cases(count as u32, &mut StdRng::seed_from_u64(seed)) {
-        let shape = Shape { batch: count as u32, ..slice };
+        let shape = Shape {
+            batch: count as u32,
+            ..slice
+        };
         let group: PglGroup<u32> = PglGroup::alloc(&contexts, shape, backend)?;
         for (m, s) in group.members().iter().zip(&streams) {
             launch_pattern(s, m, tr, tc)?;
@@ -209,10 +289,18 @@ fn alloc_free_cycles(job: &mut Job, backend: Backend) -> anyhow::Result<()> {
     ctx.synchronize()?;
     let (free0, fds0) = before.unwrap();
     let (free1, fds1) = (ctx.mem_get_info()?.0, open_fds()?);
-    anyhow::ensure!(fds1 == fds0, "open file descriptors grew from {fds0} to {fds1} over {CYCLES} {} cycles", backend.name());
+    anyhow::ensure!(
+        fds1 == fds0,
+        "open file descriptors grew from {fds0} to {fds1} over {CYCLES} {} cycles",
+        backend.name()
+    );
     // The driver may keep a little bookkeeping; a leak of even one buffer per cycle would be GiBs.
     let grown = free0.saturating_sub(free1);
-    anyhow::ensure!(grown <= 4 << 20, "free device memory shrank by {grown} B over {CYCLES} {} alloc/free cycles", backend.name());
+    anyhow::ensure!(
+        grown <= 4 << 20,
+        "free device memory shrank by {grown} B over {CYCLES} {} alloc/free cycles",
+        backend.name()
+    );
     Ok(())
 }
 
@@ -230,7 +318,10 @@ fn expect_error<T>(what: &str, r: anyhow::Result<T>, expected: &[&str]) -> anyho
         Err(e) => {
             let text = format!("{e:#}");
             for piece in expected {
-                anyhow::ensure!(text.contains(piece), "{what}: error does not mention {piece:?}: {text}");
+                anyhow::ensure!(
+                    text.contains(piece),
+                    "{what}: error does not mention {piece:?}: {text}"
+                );
             }
             Ok(())
         }
@@ -241,23 +332,59 @@ fn shape_mismatch(job: &mut Job) -> anyhow::Result<()> {
     needs_two_ranks(job)?;
     let last = job.world() - 1;
     let n = if job.rank() == last { 17 } else { 16 };
-    let ctx = job.gpu().map_err(|w| anyhow::anyhow!("no GPU: {w}"))?.ctx.clone();
+    let ctx = job
+        .gpu()
+        .map_err(|w| anyhow::anyhow!("no GPU: {w}"))?
+        .ctx
+        .clone();
     let r = Pgl::<f32>::alloc(&mut job.rdzv, &ctx, Shape::vector(n), Backend::Vmm);
-    expect_error("shape mismatch", r, &["ranks disagree", &format!("rank {last} asked for shape (1, 1, 1, 17)")])
+    expect_error(
+        "shape mismatch",
+        r,
+        &[
+            "ranks disagree",
+            &format!("rank {last} asked for shape (1, 1, 1, 17)"),
+        ],
+    )
 }
 
 fn backend_mismatch(job: &mut Job) -> anyhow::Result<()> {
     needs_two_ranks(job)?;
-    let backend = if job.rank() == 0 { Backend::Ipc } else { Backend::Vmm };
-    let ctx = job.gpu().map_err(|w| anyhow::anyhow!("no GPU: {w}"))?.ctx.clone();
+    let backend = if job.rank() == 0 {
+        Backend::Ipc
+    } else {
+        Backend::Vmm
+    };
+    let ctx = job
+        .gpu()
+        .map_err(|w| anyhow::anyhow!("no GPU: {w}"))?
+        .ctx
+        .clone();
     let r = Pgl::<f32>::alloc(&mut job.rdzv, &ctx, Shape::vector(16), backend);
-    expect_error("backend mismatch", r, &["ranks disagree", "rank 0 asked for shape (1, 1, 1, 16) of f32 with the ipc backend", "rank 1 asked for"])
+    expect_error(
+        "backend mismatch",
+        r,
+        &[
+            "ranks disagree",
+            "rank 0 asked for shape (1, 1, 1, 16) of f32 with the ipc backend",
+            "rank 1 asked for",
+        ],
+    )
 }
 
 fn too_large(job: &mut Job) -> anyhow::Result<()> {
-    let ctx = job.gpu().map_err(|w| anyhow::anyhow!("no GPU: {w}"))?.ctx.clone();
+    let ctx = job
+        .gpu()
+        .map_err(|w| anyhow::anyhow!("no GPU: {w}"))?
+        .ctx
+        .clone();
     // 8 TiB per rank.
-    let r = Pgl::<u64>::alloc(&mut job.rdzv, &ctx, Shape::new(1, 1, 1 << 20, 1 << 20), Backend::Vmm);
+    let r = Pgl::<u64>::alloc(
+        &mut job.rdzv,
+        &ctx,
+        Shape::new(1, 1, 1 << 20, 1 << 20),
+        Backend::Vmm,
+    );
     expect_error("too large", r, &["does not fit", "rank 0:"])
 }
 
@@ -265,11 +392,23 @@ fn too_large(job: &mut Job) -> anyhow::Result<()> {
 /// is refused before any multicast call. Never run where multicast is opted in.
 fn multicast_refused(job: &mut Job) -> anyhow::Result<()> {
     if std::env::var("WEFT_ALLOW_MULTICAST").as_deref() == Ok("1") {
-        return Err(Skip("WEFT_ALLOW_MULTICAST=1: this machine opted in, so the refusal is not tested here".into()).into());
+        return Err(Skip(
+            "WEFT_ALLOW_MULTICAST=1: this machine opted in, so the refusal is not tested here"
+                .into(),
+        )
+        .into());
     }
-    let ctx = job.gpu().map_err(|w| anyhow::anyhow!("no GPU: {w}"))?.ctx.clone();
+    let ctx = job
+        .gpu()
+        .map_err(|w| anyhow::anyhow!("no GPU: {w}"))?
+        .ctx
+        .clone();
     let pgl: Pgl<u32> = Pgl::alloc(&mut job.rdzv, &ctx, Shape::vector(1024), Backend::Vmm)?;
-    let r = bind_multicast(&mut job.rdzv, &pgl, &MulticastOptIn::nvlink_multicast_is_allowed_on_this_machine());
+    let r = bind_multicast(
+        &mut job.rdzv,
+        &pgl,
+        &MulticastOptIn::nvlink_multicast_is_allowed_on_this_machine(),
+    );
     pgl.free(&mut job.rdzv)?;
     expect_error("multicast", r, &["NVLink multicast refused"])
 }

@@ -8,7 +8,10 @@ use rand::{Rng, SeedableRng};
 
 pub fn cases() -> Vec<Case> {
     vec![
-        Case::cpu("rendezvous::all_gather::random_payloads", all_gather_random_payloads),
+        Case::cpu(
+            "rendezvous::all_gather::random_payloads",
+            all_gather_random_payloads,
+        ),
         Case::cpu("rendezvous::broadcast::every_root", broadcast_every_root),
         Case::cpu("rendezvous::barrier::laps", barrier_laps),
     ]
@@ -25,9 +28,17 @@ fn all_gather_random_payloads(job: &mut Job) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
     for round in 0..200 {
         let got = job.rdzv.all_gather(&payload(seed, job.rank(), round))?;
-        anyhow::ensure!(got.len() == job.world(), "round {round}: {} parts for world {}", got.len(), job.world());
+        anyhow::ensure!(
+            got.len() == job.world(),
+            "round {round}: {} parts for world {}",
+            got.len(),
+            job.world()
+        );
         for (r, part) in got.iter().enumerate() {
-            anyhow::ensure!(*part == payload(seed, r, round), "round {round} (seed {seed}): rank {r}'s part differs");
+            anyhow::ensure!(
+                *part == payload(seed, r, round),
+                "round {round} (seed {seed}): rank {r}'s part differs"
+            );
         }
     }
     Ok(())
@@ -36,9 +47,16 @@ fn all_gather_random_payloads(job: &mut Job) -> anyhow::Result<()> {
 fn broadcast_every_root(job: &mut Job) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
     for root in 0..job.world() {
-        let mine = if job.rank() == root { payload(seed, root, 1000) } else { b"ignored on non-roots".to_vec() };
+        let mine = if job.rank() == root {
+            payload(seed, root, 1000)
+        } else {
+            b"ignored on non-roots".to_vec()
+        };
         let got = job.rdzv.broadcast(root, &mine)?;
-        anyhow::ensure!(got == payload(seed, root, 1000), "broadcast from rank {root} (seed {seed}) differs");
+        anyhow::ensure!(
+            got == payload(seed, root, 1000),
+            "broadcast from rank {root} (seed {seed}) differs"
+        );
     }
     Ok(())
 }
@@ -52,7 +70,10 @@ fn barrier_laps(job: &mut Job) -> anyhow::Result<()> {
         job.rdzv.barrier()?;
         // Every rank must be in the same lap: exchange it.
         let laps = job.rdzv.all_gather(&lap.to_le_bytes())?;
-        anyhow::ensure!(laps.iter().all(|l| *l == lap.to_le_bytes()), "lap {lap}: ranks out of step");
+        anyhow::ensure!(
+            laps.iter().all(|l| *l == lap.to_le_bytes()),
+            "lap {lap}: ranks out of step"
+        );
     }
     Ok(())
 }

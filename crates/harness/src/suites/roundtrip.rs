@@ -17,7 +17,11 @@ fn roundtrip(job: &mut Job) -> anyhow::Result<()> {
     let gpu = job.gpu().map_err(|why| anyhow::anyhow!("no GPU: {why}"))?;
     let module = cubins::HARNESS_ROUNDTRIP.load(&gpu.ctx)?;
     let func = module.load_function("weft_roundtrip")?;
-    let mut rng = StdRng::seed_from_u64(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64);
+    let mut rng = StdRng::seed_from_u64(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_nanos() as u64,
+    );
     for n in [1usize, 1000, rng.random_range(1..5_000_000)] {
         let input: Vec<f32> = (0..n).map(|_| rng.random_range(-1e3f32..1e3)).collect();
         // A power of two: the product is exact, so fused or unfused multiply-add agree bit for bit.
@@ -26,12 +30,17 @@ fn roundtrip(job: &mut Job) -> anyhow::Result<()> {
         let mut d_out = gpu.stream.clone_htod(&vec![f32::NAN; n])?;
         let params = weft_roundtrip_params {
             input: cudarc::driver::DevicePtr::device_ptr(&d_in, &gpu.stream).0 as *const f32,
-            output: cudarc::driver::DevicePtrMut::device_ptr_mut(&mut d_out, &gpu.stream).0 as *mut f32,
+            output: cudarc::driver::DevicePtrMut::device_ptr_mut(&mut d_out, &gpu.stream).0
+                as *mut f32,
             n: n as u64,
             scale,
             rank: rank as i32,
         };
-        let cfg = LaunchConfig { grid_dim: (264, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (264, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: params point at n-element buffers that live until the copy below completes.
         unsafe { gpu.stream.launch_builder(&func).arg(&params).launch(cfg)? };
         let out = gpu.stream.clone_dtoh(&d_out)?;

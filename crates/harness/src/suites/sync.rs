@@ -42,11 +42,16 @@ const MISSING_SIGNAL_BOUND: Duration = Duration::from_millis(100);
 pub fn cases() -> Vec<Case> {
     vec![
         Case::gpu("sync::stress::ring", |j| stress(j, StressMode::Ring)),
-        Case::gpu("sync::stress::all_to_all", |j| stress(j, StressMode::AllToAll)),
+        Case::gpu("sync::stress::all_to_all", |j| {
+            stress(j, StressMode::AllToAll)
+        }),
         Case::gpu("sync::stress::inter_sm", |j| stress(j, StressMode::InterSm)),
         Case::gpu("sync::barrier::laps_random_delays", barrier_laps),
         Case::gpu("sync::timeout::missing_signal", missing_signal),
-        Case::gpu("sync::timeout::coordinate_outside_layout", coordinate_outside_layout),
+        Case::gpu(
+            "sync::timeout::coordinate_outside_layout",
+            coordinate_outside_layout,
+        ),
     ]
 }
 
@@ -67,7 +72,9 @@ fn stress(job: &mut Job, mode: StressMode) -> anyhow::Result<()> {
         let more = s.launch(&stream, MORE_ROUNDS, seed, Ordering::ReleaseAcquire)?;
         for (what, pending) in [("first launch", long), ("continuing launch", more)] {
             let report = s.finish(&stream, pending)?;
-            report.verify().map_err(|e| anyhow::anyhow!("{} {what}, seed {seed}: {e}", mode.name()))?;
+            report
+                .verify()
+                .map_err(|e| anyhow::anyhow!("{} {what}, seed {seed}: {e}", mode.name()))?;
         }
         Ok(())
     })();
@@ -78,9 +85,15 @@ fn stress(job: &mut Job, mode: StressMode) -> anyhow::Result<()> {
         // Reset (collective) and run again from epoch 0, with a different pattern.
         s.reset_counters(&mut job.rdzv, &stream)?;
         let again = s.launch(&stream, MORE_ROUNDS, seed ^ 1, Ordering::ReleaseAcquire)?;
-        anyhow::ensure!(again.first_round() == 0, "after reset the epoch is {}", again.first_round());
+        anyhow::ensure!(
+            again.first_round() == 0,
+            "after reset the epoch is {}",
+            again.first_round()
+        );
         let report = s.finish(&stream, again)?;
-        report.verify().map_err(|e| anyhow::anyhow!("ring after reset, seed {}: {e}", seed ^ 1))
+        report
+            .verify()
+            .map_err(|e| anyhow::anyhow!("ring after reset, seed {}: {e}", seed ^ 1))
     });
     let freed = s.free(&mut job.rdzv);
     checked.and(freed)
@@ -95,7 +108,9 @@ fn barrier_laps(job: &mut Job) -> anyhow::Result<()> {
         let long = laps.launch(&stream, LAPS, seed, MAX_DELAY_NS)?;
         let more = laps.launch(&stream, LAPS / 50, seed, MAX_DELAY_NS)?;
         for pending in [long, more] {
-            laps.finish(&stream, pending)?.verify().map_err(|e| anyhow::anyhow!("seed {seed}: {e}"))?;
+            laps.finish(&stream, pending)?
+                .verify()
+                .map_err(|e| anyhow::anyhow!("seed {seed}: {e}"))?;
         }
         Ok(())
     })();
@@ -106,7 +121,9 @@ fn barrier_laps(job: &mut Job) -> anyhow::Result<()> {
 /// Counters of a small 4-d shape holding random values, for the throwaway-context trials.
 fn random_counters(rng: &mut StdRng) -> (Shape, Vec<u64>) {
     let shape = Shape::new(2, 3, rng.random_range(1..9), rng.random_range(1..17));
-    let values = (0..shape.elems()).map(|_| rng.random_range(0..1u64 << 40)).collect();
+    let values = (0..shape.elems())
+        .map(|_| rng.random_range(0..1u64 << 40))
+        .collect();
     (shape, values)
 }
 
@@ -118,7 +135,10 @@ fn coord_text(c: &weft_tile_coord) -> String {
 fn own_context_still_works(stream: &Arc<CudaStream>) -> anyhow::Result<()> {
     stream.synchronize()?;
     let back = stream.clone_dtoh(&stream.clone_htod(&[1u64, 2, 3])?)?;
-    anyhow::ensure!(back == [1, 2, 3], "the rank's own context misbehaves after the throwaway one trapped: {back:?}");
+    anyhow::ensure!(
+        back == [1, 2, 3],
+        "the rank's own context misbehaves after the throwaway one trapped: {back:?}"
+    );
     Ok(())
 }
 
@@ -133,7 +153,9 @@ struct TimeoutInputs {
 }
 
 fn timeout_inputs(kind: TimeoutKind, seed: u64, rank: usize) -> TimeoutInputs {
-    let mut rng = StdRng::seed_from_u64(seed ^ (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ kind as u64);
+    let mut rng = StdRng::seed_from_u64(
+        seed ^ (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ kind as u64,
+    );
     let (shape, values) = random_counters(&mut rng);
     match kind {
         TimeoutKind::MissingSignal => {
@@ -145,12 +167,29 @@ fn timeout_inputs(kind: TimeoutKind, seed: u64, rank: usize) -> TimeoutInputs {
             };
             let observed = values[shape.offset(coord.b, coord.d, coord.r, coord.c) as usize];
             let expected = observed + rng.random_range(1..1000);
-            TimeoutInputs { shape, values, coord, expected, observed }
+            TimeoutInputs {
+                shape,
+                values,
+                coord,
+                expected,
+                observed,
+            }
         }
         // One past the last column: an unchecked offset would land inside the next row.
         TimeoutKind::OutsideLayout => {
-            let coord = weft_tile_coord { b: 0, d: 1, r: shape.rows - 1, c: shape.cols };
-            TimeoutInputs { shape, values, coord, expected: 1, observed: 0 }
+            let coord = weft_tile_coord {
+                b: 0,
+                d: 1,
+                r: shape.rows - 1,
+                c: shape.cols,
+            };
+            TimeoutInputs {
+                shape,
+                values,
+                coord,
+                expected: 1,
+                observed: 0,
+            }
         }
     }
 }
@@ -173,10 +212,23 @@ const CHILD_COMMAND: &str = "__sync-timeout-child";
 
 /// A trap poisons every CUDA context of the process on this driver, so the kernel that must time
 /// out runs in a child process (`weft __sync-timeout-child`); this rank's context stays usable.
-fn run_timeout_child(kind: TimeoutKind, seed: u64, rank: usize, world: usize, ordinal: usize) -> anyhow::Result<ChildReport> {
+fn run_timeout_child(
+    kind: TimeoutKind,
+    seed: u64,
+    rank: usize,
+    world: usize,
+    ordinal: usize,
+) -> anyhow::Result<ChildReport> {
     let exe = std::env::current_exe()?;
     let child = std::process::Command::new(exe)
-        .args([CHILD_COMMAND, &(kind as u8).to_string(), &seed.to_string(), &rank.to_string(), &world.to_string(), &ordinal.to_string()])
+        .args([
+            CHILD_COMMAND,
+            &(kind as u8).to_string(),
+            &seed.to_string(),
+            &rank.to_string(),
+            &world.to_string(),
+            &ordinal.to_string(),
+        ])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()?;
@@ -196,15 +248,34 @@ fn run_timeout_child(kind: TimeoutKind, seed: u64, rank: usize, world: usize, or
         }
     };
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let field = |name: &str| stdout.lines().find_map(|l| l.strip_prefix(name)).map(str::to_string);
-    let (Some(slot_hex), Some(msg_hex), Some(wall_ns)) = (field("slot "), field("message "), field("wall_ns ")) else {
-        anyhow::bail!("the timeout child process reported nothing ({}): stdout {stdout:?} stderr {:?}", out.status, String::from_utf8_lossy(&out.stderr));
+    let field = |name: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::to_string)
+    };
+    let (Some(slot_hex), Some(msg_hex), Some(wall_ns)) =
+        (field("slot "), field("message "), field("wall_ns "))
+    else {
+        anyhow::bail!(
+            "the timeout child process reported nothing ({}): stdout {stdout:?} stderr {:?}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
     };
     let slot_bytes = from_hex(&slot_hex)?;
-    anyhow::ensure!(slot_bytes.len() == std::mem::size_of::<abi::weft_error_slot>(), "malformed slot report");
+    anyhow::ensure!(
+        slot_bytes.len() == std::mem::size_of::<abi::weft_error_slot>(),
+        "malformed slot report"
+    );
     // SAFETY: the bytes are a weft_error_slot (plain-old-data) as the child held it.
-    let slot = unsafe { std::ptr::read_unaligned(slot_bytes.as_ptr().cast::<abi::weft_error_slot>()) };
-    Ok(ChildReport { slot, message: String::from_utf8_lossy(&from_hex(&msg_hex)?).into_owned(), wall: Duration::from_nanos(wall_ns.parse()?) })
+    let slot =
+        unsafe { std::ptr::read_unaligned(slot_bytes.as_ptr().cast::<abi::weft_error_slot>()) };
+    Ok(ChildReport {
+        slot,
+        message: String::from_utf8_lossy(&from_hex(&msg_hex)?).into_owned(),
+        wall: Duration::from_nanos(wall_ns.parse()?),
+    })
 }
 
 fn to_hex(bytes: &[u8]) -> String {
@@ -213,7 +284,10 @@ fn to_hex(bytes: &[u8]) -> String {
 
 fn from_hex(s: &str) -> anyhow::Result<Vec<u8>> {
     anyhow::ensure!(s.len() % 2 == 0, "odd-length hex");
-    (0..s.len()).step_by(2).map(|i| Ok(u8::from_str_radix(&s[i..i + 2], 16)?)).collect()
+    (0..s.len())
+        .step_by(2)
+        .map(|i| Ok(u8::from_str_radix(&s[i..i + 2], 16)?))
+        .collect()
 }
 
 /// `weft __sync-timeout-child KIND SEED RANK WORLD ORDINAL`: runs the kernel that must time out
@@ -222,17 +296,46 @@ pub fn timeout_child(args: &[String]) -> anyhow::Result<()> {
     let [kind, seed, rank, world, ordinal] = args else {
         anyhow::bail!("usage: weft {CHILD_COMMAND} KIND SEED RANK WORLD ORDINAL");
     };
-    let kind = if kind == "1" { TimeoutKind::MissingSignal } else { TimeoutKind::OutsideLayout };
-    let (seed, rank, world, ordinal): (u64, usize, usize, usize) = (seed.parse()?, rank.parse()?, world.parse()?, ordinal.parse()?);
+    let kind = if kind == "1" {
+        TimeoutKind::MissingSignal
+    } else {
+        TimeoutKind::OutsideLayout
+    };
+    let (seed, rank, world, ordinal): (u64, usize, usize, usize) = (
+        seed.parse()?,
+        rank.parse()?,
+        world.parse()?,
+        ordinal.parse()?,
+    );
     let inputs = timeout_inputs(kind, seed, rank);
     let ctx = CudaContext::new(ordinal)?;
     let budget = WaitBudget::for_device(&ctx, MISSING_SIGNAL_BOUND)?;
     let slot = ErrorSlot::new(&ctx)?;
-    let out = run_missing_signal(ordinal, rank, world, &slot, inputs.shape, &inputs.values, inputs.coord, inputs.expected, budget)?;
+    let out = run_missing_signal(
+        ordinal,
+        rank,
+        world,
+        &slot,
+        inputs.shape,
+        &inputs.values,
+        inputs.coord,
+        inputs.expected,
+        budget,
+    )?;
     let message = out.error.map(|e| format!("{e:#}")).unwrap_or_default();
     // SAFETY: weft_error_slot is plain-old-data; its bytes are sent as they are.
-    let bytes = unsafe { std::slice::from_raw_parts((&out.slot as *const abi::weft_error_slot).cast::<u8>(), std::mem::size_of::<abi::weft_error_slot>()) };
-    println!("slot {}\nmessage {}\nwall_ns {}", to_hex(bytes), to_hex(message.as_bytes()), out.wall.as_nanos());
+    let bytes = unsafe {
+        std::slice::from_raw_parts(
+            (&out.slot as *const abi::weft_error_slot).cast::<u8>(),
+            std::mem::size_of::<abi::weft_error_slot>(),
+        )
+    };
+    println!(
+        "slot {}\nmessage {}\nwall_ns {}",
+        to_hex(bytes),
+        to_hex(message.as_bytes()),
+        out.wall.as_nanos()
+    );
     Ok(())
 }
 
@@ -240,12 +343,23 @@ fn missing_signal(job: &mut Job) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
     let (rank, world) = (job.rank(), job.world());
     let (ctx, stream) = context_and_stream(job)?;
-    let ordinal = job.gpu().map_err(|why| anyhow::anyhow!("no GPU: {why}"))?.ordinal;
-    let TimeoutInputs { coord, expected, observed, .. } = timeout_inputs(TimeoutKind::MissingSignal, seed, rank);
+    let ordinal = job
+        .gpu()
+        .map_err(|why| anyhow::anyhow!("no GPU: {why}"))?
+        .ordinal;
+    let TimeoutInputs {
+        coord,
+        expected,
+        observed,
+        ..
+    } = timeout_inputs(TimeoutKind::MissingSignal, seed, rank);
     let budget = WaitBudget::for_device(&ctx, MISSING_SIGNAL_BOUND)?;
     let out = run_timeout_child(TimeoutKind::MissingSignal, seed, rank, world, ordinal)?;
     let msg = out.message;
-    anyhow::ensure!(!msg.is_empty(), "the wait returned although nobody signalled (seed {seed})");
+    anyhow::ensure!(
+        !msg.is_empty(),
+        "the wait returned although nobody signalled (seed {seed})"
+    );
     let s = out.slot;
     let fields_ok = s.status == abi::WEFT_SYNC_STATUS_TIMEOUT as i32
         && s.primitive == abi::WEFT_SYNC_PRIM_WAIT as i32
@@ -257,8 +371,15 @@ fn missing_signal(job: &mut Job) -> anyhow::Result<()> {
         && s.budget_cycles == budget.cycles
         && s.elapsed_cycles > budget.cycles;
     anyhow::ensure!(fields_ok, "the error slot does not describe the missing signal at {} (expected {expected}, observed {observed}): {s:?}", coord_text(&coord));
-    for part in [format!("rank {rank}: sync wait timed out"), coord_text(&coord), format!("expected >= {expected}, observed {observed}")] {
-        anyhow::ensure!(msg.contains(&part), "the error does not say {part:?}: {msg}");
+    for part in [
+        format!("rank {rank}: sync wait timed out"),
+        coord_text(&coord),
+        format!("expected >= {expected}, observed {observed}"),
+    ] {
+        anyhow::ensure!(
+            msg.contains(&part),
+            "the error does not say {part:?}: {msg}"
+        );
     }
     // Within the bound: the wait gave up once it had spent the budget in SM cycles (and not much
     // later), which is at least the configured time since the SM clock never exceeds its maximum;
@@ -288,15 +409,24 @@ fn coordinate_outside_layout(job: &mut Job) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
     let (rank, world) = (job.rank(), job.world());
     let stream = context_and_stream(job)?.1;
-    let ordinal = job.gpu().map_err(|why| anyhow::anyhow!("no GPU: {why}"))?.ordinal;
+    let ordinal = job
+        .gpu()
+        .map_err(|why| anyhow::anyhow!("no GPU: {why}"))?
+        .ordinal;
     let TimeoutInputs { shape, coord, .. } = timeout_inputs(TimeoutKind::OutsideLayout, seed, rank);
     let out = run_timeout_child(TimeoutKind::OutsideLayout, seed, rank, world, ordinal)?;
     let msg = out.message;
     anyhow::ensure!(
-        out.slot.status == abi::WEFT_SYNC_STATUS_BAD_COORD as i32 && msg.contains(&coord_text(&coord)) && msg.contains("outside the counter layout"),
+        out.slot.status == abi::WEFT_SYNC_STATUS_BAD_COORD as i32
+            && msg.contains(&coord_text(&coord))
+            && msg.contains("outside the counter layout"),
         "expected a bad-coordinate report for {} in shape {shape}: {msg}",
         coord_text(&coord)
     );
-    anyhow::ensure!(out.slot.elapsed_cycles == 0, "a bad coordinate must be refused before polling: {:?}", out.slot);
+    anyhow::ensure!(
+        out.slot.elapsed_cycles == 0,
+        "a bad coordinate must be refused before polling: {:?}",
+        out.slot
+    );
     own_context_still_works(&stream)
 }

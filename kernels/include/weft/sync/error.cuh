@@ -33,8 +33,10 @@ static __device__ int weft_sync_error_claim;
 // How long a thread that lost the claim waits for the winner's report (~10 ms at 2 GHz).
 constexpr uint64_t kReportGraceCycles = 20'000'000;
 
-// Records `f` for `rank` (unless another thread already did) and traps. Never returns.
-inline __device__ __noinline__ void fail(const weft_sync_bound& bound, int32_t rank, const failure& f) {
+// Records `f` for `rank` (unless another thread already did) and traps. Never returns. Inlined
+// into the caller: use it (through fail_inline) in code that runs after setmaxnreg, where ptxas
+// ignores the register reallocation if the region calls a function.
+__device__ __forceinline__ void fail_inline(const weft_sync_bound& bound, int32_t rank, const failure& f) {
   volatile weft_error_slot* slot = reinterpret_cast<volatile weft_error_slot*>(bound.error_slot);
   if (slot != nullptr) {
     if (atomicCAS(&weft_sync_error_claim, 0, 1) == 0 && slot->status == WEFT_SYNC_STATUS_NONE) {
@@ -67,6 +69,11 @@ inline __device__ __noinline__ void fail(const weft_sync_bound& bound, int32_t r
     }
   }
   __trap();
+}
+
+// fail_inline as one out-of-line function: the cold path stays out of the callers' code.
+inline __device__ __noinline__ void fail(const weft_sync_bound& bound, int32_t rank, const failure& f) {
+  fail_inline(bound, rank, f);
 }
 
 }  // namespace weft::sync

@@ -12,7 +12,8 @@ namespace weft::sync {
 
 // Waits for the phase of parity `parity` to complete, bounded by `bound`; on expiry reports
 // MBARRIER_WAIT (expected = the awaited parity, observed = the other parity, coord = `coord`) and
-// traps.
+// traps. kInlineReport: report without a function call (for code after setmaxnreg; see fail_inline).
+template <bool kInlineReport = false>
 __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity, const weft_sync_bound& bound, int32_t rank,
                                               weft_tile_coord coord) {
   if (weft::mbar_try_wait(bar, parity)) return;
@@ -30,7 +31,11 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity, co
       f.observed = parity ^ 1u;  // the mbarrier word is opaque: report the phase still pending
       f.elapsed_cycles = spent;
       f.elapsed_ns = globaltimer_ns() - t0;
-      fail(bound, rank, f);
+      if constexpr (kInlineReport) {
+        fail_inline(bound, rank, f);
+      } else {
+        fail(bound, rank, f);
+      }
     }
   }
 }

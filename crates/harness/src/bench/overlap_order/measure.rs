@@ -393,8 +393,16 @@ pub fn measure(mode: Mode, cfg: Config) -> anyhow::Result<Measured> {
         comp_span_pair_ms: median(&span_pair),
         start_delay_us: median(&delay),
         start_delay_first_us: median(&delay_first),
-        arrive_to_wait_exit_us: if to_exit.is_empty() { f64::NAN } else { median(&to_exit) },
-        wait_exit_to_compute_us: if handoff.is_empty() { f64::NAN } else { median(&handoff) },
+        arrive_to_wait_exit_us: if to_exit.is_empty() {
+            f64::NAN
+        } else {
+            median(&to_exit)
+        },
+        wait_exit_to_compute_us: if handoff.is_empty() {
+            f64::NAN
+        } else {
+            median(&handoff)
+        },
         checked,
         wait_us,
         empty_events_us,

@@ -1,0 +1,486 @@
+//! weft's GEMM (crates/signal-gemm, kernels/gemm/) on each rank's own GPU:
+//! - random_shapes_vs_cublas: 60 seeded random shapes (ragged edges, both B layouts, every
+//!   input/output dtype, both tile widths and the automatic choice, random sm_margin, some with
+//!   alpha/beta), fresh inputs, weft's output poisoned with NaN, every element within the output
+//!   dtype's tolerance of cuBLAS (cublasGemmEx, fp32 compute, fp32 output) on the same inputs.
+//! - small_shapes_vs_f64: 14 small shapes against a float64 CPU reference.
+//! - schedule_matches_kernel: the order each tile was stored in (a trace the epilogue writes)
+//!   equals the host's listing of the plan's schedule, for several grids.
+//! - communicator_copies_finished_tiles: the test communicator on reserved CTAs copies every tile
+//!   after its flag, 3 x 10 launches back to back on alternating inputs without resetting the
+//!   flags; the copy equals D bit for bit and D equals cuBLAS.
+//! - bad_inputs_are_rejected: dtype and buffer-size mismatches give errors naming them.
+
+use crate::data::shared_seed;
+use crate::gemm_data::{download, poisoned, uniform, upload};
+use crate::job::Job;
+use crate::trials::Case;
+use anyhow::{ensure, Context};
+use cudarc::driver::{CudaContext, CudaStream};
+use half::{bf16, f16};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+use weft_signal_gemm::reference::{check_all, gemm_f64, Tolerance};
+use weft_signal_gemm::{
+    BLayout, CublasGemm, Dtype, Gemm, GemmElement, GemmOptions, GemmShape, LaunchExtras,
+    TileChoice, TileFlags,
+};
+
+const RANDOM_SHAPES: usize = 60;
+const COMM_LAUNCHES: usize = 30;
+
+pub fn cases() -> Vec<Case> {
+    vec![
+        Case::gpu("gemm::random_shapes_vs_cublas", random_shapes_vs_cublas),
+        Case::gpu("gemm::small_shapes_vs_f64", small_shapes_vs_f64),
+        Case::gpu("gemm::schedule_matches_kernel", schedule_matches_kernel),
+        Case::gpu(
+            "gemm::communicator_copies_finished_tiles",
+            communicator_copies_finished_tiles,
+        ),
+        Case::gpu("gemm::bad_inputs_are_rejected", bad_inputs_are_rejected),
+    ]
+}
+
+fn gpu(job: &Job) -> anyhow::Result<(Arc<CudaContext>, Arc<CudaStream>)> {
+    let g = job.gpu().map_err(|why| anyhow::anyhow!("no GPU: {why}"))?;
+    Ok((g.ctx.clone(), g.stream.clone()))
+}
+
+/// Runs `$body::<TI, TO>(args...)` for the plan's runtime dtypes.
+macro_rules! with_dtypes {
+    ($input:expr, $output:expr, $f:ident ( $($arg:expr),* )) => {
+        match ($input, $output) {
+            (Dtype::Bf16, Dtype::Bf16) => $f::<bf16, bf16>($($arg),*),
+            (Dtype::Bf16, Dtype::F16) => $f::<bf16, f16>($($arg),*),
+            (Dtype::Bf16, Dtype::F32) => $f::<bf16, f32>($($arg),*),
+            (Dtype::F16, Dtype::Bf16) => $f::<f16, bf16>($($arg),*),
+            (Dtype::F16, Dtype::F16) => $f::<f16, f16>($($arg),*),
+            (Dtype::F16, Dtype::F32) => $f::<f16, f32>($($arg),*),
+            (i, o) => anyhow::bail!("no GEMM for {i} -> {o}"),
+        }
+    };
+}
+
+/// A random shape with m, n, k multiples of 16 and mostly ragged against the tiles.
+fn random_shape(rng: &mut StdRng, max: u32) -> GemmShape {
+    let mut dim = |max: u32| 16 * rng.random_range(1..=max / 16);
+    GemmShape {
+        m: dim(max),
+        n: dim(max),
+        k: dim(max),
+    }
+}
+
+fn random_options(rng: &mut StdRng, i: usize) -> GemmOptions {
+    GemmOptions {
+        input: [Dtype::Bf16, Dtype::F16][i % 2],
+        output: [Dtype::Bf16, Dtype::F32, Dtype::F16][(i / 2) % 3],
+        b_layout: if rng.random_bool(0.5) {
+            BLayout::NxK
+        } else {
+            BLayout::KxN
+        },
+        tile: [TileChoice::Auto, TileChoice::N128, TileChoice::N256][rng.random_range(0..3)],
+        sm_margin: if rng.random_bool(0.3) {
+            rng.random_range(1..=16)
+        } else {
+            0
+        },
+        alpha: if i % 7 == 3 { 0.5 } else { 1.0 },
+        beta: if i % 7 == 3 { -1.25 } else { 0.0 },
+        ..GemmOptions::default()
+    }
+}
+
+/// One shape through weft and cuBLAS on the same inputs; every element compared. cuBLAS writes
+/// fp32 (it has no mixed bf16-in / fp16-out GEMM), so the reference is unrounded and weft's
+/// output is within half an ulp of its own dtype plus accumulation-order error of it.
+fn versus_cublas<TI: GemmElement, TO: GemmElement>(
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    shape: GemmShape,
+    options: GemmOptions,
+    seed: u64,
+) -> anyhow::Result<()> {
+    let gemm = Gemm::new(ctx, shape, options)?;
+    let what = gemm.plan().describe();
+    let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
+    let a = upload(stream, &uniform::<TI>(seed, m * k))?;
+    let b = upload(stream, &uniform::<TI>(seed ^ 0xB, k * n))?;
+    let (mut d, mut want) = if options.beta != 0.0 {
+        let d0 = uniform::<TO>(seed ^ 0xD, m * n);
+        let d0_f32: Vec<f32> = d0.iter().map(|x| x.to_f64() as f32).collect();
+        (upload(stream, &d0)?, upload(stream, &d0_f32)?)
+    } else {
+        (
+            poisoned::<TO>(stream, m * n)?,
+            poisoned::<f32>(stream, m * n)?,
+        )
+    };
+    gemm.launch(stream, &a, &b, &mut d)?;
+    CublasGemm::new(
+        stream,
+        shape,
+        GemmOptions {
+            output: Dtype::F32,
+            ..options
+        },
+    )?
+    .launch(&a, &b, &mut want)?;
+    stream
+        .synchronize()
+        .with_context(|| format!("running {what}"))?;
+    gemm.check()?;
+    let want: Vec<f64> = download(stream, &want)?.iter().map(|&x| x as f64).collect();
+    check_all(
+        &format!("weft vs cuBLAS, {what}"),
+        shape,
+        &download(stream, &d)?,
+        &want,
+        Tolerance::for_output(TO::DTYPE),
+    )
+}
+
+fn random_shapes_vs_cublas(job: &mut Job) -> anyhow::Result<()> {
+    let seed = shared_seed(job)?;
+    let (ctx, stream) = gpu(job)?;
+    let mut rng = StdRng::seed_from_u64(seed);
+    for i in 0..RANDOM_SHAPES {
+        let shape = random_shape(&mut rng, if i % 4 == 0 { 4096 } else { 1536 });
+        let options = random_options(&mut rng, i);
+        let case_seed = rng.random();
+        with_dtypes!(
+            options.input,
+            options.output,
+            versus_cublas(&ctx, &stream, shape, options, case_seed)
+        )
+        .with_context(|| format!("case {i} (WEFT_SEED={seed})"))?;
+    }
+    Ok(())
+}
+
+fn versus_f64<TI: GemmElement, TO: GemmElement>(
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    shape: GemmShape,
+    options: GemmOptions,
+    seed: u64,
+) -> anyhow::Result<()> {
+    let gemm = Gemm::new(ctx, shape, options)?;
+    let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
+    let a = uniform::<TI>(seed, m * k);
+    let b = uniform::<TI>(seed ^ 0xB, k * n);
+    let d0 = if options.beta != 0.0 {
+        uniform::<TO>(seed ^ 0xD, m * n)
+    } else {
+        Vec::new()
+    };
+    let mut d = if options.beta != 0.0 {
+        upload(stream, &d0)?
+    } else {
+        poisoned::<TO>(stream, m * n)?
+    };
+    gemm.launch(stream, &upload(stream, &a)?, &upload(stream, &b)?, &mut d)?;
+    stream.synchronize()?;
+    gemm.check()?;
+    let want = gemm_f64(
+        shape,
+        options.b_layout,
+        &a,
+        &b,
+        options.alpha as f64,
+        options.beta as f64,
+        &d0,
+    );
+    // Against exact products: half an ulp of rounding (within the one-ulp tolerance) plus fp32
+    // accumulation error.
+    check_all(
+        &format!("weft vs float64, {}", gemm.plan().describe()),
+        shape,
+        &download(stream, &d)?,
+        &want,
+        Tolerance::for_output(TO::DTYPE),
+    )
+}
+
+fn small_shapes_vs_f64(job: &mut Job) -> anyhow::Result<()> {
+    let seed = shared_seed(job)?;
+    let (ctx, stream) = gpu(job)?;
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5A);
+    let fixed = [
+        GemmShape {
+            m: 16,
+            n: 16,
+            k: 16,
+        },
+        GemmShape {
+            m: 128,
+            n: 256,
+            k: 64,
+        },
+        GemmShape {
+            m: 144,
+            n: 272,
+            k: 80,
+        },
+        GemmShape {
+            m: 400,
+            n: 48,
+            k: 528,
+        },
+    ];
+    for i in 0..14 {
+        let shape = fixed
+            .get(i)
+            .copied()
+            .unwrap_or_else(|| random_shape(&mut rng, 384));
+        let options = random_options(&mut rng, i);
+        let case_seed = rng.random();
+        with_dtypes!(
+            options.input,
+            options.output,
+            versus_f64(&ctx, &stream, shape, options, case_seed)
+        )
+        .with_context(|| format!("case {i} {shape} (WEFT_SEED={seed})"))?;
+    }
+    Ok(())
+}
+
+fn schedule_matches_kernel(job: &mut Job) -> anyhow::Result<()> {
+    let (ctx, stream) = gpu(job)?;
+    let cases = [
+        (
+            GemmShape {
+                m: 4096,
+                n: 4096,
+                k: 256,
+            },
+            0u32,
+            TileChoice::N256,
+        ),
+        (
+            GemmShape {
+                m: 3088,
+                n: 2576,
+                k: 128,
+            },
+            8,
+            TileChoice::N128,
+        ),
+        (
+            GemmShape {
+                m: 8192,
+                n: 1024,
+                k: 64,
+            },
+            31,
+            TileChoice::Auto,
+        ),
+    ];
+    for (shape, sm_margin, tile) in cases {
+        let gemm = Gemm::new(
+            &ctx,
+            shape,
+            GemmOptions {
+                sm_margin,
+                tile,
+                ..GemmOptions::default()
+            },
+        )?;
+        let plan = gemm.plan().clone();
+        let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
+        let a = upload(&stream, &uniform::<bf16>(1, m * k))?;
+        let b = upload(&stream, &uniform::<bf16>(2, k * n))?;
+        let mut d = poisoned::<bf16>(&stream, m * n)?;
+        let mut trace = stream.alloc_zeros::<u32>(plan.tiles() as usize)?;
+        gemm.launch_with(
+            &stream,
+            &a,
+            &b,
+            &mut d,
+            LaunchExtras {
+                trace: Some(&mut trace),
+                ..Default::default()
+            },
+        )?;
+        stream.synchronize()?;
+        gemm.check()?;
+        let got = stream.clone_dtoh(&trace)?;
+        let mut want = vec![0u32; plan.tiles() as usize];
+        for t in plan.schedule() {
+            want[(t.tm * plan.tiles_n() + t.tn) as usize] = t.order + 1;
+        }
+        let bad: Vec<String> = (0..want.len())
+            .filter(|&i| got[i] != want[i])
+            .take(4)
+            .map(|i| {
+                format!(
+                    "tile ({}, {}) stored at order {} (host lists {})",
+                    i as u32 / plan.tiles_n(),
+                    i as u32 % plan.tiles_n(),
+                    got[i] as i64 - 1,
+                    want[i] as i64 - 1
+                )
+            })
+            .collect();
+        ensure!(
+            bad.is_empty(),
+            "{}: kernel order differs from the host schedule: {}",
+            plan.describe(),
+            bad.join("; ")
+        );
+    }
+    Ok(())
+}
+
+fn communicator_copies_finished_tiles(job: &mut Job) -> anyhow::Result<()> {
+    let seed = shared_seed(job)?;
+    let (ctx, stream) = gpu(job)?;
+    let mut rng = StdRng::seed_from_u64(seed ^ 0xC0);
+    let shapes = [
+        GemmShape {
+            m: 4096,
+            n: 4096,
+            k: 512,
+        },
+        GemmShape {
+            m: 2064,
+            n: 3056,
+            k: 272,
+        },
+    ];
+    for shape in shapes {
+        let options = GemmOptions {
+            comm_ctas: 4,
+            sm_margin: 0,
+            output: Dtype::F32,
+            ..GemmOptions::default()
+        };
+        let gemm = Gemm::new(&ctx, shape, options)?;
+        let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
+        // Two input sets, alternated launch by launch: a tile copied before it was final (or
+        // from the previous launch) differs from D.
+        let mut inputs = Vec::new();
+        for _ in 0..2 {
+            let s: u64 = rng.random();
+            inputs.push((
+                upload(&stream, &uniform::<bf16>(s, m * k))?,
+                upload(&stream, &uniform::<bf16>(s ^ 0xB, k * n))?,
+            ));
+        }
+        let mut flags = TileFlags::new(&stream, gemm.plan())?;
+        let mut d = poisoned::<f32>(&stream, m * n)?;
+        let mut copy = poisoned::<f32>(&stream, m * n)?;
+        for block in 0..COMM_LAUNCHES / 10 {
+            crate::gemm_data::poison(&stream, &mut d)?;
+            crate::gemm_data::poison(&stream, &mut copy)?;
+            // Ten launches back to back: no synchronisation, flags never reset (epochs rise).
+            for launch in 0..10 {
+                let (a, b) = &inputs[(block + launch) % 2];
+                gemm.launch_with(
+                    &stream,
+                    a,
+                    b,
+                    &mut d,
+                    LaunchExtras {
+                        flags: Some(&mut flags),
+                        copy_dst: Some(&mut copy),
+                        trace: None,
+                    },
+                )?;
+            }
+            stream.synchronize()?;
+            gemm.check()?;
+            let (got_d, got_copy) = (download(&stream, &d)?, download(&stream, &copy)?);
+            let diff = got_d
+                .iter()
+                .zip(&got_copy)
+                .position(|(x, y)| x.to_bits() != y.to_bits());
+            ensure!(
+                diff.is_none(),
+                "block {block}: copy differs from D at element {diff:?} ({} tiles, flag target {})",
+                gemm.plan().tiles(),
+                flags.target()
+            );
+            let (a, b) = &inputs[(block + 9) % 2];
+            let mut want = poisoned::<f32>(&stream, m * n)?;
+            CublasGemm::new(&stream, shape, options)?.launch(a, b, &mut want)?;
+            let want: Vec<f64> = download(&stream, &want)?
+                .iter()
+                .map(|&x| x as f64)
+                .collect();
+            check_all(
+                "D with the communicator running",
+                shape,
+                &got_d,
+                &want,
+                Tolerance::for_output(Dtype::F32),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn bad_inputs_are_rejected(job: &mut Job) -> anyhow::Result<()> {
+    let (ctx, stream) = gpu(job)?;
+    let shape = GemmShape {
+        m: 256,
+        n: 256,
+        k: 128,
+    };
+    let gemm = Gemm::new(&ctx, shape, GemmOptions::default())?;
+    let a = upload(&stream, &uniform::<bf16>(1, 256 * 128))?;
+    let b = upload(&stream, &uniform::<bf16>(2, 256 * 128))?;
+    let short_b = upload(&stream, &uniform::<bf16>(2, 256 * 127))?;
+    let a16 = upload(&stream, &uniform::<f16>(1, 256 * 128))?;
+    let b16 = upload(&stream, &uniform::<f16>(2, 256 * 128))?;
+    let mut d = poisoned::<bf16>(&stream, 256 * 256)?;
+    let mut d32 = poisoned::<f32>(&stream, 256 * 256)?;
+    let expect = |r: anyhow::Result<()>, needle: &str| -> anyhow::Result<()> {
+        let e = format!(
+            "{:#}",
+            r.err()
+                .with_context(|| format!("expected an error containing {needle:?}"))?
+        );
+        ensure!(
+            e.contains(needle),
+            "error {e:?} does not mention {needle:?}"
+        );
+        Ok(())
+    };
+    expect(
+        gemm.launch(&stream, &a, &short_b, &mut d),
+        "B buffer too small",
+    )?;
+    expect(
+        gemm.launch(&stream, &a16, &b16, &mut d),
+        "planned for bf16 inputs, given f16",
+    )?;
+    expect(
+        gemm.launch(&stream, &a, &b, &mut d32),
+        "planned for bf16 output, given a f32",
+    )?;
+    let e = Gemm::new(
+        &ctx,
+        GemmShape {
+            m: 256,
+            n: 250,
+            k: 128,
+        },
+        GemmOptions::default(),
+    )
+    .err()
+    .context("n = 250 accepted")?;
+    ensure!(
+        format!("{e:#}").contains("n = 250 is not a multiple of 16"),
+        "{e:#}"
+    );
+    // Nothing was launched by the rejected calls: D is still all poison.
+    ensure!(
+        download(&stream, &d)?.iter().all(|x| x.to_f64().is_nan()),
+        "a rejected launch wrote D"
+    );
+    Ok(())
+}

@@ -1,0 +1,290 @@
+//! A loaded GEMM: the plan's kernel on one context, its error slot, and launches on a stream.
+
+use crate::dtype::{Dtype, GemmElement};
+use crate::plan::{BLayout, GemmOptions, GemmPlan, GemmShape};
+use crate::tensor_map::encode_2d;
+use anyhow::{ensure, Context};
+use cudarc::driver::sys::{self, CUfunction_attribute};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
+use std::sync::Arc;
+use weft_kernels::abi::{weft_gemm_params, weft_sync_bound, WEFT_GEMM_CONSUMERS};
+use weft_kernels::cubins;
+use weft_sync::{ErrorSlot, WaitBudget};
+
+/// What a finished tile's flag rises by in one launch (each consumer warpgroup adds 1).
+pub const SIGNALS_PER_TILE: u64 = WEFT_GEMM_CONSUMERS as u64;
+
+/// Per-tile completion flags (u64, one per output tile, row-major tile order) that the epilogue
+/// raises after the tile's stores are complete. Reused across launches without memsets: launch
+/// e (from 1) brings every flag to e · SIGNALS_PER_TILE.
+pub struct TileFlags {
+    pub flags: CudaSlice<u64>,
+    launches: u64,
+}
+
+impl TileFlags {
+    /// Zeroed flags for `plan`'s tiles.
+    pub fn new(stream: &Arc<CudaStream>, plan: &GemmPlan) -> anyhow::Result<Self> {
+        let flags = stream
+            .alloc_zeros::<u64>(plan.tiles() as usize)
+            .context("allocating GEMM tile flags")?;
+        Ok(Self { flags, launches: 0 })
+    }
+    /// The value every flag reaches at the end of the next launch (and counts that launch).
+    fn next_target(&mut self) -> u64 {
+        self.launches += 1;
+        self.launches * SIGNALS_PER_TILE
+    }
+    /// The target of the last launch (0 before the first).
+    pub fn target(&self) -> u64 {
+        self.launches * SIGNALS_PER_TILE
+    }
+}
+
+/// Optional outputs of a launch beyond D.
+pub struct LaunchExtras<'a, TO: GemmElement> {
+    /// Raise per-tile flags after each tile's stores.
+    pub flags: Option<&'a mut TileFlags>,
+    /// The test communicator (plan with comm_ctas > 0, needs `flags`): copies every finished
+    /// tile of D here.
+    pub copy_dst: Option<&'a mut CudaSlice<TO>>,
+    /// Records order + 1 of the CTA that stored each tile (u32 per tile, row-major tile order).
+    pub trace: Option<&'a mut CudaSlice<u32>>,
+}
+
+impl<TO: GemmElement> Default for LaunchExtras<'_, TO> {
+    fn default() -> Self {
+        Self {
+            flags: None,
+            copy_dst: None,
+            trace: None,
+        }
+    }
+}
+
+/// The GEMM kernel of one plan, loaded on one context.
+pub struct Gemm {
+    plan: GemmPlan,
+    func: CudaFunction,
+    slot: ErrorSlot,
+    bound: weft_sync_bound,
+}
+
+/// The SM count of `ctx`'s device.
+pub fn device_sms(ctx: &Arc<CudaContext>) -> anyhow::Result<u32> {
+    Ok(ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32)
+}
+
+impl Gemm {
+    /// Plans `shape` with `options` for `ctx`'s device and loads the kernel.
+    pub fn new(
+        ctx: &Arc<CudaContext>,
+        shape: GemmShape,
+        options: GemmOptions,
+    ) -> anyhow::Result<Self> {
+        let plan = GemmPlan::new(device_sms(ctx)?, shape, options)?;
+        Self::from_plan(ctx, plan)
+    }
+
+    /// Loads the kernel of a plan made for this device.
+    pub fn from_plan(ctx: &Arc<CudaContext>, plan: GemmPlan) -> anyhow::Result<Self> {
+        let sms = device_sms(ctx)?;
+        ensure!(
+            plan.sms == sms,
+            "GEMM plan made for {} SMs, but the device has {sms}",
+            plan.sms
+        );
+        let major =
+            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor =
+            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        ensure!(
+            (major, minor) == (9, 0),
+            "weft's GEMM needs a Hopper GPU (sm_90), this device is sm_{major}{minor}"
+        );
+        let cubin = match plan.options.input {
+            Dtype::Bf16 => &cubins::GEMM_GEMM_BF16,
+            Dtype::F16 => &cubins::GEMM_GEMM_F16,
+            Dtype::F32 => unreachable!("rejected by GemmPlan::new"),
+        };
+        let name = plan.kernel_name();
+        let module = cubin
+            .load(ctx)
+            .with_context(|| format!("loading {}", cubin.source))?;
+        let func = module
+            .load_function(&name)
+            .with_context(|| format!("{} has no kernel {name}", cubin.source))?;
+        func.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            plan.smem_bytes() as i32,
+        )
+        .with_context(|| {
+            format!(
+                "allowing {} bytes of dynamic shared memory for {name}",
+                plan.smem_bytes()
+            )
+        })?;
+        let slot = ErrorSlot::new(ctx)?;
+        let budget = WaitBudget::default_for(ctx)?;
+        let bound = weft_sync_bound {
+            error_slot: slot.device_ptr(ctx)?,
+            budget_cycles: budget.cycles,
+        };
+        Ok(Self {
+            plan,
+            func,
+            slot,
+            bound,
+        })
+    }
+
+    pub fn plan(&self) -> &GemmPlan {
+        &self.plan
+    }
+
+    /// Bounds every device wait of later launches by `budget` (default: weft-sync's default).
+    pub fn set_budget(&mut self, budget: WaitBudget) {
+        self.bound.budget_cycles = budget.cycles;
+    }
+
+    /// D = alpha · A · B + beta · D on `stream`.
+    pub fn launch<TI: GemmElement, TO: GemmElement>(
+        &self,
+        stream: &Arc<CudaStream>,
+        a: &CudaSlice<TI>,
+        b: &CudaSlice<TI>,
+        d: &mut CudaSlice<TO>,
+    ) -> anyhow::Result<()> {
+        self.launch_with(stream, a, b, d, LaunchExtras::default())
+    }
+
+    /// As [`Gemm::launch`], with tile flags, the test communicator's copy, or a trace.
+    pub fn launch_with<TI: GemmElement, TO: GemmElement>(
+        &self,
+        stream: &Arc<CudaStream>,
+        a: &CudaSlice<TI>,
+        b: &CudaSlice<TI>,
+        d: &mut CudaSlice<TO>,
+        extras: LaunchExtras<'_, TO>,
+    ) -> anyhow::Result<()> {
+        let plan = &self.plan;
+        let GemmShape { m, n, k } = plan.shape;
+        let (m, n, k) = (m as u64, n as u64, k as u64);
+        let o = &plan.options;
+        ensure!(
+            TI::DTYPE == o.input,
+            "GEMM planned for {} inputs, given {} buffers",
+            o.input,
+            TI::DTYPE
+        );
+        ensure!(
+            TO::DTYPE == o.output,
+            "GEMM planned for {} output, given a {} buffer",
+            o.output,
+            TO::DTYPE
+        );
+        let need = |what: &str, len: usize, want: u64, dims: String| {
+            ensure!(
+                len as u64 >= want,
+                "GEMM {}: {what} buffer too small: {len} elements, needs {want} ({dims})",
+                plan.shape
+            );
+            Ok(())
+        };
+        need("A", a.len(), m * k, format!("{m} x {k}"))?;
+        let b_dims = match o.b_layout {
+            BLayout::KxN => format!("{k} x {n}"),
+            BLayout::NxK => format!("{n} x {k}"),
+        };
+        need("B", b.len(), k * n, b_dims)?;
+        need("D", d.len(), m * n, format!("{m} x {n}"))?;
+
+        let (a_ptr, _ra) = a.device_ptr(stream);
+        let (b_ptr, _rb) = b.device_ptr(stream);
+        let (d_ptr, _rd) = d.device_ptr(stream);
+        let tile_n = plan.tile_n();
+        let map_a = encode_2d("A", a_ptr, o.input, m, k, plan.tile_m(), 64)?;
+        let map_b = match o.b_layout {
+            BLayout::NxK => encode_2d("B (n x k)", b_ptr, o.input, n, k, tile_n, 64)?,
+            BLayout::KxN => encode_2d("B (k x n)", b_ptr, o.input, k, n, 64, 64)?,
+        };
+        let map_d = encode_2d(
+            "D",
+            d_ptr,
+            o.output,
+            m,
+            n,
+            64,
+            (128 / o.output.bytes()) as u32,
+        )?;
+
+        let mut p = weft_gemm_params {
+            a: map_a,
+            b: map_b,
+            d: map_d,
+            sched: plan.sched,
+            alpha: o.alpha,
+            beta: o.beta,
+            d_ptr,
+            comm_ctas: o.comm_ctas,
+            bound: self.bound,
+            ..Default::default()
+        };
+        let LaunchExtras {
+            flags,
+            copy_dst,
+            trace,
+        } = extras;
+        let mut _keep = Vec::new();
+        if let Some(f) = flags {
+            ensure!(
+                f.flags.len() as u32 >= plan.tiles(),
+                "tile flags: {} for {} tiles",
+                f.flags.len(),
+                plan.tiles()
+            );
+            p.flag_target = f.next_target();
+            let (ptr, r) = f.flags.device_ptr(stream);
+            p.tile_flags = ptr;
+            _keep.push(r);
+        }
+        if let Some(c) = copy_dst {
+            ensure!(
+                p.tile_flags != 0,
+                "the tile-copy communicator needs tile flags"
+            );
+            ensure!(
+                o.comm_ctas > 0,
+                "the tile-copy communicator needs a plan with comm_ctas > 0"
+            );
+            need("copy", c.len(), m * n, format!("{m} x {n}"))?;
+            let (ptr, r) = c.device_ptr(stream);
+            p.copy_dst = ptr;
+            _keep.push(r);
+        }
+        if let Some(t) = trace {
+            need("trace", t.len(), plan.tiles() as u64, "one per tile".into())?;
+            let (ptr, r) = t.device_ptr(stream);
+            p.trace = ptr;
+            _keep.push(r);
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (plan.ctas() + o.comm_ctas, 1, 1),
+            block_dim: (plan.block_threads(), 1, 1),
+            shared_mem_bytes: plan.smem_bytes(),
+        };
+        // SAFETY: the kernel takes exactly weft_gemm_params by value; the tensor maps and
+        // pointers name buffers checked above to hold the shapes the schedule touches, alive
+        // until the launch's work is done (cudarc's stream ordering; callers keep them alive).
+        unsafe { stream.launch_builder(&self.func).arg(&p).launch(cfg) }
+            .with_context(|| format!("launching {} ({})", plan.kernel_name(), plan.describe()))?;
+        Ok(())
+    }
+
+    /// After a synchronisation: an error naming the wait that ran past its budget, if any.
+    pub fn check(&self) -> anyhow::Result<()> {
+        self.slot.check()
+    }
+}

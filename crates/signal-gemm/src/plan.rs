@@ -1,0 +1,395 @@
+//! The GEMM plan: shape, dtypes, layouts and SM budget, validated once (no GPU needed), with the
+//! tile shape and grid chosen and the schedule fixed. A [`crate::Gemm`] launches a plan.
+
+use crate::dtype::Dtype;
+use crate::schedule::{list_schedule, ScheduledTile};
+use anyhow::{bail, ensure};
+use weft_kernels::abi::{
+    weft_gemm_k_blocks, weft_gemm_order_count, weft_gemm_schedule, weft_gemm_smem_bytes,
+    weft_gemm_tiles_m, weft_gemm_tiles_n, WEFT_GEMM_THREADS, WEFT_GEMM_TILE_K, WEFT_GEMM_TILE_M,
+};
+
+/// D (m × n) = alpha · A (m × k) · B + beta · D.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GemmShape {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+}
+
+impl std::fmt::Display for GemmShape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{}x{}", self.m, self.n, self.k)
+    }
+}
+
+/// How B is stored (A is always m × k row-major, D m × n row-major).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BLayout {
+    /// k × n row-major.
+    KxN,
+    /// n × k row-major: the usual weight layout (D = A · Bᵀ).
+    NxK,
+}
+
+impl BLayout {
+    pub fn name(self) -> &'static str {
+        match self {
+            BLayout::KxN => "kn",
+            BLayout::NxK => "nk",
+        }
+    }
+}
+
+/// Output tile: 128 × 256 or 128 × 128, or chosen from the shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TileChoice {
+    Auto,
+    N256,
+    N128,
+}
+
+/// Everything about a GEMM besides its shape.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GemmOptions {
+    pub input: Dtype,
+    pub output: Dtype,
+    pub b_layout: BLayout,
+    /// SMs left free for other kernels (communication): the compute grid is SMs − sm_margin −
+    /// comm_ctas CTAs.
+    pub sm_margin: u32,
+    /// CTAs of the communicator role, launched after the compute CTAs on SMs of their own.
+    pub comm_ctas: u32,
+    pub tile: TileChoice,
+    /// Cluster rows per L2 group of the schedule (None: chosen from the grid).
+    pub group_m: Option<u32>,
+    pub alpha: f32,
+    pub beta: f32,
+}
+
+impl Default for GemmOptions {
+    fn default() -> Self {
+        Self {
+            input: Dtype::Bf16,
+            output: Dtype::Bf16,
+            b_layout: BLayout::NxK,
+            sm_margin: 0,
+            comm_ctas: 0,
+            tile: TileChoice::Auto,
+            group_m: None,
+            alpha: 1.0,
+            beta: 0.0,
+        }
+    }
+}
+
+/// A validated GEMM: what to launch and in which order its tiles run.
+#[derive(Clone, Debug)]
+pub struct GemmPlan {
+    pub shape: GemmShape,
+    pub options: GemmOptions,
+    /// The device's SM count the plan was made for.
+    pub sms: u32,
+    pub(crate) sched: weft_gemm_schedule,
+}
+
+/// Relative throughput per output element of the two tile widths on the main loop (128 × 128
+/// tiles reload A twice as often and issue half-width wgmma): used only to choose between them.
+const N128_RELATIVE_SPEED: f64 = 0.85;
+
+impl GemmPlan {
+    /// Validates `shape` and `options` for a device with `sms` SMs.
+    pub fn new(sms: u32, shape: GemmShape, options: GemmOptions) -> anyhow::Result<Self> {
+        let GemmShape { m, n, k } = shape;
+        for (name, v) in [("m", m), ("n", n), ("k", k)] {
+            ensure!(v > 0, "GEMM shape {shape}: {name} is 0");
+            ensure!(v % 16 == 0, "GEMM shape {shape}: {name} = {v} is not a multiple of 16 (weft's GEMM needs m, n, k multiples of 16)");
+            ensure!(
+                v < (1 << 31),
+                "GEMM shape {shape}: {name} = {v} does not fit a TMA coordinate (< 2^31)"
+            );
+        }
+        ensure!(
+            matches!(options.input, Dtype::Bf16 | Dtype::F16),
+            "GEMM input dtype {} is not supported: A and B must be bf16 or f16",
+            options.input
+        );
+        ensure!(
+            options.alpha.is_finite() && options.beta.is_finite(),
+            "GEMM alpha {} / beta {} must be finite",
+            options.alpha,
+            options.beta
+        );
+        ensure!(sms > 0, "device reports no SMs");
+        let reserved = options.sm_margin as u64 + options.comm_ctas as u64;
+        ensure!(
+            reserved < sms as u64,
+            "sm_margin {} + comm_ctas {} leaves no SM of {sms} for the GEMM",
+            options.sm_margin,
+            options.comm_ctas
+        );
+        let ctas = sms - options.sm_margin - options.comm_ctas;
+        let tile_n = match options.tile {
+            TileChoice::N256 => 256,
+            TileChoice::N128 => 128,
+            TileChoice::Auto => auto_tile_n(shape, ctas),
+        };
+        let mut sched = weft_gemm_schedule {
+            m,
+            n,
+            k,
+            tile_m: WEFT_GEMM_TILE_M,
+            tile_n,
+            tile_k: WEFT_GEMM_TILE_K,
+            cluster_m: 1,
+            group_m: 1,
+            ctas,
+        };
+        // SAFETY (all weft_gemm_* calls): pure functions of the struct, from the C header.
+        let units_m = unsafe { weft_gemm_tiles_m(sched) }.div_ceil(sched.cluster_m);
+        sched.group_m = match options.group_m {
+            Some(0) => bail!("group_m must be at least 1"),
+            Some(g) => g.min(units_m),
+            None => auto_group_m(ctas, tile_n).min(units_m).max(1),
+        };
+        Ok(Self {
+            shape,
+            options,
+            sms,
+            sched,
+        })
+    }
+
+    /// Output tile width (128 or 256); tiles are 128 rows.
+    pub fn tile_n(&self) -> u32 {
+        self.sched.tile_n
+    }
+    pub fn tile_m(&self) -> u32 {
+        self.sched.tile_m
+    }
+    /// Compute CTAs of the persistent grid.
+    pub fn ctas(&self) -> u32 {
+        self.sched.ctas
+    }
+    pub fn group_m(&self) -> u32 {
+        self.sched.group_m
+    }
+    pub fn tiles_m(&self) -> u32 {
+        unsafe { weft_gemm_tiles_m(self.sched) }
+    }
+    pub fn tiles_n(&self) -> u32 {
+        unsafe { weft_gemm_tiles_n(self.sched) }
+    }
+    pub fn tiles(&self) -> u32 {
+        self.tiles_m() * self.tiles_n()
+    }
+    pub fn k_blocks(&self) -> u32 {
+        unsafe { weft_gemm_k_blocks(self.sched) }
+    }
+    /// Scheduled orders (tiles plus phantoms of partial clusters).
+    pub fn orders(&self) -> u32 {
+        unsafe { weft_gemm_order_count(self.sched) }
+    }
+    /// Waves of the persistent grid: ⌈orders ÷ CTAs⌉.
+    pub fn waves(&self) -> u32 {
+        self.orders().div_ceil(self.ctas())
+    }
+    /// Threads per CTA and dynamic shared memory per CTA of the kernel.
+    pub fn block_threads(&self) -> u32 {
+        WEFT_GEMM_THREADS
+    }
+    pub fn smem_bytes(&self) -> u32 {
+        unsafe { weft_gemm_smem_bytes(self.sched.tile_n) }
+    }
+    /// The kernel's entry point (kernels/gemm/instantiate.cuh spells the same names).
+    pub fn kernel_name(&self) -> String {
+        format!(
+            "weft_gemm_{}_{}_{}_{}",
+            self.options.input.name(),
+            self.options.output.name(),
+            self.options.b_layout.name(),
+            self.sched.tile_n
+        )
+    }
+    /// Every tile with its execution order, wave and CTA (the kernel's own scheduler function).
+    pub fn schedule(&self) -> Vec<ScheduledTile> {
+        list_schedule(self.sched)
+    }
+    /// Floating-point operations of one GEMM (2·m·n·k).
+    pub fn flops(&self) -> f64 {
+        2.0 * self.shape.m as f64 * self.shape.n as f64 * self.shape.k as f64
+    }
+    /// A one-line description for reports.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} {}→{} B {} tile 128x{} ctas {} group_m {} waves {}",
+            self.shape,
+            self.options.input,
+            self.options.output,
+            self.options.b_layout.name(),
+            self.sched.tile_n,
+            self.sched.ctas,
+            self.sched.group_m,
+            self.waves()
+        )
+    }
+}
+
+/// The tile width with the smaller predicted time: waves × tile area ÷ relative speed.
+fn auto_tile_n(shape: GemmShape, ctas: u32) -> u32 {
+    let cost = |tile_n: u32, speed: f64| {
+        let tiles = shape.m.div_ceil(WEFT_GEMM_TILE_M) as u64 * shape.n.div_ceil(tile_n) as u64;
+        let waves = tiles.div_ceil(ctas as u64);
+        waves as f64 * (WEFT_GEMM_TILE_M * tile_n) as f64 / speed
+    };
+    if cost(128, N128_RELATIVE_SPEED) < cost(256, 1.0) {
+        128
+    } else {
+        256
+    }
+}
+
+/// Group height g minimising a wave's operand traffic g·tile_m + (ctas/g)·tile_n.
+fn auto_group_m(ctas: u32, tile_n: u32) -> u32 {
+    ((ctas as f64 * tile_n as f64 / WEFT_GEMM_TILE_M as f64)
+        .sqrt()
+        .round() as u32)
+        .max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts() -> GemmOptions {
+        GemmOptions::default()
+    }
+
+    #[test]
+    fn rejects_shapes_that_are_not_multiples_of_16() {
+        let e = GemmPlan::new(
+            132,
+            GemmShape {
+                m: 1000,
+                n: 512,
+                k: 256,
+            },
+            opts(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("m = 1000 is not a multiple of 16"), "{e}");
+        let e = GemmPlan::new(
+            132,
+            GemmShape {
+                m: 1024,
+                n: 512,
+                k: 24,
+            },
+            opts(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("k = 24"), "{e}");
+        let e = GemmPlan::new(
+            132,
+            GemmShape {
+                m: 0,
+                n: 512,
+                k: 256,
+            },
+            opts(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("m is 0"), "{e}");
+    }
+
+    #[test]
+    fn rejects_f32_inputs_and_too_many_reserved_sms() {
+        let e = GemmPlan::new(
+            132,
+            GemmShape {
+                m: 256,
+                n: 256,
+                k: 256,
+            },
+            GemmOptions {
+                input: Dtype::F32,
+                ..opts()
+            },
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("input dtype f32"), "{e}");
+        let e = GemmPlan::new(
+            132,
+            GemmShape {
+                m: 256,
+                n: 256,
+                k: 256,
+            },
+            GemmOptions {
+                sm_margin: 130,
+                comm_ctas: 2,
+                ..opts()
+            },
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("leaves no SM"), "{e}");
+    }
+
+    #[test]
+    fn grid_and_names_follow_the_options() {
+        let p = GemmPlan::new(
+            132,
+            GemmShape {
+                m: 8192,
+                n: 8192,
+                k: 8192,
+            },
+            GemmOptions {
+                sm_margin: 8,
+                output: Dtype::F32,
+                b_layout: BLayout::KxN,
+                ..opts()
+            },
+        )
+        .unwrap();
+        assert_eq!(p.ctas(), 124);
+        assert_eq!(p.tile_n(), 256);
+        assert_eq!(p.kernel_name(), "weft_gemm_bf16_f32_kn_256");
+        assert_eq!(p.tiles(), 64 * 32);
+        assert_eq!(p.k_blocks(), 128);
+        assert!(p.smem_bytes() <= 232448);
+    }
+
+    #[test]
+    fn auto_tile_prefers_fewer_waves() {
+        // 2048x1024: 16x4 = 64 tiles of 128x256 (one partial wave of 132) vs 128 tiles of 128x128
+        // (also one wave): same waves, half the tile area -> 128 wins.
+        let p = GemmPlan::new(
+            132,
+            GemmShape {
+                m: 2048,
+                n: 1024,
+                k: 1024,
+            },
+            opts(),
+        )
+        .unwrap();
+        assert_eq!(p.tile_n(), 128);
+        let p = GemmPlan::new(
+            132,
+            GemmShape {
+                m: 8192,
+                n: 8192,
+                k: 1024,
+            },
+            opts(),
+        )
+        .unwrap();
+        assert_eq!(p.tile_n(), 256);
+    }
+}

@@ -1,0 +1,93 @@
+//! The schedule as the host sees it: the kernel's own scheduler (`weft_gemm_tile_at` in
+//! kernels/include/weft/gemm.h, called here through bindgen) listed tile by tile.
+
+use weft_kernels::abi::{
+    weft_gemm_order_count, weft_gemm_schedule, weft_gemm_tile_at, weft_gemm_wave_of,
+};
+
+/// One output tile of a plan and when it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScheduledTile {
+    /// Tile row and column (rows tm·128 .., columns tn·tile_n ..).
+    pub tm: u32,
+    pub tn: u32,
+    /// Position in the schedule; CTA `order % ctas` computes it in its wave `order / ctas`.
+    pub order: u32,
+    pub wave: u32,
+    pub cta: u32,
+}
+
+/// Every real tile (phantoms of partial clusters left out), in order.
+pub(crate) fn list_schedule(s: weft_gemm_schedule) -> Vec<ScheduledTile> {
+    // SAFETY: pure functions of the struct.
+    let orders = unsafe { weft_gemm_order_count(s) };
+    (0..orders)
+        .filter_map(|order| {
+            let t = unsafe { weft_gemm_tile_at(s, order) };
+            (t.valid != 0).then(|| ScheduledTile {
+                tm: t.tm,
+                tn: t.tn,
+                order,
+                wave: unsafe { weft_gemm_wave_of(s, order) },
+                cta: order % s.ctas,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{GemmOptions, GemmPlan, GemmShape, TileChoice};
+    use rand::{Rng, SeedableRng};
+
+    /// Over random shapes, grids and group heights: every tile exactly once, waves and CTAs as
+    /// the persistent loop visits them, and L2 grouping (consecutive orders stay inside a band of
+    /// group_m tile rows, moving column by column).
+    #[test]
+    fn every_tile_once_in_grouped_order() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        for _ in 0..300 {
+            let shape = GemmShape {
+                m: 16 * rng.random_range(1..200),
+                n: 16 * rng.random_range(1..200),
+                k: 64,
+            };
+            let opts = GemmOptions {
+                sm_margin: rng.random_range(0..20),
+                tile: if rng.random_bool(0.5) {
+                    TileChoice::N128
+                } else {
+                    TileChoice::N256
+                },
+                group_m: if rng.random_bool(0.3) {
+                    None
+                } else {
+                    Some(rng.random_range(1..20))
+                },
+                ..GemmOptions::default()
+            };
+            let plan = GemmPlan::new(132, shape, opts).unwrap();
+            let sched = plan.schedule();
+            let (tm, tn) = (plan.tiles_m(), plan.tiles_n());
+            assert_eq!(sched.len() as u32, tm * tn, "{}", plan.describe());
+            let mut seen = vec![false; (tm * tn) as usize];
+            for (i, t) in sched.iter().enumerate() {
+                assert_eq!(t.order, i as u32, "no phantoms with clusters of one");
+                assert!(t.tm < tm && t.tn < tn);
+                let idx = (t.tm * tn + t.tn) as usize;
+                assert!(!seen[idx], "tile ({}, {}) scheduled twice", t.tm, t.tn);
+                seen[idx] = true;
+                assert_eq!(t.wave, t.order / plan.ctas());
+                assert_eq!(t.cta, t.order % plan.ctas());
+                // The band of group_m rows that this order falls in.
+                let g = plan.group_m();
+                let per_group = g * tn;
+                let band = t.order / per_group;
+                assert_eq!(t.tm / g, band, "order {} leaves its group band", t.order);
+                let rows = (tm - band * g).min(g);
+                let in_group = t.order % per_group;
+                assert_eq!(t.tn, in_group / rows, "column-by-column inside a group");
+            }
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! TMA descriptors (CUtensorMap) for the GEMM's operands, encoded on the host with
+//! cuTensorMapEncodeTiled and passed to the kernel inside its parameters.
+
+use crate::dtype::Dtype;
+use anyhow::{ensure, Context};
+use cudarc::driver::sys;
+use weft_kernels::abi::weft_tensor_map;
+
+/// A 2-D row-major tensor of `rows` × `cols` elements of `dtype` at `ptr`, loaded or stored in
+/// boxes of `box_rows` × `box_cols` with the 128-byte swizzle (box_cols · elem ≤ 128 bytes).
+pub(crate) fn encode_2d(
+    what: &str,
+    ptr: u64,
+    dtype: Dtype,
+    rows: u64,
+    cols: u64,
+    box_rows: u32,
+    box_cols: u32,
+) -> anyhow::Result<weft_tensor_map> {
+    let elem = dtype.bytes() as u64;
+    ensure!(
+        ptr % 16 == 0,
+        "{what}: device address {ptr:#x} is not 16-byte aligned (TMA needs it)"
+    );
+    ensure!(
+        (cols * elem) % 16 == 0,
+        "{what}: row pitch {} bytes is not a multiple of 16",
+        cols * elem
+    );
+    ensure!(
+        box_cols as u64 * elem <= 128,
+        "{what}: box row of {} bytes exceeds the 128-byte swizzle",
+        box_cols as u64 * elem
+    );
+    let mut map = weft_tensor_map::default();
+    let dims: [u64; 2] = [cols, rows];
+    let strides: [u64; 1] = [cols * elem];
+    let boxes: [u32; 2] = [box_cols, box_rows];
+    let elem_strides: [u32; 2] = [1, 1];
+    // SAFETY: `map` is 128 bytes, 64-byte aligned (weft_tensor_map); the arrays have rank (2) and
+    // rank − 1 (1) entries as the driver reads them.
+    unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map as *mut weft_tensor_map as *mut sys::CUtensorMap,
+            dtype.tensor_map_type(),
+            2,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    }
+    .result()
+    .with_context(|| format!("cuTensorMapEncodeTiled for {what} ({rows} x {cols} {dtype}, box {box_rows} x {box_cols})"))?;
+    Ok(map)
+}

@@ -1,0 +1,23 @@
+// One extern "C" entry point per (input, output, B layout, tile width): the host picks a kernel by
+// name (crates/signal-gemm/src/kernel_name.rs spells the same names). Included by the per-input
+// .cu files of this folder, which the build compiles in parallel.
+#pragma once
+#include "weft/gemm/kernel.cuh"
+
+#define WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, LAYOUT, BNK, BN)                                         \
+  extern "C" __global__ void __launch_bounds__(weft::gemm::GemmConfig<IN, OUT, BN, BNK, WEFT_GEMM_STAGES_##BN>::kThreads, 1) \
+      weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_##BN(const __grid_constant__ weft_gemm_params p) {        \
+    weft::gemm::gemm_kernel_body<weft::gemm::GemmConfig<IN, OUT, BN, BNK, WEFT_GEMM_STAGES_##BN>,              \
+                                 weft::gemm::TmaStorer, weft::gemm::TileCopyCommunicator>(p);                  \
+  }
+
+#define WEFT_GEMM_KERNELS_FOR_OUT(IN_NAME, IN, OUT_NAME, OUT)  \
+  WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, nk, true, 256)  \
+  WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, nk, true, 128)  \
+  WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, kn, false, 256) \
+  WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, kn, false, 128)
+
+#define WEFT_GEMM_KERNELS_FOR_INPUT(IN_NAME, IN)              \
+  WEFT_GEMM_KERNELS_FOR_OUT(IN_NAME, IN, bf16, __nv_bfloat16) \
+  WEFT_GEMM_KERNELS_FOR_OUT(IN_NAME, IN, f16, __half)         \
+  WEFT_GEMM_KERNELS_FOR_OUT(IN_NAME, IN, f32, float)

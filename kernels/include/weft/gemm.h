@@ -1,0 +1,100 @@
+// weft's Hopper GEMM (crates/signal-gemm): the tile scheduler and the kernel parameters. Plain C,
+// read by bindgen: the scheduler below is the ONE definition of which tile a CTA computes when,
+// called by the kernel (kernels/include/weft/gemm/kernel.cuh), by the Rust plan (which lists the
+// schedule) and, in later issues, by reorder maps and the tuner.
+//
+// Schedule. The output's tiles (tile_m x tile_n) are visited in a linear *order*. CTA c of the
+// persistent grid computes orders c, c + ctas, c + 2*ctas, ...; its i-th tile is in *wave* i, and
+// wave = order / ctas for every tile. Orders are grouped for L2 locality: tiles are taken in
+// groups of group_m cluster rows (M direction), column by column (N direction) inside a group, so
+// the CTAs of one wave share a few A row panels and a few B column panels. With clusters of
+// cluster_m CTAs along M, the cluster_m tiles of one cluster unit have consecutive orders (the
+// CTAs of one cluster run them together, sharing the B tile); a unit's row beyond M is a
+// *phantom*: its CTA runs the loads (for its partner) but stores and signals nothing.
+#pragma once
+#include <stdint.h>
+#include "weft/hd.h"
+#include "weft/sync.h"
+
+// Fixed tile geometry (kernels/include/weft/gemm/config.cuh builds on these; the host sizes
+// launches from them): every tile is 128 rows by 128 or 256 columns, K steps of 64.
+#define WEFT_GEMM_TILE_M 128
+#define WEFT_GEMM_TILE_K 64
+#define WEFT_GEMM_THREADS 384          // loader warpgroup + 2 consumer warpgroups
+#define WEFT_GEMM_CONSUMERS 2          // consumer warpgroups: each adds 1 to a finished tile's flag
+#define WEFT_GEMM_STAGES_128 6         // pipeline depth per tile width: as many stages as fit
+#define WEFT_GEMM_STAGES_256 4         // next to the epilogue buffers
+#define WEFT_GEMM_EPI_BYTES 32768      // 2 consumers x 2 buffers x 64 rows x 128 bytes
+
+// Dynamic shared memory of one CTA for tile width `tile_n` with 2-byte inputs: 1024 bytes of
+// alignment slack, the stages, the epilogue buffers, a full and an empty mbarrier per stage.
+WEFT_HD uint32_t weft_gemm_smem_bytes(uint32_t tile_n) {
+  const uint32_t stages = tile_n == 256 ? WEFT_GEMM_STAGES_256 : WEFT_GEMM_STAGES_128;
+  return 1024u + stages * (WEFT_GEMM_TILE_M + tile_n) * WEFT_GEMM_TILE_K * 2u + WEFT_GEMM_EPI_BYTES + 2u * stages * 8u;
+}
+
+typedef struct weft_gemm_schedule {
+  uint32_t m, n, k;        // problem: D (m x n) = A (m x k) * B
+  uint32_t tile_m, tile_n; // output tile
+  uint32_t tile_k;         // K step of the main loop
+  uint32_t cluster_m;      // CTAs per cluster along M (1 or 2)
+  uint32_t group_m;        // cluster rows per L2 group (>= 1)
+  uint32_t ctas;           // compute CTAs of the persistent grid (a multiple of cluster_m)
+} weft_gemm_schedule;
+
+typedef struct weft_gemm_tile {
+  uint32_t tm, tn; // tile row and column
+  uint32_t valid;  // 0 for a phantom (tm beyond the last tile row)
+} weft_gemm_tile;
+
+WEFT_HD uint32_t weft_gemm_div_up(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
+WEFT_HD uint32_t weft_gemm_tiles_m(weft_gemm_schedule s) { return weft_gemm_div_up(s.m, s.tile_m); }
+WEFT_HD uint32_t weft_gemm_tiles_n(weft_gemm_schedule s) { return weft_gemm_div_up(s.n, s.tile_n); }
+WEFT_HD uint32_t weft_gemm_k_blocks(weft_gemm_schedule s) { return weft_gemm_div_up(s.k, s.tile_k); }
+// Cluster rows (units along M) and the number of scheduled orders (phantoms included).
+WEFT_HD uint32_t weft_gemm_units_m(weft_gemm_schedule s) { return weft_gemm_div_up(weft_gemm_tiles_m(s), s.cluster_m); }
+WEFT_HD uint32_t weft_gemm_order_count(weft_gemm_schedule s) {
+  return weft_gemm_units_m(s) * weft_gemm_tiles_n(s) * s.cluster_m;
+}
+// Index of a tile in row-major tile order (tm * tiles_n + tn): the slot of its signal flag.
+WEFT_HD uint32_t weft_gemm_tile_index(weft_gemm_schedule s, weft_gemm_tile t) { return t.tm * weft_gemm_tiles_n(s) + t.tn; }
+WEFT_HD uint32_t weft_gemm_wave_of(weft_gemm_schedule s, uint32_t order) { return order / s.ctas; }
+
+// The tile of `order` (0 <= order < weft_gemm_order_count(s)).
+WEFT_HD weft_gemm_tile weft_gemm_tile_at(weft_gemm_schedule s, uint32_t order) {
+  const uint32_t unit = order / s.cluster_m, rank = order % s.cluster_m;
+  const uint32_t units_m = weft_gemm_units_m(s), tiles_n = weft_gemm_tiles_n(s);
+  const uint32_t per_group = s.group_m * tiles_n;
+  const uint32_t group = unit / per_group, in_group = unit % per_group;
+  const uint32_t first = group * s.group_m;
+  const uint32_t rows = (units_m - first < s.group_m) ? units_m - first : s.group_m;
+  weft_gemm_tile t;
+  t.tm = (first + in_group % rows) * s.cluster_m + rank;
+  t.tn = in_group / rows;
+  t.valid = t.tm < weft_gemm_tiles_m(s) ? 1u : 0u;
+  return t;
+}
+
+// A TMA descriptor (CUtensorMap), encoded by the host with cuTensorMapEncodeTiled; opaque here.
+typedef struct __attribute__((aligned(64))) weft_tensor_map {
+  uint64_t words[16];
+} weft_tensor_map;
+
+// Kernel parameters (passed by value as a __grid_constant__, so the tensor maps' addresses can be
+// given to TMA). D = alpha * A*B + beta * D (D read only when beta != 0).
+typedef struct weft_gemm_params {
+  weft_tensor_map a; // A, m x k row-major, box tile_k x tile_m, 128-byte swizzle
+  weft_tensor_map b; // B, n x k (box tile_k x tile_n) or k x n (box 64 x tile_k), 128-byte swizzle
+  weft_tensor_map d; // D, m x n row-major, box (128 bytes of columns) x 64 rows, 128-byte swizzle
+  weft_gemm_schedule sched;
+  float alpha, beta;
+  uint64_t d_ptr;      // D's device address (for beta and the communicator)
+  uint64_t tile_flags; // 0, or uint64_t per tile (weft_gemm_tile_index): each consumer warpgroup
+                       // adds 1 (release, GPU scope) once its half of the tile is stored
+  uint64_t flag_target;// the value a finished tile's flag reaches in this launch (epochs rise)
+  uint64_t trace;      // 0, or uint32_t per tile: order + 1 of the CTA that stored it
+  uint64_t copy_dst;   // test communicator: a second m x n buffer every finished tile is copied to
+  uint32_t comm_ctas;  // CTAs after the compute CTAs that run the communicator role
+  uint32_t reserved;
+  weft_sync_bound bound; // every pipeline and flag wait
+} weft_gemm_params;

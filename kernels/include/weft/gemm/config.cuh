@@ -1,0 +1,92 @@
+// Compile-time shape of one GEMM kernel: element types, tile, pipeline depth and the shared-memory
+// layout every role agrees on. Device-only C++.
+//
+// Block: warpgroup 0 is the loader (one thread issues TMA), warpgroups 1..kConsumers are the
+// consumers (wgmma) and store their own rows of the tile (the storer role runs on them). Tile
+// kBM x kBN x kBK; consumer c owns rows [64c, 64c + 64) of the tile.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include "weft/gemm.h"
+#include "weft/gemm/wgmma.cuh"
+
+namespace weft::gemm {
+
+template <class T> struct InputTag;
+template <> struct InputTag<__nv_bfloat16> { using type = Bf16Tag; };
+template <> struct InputTag<__half> { using type = F16Tag; };
+
+// kBNK: B is n x k row-major (K-major, the usual weight layout); otherwise k x n row-major.
+template <class In_, class Out_, int kBN_, bool kBNK_, int kStages_>
+struct GemmConfig {
+  using In = In_;
+  using Out = Out_;
+  static constexpr int kBM = WEFT_GEMM_TILE_M, kBN = kBN_, kBK = WEFT_GEMM_TILE_K;
+  static constexpr bool kBNK = kBNK_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kConsumers = kBM / 64;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static_assert(kThreads == WEFT_GEMM_THREADS && kConsumers == WEFT_GEMM_CONSUMERS, "the host launches WEFT_GEMM_THREADS threads");
+  static constexpr int kAccumulators = kBN / 2;  // fp32 per thread for a 64 x kBN warpgroup tile
+  using Mma = WgmmaSS<kBN, typename InputTag<In>::type, kBNK ? 0 : 1>;
+
+  // One 128-byte swizzle row per operand row: kBK elements of 2 bytes.
+  static_assert(kBK * sizeof(In) == 128, "tiles are 128-byte swizzled along K");
+  static constexpr uint32_t kABytes = kBM * kBK * sizeof(In);
+  static constexpr uint32_t kBBytes = kBN * kBK * sizeof(In);
+  // k x n B arrives as kBN / 64 column blocks of kBK rows x 128 bytes.
+  static constexpr uint32_t kBColBlockBytes = kBK * 128;
+
+  // Epilogue: each consumer stores its 64 rows in chunks of one 128-byte swizzle row of columns,
+  // double-buffered so the TMA store of one chunk overlaps the writing of the next.
+  static constexpr int kEpiCols = 128 / sizeof(Out);
+  static constexpr int kEpiChunks = kBN / kEpiCols;
+  static constexpr uint32_t kEpiBufBytes = 64 * 128;
+
+  // Shared memory (offsets from a 1024-byte aligned base; swizzled tiles need that alignment).
+  static constexpr uint32_t kOffA = 0;
+  static constexpr uint32_t kOffB = kOffA + kStages * kABytes;
+  static constexpr uint32_t kOffEpi = kOffB + kStages * kBBytes;
+  static constexpr uint32_t kOffBars = kOffEpi + kConsumers * 2 * kEpiBufBytes;
+  static constexpr uint32_t kBarBytes = 2 * kStages * 8;
+  static constexpr uint32_t kSmemBytes = 1024 + kOffBars + kBarBytes;  // + alignment slack
+  static_assert(kConsumers * 2 * kEpiBufBytes == WEFT_GEMM_EPI_BYTES, "epilogue buffers as the host sizes them");
+  static_assert(kStages == (kBN == 256 ? WEFT_GEMM_STAGES_256 : WEFT_GEMM_STAGES_128), "stages as the host sizes them");
+  static_assert(kSmemBytes <= 232448, "shared memory over the sm_90 per-block limit");
+  static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stage buffers keep 1024-byte alignment");
+};
+
+// Shared-memory view of one CTA, from the dynamic shared memory base.
+template <class Cfg>
+struct SharedTiles {
+  uint8_t* base;
+  __device__ __forceinline__ explicit SharedTiles(uint8_t* raw)
+      : base(reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023))) {}
+  __device__ __forceinline__ uint8_t* a(int stage) const { return base + Cfg::kOffA + stage * Cfg::kABytes; }
+  __device__ __forceinline__ uint8_t* b(int stage) const { return base + Cfg::kOffB + stage * Cfg::kBBytes; }
+  __device__ __forceinline__ uint8_t* epi(int consumer, int buf) const {
+    return base + Cfg::kOffEpi + (consumer * 2 + buf) * Cfg::kEpiBufBytes;
+  }
+  // full[s]: the loader's TMA bytes for stage s have landed. empty[s]: every consumer warp is done
+  // reading stage s.
+  __device__ __forceinline__ uint64_t* full(int stage) const { return reinterpret_cast<uint64_t*>(base + Cfg::kOffBars) + stage; }
+  __device__ __forceinline__ uint64_t* empty(int stage) const {
+    return reinterpret_cast<uint64_t*>(base + Cfg::kOffBars) + Cfg::kStages + stage;
+  }
+};
+
+// Position in the ring of stages: stage index and the parity of its current phase.
+template <int kStages>
+struct PipelineState {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
+}  // namespace weft::gemm

@@ -1,0 +1,86 @@
+// The consumer role's main loop: a warpgroup multiplies its 64 rows of the tile into fp32
+// registers, one wgmma batch per K block, keeping one batch in flight while it waits for the next
+// stage, and hands each stage back to the loader as soon as its batch has retired.
+#pragma once
+#include "weft/gemm.h"
+#include "weft/gemm/config.cuh"
+#include "weft/gemm/loader.cuh"
+#include "weft/sync/mbarrier.cuh"
+
+namespace weft::gemm {
+
+// Frees `stage` for the loader: one arrival per consumer warp (empty barriers count
+// kConsumers * 4), after the warp's wgmma_wait retired every batch that read the stage.
+template <class Cfg>
+__device__ __forceinline__ void release_stage(const SharedTiles<Cfg>& sm, int stage) {
+  if (threadIdx.x % 32 == 0) mbar_arrive(sm.empty(stage));
+}
+
+// A consumer's wait that ran past its budget: reported by report_stall() once the accumulators
+// are dead (a report inside the main loop, with 128 accumulators live, makes ptxas spill).
+struct ConsumerStall {
+  uint32_t stalled = 0;
+  uint32_t stage = 0, parity = 0;
+  weft_gemm_tile tile{};
+  uint64_t cycles = 0;
+};
+
+// acc = A[tile rows of consumer c] * B[tile columns], over all of K. False (and `stall` filled)
+// when a stage never arrived within the budget.
+template <class Cfg>
+__device__ __forceinline__ bool mma_tile(const weft_gemm_params& p, const SharedTiles<Cfg>& sm, int consumer,
+                                         weft_gemm_tile t, PipelineState<Cfg::kStages>& ps,
+                                         float (&acc)[Cfg::kAccumulators], ConsumerStall& stall) {
+  const uint32_t k_blocks = weft_gemm_k_blocks(p.sched);
+  int prev_stage = -1;
+  for (uint32_t kb = 0; kb < k_blocks; ++kb) {
+    if (!mbar_try_wait(sm.full(ps.stage), ps.phase)) {
+      const long long c0 = clock64();
+      while (!mbar_try_wait(sm.full(ps.stage), ps.phase)) {
+        if (uint64_t(clock64() - c0) > p.bound.budget_cycles) {
+          stall = ConsumerStall{1, static_cast<uint32_t>(ps.stage), ps.phase, t, uint64_t(clock64() - c0)};
+          wgmma_wait<0>();  // leave no batch in flight on the way out
+          accumulator_fence(acc);
+          return false;
+        }
+      }
+    }
+    const uint32_t a_base = smem_addr(sm.a(ps.stage)) + consumer * 64 * 128;
+    const uint32_t b_base = smem_addr(sm.b(ps.stage));
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Cfg::kBK / 16; ++kk) {
+      // A (K-major): a k16 step is 32 bytes along the swizzled row. B K-major likewise; B N-major:
+      // a k16 step is 16 rows of 128 bytes, column blocks kBColBlockBytes apart.
+      const uint64_t da = smem_desc_sw128(a_base + kk * 32, 16, 1024);
+      const uint64_t db = Cfg::kBNK ? smem_desc_sw128(b_base + kk * 32, 16, 1024)
+                                    : smem_desc_sw128(b_base + kk * 16 * 128, Cfg::kBColBlockBytes, 1024);
+      Cfg::Mma::mma(acc, da, db, (kb > 0 || kk > 0) ? 1u : 0u);
+    }
+    wgmma_commit();
+    if (prev_stage >= 0) {
+      wgmma_wait<1>();  // the previous batch has retired: its stage may be refilled
+      release_stage(sm, prev_stage);
+    }
+    prev_stage = ps.stage;
+    ps.advance();
+  }
+  wgmma_wait<0>();
+  accumulator_fence(acc);
+  release_stage(sm, prev_stage);
+  return true;
+}
+
+// Reports a consumer stall (MBARRIER_WAIT on a full barrier) and traps.
+__device__ __forceinline__ void report_stall(const weft_gemm_params& p, const ConsumerStall& stall) {
+  weft::sync::failure f{};
+  f.status = WEFT_SYNC_STATUS_TIMEOUT;
+  f.primitive = WEFT_SYNC_PRIM_MBARRIER_WAIT;
+  f.coord = weft_tile_coord{kRoleConsumer, stall.stage, stall.tile.tm, stall.tile.tn};
+  f.expected = stall.parity;
+  f.observed = stall.parity ^ 1u;
+  f.elapsed_cycles = stall.cycles;
+  weft::sync::fail_inline(p.bound, 0, f);
+}
+
+}  // namespace weft::gemm

@@ -1,0 +1,75 @@
+// The GEMM kernel template: a persistent, warp-specialized sm_90a GEMM assembled from roles.
+//
+//   CTA < ctas (compute):  warpgroup 0 = loader (TMA, one thread, registers released)
+//                          warpgroups 1..kConsumers = consumers (wgmma) + Storer (epilogue)
+//   CTA >= ctas:           Communicator (reserved SMs; see communicator.cuh)
+//
+// Every compute CTA walks the same schedule (weft_gemm_tile_at: orders blockIdx.x, + ctas, ...),
+// loader and consumers in lockstep through a ring of kStages shared-memory stages paced by
+// mbarriers (full: TMA bytes landed; empty: all consumer warps done). New epilogues (signals,
+// reorder maps, peer stores) and communicators plug in as the Storer / Communicator parameters
+// without touching the main loop.
+#pragma once
+#include "weft/gemm.h"
+#include "weft/gemm/communicator.cuh"
+#include "weft/gemm/config.cuh"
+#include "weft/gemm/consumer.cuh"
+#include "weft/gemm/loader.cuh"
+#include "weft/gemm/storer.cuh"
+#include "weft/mbarrier.cuh"
+#include "weft/tensor_copy.cuh"
+#include "weft/warpgroup.cuh"
+
+namespace weft::gemm {
+
+// Register budget per thread after reallocation: 40 for the loader warpgroup, the rest shared by
+// the consumers (2 consumers: 40*128 + 232*256 = 64512 <= 65536).
+constexpr uint32_t kLoaderRegs = 40;
+constexpr uint32_t kConsumerRegs = 232;
+
+template <class Cfg, class Storer, class Communicator>
+__device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
+  extern __shared__ uint8_t smem_raw[];
+  const SharedTiles<Cfg> sm(smem_raw);
+  if (blockIdx.x >= p.sched.ctas) {
+    Communicator::template run<Cfg>(p, sm);
+    return;
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      mbar_init(sm.full(s), 1);                      // the loader's expect_tx arrival
+      mbar_init(sm.empty(s), Cfg::kConsumers * 4);   // one arrival per consumer warp
+    }
+    mbar_fence_init();
+    tensor_map_prefetch(&p.a);
+    tensor_map_prefetch(&p.b);
+    tensor_map_prefetch(&p.d);
+  }
+  __syncthreads();  // the last block-wide barrier: the roles below diverge for good
+
+  const int wg = warpgroup_index();
+  if (wg == 0) {
+    warpgroup_release_registers<kLoaderRegs>();
+    if (threadIdx.x == 0) run_loader<Cfg>(p, sm);
+  } else {
+    warpgroup_claim_registers<kConsumerRegs>();
+    const int consumer = wg - 1;
+    const weft_gemm_schedule& s = p.sched;
+    const uint32_t orders = weft_gemm_order_count(s);
+    PipelineState<Cfg::kStages> ps;
+    uint32_t epi_count = 0;
+    ConsumerStall stall;
+    {
+      float acc[Cfg::kAccumulators];
+      for (uint32_t order = blockIdx.x; order < orders; order += s.ctas) {
+        const weft_gemm_tile t = weft_gemm_tile_at(s, order);
+        if (!mma_tile<Cfg>(p, sm, consumer, t, ps, acc, stall)) break;
+        Storer::template store<Cfg>(p, sm, consumer, t, order, acc, epi_count);
+      }
+    }
+    Storer::drain();
+    if (stall.stalled) report_stall(p, stall);
+  }
+}
+
+}  // namespace weft::gemm

@@ -1,0 +1,42 @@
+// The loader role: one thread of warpgroup 0 walks the CTA's tiles in schedule order and, for each
+// K block, waits for a free stage and issues the TMA loads of the A and B tiles into it.
+#pragma once
+#include "weft/gemm.h"
+#include "weft/gemm/config.cuh"
+#include "weft/sync/mbarrier.cuh"
+#include "weft/tensor_copy.cuh"
+
+namespace weft::gemm {
+
+// Role ids for error reports (weft_error_slot.coord.b).
+constexpr uint32_t kRoleLoader = 1, kRoleConsumer = 2, kRoleCommunicator = 3;
+
+template <class Cfg>
+__device__ __forceinline__ void run_loader(const weft_gemm_params& p, const SharedTiles<Cfg>& sm) {
+  const weft_gemm_schedule& s = p.sched;
+  const uint32_t k_blocks = weft_gemm_k_blocks(s), orders = weft_gemm_order_count(s);
+  PipelineState<Cfg::kStages> ps;
+  for (uint32_t order = blockIdx.x; order < orders; order += s.ctas) {
+    const weft_gemm_tile t = weft_gemm_tile_at(s, order);
+    const int32_t m0 = static_cast<int32_t>(t.tm * Cfg::kBM), n0 = static_cast<int32_t>(t.tn * Cfg::kBN);
+    for (uint32_t kb = 0; kb < k_blocks; ++kb) {
+      // Parity phase ^ 1: a fresh barrier counts as having completed the phase before phase 0.
+      weft::sync::mbarrier_wait<true>(sm.empty(ps.stage), ps.phase ^ 1u, p.bound, 0,
+                                weft_tile_coord{kRoleLoader, static_cast<uint32_t>(ps.stage), t.tm, t.tn});
+      uint64_t* full = sm.full(ps.stage);
+      mbar_arrive_expect_tx(full, Cfg::kABytes + Cfg::kBBytes);
+      const int32_t k0 = static_cast<int32_t>(kb * Cfg::kBK);
+      tensor_load_2d(sm.a(ps.stage), &p.a, full, k0, m0);
+      if constexpr (Cfg::kBNK) {
+        tensor_load_2d(sm.b(ps.stage), &p.b, full, k0, n0);
+      } else {
+#pragma unroll
+        for (int j = 0; j < Cfg::kBN / 64; ++j)
+          tensor_load_2d(sm.b(ps.stage) + j * Cfg::kBColBlockBytes, &p.b, full, n0 + 64 * j, k0);
+      }
+      ps.advance();
+    }
+  }
+}
+
+}  // namespace weft::gemm

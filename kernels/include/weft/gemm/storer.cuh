@@ -1,0 +1,100 @@
+// The storer role (run by each consumer warpgroup on its own 64 rows): accumulators -> alpha/beta
+// -> output dtype -> a 128-byte-swizzled shared chunk -> TMA store, chunk by chunk with two
+// buffers per warpgroup; then, when the launch asks for tile signals, the per-tile flag.
+//
+// Signal ordering (DESIGN.md §2): the leader waits for its whole bulk group to COMPLETE
+// (bulk_wait_group<0>, not .read), orders the async-proxy writes before its generic-proxy release
+// (fence.proxy.async), then adds 1 to the tile's flag with release semantics at GPU scope. A
+// consumer of the tile (same GPU) polls the flag with acquire until it reaches the launch's target.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include "weft/bulk_copy.cuh"
+#include "weft/gemm.h"
+#include "weft/gemm/config.cuh"
+#include "weft/sync/memory_order.cuh"
+#include "weft/tensor_copy.cuh"
+#include "weft/warpgroup.cuh"
+
+namespace weft::gemm {
+
+// Two adjacent output elements (columns c, c + 1), converted with round-to-nearest.
+__device__ __forceinline__ void store_pair(__nv_bfloat16* p, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+}
+__device__ __forceinline__ void store_pair(__half* p, float a, float b) { *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b); }
+__device__ __forceinline__ void store_pair(float* p, float a, float b) { *reinterpret_cast<float2*>(p) = make_float2(a, b); }
+__device__ __forceinline__ float2 load_pair(const __nv_bfloat16* p) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+}
+__device__ __forceinline__ float2 load_pair(const __half* p) { return __half22float2(*reinterpret_cast<const __half2*>(p)); }
+__device__ __forceinline__ float2 load_pair(const float* p) { return *reinterpret_cast<const float2*>(p); }
+
+// Byte offset of (row, byte-in-row) in a 128-byte-swizzled box: 16-byte chunks XOR row % 8 (what
+// TMA's CU_TENSOR_MAP_SWIZZLE_128B expects of a 1024-byte aligned box).
+__device__ __forceinline__ uint32_t swizzle128(uint32_t row, uint32_t byte) {
+  return row * 128 + ((((byte >> 4) ^ row) & 7) << 4) + (byte & 15);
+}
+
+struct TmaStorer {
+  // `epi_count` counts this warpgroup's chunks over the whole launch (selects the buffer).
+  template <class Cfg>
+  __device__ __forceinline__ static void store(const weft_gemm_params& p, const SharedTiles<Cfg>& sm, int consumer,
+                                               weft_gemm_tile t, uint32_t order, const float (&acc)[Cfg::kAccumulators],
+                                               uint32_t& epi_count) {
+    using Out = typename Cfg::Out;
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+    const bool leader = thread_in_warpgroup() == 0;
+    const uint32_t bar_id = 1 + consumer;
+    const uint32_t row0 = t.tm * Cfg::kBM + consumer * 64;
+    const uint32_t col0 = t.tn * Cfg::kBN;
+    const bool with_beta = p.beta != 0.0f;
+#pragma unroll
+    for (int c = 0; c < Cfg::kEpiChunks; ++c) {
+      uint8_t* buf = sm.epi(consumer, epi_count & 1u);
+      if (leader) bulk_wait_group_read<1>();  // the store that used `buf` two chunks ago has read it
+      named_barrier_sync(bar_id, kWarpgroupThreads);
+#pragma unroll
+      for (int jj = 0; jj < Cfg::kEpiCols / 8; ++jj) {
+        const int j = c * (Cfg::kEpiCols / 8) + jj;  // n8 block of the accumulator fragment
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t r = warp * 16 + lane / 4 + h * 8;
+          const uint32_t lc = jj * 8 + (lane % 4) * 2;
+          float v0 = p.alpha * acc[4 * j + 2 * h], v1 = p.alpha * acc[4 * j + 2 * h + 1];
+          if (with_beta) {
+            const uint32_t gr = row0 + r, gc = col0 + c * Cfg::kEpiCols + lc;
+            if (gr < p.sched.m && gc < p.sched.n) {
+              const float2 old = load_pair(reinterpret_cast<const Out*>(p.d_ptr) + uint64_t(gr) * p.sched.n + gc);
+              v0 += p.beta * old.x;
+              v1 += p.beta * old.y;
+            }
+          }
+          store_pair(reinterpret_cast<Out*>(buf + swizzle128(r, lc * sizeof(Out))), v0, v1);
+        }
+      }
+      fence_proxy_async_smem();  // each writer: its generic stores before the TMA store reads them
+      named_barrier_sync(bar_id, kWarpgroupThreads);
+      if (leader) {
+        tensor_store_2d(&p.d, buf, static_cast<int32_t>(col0 + c * Cfg::kEpiCols), static_cast<int32_t>(row0));
+        bulk_commit_group();
+      }
+      ++epi_count;
+    }
+    if (leader && p.tile_flags != 0 && t.valid) {
+      bulk_wait_group<0>();
+      namespace mo = weft::sync::mo;
+      mo::fence_proxy_async();
+      mo::red_add_release_gpu(reinterpret_cast<uint64_t*>(p.tile_flags) + weft_gemm_tile_index(p.sched, t), 1);
+    }
+    if (leader && consumer == 0 && p.trace != 0 && t.valid)
+      reinterpret_cast<uint32_t*>(p.trace)[weft_gemm_tile_index(p.sched, t)] = order + 1;
+  }
+
+  // Before the warpgroup exits: its stores' writes complete, shared sources no longer needed.
+  __device__ __forceinline__ static void drain() {
+    if (thread_in_warpgroup() == 0) bulk_wait_group<0>();
+  }
+};
+
+}  // namespace weft::gemm
