@@ -4,18 +4,23 @@
 #pragma once
 #include "weft/gemm/kernel.cuh"
 
-#define WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, LAYOUT, BNK, BN)                                         \
-  extern "C" __global__ void __launch_bounds__(weft::gemm::GemmConfig<IN, OUT, BN, BNK, WEFT_GEMM_STAGES_##BN>::kThreads, 1) \
-      weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_##BN(const __grid_constant__ weft_gemm_params p) {        \
-    weft::gemm::gemm_kernel_body<weft::gemm::GemmConfig<IN, OUT, BN, BNK, WEFT_GEMM_STAGES_##BN>,              \
-                                 weft::gemm::TmaStorer, weft::gemm::TileCopyCommunicator>(p);                  \
+// Name: weft_gemm_<in>_<out>_<B layout>_<tile width>_c<cluster CTAs>.
+#define WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, LAYOUT, BNK, BN, CM)                                          \
+  extern "C" __global__ void __launch_bounds__(WEFT_GEMM_THREADS, 1)                                               \
+      weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_##BN##_c##CM(const __grid_constant__ weft_gemm_params p) {      \
+    weft::gemm::gemm_kernel_body<weft::gemm::GemmConfig<IN, OUT, BN, BNK, WEFT_GEMM_STAGES_##BN, CM>,                \
+                                 weft::gemm::TmaStorer, weft::gemm::TileCopyCommunicator>(p);                       \
   }
 
-#define WEFT_GEMM_KERNELS_FOR_OUT(IN_NAME, IN, OUT_NAME, OUT)  \
-  WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, nk, true, 256)  \
-  WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, nk, true, 128)  \
-  WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, kn, false, 256) \
-  WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, kn, false, 128)
+#define WEFT_GEMM_KERNELS_FOR_OUT(IN_NAME, IN, OUT_NAME, OUT)     \
+  WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, nk, true, 256, 1)  \
+  WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, nk, true, 128, 1)  \
+  WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, kn, false, 256, 1) \
+  WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, kn, false, 128, 1) \
+  WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, nk, true, 256, 2)  \
+  WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, nk, true, 128, 2)  \
+  WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, kn, false, 256, 2) \
+  WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, kn, false, 128, 2)
 
 #define WEFT_GEMM_KERNELS_FOR_INPUT(IN_NAME, IN)              \
   WEFT_GEMM_KERNELS_FOR_OUT(IN_NAME, IN, bf16, __nv_bfloat16) \

@@ -72,6 +72,49 @@ pub struct Gemm {
     bound: weft_sync_bound,
 }
 
+fn cluster_attribute(cluster_m: u32) -> sys::CUlaunchAttribute {
+    // SAFETY: an all-zero attribute is valid plain data; id and clusterDim are set below.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = cluster_m;
+    attr.value.clusterDim.y = 1;
+    attr.value.clusterDim.z = 1;
+    attr
+}
+
+fn launch_config(plan: &GemmPlan, grid: u32, stream: sys::CUstream, attr: &mut sys::CUlaunchAttribute) -> sys::CUlaunchConfig {
+    sys::CUlaunchConfig {
+        gridDimX: grid,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: plan.block_threads(),
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: plan.smem_bytes(),
+        hStream: stream,
+        attrs: attr,
+        numAttrs: 1,
+    }
+}
+
+/// The plan on as many compute CTAs as can be resident at once in whole clusters (next to its
+/// communicator clusters): SMs of a GPC pair up, so fewer clusters than SMs ÷ cluster_m may fit,
+/// and a persistent grid larger than that would run a second, serial wave.
+fn fit_resident_clusters(func: &CudaFunction, plan: GemmPlan) -> anyhow::Result<GemmPlan> {
+    let cm = plan.cluster_m();
+    let mut attr = cluster_attribute(cm);
+    let cfg = launch_config(&plan, plan.ctas() + plan.options.comm_ctas, std::ptr::null_mut(), &mut attr);
+    let mut clusters: i32 = 0;
+    // SAFETY: a valid function and launch configuration; writes one int.
+    unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, func.cu_function(), &cfg) }
+        .result()
+        .context("cuOccupancyMaxActiveClusters")?;
+    let resident = clusters.max(0) as u32 * cm;
+    let comm = plan.options.comm_ctas;
+    ensure!(resident > comm, "only {clusters} clusters of {cm} CTAs can be resident: no room for the GEMM next to {comm} communicator CTAs");
+    if plan.ctas() + comm <= resident { Ok(plan) } else { plan.with_ctas(resident - comm) }
+}
+
 /// The SM count of `ctx`'s device.
 pub fn device_sms(ctx: &Arc<CudaContext>) -> anyhow::Result<u32> {
     Ok(ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32)
@@ -126,6 +169,7 @@ impl Gemm {
                 plan.smem_bytes()
             )
         })?;
+        let plan = if plan.cluster_m() > 1 { fit_resident_clusters(&func, plan)? } else { plan };
         let slot = ErrorSlot::new(ctx)?;
         let budget = WaitBudget::default_for(ctx)?;
         let bound = weft_sync_bound {
@@ -207,7 +251,8 @@ impl Gemm {
         let tile_n = plan.tile_n();
         let map_a = encode_2d("A", a_ptr, o.input, m, k, plan.tile_m(), 64)?;
         let map_b = match o.b_layout {
-            BLayout::NxK => encode_2d("B (n x k)", b_ptr, o.input, n, k, tile_n, 64)?,
+            // With clusters, each CTA loads 1/cluster_m of the B tile's rows and multicasts them.
+            BLayout::NxK => encode_2d("B (n x k)", b_ptr, o.input, n, k, tile_n / plan.cluster_m(), 64)?,
             BLayout::KxN => encode_2d("B (k x n)", b_ptr, o.input, k, n, 64, 64)?,
         };
         let map_d = encode_2d(
@@ -270,16 +315,21 @@ impl Gemm {
             p.trace = ptr;
             _keep.push(r);
         }
-        let cfg = LaunchConfig {
-            grid_dim: (plan.ctas() + o.comm_ctas, 1, 1),
-            block_dim: (plan.block_threads(), 1, 1),
-            shared_mem_bytes: plan.smem_bytes(),
-        };
-        // SAFETY: the kernel takes exactly weft_gemm_params by value; the tensor maps and
-        // pointers name buffers checked above to hold the shapes the schedule touches, alive
-        // until the launch's work is done (cudarc's stream ordering; callers keep them alive).
-        unsafe { stream.launch_builder(&self.func).arg(&p).launch(cfg) }
-            .with_context(|| format!("launching {} ({})", plan.kernel_name(), plan.describe()))?;
+        let grid = plan.ctas() + o.comm_ctas;
+        // SAFETY (both launches): the kernel takes exactly weft_gemm_params by value; the tensor
+        // maps and pointers name buffers checked above to hold the shapes the schedule touches,
+        // alive until the launch's work is done (stream order; callers keep them alive).
+        if plan.cluster_m() == 1 {
+            let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (plan.block_threads(), 1, 1), shared_mem_bytes: plan.smem_bytes() };
+            unsafe { stream.launch_builder(&self.func).arg(&p).launch(cfg) }.map(|_| ())
+        } else {
+            stream.context().bind_to_thread()?;
+            let mut attr = cluster_attribute(plan.cluster_m());
+            let cfg = launch_config(plan, grid, stream.cu_stream(), &mut attr);
+            let mut args = [&p as *const weft_gemm_params as *mut std::ffi::c_void];
+            unsafe { sys::cuLaunchKernelEx(&cfg, self.func.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }.result()
+        }
+        .with_context(|| format!("launching {} ({})", plan.kernel_name(), plan.describe()))?;
         Ok(())
     }
 

@@ -63,6 +63,9 @@ pub struct GemmOptions {
     pub tile: TileChoice,
     /// Cluster rows per L2 group of the schedule (None: chosen from the grid).
     pub group_m: Option<u32>,
+    /// CTAs per thread-block cluster along M (1 or 2): with 2, the two CTAs compute vertically
+    /// adjacent tiles and load their shared B tile once, half each, with TMA multicast.
+    pub cluster_m: u32,
     pub alpha: f32,
     pub beta: f32,
 }
@@ -77,6 +80,7 @@ impl Default for GemmOptions {
             comm_ctas: 0,
             tile: TileChoice::Auto,
             group_m: None,
+            cluster_m: 1,
             alpha: 1.0,
             beta: 0.0,
         }
@@ -128,7 +132,16 @@ impl GemmPlan {
             options.sm_margin,
             options.comm_ctas
         );
-        let ctas = sms - options.sm_margin - options.comm_ctas;
+        ensure!(matches!(options.cluster_m, 1 | 2), "cluster_m = {} is not supported (1 or 2)", options.cluster_m);
+        ensure!(
+            options.comm_ctas % options.cluster_m == 0,
+            "comm_ctas = {} is not a multiple of cluster_m = {} (communicator CTAs come in whole clusters)",
+            options.comm_ctas,
+            options.cluster_m
+        );
+        // Whole clusters only.
+        let ctas = (sms - options.sm_margin - options.comm_ctas) / options.cluster_m * options.cluster_m;
+        ensure!(ctas > 0, "no whole cluster of {} CTAs fits the SMs left ({sms} - sm_margin - comm_ctas)", options.cluster_m);
         let tile_n = match options.tile {
             TileChoice::N256 => 256,
             TileChoice::N128 => 128,
@@ -141,7 +154,7 @@ impl GemmPlan {
             tile_m: WEFT_GEMM_TILE_M,
             tile_n,
             tile_k: WEFT_GEMM_TILE_K,
-            cluster_m: 1,
+            cluster_m: options.cluster_m,
             group_m: 1,
             ctas,
         };
@@ -174,6 +187,17 @@ impl GemmPlan {
     pub fn group_m(&self) -> u32 {
         self.sched.group_m
     }
+    pub fn cluster_m(&self) -> u32 {
+        self.sched.cluster_m
+    }
+    /// The same plan on fewer compute CTAs (whole clusters), e.g. when fewer clusters than SMs
+    /// allow can be resident at once.
+    pub fn with_ctas(&self, ctas: u32) -> anyhow::Result<Self> {
+        ensure!(ctas > 0 && ctas % self.sched.cluster_m == 0 && ctas <= self.sched.ctas, "{ctas} CTAs for {}", self.describe());
+        let mut p = self.clone();
+        p.sched.ctas = ctas;
+        Ok(p)
+    }
     pub fn tiles_m(&self) -> u32 {
         unsafe { weft_gemm_tiles_m(self.sched) }
     }
@@ -204,11 +228,12 @@ impl GemmPlan {
     /// The kernel's entry point (kernels/gemm/instantiate.cuh spells the same names).
     pub fn kernel_name(&self) -> String {
         format!(
-            "weft_gemm_{}_{}_{}_{}",
+            "weft_gemm_{}_{}_{}_{}_c{}",
             self.options.input.name(),
             self.options.output.name(),
             self.options.b_layout.name(),
-            self.sched.tile_n
+            self.sched.tile_n,
+            self.sched.cluster_m
         )
     }
     /// Every tile with its execution order, wave and CTA (the kernel's own scheduler function).
@@ -222,12 +247,13 @@ impl GemmPlan {
     /// A one-line description for reports.
     pub fn describe(&self) -> String {
         format!(
-            "{} {}→{} B {} tile 128x{} ctas {} group_m {} waves {}",
+            "{} {}→{} B {} tile 128x{} cluster {} ctas {} group_m {} waves {}",
             self.shape,
             self.options.input,
             self.options.output,
             self.options.b_layout.name(),
             self.sched.tile_n,
+            self.sched.cluster_m,
             self.sched.ctas,
             self.sched.group_m,
             self.waves()
@@ -359,7 +385,11 @@ mod tests {
         .unwrap();
         assert_eq!(p.ctas(), 124);
         assert_eq!(p.tile_n(), 256);
-        assert_eq!(p.kernel_name(), "weft_gemm_bf16_f32_kn_256");
+        assert_eq!(p.kernel_name(), "weft_gemm_bf16_f32_kn_256_c1");
+        let p = GemmPlan::new(132, GemmShape { m: 8192, n: 8192, k: 8192 }, GemmOptions { sm_margin: 7, cluster_m: 2, ..opts() }).unwrap();
+        assert_eq!(p.ctas(), 124, "whole clusters");
+        assert_eq!(p.kernel_name(), "weft_gemm_bf16_bf16_nk_256_c2");
+        assert!(GemmPlan::new(132, GemmShape { m: 256, n: 256, k: 256 }, GemmOptions { cluster_m: 2, comm_ctas: 3, ..opts() }).is_err());
         assert_eq!(p.tiles(), 64 * 32);
         assert_eq!(p.k_blocks(), 128);
         assert!(p.smem_bytes() <= 232448);

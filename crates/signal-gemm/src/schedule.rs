@@ -24,6 +24,7 @@ pub(crate) fn list_schedule(s: weft_gemm_schedule) -> Vec<ScheduledTile> {
     (0..orders)
         .filter_map(|order| {
             let t = unsafe { weft_gemm_tile_at(s, order) };
+            debug_assert!(t.tm < unsafe { weft_kernels::abi::weft_gemm_tiles_m(s) } || t.valid == 0);
             (t.valid != 0).then(|| ScheduledTile {
                 tm: t.tm,
                 tn: t.tn,
@@ -53,6 +54,7 @@ mod tests {
                 k: 64,
             };
             let opts = GemmOptions {
+                cluster_m: rng.random_range(1..=2),
                 sm_margin: rng.random_range(0..20),
                 tile: if rng.random_bool(0.5) {
                     TileChoice::N128
@@ -70,23 +72,27 @@ mod tests {
             let sched = plan.schedule();
             let (tm, tn) = (plan.tiles_m(), plan.tiles_n());
             assert_eq!(sched.len() as u32, tm * tn, "{}", plan.describe());
+            let cm = plan.cluster_m();
             let mut seen = vec![false; (tm * tn) as usize];
-            for (i, t) in sched.iter().enumerate() {
-                assert_eq!(t.order, i as u32, "no phantoms with clusters of one");
+            for t in &sched {
                 assert!(t.tm < tm && t.tn < tn);
+                // The CTAs of a cluster run vertically adjacent tiles of one column together.
+                assert_eq!(t.tm % cm, t.order % cm, "cluster rank = tile row within the cluster");
                 let idx = (t.tm * tn + t.tn) as usize;
                 assert!(!seen[idx], "tile ({}, {}) scheduled twice", t.tm, t.tn);
                 seen[idx] = true;
                 assert_eq!(t.wave, t.order / plan.ctas());
                 assert_eq!(t.cta, t.order % plan.ctas());
-                // The band of group_m rows that this order falls in.
+                // The band of group_m cluster rows that this order's unit falls in.
+                let (unit, units_m) = (t.order / cm, tm.div_ceil(cm));
                 let g = plan.group_m();
                 let per_group = g * tn;
-                let band = t.order / per_group;
-                assert_eq!(t.tm / g, band, "order {} leaves its group band", t.order);
-                let rows = (tm - band * g).min(g);
-                let in_group = t.order % per_group;
+                let band = unit / per_group;
+                assert_eq!(t.tm / cm / g, band, "order {} leaves its group band", t.order);
+                let rows = (units_m - band * g).min(g);
+                let in_group = unit % per_group;
                 assert_eq!(t.tn, in_group / rows, "column-by-column inside a group");
+                assert_eq!(t.tm / cm, band * g + in_group % rows);
             }
         }
     }

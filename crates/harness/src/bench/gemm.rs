@@ -57,6 +57,10 @@ fn cases(quick: bool) -> Vec<Case> {
     if quick {
         v.truncate(2);
     }
+    let c2 = GemmOptions { cluster_m: 2, ..base };
+    for shape in [s(8192, 8192, 8192), s(16384, 8192, 1024), s(8192, 7168, 8192), s(4096, 8192, 2048)] {
+        v.push(Case { shape, options: c2, named: false, margin_of: None });
+    }
     v.push(Case {
         shape: s(8192, 8192, 8192),
         options: GemmOptions {
@@ -281,7 +285,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             } else {
                 String::new()
             }
-        );
+        ) + if case.options.cluster_m > 1 { " cluster 2" } else { "" };
         let (goal, notes, margin_json) = if let Some(j) = case.margin_of {
             let base_ms = slowest(2 * j);
             let share = m.sms as f64 / m.ctas as f64; // slowdown if time scaled with SMs given up

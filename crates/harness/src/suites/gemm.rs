@@ -5,7 +5,8 @@
 //!   dtype's tolerance of cuBLAS (cublasGemmEx, fp32 compute, fp32 output) on the same inputs.
 //! - small_shapes_vs_f64: 14 small shapes against a float64 CPU reference.
 //! - schedule_matches_kernel: the order each tile was stored in (a trace the epilogue writes)
-//!   equals the host's listing of the plan's schedule, for several grids.
+//!   equals the host's listing of the plan's schedule, for several grids, with clusters of 1 and 2
+//!   (one with a phantom tile row).
 //! - communicator_copies_finished_tiles: the test communicator on reserved CTAs copies every tile
 //!   after its flag, 3 x 10 launches back to back on alternating inputs without resetting the
 //!   flags; the copy equals D bit for bit and D equals cuBLAS.
@@ -88,6 +89,7 @@ fn random_options(rng: &mut StdRng, i: usize) -> GemmOptions {
         } else {
             0
         },
+        cluster_m: rng.random_range(1..=2),
         alpha: if i % 7 == 3 { 0.5 } else { 1.0 },
         beta: if i % 7 == 3 { -1.25 } else { 0.0 },
         ..GemmOptions::default()
@@ -279,13 +281,19 @@ fn schedule_matches_kernel(job: &mut Job) -> anyhow::Result<()> {
             TileChoice::Auto,
         ),
     ];
-    for (shape, sm_margin, tile) in cases {
+    // The same grids again with clusters of 2 (the second: 25 tile rows, so a phantom row).
+    let cases = cases.iter().map(|&(s, m, t)| (s, m, t, 1u32)).chain([
+        (GemmShape { m: 4096, n: 4096, k: 256 }, 0, TileChoice::N256, 2),
+        (GemmShape { m: 3088, n: 2576, k: 128 }, 7, TileChoice::N256, 2),
+    ]);
+    for (shape, sm_margin, tile, cluster_m) in cases {
         let gemm = Gemm::new(
             &ctx,
             shape,
             GemmOptions {
                 sm_margin,
                 tile,
+                cluster_m,
                 ..GemmOptions::default()
             },
         )?;
@@ -351,8 +359,9 @@ fn communicator_copies_finished_tiles(job: &mut Job) -> anyhow::Result<()> {
             k: 272,
         },
     ];
-    for shape in shapes {
+    for (shape, cluster_m) in shapes.iter().map(|&s| (s, 1u32)).chain([(shapes[1], 2)]) {
         let options = GemmOptions {
+            cluster_m,
             comm_ctas: 4,
             sm_margin: 0,
             output: Dtype::F32,

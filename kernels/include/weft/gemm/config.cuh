@@ -18,13 +18,17 @@ template <> struct InputTag<__nv_bfloat16> { using type = Bf16Tag; };
 template <> struct InputTag<__half> { using type = F16Tag; };
 
 // kBNK: B is n x k row-major (K-major, the usual weight layout); otherwise k x n row-major.
-template <class In_, class Out_, int kBN_, bool kBNK_, int kStages_>
+template <class In_, class Out_, int kBN_, bool kBNK_, int kStages_, int kClusterM_ = 1>
 struct GemmConfig {
   using In = In_;
   using Out = Out_;
   static constexpr int kBM = WEFT_GEMM_TILE_M, kBN = kBN_, kBK = WEFT_GEMM_TILE_K;
   static constexpr bool kBNK = kBNK_;
   static constexpr int kStages = kStages_;
+  // CTAs per cluster along M: they compute vertically adjacent tiles of one column and share its
+  // B tile, each loading 1/kClusterM of it with TMA multicast to all.
+  static constexpr int kClusterM = kClusterM_;
+  static_assert(kClusterM == 1 || kClusterM == 2, "clusters of 1 or 2 CTAs");
   static constexpr int kConsumers = kBM / 64;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static_assert(kThreads == WEFT_GEMM_THREADS && kConsumers == WEFT_GEMM_CONSUMERS, "the host launches WEFT_GEMM_THREADS threads");
@@ -68,8 +72,9 @@ struct SharedTiles {
   __device__ __forceinline__ uint8_t* epi(int consumer, int buf) const {
     return base + Cfg::kOffEpi + (consumer * 2 + buf) * Cfg::kEpiBufBytes;
   }
-  // full[s]: the loader's TMA bytes for stage s have landed. empty[s]: every consumer warp is done
-  // reading stage s.
+  // full[s]: the TMA bytes of stage s have landed (this CTA's loads and, with clusters, the
+  // peers' multicast share). empty[s]: every consumer warp of every CTA of the cluster is done
+  // reading stage s (any of the cluster's loaders may write it next).
   __device__ __forceinline__ uint64_t* full(int stage) const { return reinterpret_cast<uint64_t*>(base + Cfg::kOffBars) + stage; }
   __device__ __forceinline__ uint64_t* empty(int stage) const {
     return reinterpret_cast<uint64_t*>(base + Cfg::kOffBars) + Cfg::kStages + stage;

@@ -3,17 +3,25 @@
 // stage, and hands each stage back to the loader as soon as its batch has retired.
 #pragma once
 #include "weft/gemm.h"
+#include "weft/cluster.cuh"
 #include "weft/gemm/config.cuh"
 #include "weft/gemm/loader.cuh"
 #include "weft/sync/mbarrier.cuh"
 
 namespace weft::gemm {
 
-// Frees `stage` for the loader: one arrival per consumer warp (empty barriers count
-// kConsumers * 4), after the warp's wgmma_wait retired every batch that read the stage.
+// Frees `stage` for the loaders: one arrival per consumer warp on the empty barrier of every CTA
+// of the cluster (each counts kConsumers * 4 * kClusterM), after the warp's wgmma_wait retired
+// every batch that read the stage: any of the cluster's loaders may multicast into it next.
 template <class Cfg>
 __device__ __forceinline__ void release_stage(const SharedTiles<Cfg>& sm, int stage) {
-  if (threadIdx.x % 32 == 0) mbar_arrive(sm.empty(stage));
+  if (threadIdx.x % 32 != 0) return;
+  if constexpr (Cfg::kClusterM == 1) {
+    mbar_arrive(sm.empty(stage));
+  } else {
+#pragma unroll
+    for (uint32_t cta = 0; cta < Cfg::kClusterM; ++cta) mbar_arrive_cluster(sm.empty(stage), cta);
+  }
 }
 
 // A consumer's wait that ran past its budget: reported by report_stall() once the accumulators

@@ -4,12 +4,17 @@
 //                          warpgroups 1..kConsumers = consumers (wgmma) + Storer (epilogue)
 //   CTA >= ctas:           Communicator (reserved SMs; see communicator.cuh)
 //
+// With clusters of kClusterM CTAs along M, the CTAs of a cluster compute vertically adjacent
+// tiles of one column in lockstep and share the B tile through TMA multicast; every thread of
+// the cluster meets at a cluster barrier after initialisation and before exit.
+//
 // Every compute CTA walks the same schedule (weft_gemm_tile_at: orders blockIdx.x, + ctas, ...),
 // loader and consumers in lockstep through a ring of kStages shared-memory stages paced by
 // mbarriers (full: TMA bytes landed; empty: all consumer warps done). New epilogues (signals,
 // reorder maps, peer stores) and communicators plug in as the Storer / Communicator parameters
 // without touching the main loop.
 #pragma once
+#include "weft/cluster.cuh"
 #include "weft/gemm.h"
 #include "weft/gemm/communicator.cuh"
 #include "weft/gemm/config.cuh"
@@ -38,19 +43,26 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < Cfg::kStages; ++s) {
       mbar_init(sm.full(s), 1);                      // the loader's expect_tx arrival
-      mbar_init(sm.empty(s), Cfg::kConsumers * 4);   // one arrival per consumer warp
+      mbar_init(sm.empty(s), Cfg::kConsumers * 4 * Cfg::kClusterM);  // per consumer warp of the cluster
     }
     mbar_fence_init();
     tensor_map_prefetch(&p.a);
     tensor_map_prefetch(&p.b);
     tensor_map_prefetch(&p.d);
   }
-  __syncthreads();  // the last block-wide barrier: the roles below diverge for good
+  // The last block-wide barrier: the roles below diverge for good. With clusters, the peer's
+  // barriers must be initialised before this CTA multicasts into them or arrives on them.
+  if constexpr (Cfg::kClusterM == 1) {
+    __syncthreads();
+  } else {
+    cluster_sync();
+  }
 
   const int wg = warpgroup_index();
   if (wg == 0) {
     warpgroup_release_registers<kLoaderRegs>();
     if (threadIdx.x == 0) run_loader<Cfg>(p, sm);
+    __syncwarp();
   } else {
     warpgroup_claim_registers<kConsumerRegs>();
     const int consumer = wg - 1;
@@ -70,6 +82,8 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
     Storer::drain();
     if (stall.stalled) report_stall(p, stall);
   }
+  // No CTA leaves while a peer may still arrive on its empty barriers.
+  if constexpr (Cfg::kClusterM > 1) cluster_sync();
 }
 
 }  // namespace weft::gemm

@@ -2,6 +2,7 @@
 // K block, waits for a free stage and issues the TMA loads of the A and B tiles into it.
 #pragma once
 #include "weft/gemm.h"
+#include "weft/cluster.cuh"
 #include "weft/gemm/config.cuh"
 #include "weft/sync/mbarrier.cuh"
 #include "weft/tensor_copy.cuh"
@@ -27,12 +28,30 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
       mbar_arrive_expect_tx(full, Cfg::kABytes + Cfg::kBBytes);
       const int32_t k0 = static_cast<int32_t>(kb * Cfg::kBK);
       tensor_load_2d(sm.a(ps.stage), &p.a, full, k0, m0);
-      if constexpr (Cfg::kBNK) {
-        tensor_load_2d(sm.b(ps.stage), &p.b, full, k0, n0);
-      } else {
+      if constexpr (Cfg::kClusterM == 1) {
+        if constexpr (Cfg::kBNK) {
+          tensor_load_2d(sm.b(ps.stage), &p.b, full, k0, n0);
+        } else {
 #pragma unroll
-        for (int j = 0; j < Cfg::kBN / 64; ++j)
-          tensor_load_2d(sm.b(ps.stage) + j * Cfg::kBColBlockBytes, &p.b, full, n0 + 64 * j, k0);
+          for (int j = 0; j < Cfg::kBN / 64; ++j)
+            tensor_load_2d(sm.b(ps.stage) + j * Cfg::kBColBlockBytes, &p.b, full, n0 + 64 * j, k0);
+        }
+      } else {
+        // This CTA's share of the B tile, multicast into every CTA of the cluster (same offset,
+        // each completing on its own full[stage]; the empty wait above covered all of them).
+        constexpr uint16_t kAll = (1u << Cfg::kClusterM) - 1;
+        const uint32_t rank = cluster_cta_rank();
+        if constexpr (Cfg::kBNK) {
+          constexpr int kRows = Cfg::kBN / Cfg::kClusterM;  // the B map's box is kRows x 64
+          tensor_load_2d_multicast(sm.b(ps.stage) + rank * kRows * 128, &p.b, full, k0, n0 + rank * kRows, kAll);
+        } else {
+          constexpr int kBlocks = Cfg::kBN / 64 / Cfg::kClusterM;
+#pragma unroll
+          for (int i = 0; i < kBlocks; ++i) {
+            const int j = rank * kBlocks + i;
+            tensor_load_2d_multicast(sm.b(ps.stage) + j * Cfg::kBColBlockBytes, &p.b, full, n0 + 64 * j, k0, kAll);
+          }
+        }
       }
       ps.advance();
     }
