@@ -4,13 +4,21 @@
 #pragma once
 #include "weft/gemm/kernel.cuh"
 
-// Name: weft_gemm_<in>_<out>_<B layout>_<tile width>_c<cluster CTAs>.
-#define WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, LAYOUT, BNK, BN, CM)                                          \
-  extern "C" __global__ void __launch_bounds__(WEFT_GEMM_THREADS, 1)                                               \
-      weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_##BN##_c##CM(const __grid_constant__ weft_gemm_params p) {      \
-    weft::gemm::gemm_kernel_body<weft::gemm::GemmConfig<IN, OUT, BN, BNK, WEFT_GEMM_STAGES_##BN, CM>,                \
-                                 weft::gemm::TmaStorer, weft::gemm::TileCopyCommunicator>(p);                       \
+// Name: weft_gemm_<in>_<out>_<B layout>_<tile width>_c<cluster CTAs>[_w: whole-tile epilogue].
+#define WEFT_GEMM_KERNEL_NAMED(NAME, IN, OUT, BNK, BN, CM, EPI)                                          \
+  extern "C" __global__ void __launch_bounds__(WEFT_GEMM_THREADS, 1) NAME(const __grid_constant__ weft_gemm_params p) { \
+    weft::gemm::gemm_kernel_body<weft::gemm::GemmConfig<IN, OUT, BN, BNK, CM, EPI>, weft::gemm::TmaStorer,    \
+                                 weft::gemm::TileCopyCommunicator>(p);                                        \
   }
+#define WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, LAYOUT, BNK, BN, CM) \
+  WEFT_GEMM_KERNEL_NAMED(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_##BN##_c##CM, IN, OUT, BNK, BN, CM, WEFT_GEMM_EPI_PIPELINED)
+#define WEFT_GEMM_KERNEL_WHOLE(IN_NAME, IN, OUT_NAME, OUT, LAYOUT, BNK, CM) \
+  WEFT_GEMM_KERNEL_NAMED(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_256_c##CM##_w, IN, OUT, BNK, 256, CM, WEFT_GEMM_EPI_WHOLE_TILE)
+#define WEFT_GEMM_WHOLE_FOR_OUT(IN_NAME, IN, OUT_NAME, OUT)    \
+  WEFT_GEMM_KERNEL_WHOLE(IN_NAME, IN, OUT_NAME, OUT, nk, true, 1)  \
+  WEFT_GEMM_KERNEL_WHOLE(IN_NAME, IN, OUT_NAME, OUT, kn, false, 1) \
+  WEFT_GEMM_KERNEL_WHOLE(IN_NAME, IN, OUT_NAME, OUT, nk, true, 2)  \
+  WEFT_GEMM_KERNEL_WHOLE(IN_NAME, IN, OUT_NAME, OUT, kn, false, 2)
 
 #define WEFT_GEMM_KERNELS_FOR_OUT(IN_NAME, IN, OUT_NAME, OUT)     \
   WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, nk, true, 256, 1)  \
@@ -25,4 +33,6 @@
 #define WEFT_GEMM_KERNELS_FOR_INPUT(IN_NAME, IN)              \
   WEFT_GEMM_KERNELS_FOR_OUT(IN_NAME, IN, bf16, __nv_bfloat16) \
   WEFT_GEMM_KERNELS_FOR_OUT(IN_NAME, IN, f16, __half)         \
-  WEFT_GEMM_KERNELS_FOR_OUT(IN_NAME, IN, f32, float)
+  WEFT_GEMM_KERNELS_FOR_OUT(IN_NAME, IN, f32, float)          \
+  WEFT_GEMM_WHOLE_FOR_OUT(IN_NAME, IN, bf16, __nv_bfloat16)   \
+  WEFT_GEMM_WHOLE_FOR_OUT(IN_NAME, IN, f16, __half)

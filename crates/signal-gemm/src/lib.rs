@@ -22,5 +22,5 @@ mod tensor_map;
 pub use cublas::CublasGemm;
 pub use dtype::{Dtype, GemmElement};
 pub use gemm::{device_sms, Gemm, LaunchExtras, TileFlags, SIGNALS_PER_TILE};
-pub use plan::{BLayout, GemmOptions, GemmPlan, GemmShape, TileChoice};
+pub use plan::{BLayout, EpilogueChoice, GemmOptions, GemmPlan, GemmShape, TileChoice};
 pub use schedule::ScheduledTile;

@@ -6,7 +6,8 @@ use crate::schedule::{list_schedule, ScheduledTile};
 use anyhow::{bail, ensure};
 use weft_kernels::abi::{
     weft_gemm_k_blocks, weft_gemm_order_count, weft_gemm_schedule, weft_gemm_smem_bytes,
-    weft_gemm_tiles_m, weft_gemm_tiles_n, WEFT_GEMM_THREADS, WEFT_GEMM_TILE_K, WEFT_GEMM_TILE_M,
+    weft_gemm_tiles_m, weft_gemm_tiles_n, WEFT_GEMM_EPI_PIPELINED, WEFT_GEMM_EPI_WHOLE_TILE, WEFT_GEMM_THREADS, WEFT_GEMM_TILE_K,
+    WEFT_GEMM_TILE_M,
 };
 
 /// D (m × n) = alpha · A (m × k) · B + beta · D.
@@ -49,6 +50,18 @@ pub enum TileChoice {
     N128,
 }
 
+/// The epilogue variant (kernels/include/weft/gemm.h, WEFT_GEMM_EPI_*).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EpilogueChoice {
+    /// Whole-tile for 16-bit outputs with 128 × 256 tiles when K is short (few K blocks per
+    /// tile, so the epilogue weighs more than the pipeline depth it costs), else pipelined.
+    Auto,
+    /// Two buffers per consumer, chunk by chunk; the deepest pipeline.
+    Pipelined,
+    /// One buffer per chunk: a single barrier per tile, one stage fewer (16-bit outputs, 128 × 256).
+    WholeTile,
+}
+
 /// Everything about a GEMM besides its shape.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GemmOptions {
@@ -66,6 +79,7 @@ pub struct GemmOptions {
     /// CTAs per thread-block cluster along M (1 or 2): with 2, the two CTAs compute vertically
     /// adjacent tiles and load their shared B tile once, half each, with TMA multicast.
     pub cluster_m: u32,
+    pub epilogue: EpilogueChoice,
     pub alpha: f32,
     pub beta: f32,
 }
@@ -81,6 +95,7 @@ impl Default for GemmOptions {
             tile: TileChoice::Auto,
             group_m: None,
             cluster_m: 1,
+            epilogue: EpilogueChoice::Auto,
             alpha: 1.0,
             beta: 0.0,
         }
@@ -95,7 +110,12 @@ pub struct GemmPlan {
     /// The device's SM count the plan was made for.
     pub sms: u32,
     pub(crate) sched: weft_gemm_schedule,
+    /// WEFT_GEMM_EPI_PIPELINED or WEFT_GEMM_EPI_WHOLE_TILE.
+    pub(crate) epilogue: u32,
 }
+
+/// K blocks per tile up to which Auto picks the whole-tile epilogue.
+const WHOLE_TILE_MAX_K_BLOCKS: u32 = 32;
 
 /// Relative throughput per output element of the two tile widths on the main loop (128 × 128
 /// tiles reload A twice as often and issue half-width wgmma): used only to choose between them.
@@ -165,12 +185,22 @@ impl GemmPlan {
             Some(g) => g.min(units_m),
             None => auto_group_m(ctas, tile_n).min(units_m).max(1),
         };
-        Ok(Self {
-            shape,
-            options,
-            sms,
-            sched,
-        })
+        let whole_ok = options.output.bytes() == 2 && tile_n == 256;
+        let epilogue = match options.epilogue {
+            EpilogueChoice::Pipelined => WEFT_GEMM_EPI_PIPELINED,
+            EpilogueChoice::WholeTile => {
+                ensure!(whole_ok, "the whole-tile epilogue needs a 16-bit output and 128x256 tiles (have {} output, 128x{tile_n})", options.output);
+                WEFT_GEMM_EPI_WHOLE_TILE
+            }
+            EpilogueChoice::Auto => {
+                if whole_ok && k.div_ceil(WEFT_GEMM_TILE_K) <= WHOLE_TILE_MAX_K_BLOCKS {
+                    WEFT_GEMM_EPI_WHOLE_TILE
+                } else {
+                    WEFT_GEMM_EPI_PIPELINED
+                }
+            }
+        };
+        Ok(Self { shape, options, sms, sched, epilogue })
     }
 
     /// Output tile width (128 or 256); tiles are 128 rows.
@@ -189,6 +219,9 @@ impl GemmPlan {
     }
     pub fn cluster_m(&self) -> u32 {
         self.sched.cluster_m
+    }
+    pub fn whole_tile_epilogue(&self) -> bool {
+        self.epilogue == WEFT_GEMM_EPI_WHOLE_TILE
     }
     /// The same plan on fewer compute CTAs (whole clusters), e.g. when fewer clusters than SMs
     /// allow can be resident at once.
@@ -223,17 +256,18 @@ impl GemmPlan {
         WEFT_GEMM_THREADS
     }
     pub fn smem_bytes(&self) -> u32 {
-        unsafe { weft_gemm_smem_bytes(self.sched.tile_n) }
+        unsafe { weft_gemm_smem_bytes(self.sched.tile_n, self.epilogue) }
     }
     /// The kernel's entry point (kernels/gemm/instantiate.cuh spells the same names).
     pub fn kernel_name(&self) -> String {
         format!(
-            "weft_gemm_{}_{}_{}_{}_c{}",
+            "weft_gemm_{}_{}_{}_{}_c{}{}",
             self.options.input.name(),
             self.options.output.name(),
             self.options.b_layout.name(),
             self.sched.tile_n,
-            self.sched.cluster_m
+            self.sched.cluster_m,
+            if self.whole_tile_epilogue() { "_w" } else { "" }
         )
     }
     /// Every tile with its execution order, wave and CTA (the kernel's own scheduler function).
@@ -247,13 +281,14 @@ impl GemmPlan {
     /// A one-line description for reports.
     pub fn describe(&self) -> String {
         format!(
-            "{} {}→{} B {} tile 128x{} cluster {} ctas {} group_m {} waves {}",
+            "{} {}→{} B {} tile 128x{} cluster {} epilogue {} ctas {} group_m {} waves {}",
             self.shape,
             self.options.input,
             self.options.output,
             self.options.b_layout.name(),
             self.sched.tile_n,
             self.sched.cluster_m,
+            if self.whole_tile_epilogue() { "whole" } else { "pipelined" },
             self.sched.ctas,
             self.sched.group_m,
             self.waves()
@@ -388,7 +423,11 @@ mod tests {
         assert_eq!(p.kernel_name(), "weft_gemm_bf16_f32_kn_256_c1");
         let p = GemmPlan::new(132, GemmShape { m: 8192, n: 8192, k: 8192 }, GemmOptions { sm_margin: 7, cluster_m: 2, ..opts() }).unwrap();
         assert_eq!(p.ctas(), 124, "whole clusters");
-        assert_eq!(p.kernel_name(), "weft_gemm_bf16_bf16_nk_256_c2");
+        assert_eq!(p.kernel_name(), "weft_gemm_bf16_bf16_nk_256_c2", "K = 8192: pipelined epilogue");
+        let short_k = GemmPlan::new(132, GemmShape { m: 8192, n: 8192, k: 1024 }, opts()).unwrap();
+        assert_eq!(short_k.kernel_name(), "weft_gemm_bf16_bf16_nk_256_c1_w", "short K: whole-tile epilogue");
+        assert!(short_k.smem_bytes() <= 232448);
+        assert!(GemmPlan::new(132, GemmShape { m: 256, n: 256, k: 256 }, GemmOptions { output: Dtype::F32, epilogue: EpilogueChoice::WholeTile, ..opts() }).is_err());
         assert!(GemmPlan::new(132, GemmShape { m: 256, n: 256, k: 256 }, GemmOptions { cluster_m: 2, comm_ctas: 3, ..opts() }).is_err());
         assert_eq!(p.tiles(), 64 * 32);
         assert_eq!(p.k_blocks(), 128);

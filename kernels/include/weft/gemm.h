@@ -22,15 +22,29 @@
 #define WEFT_GEMM_TILE_K 64
 #define WEFT_GEMM_THREADS 384          // loader warpgroup + 2 consumer warpgroups
 #define WEFT_GEMM_CONSUMERS 2          // consumer warpgroups: each adds 1 to a finished tile's flag
-#define WEFT_GEMM_STAGES_128 6         // pipeline depth per tile width: as many stages as fit
-#define WEFT_GEMM_STAGES_256 4         // next to the epilogue buffers
-#define WEFT_GEMM_EPI_BYTES 32768      // 2 consumers x 2 buffers x 64 rows x 128 bytes
+#define WEFT_GEMM_EPI_BUF_BYTES 8192   // one epilogue buffer: 64 rows x 128 bytes
 
-// Dynamic shared memory of one CTA for tile width `tile_n` with 2-byte inputs: 1024 bytes of
-// alignment slack, the stages, the epilogue buffers, a full and an empty mbarrier per stage.
-WEFT_HD uint32_t weft_gemm_smem_bytes(uint32_t tile_n) {
-  const uint32_t stages = tile_n == 256 ? WEFT_GEMM_STAGES_256 : WEFT_GEMM_STAGES_128;
-  return 1024u + stages * (WEFT_GEMM_TILE_M + tile_n) * WEFT_GEMM_TILE_K * 2u + WEFT_GEMM_EPI_BYTES + 2u * stages * 8u;
+// Epilogue variants. PIPELINED: each consumer stores its rows chunk by chunk through 2 buffers
+// (a chunk is 128 bytes of columns), leaving room for the deepest pipeline. WHOLE_TILE (16-bit
+// outputs, 128 x 256 tiles): one buffer per chunk, so a consumer writes its whole 64 x 256 half
+// tile and issues every store after a single barrier, with one stage fewer.
+#define WEFT_GEMM_EPI_PIPELINED 0
+#define WEFT_GEMM_EPI_WHOLE_TILE 1
+
+// Pipeline stages: as many as fit next to the epilogue buffers.
+WEFT_HD uint32_t weft_gemm_stages(uint32_t tile_n, uint32_t epilogue) {
+  return tile_n == 256 ? (epilogue == WEFT_GEMM_EPI_WHOLE_TILE ? 3u : 4u) : 6u;
+}
+// Epilogue buffers per consumer warpgroup (chunks of a 16-bit 64 x tile_n half tile when whole).
+WEFT_HD uint32_t weft_gemm_epi_bufs(uint32_t tile_n, uint32_t epilogue) {
+  return epilogue == WEFT_GEMM_EPI_WHOLE_TILE ? tile_n * 2u / 128u : 2u;
+}
+// Dynamic shared memory of one CTA with 2-byte inputs: 1024 bytes of alignment slack, the
+// stages, the epilogue buffers, a full and an empty mbarrier per stage.
+WEFT_HD uint32_t weft_gemm_smem_bytes(uint32_t tile_n, uint32_t epilogue) {
+  const uint32_t stages = weft_gemm_stages(tile_n, epilogue);
+  return 1024u + stages * (WEFT_GEMM_TILE_M + tile_n) * WEFT_GEMM_TILE_K * 2u +
+         WEFT_GEMM_CONSUMERS * weft_gemm_epi_bufs(tile_n, epilogue) * WEFT_GEMM_EPI_BUF_BYTES + 2u * stages * 8u;
 }
 
 typedef struct weft_gemm_schedule {

@@ -5,7 +5,8 @@
 //! scratch write that evicts L2, so neither starts warm from the previous iteration.
 //!
 //! Rows: the shapes (B n x k, bf16 -> bf16), one k x n B row, fp32-output and fp16 rows,
-//! the 128 x 128 tile on the short-K shape, and sm_margin = 8 rows whose slowdown is compared with the share of SMs given up.
+//! the other epilogue variant and clusters of 2 on some named shapes, and sm_margin = 8 rows
+//! whose slowdown is compared with the share of SMs given up.
 
 use super::SuiteResult;
 use crate::gemm_data::{download, poisoned, uniform, upload};
@@ -18,7 +19,7 @@ use half::bf16;
 use std::sync::Arc;
 use weft_signal_gemm::reference::{check_all, Tolerance};
 use weft_signal_gemm::{
-    BLayout, CublasGemm, Dtype, Gemm, GemmElement, GemmOptions, GemmShape, TileChoice,
+    BLayout, CublasGemm, Dtype, EpilogueChoice, Gemm, GemmElement, GemmOptions, GemmShape,
 };
 
 const GOAL: f64 = 0.95;
@@ -57,8 +58,17 @@ fn cases(quick: bool) -> Vec<Case> {
     if quick {
         v.truncate(2);
     }
+    // The other epilogue on each named shape (Auto: whole-tile for K <= 2048, else pipelined).
+    let pipelined = GemmOptions { epilogue: EpilogueChoice::Pipelined, ..base };
+    let whole = GemmOptions { epilogue: EpilogueChoice::WholeTile, ..base };
+    for shape in [s(8192, 8192, 2048), s(16384, 8192, 1024), s(4096, 8192, 2048)] {
+        v.push(Case { shape, options: pipelined, named: false, margin_of: None });
+    }
+    for shape in [s(8192, 8192, 8192), s(4096, 4096, 4096)] {
+        v.push(Case { shape, options: whole, named: false, margin_of: None });
+    }
     let c2 = GemmOptions { cluster_m: 2, ..base };
-    for shape in [s(8192, 8192, 8192), s(16384, 8192, 1024), s(8192, 7168, 8192), s(4096, 8192, 2048)] {
+    for shape in [s(8192, 8192, 8192), s(16384, 8192, 1024)] {
         v.push(Case { shape, options: c2, named: false, margin_of: None });
     }
     v.push(Case {
@@ -89,17 +99,6 @@ fn cases(quick: bool) -> Vec<Case> {
         named: false,
         margin_of: None,
     });
-    if !quick {
-        v.push(Case {
-            shape: s(16384, 8192, 1024),
-            options: GemmOptions {
-                tile: TileChoice::N128,
-                ..base
-            },
-            named: false,
-            margin_of: None,
-        });
-    }
     v.push(Case {
         shape: s(8192, 8192, 8192),
         options: GemmOptions {
@@ -285,7 +284,12 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             } else {
                 String::new()
             }
-        ) + if case.options.cluster_m > 1 { " cluster 2" } else { "" };
+        ) + if case.options.cluster_m > 1 { " cluster 2" } else { "" }
+            + match case.options.epilogue {
+                EpilogueChoice::Auto => "",
+                EpilogueChoice::Pipelined => " pipelined epilogue",
+                EpilogueChoice::WholeTile => " whole-tile epilogue",
+            };
         let (goal, notes, margin_json) = if let Some(j) = case.margin_of {
             let base_ms = slowest(2 * j);
             let share = m.sms as f64 / m.ctas as f64; // slowdown if time scaled with SMs given up

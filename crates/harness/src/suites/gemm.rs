@@ -24,7 +24,7 @@ use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use weft_signal_gemm::reference::{check_all, gemm_f64, Tolerance};
 use weft_signal_gemm::{
-    BLayout, CublasGemm, Dtype, Gemm, GemmElement, GemmOptions, GemmShape, LaunchExtras,
+    BLayout, CublasGemm, Dtype, EpilogueChoice, Gemm, GemmElement, GemmOptions, GemmShape, LaunchExtras,
     TileChoice, TileFlags,
 };
 
@@ -90,6 +90,8 @@ fn random_options(rng: &mut StdRng, i: usize) -> GemmOptions {
             0
         },
         cluster_m: rng.random_range(1..=2),
+        // Auto picks the whole-tile epilogue for 16-bit outputs, 128x256 tiles and K <= 2048.
+        epilogue: if rng.random_bool(0.5) { EpilogueChoice::Auto } else { EpilogueChoice::Pipelined },
         alpha: if i % 7 == 3 { 0.5 } else { 1.0 },
         beta: if i % 7 == 3 { -1.25 } else { 0.0 },
         ..GemmOptions::default()

@@ -18,13 +18,16 @@ template <> struct InputTag<__nv_bfloat16> { using type = Bf16Tag; };
 template <> struct InputTag<__half> { using type = F16Tag; };
 
 // kBNK: B is n x k row-major (K-major, the usual weight layout); otherwise k x n row-major.
-template <class In_, class Out_, int kBN_, bool kBNK_, int kStages_, int kClusterM_ = 1>
+template <class In_, class Out_, int kBN_, bool kBNK_, int kClusterM_, int kEpilogue_>
 struct GemmConfig {
   using In = In_;
   using Out = Out_;
   static constexpr int kBM = WEFT_GEMM_TILE_M, kBN = kBN_, kBK = WEFT_GEMM_TILE_K;
   static constexpr bool kBNK = kBNK_;
-  static constexpr int kStages = kStages_;
+  // Epilogue variant (WEFT_GEMM_EPI_*, gemm.h) and the pipeline depth that fits beside it; the
+  // constexpr mirrors of weft_gemm_stages / weft_gemm_epi_bufs, checked against them below.
+  static constexpr int kEpilogue = kEpilogue_;
+  static constexpr int kStages = kBN_ == 256 ? (kEpilogue == WEFT_GEMM_EPI_WHOLE_TILE ? 3 : 4) : 6;
   // CTAs per cluster along M: they compute vertically adjacent tiles of one column and share its
   // B tile, each loading 1/kClusterM of it with TMA multicast to all.
   static constexpr int kClusterM = kClusterM_;
@@ -46,17 +49,18 @@ struct GemmConfig {
   // double-buffered so the TMA store of one chunk overlaps the writing of the next.
   static constexpr int kEpiCols = 128 / sizeof(Out);
   static constexpr int kEpiChunks = kBN / kEpiCols;
-  static constexpr uint32_t kEpiBufBytes = 64 * 128;
+  static constexpr uint32_t kEpiBufBytes = WEFT_GEMM_EPI_BUF_BYTES;
+  static constexpr int kEpiBufs = kEpilogue == WEFT_GEMM_EPI_WHOLE_TILE ? kBN * 2 / 128 : 2;
+  static_assert(kEpilogue != WEFT_GEMM_EPI_WHOLE_TILE || (sizeof(Out) == 2 && kEpiBufs == kEpiChunks),
+                "the whole-tile epilogue holds a 16-bit half tile, one buffer per chunk");
 
   // Shared memory (offsets from a 1024-byte aligned base; swizzled tiles need that alignment).
   static constexpr uint32_t kOffA = 0;
   static constexpr uint32_t kOffB = kOffA + kStages * kABytes;
   static constexpr uint32_t kOffEpi = kOffB + kStages * kBBytes;
-  static constexpr uint32_t kOffBars = kOffEpi + kConsumers * 2 * kEpiBufBytes;
+  static constexpr uint32_t kOffBars = kOffEpi + kConsumers * kEpiBufs * kEpiBufBytes;
   static constexpr uint32_t kBarBytes = 2 * kStages * 8;
   static constexpr uint32_t kSmemBytes = 1024 + kOffBars + kBarBytes;  // + alignment slack
-  static_assert(kConsumers * 2 * kEpiBufBytes == WEFT_GEMM_EPI_BYTES, "epilogue buffers as the host sizes them");
-  static_assert(kStages == (kBN == 256 ? WEFT_GEMM_STAGES_256 : WEFT_GEMM_STAGES_128), "stages as the host sizes them");
   static_assert(kSmemBytes <= 232448, "shared memory over the sm_90 per-block limit");
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stage buffers keep 1024-byte alignment");
 };
@@ -70,7 +74,7 @@ struct SharedTiles {
   __device__ __forceinline__ uint8_t* a(int stage) const { return base + Cfg::kOffA + stage * Cfg::kABytes; }
   __device__ __forceinline__ uint8_t* b(int stage) const { return base + Cfg::kOffB + stage * Cfg::kBBytes; }
   __device__ __forceinline__ uint8_t* epi(int consumer, int buf) const {
-    return base + Cfg::kOffEpi + (consumer * 2 + buf) * Cfg::kEpiBufBytes;
+    return base + Cfg::kOffEpi + (consumer * Cfg::kEpiBufs + buf) * Cfg::kEpiBufBytes;
   }
   // full[s]: the TMA bytes of stage s have landed (this CTA's loads and, with clusters, the
   // peers' multicast share). empty[s]: every consumer warp of every CTA of the cluster is done

@@ -41,6 +41,18 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
     return;
   }
   if (threadIdx.x == 0) {
+    // The host sizes shared memory with weft_gemm_smem_bytes: a mismatch is a build bug, reported
+    // (BAD_COORD, expected = bytes needed, observed = bytes given) rather than a corrupt run.
+    uint32_t given;
+    asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(given));
+    if (given < Cfg::kSmemBytes) {
+      weft::sync::failure f{};
+      f.status = WEFT_SYNC_STATUS_BAD_COORD;
+      f.primitive = WEFT_SYNC_PRIM_MBARRIER_WAIT;
+      f.expected = Cfg::kSmemBytes;
+      f.observed = given;
+      weft::sync::fail_inline(p.bound, 0, f);
+    }
     for (int s = 0; s < Cfg::kStages; ++s) {
       mbar_init(sm.full(s), 1);                      // the loader's expect_tx arrival
       mbar_init(sm.empty(s), Cfg::kConsumers * 4 * Cfg::kClusterM);  // per consumer warp of the cluster

@@ -49,11 +49,8 @@ struct TmaStorer {
     const uint32_t row0 = t.tm * Cfg::kBM + consumer * 64;
     const uint32_t col0 = t.tn * Cfg::kBN;
     const bool with_beta = p.beta != 0.0f;
-#pragma unroll
-    for (int c = 0; c < Cfg::kEpiChunks; ++c) {
-      uint8_t* buf = sm.epi(consumer, epi_count & 1u);
-      if (leader) bulk_wait_group_read<1>();  // the store that used `buf` two chunks ago has read it
-      named_barrier_sync(bar_id, kWarpgroupThreads);
+    // Chunk c of this warpgroup's accumulators -> `buf` (alpha, beta, conversion, swizzle).
+    auto write_chunk = [&](int c, uint8_t* buf) {
 #pragma unroll
       for (int jj = 0; jj < Cfg::kEpiCols / 8; ++jj) {
         const int j = c * (Cfg::kEpiCols / 8) + jj;  // n8 block of the accumulator fragment
@@ -73,13 +70,41 @@ struct TmaStorer {
           store_pair(reinterpret_cast<Out*>(buf + swizzle128(r, lc * sizeof(Out))), v0, v1);
         }
       }
-      fence_proxy_async_smem();  // each writer: its generic stores before the TMA store reads them
+    };
+    auto store_chunk = [&](int c, const uint8_t* buf) {
+      tensor_store_2d(&p.d, buf, static_cast<int32_t>(col0 + c * Cfg::kEpiCols), static_cast<int32_t>(row0));
+    };
+    if constexpr (Cfg::kEpiBufs >= Cfg::kEpiChunks) {
+      // Whole tile: every chunk has its own buffer. One wait (the previous tile's stores have
+      // read them), one barrier, all writes, one proxy fence and barrier, all stores.
+      if (leader) bulk_wait_group_read<0>();
+      named_barrier_sync(bar_id, kWarpgroupThreads);
+#pragma unroll
+      for (int c = 0; c < Cfg::kEpiChunks; ++c) write_chunk(c, sm.epi(consumer, c));
+      fence_proxy_async_smem();  // each writer: its generic stores before the TMA stores read them
       named_barrier_sync(bar_id, kWarpgroupThreads);
       if (leader) {
-        tensor_store_2d(&p.d, buf, static_cast<int32_t>(col0 + c * Cfg::kEpiCols), static_cast<int32_t>(row0));
+#pragma unroll
+        for (int c = 0; c < Cfg::kEpiChunks; ++c) store_chunk(c, sm.epi(consumer, c));
         bulk_commit_group();
       }
-      ++epi_count;
+      epi_count += Cfg::kEpiChunks;
+    } else {
+      // Pipelined: two buffers, the store of one chunk overlapping the writing of the next.
+#pragma unroll
+      for (int c = 0; c < Cfg::kEpiChunks; ++c) {
+        uint8_t* buf = sm.epi(consumer, epi_count & 1u);
+        if (leader) bulk_wait_group_read<1>();  // the store that used `buf` two chunks ago has read it
+        named_barrier_sync(bar_id, kWarpgroupThreads);
+        write_chunk(c, buf);
+        fence_proxy_async_smem();  // each writer: its generic stores before the TMA store reads them
+        named_barrier_sync(bar_id, kWarpgroupThreads);
+        if (leader) {
+          store_chunk(c, buf);
+          bulk_commit_group();
+        }
+        ++epi_count;
+      }
     }
     if (leader && p.tile_flags != 0 && t.valid) {
       bulk_wait_group<0>();
