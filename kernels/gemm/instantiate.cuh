@@ -1,5 +1,5 @@
-// One extern "C" entry point per (input, output, B layout, tile width): the host picks a kernel by
-// name (crates/signal-gemm/src/kernel_name.rs spells the same names). Included by the per-input
+// One extern "C" entry point per (input, output, B layout, tile width, cluster, epilogue): the host
+// picks a kernel by name (GemmPlan::kernel_name in crates/signal-gemm/src/plan.rs spells them). Included by the per-input
 // .cu files of this folder, which the build compiles in parallel.
 #pragma once
 #include "weft/gemm/kernel.cuh"

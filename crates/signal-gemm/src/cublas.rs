@@ -5,7 +5,7 @@ use crate::dtype::{Dtype, GemmElement};
 use crate::plan::{BLayout, GemmOptions, GemmShape};
 use anyhow::{ensure, Context};
 use cudarc::cublas::{result, sys, CudaBlas};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use std::sync::Arc;
 
 pub struct CublasGemm {
@@ -75,7 +75,7 @@ impl CublasGemm {
         };
         let (a_ptr, _ra) = a.device_ptr(&self.stream);
         let (b_ptr, _rb) = b.device_ptr(&self.stream);
-        let (d_ptr, _rd) = d.device_ptr(&self.stream);
+        let (d_ptr, _rd) = d.device_ptr_mut(&self.stream);
         let (alpha, beta) = (o.alpha, o.beta);
         // SAFETY: pointers to buffers of the checked sizes on the handle's stream; alpha and beta
         // are f32 as CUBLAS_COMPUTE_32F expects.

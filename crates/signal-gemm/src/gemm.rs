@@ -6,7 +6,7 @@ use crate::tensor_map::encode_2d;
 use anyhow::{ensure, Context};
 use cudarc::driver::sys::{self, CUfunction_attribute};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
 use std::sync::Arc;
 use weft_kernels::abi::{weft_gemm_params, weft_sync_bound, WEFT_GEMM_CONSUMERS};
@@ -18,10 +18,12 @@ pub const SIGNALS_PER_TILE: u64 = WEFT_GEMM_CONSUMERS as u64;
 
 /// Per-tile completion flags (u64, one per output tile, row-major tile order) that the epilogue
 /// raises after the tile's stores are complete. Reused across launches without memsets: launch
-/// e (from 1) brings every flag to e · SIGNALS_PER_TILE.
+/// e (from 1) brings every flag to e · SIGNALS_PER_TILE. One TileFlags per plan: it counts the
+/// launches of the GEMM it is given to.
 pub struct TileFlags {
     pub flags: CudaSlice<u64>,
     launches: u64,
+    tiles: u32,
 }
 
 impl TileFlags {
@@ -30,13 +32,9 @@ impl TileFlags {
         let flags = stream
             .alloc_zeros::<u64>(plan.tiles() as usize)
             .context("allocating GEMM tile flags")?;
-        Ok(Self { flags, launches: 0 })
+        Ok(Self { flags, launches: 0, tiles: plan.tiles() })
     }
     /// The value every flag reaches at the end of the next launch (and counts that launch).
-    fn next_target(&mut self) -> u64 {
-        self.launches += 1;
-        self.launches * SIGNALS_PER_TILE
-    }
     /// The target of the last launch (0 before the first).
     pub fn target(&self) -> u64 {
         self.launches * SIGNALS_PER_TILE
@@ -50,7 +48,8 @@ pub struct LaunchExtras<'a, TO: GemmElement> {
     /// The test communicator (plan with comm_ctas > 0, needs `flags`): copies every finished
     /// tile of D here.
     pub copy_dst: Option<&'a mut CudaSlice<TO>>,
-    /// Records order + 1 of the CTA that stored each tile (u32 per tile, row-major tile order).
+    /// Records, per tile (row-major tile order), order + 1 and CTA index + 1 of the CTA that
+    /// stored it (2 × u32 per tile).
     pub trace: Option<&'a mut CudaSlice<u32>>,
 }
 
@@ -247,7 +246,7 @@ impl Gemm {
 
         let (a_ptr, _ra) = a.device_ptr(stream);
         let (b_ptr, _rb) = b.device_ptr(stream);
-        let (d_ptr, _rd) = d.device_ptr(stream);
+        let (d_ptr, _rd) = d.device_ptr_mut(stream);
         let tile_n = plan.tile_n();
         let map_a = encode_2d("A", a_ptr, o.input, m, k, plan.tile_m(), 64)?;
         let map_b = match o.b_layout {
@@ -283,17 +282,21 @@ impl Gemm {
             trace,
         } = extras;
         let mut _keep = Vec::new();
+        let mut launches = None;
         if let Some(f) = flags {
             ensure!(
-                f.flags.len() as u32 >= plan.tiles(),
-                "tile flags: {} for {} tiles",
-                f.flags.len(),
+                f.tiles == plan.tiles(),
+                "tile flags made for {} tiles, this plan has {} (one TileFlags per plan)",
+                f.tiles,
                 plan.tiles()
             );
-            p.flag_target = f.next_target();
-            let (ptr, r) = f.flags.device_ptr(stream);
+            // Counted only once the launch is enqueued (below): a rejected launch leaves the
+            // flags' epoch where the device will find it.
+            p.flag_target = (f.launches + 1) * SIGNALS_PER_TILE;
+            let (ptr, r) = f.flags.device_ptr_mut(stream);
             p.tile_flags = ptr;
             _keep.push(r);
+            launches = Some(&mut f.launches);
         }
         if let Some(c) = copy_dst {
             ensure!(
@@ -305,13 +308,13 @@ impl Gemm {
                 "the tile-copy communicator needs a plan with comm_ctas > 0"
             );
             need("copy", c.len(), m * n, format!("{m} x {n}"))?;
-            let (ptr, r) = c.device_ptr(stream);
+            let (ptr, r) = c.device_ptr_mut(stream);
             p.copy_dst = ptr;
             _keep.push(r);
         }
         if let Some(t) = trace {
-            need("trace", t.len(), plan.tiles() as u64, "one per tile".into())?;
-            let (ptr, r) = t.device_ptr(stream);
+            need("trace", t.len(), 2 * plan.tiles() as u64, "two per tile".into())?;
+            let (ptr, r) = t.device_ptr_mut(stream);
             p.trace = ptr;
             _keep.push(r);
         }
@@ -330,6 +333,9 @@ impl Gemm {
             unsafe { sys::cuLaunchKernelEx(&cfg, self.func.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }.result()
         }
         .with_context(|| format!("launching {} ({})", plan.kernel_name(), plan.describe()))?;
+        if let Some(l) = launches {
+            *l += 1;
+        }
         Ok(())
     }
 

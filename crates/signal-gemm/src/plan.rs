@@ -69,7 +69,8 @@ pub struct GemmOptions {
     pub output: Dtype,
     pub b_layout: BLayout,
     /// SMs left free for other kernels (communication): the compute grid is SMs − sm_margin −
-    /// comm_ctas CTAs.
+    /// comm_ctas CTAs, rounded down to whole clusters (and, with clusters, to as many as can be
+    /// resident at once: [`crate::Gemm`] may shrink it).
     pub sm_margin: u32,
     /// CTAs of the communicator role, launched after the compute CTAs on SMs of their own.
     pub comm_ctas: u32,

@@ -139,6 +139,11 @@ pub fn describe(s: &weft_error_slot, clock_khz: u32) -> Option<String> {
              shape, rank outside the job, unmapped buffer or counters that are not 8-byte) {whence}",
             s.rank, s.target_rank
         )),
+        abi::WEFT_SYNC_STATUS_SMEM => Some(format!(
+            "rank {}: kernel launched with {} bytes of dynamic shared memory, needs {} (host and kernel disagree on \
+             the layout: a build bug) {whence}",
+            s.rank, s.observed, s.expected
+        )),
         abi::WEFT_SYNC_STATUS_WRITING => Some(format!(
             "rank {}: a sync {prim} began recording a failure at counter {at} but the kernel stopped before it \
              finished (fields may be partial) {whence}",

@@ -10,7 +10,8 @@
 // the CTAs of one wave share a few A row panels and a few B column panels. With clusters of
 // cluster_m CTAs along M, the cluster_m tiles of one cluster unit have consecutive orders (the
 // CTAs of one cluster run them together, sharing the B tile); a unit's row beyond M is a
-// *phantom*: its CTA runs the loads (for its partner) but stores and signals nothing.
+// *phantom*: its CTA runs the loads (for its partner) and the epilogue, whose TMA stores lie wholly
+// outside D and are clipped, and signals and traces nothing.
 #pragma once
 #include <stdint.h>
 #include "weft/hd.h"
@@ -98,7 +99,7 @@ typedef struct __attribute__((aligned(64))) weft_tensor_map {
 // given to TMA). D = alpha * A*B + beta * D (D read only when beta != 0).
 typedef struct weft_gemm_params {
   weft_tensor_map a; // A, m x k row-major, box tile_k x tile_m, 128-byte swizzle
-  weft_tensor_map b; // B, n x k (box tile_k x tile_n) or k x n (box 64 x tile_k), 128-byte swizzle
+  weft_tensor_map b; // B, n x k (box tile_k x tile_n / cluster_m) or k x n (box 64 x tile_k), 128-byte swizzle
   weft_tensor_map d; // D, m x n row-major, box (128 bytes of columns) x 64 rows, 128-byte swizzle
   weft_gemm_schedule sched;
   float alpha, beta;
@@ -106,7 +107,7 @@ typedef struct weft_gemm_params {
   uint64_t tile_flags; // 0, or uint64_t per tile (weft_gemm_tile_index): each consumer warpgroup
                        // adds 1 (release, GPU scope) once its half of the tile is stored
   uint64_t flag_target;// the value a finished tile's flag reaches in this launch (epochs rise)
-  uint64_t trace;      // 0, or uint32_t per tile: order + 1 of the CTA that stored it
+  uint64_t trace;      // 0, or 2 x uint32_t per tile: order + 1 and blockIdx.x + 1 of the CTA that stored it
   uint64_t copy_dst;   // test communicator: a second m x n buffer every finished tile is copied to
   uint32_t comm_ctas;  // CTAs after the compute CTAs that run the communicator role
   uint32_t reserved;

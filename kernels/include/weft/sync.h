@@ -11,6 +11,7 @@
 #define WEFT_SYNC_STATUS_WRITING 1
 #define WEFT_SYNC_STATUS_TIMEOUT 2    // a wait ran past its cycle budget
 #define WEFT_SYNC_STATUS_BAD_COORD 3  // a coordinate or rank outside the counter layout
+#define WEFT_SYNC_STATUS_SMEM 4       // launched with less dynamic shared memory (observed) than the kernel needs (expected)
 
 // weft_error_slot.primitive: which primitive gave up.
 #define WEFT_SYNC_PRIM_WAIT 1           // wait(): poll one rank's counter, .sys scope acquire

@@ -1,8 +1,9 @@
 // TMA tensor copies (cp.async.bulk.tensor, sm_90) through a CUtensorMap the host encoded
 // (weft_tensor_map, passed in a __grid_constant__ kernel parameter so its address is valid here).
 // Device-only C++. Orderings are those of weft/bulk_copy.cuh: a load completes complete_tx(bytes)
-// on an mbarrier that must already expect the box's full size (out-of-bounds elements are
-// zero-filled and still counted); a store joins the issuing thread's bulk group, and only
+// on an mbarrier whose current phase counts the box's full size (out-of-bounds elements are
+// zero-filled and still counted): the expect_tx may come before or, while an arrival of the phase
+// is still pending (a cluster peer's multicast), after the bytes land; a store joins the issuing thread's bulk group, and only
 // bulk_wait_group<0>() makes its global writes complete (bulk_wait_group_read<N>() only frees the
 // shared source). Elements of a stored box outside the tensor are not written.
 #pragma once

@@ -9,7 +9,8 @@
 //!   (one with a phantom tile row).
 //! - communicator_copies_finished_tiles: the test communicator on reserved CTAs copies every tile
 //!   after its flag, 3 x 10 launches back to back on alternating inputs without resetting the
-//!   flags; the copy equals D bit for bit and D equals cuBLAS.
+//!   flags, fp32 and bf16 outputs (both epilogues), clusters of 1 and 2; the copy equals D bit
+//!   for bit and D equals cuBLAS.
 //! - bad_inputs_are_rejected: dtype and buffer-size mismatches give errors naming them.
 
 use crate::data::shared_seed;
@@ -304,43 +305,36 @@ fn schedule_matches_kernel(job: &mut Job) -> anyhow::Result<()> {
         let a = upload(&stream, &uniform::<bf16>(1, m * k))?;
         let b = upload(&stream, &uniform::<bf16>(2, k * n))?;
         let mut d = poisoned::<bf16>(&stream, m * n)?;
-        let mut trace = stream.alloc_zeros::<u32>(plan.tiles() as usize)?;
-        gemm.launch_with(
-            &stream,
-            &a,
-            &b,
-            &mut d,
-            LaunchExtras {
-                trace: Some(&mut trace),
-                ..Default::default()
-            },
-        )?;
+        let mut trace = stream.alloc_zeros::<u32>(2 * plan.tiles() as usize)?;
+        gemm.launch_with(&stream, &a, &b, &mut d, LaunchExtras { trace: Some(&mut trace), ..Default::default() })?;
         stream.synchronize()?;
         gemm.check()?;
+        // Per tile: (order + 1, CTA + 1) as the kernel stored it, against the host's listing.
+        // The listing covers every tile exactly once (CPU test in weft-signal-gemm), so a tile
+        // the kernel skipped shows as (0, 0) here.
         let got = stream.clone_dtoh(&trace)?;
-        let mut want = vec![0u32; plan.tiles() as usize];
+        let mut want = vec![0u32; 2 * plan.tiles() as usize];
         for t in plan.schedule() {
-            want[(t.tm * plan.tiles_n() + t.tn) as usize] = t.order + 1;
+            let i = (t.tm * plan.tiles_n() + t.tn) as usize;
+            want[2 * i] = t.order + 1;
+            want[2 * i + 1] = t.cta + 1;
         }
-        let bad: Vec<String> = (0..want.len())
-            .filter(|&i| got[i] != want[i])
+        let bad: Vec<String> = (0..plan.tiles() as usize)
+            .filter(|&i| got[2 * i..2 * i + 2] != want[2 * i..2 * i + 2])
             .take(4)
             .map(|i| {
                 format!(
-                    "tile ({}, {}) stored at order {} (host lists {})",
+                    "tile ({}, {}) stored at order {} by CTA {} (host lists order {}, CTA {})",
                     i as u32 / plan.tiles_n(),
                     i as u32 % plan.tiles_n(),
-                    got[i] as i64 - 1,
-                    want[i] as i64 - 1
+                    got[2 * i] as i64 - 1,
+                    got[2 * i + 1] as i64 - 1,
+                    want[2 * i] as i64 - 1,
+                    want[2 * i + 1] as i64 - 1
                 )
             })
             .collect();
-        ensure!(
-            bad.is_empty(),
-            "{}: kernel order differs from the host schedule: {}",
-            plan.describe(),
-            bad.join("; ")
-        );
+        ensure!(bad.is_empty(), "{}: kernel schedule differs from the host's: {}", plan.describe(), bad.join("; "));
     }
     Ok(())
 }
@@ -349,87 +343,66 @@ fn communicator_copies_finished_tiles(job: &mut Job) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
     let (ctx, stream) = gpu(job)?;
     let mut rng = StdRng::seed_from_u64(seed ^ 0xC0);
-    let shapes = [
-        GemmShape {
-            m: 4096,
-            n: 4096,
-            k: 512,
-        },
-        GemmShape {
-            m: 2064,
-            n: 3056,
-            k: 272,
-        },
+    let s = |m, n, k| GemmShape { m, n, k };
+    // fp32 output (pipelined epilogue), clusters of 1 and 2; bf16 output with K <= 2048 (the
+    // whole-tile epilogue), clusters of 1 and 2.
+    let cases = [
+        (s(4096, 4096, 512), 1u32, Dtype::F32),
+        (s(2064, 3056, 272), 1, Dtype::F32),
+        (s(2064, 3056, 272), 2, Dtype::F32),
+        (s(4096, 3072, 1024), 1, Dtype::Bf16),
+        (s(2064, 3056, 272), 2, Dtype::Bf16),
     ];
-    for (shape, cluster_m) in shapes.iter().map(|&s| (s, 1u32)).chain([(shapes[1], 2)]) {
-        let options = GemmOptions {
-            cluster_m,
-            comm_ctas: 4,
-            sm_margin: 0,
-            output: Dtype::F32,
-            ..GemmOptions::default()
-        };
-        let gemm = Gemm::new(&ctx, shape, options)?;
-        let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
-        // Two input sets, alternated launch by launch: a tile copied before it was final (or
-        // from the previous launch) differs from D.
-        let mut inputs = Vec::new();
-        for _ in 0..2 {
-            let s: u64 = rng.random();
-            inputs.push((
-                upload(&stream, &uniform::<bf16>(s, m * k))?,
-                upload(&stream, &uniform::<bf16>(s ^ 0xB, k * n))?,
-            ));
+    for (shape, cluster_m, output) in cases {
+        let options = GemmOptions { cluster_m, comm_ctas: 4, sm_margin: 0, output, ..GemmOptions::default() };
+        let case_seed: u64 = rng.random();
+        match output {
+            Dtype::F32 => communicator_case::<f32>(&ctx, &stream, shape, options, case_seed)?,
+            _ => communicator_case::<bf16>(&ctx, &stream, shape, options, case_seed)?,
         }
-        let mut flags = TileFlags::new(&stream, gemm.plan())?;
-        let mut d = poisoned::<f32>(&stream, m * n)?;
-        let mut copy = poisoned::<f32>(&stream, m * n)?;
-        for block in 0..COMM_LAUNCHES / 10 {
-            crate::gemm_data::poison(&stream, &mut d)?;
-            crate::gemm_data::poison(&stream, &mut copy)?;
-            // Ten launches back to back: no synchronisation, flags never reset (epochs rise).
-            for launch in 0..10 {
-                let (a, b) = &inputs[(block + launch) % 2];
-                gemm.launch_with(
-                    &stream,
-                    a,
-                    b,
-                    &mut d,
-                    LaunchExtras {
-                        flags: Some(&mut flags),
-                        copy_dst: Some(&mut copy),
-                        trace: None,
-                    },
-                )?;
-            }
-            stream.synchronize()?;
-            gemm.check()?;
-            let (got_d, got_copy) = (download(&stream, &d)?, download(&stream, &copy)?);
-            let diff = got_d
-                .iter()
-                .zip(&got_copy)
-                .position(|(x, y)| x.to_bits() != y.to_bits());
-            ensure!(
-                diff.is_none(),
-                "block {block}: copy differs from D at element {diff:?} ({} tiles, flag target {})",
-                gemm.plan().tiles(),
-                flags.target()
-            );
-            let (a, b) = &inputs[(block + 9) % 2];
-            let mut want = poisoned::<f32>(&stream, m * n)?;
-            CublasGemm::new(&stream, shape, options)?.launch(a, b, &mut want)?;
-            let want: Vec<f64> = download(&stream, &want)?
-                .iter()
-                .map(|&x| x as f64)
-                .collect();
-            check_all(
-                "D with the communicator running",
-                shape,
-                &got_d,
-                &want,
-                Tolerance::for_output(Dtype::F32),
-            )?;
+    }
+    Ok(())
+}
+
+fn communicator_case<TO: GemmElement>(
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    shape: GemmShape,
+    options: GemmOptions,
+    seed: u64,
+) -> anyhow::Result<()> {
+    let gemm = Gemm::new(ctx, shape, options)?;
+    let what = gemm.plan().describe();
+    let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
+    // Two input sets, alternated launch by launch: a tile copied before it was final (or from
+    // the previous launch) differs from D.
+    let inputs = [seed, seed ^ 0x77]
+        .iter()
+        .map(|&s| Ok((upload(stream, &uniform::<bf16>(s, m * k))?, upload(stream, &uniform::<bf16>(s ^ 0xB, k * n))?)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut flags = TileFlags::new(stream, gemm.plan())?;
+    let mut d = poisoned::<TO>(stream, m * n)?;
+    let mut copy = poisoned::<TO>(stream, m * n)?;
+    let bits = |x: &TO| x.to_f64().to_bits();
+    for block in 0..COMM_LAUNCHES / 10 {
+        crate::gemm_data::poison(stream, &mut d)?;
+        crate::gemm_data::poison(stream, &mut copy)?;
+        // Ten launches back to back: no synchronisation, flags never reset (epochs rise).
+        for launch in 0..10 {
+            let (a, b) = &inputs[(block + launch) % 2];
+            let extras = LaunchExtras { flags: Some(&mut flags), copy_dst: Some(&mut copy), trace: None };
+            gemm.launch_with(stream, a, b, &mut d, extras)?;
         }
+        stream.synchronize()?;
+        gemm.check()?;
+        let (got_d, got_copy) = (download(stream, &d)?, download(stream, &copy)?);
+        let diff = got_d.iter().zip(&got_copy).position(|(x, y)| bits(x) != bits(y));
+        ensure!(diff.is_none(), "{what}, block {block}: copy differs from D at element {diff:?} (flag target {})", flags.target());
+        let (a, b) = &inputs[(block + 9) % 2];
+        let mut want = poisoned::<f32>(stream, m * n)?;
+        CublasGemm::new(stream, shape, GemmOptions { output: Dtype::F32, ..options })?.launch(a, b, &mut want)?;
+        let want: Vec<f64> = download(stream, &want)?.iter().map(|&x| x as f64).collect();
+        check_all(&format!("D with the communicator running, {what}"), shape, &got_d, &want, Tolerance::for_output(TO::DTYPE))?;
     }
     Ok(())
 }

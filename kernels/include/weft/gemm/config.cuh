@@ -24,8 +24,9 @@ struct GemmConfig {
   using Out = Out_;
   static constexpr int kBM = WEFT_GEMM_TILE_M, kBN = kBN_, kBK = WEFT_GEMM_TILE_K;
   static constexpr bool kBNK = kBNK_;
-  // Epilogue variant (WEFT_GEMM_EPI_*, gemm.h) and the pipeline depth that fits beside it; the
-  // constexpr mirrors of weft_gemm_stages / weft_gemm_epi_bufs, checked against them below.
+  // Epilogue variant (WEFT_GEMM_EPI_*, gemm.h) and the pipeline depth that fits beside it: the
+  // constexpr mirrors of weft_gemm_stages / weft_gemm_epi_bufs (the host's sizes). A mismatch is
+  // caught at run time: the kernel checks %dynamic_smem_size against kSmemBytes.
   static constexpr int kEpilogue = kEpilogue_;
   static constexpr int kStages = kBN_ == 256 ? (kEpilogue == WEFT_GEMM_EPI_WHOLE_TILE ? 3 : 4) : 6;
   // CTAs per cluster along M: they compute vertically adjacent tiles of one column and share its

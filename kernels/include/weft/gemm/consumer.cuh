@@ -30,7 +30,7 @@ struct ConsumerStall {
   uint32_t stalled = 0;
   uint32_t stage = 0, parity = 0;
   weft_gemm_tile tile{};
-  uint64_t cycles = 0;
+  uint64_t cycles = 0, ns = 0;
 };
 
 // acc = A[tile rows of consumer c] * B[tile columns], over all of K. False (and `stall` filled)
@@ -44,9 +44,11 @@ __device__ __forceinline__ bool mma_tile(const weft_gemm_params& p, const Shared
   for (uint32_t kb = 0; kb < k_blocks; ++kb) {
     if (!mbar_try_wait(sm.full(ps.stage), ps.phase)) {
       const long long c0 = clock64();
+      const uint64_t t0 = weft::sync::globaltimer_ns();
       while (!mbar_try_wait(sm.full(ps.stage), ps.phase)) {
         if (uint64_t(clock64() - c0) > p.bound.budget_cycles) {
-          stall = ConsumerStall{1, static_cast<uint32_t>(ps.stage), ps.phase, t, uint64_t(clock64() - c0)};
+          stall = ConsumerStall{1, static_cast<uint32_t>(ps.stage), ps.phase, t, uint64_t(clock64() - c0),
+                                weft::sync::globaltimer_ns() - t0};
           wgmma_wait<0>();  // leave no batch in flight on the way out
           accumulator_fence(acc);
           return false;
@@ -88,6 +90,7 @@ __device__ __forceinline__ void report_stall(const weft_gemm_params& p, const Co
   f.expected = stall.parity;
   f.observed = stall.parity ^ 1u;
   f.elapsed_cycles = stall.cycles;
+  f.elapsed_ns = stall.ns;
   weft::sync::fail_inline(p.bound, 0, f);
 }
 

@@ -42,13 +42,12 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
   }
   if (threadIdx.x == 0) {
     // The host sizes shared memory with weft_gemm_smem_bytes: a mismatch is a build bug, reported
-    // (BAD_COORD, expected = bytes needed, observed = bytes given) rather than a corrupt run.
+    // (status SMEM, expected = bytes needed, observed = bytes given) rather than a corrupt run.
     uint32_t given;
     asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(given));
     if (given < Cfg::kSmemBytes) {
       weft::sync::failure f{};
-      f.status = WEFT_SYNC_STATUS_BAD_COORD;
-      f.primitive = WEFT_SYNC_PRIM_MBARRIER_WAIT;
+      f.status = WEFT_SYNC_STATUS_SMEM;
       f.expected = Cfg::kSmemBytes;
       f.observed = given;
       weft::sync::fail_inline(p.bound, 0, f);

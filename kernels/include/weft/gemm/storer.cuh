@@ -112,8 +112,11 @@ struct TmaStorer {
       mo::fence_proxy_async();
       mo::red_add_release_gpu(reinterpret_cast<uint64_t*>(p.tile_flags) + weft_gemm_tile_index(p.sched, t), 1);
     }
-    if (leader && consumer == 0 && p.trace != 0 && t.valid)
-      reinterpret_cast<uint32_t*>(p.trace)[weft_gemm_tile_index(p.sched, t)] = order + 1;
+    if (leader && consumer == 0 && p.trace != 0 && t.valid) {
+      uint32_t* slot = reinterpret_cast<uint32_t*>(p.trace) + 2 * weft_gemm_tile_index(p.sched, t);
+      slot[0] = order + 1;
+      slot[1] = blockIdx.x + 1;
+    }
   }
 
   // Before the warpgroup exits: its stores' writes complete, shared sources no longer needed.
