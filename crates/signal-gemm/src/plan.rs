@@ -18,6 +18,12 @@ pub struct GemmShape {
     pub k: u32,
 }
 
+impl GemmShape {
+    pub const fn new(m: u32, n: u32, k: u32) -> Self {
+        Self { m, n, k }
+    }
+}
+
 impl std::fmt::Display for GemmShape {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}x{}x{}", self.m, self.n, self.k)
@@ -331,11 +337,7 @@ mod tests {
     fn rejects_shapes_that_are_not_multiples_of_16() {
         let e = GemmPlan::new(
             132,
-            GemmShape {
-                m: 1000,
-                n: 512,
-                k: 256,
-            },
+            GemmShape::new(1000, 512, 256),
             opts(),
         )
         .unwrap_err()
@@ -343,11 +345,7 @@ mod tests {
         assert!(e.contains("m = 1000 is not a multiple of 16"), "{e}");
         let e = GemmPlan::new(
             132,
-            GemmShape {
-                m: 1024,
-                n: 512,
-                k: 24,
-            },
+            GemmShape::new(1024, 512, 24),
             opts(),
         )
         .unwrap_err()
@@ -355,11 +353,7 @@ mod tests {
         assert!(e.contains("k = 24"), "{e}");
         let e = GemmPlan::new(
             132,
-            GemmShape {
-                m: 0,
-                n: 512,
-                k: 256,
-            },
+            GemmShape::new(0, 512, 256),
             opts(),
         )
         .unwrap_err()
@@ -371,11 +365,7 @@ mod tests {
     fn rejects_f32_inputs_and_too_many_reserved_sms() {
         let e = GemmPlan::new(
             132,
-            GemmShape {
-                m: 256,
-                n: 256,
-                k: 256,
-            },
+            GemmShape::new(256, 256, 256),
             GemmOptions {
                 input: Dtype::F32,
                 ..opts()
@@ -386,11 +376,7 @@ mod tests {
         assert!(e.contains("input dtype f32"), "{e}");
         let e = GemmPlan::new(
             132,
-            GemmShape {
-                m: 256,
-                n: 256,
-                k: 256,
-            },
+            GemmShape::new(256, 256, 256),
             GemmOptions {
                 sm_margin: 130,
                 comm_ctas: 2,
@@ -406,11 +392,7 @@ mod tests {
     fn grid_and_names_follow_the_options() {
         let p = GemmPlan::new(
             132,
-            GemmShape {
-                m: 8192,
-                n: 8192,
-                k: 8192,
-            },
+            GemmShape::new(8192, 8192, 8192),
             GemmOptions {
                 sm_margin: 8,
                 output: Dtype::F32,
@@ -422,14 +404,14 @@ mod tests {
         assert_eq!(p.ctas(), 124);
         assert_eq!(p.tile_n(), 256);
         assert_eq!(p.kernel_name(), "weft_gemm_bf16_f32_kn_256_c1");
-        let p = GemmPlan::new(132, GemmShape { m: 8192, n: 8192, k: 8192 }, GemmOptions { sm_margin: 7, cluster_m: 2, ..opts() }).unwrap();
+        let p = GemmPlan::new(132, GemmShape::new(8192, 8192, 8192), GemmOptions { sm_margin: 7, cluster_m: 2, ..opts() }).unwrap();
         assert_eq!(p.ctas(), 124, "whole clusters");
         assert_eq!(p.kernel_name(), "weft_gemm_bf16_bf16_nk_256_c2", "K = 8192: pipelined epilogue");
-        let short_k = GemmPlan::new(132, GemmShape { m: 8192, n: 8192, k: 1024 }, opts()).unwrap();
+        let short_k = GemmPlan::new(132, GemmShape::new(8192, 8192, 1024), opts()).unwrap();
         assert_eq!(short_k.kernel_name(), "weft_gemm_bf16_bf16_nk_256_c1_w", "short K: whole-tile epilogue");
         assert!(short_k.smem_bytes() <= 232448);
-        assert!(GemmPlan::new(132, GemmShape { m: 256, n: 256, k: 256 }, GemmOptions { output: Dtype::F32, epilogue: EpilogueChoice::WholeTile, ..opts() }).is_err());
-        assert!(GemmPlan::new(132, GemmShape { m: 256, n: 256, k: 256 }, GemmOptions { cluster_m: 2, comm_ctas: 3, ..opts() }).is_err());
+        assert!(GemmPlan::new(132, GemmShape::new(256, 256, 256), GemmOptions { output: Dtype::F32, epilogue: EpilogueChoice::WholeTile, ..opts() }).is_err());
+        assert!(GemmPlan::new(132, GemmShape::new(256, 256, 256), GemmOptions { cluster_m: 2, comm_ctas: 3, ..opts() }).is_err());
         assert_eq!(p.tiles(), 64 * 32);
         assert_eq!(p.k_blocks(), 128);
         assert!(p.smem_bytes() <= 232448);
@@ -441,22 +423,14 @@ mod tests {
         // (also one wave): same waves, half the tile area -> 128 wins.
         let p = GemmPlan::new(
             132,
-            GemmShape {
-                m: 2048,
-                n: 1024,
-                k: 1024,
-            },
+            GemmShape::new(2048, 1024, 1024),
             opts(),
         )
         .unwrap();
         assert_eq!(p.tile_n(), 128);
         let p = GemmPlan::new(
             132,
-            GemmShape {
-                m: 8192,
-                n: 8192,
-                k: 1024,
-            },
+            GemmShape::new(8192, 8192, 1024),
             opts(),
         )
         .unwrap();

@@ -120,7 +120,7 @@ mod tests {
     /// The reference against products computed by hand, both B layouts, alpha and beta.
     #[test]
     fn reference_matches_hand_computed_products() {
-        let shape = GemmShape { m: 2, n: 3, k: 2 };
+        let shape = GemmShape::new(2, 3, 2);
         let f = |v: &[f32]| {
             v.iter()
                 .map(|&x| half::bf16::from_f32(x))

@@ -48,11 +48,7 @@ mod tests {
     fn every_tile_once_in_grouped_order() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(5);
         for _ in 0..300 {
-            let shape = GemmShape {
-                m: 16 * rng.random_range(1..200),
-                n: 16 * rng.random_range(1..200),
-                k: 64,
-            };
+            let shape = GemmShape::new(16 * rng.random_range(1..200), 16 * rng.random_range(1..200), 64);
             let opts = GemmOptions {
                 cluster_m: rng.random_range(1..=2),
                 sm_margin: rng.random_range(0..20),

@@ -36,7 +36,7 @@ struct Case {
 }
 
 fn cases(quick: bool) -> Vec<Case> {
-    let s = |m, n, k| GemmShape { m, n, k };
+    let s = GemmShape::new;
     let base = GemmOptions::default();
     let named = [
         s(8192, 8192, 8192),
@@ -126,6 +126,7 @@ struct Measured {
     weft_ms: f64,
     cublas_ms: f64,
     describe: String,
+    flops: f64,
     ctas: u32,
     sms: u32,
 }
@@ -209,23 +210,10 @@ fn measure<TI: GemmElement, TO: GemmElement>(
         weft_ms: median(&weft),
         cublas_ms: median(&cublas),
         describe: gemm.plan().describe(),
+        flops: gemm.plan().flops(),
         ctas: gemm.plan().ctas(),
         sms,
     })
-}
-
-fn gather(job: &mut Job, values: &[f64]) -> anyhow::Result<Vec<Vec<f64>>> {
-    let mine: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    Ok(job
-        .rdzv
-        .all_gather(&mine)?
-        .iter()
-        .map(|b| {
-            b.chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
-                .collect()
-        })
-        .collect())
 }
 
 pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
@@ -250,7 +238,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         .iter()
         .flat_map(|m| [m.weft_ms, m.cublas_ms])
         .collect();
-    let all = gather(job, &mine)?;
+    let all = super::gather_f64(job, &mine)?;
     let slowest = |i: usize| all.iter().map(|r| r[i]).fold(f64::NAN, f64::max);
 
     let mut table = Table {
@@ -270,8 +258,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
     let mut rows = Vec::new();
     for (i, (case, m)) in cases.iter().zip(&measured).enumerate() {
         let (weft_ms, cublas_ms) = (slowest(2 * i), slowest(2 * i + 1));
-        let flops = 2.0 * case.shape.m as f64 * case.shape.n as f64 * case.shape.k as f64;
-        let tflops = |ms: f64| flops / (ms * 1e-3) / 1e12;
+        let tflops = |ms: f64| m.flops / (ms * 1e-3) / 1e12;
         let ratio = cublas_ms / weft_ms; // weft speed as a fraction of cuBLAS speed
         let label = format!(
             "{} {}->{} B {}{}",

@@ -130,20 +130,11 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
     }
 
     // Slowest rank per case and path.
-    let mine: Vec<u8> = out
+    let mine: Vec<f64> = out
         .iter()
         .flat_map(|m| [m.native_ms, m.baseline_ms, m.remote_bytes as f64])
-        .flat_map(|v| v.to_le_bytes())
         .collect();
-    let all = job.rdzv.all_gather(&mine)?;
-    let per_rank: Vec<Vec<f64>> = all
-        .iter()
-        .map(|b| {
-            b.chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
-                .collect()
-        })
-        .collect();
+    let per_rank = super::gather_f64(job, &mine)?;
     let mut table = Table {
         headers: vec![
             "case",

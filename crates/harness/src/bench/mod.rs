@@ -110,6 +110,18 @@ pub fn run(job: &mut Job, opts: &BenchOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Every rank's `values` (the same count on every rank), indexed by rank: how suites combine
+/// their per-rank medians (usually into the slowest rank's).
+pub fn gather_f64(job: &mut Job, values: &[f64]) -> anyhow::Result<Vec<Vec<f64>>> {
+    let mine: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    Ok(job
+        .rdzv
+        .all_gather(&mine)?
+        .iter()
+        .map(|b| b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect())
+        .collect())
+}
+
 fn write_file(path: &PathBuf, text: &str) -> anyhow::Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;

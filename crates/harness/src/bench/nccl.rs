@@ -174,16 +174,8 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         }
     }
     // Every rank's medians, in the same order on every rank.
-    let mine: Vec<u8> = medians.iter().flat_map(|m| m.2.to_le_bytes()).collect();
-    let all = job.rdzv.all_gather(&mine)?;
-    let per_rank: Vec<Vec<f64>> = all
-        .iter()
-        .map(|b| {
-            b.chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
-                .collect()
-        })
-        .collect();
+    let mine: Vec<f64> = medians.iter().map(|m| m.2).collect();
+    let per_rank = super::gather_f64(job, &mine)?;
 
     let mut table = Table {
         headers: vec![

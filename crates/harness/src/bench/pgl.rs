@@ -605,20 +605,8 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
     src.free(&mut job.rdzv)?;
 
     // Every rank's medians, in the same order on every rank.
-    let mine: Vec<u8> = cases
-        .iter()
-        .flat_map(|c| c.median_ms.to_le_bytes())
-        .collect();
-    let per_rank: Vec<Vec<f64>> = job
-        .rdzv
-        .all_gather(&mine)?
-        .iter()
-        .map(|b| {
-            b.chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
-                .collect()
-        })
-        .collect();
+    let mine: Vec<f64> = cases.iter().map(|c| c.median_ms).collect();
+    let per_rank = super::gather_f64(job, &mine)?;
     let slowest: Vec<f64> = (0..cases.len())
         .map(|i| per_rank.iter().map(|r| r[i]).fold(f64::MIN, f64::max))
         .collect();

@@ -191,20 +191,6 @@ fn nccl_all_reduce_4b_us(job: &mut Job, quick: bool) -> anyhow::Result<f64> {
     Ok(median(&ms) * 1e3)
 }
 
-fn gather(job: &mut Job, values: &[f64]) -> anyhow::Result<Vec<Vec<f64>>> {
-    let mine: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    Ok(job
-        .rdzv
-        .all_gather(&mine)?
-        .iter()
-        .map(|b| {
-            b.chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
-                .collect()
-        })
-        .collect())
-}
-
 fn fmt_us(x: f64) -> String {
     if x.is_finite() {
         format!("{x:.3}")
@@ -229,7 +215,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         m.mismatches
             .map_or([0.0, 0.0], |(b, c)| [b as f64, c as f64])
     }));
-    let all = gather(job, &mine)?;
+    let all = super::gather_f64(job, &mine)?;
     let n = measured.len();
     let across = |i: usize| -> (f64, f64) {
         let v: Vec<f64> = all.iter().map(|r| r[i]).filter(|x| x.is_finite()).collect();

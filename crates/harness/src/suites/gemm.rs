@@ -68,11 +68,7 @@ macro_rules! with_dtypes {
 /// A random shape with m, n, k multiples of 16 and mostly ragged against the tiles.
 fn random_shape(rng: &mut StdRng, max: u32) -> GemmShape {
     let mut dim = |max: u32| 16 * rng.random_range(1..=max / 16);
-    GemmShape {
-        m: dim(max),
-        n: dim(max),
-        k: dim(max),
-    }
+    GemmShape::new(dim(max), dim(max), dim(max))
 }
 
 fn random_options(rng: &mut StdRng, i: usize) -> GemmOptions {
@@ -215,26 +211,10 @@ fn small_shapes_vs_f64(job: &mut Job) -> anyhow::Result<()> {
     let (ctx, stream) = gpu(job)?;
     let mut rng = StdRng::seed_from_u64(seed ^ 0x5A);
     let fixed = [
-        GemmShape {
-            m: 16,
-            n: 16,
-            k: 16,
-        },
-        GemmShape {
-            m: 128,
-            n: 256,
-            k: 64,
-        },
-        GemmShape {
-            m: 144,
-            n: 272,
-            k: 80,
-        },
-        GemmShape {
-            m: 400,
-            n: 48,
-            k: 528,
-        },
+        GemmShape::new(16, 16, 16),
+        GemmShape::new(128, 256, 64),
+        GemmShape::new(144, 272, 80),
+        GemmShape::new(400, 48, 528),
     ];
     for i in 0..14 {
         let shape = fixed
@@ -255,40 +235,14 @@ fn small_shapes_vs_f64(job: &mut Job) -> anyhow::Result<()> {
 
 fn schedule_matches_kernel(job: &mut Job) -> anyhow::Result<()> {
     let (ctx, stream) = gpu(job)?;
+    // (shape, sm_margin, tile, cluster_m); the last: 25 tile rows in clusters of 2, a phantom row.
     let cases = [
-        (
-            GemmShape {
-                m: 4096,
-                n: 4096,
-                k: 256,
-            },
-            0u32,
-            TileChoice::N256,
-        ),
-        (
-            GemmShape {
-                m: 3088,
-                n: 2576,
-                k: 128,
-            },
-            8,
-            TileChoice::N128,
-        ),
-        (
-            GemmShape {
-                m: 8192,
-                n: 1024,
-                k: 64,
-            },
-            31,
-            TileChoice::Auto,
-        ),
+        (GemmShape::new(4096, 4096, 256), 0u32, TileChoice::N256, 1u32),
+        (GemmShape::new(3088, 2576, 128), 8, TileChoice::N128, 1),
+        (GemmShape::new(8192, 1024, 64), 31, TileChoice::Auto, 1),
+        (GemmShape::new(4096, 4096, 256), 0, TileChoice::N256, 2),
+        (GemmShape::new(3088, 2576, 128), 7, TileChoice::N256, 2),
     ];
-    // The same grids again with clusters of 2 (the second: 25 tile rows, so a phantom row).
-    let cases = cases.iter().map(|&(s, m, t)| (s, m, t, 1u32)).chain([
-        (GemmShape { m: 4096, n: 4096, k: 256 }, 0, TileChoice::N256, 2),
-        (GemmShape { m: 3088, n: 2576, k: 128 }, 7, TileChoice::N256, 2),
-    ]);
     for (shape, sm_margin, tile, cluster_m) in cases {
         let gemm = Gemm::new(
             &ctx,
@@ -343,7 +297,7 @@ fn communicator_copies_finished_tiles(job: &mut Job) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
     let (ctx, stream) = gpu(job)?;
     let mut rng = StdRng::seed_from_u64(seed ^ 0xC0);
-    let s = |m, n, k| GemmShape { m, n, k };
+    let s = GemmShape::new;
     // fp32 output (pipelined epilogue), clusters of 1 and 2; bf16 output with K <= 2048 (the
     // whole-tile epilogue), clusters of 1 and 2.
     let cases = [
@@ -409,11 +363,7 @@ fn communicator_case<TO: GemmElement>(
 
 fn bad_inputs_are_rejected(job: &mut Job) -> anyhow::Result<()> {
     let (ctx, stream) = gpu(job)?;
-    let shape = GemmShape {
-        m: 256,
-        n: 256,
-        k: 128,
-    };
+    let shape = GemmShape::new(256, 256, 128);
     let gemm = Gemm::new(&ctx, shape, GemmOptions::default())?;
     let a = upload(&stream, &uniform::<bf16>(1, 256 * 128))?;
     let b = upload(&stream, &uniform::<bf16>(2, 256 * 128))?;
@@ -448,11 +398,7 @@ fn bad_inputs_are_rejected(job: &mut Job) -> anyhow::Result<()> {
     )?;
     let e = Gemm::new(
         &ctx,
-        GemmShape {
-            m: 256,
-            n: 250,
-            k: 128,
-        },
+        GemmShape::new(256, 250, 128),
         GemmOptions::default(),
     )
     .err()

@@ -43,16 +43,14 @@ __device__ __forceinline__ bool mma_tile(const weft_gemm_params& p, const Shared
   int prev_stage = -1;
   for (uint32_t kb = 0; kb < k_blocks; ++kb) {
     if (!mbar_try_wait(sm.full(ps.stage), ps.phase)) {
-      const long long c0 = clock64();
       const uint64_t t0 = weft::sync::globaltimer_ns();
-      while (!mbar_try_wait(sm.full(ps.stage), ps.phase)) {
-        if (uint64_t(clock64() - c0) > p.bound.budget_cycles) {
-          stall = ConsumerStall{1, static_cast<uint32_t>(ps.stage), ps.phase, t, uint64_t(clock64() - c0),
-                                weft::sync::globaltimer_ns() - t0};
-          wgmma_wait<0>();  // leave no batch in flight on the way out
-          accumulator_fence(acc);
-          return false;
-        }
+      if (!mbar_wait_bounded(sm.full(ps.stage), ps.phase, p.bound.budget_cycles)) {
+        // Waited at least the whole budget (mbar_wait_bounded does not return its count).
+        stall = ConsumerStall{1, static_cast<uint32_t>(ps.stage), ps.phase, t, p.bound.budget_cycles,
+                              weft::sync::globaltimer_ns() - t0};
+        wgmma_wait<0>();  // leave no batch in flight on the way out
+        accumulator_fence(acc);
+        return false;
       }
     }
     const uint32_t a_base = smem_addr(sm.a(ps.stage)) + consumer * 64 * 128;
