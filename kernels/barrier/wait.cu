@@ -1,7 +1,8 @@
 // The KernelBarrier wait kernel (crates/barrier): 1 block, 1 thread, enqueued on the compute
 // stream before the compute kernel. It spins on a relaxed load until the counter reaches the
-// target; the compute kernel starts when it exits (stream order). No data is handed over, so no
-// acquire is needed. Bounded: past its cycle budget it fills the report and returns (no trap: the
+// target; the compute kernel starts when it exits (stream order), or as soon as the target is
+// reached when it was launched for early release (weft::kernel_barrier_release_next). No data is
+// handed over, so no acquire is needed. Bounded: past its cycle budget it fills the report and returns (no trap: the
 // context must stay usable); the host turns the report into an error.
 #include <stdint.h>
 #include "weft/sync/clock.cuh"
@@ -17,6 +18,7 @@ extern "C" __global__ void __launch_bounds__(1, 1) weft_kernel_barrier_wait(cons
   const uint64_t c0 = clock64();
   int32_t seen = weft::kernel_barrier_load(p.view.counter);
   if (seen >= p.target) {  // already reached: the common case when comm started first
+    weft::kernel_barrier_release_next();
     if (p.exit_stamp != 0) *reinterpret_cast<uint64_t*>(p.exit_stamp) = globaltimer_ns();
     return;
   }
@@ -35,9 +37,11 @@ extern "C" __global__ void __launch_bounds__(1, 1) weft_kernel_barrier_wait(cons
         __threadfence_system();  // the fields before the status (the host reads after a sync anyway)
         r->status = WEFT_KERNEL_BARRIER_STATUS_TIMEOUT;
       }
+      weft::kernel_barrier_release_next();  // the compute kernel then runs unordered (reported)
       return;
     }
     seen = weft::kernel_barrier_load(p.view.counter);
   }
+  weft::kernel_barrier_release_next();
   if (p.exit_stamp != 0) *reinterpret_cast<uint64_t*>(p.exit_stamp) = globaltimer_ns();
 }

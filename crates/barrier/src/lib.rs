@@ -6,10 +6,12 @@
 //! persistent compute kernel with an `sm_margin` knob and a copy kernel that arrives.
 
 mod bound;
+mod early_release;
 mod kernel_barrier;
 mod report;
 pub mod synthetic;
 
 pub use bound::{default_timeout, TIMEOUT_VAR};
+pub use early_release::early_release_attribute;
 pub use kernel_barrier::KernelBarrier;
 pub use report::describe;

@@ -90,13 +90,16 @@ impl Kernels {
         Ok((regs(&self.compute)?, regs(&self.comm)?))
     }
 
-    /// The persistent kernel on SMs − `sm_margin` blocks.
+    /// The persistent kernel on SMs − `sm_margin` blocks. `early_release`: launched with
+    /// [`early_release_attribute`](crate::early_release_attribute) — only directly after a
+    /// `KernelBarrier::wait` on `stream`.
     pub fn launch_compute(
         &self,
         stream: &Arc<CudaStream>,
         work: &ComputeWork,
         stamps: &Stamps,
         sm_margin: u32,
+        early_release: bool,
     ) -> anyhow::Result<()> {
         ensure!(
             sm_margin < self.sms,
@@ -119,9 +122,38 @@ impl Kernels {
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: self.compute_smem,
         };
-        // SAFETY: the kernel takes exactly this struct; its buffers live in `work` and `stamps`.
-        unsafe { stream.launch_builder(&self.compute).arg(&p).launch(cfg) }
-            .context("launching the persistent compute kernel")?;
+        if !early_release {
+            // SAFETY: the kernel takes exactly this struct; its buffers live in `work` and `stamps`.
+            unsafe { stream.launch_builder(&self.compute).arg(&p).launch(cfg) }
+                .context("launching the persistent compute kernel")?;
+            return Ok(());
+        }
+        stream.context().bind_to_thread()?;
+        let mut attr = crate::early_release_attribute();
+        let ex = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: THREADS,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        let mut args = [&p as *const weft_persistent_compute_params as *mut std::ffi::c_void];
+        // SAFETY: as above; `args` holds the address of the one parameter, alive for the call.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &ex,
+                self.compute.cu_function(),
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .context("launching the persistent compute kernel (early release)")?;
         Ok(())
     }
 

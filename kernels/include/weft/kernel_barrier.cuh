@@ -20,6 +20,14 @@ __device__ __forceinline__ int32_t kernel_barrier_load(const int32_t* counter) {
   return v;
 }
 
+// Early release (programmatic dependent launch): lets the kernel enqueued next on the stream, if
+// it was launched with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, start now instead of
+// after this grid has completed and flushed. Without that attribute it does nothing. Only for a
+// grid that writes nothing the next kernel reads (the wait kernel).
+__device__ __forceinline__ void kernel_barrier_release_next() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 // One arrival per launch: the first thread of the first block. Call it at the very top of the
 // communication kernel, before any early return. A NULL counter is no barrier.
 __device__ __forceinline__ void kernel_barrier_arrive(weft_kernel_barrier_view v) {

@@ -2,7 +2,8 @@
 //! synthetic persistent compute kernel (all SMs) waits on the compute stream while the copy kernel
 //! (local → local, so one GPU suffices) arrives from the comm stream; the compute is issued first.
 //! - orders_compute_after_comm_start: the compute kernel's first block starts after the comm
-//!   kernel arrived; every compute output and every copied byte correct.
+//!   kernel arrived, launched plainly and for early release; every compute output and every
+//!   copied byte correct.
 //! - reuse_without_host_sync: 50 rounds enqueued back to back with cumulative targets and one
 //!   synchronisation; every round ordered and checked; then a reset and 5 more rounds from 0.
 //! - wait_times_out: a target nobody reaches, with a 100 ms bound: check() names target, observed
@@ -82,7 +83,8 @@ impl Round {
         }
     }
 
-    /// wait(target) then compute on `compute`; the arriving copy on `comm` (issued second).
+    /// wait(target) then compute on `compute` (launched for early release or not); the arriving
+    /// copy on `comm` (issued second).
     fn enqueue(
         &self,
         k: &Kernels,
@@ -90,9 +92,10 @@ impl Round {
         target: i32,
         compute: &Arc<CudaStream>,
         comm: &Arc<CudaStream>,
+        early_release: bool,
     ) -> anyhow::Result<()> {
         bar.wait(compute, target)?;
-        k.launch_compute(compute, &self.work, &self.stamps, 0)?;
+        k.launch_compute(compute, &self.work, &self.stamps, 0, early_release)?;
         k.launch_comm(
             comm,
             &self.copy(comm),
@@ -151,14 +154,16 @@ fn orders_compute_after_comm_start(job: &mut Job) -> anyhow::Result<()> {
     let mut bar = KernelBarrier::new(r.compute.context())?;
     // About four waves of tiles; a 16 MiB copy.
     let mut round = Round::new(&r.compute, 4 * r.kernels.sms(), 4 << 20, &mut rng)?;
-    for rep in 0..3 {
+    for rep in 0..6 {
+        // Repetitions 3..6 launch the compute kernel for early release.
+        let early = rep >= 3;
         round.prepare(&r.compute)?;
         r.compute.synchronize()?;
         let target = bar.expect(1)?;
-        round.enqueue(&r.kernels, &bar, target, &r.compute, &r.comm)?;
+        round.enqueue(&r.kernels, &bar, target, &r.compute, &r.comm, early)?;
         synchronize(&r)?;
         bar.check()?;
-        round.verify(&r.compute, &format!("repetition {rep}, seed {seed}"))?;
+        round.verify(&r.compute, &format!("repetition {rep} (early release {early}), seed {seed}"))?;
     }
     Ok(())
 }
@@ -190,7 +195,8 @@ fn reuse_without_host_sync(job: &mut Job) -> anyhow::Result<()> {
                 target == i as i32 + 1,
                 "{pass}: round {i} got target {target}"
             );
-            round.enqueue(&r.kernels, &bar, target, &r.compute, &r.comm)?;
+            // Every other round launches the compute kernel for early release.
+            round.enqueue(&r.kernels, &bar, target, &r.compute, &r.comm, i % 2 == 1)?;
         }
         synchronize(&r)?;
         bar.check()?;
@@ -247,7 +253,7 @@ fn wait_times_out(job: &mut Job) -> anyhow::Result<()> {
     round.prepare(&r.compute)?;
     r.compute.synchronize()?;
     let target = bar.expect(1)?;
-    round.enqueue(&r.kernels, &bar, target, &r.compute, &r.comm)?;
+    round.enqueue(&r.kernels, &bar, target, &r.compute, &r.comm, true)?;
     synchronize(&r)?;
     bar.check()?;
     round.verify(

@@ -289,6 +289,7 @@ pub fn measure(mode: Mode, cfg: Config) -> anyhow::Result<Measured> {
     let mut checked = 0;
     let (mut to_exit, mut handoff) = (Vec::new(), Vec::new());
     let name = mode.name();
+    let barrier = matches!(mode, Mode::Barrier | Mode::BarrierEarly);
     for rep in 0..cfg.reps + 1 {
         // Repetition 0 is a warm-up whose outputs are checked in full.
         let full = rep == 0;
@@ -299,7 +300,7 @@ pub fn measure(mode: Mode, cfg: Config) -> anyhow::Result<Measured> {
             &format!("{name}: compute alone"),
             &mut |r| {
                 r.kernels
-                    .launch_compute(&r.compute, &r.work, &r.stamps, margin)
+                    .launch_compute(&r.compute, &r.work, &r.stamps, margin, false)
             },
         )?;
         checked += n;
@@ -321,7 +322,7 @@ pub fn measure(mode: Mode, cfg: Config) -> anyhow::Result<Measured> {
         if rep > 0 {
             comm.push(ms);
         }
-        let target = if mode == Mode::Barrier {
+        let target = if barrier {
             bar.expect(1)?
         } else {
             0
@@ -338,18 +339,23 @@ pub fn measure(mode: Mode, cfg: Config) -> anyhow::Result<Measured> {
                     Mode::Favourable => {
                         r.kernels
                             .launch_comm(&r.comm, &copy, &r.stamps, None, blocks)?;
-                        r.kernels.launch_compute(&r.compute, &r.work, &r.stamps, 0)
+                        r.kernels.launch_compute(&r.compute, &r.work, &r.stamps, 0, false)
                     }
-                    Mode::Barrier => {
+                    Mode::Barrier | Mode::BarrierEarly => {
                         bar.wait_stamped(&r.compute, target, r.stamps.wait_exit_ptr(&r.compute))?;
-                        r.kernels
-                            .launch_compute(&r.compute, &r.work, &r.stamps, 0)?;
+                        r.kernels.launch_compute(
+                            &r.compute,
+                            &r.work,
+                            &r.stamps,
+                            0,
+                            mode == Mode::BarrierEarly,
+                        )?;
                         r.kernels
                             .launch_comm(&r.comm, &copy, &r.stamps, Some(view), blocks)
                     }
                     _ => {
                         r.kernels
-                            .launch_compute(&r.compute, &r.work, &r.stamps, margin)?;
+                            .launch_compute(&r.compute, &r.work, &r.stamps, margin, false)?;
                         r.kernels
                             .launch_comm(&r.comm, &copy, &r.stamps, None, blocks)
                     }
@@ -362,7 +368,7 @@ pub fn measure(mode: Mode, cfg: Config) -> anyhow::Result<Measured> {
             s.complete(),
             "{name}: a kernel of the pair left no stamps: {s:?}"
         );
-        if mode == Mode::Barrier {
+        if barrier {
             anyhow::ensure!(
                 s.compute_start >= s.comm_arrive,
                 "{name}: compute started {} ns before the comm kernel arrived",
@@ -374,13 +380,13 @@ pub fn measure(mode: Mode, cfg: Config) -> anyhow::Result<Measured> {
             span_pair.push(ns_ms(s.compute_end - s.compute_start));
             delay.push((s.comm_start as f64 - s.compute_start as f64) / 1e3);
             delay_first.push((s.comm_start - s.comm_start.min(s.compute_start)) as f64 / 1e3);
-            if mode == Mode::Barrier {
+            if barrier {
                 to_exit.push((s.wait_exit as f64 - s.comm_arrive as f64) / 1e3);
                 handoff.push((s.compute_start as f64 - s.wait_exit as f64) / 1e3);
             }
         }
     }
-    let (wait_us, empty_events_us) = if mode == Mode::Barrier {
+    let (wait_us, empty_events_us) = if barrier {
         wait_overhead(&rig.compute, &mut bar)?
     } else {
         (f64::NAN, f64::NAN)
@@ -454,7 +460,7 @@ pub fn calibrate(mut cfg: Config) -> anyhow::Result<Config> {
     let (mut comp, mut comm) = (Vec::new(), Vec::new());
     for rep in 0..6 {
         let (c, _, _) = timed(&mut rig, COMPUTE, false, "calibration: compute", &mut |r| {
-            r.kernels.launch_compute(&r.compute, &r.work, &r.stamps, 0)
+            r.kernels.launch_compute(&r.compute, &r.work, &r.stamps, 0, false)
         })?;
         let (m, _, _) = timed(&mut rig, COMM, false, "calibration: comm", &mut |r| {
             r.kernels

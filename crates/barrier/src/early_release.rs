@@ -1,0 +1,24 @@
+//! Early release: the compute kernel queued behind [`KernelBarrier::wait`](crate::KernelBarrier::wait)
+//! starts as soon as the wait is satisfied, not after the wait kernel has completed.
+//!
+//! By default a kernel starts only after the previous kernel on its stream has *completed*,
+//! which includes the end-of-grid memory flush. The wait kernel calls
+//! `griddepcontrol.launch_dependents` (`weft::kernel_barrier_release_next`) the moment the target
+//! is reached (and when it gives up); a kernel launched right after it with
+//! [`early_release_attribute`] (programmatic stream serialization, `cuLaunchKernelEx`) may then
+//! start at once. Sound because the wait kernel writes nothing the next kernel reads; every kernel
+//! before the wait kernel on the stream had completed before the wait kernel started, so the
+//! next kernel stays ordered after them. Only for the launch directly after a `wait` on the same
+//! stream: after any other kernel the attribute would let it overlap a producer it depends on.
+
+use cudarc::driver::sys;
+
+/// The launch attribute (for `cuLaunchKernelEx`) that lets a kernel enqueued right after
+/// `KernelBarrier::wait` start when the wait is satisfied.
+pub fn early_release_attribute() -> sys::CUlaunchAttribute {
+    // SAFETY: an all-zero attribute is valid plain data; id and value are set below.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    attr
+}
