@@ -346,12 +346,20 @@ impl Stamps {
         Ok(())
     }
 
-    /// Reads the stamps (synchronous on `stream`).
+    /// The whole buffer, for a compute kernel that keeps its own timeline (weft's GEMM:
+    /// `LaunchExtras::timeline` lowers element 0 to its start and raises element 1 to its end,
+    /// which are WEFT_STAMP_COMPUTE_START and _END).
+    pub fn compute_timeline(&mut self) -> &mut CudaSlice<u64> {
+        const _: () = assert!(abi::WEFT_STAMP_COMPUTE_START == 0 && abi::WEFT_STAMP_COMPUTE_END == 1);
+        &mut self.buf
+    }
+
     /// Device address of the wait-exit slot, for [`KernelBarrier::wait_stamped`](crate::KernelBarrier::wait_stamped).
     pub fn wait_exit_ptr(&self, stream: &Arc<CudaStream>) -> u64 {
         self.buf.device_ptr(stream).0 + 8 * abi::WEFT_STAMP_WAIT_EXIT as u64
     }
 
+    /// Reads the stamps (synchronous on `stream`).
     pub fn read(&self, stream: &Arc<CudaStream>) -> anyhow::Result<StampValues> {
         let v = stream.clone_dtoh(&self.buf)?;
         Ok(StampValues {

@@ -21,6 +21,7 @@ mod results;
 mod suites;
 mod timing;
 mod trials;
+mod word_compare;
 
 use anyhow::Context;
 use job::Job;

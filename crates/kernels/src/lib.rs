@@ -44,6 +44,7 @@ pub mod abi {
 // SAFETY: these are `#[repr(C)]` plain-old-data structs whose layout bindgen checked against
 // the same header the kernels include; they are passed to kernels by value.
 unsafe impl DeviceRepr for abi::weft_roundtrip_params {}
+unsafe impl DeviceRepr for abi::weft_word_compare_params {}
 unsafe impl DeviceRepr for abi::weft_pgl_view {}
 unsafe impl DeviceRepr for abi::weft_pgl_shape {}
 unsafe impl DeviceRepr for abi::weft_tile_coord {}

@@ -1,14 +1,14 @@
 //! A loaded GEMM: the plan's kernel on one context, its error slot, and launches on a stream.
 
 use crate::dtype::{Dtype, GemmElement};
-use crate::plan::{BLayout, GemmOptions, GemmPlan, GemmShape};
+use crate::plan::{BLayout, GemmOptions, GemmPlan, GemmShape, Scheduling};
 use crate::tensor_map::encode_2d;
 use anyhow::{ensure, Context};
 use cudarc::driver::sys::{self, CUfunction_attribute};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use weft_kernels::abi::{weft_gemm_params, weft_sync_bound, WEFT_GEMM_CONSUMERS};
 use weft_kernels::cubins;
 use weft_sync::{ErrorSlot, WaitBudget};
@@ -51,6 +51,14 @@ pub struct LaunchExtras<'a, TO: GemmElement> {
     /// Records, per tile (row-major tile order), order + 1 and CTA index + 1 of the CTA that
     /// stored it (2 × u32 per tile).
     pub trace: Option<&'a mut CudaSlice<u32>>,
+    /// Elements 0 and 1 (u64 %globaltimer ns): lowered to the first compute CTA's start
+    /// (atomicMin) and raised to the last compute CTA's end (atomicMax, after its stores
+    /// completed). The caller initialises them (u64::MAX, 0).
+    pub timeline: Option<&'a mut CudaSlice<u64>>,
+    /// Launch for early release (`weft_barrier::early_release_attribute`): the GEMM may start as
+    /// soon as the `KernelBarrier::wait` enqueued *directly before it on the same stream* is
+    /// satisfied. Only after such a wait: after any other kernel it could overlap its producer.
+    pub early_release: bool,
 }
 
 impl<TO: GemmElement> Default for LaunchExtras<'_, TO> {
@@ -59,6 +67,8 @@ impl<TO: GemmElement> Default for LaunchExtras<'_, TO> {
             flags: None,
             copy_dst: None,
             trace: None,
+            timeline: None,
+            early_release: false,
         }
     }
 }
@@ -69,7 +79,22 @@ pub struct Gemm {
     func: CudaFunction,
     slot: ErrorSlot,
     bound: weft_sync_bound,
+    /// Dynamic scheduling only: the claim counter and where the next launch starts on it.
+    claims: Option<Mutex<TileClaims>>,
 }
+
+/// The claim counter of a dynamically scheduled GEMM. Each launch advances it by exactly orders +
+/// CTAs (every CTA's last claim fails once), so the next launch's base is known on the host and
+/// the counter is never reset. Launches must be ordered: the stream is remembered and another one
+/// refused (two launches in flight at once would claim from each other's range).
+struct TileClaims {
+    counter: CudaSlice<u32>,
+    base: u32,
+    stream: Option<sys::CUstream>,
+}
+
+// SAFETY: the CUstream handle is only compared, never used to enqueue work.
+unsafe impl Send for TileClaims {}
 
 fn cluster_attribute(cluster_m: u32) -> sys::CUlaunchAttribute {
     // SAFETY: an all-zero attribute is valid plain data; id and clusterDim are set below.
@@ -81,7 +106,7 @@ fn cluster_attribute(cluster_m: u32) -> sys::CUlaunchAttribute {
     attr
 }
 
-fn launch_config(plan: &GemmPlan, grid: u32, stream: sys::CUstream, attr: &mut sys::CUlaunchAttribute) -> sys::CUlaunchConfig {
+fn launch_config(plan: &GemmPlan, grid: u32, stream: sys::CUstream, attrs: &mut [sys::CUlaunchAttribute]) -> sys::CUlaunchConfig {
     sys::CUlaunchConfig {
         gridDimX: grid,
         gridDimY: 1,
@@ -91,8 +116,8 @@ fn launch_config(plan: &GemmPlan, grid: u32, stream: sys::CUstream, attr: &mut s
         blockDimZ: 1,
         sharedMemBytes: plan.smem_bytes(),
         hStream: stream,
-        attrs: attr,
-        numAttrs: 1,
+        attrs: if attrs.is_empty() { std::ptr::null_mut() } else { attrs.as_mut_ptr() },
+        numAttrs: attrs.len() as u32,
     }
 }
 
@@ -101,7 +126,7 @@ fn launch_config(plan: &GemmPlan, grid: u32, stream: sys::CUstream, attr: &mut s
 /// and a persistent grid larger than that would run a second, serial wave.
 fn fit_resident_clusters(func: &CudaFunction, plan: GemmPlan) -> anyhow::Result<GemmPlan> {
     let cm = plan.cluster_m();
-    let mut attr = cluster_attribute(cm);
+    let mut attr = [cluster_attribute(cm)];
     let cfg = launch_config(&plan, plan.ctas() + plan.options.comm_ctas, std::ptr::null_mut(), &mut attr);
     let mut clusters: i32 = 0;
     // SAFETY: a valid function and launch configuration; writes one int.
@@ -175,11 +200,21 @@ impl Gemm {
             error_slot: slot.device_ptr(ctx)?,
             budget_cycles: budget.cycles,
         };
+        let claims = match plan.options.scheduling {
+            Scheduling::Static => None,
+            Scheduling::Dynamic => {
+                let stream = ctx.default_stream();
+                let counter = stream.alloc_zeros::<u32>(1).context("allocating the GEMM's tile-claim counter")?;
+                stream.synchronize()?;
+                Some(Mutex::new(TileClaims { counter, base: 0, stream: None }))
+            }
+        };
         Ok(Self {
             plan,
             func,
             slot,
             bound,
+            claims,
         })
     }
 
@@ -280,6 +315,8 @@ impl Gemm {
             flags,
             copy_dst,
             trace,
+            timeline,
+            early_release,
         } = extras;
         let mut _keep = Vec::new();
         let mut launches = None;
@@ -318,23 +355,58 @@ impl Gemm {
             p.trace = ptr;
             _keep.push(r);
         }
+        if let Some(t) = timeline {
+            need("timeline", t.len(), 2, "start and end".into())?;
+            let (ptr, r) = t.device_ptr_mut(stream);
+            p.timeline = ptr;
+            _keep.push(r);
+        }
+        // Held to the end of the launch: the base is advanced only once the launch is enqueued.
+        let mut claims = match &self.claims {
+            None => None,
+            Some(c) => Some(c.lock().map_err(|_| anyhow::anyhow!("the GEMM's claim counter lock is poisoned"))?),
+        };
+        if let Some(c) = claims.as_mut() {
+            let s = stream.cu_stream();
+            ensure!(
+                c.stream.is_none_or(|prev| prev == s),
+                "a dynamically scheduled GEMM launches on one stream (its launches must not overlap): this Gemm already launched on another stream; make one Gemm per stream"
+            );
+            c.stream = Some(s);
+            p.claim_base = c.base;
+        }
+        let claim_keep = claims.as_mut().map(|c| {
+            let (ptr, r) = c.counter.device_ptr_mut(stream);
+            p.claim_counter = ptr;
+            r
+        });
         let grid = plan.ctas() + o.comm_ctas;
-        // SAFETY (both launches): the kernel takes exactly weft_gemm_params by value; the tensor
-        // maps and pointers name buffers checked above to hold the shapes the schedule touches,
-        // alive until the launch's work is done (stream order; callers keep them alive).
-        if plan.cluster_m() == 1 {
+        let mut attrs = Vec::with_capacity(2);
+        if plan.cluster_m() > 1 {
+            attrs.push(cluster_attribute(plan.cluster_m()));
+        }
+        if early_release {
+            attrs.push(weft_barrier::early_release_attribute());
+        }
+        // SAFETY: the kernel takes exactly weft_gemm_params by value; the tensor maps and pointers
+        // name buffers checked above to hold the shapes the schedule touches, alive until the
+        // launch's work is done (stream order; callers keep them alive).
+        if attrs.is_empty() {
             let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (plan.block_threads(), 1, 1), shared_mem_bytes: plan.smem_bytes() };
             unsafe { stream.launch_builder(&self.func).arg(&p).launch(cfg) }.map(|_| ())
         } else {
             stream.context().bind_to_thread()?;
-            let mut attr = cluster_attribute(plan.cluster_m());
-            let cfg = launch_config(plan, grid, stream.cu_stream(), &mut attr);
+            let cfg = launch_config(plan, grid, stream.cu_stream(), &mut attrs);
             let mut args = [&p as *const weft_gemm_params as *mut std::ffi::c_void];
             unsafe { sys::cuLaunchKernelEx(&cfg, self.func.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }.result()
         }
         .with_context(|| format!("launching {} ({})", plan.kernel_name(), plan.describe()))?;
+        drop(claim_keep);
         if let Some(l) = launches {
             *l += 1;
+        }
+        if let Some(c) = claims.as_mut() {
+            c.base = c.base.wrapping_add(plan.orders() + plan.ctas());
         }
         Ok(())
     }

@@ -7,7 +7,9 @@
 //!   the schedule ([`GemmPlan::schedule`]: every tile's order and wave, from the kernel's own
 //!   scheduler function in kernels/include/weft/gemm.h).
 //! - [`Gemm`]: the plan's kernel loaded on a context; `launch` on a stream, `launch_with` for
-//!   per-tile flags ([`TileFlags`]), the test communicator's copy, or a trace.
+//!   per-tile flags ([`TileFlags`]), the test communicator's copy, a trace, a start/end
+//!   timeline, or early release after a `weft_barrier::KernelBarrier` wait. With
+//!   [`Scheduling::Dynamic`] CTAs claim tiles from a counter the `Gemm` owns.
 //! - [`CublasGemm`]: the cuBLAS baseline of the same operation; [`reference`]: float64 CPU
 //!   reference and tolerances.
 
@@ -22,5 +24,5 @@ mod tensor_map;
 pub use cublas::CublasGemm;
 pub use dtype::{Dtype, GemmElement};
 pub use gemm::{device_sms, Gemm, LaunchExtras, TileFlags, SIGNALS_PER_TILE};
-pub use plan::{BLayout, EpilogueChoice, GemmOptions, GemmPlan, GemmShape, TileChoice};
+pub use plan::{BLayout, EpilogueChoice, GemmOptions, GemmPlan, GemmShape, Scheduling, TileChoice};
 pub use schedule::ScheduledTile;

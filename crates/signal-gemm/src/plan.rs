@@ -68,6 +68,17 @@ pub enum EpilogueChoice {
     WholeTile,
 }
 
+/// How compute CTAs get their tiles (the tiles' orders are the same either way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scheduling {
+    /// CTA c runs orders c, c + CTAs, …: fixed, listed by [`GemmPlan::schedule`].
+    Static,
+    /// Each CTA claims its next order from a device counter: a CTA that starts late (its SM held
+    /// by a communication kernel) runs fewer tiles instead of delaying the whole GEMM. Needs
+    /// cluster_m 1. Launches of one [`crate::Gemm`] must then be ordered (one stream).
+    Dynamic,
+}
+
 /// Everything about a GEMM besides its shape.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GemmOptions {
@@ -87,6 +98,7 @@ pub struct GemmOptions {
     /// adjacent tiles and load their shared B tile once, half each, with TMA multicast.
     pub cluster_m: u32,
     pub epilogue: EpilogueChoice,
+    pub scheduling: Scheduling,
     pub alpha: f32,
     pub beta: f32,
 }
@@ -103,6 +115,7 @@ impl Default for GemmOptions {
             group_m: None,
             cluster_m: 1,
             epilogue: EpilogueChoice::Auto,
+            scheduling: Scheduling::Static,
             alpha: 1.0,
             beta: 0.0,
         }
@@ -160,6 +173,11 @@ impl GemmPlan {
             options.comm_ctas
         );
         ensure!(matches!(options.cluster_m, 1 | 2), "cluster_m = {} is not supported (1 or 2)", options.cluster_m);
+        ensure!(
+            options.scheduling == Scheduling::Static || options.cluster_m == 1,
+            "dynamic scheduling needs cluster_m 1 (the CTAs of a cluster run their tiles in lockstep), have {}",
+            options.cluster_m
+        );
         ensure!(
             options.comm_ctas % options.cluster_m == 0,
             "comm_ctas = {} is not a multiple of cluster_m = {} (communicator CTAs come in whole clusters)",
@@ -278,6 +296,7 @@ impl GemmPlan {
         )
     }
     /// Every tile with its execution order, wave and CTA (the kernel's own scheduler function).
+    /// With dynamic scheduling the orders and waves hold, the CTAs are decided at run time.
     pub fn schedule(&self) -> Vec<ScheduledTile> {
         list_schedule(self.sched)
     }
@@ -288,7 +307,7 @@ impl GemmPlan {
     /// A one-line description for reports.
     pub fn describe(&self) -> String {
         format!(
-            "{} {}→{} B {} tile 128x{} cluster {} epilogue {} ctas {} group_m {} waves {}",
+            "{} {}→{} B {} tile 128x{} cluster {} epilogue {} ctas {}{} group_m {} waves {}",
             self.shape,
             self.options.input,
             self.options.output,
@@ -297,6 +316,7 @@ impl GemmPlan {
             self.sched.cluster_m,
             if self.whole_tile_epilogue() { "whole" } else { "pipelined" },
             self.sched.ctas,
+            if self.options.scheduling == Scheduling::Dynamic { " (dynamic)" } else { "" },
             self.sched.group_m,
             self.waves()
         )

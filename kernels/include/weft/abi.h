@@ -10,3 +10,4 @@
 #include "weft/roundtrip.h"
 #include "weft/sync.h"
 #include "weft/sync_checks.h"
+#include "weft/word_compare.h"

@@ -5,7 +5,9 @@
 //
 // Schedule. The output's tiles (tile_m x tile_n) are visited in a linear *order*. CTA c of the
 // persistent grid computes orders c, c + ctas, c + 2*ctas, ...; its i-th tile is in *wave* i, and
-// wave = order / ctas for every tile. Orders are grouped for L2 locality: tiles are taken in
+// wave = order / ctas for every tile. With dynamic scheduling (weft_gemm_params.claim_counter)
+// the orders and their tiles are the same, but each CTA claims its next order from a counter, so a
+// CTA that starts late (its SM held by another kernel) computes fewer tiles. Orders are grouped for L2 locality: tiles are taken in
 // groups of group_m cluster rows (M direction), column by column (N direction) inside a group, so
 // the CTAs of one wave share a few A row panels and a few B column panels. With clusters of
 // cluster_m CTAs along M, the cluster_m tiles of one cluster unit have consecutive orders (the
@@ -24,6 +26,7 @@
 #define WEFT_GEMM_THREADS 384          // loader warpgroup + 2 consumer warpgroups
 #define WEFT_GEMM_CONSUMERS 2          // consumer warpgroups: each adds 1 to a finished tile's flag
 #define WEFT_GEMM_EPI_BUF_BYTES 8192   // one epilogue buffer: 64 rows x 128 bytes
+#define WEFT_GEMM_NO_TILE 0xFFFFFFFFu  // the order the loader hands the consumers after its last tile
 
 // Epilogue variants. PIPELINED: each consumer stores its rows chunk by chunk through 2 buffers
 // (a chunk is 128 bytes of columns), leaving room for the deepest pipeline. WHOLE_TILE (16-bit
@@ -41,11 +44,12 @@ WEFT_HD uint32_t weft_gemm_epi_bufs(uint32_t tile_n, uint32_t epilogue) {
   return epilogue == WEFT_GEMM_EPI_WHOLE_TILE ? tile_n * 2u / 128u : 2u;
 }
 // Dynamic shared memory of one CTA with 2-byte inputs: 1024 bytes of alignment slack, the
-// stages, the epilogue buffers, a full and an empty mbarrier per stage.
+// stages, the epilogue buffers, a full and an empty mbarrier per stage, a tile order per stage.
 WEFT_HD uint32_t weft_gemm_smem_bytes(uint32_t tile_n, uint32_t epilogue) {
   const uint32_t stages = weft_gemm_stages(tile_n, epilogue);
   return 1024u + stages * (WEFT_GEMM_TILE_M + tile_n) * WEFT_GEMM_TILE_K * 2u +
-         WEFT_GEMM_CONSUMERS * weft_gemm_epi_bufs(tile_n, epilogue) * WEFT_GEMM_EPI_BUF_BYTES + 2u * stages * 8u;
+         WEFT_GEMM_CONSUMERS * weft_gemm_epi_bufs(tile_n, epilogue) * WEFT_GEMM_EPI_BUF_BYTES + 2u * stages * 8u +
+         stages * 4u;
 }
 
 typedef struct weft_gemm_schedule {
@@ -109,7 +113,13 @@ typedef struct weft_gemm_params {
   uint64_t flag_target;// the value a finished tile's flag reaches in this launch (epochs rise)
   uint64_t trace;      // 0, or 2 x uint32_t per tile: order + 1 and blockIdx.x + 1 of the CTA that stored it
   uint64_t copy_dst;   // test communicator: a second m x n buffer every finished tile is copied to
+  uint64_t claim_counter; // 0: static schedule. Else a uint32_t the compute CTAs claim orders from
+                          // (atomicAdd - claim_base; an order >= the order count ends the CTA).
+                          // Every launch adds exactly orders + ctas to it (each CTA's last claim
+                          // fails once), so the host knows the next launch's base: no memset.
+  uint64_t timeline;   // 0, or 2 x uint64_t %globaltimer ns: [0] min over compute CTAs of their
+                       // start, [1] max of their end (after their last stores completed)
   uint32_t comm_ctas;  // CTAs after the compute CTAs that run the communicator role
-  uint32_t reserved;
+  uint32_t claim_base; // the counter's value at this launch's start (dynamic scheduling)
   weft_sync_bound bound; // every pipeline and flag wait
 } weft_gemm_params;

@@ -1,7 +1,9 @@
 //! overlap-order: a greedy persistent compute kernel and a communication kernel (a peer copy)
 //! issued on two streams in the unfavourable order (compute first), measured five ways —
 //! nothing, CUDA_DEVICE_MAX_CONNECTIONS=1, an sm_margin sweep, a high-priority comm stream,
-//! KernelBarrier — plus the favourable order (comm issued first) as a reference.
+//! KernelBarrier (plain, and with early release) — plus the favourable order (comm issued first)
+//! as a reference. Two compute kernels: the synthetic persistent kernel and weft's GEMM
+//! (dynamically scheduled; plus the statically scheduled GEMM under KernelBarrier).
 //!
 //! One process drives two GPUs: this rank's GPU runs both kernels and the copy writes into the
 //! next visible GPU. Under a launcher only rank 0 measures; the other ranks wait for it at a
@@ -16,6 +18,7 @@
 //! slowdown (compute span in the pair / all-SM compute span alone) and the comm kernel's SM share.
 //! Every repetition checks both outputs (compute sampled, in full on the first; every copied word).
 
+mod gemm_load;
 mod measure;
 
 use super::SuiteResult;
@@ -26,6 +29,7 @@ use anyhow::Context;
 use cudarc::driver::CudaContext;
 use measure::{Config, Measured};
 use std::time::{Duration, Instant};
+use weft_signal_gemm::Scheduling;
 
 pub const CHILD_COMMAND: &str = "__overlap-order-child";
 /// 8 blocks: peer writes from 8 SMs already reach ~90% of the copy engine (bench pgl), and every
@@ -38,6 +42,42 @@ const BASELINE: &str = "nothing (unfavourable order)";
 /// The goals.
 const GOAL_EFFICIENCY: f64 = 0.9;
 const GOAL_WAIT_US: f64 = 5.0;
+
+/// The compute kernel of the pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compute {
+    /// The synthetic persistent kernel (weft_barrier::synthetic), tiles from a counter.
+    Synthetic,
+    /// weft's GEMM (gemm_load::SHAPE), statically or dynamically scheduled.
+    Gemm(Scheduling),
+}
+
+impl Compute {
+    fn arg(self) -> &'static str {
+        match self {
+            Compute::Synthetic => "synthetic",
+            Compute::Gemm(Scheduling::Dynamic) => "gemm-dynamic",
+            Compute::Gemm(Scheduling::Static) => "gemm-static",
+        }
+    }
+
+    fn from_arg(s: &str) -> anyhow::Result<Self> {
+        Ok(match s {
+            "synthetic" => Compute::Synthetic,
+            "gemm-dynamic" => Compute::Gemm(Scheduling::Dynamic),
+            "gemm-static" => Compute::Gemm(Scheduling::Static),
+            _ => anyhow::bail!("unknown overlap-order compute kernel {s:?}"),
+        })
+    }
+
+    pub fn name(self) -> String {
+        match self {
+            Compute::Synthetic => "synthetic persistent kernel".into(),
+            Compute::Gemm(Scheduling::Dynamic) => format!("weft GEMM {} bf16, dynamic schedule", gemm_load::SHAPE),
+            Compute::Gemm(Scheduling::Static) => format!("weft GEMM {} bf16, static schedule", gemm_load::SHAPE),
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -105,11 +145,11 @@ impl Mode {
     }
 }
 
-/// `weft __overlap-order-child MODE COMPUTE_GPU PEER_GPU TILES BYTES COMM_BLOCKS REPS SEED`:
+/// `weft __overlap-order-child MODE COMPUTE COMPUTE_GPU PEER_GPU TILES BYTES COMM_BLOCKS REPS SEED`:
 /// measures one mode and prints `key value` lines. Not a rank of any job.
 pub fn child(args: &[String]) -> anyhow::Result<()> {
-    let [mode, a, b, tiles, bytes, blocks, reps, seed] = args else {
-        anyhow::bail!("usage: weft {CHILD_COMMAND} MODE COMPUTE_GPU PEER_GPU TILES BYTES COMM_BLOCKS REPS SEED");
+    let [mode, compute, a, b, tiles, bytes, blocks, reps, seed] = args else {
+        anyhow::bail!("usage: weft {CHILD_COMMAND} MODE COMPUTE COMPUTE_GPU PEER_GPU TILES BYTES COMM_BLOCKS REPS SEED");
     };
     let cfg = Config {
         compute_gpu: a.parse()?,
@@ -119,6 +159,7 @@ pub fn child(args: &[String]) -> anyhow::Result<()> {
         comm_blocks: blocks.parse()?,
         reps: reps.parse()?,
         seed: seed.parse()?,
+        compute: Compute::from_arg(compute)?,
     };
     match Mode::from_arg(mode)? {
         Mode::Calibrate => {
@@ -138,7 +179,7 @@ pub fn child(args: &[String]) -> anyhow::Result<()> {
 fn run_child(mode: Mode, cfg: &Config) -> anyhow::Result<String> {
     let exe = std::env::current_exe()?;
     let mut cmd = std::process::Command::new(exe);
-    cmd.arg(CHILD_COMMAND).arg(mode.arg());
+    cmd.arg(CHILD_COMMAND).arg(mode.arg()).arg(cfg.compute.arg());
     for v in [
         cfg.compute_gpu as u64,
         cfg.peer_gpu as u64,
@@ -166,8 +207,9 @@ fn run_child(mode: Mode, cfg: &Config) -> anyhow::Result<String> {
             let _ = child.kill();
             let _ = child.wait();
             anyhow::bail!(
-                "overlap-order {}: the child process ran past {} s and was killed",
+                "overlap-order {} ({}): the child process ran past {} s and was killed",
                 mode.name(),
+                cfg.compute.name(),
                 CHILD_TIMEOUT.as_secs()
             );
         }
@@ -177,8 +219,9 @@ fn run_child(mode: Mode, cfg: &Config) -> anyhow::Result<String> {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     anyhow::ensure!(
         out.status.success(),
-        "overlap-order {}: the child process failed ({}): {}",
+        "overlap-order {} ({}): the child process failed ({}): {}",
         mode.name(),
+        cfg.compute.name(),
         out.status,
         String::from_utf8_lossy(&out.stderr).trim()
     );
@@ -201,7 +244,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         // Other ranks idle here while rank 0 measures: one child per mode, each bounded by
         // CHILD_TIMEOUT, so the wait may exceed the rendezvous' default bound.
         job.rdzv
-            .set_timeout(CHILD_TIMEOUT * 16 + Duration::from_secs(60));
+            .set_timeout(CHILD_TIMEOUT * 32 + Duration::from_secs(60));
         job.rdzv.barrier()?;
     }
     result
@@ -232,6 +275,7 @@ fn measure_all(job: &Job, quick: bool) -> anyhow::Result<SuiteResult> {
         comm_blocks,
         reps: if quick { 5 } else { 20 },
         seed,
+        compute: Compute::Synthetic,
     };
     let out = run_child(Mode::Calibrate, &cfg)?;
     let field = |k: &str| {
@@ -253,26 +297,38 @@ fn measure_all(job: &Job, quick: bool) -> anyhow::Result<SuiteResult> {
     margins.dedup();
     modes.extend(margins.into_iter().map(Mode::Margin));
     modes.extend([Mode::HighPriority, Mode::Barrier, Mode::BarrierEarly]);
+    // Every mode with the synthetic kernel and with the dynamically scheduled GEMM; the static
+    // GEMM under KernelBarrier shows what dynamic scheduling buys (its CTAs on the SMs the comm
+    // kernel holds start late and still own their share of the tiles).
+    let runs = [
+        (Compute::Synthetic, modes.clone()),
+        (Compute::Gemm(Scheduling::Dynamic), modes),
+        (Compute::Gemm(Scheduling::Static), vec![Mode::Nothing, Mode::BarrierEarly]),
+    ];
     let mut measured = Vec::new();
-    for m in modes {
-        measured.push((
-            m,
-            Measured::parse(&run_child(m, &cfg)?).with_context(|| m.name())?,
-        ));
+    for (compute, modes) in runs {
+        let cfg = Config { compute, ..cfg };
+        for m in modes {
+            let what = || format!("{} ({})", m.name(), compute.name());
+            measured.push((compute, m, Measured::parse(&run_child(m, &cfg)?).with_context(what)?));
+        }
     }
     Ok(report(&cfg, &measured))
 }
 
-fn report(cfg: &Config, measured: &[(Mode, Measured)]) -> SuiteResult {
-    let base = measured
-        .iter()
-        .find(|(m, _)| *m == Mode::Nothing)
-        .map(|(_, r)| r)
-        .expect("the nothing mode is always measured");
-    let sms = base.sms;
+fn report(cfg: &Config, measured: &[(Compute, Mode, Measured)]) -> SuiteResult {
+    let base_of = |c: Compute| {
+        measured
+            .iter()
+            .find(|(k, m, _)| *k == c && *m == Mode::Nothing)
+            .map(|(_, _, r)| r)
+            .expect("the nothing mode is measured for every compute kernel")
+    };
+    let sms = base_of(Compute::Synthetic).sms;
     let share = cfg.comm_blocks.min(sms) as f64 / sms as f64;
     let mut table = Table {
         headers: vec![
+            "compute",
             "mode",
             "T_total (ms)",
             "T_comp (ms)",
@@ -287,11 +343,17 @@ fn report(cfg: &Config, measured: &[(Mode, Measured)]) -> SuiteResult {
         rows: Vec::new(),
     };
     let mut rows = Vec::new();
-    for (mode, r) in measured {
+    for (compute, mode, r) in measured {
+        let base = base_of(*compute);
         let efficiency = (r.t_comp_ms + r.t_comm_ms - r.t_total_ms) / r.t_comp_ms.min(r.t_comm_ms);
         let slowdown = r.comp_span_pair_ms / base.comp_span_alone_ms;
         let ratio = base.t_total_ms / r.t_total_ms;
         table.rows.push(vec![
+            match compute {
+                Compute::Synthetic => "synthetic".into(),
+                Compute::Gemm(Scheduling::Dynamic) => "GEMM dynamic".into(),
+                Compute::Gemm(Scheduling::Static) => "GEMM static".into(),
+            },
             mode.name(),
             format!("{:.3}", r.t_total_ms),
             format!("{:.3}", r.t_comp_ms),
@@ -304,7 +366,9 @@ fn report(cfg: &Config, measured: &[(Mode, Measured)]) -> SuiteResult {
             r.checked.to_string(),
         ]);
         let mut row = vec![
-            ("case", Json::from(mode.name())),
+            ("case", Json::from(format!("{}: {}", compute.name(), mode.name()))),
+            ("compute", Json::from(compute.name())),
+            ("mode", Json::from(mode.name())),
             ("weft_ms", Json::from(r.t_total_ms)),
             ("baseline", Json::from(BASELINE)),
             ("baseline_ms", Json::from(base.t_total_ms)),
@@ -351,15 +415,15 @@ fn report(cfg: &Config, measured: &[(Mode, Measured)]) -> SuiteResult {
         }
         rows.push(Json::obj(row));
     }
-    if let Some((_, b)) = measured.iter().find(|(m, _)| *m == Mode::Barrier) {
+    if let Some((_, _, b)) = measured.iter().find(|(c, m, _)| *c == Compute::Synthetic && *m == Mode::Barrier) {
         // The wait's own cost: the events around it minus the same events around nothing.
         let overhead_us = b.wait_us - b.empty_events_us;
         let mut cells = padded_row(
             &table,
             "KernelBarrier wait, target already reached (events around it)".into(),
         );
-        cells[1] = format!("{:.4}", b.wait_us / 1e3);
-        cells[8] = format!(
+        cells[2] = format!("{:.4}", b.wait_us / 1e3);
+        cells[9] = format!(
             "empty events: {:.1} us, overhead {overhead_us:.1} us",
             b.empty_events_us
         );
@@ -387,6 +451,7 @@ fn report(cfg: &Config, measured: &[(Mode, Measured)]) -> SuiteResult {
         ]));
     }
     // Whether a comm block can share an SM with a compute block at all (registers).
+    let base = base_of(Compute::Synthetic);
     let note = format!(
         "GPU {} computes and copies into GPU {}; {} SMs; compute {} tiles, 1 block/SM x {} threads x {} registers; comm {} blocks x {} threads x {} registers, {} MiB",
         cfg.compute_gpu,
@@ -401,6 +466,10 @@ fn report(cfg: &Config, measured: &[(Mode, Measured)]) -> SuiteResult {
         cfg.bytes >> 20
     );
     table.rows.push(padded_row(&table, note));
+    let gemm = weft_signal_gemm::GemmPlan::new(sms, gemm_load::SHAPE, Default::default())
+        .map(|p| p.describe())
+        .unwrap_or_else(|e| format!("{e:#}"));
+    table.rows.push(padded_row(&table, format!("GEMM: {gemm}; sm_margin modes plan it on SMs - margin CTAs")));
     SuiteResult { table, rows }
 }
 

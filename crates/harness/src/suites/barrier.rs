@@ -6,6 +6,9 @@
 //!   copied byte correct.
 //! - reuse_without_host_sync: 50 rounds enqueued back to back with cumulative targets and one
 //!   synchronisation; every round ordered and checked; then a reset and 5 more rounds from 0.
+//! - orders_weft_gemm: the same with weft's GEMM (dynamic schedule, all SMs) as the compute
+//!   kernel, launched plainly and for early release: its first CTA starts after the arrival
+//!   (its timeline), D within tolerance of cuBLAS, every copied word right.
 //! - wait_times_out: a target nobody reaches, with a 100 ms bound: check() names target, observed
 //!   count and bound, the wait gave up within a few bounds, and the context and the barrier work
 //!   afterwards (reset, one ordered round).
@@ -33,6 +36,7 @@ pub fn cases() -> Vec<Case> {
             orders_compute_after_comm_start,
         ),
         Case::gpu("barrier::reuse_without_host_sync", reuse_without_host_sync),
+        Case::gpu("barrier::orders_weft_gemm", orders_weft_gemm),
         Case::gpu("barrier::wait_times_out", wait_times_out),
     ]
 }
@@ -212,6 +216,55 @@ fn reuse_without_host_sync(job: &mut Job) -> anyhow::Result<()> {
             round.prepare(&r.compute)?;
         }
         r.compute.synchronize()?;
+    }
+    Ok(())
+}
+
+fn orders_weft_gemm(job: &mut Job) -> anyhow::Result<()> {
+    use crate::gemm_data::{download, poison, poisoned, uniform, upload};
+    use half::bf16;
+    use weft_signal_gemm::reference::{check_all, Tolerance};
+    use weft_signal_gemm::{CublasGemm, Dtype, Gemm, GemmOptions, GemmShape, LaunchExtras, Scheduling};
+    let seed = shared_seed(job)? ^ job.rank() as u64;
+    let r = rig(job)?;
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut bar = KernelBarrier::new(r.compute.context())?;
+    let shape = GemmShape::new(4096, 4096, 2048);
+    let options = GemmOptions { scheduling: Scheduling::Dynamic, ..GemmOptions::default() };
+    let gemm = Gemm::new(r.compute.context(), shape, options)?;
+    let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
+    let a = upload(&r.compute, &uniform::<bf16>(rng.random(), m * k))?;
+    let b = upload(&r.compute, &uniform::<bf16>(rng.random(), n * k))?;
+    let mut want = poisoned::<f32>(&r.compute, m * n)?;
+    CublasGemm::new(&r.compute, shape, GemmOptions { output: Dtype::F32, ..options })?.launch(&a, &b, &mut want)?;
+    let want: Vec<f64> = download(&r.compute, &want)?.iter().map(|&x| x as f64).collect();
+    let mut d = poisoned::<bf16>(&r.compute, m * n)?;
+    // The copy and the stamps of a round; its synthetic compute work is not launched here.
+    let mut round = Round::new(&r.compute, 1, 4 << 20, &mut rng)?;
+    for rep in 0..4 {
+        let early = rep % 2 == 1;
+        let what = format!("GEMM repetition {rep} (early release {early}), seed {seed}");
+        round.prepare(&r.compute)?;
+        poison(&r.compute, &mut d)?;
+        r.compute.synchronize()?;
+        let target = bar.expect(1)?;
+        bar.wait(&r.compute, target)?;
+        let extras = LaunchExtras { timeline: Some(round.stamps.compute_timeline()), early_release: early, ..Default::default() };
+        gemm.launch_with(&r.compute, &a, &b, &mut d, extras)?;
+        r.kernels.launch_comm(&r.comm, &round.copy(&r.comm), &round.stamps, Some(bar.view()), COMM_BLOCKS)?;
+        synchronize(&r)?;
+        bar.check()?;
+        gemm.check()?;
+        let s = round.stamps.read(&r.compute)?;
+        anyhow::ensure!(s.complete(), "{what}: a kernel left no stamps: {s:?}");
+        anyhow::ensure!(
+            s.compute_start >= s.comm_arrive,
+            "{what}: the GEMM started {} ns before the comm kernel arrived ({s:?})",
+            s.comm_arrive - s.compute_start
+        );
+        check_all(&what, shape, &download(&r.compute, &d)?, &want, Tolerance::for_output(Dtype::Bf16))?;
+        let got = r.compute.clone_dtoh(&round.dst)?;
+        anyhow::ensure!(got == round.src, "{what}: the copy destination differs from its source");
     }
     Ok(())
 }

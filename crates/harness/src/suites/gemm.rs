@@ -11,7 +11,14 @@
 //!   after its flag, 3 x 10 launches back to back on alternating inputs without resetting the
 //!   flags, fp32 and bf16 outputs (both epilogues), clusters of 1 and 2; the copy equals D bit
 //!   for bit and D equals cuBLAS.
-//! - bad_inputs_are_rejected: dtype and buffer-size mismatches give errors naming them.
+//! - dynamic_schedule_claims_every_tile: with dynamic scheduling, 6 launches back to back on one
+//!   stream (the claim counter never reset): every tile stored once per launch at the order the
+//!   host lists for it, by a CTA of the grid; D bit-equal to the statically scheduled GEMM's; the
+//!   timeline ordered; a launch on a second stream refused.
+//! - bad_inputs_are_rejected: dtype and buffer-size mismatches give errors naming them; dynamic
+//!   scheduling with clusters refused.
+//!
+//! The random and small shapes, and one communicator case, use dynamic scheduling too.
 
 use crate::data::shared_seed;
 use crate::gemm_data::{download, poisoned, uniform, upload};
@@ -26,7 +33,7 @@ use std::sync::Arc;
 use weft_signal_gemm::reference::{check_all, gemm_f64, Tolerance};
 use weft_signal_gemm::{
     BLayout, CublasGemm, Dtype, EpilogueChoice, Gemm, GemmElement, GemmOptions, GemmShape, LaunchExtras,
-    TileChoice, TileFlags,
+    Scheduling, TileChoice, TileFlags,
 };
 
 const RANDOM_SHAPES: usize = 60;
@@ -41,6 +48,7 @@ pub fn cases() -> Vec<Case> {
             "gemm::communicator_copies_finished_tiles",
             communicator_copies_finished_tiles,
         ),
+        Case::gpu("gemm::dynamic_schedule_claims_every_tile", dynamic_schedule_claims_every_tile),
         Case::gpu("gemm::bad_inputs_are_rejected", bad_inputs_are_rejected),
     ]
 }
@@ -72,6 +80,8 @@ fn random_shape(rng: &mut StdRng, max: u32) -> GemmShape {
 }
 
 fn random_options(rng: &mut StdRng, i: usize) -> GemmOptions {
+    let cluster_m = rng.random_range(1..=2);
+    let scheduling = if cluster_m == 1 && rng.random_bool(0.5) { Scheduling::Dynamic } else { Scheduling::Static };
     GemmOptions {
         input: [Dtype::Bf16, Dtype::F16][i % 2],
         output: [Dtype::Bf16, Dtype::F32, Dtype::F16][(i / 2) % 3],
@@ -86,7 +96,8 @@ fn random_options(rng: &mut StdRng, i: usize) -> GemmOptions {
         } else {
             0
         },
-        cluster_m: rng.random_range(1..=2),
+        cluster_m,
+        scheduling,
         // Auto picks the whole-tile epilogue for 16-bit outputs, 128x256 tiles and K <= 2048.
         epilogue: if rng.random_bool(0.5) { EpilogueChoice::Auto } else { EpilogueChoice::Pipelined },
         alpha: if i % 7 == 3 { 0.5 } else { 1.0 },
@@ -306,9 +317,12 @@ fn communicator_copies_finished_tiles(job: &mut Job) -> anyhow::Result<()> {
         (s(2064, 3056, 272), 2, Dtype::F32),
         (s(4096, 3072, 1024), 1, Dtype::Bf16),
         (s(2064, 3056, 272), 2, Dtype::Bf16),
+        (s(4096, 4096, 512), 0, Dtype::Bf16), // cluster_m 0 here: 1, dynamically scheduled
     ];
     for (shape, cluster_m, output) in cases {
-        let options = GemmOptions { cluster_m, comm_ctas: 4, sm_margin: 0, output, ..GemmOptions::default() };
+        let scheduling = if cluster_m == 0 { Scheduling::Dynamic } else { Scheduling::Static };
+        let cluster_m = cluster_m.max(1);
+        let options = GemmOptions { cluster_m, comm_ctas: 4, sm_margin: 0, output, scheduling, ..GemmOptions::default() };
         let case_seed: u64 = rng.random();
         match output {
             Dtype::F32 => communicator_case::<f32>(&ctx, &stream, shape, options, case_seed)?,
@@ -344,7 +358,7 @@ fn communicator_case<TO: GemmElement>(
         // Ten launches back to back: no synchronisation, flags never reset (epochs rise).
         for launch in 0..10 {
             let (a, b) = &inputs[(block + launch) % 2];
-            let extras = LaunchExtras { flags: Some(&mut flags), copy_dst: Some(&mut copy), trace: None };
+            let extras = LaunchExtras { flags: Some(&mut flags), copy_dst: Some(&mut copy), ..Default::default() };
             gemm.launch_with(stream, a, b, &mut d, extras)?;
         }
         stream.synchronize()?;
@@ -357,6 +371,75 @@ fn communicator_case<TO: GemmElement>(
         CublasGemm::new(stream, shape, GemmOptions { output: Dtype::F32, ..options })?.launch(a, b, &mut want)?;
         let want: Vec<f64> = download(stream, &want)?.iter().map(|&x| x as f64).collect();
         check_all(&format!("D with the communicator running, {what}"), shape, &got_d, &want, Tolerance::for_output(TO::DTYPE))?;
+    }
+    Ok(())
+}
+
+fn dynamic_schedule_claims_every_tile(job: &mut Job) -> anyhow::Result<()> {
+    const LAUNCHES: usize = 6;
+    let seed = shared_seed(job)?;
+    let (ctx, stream) = gpu(job)?;
+    let cases = [
+        (GemmShape::new(4096, 4096, 256), 0u32, TileChoice::N256),
+        (GemmShape::new(3088, 2576, 128), 8, TileChoice::N128),
+        (GemmShape::new(8192, 1024, 64), 31, TileChoice::Auto),
+    ];
+    for (shape, sm_margin, tile) in cases {
+        let options = GemmOptions { sm_margin, tile, ..GemmOptions::default() };
+        let dynamic = Gemm::new(&ctx, shape, GemmOptions { scheduling: Scheduling::Dynamic, ..options })?;
+        let fixed = Gemm::new(&ctx, shape, options)?;
+        let plan = dynamic.plan().clone();
+        let what = plan.describe();
+        let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
+        let a = upload(&stream, &uniform::<bf16>(seed, m * k))?;
+        let b = upload(&stream, &uniform::<bf16>(seed ^ 0xB, k * n))?;
+        let mut want = poisoned::<bf16>(&stream, m * n)?;
+        fixed.launch(&stream, &a, &b, &mut want)?;
+        // Back to back, no synchronisation: each launch claims from where the previous one left
+        // the counter. One D, trace and timeline per launch.
+        let mut runs = Vec::new();
+        for _ in 0..LAUNCHES {
+            let mut d = poisoned::<bf16>(&stream, m * n)?;
+            let mut trace = stream.alloc_zeros::<u32>(2 * plan.tiles() as usize)?;
+            let mut timeline = stream.clone_htod(&[u64::MAX, 0])?;
+            let extras = LaunchExtras { trace: Some(&mut trace), timeline: Some(&mut timeline), ..Default::default() };
+            dynamic.launch_with(&stream, &a, &b, &mut d, extras)?;
+            runs.push((d, trace, timeline));
+        }
+        stream.synchronize()?;
+        dynamic.check()?;
+        fixed.check()?;
+        let want_bits: Vec<u16> = download(&stream, &want)?.iter().map(|x| x.to_bits()).collect();
+        let mut order_of = vec![0u32; plan.tiles() as usize];
+        for t in plan.schedule() {
+            order_of[(t.tm * plan.tiles_n() + t.tn) as usize] = t.order;
+        }
+        for (launch, (d, trace, timeline)) in runs.iter().enumerate() {
+            let got = stream.clone_dtoh(trace)?;
+            let bad: Vec<String> = (0..plan.tiles() as usize)
+                .filter(|&i| got[2 * i] != order_of[i] + 1 || got[2 * i + 1] == 0 || got[2 * i + 1] > plan.ctas())
+                .take(4)
+                .map(|i| format!("tile {i}: order {} by CTA {} (host lists order {})", got[2 * i] as i64 - 1, got[2 * i + 1] as i64 - 1, order_of[i]))
+                .collect();
+            ensure!(bad.is_empty(), "{what}, launch {launch}: {}", bad.join("; "));
+            let ctas_used = {
+                let mut c: Vec<u32> = (0..plan.tiles() as usize).map(|i| got[2 * i + 1]).collect();
+                c.sort_unstable();
+                c.dedup();
+                c.len()
+            };
+            ensure!(ctas_used > 1, "{what}, launch {launch}: one CTA stored every tile");
+            let got_bits: Vec<u16> = download(&stream, d)?.iter().map(|x| x.to_bits()).collect();
+            let diff = got_bits.iter().zip(&want_bits).position(|(x, y)| x != y);
+            ensure!(diff.is_none(), "{what}, launch {launch}: D differs from the static schedule's at element {diff:?}");
+            let tl = stream.clone_dtoh(timeline)?;
+            ensure!(tl[0] != u64::MAX && tl[1] != 0 && tl[0] < tl[1], "{what}, launch {launch}: timeline start {} end {}", tl[0], tl[1]);
+        }
+        // A second stream is refused (its launches could overlap the first stream's).
+        let other = ctx.new_stream()?;
+        let mut d = poisoned::<bf16>(&other, m * n)?;
+        let e = dynamic.launch(&other, &a, &b, &mut d).err().context("a launch on a second stream was accepted")?;
+        ensure!(format!("{e:#}").contains("launches on one stream"), "{e:#}");
     }
     Ok(())
 }
@@ -407,6 +490,14 @@ fn bad_inputs_are_rejected(job: &mut Job) -> anyhow::Result<()> {
         format!("{e:#}").contains("n = 250 is not a multiple of 16"),
         "{e:#}"
     );
+    let e = Gemm::new(
+        &ctx,
+        shape,
+        GemmOptions { cluster_m: 2, scheduling: Scheduling::Dynamic, ..GemmOptions::default() },
+    )
+    .err()
+    .context("dynamic scheduling with clusters of 2 accepted")?;
+    ensure!(format!("{e:#}").contains("dynamic scheduling needs cluster_m 1"), "{e:#}");
     // Nothing was launched by the rejected calls: D is still all poison.
     ensure!(
         download(&stream, &d)?.iter().all(|x| x.to_f64().is_nan()),

@@ -9,7 +9,33 @@ use weft_kernels::abi::weft_roundtrip_params;
 use weft_kernels::cubins;
 
 pub fn cases() -> Vec<Case> {
-    vec![Case::gpu("kernels::roundtrip", roundtrip)]
+    vec![
+        Case::gpu("kernels::roundtrip", roundtrip),
+        Case::gpu("kernels::word_compare_finds_differences", word_compare_finds_differences),
+    ]
+}
+
+/// The harness's device-side bitwise comparison (used to check large outputs every repetition):
+/// equal buffers give None; flipped words give their count and the first one.
+fn word_compare_finds_differences(job: &mut Job) -> anyhow::Result<()> {
+    let gpu = job.gpu().map_err(|why| anyhow::anyhow!("no GPU: {why}"))?;
+    let stream = &gpu.stream;
+    let mut cmp = crate::word_compare::WordCompare::load(stream)?;
+    let mut rng = StdRng::seed_from_u64(7);
+    let n = 3_000_017usize;
+    let a: Vec<u32> = (0..n).map(|_| rng.random()).collect();
+    let d_a = stream.clone_htod(&a)?;
+    let same = cmp.differ(stream, &d_a, &stream.clone_htod(&a)?)?;
+    anyhow::ensure!(same.is_none(), "equal buffers reported as different: {same:?}");
+    let mut b = a.clone();
+    let flips = [n - 1, 12_345, 2_999_000, 40];
+    for &i in &flips {
+        b[i] ^= 1 << rng.random_range(0..32);
+    }
+    let got = cmp.differ(stream, &d_a, &stream.clone_htod(&b)?)?;
+    let want = crate::word_compare::Difference { words: flips.len() as u64, first_word: 40 };
+    anyhow::ensure!(got == Some(want), "flipped words {flips:?}: reported {got:?}, expected {want:?}");
+    Ok(())
 }
 
 fn roundtrip(job: &mut Job) -> anyhow::Result<()> {

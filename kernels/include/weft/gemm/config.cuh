@@ -61,7 +61,8 @@ struct GemmConfig {
   static constexpr uint32_t kOffEpi = kOffB + kStages * kBBytes;
   static constexpr uint32_t kOffBars = kOffEpi + kConsumers * kEpiBufs * kEpiBufBytes;
   static constexpr uint32_t kBarBytes = 2 * kStages * 8;
-  static constexpr uint32_t kSmemBytes = 1024 + kOffBars + kBarBytes;  // + alignment slack
+  static constexpr uint32_t kOffOrders = kOffBars + kBarBytes;  // a uint32_t tile order per stage
+  static constexpr uint32_t kSmemBytes = 1024 + kOffOrders + kStages * 4;  // + alignment slack
   static_assert(kSmemBytes <= 232448, "shared memory over the sm_90 per-block limit");
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stage buffers keep 1024-byte alignment");
 };
@@ -83,6 +84,11 @@ struct SharedTiles {
   __device__ __forceinline__ uint64_t* full(int stage) const { return reinterpret_cast<uint64_t*>(base + Cfg::kOffBars) + stage; }
   __device__ __forceinline__ uint64_t* empty(int stage) const {
     return reinterpret_cast<uint64_t*>(base + Cfg::kOffBars) + Cfg::kStages + stage;
+  }
+  // The order of the tile whose first K block is in stage s (or WEFT_GEMM_NO_TILE): written by
+  // the loader before its arrival on full[s], read by the consumers after their wait on it.
+  __device__ __forceinline__ uint32_t* order(int stage) const {
+    return reinterpret_cast<uint32_t*>(base + Cfg::kOffOrders) + stage;
   }
 };
 

@@ -33,6 +33,23 @@ struct ConsumerStall {
   uint64_t cycles = 0, ns = 0;
 };
 
+// The order of the consumer's next tile (WEFT_GEMM_NO_TILE after the last), from the stage the
+// loader filled next; WEFT_GEMM_NO_TILE and `stall` filled when it never arrived within the budget.
+template <class Cfg>
+__device__ __forceinline__ uint32_t next_tile_order(const weft_gemm_params& p, const SharedTiles<Cfg>& sm,
+                                                    const PipelineState<Cfg::kStages>& ps, ConsumerStall& stall) {
+  if (!mbar_try_wait(sm.full(ps.stage), ps.phase)) {
+    const uint64_t t0 = weft::sync::globaltimer_ns();
+    if (!mbar_wait_bounded(sm.full(ps.stage), ps.phase, p.bound.budget_cycles)) {
+      stall = ConsumerStall{1, static_cast<uint32_t>(ps.stage), ps.phase, weft_gemm_tile{WEFT_GEMM_NO_TILE, 0, 0},
+                            p.bound.budget_cycles, weft::sync::globaltimer_ns() - t0};
+      return WEFT_GEMM_NO_TILE;
+    }
+  }
+  // The full barrier's phase completed after the loader's arrival, which followed its write.
+  return *reinterpret_cast<volatile uint32_t*>(sm.order(ps.stage));
+}
+
 // acc = A[tile rows of consumer c] * B[tile columns], over all of K. False (and `stall` filled)
 // when a stage never arrived within the budget.
 template <class Cfg>

@@ -8,9 +8,10 @@
 // tiles of one column in lockstep and share the B tile through TMA multicast; every thread of
 // the cluster meets at a cluster barrier after initialisation and before exit.
 //
-// Every compute CTA walks the same schedule (weft_gemm_tile_at: orders blockIdx.x, + ctas, ...),
-// loader and consumers in lockstep through a ring of kStages shared-memory stages paced by
-// mbarriers (full: TMA bytes landed; empty: all consumer warps done). New epilogues (signals,
+// Every compute CTA walks the same schedule (weft_gemm_tile_at: orders blockIdx.x, + ctas, ...,
+// or orders claimed from a counter with dynamic scheduling): the loader picks the orders and hands
+// each to the consumers with the tile's first stage, through a ring of kStages shared-memory
+// stages paced by mbarriers (full: TMA bytes landed; empty: all consumer warps done). New epilogues (signals,
 // reorder maps, peer stores) and communicators plug in as the Storer / Communicator parameters
 // without touching the main loop.
 #pragma once
@@ -57,6 +58,7 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
       mbar_init(sm.empty(s), Cfg::kConsumers * 4 * Cfg::kClusterM);  // per consumer warp of the cluster
     }
     mbar_fence_init();
+    if (p.timeline != 0) atomicMin(reinterpret_cast<unsigned long long*>(p.timeline), weft::sync::globaltimer_ns());
     tensor_map_prefetch(&p.a);
     tensor_map_prefetch(&p.b);
     tensor_map_prefetch(&p.d);
@@ -77,20 +79,23 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
   } else {
     warpgroup_claim_registers<kConsumerRegs>();
     const int consumer = wg - 1;
-    const weft_gemm_schedule& s = p.sched;
-    const uint32_t orders = weft_gemm_order_count(s);
     PipelineState<Cfg::kStages> ps;
     uint32_t epi_count = 0;
     ConsumerStall stall;
     {
       float acc[Cfg::kAccumulators];
-      for (uint32_t order = blockIdx.x; order < orders; order += s.ctas) {
-        const weft_gemm_tile t = weft_gemm_tile_at(s, order);
+      for (;;) {
+        const uint32_t order = next_tile_order<Cfg>(p, sm, ps, stall);
+        if (order == WEFT_GEMM_NO_TILE) break;
+        const weft_gemm_tile t = weft_gemm_tile_at(p.sched, order);
         if (!mma_tile<Cfg>(p, sm, consumer, t, ps, acc, stall)) break;
         Storer::template store<Cfg>(p, sm, consumer, t, order, acc, epi_count);
       }
     }
     Storer::drain();
+    // After drain: this warpgroup's stores have completed.
+    if (p.timeline != 0 && thread_in_warpgroup() == 0)
+      atomicMax(reinterpret_cast<unsigned long long*>(p.timeline) + 1, weft::sync::globaltimer_ns());
     if (stall.stalled) report_stall(p, stall);
   }
   // No CTA leaves while a peer may still arrive on its empty barriers.

@@ -1,5 +1,7 @@
-// The loader role: one thread of warpgroup 0 walks the CTA's tiles in schedule order and, for each
-// K block, waits for a free stage and issues the TMA loads of the A and B tiles into it.
+// The loader role: one thread of warpgroup 0 takes the CTA's tiles in schedule order and, for each
+// K block, waits for a free stage and issues the TMA loads of the A and B tiles into it. It tells
+// the consumers which tile comes next through the stage of the tile's first K block, and ends with
+// a stage that carries WEFT_GEMM_NO_TILE and no bytes.
 #pragma once
 #include "weft/gemm.h"
 #include "weft/cluster.cuh"
@@ -12,12 +14,21 @@ namespace weft::gemm {
 // Role ids for error reports (weft_error_slot.coord.b).
 constexpr uint32_t kRoleLoader = 1, kRoleConsumer = 2, kRoleCommunicator = 3;
 
+// The CTA's next order: static, `current` + ctas; dynamic, a claim on the launch's counter (a
+// relaxed atomic: the order carries no data). `current` = WEFT_GEMM_NO_TILE asks for the first.
+__device__ __forceinline__ uint32_t next_order(const weft_gemm_params& p, uint32_t current) {
+  if (p.claim_counter == 0) return current == WEFT_GEMM_NO_TILE ? blockIdx.x : current + p.sched.ctas;
+  return atomicAdd(reinterpret_cast<unsigned int*>(p.claim_counter), 1u) - p.claim_base;
+}
+
 template <class Cfg>
 __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const SharedTiles<Cfg>& sm) {
   const weft_gemm_schedule& s = p.sched;
   const uint32_t k_blocks = weft_gemm_k_blocks(s), orders = weft_gemm_order_count(s);
   PipelineState<Cfg::kStages> ps;
-  for (uint32_t order = blockIdx.x; order < orders; order += s.ctas) {
+  uint32_t order = next_order(p, WEFT_GEMM_NO_TILE);
+  while (order < orders) {
+    const uint32_t next = next_order(p, order);  // the claim's latency hides behind this tile's loads
     const weft_gemm_tile t = weft_gemm_tile_at(s, order);
     const int32_t m0 = static_cast<int32_t>(t.tm * Cfg::kBM), n0 = static_cast<int32_t>(t.tn * Cfg::kBN);
     for (uint32_t kb = 0; kb < k_blocks; ++kb) {
@@ -25,6 +36,7 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
       weft::sync::mbarrier_wait<true>(sm.empty(ps.stage), ps.phase ^ 1u, p.bound, 0,
                                 weft_tile_coord{kRoleLoader, static_cast<uint32_t>(ps.stage), t.tm, t.tn});
       uint64_t* full = sm.full(ps.stage);
+      if (kb == 0) *sm.order(ps.stage) = order;  // released to the consumers by the arrival below
       mbar_arrive_expect_tx(full, Cfg::kABytes + Cfg::kBBytes);
       const int32_t k0 = static_cast<int32_t>(kb * Cfg::kBK);
       tensor_load_2d(sm.a(ps.stage), &p.a, full, k0, m0);
@@ -55,7 +67,14 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
       }
       ps.advance();
     }
+    order = next;
   }
+  // No more tiles: a stage with no bytes whose order says so (with clusters both CTAs of a cluster
+  // run the same number of tiles, so no peer multicasts into it).
+  weft::sync::mbarrier_wait<true>(sm.empty(ps.stage), ps.phase ^ 1u, p.bound, 0,
+                                  weft_tile_coord{kRoleLoader, static_cast<uint32_t>(ps.stage), WEFT_GEMM_NO_TILE, 0});
+  *sm.order(ps.stage) = WEFT_GEMM_NO_TILE;
+  mbar_arrive(sm.full(ps.stage));
 }
 
 }  // namespace weft::gemm

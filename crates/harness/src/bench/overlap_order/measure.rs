@@ -3,7 +3,8 @@
 //! created after it is set). One process drives two GPUs: the compute GPU runs both kernels, the
 //! copy writes into the peer GPU's memory (a single-process PGL, VMM backend).
 
-use super::Mode;
+use super::gemm_load::GemmLoad;
+use super::{Compute, Mode};
 use crate::timing::median;
 use anyhow::Context;
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr};
@@ -34,6 +35,7 @@ pub struct Config {
     pub comm_blocks: u32,
     pub reps: usize,
     pub seed: u64,
+    pub compute: Compute,
 }
 
 /// Both GPUs, the kernels, the buffers and the two streams of the compute GPU.
@@ -48,6 +50,8 @@ struct Rig {
     src_dev: CudaSlice<u32>,
     group: PglGroup<u32>,
     cfg: Config,
+    /// The GEMM when it is the compute kernel (else the synthetic kernel of `work`).
+    gemm: Option<GemmLoad>,
 }
 
 fn open(ordinal: usize) -> anyhow::Result<Arc<CudaContext>> {
@@ -58,7 +62,7 @@ fn open(ordinal: usize) -> anyhow::Result<Arc<CudaContext>> {
 }
 
 impl Rig {
-    fn new(cfg: Config, high_priority_comm: bool) -> anyhow::Result<Self> {
+    fn new(cfg: Config, high_priority_comm: bool, sm_margin: u32) -> anyhow::Result<Self> {
         let (a, b) = (open(cfg.compute_gpu)?, open(cfg.peer_gpu)?);
         let words = (cfg.bytes / 4) as u32;
         let group =
@@ -81,7 +85,12 @@ impl Rig {
         };
         let mut rng = StdRng::seed_from_u64(cfg.seed);
         let src: Vec<u32> = (0..words).map(|_| rng.random()).collect();
+        let gemm = match cfg.compute {
+            Compute::Synthetic => None,
+            Compute::Gemm(scheduling) => Some(GemmLoad::new(&compute, sm_margin, scheduling, rng.random())?),
+        };
         Ok(Self {
+            gemm,
             kernels: Kernels::load(&a)?,
             work: ComputeWork::new(&compute, cfg.tiles, DEFAULT_ROUNDS, rng.random())?,
             stamps: Stamps::new(&compute)?,
@@ -103,9 +112,21 @@ impl Rig {
         }
     }
 
+    /// The compute kernel on the compute stream: the synthetic one on SMs − `sm_margin` blocks,
+    /// or the GEMM (planned with the mode's margin). `early_release` only right after a wait.
+    fn launch_compute(&mut self, sm_margin: u32, early_release: bool) -> anyhow::Result<()> {
+        match &mut self.gemm {
+            Some(g) => g.launch(&self.compute, &mut self.stamps, early_release),
+            None => self.kernels.launch_compute(&self.compute, &self.work, &self.stamps, sm_margin, early_release),
+        }
+    }
+
     /// Poisons both outputs, resets the tile counter and stamps; returns when done.
     fn prepare(&mut self) -> anyhow::Result<()> {
         self.work.prepare(&self.compute)?;
+        if let Some(g) = &mut self.gemm {
+            g.poison(&self.compute)?;
+        }
         self.stamps.reset(&self.compute)?;
         memset_u32(
             &self.peer,
@@ -120,8 +141,10 @@ impl Rig {
 
     /// The outputs of the kernels that ran against the host's: all compute outputs when `full`,
     /// else a sample; every copied word. Returns the elements checked.
-    fn verify(&self, ran: Ran, full: bool, what: &str) -> anyhow::Result<u64> {
-        let checked = if ran.compute {
+    fn verify(&mut self, ran: Ran, full: bool, what: &str) -> anyhow::Result<u64> {
+        let checked = if let (true, Some(g)) = (ran.compute, &mut self.gemm) {
+            g.verify(&self.compute, what)?
+        } else if ran.compute {
             self.work
                 .check(&self.compute, if full { 1 } else { SAMPLE_STRIDE })
                 .with_context(|| what.to_string())?
@@ -254,7 +277,7 @@ fn timed(
     ran: Ran,
     full: bool,
     what: &str,
-    launch: &mut dyn FnMut(&Rig) -> anyhow::Result<()>,
+    launch: &mut dyn FnMut(&mut Rig) -> anyhow::Result<()>,
 ) -> anyhow::Result<(f64, StampValues, u64)> {
     rig.prepare()?;
     let ctx = rig.compute.context().clone();
@@ -275,8 +298,8 @@ fn timed(
 /// Measures one mode: compute alone and comm alone in the mode's configuration, then the pair in
 /// the unfavourable order (compute issued first), `cfg.reps` times each.
 pub fn measure(mode: Mode, cfg: Config) -> anyhow::Result<Measured> {
-    let mut rig = Rig::new(cfg, mode == Mode::HighPriority)?;
     let margin = mode.sm_margin();
+    let mut rig = Rig::new(cfg, mode == Mode::HighPriority, margin)?;
     let (blocks, compute_regs, comm_regs) = (
         cfg.comm_blocks,
         rig.kernels.registers()?.0,
@@ -298,10 +321,7 @@ pub fn measure(mode: Mode, cfg: Config) -> anyhow::Result<Measured> {
             COMPUTE,
             full,
             &format!("{name}: compute alone"),
-            &mut |r| {
-                r.kernels
-                    .launch_compute(&r.compute, &r.work, &r.stamps, margin, false)
-            },
+            &mut |r| r.launch_compute(margin, false),
         )?;
         checked += n;
         if rep > 0 {
@@ -339,23 +359,16 @@ pub fn measure(mode: Mode, cfg: Config) -> anyhow::Result<Measured> {
                     Mode::Favourable => {
                         r.kernels
                             .launch_comm(&r.comm, &copy, &r.stamps, None, blocks)?;
-                        r.kernels.launch_compute(&r.compute, &r.work, &r.stamps, 0, false)
+                        r.launch_compute(0, false)
                     }
                     Mode::Barrier | Mode::BarrierEarly => {
                         bar.wait_stamped(&r.compute, target, r.stamps.wait_exit_ptr(&r.compute))?;
-                        r.kernels.launch_compute(
-                            &r.compute,
-                            &r.work,
-                            &r.stamps,
-                            0,
-                            mode == Mode::BarrierEarly,
-                        )?;
+                        r.launch_compute(0, mode == Mode::BarrierEarly)?;
                         r.kernels
                             .launch_comm(&r.comm, &copy, &r.stamps, Some(view), blocks)
                     }
                     _ => {
-                        r.kernels
-                            .launch_compute(&r.compute, &r.work, &r.stamps, margin, false)?;
+                        r.launch_compute(margin, false)?;
                         r.kernels
                             .launch_comm(&r.comm, &copy, &r.stamps, None, blocks)
                     }
@@ -456,11 +469,11 @@ pub fn calibrate(mut cfg: Config) -> anyhow::Result<Config> {
     };
     cfg.tiles = 8 * sms;
     cfg.bytes = 64 << 20;
-    let mut rig = Rig::new(cfg, false)?;
+    let mut rig = Rig::new(Config { compute: Compute::Synthetic, ..cfg }, false, 0)?;
     let (mut comp, mut comm) = (Vec::new(), Vec::new());
     for rep in 0..6 {
         let (c, _, _) = timed(&mut rig, COMPUTE, false, "calibration: compute", &mut |r| {
-            r.kernels.launch_compute(&r.compute, &r.work, &r.stamps, 0, false)
+            r.launch_compute(0, false)
         })?;
         let (m, _, _) = timed(&mut rig, COMM, false, "calibration: comm", &mut |r| {
             r.kernels

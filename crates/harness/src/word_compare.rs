@@ -1,0 +1,60 @@
+//! Bitwise comparison of two device buffers on their GPU (kernels/harness/word_compare.cu): a
+//! full check of a large output against a verified copy without downloading either.
+
+use anyhow::{ensure, Context};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use std::sync::Arc;
+use weft_kernels::abi::weft_word_compare_params;
+use weft_kernels::cubins;
+
+pub struct WordCompare {
+    func: CudaFunction,
+    /// [differing words, first differing word]
+    result: CudaSlice<u64>,
+}
+
+/// Where two buffers differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Difference {
+    pub words: u64,
+    pub first_word: u64,
+}
+
+impl WordCompare {
+    pub fn load(stream: &Arc<CudaStream>) -> anyhow::Result<Self> {
+        let module = cubins::HARNESS_WORD_COMPARE
+            .load(stream.context())
+            .with_context(|| format!("loading {}", cubins::HARNESS_WORD_COMPARE.source))?;
+        Ok(Self {
+            func: module.load_function("weft_word_compare")?,
+            result: stream.alloc_zeros::<u64>(2)?,
+        })
+    }
+
+    /// Compares `a` and `b` (the same length, a whole number of 32-bit words) on `stream`;
+    /// synchronises it. None when they are equal bit for bit.
+    pub fn differ<T: cudarc::driver::DeviceRepr>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        a: &CudaSlice<T>,
+        b: &CudaSlice<T>,
+    ) -> anyhow::Result<Option<Difference>> {
+        let bytes = a.len() * std::mem::size_of::<T>();
+        ensure!(a.len() == b.len(), "comparing buffers of {} and {} elements", a.len(), b.len());
+        ensure!(bytes % 4 == 0, "comparing {bytes} bytes: not a whole number of 32-bit words");
+        stream.memcpy_htod(&[0u64, u64::MAX], &mut self.result)?;
+        let p = weft_word_compare_params {
+            a: a.device_ptr(stream).0 as *const u32,
+            b: b.device_ptr(stream).0 as *const u32,
+            words: (bytes / 4) as u64,
+            result: self.result.device_ptr_mut(stream).0 as *mut _,
+        };
+        let cfg = LaunchConfig { grid_dim: (528, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: the kernel takes exactly this struct; both buffers hold `words` words and the
+        // result two u64, alive until the synchronisation below.
+        unsafe { stream.launch_builder(&self.func).arg(&p).launch(cfg) }.context("launching weft_word_compare")?;
+        let r = stream.clone_dtoh(&self.result)?;
+        stream.synchronize()?;
+        Ok((r[0] != 0).then_some(Difference { words: r[0], first_word: r[1] }))
+    }
+}
