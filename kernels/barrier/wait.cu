@@ -18,8 +18,8 @@ extern "C" __global__ void __launch_bounds__(1, 1) weft_kernel_barrier_wait(cons
   const uint64_t c0 = clock64();
   int32_t seen = weft::kernel_barrier_load(p.view.counter);
   if (seen >= p.target) {  // already reached: the common case when comm started first
-    weft::kernel_barrier_release_next();
     if (p.exit_stamp != 0) *reinterpret_cast<uint64_t*>(p.exit_stamp) = globaltimer_ns();
+    weft::kernel_barrier_release_next();  // after the stamp: the hand-off is not understated
     return;
   }
   const uint64_t t0 = globaltimer_ns();
@@ -42,6 +42,6 @@ extern "C" __global__ void __launch_bounds__(1, 1) weft_kernel_barrier_wait(cons
     }
     seen = weft::kernel_barrier_load(p.view.counter);
   }
-  weft::kernel_barrier_release_next();
   if (p.exit_stamp != 0) *reinterpret_cast<uint64_t*>(p.exit_stamp) = globaltimer_ns();
+  weft::kernel_barrier_release_next();
 }

@@ -10,6 +10,10 @@
 //! before the wait kernel on the stream had completed before the wait kernel started, so the
 //! next kernel stays ordered after them. Only for the launch directly after a `wait` on the same
 //! stream: after any other kernel the attribute would let it overlap a producer it depends on.
+//! With cudarc's event tracking on (its default), taking a buffer's device pointer enqueues event
+//! waits on the stream, which would land between the wait kernel and the launch: turn it off
+//! (`CudaContext::disable_event_tracking`) and order buffers yourself; weft's launchers refuse
+//! early release otherwise.
 
 use cudarc::driver::sys;
 

@@ -92,7 +92,8 @@ impl Kernels {
 
     /// The persistent kernel on SMs − `sm_margin` blocks. `early_release`: launched with
     /// [`early_release_attribute`](crate::early_release_attribute) — only directly after a
-    /// `KernelBarrier::wait` on `stream`.
+    /// `KernelBarrier::wait` on `stream`, with the context's event tracking off (refused
+    /// otherwise: cudarc's event waits would land between the two).
     pub fn launch_compute(
         &self,
         stream: &Arc<CudaStream>,
@@ -122,6 +123,10 @@ impl Kernels {
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: self.compute_smem,
         };
+        ensure!(
+            !early_release || !stream.context().is_event_tracking(),
+            "early release needs the context's event tracking off (CudaContext::disable_event_tracking)"
+        );
         if !early_release {
             // SAFETY: the kernel takes exactly this struct; its buffers live in `work` and `stamps`.
             unsafe { stream.launch_builder(&self.compute).arg(&p).launch(cfg) }

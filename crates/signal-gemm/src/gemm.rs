@@ -58,6 +58,8 @@ pub struct LaunchExtras<'a, TO: GemmElement> {
     /// Launch for early release (`weft_barrier::early_release_attribute`): the GEMM may start as
     /// soon as the `KernelBarrier::wait` enqueued *directly before it on the same stream* is
     /// satisfied. Only after such a wait: after any other kernel it could overlap its producer.
+    /// Needs the context's event tracking off (refused otherwise): cudarc's event waits would
+    /// land between the wait kernel and this launch.
     pub early_release: bool,
 }
 
@@ -86,7 +88,9 @@ pub struct Gemm {
 /// The claim counter of a dynamically scheduled GEMM. Each launch advances it by exactly orders +
 /// CTAs (every CTA's last claim fails once), so the next launch's base is known on the host and
 /// the counter is never reset. Launches must be ordered: the stream is remembered and another one
-/// refused (two launches in flight at once would claim from each other's range).
+/// refused (two launches in flight at once would claim from each other's range). The check
+/// compares stream handles: a stream destroyed and another created with the same handle while a
+/// launch is still running would pass it.
 struct TileClaims {
     counter: CudaSlice<u32>,
     base: u32,
@@ -252,6 +256,11 @@ impl Gemm {
         let (m, n, k) = (m as u64, n as u64, k as u64);
         let o = &plan.options;
         ensure!(
+            !extras.early_release || !stream.context().is_event_tracking(),
+            "early release needs the context's event tracking off (CudaContext::disable_event_tracking): with it on, \
+             cudarc enqueues event waits before this launch, after the KernelBarrier wait, and the early release would not happen"
+        );
+        ensure!(
             TI::DTYPE == o.input,
             "GEMM planned for {} inputs, given {} buffers",
             o.input,
@@ -409,6 +418,16 @@ impl Gemm {
             c.base = c.base.wrapping_add(plan.orders() + plan.ctas());
         }
         Ok(())
+    }
+
+    /// Dynamic scheduling only: (the claim counter's value on the device, the base the host will
+    /// give the next launch). Equal once every launch has finished. Synchronises `stream`.
+    pub fn claim_counter(&self, stream: &Arc<CudaStream>) -> anyhow::Result<Option<(u32, u32)>> {
+        let Some(c) = &self.claims else { return Ok(None) };
+        let c = c.lock().map_err(|_| anyhow::anyhow!("the GEMM's claim counter lock is poisoned"))?;
+        let v = stream.clone_dtoh(&c.counter)?;
+        stream.synchronize()?;
+        Ok(Some((v[0], c.base)))
     }
 
     /// After a synchronisation: an error naming the wait that ran past its budget, if any.

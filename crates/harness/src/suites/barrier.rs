@@ -295,7 +295,8 @@ fn wait_times_out(job: &mut Job) -> anyhow::Result<()> {
     );
     bar.check()
         .map_err(|e| anyhow::anyhow!("check() did not clear the report: {e}"))?;
-    // The context and the barrier still work: reset, then one ordered round.
+    // The context and the barrier still work: reset, then an ordered round, launched plainly and
+    // for early release.
     bar.reset(&r.compute)?;
     let mut round = Round::new(
         &r.compute,
@@ -303,14 +304,17 @@ fn wait_times_out(job: &mut Job) -> anyhow::Result<()> {
         1 << 18,
         &mut StdRng::seed_from_u64(seed),
     )?;
-    round.prepare(&r.compute)?;
-    r.compute.synchronize()?;
-    let target = bar.expect(1)?;
-    round.enqueue(&r.kernels, &bar, target, &r.compute, &r.comm, true)?;
-    synchronize(&r)?;
-    bar.check()?;
-    round.verify(
-        &r.compute,
-        &format!("the round after the timeout, seed {seed}"),
-    )
+    for early in [false, true] {
+        round.prepare(&r.compute)?;
+        r.compute.synchronize()?;
+        let target = bar.expect(1)?;
+        round.enqueue(&r.kernels, &bar, target, &r.compute, &r.comm, early)?;
+        synchronize(&r)?;
+        bar.check()?;
+        round.verify(
+            &r.compute,
+            &format!("the round after the timeout (early release {early}), seed {seed}"),
+        )?;
+    }
+    Ok(())
 }

@@ -14,7 +14,8 @@
 //! - dynamic_schedule_claims_every_tile: with dynamic scheduling, 6 launches back to back on one
 //!   stream (the claim counter never reset): every tile stored once per launch at the order the
 //!   host lists for it, by a CTA of the grid; D bit-equal to the statically scheduled GEMM's; the
-//!   timeline ordered; a launch on a second stream refused.
+//!   claim counter advanced by orders + CTAs per launch; the timeline ordered; a launch on a
+//!   second stream refused.
 //! - bad_inputs_are_rejected: dtype and buffer-size mismatches give errors naming them; dynamic
 //!   scheduling with clusters refused.
 //!
@@ -435,6 +436,10 @@ fn dynamic_schedule_claims_every_tile(job: &mut Job) -> anyhow::Result<()> {
             let tl = stream.clone_dtoh(timeline)?;
             ensure!(tl[0] != u64::MAX && tl[1] != 0 && tl[0] < tl[1], "{what}, launch {launch}: timeline start {} end {}", tl[0], tl[1]);
         }
+        // The kernel really claimed: the device counter advanced by orders + CTAs per launch.
+        let claims = dynamic.claim_counter(&stream)?.context("a dynamic GEMM has a claim counter")?;
+        let want = (LAUNCHES as u64 * (plan.orders() + plan.ctas()) as u64) as u32;
+        ensure!(claims == (want, want), "{what}: claim counter (device, host base) = {claims:?} after {LAUNCHES} launches, expected {want}");
         // A second stream is refused (its launches could overlap the first stream's).
         let other = ctx.new_stream()?;
         let mut d = poisoned::<bf16>(&other, m * n)?;

@@ -46,8 +46,12 @@ __device__ __forceinline__ uint32_t next_tile_order(const weft_gemm_params& p, c
       return WEFT_GEMM_NO_TILE;
     }
   }
-  // The full barrier's phase completed after the loader's arrival, which followed its write.
-  return *reinterpret_cast<volatile uint32_t*>(sm.order(ps.stage));
+  // The full barrier's phase completed after the loader's arrival, which followed its write. Lane
+  // 0 alone reads the slot: its read is then program-ordered before its own release of the stage
+  // (release_stage), after which the loader may rewrite it; the warp gets the value by shuffle.
+  uint32_t order = 0;
+  if (threadIdx.x % 32 == 0) order = *reinterpret_cast<volatile uint32_t*>(sm.order(ps.stage));
+  return __shfl_sync(0xffffffffu, order, 0);
 }
 
 // acc = A[tile rows of consumer c] * B[tile columns], over all of K. False (and `stall` filled)
