@@ -1,7 +1,7 @@
-//! The bound on a wait: a duration from the environment or the default, converted to SM cycles at
-//! the device's maximum clock (so it lasts at least that long; longer at lower clocks).
+//! The bound on a wait: a duration from [`TIMEOUT_VAR`] or the default, turned into SM cycles
+//! at the device's maximum clock by weft-sync's [`WaitBudget`](weft_sync::WaitBudget) (so it lasts
+//! at least that long; longer at lower clocks).
 
-use anyhow::Context;
 use std::time::Duration;
 
 /// The variable that overrides the default bound, in milliseconds.
@@ -12,32 +12,18 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// [`TIMEOUT_VAR`] when set, else [`DEFAULT_TIMEOUT`].
 pub fn default_timeout() -> anyhow::Result<Duration> {
-    timeout_from(std::env::var(TIMEOUT_VAR).ok().as_deref())
-}
-
-fn timeout_from(var: Option<&str>) -> anyhow::Result<Duration> {
-    let Some(text) = var else {
-        return Ok(DEFAULT_TIMEOUT);
-    };
-    let ms: u64 = text
-        .trim()
-        .parse()
-        .with_context(|| format!("{TIMEOUT_VAR}={text:?} is not a whole number of milliseconds"))?;
-    anyhow::ensure!(ms > 0, "{TIMEOUT_VAR}=0: a wait needs a positive bound");
-    Ok(Duration::from_millis(ms))
-}
-
-/// `d` in cycles of a `clock_khz` clock, rounded up, at least 1.
-pub fn cycles(d: Duration, clock_khz: u32) -> u64 {
-    let c = (d.as_nanos() * clock_khz as u128)
-        .div_ceil(1_000_000)
-        .max(1);
-    u64::try_from(c).unwrap_or(u64::MAX)
+    weft_sync::budget::timeout_from_env(TIMEOUT_VAR, DEFAULT_TIMEOUT)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use weft_sync::budget::timeout_from_text;
+    use weft_sync::WaitBudget;
+
+    fn timeout_from(text: Option<&str>) -> anyhow::Result<Duration> {
+        timeout_from_text(TIMEOUT_VAR, text, DEFAULT_TIMEOUT)
+    }
 
     #[test]
     fn timeout_from_the_variable() {
@@ -58,6 +44,7 @@ mod tests {
 
     #[test]
     fn cycles_at_a_clock() {
+        let cycles = |d, khz| WaitBudget::from_duration(d, khz).cycles;
         assert_eq!(cycles(Duration::from_millis(100), 1_980_000), 198_000_000);
         assert_eq!(cycles(Duration::from_nanos(1), 1_000), 1);
         assert_eq!(cycles(Duration::ZERO, 1_980_000), 1);

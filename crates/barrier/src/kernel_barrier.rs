@@ -16,6 +16,7 @@ use weft_kernels::abi::{
     weft_kernel_barrier_report, weft_kernel_barrier_view, weft_kernel_barrier_wait_params,
 };
 use weft_kernels::cubins;
+use weft_sync::WaitBudget;
 
 /// A launch-ordering barrier on one GPU (RAII: the counter and the report are freed on drop, after
 /// the context has finished every kernel that may use them).
@@ -39,13 +40,7 @@ impl KernelBarrier {
     /// A zeroed counter on `ctx`'s device, bound [`bound::default_timeout`].
     pub fn new(ctx: &Arc<CudaContext>) -> anyhow::Result<Self> {
         ctx.bind_to_thread()?;
-        let clock_khz = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)
-            .context("reading the SM clock rate")?;
-        anyhow::ensure!(
-            clock_khz > 0,
-            "the device reports an SM clock of {clock_khz} kHz"
-        );
+        let clock_khz = weft_sync::budget::sm_clock_khz(ctx)?;
         let module = cubins::BARRIER_WAIT
             .load(ctx)
             .with_context(|| format!("loading {}", cubins::BARRIER_WAIT.source))?;
@@ -65,7 +60,7 @@ impl KernelBarrier {
             report_dev: 0,
             total: 0,
             timeout,
-            clock_khz: clock_khz as u32,
+            clock_khz,
         };
         // SAFETY: the counter allocated above; synchronous.
         unsafe { sys::cuMemsetD32_v2(counter, 0, 1) }
@@ -136,7 +131,7 @@ impl KernelBarrier {
             view: self.view(),
             target,
             reserved: 0,
-            budget_cycles: bound::cycles(self.timeout, self.clock_khz),
+            budget_cycles: WaitBudget::from_duration(self.timeout, self.clock_khz).cycles,
             report: self.report_dev,
             exit_stamp,
         };

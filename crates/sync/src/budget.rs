@@ -57,25 +57,28 @@ impl WaitBudget {
 
 /// [`TIMEOUT_VAR`] when set, else [`DEFAULT_TIMEOUT`].
 pub fn default_timeout() -> anyhow::Result<Duration> {
-    timeout_from(std::env::var(TIMEOUT_VAR).ok().as_deref())
+    timeout_from_env(TIMEOUT_VAR, DEFAULT_TIMEOUT)
 }
 
-fn timeout_from(var: Option<&str>) -> anyhow::Result<Duration> {
-    match var {
-        None => Ok(DEFAULT_TIMEOUT),
-        Some(text) => {
-            let ms: u64 = text.trim().parse().with_context(|| {
-                format!("{TIMEOUT_VAR}={text:?} is not a whole number of milliseconds")
-            })?;
-            anyhow::ensure!(ms > 0, "{TIMEOUT_VAR}=0: a wait needs a positive bound");
-            // A bound of hours is no bound: a lost signal must surface while someone is watching.
-            anyhow::ensure!(
-                ms <= 3_600_000,
-                "{TIMEOUT_VAR}={ms}: at most 3600000 (one hour)"
-            );
-            Ok(Duration::from_millis(ms))
-        }
-    }
+/// A wait bound from environment variable `var` (whole milliseconds, 1 to one hour), else
+/// `default`. Shared by every crate whose device waits have their own variable.
+pub fn timeout_from_env(var: &str, default: Duration) -> anyhow::Result<Duration> {
+    timeout_from_text(var, std::env::var(var).ok().as_deref(), default)
+}
+
+/// `text` (the value of `var`, if set) as a bound.
+pub fn timeout_from_text(var: &str, text: Option<&str>, default: Duration) -> anyhow::Result<Duration> {
+    let Some(text) = text else {
+        return Ok(default);
+    };
+    let ms: u64 = text
+        .trim()
+        .parse()
+        .with_context(|| format!("{var}={text:?} is not a whole number of milliseconds"))?;
+    anyhow::ensure!(ms > 0, "{var}=0: a wait needs a positive bound");
+    // A bound of hours is no bound: a lost signal must surface while someone is watching.
+    anyhow::ensure!(ms <= 3_600_000, "{var}={ms}: at most 3600000 (one hour)");
+    Ok(Duration::from_millis(ms))
 }
 
 /// The device's maximum SM clock in kHz (CU_DEVICE_ATTRIBUTE_CLOCK_RATE).
@@ -90,6 +93,10 @@ pub fn sm_clock_khz(ctx: &Arc<CudaContext>) -> anyhow::Result<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn timeout_from(text: Option<&str>) -> anyhow::Result<Duration> {
+        timeout_from_text(TIMEOUT_VAR, text, DEFAULT_TIMEOUT)
+    }
 
     #[test]
     fn cycles_from_duration_and_back() {
