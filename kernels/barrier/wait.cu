@@ -16,16 +16,10 @@ using weft::sync::globaltimer_ns;
 
 extern "C" __global__ void __launch_bounds__(1, 1) weft_kernel_barrier_wait(const __grid_constant__ weft_kernel_barrier_wait_params p) {
   const uint64_t c0 = clock64();
-  int32_t seen = weft::kernel_barrier_load(p.view.counter);
-  if (seen >= p.target) {  // already reached: the common case when comm started first
-    if (p.exit_stamp != 0) *reinterpret_cast<uint64_t*>(p.exit_stamp) = globaltimer_ns();
-    weft::kernel_barrier_release_next();  // after the stamp: the hand-off is not understated
-    return;
-  }
+  int32_t seen = weft::kernel_barrier_load(p.view.counter);  // often already reached (comm started first)
   const uint64_t t0 = globaltimer_ns();
-  uint64_t spent = 0;
   while (seen < p.target) {
-    spent = clock64() - c0;
+    const uint64_t spent = clock64() - c0;
     if (spent > p.budget_cycles) {
       volatile weft_kernel_barrier_report* r = reinterpret_cast<volatile weft_kernel_barrier_report*>(p.report);
       if (r->status == WEFT_KERNEL_BARRIER_STATUS_NONE) {  // keep the first failure
@@ -43,5 +37,5 @@ extern "C" __global__ void __launch_bounds__(1, 1) weft_kernel_barrier_wait(cons
     seen = weft::kernel_barrier_load(p.view.counter);
   }
   if (p.exit_stamp != 0) *reinterpret_cast<uint64_t*>(p.exit_stamp) = globaltimer_ns();
-  weft::kernel_barrier_release_next();
+  weft::kernel_barrier_release_next();  // after the stamp: the hand-off is not understated
 }

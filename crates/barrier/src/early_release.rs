@@ -12,17 +12,24 @@
 //! stream: after any other kernel the attribute would let it overlap a producer it depends on.
 //! With cudarc's event tracking on (its default), taking a buffer's device pointer enqueues event
 //! waits on the stream, which would land between the wait kernel and the launch: turn it off
-//! (`CudaContext::disable_event_tracking`) and order buffers yourself; weft's launchers refuse
-//! early release otherwise.
+//! (`CudaContext::disable_event_tracking`) and order buffers yourself; the attribute is refused
+//! otherwise.
 
-use cudarc::driver::sys;
+use cudarc::driver::{sys, CudaStream};
+use std::sync::Arc;
 
-/// The launch attribute (for `cuLaunchKernelEx`) that lets a kernel enqueued right after
-/// `KernelBarrier::wait` start when the wait is satisfied.
-pub fn early_release_attribute() -> sys::CUlaunchAttribute {
+/// The launch attribute (for `cuLaunchKernelEx`) that lets a kernel enqueued on `stream` right
+/// after `KernelBarrier::wait` start when the wait is satisfied. Err while the stream's context
+/// tracks events (the event waits would sit between the wait and the launch).
+pub fn early_release_attribute(stream: &Arc<CudaStream>) -> anyhow::Result<sys::CUlaunchAttribute> {
+    anyhow::ensure!(
+        !stream.context().is_event_tracking(),
+        "early release needs the context's event tracking off (CudaContext::disable_event_tracking): with it on, \
+         cudarc enqueues event waits before the launch, after the KernelBarrier wait, and the early release would not happen"
+    );
     // SAFETY: an all-zero attribute is valid plain data; id and value are set below.
     let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
     attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
     attr.value.programmaticStreamSerializationAllowed = 1;
-    attr
+    Ok(attr)
 }

@@ -93,7 +93,7 @@ impl Kernels {
     /// The persistent kernel on SMs − `sm_margin` blocks. `early_release`: launched with
     /// [`early_release_attribute`](crate::early_release_attribute) — only directly after a
     /// `KernelBarrier::wait` on `stream`, with the context's event tracking off (refused
-    /// otherwise: cudarc's event waits would land between the two).
+    /// otherwise by the attribute).
     pub fn launch_compute(
         &self,
         stream: &Arc<CudaStream>,
@@ -123,18 +123,11 @@ impl Kernels {
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: self.compute_smem,
         };
-        ensure!(
-            !early_release || !stream.context().is_event_tracking(),
-            "early release needs the context's event tracking off (CudaContext::disable_event_tracking)"
-        );
-        if !early_release {
-            // SAFETY: the kernel takes exactly this struct; its buffers live in `work` and `stamps`.
-            unsafe { stream.launch_builder(&self.compute).arg(&p).launch(cfg) }
-                .context("launching the persistent compute kernel")?;
-            return Ok(());
+        let mut attrs = Vec::new();
+        if early_release {
+            attrs.push(crate::early_release_attribute(stream)?);
         }
         stream.context().bind_to_thread()?;
-        let mut attr = crate::early_release_attribute();
         let ex = sys::CUlaunchConfig {
             gridDimX: cfg.grid_dim.0,
             gridDimY: 1,
@@ -144,11 +137,12 @@ impl Kernels {
             blockDimZ: 1,
             sharedMemBytes: cfg.shared_mem_bytes,
             hStream: stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: 1,
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: attrs.len() as u32,
         };
         let mut args = [&p as *const weft_persistent_compute_params as *mut std::ffi::c_void];
-        // SAFETY: as above; `args` holds the address of the one parameter, alive for the call.
+        // SAFETY: the kernel takes exactly this struct (its buffers live in `work` and `stamps`);
+        // `args` and `attrs` are alive for the call.
         unsafe {
             sys::cuLaunchKernelEx(
                 &ex,
@@ -158,7 +152,7 @@ impl Kernels {
             )
         }
         .result()
-        .context("launching the persistent compute kernel (early release)")?;
+        .context("launching the persistent compute kernel")?;
         Ok(())
     }
 

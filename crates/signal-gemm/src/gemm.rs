@@ -256,11 +256,6 @@ impl Gemm {
         let (m, n, k) = (m as u64, n as u64, k as u64);
         let o = &plan.options;
         ensure!(
-            !extras.early_release || !stream.context().is_event_tracking(),
-            "early release needs the context's event tracking off (CudaContext::disable_event_tracking): with it on, \
-             cudarc enqueues event waits before this launch, after the KernelBarrier wait, and the early release would not happen"
-        );
-        ensure!(
             TI::DTYPE == o.input,
             "GEMM planned for {} inputs, given {} buffers",
             o.input,
@@ -395,7 +390,7 @@ impl Gemm {
             attrs.push(cluster_attribute(plan.cluster_m()));
         }
         if early_release {
-            attrs.push(weft_barrier::early_release_attribute());
+            attrs.push(weft_barrier::early_release_attribute(stream)?);
         }
         // SAFETY: the kernel takes exactly weft_gemm_params by value; the tensor maps and pointers
         // name buffers checked above to hold the shapes the schedule touches, alive until the

@@ -349,11 +349,7 @@ fn report(cfg: &Config, measured: &[(Compute, Mode, Measured)]) -> SuiteResult {
         let slowdown = r.comp_span_pair_ms / base.comp_span_alone_ms;
         let ratio = base.t_total_ms / r.t_total_ms;
         table.rows.push(vec![
-            match compute {
-                Compute::Synthetic => "synthetic".into(),
-                Compute::Gemm(Scheduling::Dynamic) => "GEMM dynamic".into(),
-                Compute::Gemm(Scheduling::Static) => "GEMM static".into(),
-            },
+            compute.arg().into(),
             mode.name(),
             format!("{:.3}", r.t_total_ms),
             format!("{:.3}", r.t_comp_ms),

@@ -44,14 +44,18 @@ struct Rig {
     compute: Arc<CudaStream>,
     comm: Arc<CudaStream>,
     peer: Arc<CudaStream>,
-    work: ComputeWork,
+    load: ComputeLoad,
     stamps: Stamps,
     src: Vec<u32>,
     src_dev: CudaSlice<u32>,
     group: PglGroup<u32>,
     cfg: Config,
-    /// The GEMM when it is the compute kernel (else the synthetic kernel of `work`).
-    gemm: Option<GemmLoad>,
+}
+
+/// The compute kernel's work: the synthetic kernel's tiles or the GEMM.
+enum ComputeLoad {
+    Synthetic(ComputeWork),
+    Gemm(GemmLoad),
 }
 
 fn open(ordinal: usize) -> anyhow::Result<Arc<CudaContext>> {
@@ -85,14 +89,13 @@ impl Rig {
         };
         let mut rng = StdRng::seed_from_u64(cfg.seed);
         let src: Vec<u32> = (0..words).map(|_| rng.random()).collect();
-        let gemm = match cfg.compute {
-            Compute::Synthetic => None,
-            Compute::Gemm(scheduling) => Some(GemmLoad::new(&compute, sm_margin, scheduling, rng.random())?),
+        let load = match cfg.compute {
+            Compute::Synthetic => ComputeLoad::Synthetic(ComputeWork::new(&compute, cfg.tiles, DEFAULT_ROUNDS, rng.random())?),
+            Compute::Gemm(scheduling) => ComputeLoad::Gemm(GemmLoad::new(&compute, sm_margin, scheduling, rng.random())?),
         };
         Ok(Self {
-            gemm,
+            load,
             kernels: Kernels::load(&a)?,
-            work: ComputeWork::new(&compute, cfg.tiles, DEFAULT_ROUNDS, rng.random())?,
             stamps: Stamps::new(&compute)?,
             src_dev: compute.clone_htod(&src)?,
             src,
@@ -115,17 +118,17 @@ impl Rig {
     /// The compute kernel on the compute stream: the synthetic one on SMs − `sm_margin` blocks,
     /// or the GEMM (planned with the mode's margin). `early_release` only right after a wait.
     fn launch_compute(&mut self, sm_margin: u32, early_release: bool) -> anyhow::Result<()> {
-        match &mut self.gemm {
-            Some(g) => g.launch(&self.compute, &mut self.stamps, early_release),
-            None => self.kernels.launch_compute(&self.compute, &self.work, &self.stamps, sm_margin, early_release),
+        match &mut self.load {
+            ComputeLoad::Gemm(g) => g.launch(&self.compute, &mut self.stamps, early_release),
+            ComputeLoad::Synthetic(w) => self.kernels.launch_compute(&self.compute, w, &self.stamps, sm_margin, early_release),
         }
     }
 
     /// Poisons both outputs, resets the tile counter and stamps; returns when done.
     fn prepare(&mut self) -> anyhow::Result<()> {
-        self.work.prepare(&self.compute)?;
-        if let Some(g) = &mut self.gemm {
-            g.poison(&self.compute)?;
+        match &mut self.load {
+            ComputeLoad::Synthetic(w) => w.prepare(&self.compute)?,
+            ComputeLoad::Gemm(g) => g.poison(&self.compute)?,
         }
         self.stamps.reset(&self.compute)?;
         memset_u32(
@@ -142,14 +145,12 @@ impl Rig {
     /// The outputs of the kernels that ran against the host's: all compute outputs when `full`,
     /// else a sample; every copied word. Returns the elements checked.
     fn verify(&mut self, ran: Ran, full: bool, what: &str) -> anyhow::Result<u64> {
-        let checked = if let (true, Some(g)) = (ran.compute, &mut self.gemm) {
-            g.verify(&self.compute, what)?
-        } else if ran.compute {
-            self.work
+        let checked = match (&mut self.load, ran.compute) {
+            (_, false) => 0,
+            (ComputeLoad::Gemm(g), true) => g.verify(&self.compute, what)?,
+            (ComputeLoad::Synthetic(w), true) => w
                 .check(&self.compute, if full { 1 } else { SAMPLE_STRIDE })
-                .with_context(|| what.to_string())?
-        } else {
-            0
+                .with_context(|| what.to_string())?,
         };
         if !ran.comm {
             return Ok(checked);
