@@ -4,7 +4,7 @@
 //! weft                         info, the correctness suite, then a quick benchmark, on all local GPUs
 //! weft info                    GPUs, SMs, memory, peer access, NVLink, driver/CUDA/NCCL versions
 //! weft test [FILTER] [FLAGS]   correctness trials (libtest flags: --list, --exact, --ignored, …)
-//! weft bench [SUITE] [--quick] [--json PATH] [--csv PATH]
+//! weft bench [SUITE] [--quick] [--json PATH] [--csv PATH] [--method M]
 //! weft launch -n N -- CMD …    N local ranks (one per GPU), stopped together on any failure
 //! ```
 //! Under a launcher (mpirun, srun, torchrun, `weft launch`) every rank runs the same command;
@@ -36,7 +36,7 @@ usage:
   weft                          info, correctness suite and a quick benchmark on all local GPUs
   weft info                     describe the GPUs, links and library versions
   weft test [FILTER] [FLAGS]    correctness trials (libtest flags: --list, --exact, --skip, …)
-  weft bench [SUITE] [--quick] [--json PATH] [--csv PATH]   timing suites (see `weft bench --list`)
+  weft bench [SUITE] [--quick] [--json PATH] [--csv PATH] [--method M]   timing suites (see `weft bench --list`)
   weft launch -n N -- CMD [ARGS…]   start N local ranks of CMD
 Under mpirun / srun / torchrun / weft launch every rank runs the same command; rank 0 prints.";
 

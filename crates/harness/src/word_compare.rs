@@ -39,20 +39,41 @@ impl WordCompare {
         a: &CudaSlice<T>,
         b: &CudaSlice<T>,
     ) -> anyhow::Result<Option<Difference>> {
+        self.reset(stream)?;
+        self.enqueue(stream, a, b)?;
+        self.take(stream)
+    }
+
+    /// Clears the accumulated result (in `stream` order).
+    pub fn reset(&mut self, stream: &Arc<CudaStream>) -> anyhow::Result<()> {
+        stream.memcpy_htod(&[0u64, u64::MAX], &mut self.result)?;
+        Ok(())
+    }
+
+    /// Enqueues a comparison of `a` and `b` whose differing words add to the result (no
+    /// synchronisation): many comparisons, one [`take`](Self::take).
+    pub fn enqueue<T: cudarc::driver::DeviceRepr>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        a: &CudaSlice<T>,
+        b: &CudaSlice<T>,
+    ) -> anyhow::Result<()> {
         let bytes = a.len() * std::mem::size_of::<T>();
         ensure!(a.len() == b.len(), "comparing buffers of {} and {} elements", a.len(), b.len());
         ensure!(bytes % 4 == 0, "comparing {bytes} bytes: not a whole number of 32-bit words");
-        stream.memcpy_htod(&[0u64, u64::MAX], &mut self.result)?;
-        let p = weft_word_compare_params {
-            a: a.device_ptr(stream).0 as *const u32,
-            b: b.device_ptr(stream).0 as *const u32,
-            words: (bytes / 4) as u64,
-            result: self.result.device_ptr_mut(stream).0 as *mut _,
-        };
+        let (pa, _ga) = a.device_ptr(stream);
+        let (pb, _gb) = b.device_ptr(stream);
+        let (pr, _gr) = self.result.device_ptr_mut(stream);
+        let p = weft_word_compare_params { a: pa as *const u32, b: pb as *const u32, words: (bytes / 4) as u64, result: pr as *mut _ };
         let cfg = LaunchConfig { grid_dim: (528, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: the kernel takes exactly this struct; both buffers hold `words` words and the
-        // result two u64, alive until the synchronisation below.
+        // result two u64, alive until the stream has run it (callers synchronise before freeing).
         unsafe { stream.launch_builder(&self.func).arg(&p).launch(cfg) }.context("launching weft_word_compare")?;
+        Ok(())
+    }
+
+    /// Synchronises `stream` and returns what the comparisons since the last reset found.
+    pub fn take(&mut self, stream: &Arc<CudaStream>) -> anyhow::Result<Option<Difference>> {
         let r = stream.clone_dtoh(&self.result)?;
         stream.synchronize()?;
         Ok((r[0] != 0).then_some(Difference { words: r[0], first_word: r[1] }))

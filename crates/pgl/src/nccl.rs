@@ -85,6 +85,17 @@ impl Communicator {
     /// Collective: every rank of `rdzv` must call it. Rank 0 creates the unique id and the
     /// rendezvous broadcasts it; each rank then joins on `ctx`'s device.
     pub fn new(rdzv: &mut Rendezvous, ctx: &Arc<CudaContext>) -> anyhow::Result<Self> {
+        Self::with_max_ctas(rdzv, ctx, None)
+    }
+
+    /// As [`Communicator::new`], with NCCL's kernels limited to `max_ctas` CTAs (ncclConfig_t
+    /// maxCTAs; None: NCCL's choice). For overlap: a GEMM that leaves that many SMs free then
+    /// runs beside every collective of this communicator. Every rank must pass the same value.
+    pub fn with_max_ctas(
+        rdzv: &mut Rendezvous,
+        ctx: &Arc<CudaContext>,
+        max_ctas: Option<u32>,
+    ) -> anyhow::Result<Self> {
         if !is_available() {
             bail!(
                 "rank {}: libnccl.so could not be loaded (install NCCL or set LD_LIBRARY_PATH)",
@@ -113,20 +124,23 @@ impl Communicator {
         ctx.bind_to_thread()?;
         let mut comm = std::mem::MaybeUninit::uninit();
         let (rank, world) = (rdzv.rank(), rdzv.world());
-        // SAFETY: out-parameter; the id is the one rank 0 created for this communicator.
-        let r = unsafe {
-            nc::comm_init_rank(
-                comm.as_mut_ptr(),
-                world as i32,
-                sys::ncclUniqueId { internal },
-                rank as i32,
-            )
-        };
-        check(
-            &format!("ncclCommInitRank(rank {rank} of {world})"),
-            std::ptr::null_mut(),
-            r,
-        )?;
+        let id = sys::ncclUniqueId { internal };
+        match max_ctas {
+            None => {
+                // SAFETY: out-parameter; the id is the one rank 0 created for this communicator.
+                let r = unsafe { nc::comm_init_rank(comm.as_mut_ptr(), world as i32, id, rank as i32) };
+                check(&format!("ncclCommInitRank(rank {rank} of {world})"), std::ptr::null_mut(), r)?;
+            }
+            Some(ctas) => {
+                anyhow::ensure!((1..=64).contains(&ctas), "NCCL maxCTAs must be 1..=64, got {ctas}");
+                let mut config = default_config();
+                config.maxCTAs = ctas as i32;
+                config.minCTAs = 1;
+                // SAFETY: out-parameter; the config is NCCL_CONFIG_INITIALIZER's with two fields set.
+                let r = unsafe { sys::ncclCommInitRankConfig(comm.as_mut_ptr(), world as i32, id, rank as i32, &mut config) };
+                check(&format!("ncclCommInitRankConfig(rank {rank} of {world}, maxCTAs {ctas})"), std::ptr::null_mut(), r.result())?;
+            }
+        }
         // SAFETY: initialised by the successful call above.
         let comm = unsafe { comm.assume_init() };
         Ok(Self {
@@ -180,6 +194,23 @@ impl Communicator {
             )
         };
         check("ncclAllReduce", self.comm, res)
+    }
+
+    /// In place: `buf[i] = op over ranks of buf[i]` (one NCCL call with send = recv).
+    pub fn all_reduce_in_place<T: NcclType, B: DevicePtrMut<T>>(
+        &self,
+        buf: &mut B,
+        op: ReduceOp,
+        stream: &CudaStream,
+    ) -> anyhow::Result<()> {
+        let n = buf.len();
+        let (p, _g) = buf.device_ptr_mut(stream);
+        // SAFETY: the buffer holds n elements of T on this communicator's device; NCCL allows
+        // sendbuff == recvbuff.
+        let res = unsafe {
+            nc::all_reduce(p as _, p as _, n, T::as_nccl_type(), op.raw(), self.comm, stream.cu_stream() as _)
+        };
+        check("ncclAllReduce (in place)", self.comm, res)
     }
 
     /// `recv` (n elements) = op over ranks of `send[rank*n .. (rank+1)*n]`; `send` holds world·n.
@@ -384,5 +415,29 @@ impl Drop for Communicator {
                 let _ = nc::comm_abort(self.comm);
             }
         }
+    }
+}
+
+/// NCCL_CONFIG_INITIALIZER of nccl.h 2.28: every field "undefined" (NCCL's defaults).
+fn default_config() -> sys::ncclConfig_t {
+    const UNDEF_INT: i32 = i32::MIN;
+    sys::ncclConfig_t {
+        size: std::mem::size_of::<sys::ncclConfig_t>(),
+        magic: 0xcafe_beef,
+        version: 22800,
+        blocking: UNDEF_INT,
+        cgaClusterSize: UNDEF_INT,
+        minCTAs: UNDEF_INT,
+        maxCTAs: UNDEF_INT,
+        netName: std::ptr::null(),
+        splitShare: UNDEF_INT,
+        trafficClass: UNDEF_INT,
+        commName: std::ptr::null(),
+        collnetEnable: UNDEF_INT,
+        CTAPolicy: UNDEF_INT,
+        shrinkShare: UNDEF_INT,
+        nvlsCTAs: UNDEF_INT,
+        nChannelsPerNetPeer: UNDEF_INT,
+        nvlinkCentricSched: UNDEF_INT,
     }
 }

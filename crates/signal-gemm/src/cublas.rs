@@ -5,7 +5,7 @@ use crate::dtype::{Dtype, GemmElement};
 use crate::plan::{BLayout, GemmOptions, GemmShape};
 use anyhow::{ensure, Context};
 use cudarc::cublas::{result, sys, CudaBlas};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use std::sync::Arc;
 
 pub struct CublasGemm {
@@ -46,11 +46,12 @@ impl CublasGemm {
     }
 
     /// D = alpha · A · B + beta · D, row-major, as weft's GEMM defines it.
+    /// Takes slices or views (e.g. a band of rows of larger A and D).
     pub fn launch<TI: GemmElement, TO: GemmElement>(
         &self,
-        a: &CudaSlice<TI>,
-        b: &CudaSlice<TI>,
-        d: &mut CudaSlice<TO>,
+        a: &impl DevicePtr<TI>,
+        b: &impl DevicePtr<TI>,
+        d: &mut impl DevicePtrMut<TO>,
     ) -> anyhow::Result<()> {
         let GemmShape { m, n, k } = self.shape;
         let o = &self.options;

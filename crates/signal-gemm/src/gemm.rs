@@ -2,14 +2,18 @@
 
 use crate::dtype::{Dtype, GemmElement};
 use crate::plan::{BLayout, GemmOptions, GemmPlan, GemmShape, Scheduling};
+use crate::reorder::OutputLayout;
 use crate::tensor_map::encode_2d;
+use crate::wave_groups::GroupCounters;
 use anyhow::{ensure, Context};
 use cudarc::driver::sys::{self, CUfunction_attribute};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
 use std::sync::{Arc, Mutex};
-use weft_kernels::abi::{weft_gemm_params, weft_sync_bound, WEFT_GEMM_CONSUMERS};
+use weft_kernels::abi::{
+    weft_gemm_params, weft_sync_bound, WEFT_GEMM_CONSUMERS, WEFT_GEMM_LAYOUT_STANDARD, WEFT_GEMM_LAYOUT_TILE_ORDER,
+};
 use weft_kernels::cubins;
 use weft_sync::{ErrorSlot, WaitBudget};
 
@@ -61,6 +65,10 @@ pub struct LaunchExtras<'a, TO: GemmElement> {
     /// Needs the context's event tracking off (refused otherwise): cudarc's event waits would
     /// land between the wait kernel and this launch.
     pub early_release: bool,
+    /// Add to the wave-group counters after each tile's stores (see [`GroupCounters`]).
+    pub groups: Option<&'a GroupCounters>,
+    /// Where the epilogue stores D (the reorder map of the communication that follows).
+    pub layout: OutputLayout,
 }
 
 impl<TO: GemmElement> Default for LaunchExtras<'_, TO> {
@@ -71,6 +79,8 @@ impl<TO: GemmElement> Default for LaunchExtras<'_, TO> {
             trace: None,
             timeline: None,
             early_release: false,
+            groups: None,
+            layout: OutputLayout::Standard,
         }
     }
 }
@@ -281,7 +291,15 @@ impl Gemm {
             BLayout::NxK => format!("{n} x {k}"),
         };
         need("B", b.len(), k * n, b_dims)?;
-        need("D", d.len(), m * n, format!("{m} x {n}"))?;
+        let layout = extras.layout;
+        match layout {
+            OutputLayout::Standard => need("D", d.len(), m * n, format!("{m} x {n}"))?,
+            OutputLayout::TileOrder => {
+                need("D", d.len(), layout.elements(plan), format!("{} tiles of {} x {} in execution order", plan.orders(), plan.tile_m(), plan.tile_n()))?;
+                ensure!(o.beta == 0.0, "GEMM {}: the tile-order layout needs beta = 0 (D is not in the standard layout to read)", plan.shape);
+                ensure!(extras.copy_dst.is_none(), "GEMM {}: the tile-copy communicator reads the standard layout, not tile order", plan.shape);
+            }
+        }
 
         let (a_ptr, _ra) = a.device_ptr(stream);
         let (b_ptr, _rb) = b.device_ptr(stream);
@@ -293,15 +311,11 @@ impl Gemm {
             BLayout::NxK => encode_2d("B (n x k)", b_ptr, o.input, n, k, tile_n / plan.cluster_m(), 64)?,
             BLayout::KxN => encode_2d("B (k x n)", b_ptr, o.input, k, n, 64, 64)?,
         };
-        let map_d = encode_2d(
-            "D",
-            d_ptr,
-            o.output,
-            m,
-            n,
-            64,
-            (128 / o.output.bytes()) as u32,
-        )?;
+        let (d_rows, d_cols) = match layout {
+            OutputLayout::Standard => (m, n),
+            OutputLayout::TileOrder => (u64::from(plan.orders()) * u64::from(plan.tile_m()), u64::from(tile_n)),
+        };
+        let map_d = encode_2d("D", d_ptr, o.output, d_rows, d_cols, 64, (128 / o.output.bytes()) as u32)?;
 
         let mut p = weft_gemm_params {
             a: map_a,
@@ -313,6 +327,10 @@ impl Gemm {
             d_ptr,
             comm_ctas: o.comm_ctas,
             bound: self.bound,
+            layout: match layout {
+                OutputLayout::Standard => WEFT_GEMM_LAYOUT_STANDARD,
+                OutputLayout::TileOrder => WEFT_GEMM_LAYOUT_TILE_ORDER,
+            },
             ..Default::default()
         };
         let LaunchExtras {
@@ -321,7 +339,19 @@ impl Gemm {
             trace,
             timeline,
             early_release,
+            groups,
+            layout: _,
         } = extras;
+        if let Some(g) = groups {
+            ensure!(
+                g.groups().fits(plan),
+                "wave groups {} were made for another plan than {} (orders and CTAs differ)",
+                g.groups(),
+                plan.describe()
+            );
+            p.groups = g.groups().abi();
+            p.group_counters = g.device_ptr(stream);
+        }
         let mut _keep = Vec::new();
         let mut launches = None;
         if let Some(f) = flags {

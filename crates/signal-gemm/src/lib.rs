@@ -16,13 +16,18 @@
 mod cublas;
 mod dtype;
 mod gemm;
+pub mod overlap;
 mod plan;
 pub mod reference;
+mod reorder;
 mod schedule;
 mod tensor_map;
+mod wave_groups;
 
 pub use cublas::CublasGemm;
 pub use dtype::{Dtype, GemmElement};
 pub use gemm::{device_sms, Gemm, LaunchExtras, TileFlags, SIGNALS_PER_TILE};
 pub use plan::{BLayout, EpilogueChoice, GemmOptions, GemmPlan, GemmShape, Scheduling, TileChoice};
+pub use reorder::{OutputLayout, Restore, TileOrderMap};
 pub use schedule::ScheduledTile;
+pub use wave_groups::{GroupCounters, WaveGroups};

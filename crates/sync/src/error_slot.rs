@@ -103,6 +103,7 @@ pub fn primitive_name(id: i32) -> &'static str {
         abi::WEFT_SYNC_PRIM_BARRIER_GPU => "barrier_gpu",
         abi::WEFT_SYNC_PRIM_MBARRIER_WAIT => "mbarrier wait",
         abi::WEFT_SYNC_PRIM_WAIT_UNORDERED => "unordered wait",
+        abi::WEFT_SYNC_PRIM_WAVE_GROUP => "wave-group wait (b = group)",
         _ => "unknown primitive",
     }
 }

@@ -94,6 +94,31 @@ WEFT_HD weft_gemm_tile weft_gemm_tile_at(weft_gemm_schedule s, uint32_t order) {
   return t;
 }
 
+// Wave groups (signal-gemm II, FlashOverlap's signalling timing): the orders are cut into
+// `count` consecutive ranges, group g ending (exclusive) at end_order[g]; the last ends at the order
+// count. The host cuts at wave boundaries (multiples of ctas). Every order of group g, phantoms
+// included, adds WEFT_GEMM_CONSUMERS to group_counters[g] once its stores are complete, so a group
+// is finished when its counter reaches WEFT_GEMM_CONSUMERS x (its order count).
+#define WEFT_GEMM_MAX_WAVE_GROUPS 32
+typedef struct weft_gemm_wave_groups {
+  uint32_t count;                                // 0: no group signals
+  uint32_t end_order[WEFT_GEMM_MAX_WAVE_GROUPS]; // exclusive end of group g, increasing
+} weft_gemm_wave_groups;
+
+// The group of `order`: the first g whose range ends after it (the last group takes any beyond).
+WEFT_HD uint32_t weft_gemm_group_of(const weft_gemm_wave_groups* g, uint32_t order) {
+  uint32_t i = 0;
+  while (i + 1 < g->count && order >= g->end_order[i]) ++i;
+  return i;
+}
+
+// Output layouts. STANDARD: D is m x n row-major. TILE_ORDER (the AllReduce reorder map): D is a
+// column of whole tiles in execution order, tile of `order` at rows [order * tile_m, + tile_m) of
+// an (order count x tile_m) x tile_n row-major matrix, so each wave group is one contiguous range.
+// Rows and columns a ragged tile lacks hold zeros there (TMA loads zero-fill outside A and B).
+#define WEFT_GEMM_LAYOUT_STANDARD 0
+#define WEFT_GEMM_LAYOUT_TILE_ORDER 1
+
 // A TMA descriptor (CUtensorMap), encoded by the host with cuTensorMapEncodeTiled; opaque here.
 typedef struct __attribute__((aligned(64))) weft_tensor_map {
   uint64_t words[16];
@@ -119,7 +144,42 @@ typedef struct weft_gemm_params {
                           // fails once), so the host knows the next launch's base: no memset.
   uint64_t timeline;   // 0, or 2 x uint64_t %globaltimer ns: [0] min over compute CTAs of their
                        // start, [1] max of their end (after their last stores completed)
+  uint64_t group_counters; // 0, or uint64_t per wave group (see weft_gemm_wave_groups)
   uint32_t comm_ctas;  // CTAs after the compute CTAs that run the communicator role
   uint32_t claim_base; // the counter's value at this launch's start (dynamic scheduling)
+  uint32_t layout;     // WEFT_GEMM_LAYOUT_*: where D's tiles are stored
+  uint32_t reserved;
   weft_sync_bound bound; // every pipeline and flag wait
+  weft_gemm_wave_groups groups; // read only when group_counters != 0
 } weft_gemm_params;
+
+// Post-communication reorder (kernels/gemm/restore.cu): TILE_ORDER buffer -> the standard m x n
+// layout, bit for bit, optionally fused with a residual add or an RMSNorm. slot_of_tile[tm *
+// tiles_n + tn] is the order of that tile (the host lists it from weft_gemm_tile_at).
+#define WEFT_GEMM_RESTORE_COPY 0      // dst = src (any 2- or 4-byte dtype: raw 16-byte vectors)
+#define WEFT_GEMM_RESTORE_ADD 1       // dst = bf16(src + residual), fp32 add
+#define WEFT_GEMM_RESTORE_RMSNORM 2   // x = src (+ residual); dst = bf16(x * rsqrt(mean(x^2) + eps) * gamma)
+typedef struct weft_gemm_restore_params {
+  uint64_t src;          // TILE_ORDER buffer (order count x tile_m x tile_n elements)
+  uint64_t dst;          // m x n row-major
+  uint64_t residual;     // 0 or m x n bf16 (ADD: required; RMSNORM: optional)
+  uint64_t gamma;        // RMSNORM: n bf16
+  uint64_t slot_of_tile; // uint32_t per tile, row-major tile index -> order
+  uint32_t m, n, tile_m, tile_n;
+  uint32_t elem_bytes;   // COPY: 2 or 4; ADD and RMSNORM: 2 (bf16)
+  uint32_t op;           // WEFT_GEMM_RESTORE_*
+  float eps;             // RMSNORM
+  uint32_t reserved;
+} weft_gemm_restore_params;
+
+// The wave-group wait kernel (kernels/gemm/group_wait.cu): 1 thread on the communication stream
+// spins (acquire, GPU scope, bounded) until a group's counter reaches `target`, then rearms it to
+// 0 for the next launch. It is the counter's only reader; the next GEMM launch must be ordered
+// after it (the overlap orchestration joins the streams), so no memset is ever needed.
+typedef struct weft_gemm_group_wait_params {
+  uint64_t counter; // device address of the group's uint64_t counter
+  uint64_t target;  // WEFT_GEMM_CONSUMERS x the group's order count
+  uint32_t group;   // for the report
+  uint32_t rank;    // for the report
+  weft_sync_bound bound;
+} weft_gemm_group_wait_params;

@@ -21,6 +21,7 @@
 #define WEFT_SYNC_PRIM_BARRIER_GPU 5    // barrier_gpu(): blocks of one GPU
 #define WEFT_SYNC_PRIM_MBARRIER_WAIT 6  // mbarrier parity wait inside one SM
 #define WEFT_SYNC_PRIM_WAIT_UNORDERED 7 // unordered::wait() (relaxed poll, no acquire)
+#define WEFT_SYNC_PRIM_WAVE_GROUP 8     // signal-gemm's wave-group wait kernel (coord.b = group)
 
 // What the first thread whose wait expired saw. Lives in host-mapped pinned memory so the host can
 // read it after the kernel trapped and its context died.

@@ -5,6 +5,7 @@
 mod gemm;
 mod grpcoll;
 mod nccl;
+mod overlap;
 pub mod overlap_order;
 mod pgl;
 mod sync;
@@ -15,7 +16,7 @@ use crate::results::{today, RunMeta, Table};
 use anyhow::{bail, Context};
 use std::path::PathBuf;
 
-pub const SUITES: &[&str] = &["nccl", "pgl", "sync", "overlap-order", "grpcoll", "gemm"];
+pub const SUITES: &[&str] = &["nccl", "pgl", "sync", "overlap-order", "grpcoll", "gemm", "overlap"];
 
 #[derive(Debug, Default, PartialEq)]
 pub struct BenchOptions {
@@ -23,6 +24,8 @@ pub struct BenchOptions {
     pub json: Option<PathBuf>,
     pub csv: Option<PathBuf>,
     pub quick: bool,
+    /// `--method M` (repeatable): the overlap suite's methods to run (all when none is named).
+    pub methods: Vec<String>,
 }
 
 /// What one suite measured: the table rank 0 prints and the rows of its results file.
@@ -39,8 +42,9 @@ pub fn parse(args: &[String]) -> anyhow::Result<BenchOptions> {
             "--quick" => o.quick = true,
             "--json" => o.json = Some(it.next().context("--json needs a file path")?.into()),
             "--csv" => o.csv = Some(it.next().context("--csv needs a file path")?.into()),
+            "--method" => o.methods.push(it.next().context("--method needs a name (see `weft bench --list`)")?.clone()),
             s if s.starts_with('-') => bail!(
-                "weft bench: unknown option {s:?} (options: --quick, --json PATH, --csv PATH)"
+                "weft bench: unknown option {s:?} (options: --quick, --json PATH, --csv PATH, --method M)"
             ),
             s if SUITES.contains(&s) => o.suites.push(s.to_string()),
             s => bail!(
@@ -74,6 +78,7 @@ pub fn run(job: &mut Job, opts: &BenchOptions) -> anyhow::Result<()> {
             "pgl" => pgl::run(job, opts.quick)?,
             "sync" => sync::run(job, opts.quick)?,
             "overlap-order" => overlap_order::run(job, opts.quick)?,
+            "overlap" => overlap::run(job, opts.quick, &opts.methods)?,
             other => bail!("unknown suite {other}"),
         };
         if job.rank() != 0 {

@@ -4,6 +4,7 @@ mod barrier;
 mod gemm;
 mod grpcoll;
 mod nccl;
+mod overlap;
 mod pgl;
 mod rendezvous;
 mod roundtrip;
@@ -23,5 +24,6 @@ pub fn all() -> Vec<Case> {
     cases.extend(barrier::cases());
     cases.extend(grpcoll::cases());
     cases.extend(gemm::cases());
+    cases.extend(overlap::cases());
     cases
 }

@@ -46,8 +46,12 @@ struct TmaStorer {
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
     const bool leader = thread_in_warpgroup() == 0;
     const uint32_t bar_id = 1 + consumer;
-    const uint32_t row0 = t.tm * Cfg::kBM + consumer * 64;
+    const uint32_t row0 = t.tm * Cfg::kBM + consumer * 64;  // in D's standard layout (beta reads)
     const uint32_t col0 = t.tn * Cfg::kBN;
+    // Where the stores go: the standard position, or the tile's slot in execution order.
+    const bool tile_order = p.layout == WEFT_GEMM_LAYOUT_TILE_ORDER;
+    const int32_t store_row = static_cast<int32_t>(tile_order ? order * Cfg::kBM + consumer * 64 : row0);
+    const int32_t store_col = static_cast<int32_t>(tile_order ? 0 : col0);
     const bool with_beta = p.beta != 0.0f;
     // Chunk c of this warpgroup's accumulators -> `buf` (alpha, beta, conversion, swizzle).
     auto write_chunk = [&](int c, uint8_t* buf) {
@@ -72,7 +76,7 @@ struct TmaStorer {
       }
     };
     auto store_chunk = [&](int c, const uint8_t* buf) {
-      tensor_store_2d(&p.d, buf, static_cast<int32_t>(col0 + c * Cfg::kEpiCols), static_cast<int32_t>(row0));
+      tensor_store_2d(&p.d, buf, store_col + c * Cfg::kEpiCols, store_row);
     };
     if constexpr (Cfg::kEpiBufs >= Cfg::kEpiChunks) {
       // Whole tile: every chunk has its own buffer. One wait (the previous tile's stores have
@@ -106,11 +110,17 @@ struct TmaStorer {
         ++epi_count;
       }
     }
-    if (leader && p.tile_flags != 0 && t.valid) {
+    const bool tile_signal = p.tile_flags != 0 && t.valid;
+    if (leader && (tile_signal || p.group_counters != 0)) {
       bulk_wait_group<0>();
       namespace mo = weft::sync::mo;
       mo::fence_proxy_async();
-      mo::red_add_release_gpu(reinterpret_cast<uint64_t*>(p.tile_flags) + weft_gemm_tile_index(p.sched, t), 1);
+      if (tile_signal)
+        mo::red_add_release_gpu(reinterpret_cast<uint64_t*>(p.tile_flags) + weft_gemm_tile_index(p.sched, t), 1);
+      // Phantoms signal their group too: its order count includes them (their TILE_ORDER slot is
+      // written, with zeros, inside the group's range).
+      if (p.group_counters != 0)
+        mo::red_add_release_gpu(reinterpret_cast<uint64_t*>(p.group_counters) + weft_gemm_group_of(&p.groups, order), 1);
     }
     if (leader && consumer == 0 && p.trace != 0 && t.valid) {
       uint32_t* slot = reinterpret_cast<uint32_t*>(p.trace) + 2 * weft_gemm_tile_index(p.sched, t);

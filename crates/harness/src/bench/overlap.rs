@@ -1,0 +1,333 @@
+//! `weft bench overlap [--method M]…`: GEMM + AllReduce on every rank (each rank's local GEMM
+//! M × N × K, its output summed over ranks), by method, in the same run:
+//!
+//! - `seq-cublas`: cuBLAS, then ncclAllReduce (NCCL's default CTAs) — the baseline of the ratios;
+//! - `seq-weft`: weft's GEMM, then ncclAllReduce;
+//! - `decomposition`: M split into 2 or 4 row bands, cuBLAS per band on the compute stream and
+//!   the band's ncclAllReduce on a high-priority stream as soon as it is computed (best count);
+//! - `signal`: signal-gemm II (`AllReduceOverlap`): wave-group signals, tile-order staging, one
+//!   ncclAllReduce per group on a high-priority stream with NCCL limited to the SMs the GEMM
+//!   leaves free, then the restore to the standard layout (included in the time). Each
+//!   (sm_margin, grouping) candidate is measured and the fastest reported, with its config.
+//!
+//! Per shape also: the GEMM and the AllReduce alone (T_gemm = cuBLAS, T_comm), the theoretical
+//! best max(T_gemm, T_comm) and the share of it reached, and the signalling GEMM alone against
+//! the plain weft GEMM with the same SMs (interference). Timing: each iteration between its own
+//! events on the compute stream, after a 256 MiB scratch write that evicts L2; median per rank,
+//! slowest rank reported. The signal output is checked element by element against the seq-weft
+//! output (bound: world · 2⁻⁷ · Σ_r |partial_r|, see suites/overlap.rs) before timing.
+
+use super::{gather_f64, SuiteResult};
+use crate::gemm_data::{download, poisoned, uniform, upload};
+use crate::job::Job;
+use crate::json::Json;
+use crate::results::Table;
+use crate::timing::median;
+use cudarc::driver::{sys, CudaSlice, CudaStream};
+use half::bf16;
+use std::sync::Arc;
+use weft_pgl::nccl::{Communicator, ReduceOp};
+use weft_signal_gemm::overlap::{high_priority_stream, AllReduceOverlap};
+use weft_signal_gemm::{CublasGemm, Gemm, GemmOptions, GemmPlan, GemmShape, Restore};
+
+pub const METHODS: &[&str] = &["seq-cublas", "seq-weft", "decomposition", "signal"];
+const FLUSH_BYTES: usize = 256 << 20;
+
+fn shapes(quick: bool) -> Vec<GemmShape> {
+    let s = GemmShape::new;
+    if quick {
+        return vec![s(8192, 8192, 2048), s(16384, 8192, 1024)];
+    }
+    let mut v = Vec::new();
+    for m in [4096, 8192, 16384] {
+        for k in [1024, 2048, 7168] {
+            v.push(s(m, 8192, k));
+        }
+    }
+    v.push(s(16384, 16384, 2048));
+    v
+}
+
+/// Wave groupings tried for a plan of `waves` waves.
+fn groupings(waves: u32) -> Vec<Vec<u32>> {
+    let uniform = |w: u32| -> Vec<u32> {
+        let mut v = vec![w; (waves / w) as usize];
+        if waves % w != 0 {
+            v.push(waves % w);
+        }
+        v
+    };
+    let mut out = vec![uniform(1), uniform(2), uniform(4)];
+    if waves > 1 {
+        out.push(vec![1, waves - 1]);
+        out.push(vec![waves.div_ceil(2), waves / 2]);
+    }
+    out.retain(|g| g.len() <= 32);
+    out.sort();
+    out.dedup();
+    out
+}
+
+struct Rig {
+    compute: Arc<CudaStream>,
+    comm_stream: Arc<CudaStream>,
+    flush: CudaSlice<u8>,
+    iters: usize,
+    warmup: usize,
+}
+
+impl Rig {
+    /// Median ms of `op` (each iteration after an L2 flush, between its own events).
+    fn time(&mut self, mut op: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+        for _ in 0..self.warmup {
+            op()?;
+        }
+        let ctx = self.compute.context();
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let mut ms = Vec::with_capacity(self.iters);
+        let events: Vec<_> = (0..2 * self.iters).map(|_| ctx.new_event(flags)).collect::<Result<_, _>>()?;
+        self.compute.synchronize()?;
+        for i in 0..self.iters {
+            self.compute.memset_zeros(&mut self.flush)?;
+            events[2 * i].record(&self.compute)?;
+            op()?;
+            events[2 * i + 1].record(&self.compute)?;
+        }
+        self.compute.synchronize()?;
+        for i in 0..self.iters {
+            ms.push(events[2 * i].elapsed_ms(&events[2 * i + 1])? as f64);
+        }
+        Ok(median(&ms))
+    }
+}
+
+/// The slowest rank's value of each entry.
+fn slowest(job: &mut Job, mine: &[f64]) -> anyhow::Result<Vec<f64>> {
+    let all = gather_f64(job, mine)?;
+    Ok((0..mine.len()).map(|i| all.iter().map(|r| r[i]).fold(0.0, f64::max)).collect())
+}
+
+pub fn run(job: &mut Job, quick: bool, methods: &[String]) -> anyhow::Result<SuiteResult> {
+    let want = |m: &str| methods.is_empty() || methods.iter().any(|x| x == m);
+    for m in methods {
+        anyhow::ensure!(METHODS.contains(&m.as_str()), "weft bench overlap: unknown method {m:?} (methods: {})", METHODS.join(", "));
+    }
+    let rank = job.rank();
+    let world = job.world();
+    let gpu = job.gpu().map_err(|w| anyhow::anyhow!("no GPU: {w}"))?;
+    let (ctx, compute) = (gpu.ctx.clone(), gpu.stream.clone());
+    let sms = weft_signal_gemm::device_sms(&ctx)?;
+    let mut rig = Rig {
+        comm_stream: high_priority_stream(&ctx)?,
+        flush: compute.alloc_zeros::<u8>(FLUSH_BYTES)?,
+        compute: compute.clone(),
+        iters: if quick { 8 } else { 15 },
+        warmup: 3,
+    };
+    let margins: Vec<u32> = if quick { vec![16] } else { vec![16, 32] };
+    // One communicator per margin, NCCL limited to that many CTAs (collective: every rank).
+    let mut limited: Vec<(u32, Communicator)> = Vec::new();
+    if want("signal") {
+        for &m in &margins {
+            limited.push((m, Communicator::with_max_ctas(&mut job.rdzv, &ctx, Some(m))?));
+        }
+    }
+    job.comm()?;
+    let mut table = Table {
+        headers: vec![
+            "M x N x K", "T_gemm", "T_comm", "seq-cublas", "seq-weft", "decomp", "signal", "speedup", "of theory", "interf.",
+            "signal config",
+        ],
+        rows: Vec::new(),
+    };
+    let mut rows = Vec::new();
+    for shape in shapes(quick) {
+        let GemmShape { m, n, k } = shape;
+        let (mu, nu, ku) = (m as usize, n as usize, k as usize);
+        let seed = 0x5eed ^ (u64::from(m) << 32) ^ (u64::from(k) << 8) ^ ((rank as u64) << 56);
+        let a = upload(&compute, &uniform::<bf16>(seed, mu * ku))?;
+        let b = upload(&compute, &uniform::<bf16>(seed ^ 1, ku * nu))?;
+        let base = GemmOptions::default();
+        let cublas = CublasGemm::new(&compute, shape, base)?;
+        let weft = Gemm::new(&ctx, shape, base)?;
+        let mut d = poisoned::<bf16>(&compute, mu * nu)?;
+        let mut out = poisoned::<bf16>(&compute, mu * nu)?;
+        let comm = job.comm()?;
+
+        // Alone.
+        let t_gemm = rig.time(|| cublas.launch(&a, &b, &mut d))?;
+        let t_comm = rig.time(|| comm.all_reduce_in_place(&mut d, ReduceOp::Sum, &compute))?;
+        let t_weft_gemm = rig.time(|| weft.launch(&compute, &a, &b, &mut d))?;
+        // Sequential.
+        let seq_cublas = if want("seq-cublas") {
+            rig.time(|| {
+                cublas.launch(&a, &b, &mut d)?;
+                comm.all_reduce_in_place(&mut d, ReduceOp::Sum, &compute)
+            })?
+        } else {
+            f64::NAN
+        };
+        let seq_weft = if want("seq-weft") || want("signal") {
+            rig.time(|| {
+                weft.launch(&compute, &a, &b, &mut d)?;
+                comm.all_reduce(&d, &mut out, ReduceOp::Sum, &compute)
+            })?
+        } else {
+            f64::NAN
+        };
+        // Decomposition: bands of rows on two streams.
+        let mut decomp = (f64::NAN, 0usize);
+        if want("decomposition") {
+            for chunks in [2usize, 4] {
+                let rows = mu / chunks;
+                let band = CublasGemm::new(&compute, GemmShape::new(rows as u32, n, k), base)?;
+                let x = &rig.comm_stream.clone();
+                let t = rig.time(|| {
+                    x.join(&compute)?;
+                    for c in 0..chunks {
+                        let av = a.slice(c * rows * ku..(c + 1) * rows * ku);
+                        let mut dv = d.slice_mut(c * rows * nu..(c + 1) * rows * nu);
+                        band.launch(&av, &b, &mut dv)?;
+                        x.join(&compute)?;
+                        comm.all_reduce_in_place(&mut d.slice_mut(c * rows * nu..(c + 1) * rows * nu), ReduceOp::Sum, x)?;
+                    }
+                    compute.join(x)?;
+                    Ok(())
+                })?;
+                if !(t >= decomp.0) {
+                    decomp = (t, chunks);
+                }
+            }
+        }
+        // Signal: check once against seq-weft, then every candidate timed.
+        let mut best: Option<(f64, u32, String, f64, f64, f64)> = None; // (ms, margin, groups, gemm-only, plain same margin, restore)
+        let mut candidates = Vec::new();
+        if want("signal") {
+            let bound = abs_bound(job, &compute, &a, &b, &weft, world)?;
+            weft.launch(&compute, &a, &b, &mut d)?;
+            let comm = job.comm()?;
+            comm.all_reduce(&d, &mut out, ReduceOp::Sum, &compute)?;
+            let seq_out = download(&compute, &out)?;
+            for (margin, lcomm) in &limited {
+                let options = GemmOptions { sm_margin: *margin, ..base };
+                let plan = GemmPlan::new(sms, shape, options)?;
+                for parts in groupings(plan.waves()) {
+                    let ov = AllReduceOverlap::new(&compute, shape, options, Some(&parts), rank as u32)?;
+                    let mut staging = poisoned::<bf16>(&compute, ov.staging_len())?;
+                    let mut sig_out = poisoned::<bf16>(&compute, mu * nu)?;
+                    ov.run(&compute, lcomm, &a, &b, &mut staging, &mut sig_out, Restore::Copy)?;
+                    compute.synchronize()?;
+                    ov.check()?;
+                    check_close(&download(&compute, &sig_out)?, &seq_out, &bound, n as usize)
+                        .map_err(|e| e.context(format!("{shape} margin {margin} groups {}", ov.groups())))?;
+                    let t = rig.time(|| ov.run(&compute, lcomm, &a, &b, &mut staging, &mut sig_out, Restore::Copy))?;
+                    let t = slowest(job, &[t])?[0];
+                    candidates.push(Json::obj([
+                        ("sm_margin", Json::Num(f64::from(*margin))),
+                        ("groups", Json::Str(ov.groups().to_string())),
+                        ("ms", Json::Num(t)),
+                    ]));
+                    if best.as_ref().is_none_or(|b| t < b.0) {
+                        let gemm_only = rig.time(|| ov.run_gemm_only(&compute, &a, &b, &mut staging))?;
+                        let plain = Gemm::new(&ctx, shape, options)?;
+                        let plain_t = rig.time(|| plain.launch(&compute, &a, &b, &mut d))?;
+                        let restore_t = rig.time(|| ov.restore(&compute, &staging, &mut sig_out, Restore::Copy))?;
+                        best = Some((t, *margin, ov.groups().to_string(), gemm_only, plain_t, restore_t));
+                    }
+                }
+            }
+        }
+        let mine = [t_gemm, t_comm, t_weft_gemm, seq_cublas, seq_weft, decomp.0];
+        let v = slowest(job, &mine)?;
+        let (t_gemm, t_comm, t_weft_gemm, seq_cublas, seq_weft, decomp_t) = (v[0], v[1], v[2], v[3], v[4], v[5]);
+        let (sig_t, margin, groups, gemm_only, plain_t, restore_t) = match &best {
+            Some((t, mg, g, go, p, r)) => {
+                let w = slowest(job, &[*go, *p, *r])?;
+                (*t, *mg, g.clone(), w[0], w[1], w[2])
+            }
+            None => (f64::NAN, 0, String::new(), f64::NAN, f64::NAN, f64::NAN),
+        };
+        let theory = t_gemm.max(t_comm);
+        let speedup = seq_cublas / sig_t;
+        let of_theory = theory / sig_t; // (T_seq / T_signal) / (T_seq / max)
+        let interference = gemm_only / plain_t;
+        table.rows.push(vec![
+            format!("{m}x{n}x{k}"),
+            format!("{t_gemm:.3}"),
+            format!("{t_comm:.3}"),
+            format!("{seq_cublas:.3}"),
+            format!("{seq_weft:.3}"),
+            format!("{decomp_t:.3} ({}x)", decomp.1),
+            format!("{sig_t:.3}"),
+            format!("{speedup:.3}"),
+            format!("{:.1}%", 100.0 * of_theory),
+            format!("{interference:.3}"),
+            format!("margin {margin} groups {groups}"),
+        ]);
+        rows.push(Json::obj([
+            ("op", Json::Str("all_reduce".into())),
+            ("m", Json::Num(f64::from(m))),
+            ("n", Json::Num(f64::from(n))),
+            ("k", Json::Num(f64::from(k))),
+            ("world", Json::Num(world as f64)),
+            ("t_gemm_cublas_ms", Json::Num(t_gemm)),
+            ("t_gemm_weft_ms", Json::Num(t_weft_gemm)),
+            ("t_comm_ms", Json::Num(t_comm)),
+            ("comm_over_gemm", Json::Num(t_comm / t_gemm)),
+            ("seq_cublas_ms", Json::Num(seq_cublas)),
+            ("seq_weft_ms", Json::Num(seq_weft)),
+            ("decomposition_ms", Json::Num(decomp_t)),
+            ("decomposition_chunks", Json::Num(decomp.1 as f64)),
+            ("signal_ms", Json::Num(sig_t)),
+            ("signal_sm_margin", Json::Num(f64::from(margin))),
+            ("signal_groups", Json::Str(groups)),
+            ("signal_gemm_only_ms", Json::Num(gemm_only)),
+            ("plain_gemm_same_margin_ms", Json::Num(plain_t)),
+            ("interference", Json::Num(interference)),
+            ("restore_ms", Json::Num(restore_t)),
+            ("speedup_vs_seq_cublas", Json::Num(speedup)),
+            ("theoretical_speedup", Json::Num(seq_cublas / theory)),
+            ("fraction_of_theoretical", Json::Num(of_theory)),
+            ("signal_candidates", Json::Arr(candidates)),
+        ]));
+    }
+    Ok(SuiteResult { table, rows })
+}
+
+/// world · 2⁻⁷ · Σ_r |partial_r| per element, partial_r = this rank's weft GEMM output.
+fn abs_bound(
+    job: &mut Job,
+    stream: &Arc<CudaStream>,
+    a: &CudaSlice<bf16>,
+    b: &CudaSlice<bf16>,
+    weft: &Gemm,
+    world: usize,
+) -> anyhow::Result<Vec<f32>> {
+    let n = (weft.plan().shape.m * weft.plan().shape.n) as usize;
+    let mut p = poisoned::<bf16>(stream, n)?;
+    weft.launch(stream, a, b, &mut p)?;
+    let abs: Vec<f32> = download(stream, &p)?.iter().map(|v| v.to_f32().abs()).collect();
+    drop(p);
+    let mut s = stream.clone_htod(&abs)?;
+    job.comm()?.all_reduce_in_place(&mut s, ReduceOp::Sum, stream)?;
+    Ok(download(stream, &s)?.iter().map(|x| world as f32 * x / 128.0).collect())
+}
+
+fn check_close(got: &[bf16], want: &[bf16], bound: &[f32], n: usize) -> anyhow::Result<()> {
+    let bad = got
+        .iter()
+        .zip(want)
+        .zip(bound)
+        .position(|((g, w), b)| !((g.to_f32() - w.to_f32()).abs() <= b + 1e-6));
+    match bad {
+        None => Ok(()),
+        Some(i) => anyhow::bail!(
+            "signal output at ({}, {}) is {}, seq-weft {}, bound {}",
+            i / n,
+            i % n,
+            got[i],
+            want[i],
+            bound[i]
+        ),
+    }
+}

@@ -1,0 +1,136 @@
+//! GEMM + AllReduce: tiles stored in execution order (the TILE_ORDER reorder map), one in-place
+//! ncclAllReduce per wave group on the communication stream, then the restore to the standard
+//! layout (optionally fused with a residual add or RMSNorm) on the compute stream.
+//!
+//! Ordering of one `run` (compute stream C, communication stream X):
+//!   X waits for C          — the staging buffer's previous readers and the inputs are done
+//!   C: GEMM (TILE_ORDER, group signals)
+//!   X: for each group g: wait kernel (acquire, rearms the counter), ncclAllReduce(range g)
+//!   C waits for X; C: restore
+//! So the next run's GEMM is ordered after every wait of this one (the counters' rule).
+
+use crate::gemm::Gemm;
+use crate::overlap::comm_stream::high_priority_stream;
+use crate::plan::{GemmOptions, GemmShape};
+use crate::reorder::{OutputLayout, Restore, TileOrderMap};
+use crate::wave_groups::{GroupCounters, WaveGroups};
+use crate::{GemmElement, LaunchExtras};
+use anyhow::ensure;
+use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::nccl::NcclType;
+use std::sync::Arc;
+use weft_pgl::nccl::{Communicator, ReduceOp};
+
+/// One rank's GEMM + AllReduce overlap for a fixed shape and wave grouping.
+pub struct AllReduceOverlap {
+    gemm: Gemm,
+    counters: GroupCounters,
+    map: TileOrderMap,
+    comm_stream: Arc<CudaStream>,
+}
+
+impl AllReduceOverlap {
+    /// Plans the GEMM (`options.sm_margin`: the SMs left to NCCL's kernels; see
+    /// `Communicator::with_max_ctas`) and groups its waves as `waves_per_group` (None: one group
+    /// per wave). `stream` gives the device; `rank` names this process in wait reports.
+    pub fn new(
+        stream: &Arc<CudaStream>,
+        shape: GemmShape,
+        options: GemmOptions,
+        waves_per_group: Option<&[u32]>,
+        rank: u32,
+    ) -> anyhow::Result<Self> {
+        ensure!(options.beta == 0.0, "GEMM + AllReduce: beta must be 0 (the epilogue writes the tile-order layout)");
+        ensure!(options.comm_ctas == 0, "GEMM + AllReduce: no communicator CTAs (NCCL communicates)");
+        let ctx = stream.context();
+        let gemm = Gemm::new(ctx, shape, options)?;
+        let plan = gemm.plan();
+        let groups = match waves_per_group {
+            Some(w) => WaveGroups::new(plan, w)?,
+            None => WaveGroups::uniform(plan, 1)?,
+        };
+        let counters = GroupCounters::new(stream, groups, rank)?;
+        let map = TileOrderMap::new(stream, plan)?;
+        let comm_stream = high_priority_stream(ctx)?;
+        Ok(Self { gemm, counters, map, comm_stream })
+    }
+
+    pub fn gemm(&self) -> &Gemm {
+        &self.gemm
+    }
+
+    pub fn groups(&self) -> &WaveGroups {
+        self.counters.groups()
+    }
+
+    /// Elements of the staging buffer (the GEMM's output in tile order, reduced in place).
+    pub fn staging_len(&self) -> usize {
+        OutputLayout::TileOrder.elements(self.gemm.plan()) as usize
+    }
+
+    /// out = AllReduce_sum(A · B) over `comm`'s ranks, in the standard m × n layout (through
+    /// `restore`'s fused step). Enqueues only: synchronise `compute` before reading `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run<TI: GemmElement, TO: GemmElement + NcclType>(
+        &self,
+        compute: &Arc<CudaStream>,
+        comm: &Communicator,
+        a: &CudaSlice<TI>,
+        b: &CudaSlice<TI>,
+        staging: &mut CudaSlice<TO>,
+        out: &mut CudaSlice<TO>,
+        restore: Restore<'_>,
+    ) -> anyhow::Result<()> {
+        ensure!(
+            comm.context().cu_ctx() == compute.context().cu_ctx(),
+            "GEMM + AllReduce: the communicator is on GPU {}, the compute stream on GPU {}",
+            comm.context().ordinal(),
+            compute.context().ordinal()
+        );
+        ensure!(staging.len() >= self.staging_len(), "GEMM + AllReduce: staging buffer has {} elements, needs {}", staging.len(), self.staging_len());
+        let x = &self.comm_stream;
+        x.join(compute)?;
+        let extras = LaunchExtras { groups: Some(&self.counters), layout: OutputLayout::TileOrder, ..Default::default() };
+        self.gemm.launch_with(compute, a, b, staging, extras)?;
+        let tile = (self.gemm.plan().tile_m() * self.gemm.plan().tile_n()) as usize;
+        for g in 0..self.groups().count() {
+            self.counters.wait(x, g)?;
+            let r = self.groups().orders(g);
+            let mut range = staging.slice_mut(r.start as usize * tile..r.end as usize * tile);
+            comm.all_reduce_in_place(&mut range, ReduceOp::Sum, x)?;
+        }
+        compute.join(x)?;
+        self.map.restore(compute, staging, out, restore)
+    }
+
+    /// Only the GEMM with its signals and the group waits (no collective, no restore): for
+    /// measuring what signalling costs the GEMM. Enqueues only.
+    pub fn run_gemm_only<TI: GemmElement, TO: GemmElement>(
+        &self,
+        compute: &Arc<CudaStream>,
+        a: &CudaSlice<TI>,
+        b: &CudaSlice<TI>,
+        staging: &mut CudaSlice<TO>,
+    ) -> anyhow::Result<()> {
+        let x = &self.comm_stream;
+        x.join(compute)?;
+        let extras = LaunchExtras { groups: Some(&self.counters), layout: OutputLayout::TileOrder, ..Default::default() };
+        self.gemm.launch_with(compute, a, b, staging, extras)?;
+        for g in 0..self.groups().count() {
+            self.counters.wait(x, g)?;
+        }
+        compute.join(x)?;
+        Ok(())
+    }
+
+    /// Only the restore (for timing it alone): `out` from `staging`.
+    pub fn restore<T: GemmElement>(&self, stream: &Arc<CudaStream>, staging: &CudaSlice<T>, out: &mut CudaSlice<T>, step: Restore<'_>) -> anyhow::Result<()> {
+        self.map.restore(stream, staging, out, step)
+    }
+
+    /// After synchronising: an error naming a GEMM or group wait that ran past its bound.
+    pub fn check(&self) -> anyhow::Result<()> {
+        self.gemm.check()?;
+        self.counters.check()
+    }
+}

@@ -1,0 +1,10 @@
+//! GEMM + NCCL overlap by signalling (signal-gemm II, FlashOverlap §3): the GEMM's epilogue
+//! stores each tile in the layout the collective wants and signals its wave group; a
+//! high-priority communication stream waits for each group (a 1-thread wait kernel) and runs the
+//! collective on that group's contiguous range while the GEMM computes the next waves.
+
+mod all_reduce;
+mod comm_stream;
+
+pub use all_reduce::AllReduceOverlap;
+pub use comm_stream::high_priority_stream;
