@@ -124,7 +124,7 @@ pub fn run(job: &mut Job, quick: bool, methods: &[String]) -> anyhow::Result<Sui
         iters: if quick { 8 } else { 15 },
         warmup: 3,
     };
-    let margins: Vec<u32> = if quick { vec![16] } else { vec![16, 32] };
+    let margins: Vec<u32> = if quick { vec![16, 32] } else { vec![16, 24, 32] };
     // One communicator per margin, NCCL limited to that many CTAs (collective: every rank).
     let mut limited: Vec<(u32, Communicator)> = Vec::new();
     if want("signal") {

@@ -80,7 +80,7 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
     warpgroup_claim_registers<kConsumerRegs>();
     const int consumer = wg - 1;
     PipelineState<Cfg::kStages> ps;
-    uint32_t epi_count = 0;
+    StoreState store_state;
     ConsumerStall stall;
     {
       float acc[Cfg::kAccumulators];
@@ -89,11 +89,11 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
         if (order == WEFT_GEMM_NO_TILE) break;
         const weft_gemm_tile t = weft_gemm_tile_at(p.sched, order);
         if (!mma_tile<Cfg>(p, sm, consumer, t, ps, acc, stall)) break;
-        Storer::template store<Cfg>(p, sm, consumer, t, order, acc, epi_count);
+        Storer::template store<Cfg>(p, sm, consumer, t, order, acc, store_state);
       }
     }
-    Storer::drain();
-    // After drain: this warpgroup's stores have completed.
+    Storer::drain(p, store_state);
+    // After drain: this warpgroup's stores have completed and are signalled.
     if (p.timeline != 0 && thread_in_warpgroup() == 0)
       atomicMax(reinterpret_cast<unsigned long long*>(p.timeline) + 1, weft::sync::globaltimer_ns());
     if (stall.stalled) report_stall(p, stall);

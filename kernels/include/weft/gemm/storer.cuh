@@ -6,6 +6,12 @@
 // (bulk_wait_group<0>, not .read), orders the async-proxy writes before its generic-proxy release
 // (fence.proxy.async), then adds 1 to the tile's flag with release semantics at GPU scope. A
 // consumer of the tile (same GPU) polls the flag with acquire until it reaches the launch's target.
+// The same release adds 1 to the counter of the tile's wave group when the launch has groups.
+//
+// Deferred: a tile is signalled when the warpgroup starts its NEXT tile's epilogue (or drains),
+// not right after its own stores. By then a whole main loop has passed, the stores have long
+// completed and the wait costs nothing; waiting right away stalled every tile by the store
+// latency (6-12 % of a short-K GEMM). The price: a tile's signal comes one tile later.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -36,15 +42,38 @@ __device__ __forceinline__ uint32_t swizzle128(uint32_t row, uint32_t byte) {
   return row * 128 + ((((byte >> 4) ^ row) & 7) << 4) + (byte & 15);
 }
 
+// A warpgroup's epilogue state across the tiles of a launch.
+struct StoreState {
+  uint32_t epi_count = 0;                 // chunks stored so far (selects the buffer)
+  uint32_t pending = WEFT_GEMM_NO_TILE;   // the order whose signals are deferred, if any
+};
+
+// The leader's signals for `order`, once that tile's stores have completed (see above).
+__device__ __forceinline__ void signal_stored(const weft_gemm_params& p, uint32_t order) {
+  namespace mo = weft::sync::mo;
+  mo::fence_proxy_async();
+  const weft_gemm_tile t = weft_gemm_tile_at(p.sched, order);
+  if (p.tile_flags != 0 && t.valid)
+    mo::red_add_release_gpu(reinterpret_cast<uint64_t*>(p.tile_flags) + weft_gemm_tile_index(p.sched, t), 1);
+  // Phantoms signal their group too: its order count includes them (their TILE_ORDER slot is
+  // written, with zeros, inside the group's range).
+  if (p.group_counters != 0)
+    mo::red_add_release_gpu(reinterpret_cast<uint64_t*>(p.group_counters) + weft_gemm_group_of(&p.groups, order), 1);
+}
+
 struct TmaStorer {
-  // `epi_count` counts this warpgroup's chunks over the whole launch (selects the buffer).
   template <class Cfg>
   __device__ __forceinline__ static void store(const weft_gemm_params& p, const SharedTiles<Cfg>& sm, int consumer,
                                                weft_gemm_tile t, uint32_t order, const float (&acc)[Cfg::kAccumulators],
-                                               uint32_t& epi_count) {
+                                               StoreState& st) {
     using Out = typename Cfg::Out;
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
     const bool leader = thread_in_warpgroup() == 0;
+    uint32_t& epi_count = st.epi_count;
+    if (leader && st.pending != WEFT_GEMM_NO_TILE) {
+      bulk_wait_group<0>();  // the previous tile's stores: issued a main loop ago
+      signal_stored(p, st.pending);
+    }
     const uint32_t bar_id = 1 + consumer;
     const uint32_t row0 = t.tm * Cfg::kBM + consumer * 64;  // in D's standard layout (beta reads)
     const uint32_t col0 = t.tn * Cfg::kBN;
@@ -110,18 +139,7 @@ struct TmaStorer {
         ++epi_count;
       }
     }
-    const bool tile_signal = p.tile_flags != 0 && t.valid;
-    if (leader && (tile_signal || p.group_counters != 0)) {
-      bulk_wait_group<0>();
-      namespace mo = weft::sync::mo;
-      mo::fence_proxy_async();
-      if (tile_signal)
-        mo::red_add_release_gpu(reinterpret_cast<uint64_t*>(p.tile_flags) + weft_gemm_tile_index(p.sched, t), 1);
-      // Phantoms signal their group too: its order count includes them (their TILE_ORDER slot is
-      // written, with zeros, inside the group's range).
-      if (p.group_counters != 0)
-        mo::red_add_release_gpu(reinterpret_cast<uint64_t*>(p.group_counters) + weft_gemm_group_of(&p.groups, order), 1);
-    }
+    st.pending = (p.tile_flags != 0 || p.group_counters != 0) ? order : WEFT_GEMM_NO_TILE;
     if (leader && consumer == 0 && p.trace != 0 && t.valid) {
       uint32_t* slot = reinterpret_cast<uint32_t*>(p.trace) + 2 * weft_gemm_tile_index(p.sched, t);
       slot[0] = order + 1;
@@ -129,9 +147,13 @@ struct TmaStorer {
     }
   }
 
-  // Before the warpgroup exits: its stores' writes complete, shared sources no longer needed.
-  __device__ __forceinline__ static void drain() {
-    if (thread_in_warpgroup() == 0) bulk_wait_group<0>();
+  // Before the warpgroup exits: its stores' writes complete, shared sources no longer needed;
+  // then the last tile's deferred signals.
+  __device__ __forceinline__ static void drain(const weft_gemm_params& p, const StoreState& st) {
+    if (thread_in_warpgroup() == 0) {
+      bulk_wait_group<0>();
+      if (st.pending != WEFT_GEMM_NO_TILE) signal_stored(p, st.pending);
+    }
   }
 };
 
