@@ -124,7 +124,7 @@ pub fn run(job: &mut Job, quick: bool, methods: &[String]) -> anyhow::Result<Sui
         iters: if quick { 8 } else { 15 },
         warmup: 3,
     };
-    let margins: Vec<u32> = if quick { vec![16, 32] } else { vec![16, 24, 32] };
+    let margins: Vec<u32> = if quick { vec![16, 32] } else { vec![16, 32, 48] };
     // One communicator per margin, NCCL limited to that many CTAs (collective: every rank).
     let mut limited: Vec<(u32, Communicator)> = Vec::new();
     if want("signal") {
@@ -202,6 +202,7 @@ pub fn run(job: &mut Job, quick: bool, methods: &[String]) -> anyhow::Result<Sui
         // Signal: check once against seq-weft, then every candidate timed.
         let mut best: Option<(f64, u32, String, f64, f64, f64)> = None; // (ms, margin, groups, gemm-only, plain same margin, restore)
         let mut candidates = Vec::new();
+        let mut margin_rows = Vec::new();
         if want("signal") {
             let bound = abs_bound(job, &compute, &a, &b, &weft, world)?;
             weft.launch(&compute, &a, &b, &mut d)?;
@@ -211,6 +212,18 @@ pub fn run(job: &mut Job, quick: bool, methods: &[String]) -> anyhow::Result<Sui
             for (margin, lcomm) in &limited {
                 let options = GemmOptions { sm_margin: *margin, ..base };
                 let plan = GemmPlan::new(sms, shape, options)?;
+                // What the overlap works with: the GEMM on the SMs left, NCCL on the rest.
+                let plain = Gemm::new(&ctx, shape, options)?;
+                let parts_alone = [
+                    rig.time(|| plain.launch(&compute, &a, &b, &mut d))?,
+                    rig.time(|| lcomm.all_reduce_in_place(&mut d, ReduceOp::Sum, &compute))?,
+                ];
+                let parts_alone = slowest(job, &parts_alone)?;
+                margin_rows.push(Json::obj([
+                    ("sm_margin", Json::Num(f64::from(*margin))),
+                    ("gemm_alone_ms", Json::Num(parts_alone[0])),
+                    ("nccl_max_ctas_alone_ms", Json::Num(parts_alone[1])),
+                ]));
                 for parts in groupings(plan.waves()) {
                     let ov = AllReduceOverlap::new(&compute, shape, options, Some(&parts), rank as u32)?;
                     let mut staging = poisoned::<bf16>(&compute, ov.staging_len())?;
@@ -288,6 +301,7 @@ pub fn run(job: &mut Job, quick: bool, methods: &[String]) -> anyhow::Result<Sui
             ("speedup_vs_seq_cublas", Json::Num(speedup)),
             ("theoretical_speedup", Json::Num(seq_cublas / theory)),
             ("fraction_of_theoretical", Json::Num(of_theory)),
+            ("signal_margins", Json::Arr(margin_rows)),
             ("signal_candidates", Json::Arr(candidates)),
         ]));
     }
