@@ -345,9 +345,13 @@ impl Gemm {
         if let Some(g) = groups {
             ensure!(
                 g.groups().fits(plan),
-                "wave groups {} were made for another plan than {} (orders and CTAs differ)",
+                "wave groups {} were made for another plan ({} orders on {} CTAs) than {} ({} orders on {} CTAs)",
                 g.groups(),
-                plan.describe()
+                g.groups().planned().0,
+                g.groups().planned().1,
+                plan.describe(),
+                plan.orders(),
+                plan.ctas()
             );
             p.groups = g.groups().abi();
             p.group_counters = g.device_ptr(stream);

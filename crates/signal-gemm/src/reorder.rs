@@ -73,6 +73,37 @@ impl TileOrderMap {
         Ok(Self { plan: plan.clone(), slot_of_tile, restore, rmsnorm, blocks: 4 * sms })
     }
 
+    /// Refuses what [`restore`](Self::restore) would refuse, given the buffers' lengths.
+    pub fn check<T: GemmElement>(&self, src_len: usize, dst_len: usize, step: &Restore<'_>) -> anyhow::Result<()> {
+        let plan = &self.plan;
+        let (m, n) = (plan.shape.m, plan.shape.n);
+        let need_src = OutputLayout::TileOrder.elements(plan);
+        ensure!(src_len as u64 >= need_src, "restore: TILE_ORDER buffer has {src_len} elements, {} needs {need_src}", plan.describe());
+        ensure!(dst_len as u64 >= u64::from(m) * u64::from(n), "restore: output has {dst_len} elements, needs {m} x {n}");
+        ensure!(plan.options.output == T::DTYPE, "restore: the plan's output is {}, given {}", plan.options.output, T::DTYPE);
+        let mn = u64::from(m) * u64::from(n);
+        let residual_ok = |r: &CudaSlice<bf16>| {
+            ensure!(r.len() as u64 >= mn, "restore: residual has {} elements, needs {m} x {n}", r.len());
+            Ok(())
+        };
+        match step {
+            Restore::Copy => {}
+            Restore::ResidualAdd { residual } => {
+                ensure!(T::DTYPE == Dtype::Bf16, "restore with a residual add needs bf16 output, the plan's is {}", T::DTYPE);
+                residual_ok(residual)?;
+            }
+            Restore::RmsNorm { residual, gamma, eps } => {
+                ensure!(T::DTYPE == Dtype::Bf16, "restore with RMSNorm needs bf16 output, the plan's is {}", T::DTYPE);
+                ensure!(gamma.len() >= n as usize, "restore: RMSNorm gamma has {} elements, needs n = {n}", gamma.len());
+                ensure!(eps.is_finite() && *eps >= 0.0, "restore: RMSNorm eps must be finite and >= 0, got {eps}");
+                if let Some(r) = residual {
+                    residual_ok(r)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// `dst` (m × n, standard) from `src` (the TILE_ORDER buffer), with `step` fused.
     pub fn restore<T: GemmElement>(
         &self,
@@ -81,12 +112,9 @@ impl TileOrderMap {
         dst: &mut CudaSlice<T>,
         step: Restore<'_>,
     ) -> anyhow::Result<()> {
+        self.check::<T>(src.len(), dst.len(), &step)?;
         let plan = &self.plan;
         let (m, n) = (plan.shape.m, plan.shape.n);
-        let need_src = OutputLayout::TileOrder.elements(plan);
-        ensure!(src.len() as u64 >= need_src, "restore: TILE_ORDER buffer has {} elements, {} needs {need_src}", src.len(), plan.describe());
-        ensure!(dst.len() as u64 >= u64::from(m) * u64::from(n), "restore: output has {} elements, needs {m} x {n}", dst.len());
-        ensure!(plan.options.output == T::DTYPE, "restore: the plan's output is {}, given {}", plan.options.output, T::DTYPE);
         // The guards live to the end of the launch (they order other streams when cudarc's event
         // tracking is on).
         let (src_ptr, _gs) = src.device_ptr(stream);
@@ -105,36 +133,22 @@ impl TileOrderMap {
             op: WEFT_GEMM_RESTORE_COPY,
             ..Default::default()
         };
-        let bf16_only = |what: &str| {
-            ensure!(T::DTYPE == Dtype::Bf16, "restore with {what} needs bf16 output, the plan's is {}", T::DTYPE);
-            Ok(())
-        };
-        let residual_ok = |r: &CudaSlice<bf16>| {
-            ensure!(r.len() as u64 >= u64::from(m) * u64::from(n), "restore: residual has {} elements, needs {m} x {n}", r.len());
-            Ok(())
-        };
         let func = match step {
             Restore::Copy => &self.restore,
             Restore::ResidualAdd { residual } => {
-                bf16_only("a residual add")?;
                 p.op = WEFT_GEMM_RESTORE_ADD;
-                residual_ok(residual)?;
                 let (ptr, g) = residual.device_ptr(stream);
                 p.residual = ptr;
                 keep.push(g);
                 &self.restore
             }
             Restore::RmsNorm { residual, gamma, eps } => {
-                bf16_only("RMSNorm")?;
-                ensure!(gamma.len() >= n as usize, "restore: RMSNorm gamma has {} elements, needs n = {n}", gamma.len());
-                ensure!(eps.is_finite() && eps >= 0.0, "restore: RMSNorm eps must be finite and >= 0, got {eps}");
                 p.op = WEFT_GEMM_RESTORE_RMSNORM;
                 let (ptr, g) = gamma.device_ptr(stream);
                 p.gamma = ptr;
                 keep.push(g);
                 p.eps = eps;
                 if let Some(r) = residual {
-                    residual_ok(r)?;
                     let (ptr, g) = r.device_ptr(stream);
                     p.residual = ptr;
                     keep.push(g);

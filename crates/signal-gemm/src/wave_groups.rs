@@ -90,6 +90,11 @@ impl WaveGroups {
         self.abi
     }
 
+    /// (orders, CTAs) of the plan the groups were made for.
+    pub(crate) fn planned(&self) -> (u32, u32) {
+        (self.orders, self.ctas)
+    }
+
     /// True when made for a plan with this schedule length and grid.
     pub(crate) fn fits(&self, plan: &GemmPlan) -> bool {
         self.orders == plan.orders() && self.ctas == plan.ctas()

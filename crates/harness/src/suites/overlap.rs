@@ -26,7 +26,16 @@ pub fn cases() -> Vec<Case> {
         Case::gpu("overlap::tile_order_round_trip_is_bitwise", tile_order_round_trip),
         Case::gpu("overlap::restore_fused_add_and_rmsnorm_match_cpu", fused_restore),
         Case::gpu("overlap::all_reduce_matches_cublas_then_nccl", all_reduce_vs_sequential),
-        Case::gpu("overlap::all_reduce_stress_back_to_back", all_reduce_stress),
+        Case::gpu("overlap::all_reduce_stress_back_to_back", |j| {
+            all_reduce_stress(j, GemmOptions { tile: TileChoice::N128, sm_margin: 100, ..GemmOptions::default() })
+        }),
+        Case::gpu("overlap::all_reduce_stress_whole_tile_epilogue", |j| {
+            all_reduce_stress(j, GemmOptions { tile: TileChoice::N256, sm_margin: 110, ..GemmOptions::default() })
+        }),
+        Case::gpu("overlap::all_reduce_stress_dynamic_schedule", |j| {
+            let dynamic = Scheduling::Dynamic;
+            all_reduce_stress(j, GemmOptions { tile: TileChoice::N128, sm_margin: 100, scheduling: dynamic, ..GemmOptions::default() })
+        }),
         Case::gpu("overlap::bad_inputs_are_rejected", bad_inputs),
     ]
 }
@@ -320,14 +329,13 @@ const STRESS_ITERATIONS: usize = 10_000;
 /// two input sets whose results differ, the staging buffer poisoned (NaN) before every run: each
 /// output is compared on the GPU, bit for bit, with the verified first result of its input set.
 /// A stale read (the other set's data) or an early one (poison) shows as a difference.
-fn all_reduce_stress(job: &mut Job) -> anyhow::Result<()> {
+fn all_reduce_stress(job: &mut Job, options: GemmOptions) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
     let rank = job.rank();
     let (_ctx, stream) = gpu(job)?;
     let shape = GemmShape::new(2048, 1024, 128);
-    let options = GemmOptions { tile: TileChoice::N128, sm_margin: 100, ..GemmOptions::default() };
     let ov = AllReduceOverlap::new(&stream, shape, options, None, rank as u32)?;
-    anyhow::ensure!(ov.groups().count() >= 3, "stress plan has {} groups", ov.groups().count());
+    anyhow::ensure!(ov.groups().count() >= 3, "stress plan {} has {} groups", ov.gemm().plan().describe(), ov.groups().count());
     let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
     let mut inputs = Vec::new();
     let mut verified = Vec::new();
@@ -422,6 +430,11 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
     let ov = AllReduceOverlap::new(&stream, shape, options, None, rank)?;
     let (comm, _) = job.comm_and_gpu()?;
     expect(ov.run(&stream, comm, &a, &b, &mut too_small, &mut standard, Restore::Copy), "staging buffer")?;
+    // Refused before anything is enqueued: the next run still works.
+    let bad_norm = Restore::RmsNorm { residual: None, gamma: &a, eps: -1.0 };
+    expect(ov.run(&stream, comm, &a, &b, &mut staging, &mut standard, bad_norm), "eps")?;
+    ov.run(&stream, comm, &a, &b, &mut staging, &mut standard, Restore::Copy)?;
     stream.synchronize()?;
+    ov.check()?;
     Ok(())
 }

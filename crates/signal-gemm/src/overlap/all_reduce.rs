@@ -18,6 +18,7 @@ use crate::{GemmElement, LaunchExtras};
 use anyhow::ensure;
 use cudarc::driver::{CudaSlice, CudaStream};
 use cudarc::nccl::NcclType;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use weft_pgl::nccl::{Communicator, ReduceOp};
 
@@ -27,6 +28,9 @@ pub struct AllReduceOverlap {
     counters: GroupCounters,
     map: TileOrderMap,
     comm_stream: Arc<CudaStream>,
+    /// Set when a run failed after its GEMM was enqueued: some group counters may not have been
+    /// waited on (and rearmed), so a later run could read unfinished tiles. Refused from then on.
+    broken: AtomicBool,
 }
 
 impl AllReduceOverlap {
@@ -43,6 +47,12 @@ impl AllReduceOverlap {
         ensure!(options.beta == 0.0, "GEMM + AllReduce: beta must be 0 (the epilogue writes the tile-order layout)");
         ensure!(options.comm_ctas == 0, "GEMM + AllReduce: no communicator CTAs (NCCL communicates)");
         let ctx = stream.context();
+        ensure!(
+            !ctx.is_event_tracking(),
+            "GEMM + AllReduce needs the context's event tracking off (CudaContext::disable_event_tracking): with it on, \
+             taking a group's range of the staging buffer makes the communication stream wait for the whole GEMM, \
+             and nothing overlaps"
+        );
         let gemm = Gemm::new(ctx, shape, options)?;
         let plan = gemm.plan();
         let groups = match waves_per_group {
@@ -52,7 +62,7 @@ impl AllReduceOverlap {
         let counters = GroupCounters::new(stream, groups, rank)?;
         let map = TileOrderMap::new(stream, plan)?;
         let comm_stream = high_priority_stream(ctx)?;
-        Ok(Self { gemm, counters, map, comm_stream })
+        Ok(Self { gemm, counters, map, comm_stream, broken: AtomicBool::new(false) })
     }
 
     pub fn gemm(&self) -> &Gemm {
@@ -88,19 +98,40 @@ impl AllReduceOverlap {
             compute.context().ordinal()
         );
         ensure!(staging.len() >= self.staging_len(), "GEMM + AllReduce: staging buffer has {} elements, needs {}", staging.len(), self.staging_len());
+        // Everything that can be refused is checked before anything is enqueued.
+        self.map.check::<TO>(staging.len(), out.len(), &restore)?;
+        self.usable()?;
         let x = &self.comm_stream;
         x.join(compute)?;
         let extras = LaunchExtras { groups: Some(&self.counters), layout: OutputLayout::TileOrder, ..Default::default() };
         self.gemm.launch_with(compute, a, b, staging, extras)?;
         let tile = (self.gemm.plan().tile_m() * self.gemm.plan().tile_n()) as usize;
-        for g in 0..self.groups().count() {
-            self.counters.wait(x, g)?;
-            let r = self.groups().orders(g);
-            let mut range = staging.slice_mut(r.start as usize * tile..r.end as usize * tile);
-            comm.all_reduce_in_place(&mut range, ReduceOp::Sum, x)?;
+        let enqueued = (|| {
+            for g in 0..self.groups().count() {
+                self.counters.wait(x, g)?;
+                let r = self.groups().orders(g);
+                let mut range = staging.slice_mut(r.start as usize * tile..r.end as usize * tile);
+                comm.all_reduce_in_place(&mut range, ReduceOp::Sum, x)?;
+            }
+            compute.join(x)?;
+            self.map.restore(compute, staging, out, restore)
+        })();
+        self.mark_if_failed(enqueued)
+    }
+
+    fn usable(&self) -> anyhow::Result<()> {
+        ensure!(
+            !self.broken.load(Ordering::Relaxed),
+            "GEMM + AllReduce: an earlier run failed after its GEMM was enqueued, so its group counters may be stale; make a new AllReduceOverlap"
+        );
+        Ok(())
+    }
+
+    fn mark_if_failed(&self, r: anyhow::Result<()>) -> anyhow::Result<()> {
+        if r.is_err() {
+            self.broken.store(true, Ordering::Relaxed);
         }
-        compute.join(x)?;
-        self.map.restore(compute, staging, out, restore)
+        r
     }
 
     /// Only the GEMM with its signals and the group waits (no collective, no restore): for
@@ -112,15 +143,20 @@ impl AllReduceOverlap {
         b: &CudaSlice<TI>,
         staging: &mut CudaSlice<TO>,
     ) -> anyhow::Result<()> {
+        ensure!(staging.len() >= self.staging_len(), "GEMM + AllReduce: staging buffer has {} elements, needs {}", staging.len(), self.staging_len());
+        self.usable()?;
         let x = &self.comm_stream;
         x.join(compute)?;
         let extras = LaunchExtras { groups: Some(&self.counters), layout: OutputLayout::TileOrder, ..Default::default() };
         self.gemm.launch_with(compute, a, b, staging, extras)?;
-        for g in 0..self.groups().count() {
-            self.counters.wait(x, g)?;
-        }
-        compute.join(x)?;
-        Ok(())
+        let enqueued = (|| {
+            for g in 0..self.groups().count() {
+                self.counters.wait(x, g)?;
+            }
+            compute.join(x)?;
+            Ok(())
+        })();
+        self.mark_if_failed(enqueued)
     }
 
     /// Only the restore (for timing it alone): `out` from `staging`.
