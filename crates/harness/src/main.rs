@@ -17,6 +17,7 @@ mod info;
 mod job;
 mod json;
 mod nvml;
+mod reduce_check;
 mod results;
 mod suites;
 mod timing;

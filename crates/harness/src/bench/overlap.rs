@@ -20,6 +20,7 @@
 use super::{gather_f64, SuiteResult};
 use crate::gemm_data::{download, poisoned, uniform, upload};
 use crate::job::Job;
+use crate::reduce_check::{check_within, sum_bound};
 use crate::json::Json;
 use crate::results::Table;
 use crate::timing::median;
@@ -28,7 +29,7 @@ use half::bf16;
 use std::sync::Arc;
 use weft_pgl::nccl::{Communicator, ReduceOp};
 use weft_signal_gemm::overlap::{high_priority_stream, AllReduceOverlap};
-use weft_signal_gemm::{CublasGemm, Gemm, GemmOptions, GemmPlan, GemmShape, Restore};
+use weft_signal_gemm::{CublasGemm, Gemm, GemmOptions, GemmPlan, GemmShape, Restore, WaveGroups};
 
 pub const METHODS: &[&str] = &["seq-cublas", "seq-weft", "decomposition", "signal"];
 const FLUSH_BYTES: usize = 256 << 20;
@@ -48,16 +49,13 @@ fn shapes(quick: bool) -> Vec<GemmShape> {
     v
 }
 
-/// Wave groupings tried for a plan of `waves` waves.
-fn groupings(waves: u32) -> Vec<Vec<u32>> {
-    let uniform = |w: u32| -> Vec<u32> {
-        let mut v = vec![w; (waves / w) as usize];
-        if waves % w != 0 {
-            v.push(waves % w);
-        }
-        v
-    };
-    let mut out = vec![uniform(1), uniform(2), uniform(4)];
+/// Wave groupings tried for `plan`.
+fn groupings(plan: &GemmPlan) -> anyhow::Result<Vec<Vec<u32>>> {
+    let waves = plan.waves();
+    let mut out = Vec::new();
+    for w in [1, 2, 4] {
+        out.push(WaveGroups::uniform(plan, w)?.waves().to_vec());
+    }
     if waves > 1 {
         out.push(vec![1, waves - 1]);
         out.push(vec![waves.div_ceil(2), waves / 2]);
@@ -65,7 +63,7 @@ fn groupings(waves: u32) -> Vec<Vec<u32>> {
     out.retain(|g| g.len() <= 32);
     out.sort();
     out.dedup();
-    out
+    Ok(out)
 }
 
 struct Rig {
@@ -104,7 +102,8 @@ impl Rig {
 /// The slowest rank's value of each entry.
 fn slowest(job: &mut Job, mine: &[f64]) -> anyhow::Result<Vec<f64>> {
     let all = gather_f64(job, mine)?;
-    Ok((0..mine.len()).map(|i| all.iter().map(|r| r[i]).fold(0.0, f64::max)).collect())
+    // Folding from NaN keeps a method that was not run NaN (f64::max ignores a NaN operand).
+    Ok((0..mine.len()).map(|i| all.iter().map(|r| r[i]).fold(f64::NAN, f64::max)).collect())
 }
 
 pub fn run(job: &mut Job, quick: bool, methods: &[String]) -> anyhow::Result<SuiteResult> {
@@ -204,10 +203,9 @@ pub fn run(job: &mut Job, quick: bool, methods: &[String]) -> anyhow::Result<Sui
         let mut candidates = Vec::new();
         let mut margin_rows = Vec::new();
         if want("signal") {
-            let bound = abs_bound(job, &compute, &a, &b, &weft, world)?;
             weft.launch(&compute, &a, &b, &mut d)?;
-            let comm = job.comm()?;
-            comm.all_reduce(&d, &mut out, ReduceOp::Sum, &compute)?;
+            let bound = sum_bound(job, &compute, &d)?;
+            job.comm()?.all_reduce(&d, &mut out, ReduceOp::Sum, &compute)?;
             let seq_out = download(&compute, &out)?;
             for (margin, lcomm) in &limited {
                 let options = GemmOptions { sm_margin: *margin, ..base };
@@ -224,15 +222,15 @@ pub fn run(job: &mut Job, quick: bool, methods: &[String]) -> anyhow::Result<Sui
                     ("gemm_alone_ms", Json::Num(parts_alone[0])),
                     ("nccl_max_ctas_alone_ms", Json::Num(parts_alone[1])),
                 ]));
-                for parts in groupings(plan.waves()) {
+                for parts in groupings(&plan)? {
                     let ov = AllReduceOverlap::new(&compute, shape, options, Some(&parts), rank as u32)?;
                     let mut staging = poisoned::<bf16>(&compute, ov.staging_len())?;
                     let mut sig_out = poisoned::<bf16>(&compute, mu * nu)?;
                     ov.run(&compute, lcomm, &a, &b, &mut staging, &mut sig_out, Restore::Copy)?;
                     compute.synchronize()?;
                     ov.check()?;
-                    check_close(&download(&compute, &sig_out)?, &seq_out, &bound, n as usize)
-                        .map_err(|e| e.context(format!("{shape} margin {margin} groups {}", ov.groups())))?;
+                    let what = format!("{shape} margin {margin} groups {} against seq-weft", ov.groups());
+                    check_within(&what, &download(&compute, &sig_out)?, &seq_out, &bound, n as usize)?;
                     let t = rig.time(|| ov.run(&compute, lcomm, &a, &b, &mut staging, &mut sig_out, Restore::Copy))?;
                     let t = slowest(job, &[t])?[0];
                     candidates.push(Json::obj([
@@ -306,42 +304,4 @@ pub fn run(job: &mut Job, quick: bool, methods: &[String]) -> anyhow::Result<Sui
         ]));
     }
     Ok(SuiteResult { table, rows })
-}
-
-/// world · 2⁻⁷ · Σ_r |partial_r| per element, partial_r = this rank's weft GEMM output.
-fn abs_bound(
-    job: &mut Job,
-    stream: &Arc<CudaStream>,
-    a: &CudaSlice<bf16>,
-    b: &CudaSlice<bf16>,
-    weft: &Gemm,
-    world: usize,
-) -> anyhow::Result<Vec<f32>> {
-    let n = (weft.plan().shape.m * weft.plan().shape.n) as usize;
-    let mut p = poisoned::<bf16>(stream, n)?;
-    weft.launch(stream, a, b, &mut p)?;
-    let abs: Vec<f32> = download(stream, &p)?.iter().map(|v| v.to_f32().abs()).collect();
-    drop(p);
-    let mut s = stream.clone_htod(&abs)?;
-    job.comm()?.all_reduce_in_place(&mut s, ReduceOp::Sum, stream)?;
-    Ok(download(stream, &s)?.iter().map(|x| world as f32 * x / 128.0).collect())
-}
-
-fn check_close(got: &[bf16], want: &[bf16], bound: &[f32], n: usize) -> anyhow::Result<()> {
-    let bad = got
-        .iter()
-        .zip(want)
-        .zip(bound)
-        .position(|((g, w), b)| !((g.to_f32() - w.to_f32()).abs() <= b + 1e-6));
-    match bad {
-        None => Ok(()),
-        Some(i) => anyhow::bail!(
-            "signal output at ({}, {}) is {}, seq-weft {}, bound {}",
-            i / n,
-            i % n,
-            got[i],
-            want[i],
-            bound[i]
-        ),
-    }
 }

@@ -54,10 +54,7 @@ pub fn cases() -> Vec<Case> {
     ]
 }
 
-fn gpu(job: &Job) -> anyhow::Result<(Arc<CudaContext>, Arc<CudaStream>)> {
-    let g = job.gpu().map_err(|why| anyhow::anyhow!("no GPU: {why}"))?;
-    Ok((g.ctx.clone(), g.stream.clone()))
-}
+use super::gpu;
 
 /// Runs `$body::<TI, TO>(args...)` for the plan's runtime dtypes.
 macro_rules! with_dtypes {

@@ -10,7 +10,16 @@ mod rendezvous;
 mod roundtrip;
 mod sync;
 
+use crate::job::Job;
 use crate::trials::Case;
+use cudarc::driver::{CudaContext, CudaStream};
+use std::sync::Arc;
+
+/// This rank's context and suite stream, or an error naming why it has no GPU.
+fn gpu(job: &Job) -> anyhow::Result<(Arc<CudaContext>, Arc<CudaStream>)> {
+    let g = job.gpu().map_err(|why| anyhow::anyhow!("no GPU: {why}"))?;
+    Ok((g.ctx.clone(), g.stream.clone()))
+}
 
 pub use sync::timeout_child as sync_timeout_child;
 

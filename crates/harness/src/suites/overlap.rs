@@ -5,7 +5,9 @@
 use crate::data::shared_seed;
 use crate::gemm_data::{download, poisoned, uniform, upload};
 use crate::job::Job;
+use crate::reduce_check::{check_within, sum_bound};
 use crate::trials::Case;
+use super::gpu;
 use crate::word_compare::WordCompare;
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtrMut};
 use half::{bf16, f16};
@@ -42,11 +44,6 @@ pub fn cases() -> Vec<Case> {
 
 /// Group waits in trials give up after 5 s (a missing signal then fails fast, with a report).
 const TRIAL_WAIT: Duration = Duration::from_secs(5);
-
-fn gpu(job: &Job) -> anyhow::Result<(Arc<CudaContext>, Arc<CudaStream>)> {
-    let g = job.gpu().map_err(|why| anyhow::anyhow!("no GPU: {why}"))?;
-    Ok((g.ctx.clone(), g.stream.clone()))
-}
 
 /// A random shape (multiples of 16, mostly ragged against the tiles) and options that give
 /// several waves on small shapes (a large sm_margin).
@@ -241,10 +238,8 @@ fn fused_restore(job: &mut Job) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One rank's inputs and the sequential reference: cuBLAS, then ncclAllReduce, and the bound
-/// world · 2⁻⁷ · Σ_r |p_r| per element (each rank's partial may round differently in the two
-/// GEMMs, ≤ 2⁻⁷ |p_r|; each of the world − 1 bf16 additions of either reduction rounds by
-/// ≤ 2⁻⁸ Σ_r |p_r|).
+/// The sequential reference: cuBLAS, then ncclAllReduce, with its per-element bound
+/// (reduce_check.rs).
 struct Reference {
     want: Vec<bf16>,
     bound: Vec<f32>,
@@ -257,39 +252,19 @@ fn reference(
     a: &CudaSlice<bf16>,
     b: &CudaSlice<bf16>,
 ) -> anyhow::Result<Reference> {
-    let world = job.world() as f32;
-    let (comm, g) = job.comm_and_gpu()?;
-    let stream = &g.stream;
+    let stream = gpu(job)?.1;
     let n_out = (shape.m * shape.n) as usize;
-    let cublas = CublasGemm::new(stream, shape, options)?;
-    let mut partial = poisoned::<bf16>(stream, n_out)?;
+    let cublas = CublasGemm::new(&stream, shape, options)?;
+    let mut partial = poisoned::<bf16>(&stream, n_out)?;
     cublas.launch(a, b, &mut partial)?;
-    let mut reduced = poisoned::<bf16>(stream, n_out)?;
-    comm.all_reduce(&partial, &mut reduced, ReduceOp::Sum, stream)?;
-    let abs: Vec<f32> = download(stream, &partial)?.iter().map(|v| v.to_f32().abs()).collect();
-    let mut abs_sum = stream.clone_htod(&abs)?;
-    comm.all_reduce_in_place(&mut abs_sum, ReduceOp::Sum, stream)?;
-    let bound = download(stream, &abs_sum)?.iter().map(|s| world * s / 128.0).collect();
-    Ok(Reference { want: download(stream, &reduced)?, bound })
+    let mut reduced = poisoned::<bf16>(&stream, n_out)?;
+    job.comm()?.all_reduce(&partial, &mut reduced, ReduceOp::Sum, &stream)?;
+    let bound = sum_bound(job, &stream, &partial)?;
+    Ok(Reference { want: download(&stream, &reduced)?, bound })
 }
 
 fn check_reduced(what: &str, got: &[bf16], r: &Reference, n: usize) -> anyhow::Result<()> {
-    let mut bad = 0usize;
-    let mut first = None;
-    for (i, (g, w)) in got.iter().zip(&r.want).enumerate() {
-        let (g, w) = (g.to_f32(), w.to_f32());
-        if !((g - w).abs() <= r.bound[i] + 1e-6) {
-            bad += 1;
-            first.get_or_insert((i / n, i % n, g, w, r.bound[i]));
-        }
-    }
-    match first {
-        None => Ok(()),
-        Some((row, col, g, w, b)) => anyhow::bail!(
-            "{what}: {bad} of {} elements outside the bound; first at ({row}, {col}): got {g}, cuBLAS + NCCL {w}, bound {b}",
-            got.len()
-        ),
-    }
+    check_within(&format!("{what} (against cuBLAS + NCCL)"), got, &r.want, &r.bound, n)
 }
 
 /// GEMM + AllReduce through signals equals cuBLAS then ncclAllReduce on every element, for random

@@ -97,41 +97,16 @@ impl AllReduceOverlap {
             comm.context().ordinal(),
             compute.context().ordinal()
         );
-        ensure!(staging.len() >= self.staging_len(), "GEMM + AllReduce: staging buffer has {} elements, needs {}", staging.len(), self.staging_len());
         // Everything that can be refused is checked before anything is enqueued.
         self.map.check::<TO>(staging.len(), out.len(), &restore)?;
-        self.usable()?;
-        let x = &self.comm_stream;
-        x.join(compute)?;
-        let extras = LaunchExtras { groups: Some(&self.counters), layout: OutputLayout::TileOrder, ..Default::default() };
-        self.gemm.launch_with(compute, a, b, staging, extras)?;
         let tile = (self.gemm.plan().tile_m() * self.gemm.plan().tile_n()) as usize;
-        let enqueued = (|| {
-            for g in 0..self.groups().count() {
-                self.counters.wait(x, g)?;
-                let r = self.groups().orders(g);
-                let mut range = staging.slice_mut(r.start as usize * tile..r.end as usize * tile);
-                comm.all_reduce_in_place(&mut range, ReduceOp::Sum, x)?;
-            }
-            compute.join(x)?;
-            self.map.restore(compute, staging, out, restore)
-        })();
-        self.mark_if_failed(enqueued)
-    }
-
-    fn usable(&self) -> anyhow::Result<()> {
-        ensure!(
-            !self.broken.load(Ordering::Relaxed),
-            "GEMM + AllReduce: an earlier run failed after its GEMM was enqueued, so its group counters may be stale; make a new AllReduceOverlap"
-        );
-        Ok(())
-    }
-
-    fn mark_if_failed(&self, r: anyhow::Result<()>) -> anyhow::Result<()> {
-        if r.is_err() {
-            self.broken.store(true, Ordering::Relaxed);
-        }
-        r
+        self.enqueue(compute, a, b, staging, |g, x, staging| {
+            let r = self.groups().orders(g);
+            let mut range = staging.slice_mut(r.start as usize * tile..r.end as usize * tile);
+            comm.all_reduce_in_place(&mut range, ReduceOp::Sum, x)
+        })?;
+        let restored = self.map.restore(compute, staging, out, restore);
+        self.mark_if_failed(restored)
     }
 
     /// Only the GEMM with its signals and the group waits (no collective, no restore): for
@@ -143,8 +118,25 @@ impl AllReduceOverlap {
         b: &CudaSlice<TI>,
         staging: &mut CudaSlice<TO>,
     ) -> anyhow::Result<()> {
+        self.enqueue(compute, a, b, staging, |_, _, _| Ok(()))
+    }
+
+    /// The ordering of the module doc: the communication stream joins the compute stream, the
+    /// GEMM, then per group its wait and `after_wait(group, communication stream, staging)`, and
+    /// the compute stream joins back.
+    fn enqueue<TI: GemmElement, TO: GemmElement>(
+        &self,
+        compute: &Arc<CudaStream>,
+        a: &CudaSlice<TI>,
+        b: &CudaSlice<TI>,
+        staging: &mut CudaSlice<TO>,
+        mut after_wait: impl FnMut(usize, &Arc<CudaStream>, &mut CudaSlice<TO>) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
         ensure!(staging.len() >= self.staging_len(), "GEMM + AllReduce: staging buffer has {} elements, needs {}", staging.len(), self.staging_len());
-        self.usable()?;
+        ensure!(
+            !self.broken.load(Ordering::Relaxed),
+            "GEMM + AllReduce: an earlier run failed after its GEMM was enqueued, so its group counters may be stale; make a new AllReduceOverlap"
+        );
         let x = &self.comm_stream;
         x.join(compute)?;
         let extras = LaunchExtras { groups: Some(&self.counters), layout: OutputLayout::TileOrder, ..Default::default() };
@@ -152,11 +144,20 @@ impl AllReduceOverlap {
         let enqueued = (|| {
             for g in 0..self.groups().count() {
                 self.counters.wait(x, g)?;
+                after_wait(g, x, staging)?;
             }
             compute.join(x)?;
             Ok(())
         })();
         self.mark_if_failed(enqueued)
+    }
+
+    /// A failure after the GEMM was enqueued leaves this object unusable (see `broken`).
+    fn mark_if_failed(&self, r: anyhow::Result<()>) -> anyhow::Result<()> {
+        if r.is_err() {
+            self.broken.store(true, Ordering::Relaxed);
+        }
+        r
     }
 
     /// Only the restore (for timing it alone): `out` from `staging`.

@@ -79,11 +79,7 @@ impl Rig {
                 })?;
         let compute = a.new_stream()?;
         let comm = if high_priority_comm {
-            let (mut least, mut greatest) = (0, 0);
-            a.bind_to_thread()?;
-            // SAFETY: out-parameters.
-            unsafe { sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest) }.result()?;
-            a.new_stream_with_priority(greatest)?
+            weft_signal_gemm::overlap::high_priority_stream(&a)?
         } else {
             a.new_stream()?
         };
