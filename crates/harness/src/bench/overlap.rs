@@ -27,6 +27,7 @@ use crate::timing::median;
 use cudarc::driver::{sys, CudaSlice, CudaStream};
 use half::bf16;
 use std::sync::Arc;
+use weft_kernels::abi::WEFT_GEMM_MAX_WAVE_GROUPS;
 use weft_pgl::nccl::{Communicator, ReduceOp};
 use weft_signal_gemm::overlap::{high_priority_stream, AllReduceOverlap};
 use weft_signal_gemm::{CublasGemm, Gemm, GemmOptions, GemmPlan, GemmShape, Restore, WaveGroups};
@@ -54,13 +55,14 @@ fn groupings(plan: &GemmPlan) -> anyhow::Result<Vec<Vec<u32>>> {
     let waves = plan.waves();
     let mut out = Vec::new();
     for w in [1, 2, 4] {
-        out.push(WaveGroups::uniform(plan, w)?.waves().to_vec());
+        if waves.div_ceil(w) <= WEFT_GEMM_MAX_WAVE_GROUPS {
+            out.push(WaveGroups::uniform(plan, w)?.waves().to_vec());
+        }
     }
     if waves > 1 {
         out.push(vec![1, waves - 1]);
         out.push(vec![waves.div_ceil(2), waves / 2]);
     }
-    out.retain(|g| g.len() <= 32);
     out.sort();
     out.dedup();
     Ok(out)

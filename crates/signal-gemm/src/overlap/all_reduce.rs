@@ -98,6 +98,7 @@ impl AllReduceOverlap {
             compute.context().ordinal()
         );
         // Everything that can be refused is checked before anything is enqueued.
+        self.check_staging(staging.len())?;
         self.map.check::<TO>(staging.len(), out.len(), &restore)?;
         let tile = (self.gemm.plan().tile_m() * self.gemm.plan().tile_n()) as usize;
         self.enqueue(compute, a, b, staging, |g, x, staging| {
@@ -132,7 +133,7 @@ impl AllReduceOverlap {
         staging: &mut CudaSlice<TO>,
         mut after_wait: impl FnMut(usize, &Arc<CudaStream>, &mut CudaSlice<TO>) -> anyhow::Result<()>,
     ) -> anyhow::Result<()> {
-        ensure!(staging.len() >= self.staging_len(), "GEMM + AllReduce: staging buffer has {} elements, needs {}", staging.len(), self.staging_len());
+        self.check_staging(staging.len())?;
         ensure!(
             !self.broken.load(Ordering::Relaxed),
             "GEMM + AllReduce: an earlier run failed after its GEMM was enqueued, so its group counters may be stale; make a new AllReduceOverlap"
@@ -150,6 +151,11 @@ impl AllReduceOverlap {
             Ok(())
         })();
         self.mark_if_failed(enqueued)
+    }
+
+    fn check_staging(&self, len: usize) -> anyhow::Result<()> {
+        ensure!(len >= self.staging_len(), "GEMM + AllReduce: staging buffer has {len} elements, needs {}", self.staging_len());
+        Ok(())
     }
 
     /// A failure after the GEMM was enqueued leaves this object unusable (see `broken`).
