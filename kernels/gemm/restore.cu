@@ -1,6 +1,7 @@
-// Post-communication reorder (weft_gemm_restore_params in weft/gemm.h): reads a TILE_ORDER buffer
-// through the tile -> slot table and writes the standard m x n layout, in 16-byte vectors (a
-// vector never crosses a tile: tile_n and n are multiples of 16 elements). COPY moves raw bytes,
+// Post-communication reorder (weft_gemm_restore_params in weft/gemm.h): reads a buffer of slots
+// (TILE_ORDER, or a ReduceScatter's received bands) through the tile -> slot table and writes the
+// standard row-major layout, in 16-byte vectors (a vector never crosses a tile: tile_n and n are
+// multiples of 16 elements). COPY moves raw bytes,
 // so the round trip is bit-exact; ADD and RMSNORM compute in fp32 and round once to bf16.
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -10,12 +11,11 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Byte offset in the TILE_ORDER buffer of element (row, col) of the standard layout.
-__device__ __forceinline__ uint64_t tile_order_offset(const weft_gemm_restore_params& p, uint32_t row, uint32_t col) {
-  const uint32_t tiles_n = (p.n + p.tile_n - 1) / p.tile_n;
-  const uint32_t tm = row / p.tile_m, tn = col / p.tile_n;
-  const uint32_t slot = reinterpret_cast<const uint32_t*>(p.slot_of_tile)[tm * tiles_n + tn];
-  const uint64_t elem = (uint64_t(slot) * p.tile_m + row % p.tile_m) * p.tile_n + col % p.tile_n;
+// Byte offset in the slot buffer of element (row, col) of the output.
+__device__ __forceinline__ uint64_t slot_offset(const weft_gemm_restore_params& p, uint32_t row, uint32_t col) {
+  const uint32_t tm = row / p.tile_rows, tn = col / p.tile_n;
+  const uint32_t slot = reinterpret_cast<const uint32_t*>(p.slot_of_tile)[tm * p.tiles_n + tn];
+  const uint64_t elem = (uint64_t(slot) * p.slot_rows + row % p.tile_rows) * p.tile_n + col % p.tile_n;
   return elem * p.elem_bytes;
 }
 
@@ -38,7 +38,7 @@ __device__ __forceinline__ uint4 pack(const float (&f)[8]) {
 }
 
 __device__ __forceinline__ uint4 load_src(const weft_gemm_restore_params& p, uint32_t row, uint32_t col) {
-  return *reinterpret_cast<const uint4*>(reinterpret_cast<const uint8_t*>(p.src) + tile_order_offset(p, row, col));
+  return *reinterpret_cast<const uint4*>(reinterpret_cast<const uint8_t*>(p.src) + slot_offset(p, row, col));
 }
 
 // x = src (+ residual) for the 8 bf16 at (row, col).

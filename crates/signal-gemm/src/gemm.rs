@@ -3,7 +3,7 @@
 use crate::dtype::{Dtype, GemmElement};
 use crate::plan::{BLayout, GemmOptions, GemmPlan, GemmShape, Scheduling};
 use crate::reorder::OutputLayout;
-use crate::tensor_map::encode_2d;
+use crate::tensor_map::{encode_2d, encode_3d};
 use crate::wave_groups::GroupCounters;
 use anyhow::{ensure, Context};
 use cudarc::driver::sys::{self, CUfunction_attribute};
@@ -12,7 +12,7 @@ use cudarc::driver::{
 };
 use std::sync::{Arc, Mutex};
 use weft_kernels::abi::{
-    weft_gemm_params, weft_sync_bound, WEFT_GEMM_CONSUMERS, WEFT_GEMM_LAYOUT_STANDARD, WEFT_GEMM_LAYOUT_TILE_ORDER,
+    weft_gemm_params, weft_sync_bound, WEFT_GEMM_CONSUMERS,
 };
 use weft_kernels::cubins;
 use weft_sync::{ErrorSlot, WaitBudget};
@@ -292,12 +292,13 @@ impl Gemm {
         };
         need("B", b.len(), k * n, b_dims)?;
         let layout = extras.layout;
+        layout.check(plan)?;
         match layout {
             OutputLayout::Standard => need("D", d.len(), m * n, format!("{m} x {n}"))?,
-            OutputLayout::TileOrder => {
-                need("D", d.len(), layout.elements(plan), format!("{} tiles of {} x {} in execution order", plan.orders(), plan.tile_m(), plan.tile_n()))?;
-                ensure!(o.beta == 0.0, "GEMM {}: the tile-order layout needs beta = 0 (D is not in the standard layout to read)", plan.shape);
-                ensure!(extras.copy_dst.is_none(), "GEMM {}: the tile-copy communicator reads the standard layout, not tile order", plan.shape);
+            OutputLayout::TileOrder | OutputLayout::RankBands { .. } => {
+                need("D", d.len(), layout.elements(plan), layout.describe(plan))?;
+                ensure!(o.beta == 0.0, "GEMM {}: the {} layout needs beta = 0 (D is not in the standard layout to read)", plan.shape, layout.name());
+                ensure!(extras.copy_dst.is_none(), "GEMM {}: the tile-copy communicator reads the standard layout, not {}", plan.shape, layout.name());
             }
         }
 
@@ -311,11 +312,18 @@ impl Gemm {
             BLayout::NxK => encode_2d("B (n x k)", b_ptr, o.input, n, k, tile_n / plan.cluster_m(), 64)?,
             BLayout::KxN => encode_2d("B (k x n)", b_ptr, o.input, k, n, 64, 64)?,
         };
-        let (d_rows, d_cols) = match layout {
-            OutputLayout::Standard => (m, n),
-            OutputLayout::TileOrder => (u64::from(plan.orders()) * u64::from(plan.tile_m()), u64::from(tile_n)),
+        let chunk_cols = (128 / o.output.bytes()) as u32;
+        let map_d = match layout {
+            OutputLayout::Standard => encode_2d("D", d_ptr, o.output, m, n, 64, chunk_cols)?,
+            OutputLayout::TileOrder => {
+                let rows = u64::from(plan.orders()) * u64::from(plan.tile_m());
+                encode_2d("D (tile order)", d_ptr, o.output, rows, u64::from(tile_n), 64, chunk_cols)?
+            }
+            OutputLayout::RankBands { ranks } => {
+                let (slots, rows) = (u64::from(plan.orders()) * u64::from(ranks), u64::from(layout.band_rows(plan)));
+                encode_3d("D (rank bands)", d_ptr, o.output, slots, rows, u64::from(tile_n), 64, chunk_cols)?
+            }
         };
-        let map_d = encode_2d("D", d_ptr, o.output, d_rows, d_cols, 64, (128 / o.output.bytes()) as u32)?;
 
         let mut p = weft_gemm_params {
             a: map_a,
@@ -327,9 +335,10 @@ impl Gemm {
             d_ptr,
             comm_ctas: o.comm_ctas,
             bound: self.bound,
-            layout: match layout {
-                OutputLayout::Standard => WEFT_GEMM_LAYOUT_STANDARD,
-                OutputLayout::TileOrder => WEFT_GEMM_LAYOUT_TILE_ORDER,
+            layout: layout.abi(),
+            bands: match layout {
+                OutputLayout::RankBands { ranks } => ranks,
+                _ => 0,
             },
             ..Default::default()
         };
@@ -405,6 +414,12 @@ impl Gemm {
             Some(c) => Some(c.lock().map_err(|_| anyhow::anyhow!("the GEMM's claim counter lock is poisoned"))?),
         };
         if let Some(c) = claims.as_mut() {
+            // A graph would replay this launch's claim base, not the counter's next one.
+            let capture = stream.capture_status().context("cuStreamIsCapturing")?;
+            ensure!(
+                capture == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE,
+                "a dynamically scheduled GEMM cannot be captured in a CUDA graph (each launch starts at a new claim base); plan it with Scheduling::Static"
+            );
             let s = stream.cu_stream();
             ensure!(
                 c.stream.is_none_or(|prev| prev == s),

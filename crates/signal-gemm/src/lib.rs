@@ -13,6 +13,7 @@
 //! - [`CublasGemm`]: the cuBLAS baseline of the same operation; [`reference`]: float64 CPU
 //!   reference and tolerances.
 
+mod band_map;
 mod cublas;
 mod dtype;
 mod gemm;
@@ -24,10 +25,11 @@ mod schedule;
 mod tensor_map;
 mod wave_groups;
 
+pub use band_map::RankBandMap;
 pub use cublas::CublasGemm;
 pub use dtype::{Dtype, GemmElement};
 pub use gemm::{device_sms, Gemm, LaunchExtras, TileFlags, SIGNALS_PER_TILE};
 pub use plan::{BLayout, EpilogueChoice, GemmOptions, GemmPlan, GemmShape, Scheduling, TileChoice};
-pub use reorder::{OutputLayout, Restore, TileOrderMap};
+pub use reorder::{OutputLayout, Restore, TileOrderMap, MAX_BAND_RANKS};
 pub use schedule::ScheduledTile;
 pub use wave_groups::{GroupCounters, WaveGroups};

@@ -1,7 +1,9 @@
 //! Reorder maps (signal-gemm II). The GEMM's epilogue writes each tile where the communication
-//! wants it ([`OutputLayout::TileOrder`]: whole tiles in execution order, so each wave group is one
-//! contiguous range for NCCL), and [`TileOrderMap`] restores the standard m × n layout afterwards,
-//! bit for bit, alone or fused into a residual add or an RMSNorm.
+//! wants it ([`OutputLayout::TileOrder`] for AllReduce: whole tiles in execution order, so each
+//! wave group is one contiguous range; [`OutputLayout::RankBands`] for ReduceScatter: each tile's
+//! row bands in their rank's part of the group's range), and [`TileOrderMap`] /
+//! [`RankBandMap`](crate::RankBandMap) restore the standard row-major layout afterwards, bit for
+//! bit, alone or fused into a residual add or an RMSNorm.
 
 use crate::dtype::{Dtype, GemmElement};
 use crate::plan::GemmPlan;
@@ -10,9 +12,13 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMu
 use half::bf16;
 use std::sync::Arc;
 use weft_kernels::abi::{
-    weft_gemm_restore_params, WEFT_GEMM_RESTORE_ADD, WEFT_GEMM_RESTORE_COPY, WEFT_GEMM_RESTORE_RMSNORM,
+    weft_gemm_band_rows, weft_gemm_restore_params, WEFT_GEMM_LAYOUT_RANK_BANDS, WEFT_GEMM_LAYOUT_STANDARD,
+    WEFT_GEMM_LAYOUT_TILE_ORDER, WEFT_GEMM_RESTORE_ADD, WEFT_GEMM_RESTORE_COPY, WEFT_GEMM_RESTORE_RMSNORM,
 };
 use weft_kernels::cubins;
+
+/// The most ranks [`OutputLayout::RankBands`] cuts a tile for (every band then holds rows).
+pub const MAX_BAND_RANKS: u32 = 8;
 
 /// Where the GEMM's epilogue stores D.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -24,25 +30,77 @@ pub enum OutputLayout {
     /// (orders·128) × tile_n row-major matrix (WEFT_GEMM_LAYOUT_TILE_ORDER). A ragged tile's
     /// missing rows and columns hold zeros. Needs beta = 0.
     TileOrder,
+    /// The ReduceScatter reorder map for `ranks` ranks (WEFT_GEMM_LAYOUT_RANK_BANDS): each tile's
+    /// 128 rows cut into `ranks` bands of ⌈128 / ranks⌉ rows (the last may be shorter); inside
+    /// each wave group's range, part r holds band r of every tile of the group in execution
+    /// order, so a ReduceScatter of the range gives rank r whole rows. Bands are slots of
+    /// ⌈128 / ranks⌉ × tile_n elements (orders · ranks slots); a short band's last slot rows are
+    /// not written. Needs beta = 0; the groups are those of the launch's counters (none: one).
+    RankBands { ranks: u32 },
 }
 
 impl OutputLayout {
+    /// Refuses a layout the plan cannot store.
+    pub fn check(self, plan: &GemmPlan) -> anyhow::Result<()> {
+        if let OutputLayout::RankBands { ranks } = self {
+            ensure!(
+                (1..=MAX_BAND_RANKS).contains(&ranks),
+                "the rank-bands layout cuts a tile for 1 to {MAX_BAND_RANKS} ranks, asked for {ranks} ({})",
+                plan.describe()
+            );
+        }
+        Ok(())
+    }
+
     /// Elements of D this layout needs for `plan`.
     pub fn elements(self, plan: &GemmPlan) -> u64 {
         match self {
             OutputLayout::Standard => u64::from(plan.shape.m) * u64::from(plan.shape.n),
             OutputLayout::TileOrder => u64::from(plan.orders()) * u64::from(plan.tile_m()) * u64::from(plan.tile_n()),
+            OutputLayout::RankBands { ranks } => {
+                u64::from(plan.orders()) * u64::from(ranks) * u64::from(self.band_rows(plan)) * u64::from(plan.tile_n())
+            }
         }
     }
-}
 
-/// The tile → slot table of a plan's TILE_ORDER layout on the device, and the restore kernels.
-pub struct TileOrderMap {
-    plan: GemmPlan,
-    slot_of_tile: CudaSlice<u32>,
-    restore: CudaFunction,
-    rmsnorm: CudaFunction,
-    blocks: u32,
+    /// Rows of one band slot (RankBands; the tile's rows otherwise).
+    pub fn band_rows(self, plan: &GemmPlan) -> u32 {
+        match self {
+            // SAFETY: a pure function.
+            OutputLayout::RankBands { ranks } => unsafe { weft_gemm_band_rows(plan.tile_m(), ranks.max(1)) },
+            _ => plan.tile_m(),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            OutputLayout::Standard => "standard",
+            OutputLayout::TileOrder => "tile-order",
+            OutputLayout::RankBands { .. } => "rank-bands",
+        }
+    }
+
+    /// What D holds in this layout, for messages.
+    pub fn describe(self, plan: &GemmPlan) -> String {
+        match self {
+            OutputLayout::Standard => format!("{} x {}", plan.shape.m, plan.shape.n),
+            OutputLayout::TileOrder => format!("{} tiles of {} x {} in execution order", plan.orders(), plan.tile_m(), plan.tile_n()),
+            OutputLayout::RankBands { ranks } => format!(
+                "{} tiles x {ranks} band slots of {} x {}",
+                plan.orders(),
+                self.band_rows(plan),
+                plan.tile_n()
+            ),
+        }
+    }
+
+    pub(crate) fn abi(self) -> u32 {
+        match self {
+            OutputLayout::Standard => WEFT_GEMM_LAYOUT_STANDARD,
+            OutputLayout::TileOrder => WEFT_GEMM_LAYOUT_TILE_ORDER,
+            OutputLayout::RankBands { .. } => WEFT_GEMM_LAYOUT_RANK_BANDS,
+        }
+    }
 }
 
 /// The post-communication step fused into the restore.
@@ -55,7 +113,26 @@ pub enum Restore<'a> {
     RmsNorm { residual: Option<&'a CudaSlice<bf16>>, gamma: &'a CudaSlice<bf16>, eps: f32 },
 }
 
-impl TileOrderMap {
+/// The geometry of one restore: a buffer of slots in execution order → `rows` × n row-major,
+/// output row i from tile row i / tile_rows, row i % tile_rows of the tile's slot (see
+/// weft_gemm_restore_params).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SlotGeometry {
+    pub rows: u32,
+    pub tile_rows: u32,
+    pub slot_rows: u32,
+}
+
+/// The tile → slot table of a plan on the device, and the restore kernels (kernels/gemm/restore.cu).
+pub(crate) struct SlotRestore {
+    plan: GemmPlan,
+    slot_of_tile: CudaSlice<u32>,
+    restore: CudaFunction,
+    rmsnorm: CudaFunction,
+    blocks: u32,
+}
+
+impl SlotRestore {
     /// The table for `plan` (listed from the kernel's scheduler), uploaded on `stream`.
     pub fn new(stream: &Arc<CudaStream>, plan: &GemmPlan) -> anyhow::Result<Self> {
         let mut table = vec![u32::MAX; plan.tiles() as usize];
@@ -63,7 +140,7 @@ impl TileOrderMap {
             table[(t.tm * plan.tiles_n() + t.tn) as usize] = t.order;
         }
         ensure!(!table.contains(&u32::MAX), "the schedule of {} misses a tile", plan.describe());
-        let slot_of_tile = stream.clone_htod(&table).context("uploading the tile-order map")?;
+        let slot_of_tile = stream.clone_htod(&table).context("uploading the tile -> slot table")?;
         let ctx = stream.context();
         let module = cubins::GEMM_RESTORE.load(ctx).with_context(|| format!("loading {}", cubins::GEMM_RESTORE.source))?;
         let restore = module.load_function("weft_gemm_restore").context("kernels/gemm/restore.cu: weft_gemm_restore")?;
@@ -73,29 +150,37 @@ impl TileOrderMap {
         Ok(Self { plan: plan.clone(), slot_of_tile, restore, rmsnorm, blocks: 4 * sms })
     }
 
-    /// Refuses what [`restore`](Self::restore) would refuse, given the buffers' lengths.
-    pub fn check<T: GemmElement>(&self, src_len: usize, dst_len: usize, step: &Restore<'_>) -> anyhow::Result<()> {
+    /// Refuses what [`launch`](Self::launch) would refuse, given the buffers' lengths
+    /// (`src_need`: the slot buffer's elements; `what`: the map, for messages).
+    pub fn check<T: GemmElement>(
+        &self,
+        what: &str,
+        geo: SlotGeometry,
+        src_need: u64,
+        src_len: usize,
+        dst_len: usize,
+        step: &Restore<'_>,
+    ) -> anyhow::Result<()> {
         let plan = &self.plan;
-        let (m, n) = (plan.shape.m, plan.shape.n);
-        let need_src = OutputLayout::TileOrder.elements(plan);
-        ensure!(src_len as u64 >= need_src, "restore: TILE_ORDER buffer has {src_len} elements, {} needs {need_src}", plan.describe());
-        ensure!(dst_len as u64 >= u64::from(m) * u64::from(n), "restore: output has {dst_len} elements, needs {m} x {n}");
-        ensure!(plan.options.output == T::DTYPE, "restore: the plan's output is {}, given {}", plan.options.output, T::DTYPE);
-        let mn = u64::from(m) * u64::from(n);
+        let (rows, n) = (geo.rows, plan.shape.n);
+        ensure!(src_len as u64 >= src_need, "{what} restore: the slot buffer has {src_len} elements, {} needs {src_need}", plan.describe());
+        let out = u64::from(rows) * u64::from(n);
+        ensure!(dst_len as u64 >= out, "{what} restore: output has {dst_len} elements, needs {rows} x {n}");
+        ensure!(plan.options.output == T::DTYPE, "{what} restore: the plan's output is {}, given {}", plan.options.output, T::DTYPE);
         let residual_ok = |r: &CudaSlice<bf16>| {
-            ensure!(r.len() as u64 >= mn, "restore: residual has {} elements, needs {m} x {n}", r.len());
+            ensure!(r.len() as u64 >= out, "{what} restore: residual has {} elements, needs {rows} x {n}", r.len());
             Ok(())
         };
         match step {
             Restore::Copy => {}
             Restore::ResidualAdd { residual } => {
-                ensure!(T::DTYPE == Dtype::Bf16, "restore with a residual add needs bf16 output, the plan's is {}", T::DTYPE);
+                ensure!(T::DTYPE == Dtype::Bf16, "{what} restore with a residual add needs bf16 output, the plan's is {}", T::DTYPE);
                 residual_ok(residual)?;
             }
             Restore::RmsNorm { residual, gamma, eps } => {
-                ensure!(T::DTYPE == Dtype::Bf16, "restore with RMSNorm needs bf16 output, the plan's is {}", T::DTYPE);
-                ensure!(gamma.len() >= n as usize, "restore: RMSNorm gamma has {} elements, needs n = {n}", gamma.len());
-                ensure!(eps.is_finite() && *eps >= 0.0, "restore: RMSNorm eps must be finite and >= 0, got {eps}");
+                ensure!(T::DTYPE == Dtype::Bf16, "{what} restore with RMSNorm needs bf16 output, the plan's is {}", T::DTYPE);
+                ensure!(gamma.len() >= n as usize, "{what} restore: RMSNorm gamma has {} elements, needs n = {n}", gamma.len());
+                ensure!(eps.is_finite() && *eps >= 0.0, "{what} restore: RMSNorm eps must be finite and >= 0, got {eps}");
                 if let Some(r) = residual {
                     residual_ok(r)?;
                 }
@@ -104,17 +189,19 @@ impl TileOrderMap {
         Ok(())
     }
 
-    /// `dst` (m × n, standard) from `src` (the TILE_ORDER buffer), with `step` fused.
-    pub fn restore<T: GemmElement>(
+    /// `dst` from `src` with `step` fused; the caller has run [`check`](Self::check).
+    pub fn launch<T: GemmElement>(
         &self,
         stream: &Arc<CudaStream>,
+        geo: SlotGeometry,
         src: &CudaSlice<T>,
         dst: &mut CudaSlice<T>,
         step: Restore<'_>,
     ) -> anyhow::Result<()> {
-        self.check::<T>(src.len(), dst.len(), &step)?;
         let plan = &self.plan;
-        let (m, n) = (plan.shape.m, plan.shape.n);
+        if geo.rows == 0 {
+            return Ok(());
+        }
         // The guards live to the end of the launch (they order other streams when cudarc's event
         // tracking is on).
         let (src_ptr, _gs) = src.device_ptr(stream);
@@ -125,10 +212,12 @@ impl TileOrderMap {
             src: src_ptr,
             dst: dst_ptr,
             slot_of_tile: table_ptr,
-            m,
-            n,
-            tile_m: plan.tile_m(),
+            m: geo.rows,
+            n: plan.shape.n,
             tile_n: plan.tile_n(),
+            tiles_n: plan.tiles_n(),
+            tile_rows: geo.tile_rows,
+            slot_rows: geo.slot_rows,
             elem_bytes: T::DTYPE.bytes() as u32,
             op: WEFT_GEMM_RESTORE_COPY,
             ..Default::default()
@@ -156,12 +245,48 @@ impl TileOrderMap {
                 &self.rmsnorm
             }
         };
-        let grid = if p.op == WEFT_GEMM_RESTORE_RMSNORM { m.min(self.blocks * 2) } else { self.blocks };
+        let grid = if p.op == WEFT_GEMM_RESTORE_RMSNORM { geo.rows.min(self.blocks * 2) } else { self.blocks };
         let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: the kernels take exactly this struct; every buffer was checked to hold what the
-        // plan's shape makes them read or write and lives until the stream has run the launch.
+        // SAFETY: the kernels take exactly this struct; every buffer was checked (by `check`) to
+        // hold what the geometry makes them read or write and lives until the stream has run it.
         unsafe { stream.launch_builder(func).arg(&p).launch(cfg) }.context("launching the restore kernel")?;
         drop(keep);
         Ok(())
+    }
+}
+
+/// The AllReduce map: a TILE_ORDER buffer → the standard m × n layout.
+pub struct TileOrderMap {
+    slots: SlotRestore,
+    plan: GemmPlan,
+}
+
+impl TileOrderMap {
+    /// The table for `plan`, uploaded on `stream`.
+    pub fn new(stream: &Arc<CudaStream>, plan: &GemmPlan) -> anyhow::Result<Self> {
+        Ok(Self { slots: SlotRestore::new(stream, plan)?, plan: plan.clone() })
+    }
+
+    fn geometry(&self) -> SlotGeometry {
+        let tm = self.plan.tile_m();
+        SlotGeometry { rows: self.plan.shape.m, tile_rows: tm, slot_rows: tm }
+    }
+
+    /// Refuses what [`restore`](Self::restore) would refuse, given the buffers' lengths.
+    pub fn check<T: GemmElement>(&self, src_len: usize, dst_len: usize, step: &Restore<'_>) -> anyhow::Result<()> {
+        let need = OutputLayout::TileOrder.elements(&self.plan);
+        self.slots.check::<T>("tile-order", self.geometry(), need, src_len, dst_len, step)
+    }
+
+    /// `dst` (m × n, standard) from `src` (the TILE_ORDER buffer), with `step` fused.
+    pub fn restore<T: GemmElement>(
+        &self,
+        stream: &Arc<CudaStream>,
+        src: &CudaSlice<T>,
+        dst: &mut CudaSlice<T>,
+        step: Restore<'_>,
+    ) -> anyhow::Result<()> {
+        self.check::<T>(src.len(), dst.len(), &step)?;
+        self.slots.launch(stream, self.geometry(), src, dst, step)
     }
 }

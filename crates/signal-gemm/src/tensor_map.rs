@@ -32,18 +32,43 @@ pub(crate) fn encode_2d(
         "{what}: box row of {} bytes exceeds the 128-byte swizzle",
         box_cols as u64 * elem
     );
+    encode(what, ptr, dtype, &[cols, rows], &[box_cols, box_rows])
+}
+
+/// A dense 3-D tensor of `slots` matrices of `rows` × `cols` elements (row-major, one after the
+/// other) at `ptr`, stored in boxes of `box_rows` × `box_cols` × 1 with the 128-byte swizzle.
+pub(crate) fn encode_3d(
+    what: &str,
+    ptr: u64,
+    dtype: Dtype,
+    slots: u64,
+    rows: u64,
+    cols: u64,
+    box_rows: u32,
+    box_cols: u32,
+) -> anyhow::Result<weft_tensor_map> {
+    let elem = dtype.bytes() as u64;
+    ensure!(ptr % 16 == 0, "{what}: device address {ptr:#x} is not 16-byte aligned (TMA needs it)");
+    ensure!((cols * elem) % 16 == 0, "{what}: row pitch {} bytes is not a multiple of 16", cols * elem);
+    ensure!(box_cols as u64 * elem <= 128, "{what}: box row of {} bytes exceeds the 128-byte swizzle", box_cols as u64 * elem);
+    encode(what, ptr, dtype, &[cols, rows, slots], &[box_cols, box_rows, 1])
+}
+
+/// cuTensorMapEncodeTiled of a dense row-major tensor, innermost dimension first.
+fn encode(what: &str, ptr: u64, dtype: Dtype, dims: &[u64], boxes: &[u32]) -> anyhow::Result<weft_tensor_map> {
+    let elem = dtype.bytes() as u64;
+    let rank = dims.len();
+    // Byte strides of dimensions 1.. (dimension 0 is contiguous).
+    let strides: Vec<u64> = (1..rank).map(|d| dims[..d].iter().product::<u64>() * elem).collect();
+    let elem_strides = vec![1u32; rank];
     let mut map = weft_tensor_map::default();
-    let dims: [u64; 2] = [cols, rows];
-    let strides: [u64; 1] = [cols * elem];
-    let boxes: [u32; 2] = [box_cols, box_rows];
-    let elem_strides: [u32; 2] = [1, 1];
-    // SAFETY: `map` is 128 bytes, 64-byte aligned (weft_tensor_map); the arrays have rank (2) and
-    // rank − 1 (1) entries as the driver reads them.
+    // SAFETY: `map` is 128 bytes, 64-byte aligned (weft_tensor_map); the arrays have rank and
+    // rank − 1 entries as the driver reads them.
     unsafe {
         sys::cuTensorMapEncodeTiled(
             &mut map as *mut weft_tensor_map as *mut sys::CUtensorMap,
             dtype.tensor_map_type(),
-            2,
+            rank as u32,
             ptr as *mut std::ffi::c_void,
             dims.as_ptr(),
             strides.as_ptr(),
@@ -56,6 +81,6 @@ pub(crate) fn encode_2d(
         )
     }
     .result()
-    .with_context(|| format!("cuTensorMapEncodeTiled for {what} ({rows} x {cols} {dtype}, box {box_rows} x {box_cols})"))?;
+    .with_context(|| format!("cuTensorMapEncodeTiled for {what} (dims {dims:?} of {dtype}, innermost first; box {boxes:?})"))?;
     Ok(map)
 }

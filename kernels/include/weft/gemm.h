@@ -116,8 +116,35 @@ WEFT_HD uint32_t weft_gemm_group_of(const weft_gemm_wave_groups* g, uint32_t ord
 // column of whole tiles in execution order, tile of `order` at rows [order * tile_m, + tile_m) of
 // an (order count x tile_m) x tile_n row-major matrix, so each wave group is one contiguous range.
 // Rows and columns a ragged tile lacks hold zeros there (TMA loads zero-fill outside A and B).
+// RANK_BANDS (the ReduceScatter reorder map, `bands` = the world size): each tile's rows are cut
+// into `bands` row bands of weft_gemm_band_rows rows (the last band may be shorter: its missing
+// rows are never written). D is a column of band slots, each band_rows x tile_n; band r of the tile
+// of order o goes to slot weft_gemm_band_slot(o, r): inside o's wave group [start, end), the
+// group's range holds `bands` parts of end - start slots each, part r holding band r of every tile
+// of the group in order. So ncclReduceScatter over a group's range hands rank r band r of each of
+// the group's tiles: whole rows.
 #define WEFT_GEMM_LAYOUT_STANDARD 0
 #define WEFT_GEMM_LAYOUT_TILE_ORDER 1
+#define WEFT_GEMM_LAYOUT_RANK_BANDS 2
+
+// Rows per band slot, and the rows band `band` of a tile really holds.
+WEFT_HD uint32_t weft_gemm_band_rows(uint32_t tile_m, uint32_t bands) { return weft_gemm_div_up(tile_m, bands); }
+WEFT_HD uint32_t weft_gemm_band_len(uint32_t tile_m, uint32_t bands, uint32_t band) {
+  const uint32_t rows = weft_gemm_band_rows(tile_m, bands), start = band * rows;
+  return start >= tile_m ? 0u : (tile_m - start < rows ? tile_m - start : rows);
+}
+// The first order of wave group `group` (count 0: one group of every order).
+WEFT_HD uint32_t weft_gemm_group_start(const weft_gemm_wave_groups* g, uint32_t group) {
+  return (g->count == 0 || group == 0) ? 0u : g->end_order[group - 1];
+}
+// The band slot of band `band` of the tile of `order` (RANK_BANDS).
+WEFT_HD uint32_t weft_gemm_band_slot(weft_gemm_schedule s, const weft_gemm_wave_groups* g, uint32_t bands, uint32_t order,
+                                     uint32_t band) {
+  const uint32_t group = g->count == 0 ? 0u : weft_gemm_group_of(g, order);
+  const uint32_t start = weft_gemm_group_start(g, group);
+  const uint32_t end = g->count == 0 ? weft_gemm_order_count(s) : g->end_order[group];
+  return start * bands + band * (end - start) + (order - start);
+}
 
 // A TMA descriptor (CUtensorMap), encoded by the host with cuTensorMapEncodeTiled; opaque here.
 typedef struct __attribute__((aligned(64))) weft_tensor_map {
@@ -148,14 +175,18 @@ typedef struct weft_gemm_params {
   uint32_t comm_ctas;  // CTAs after the compute CTAs that run the communicator role
   uint32_t claim_base; // the counter's value at this launch's start (dynamic scheduling)
   uint32_t layout;     // WEFT_GEMM_LAYOUT_*: where D's tiles are stored
-  uint32_t reserved;
+  uint32_t bands;      // RANK_BANDS: bands per tile (the world size, 1..=8)
   weft_sync_bound bound; // every pipeline and flag wait
-  weft_gemm_wave_groups groups; // read only when group_counters != 0
+  weft_gemm_wave_groups groups; // read when group_counters != 0, and by the RANK_BANDS layout
 } weft_gemm_params;
 
-// Post-communication reorder (kernels/gemm/restore.cu): TILE_ORDER buffer -> the standard m x n
-// layout, bit for bit, optionally fused with a residual add or an RMSNorm. slot_of_tile[tm *
-// tiles_n + tn] is the order of that tile (the host lists it from weft_gemm_tile_at).
+// Post-communication reorder (kernels/gemm/restore.cu): a buffer of slots in execution order ->
+// the standard row-major layout, bit for bit, optionally fused with a residual add or an RMSNorm.
+// slot_of_tile[tm * tiles_n + tn] is the order of that tile (the host lists it from
+// weft_gemm_tile_at). Output row i comes from tile row i / tile_rows, row i % tile_rows of that
+// tile's slot, and a slot holds slot_rows x tile_n elements. TILE_ORDER: tile_rows = slot_rows =
+// tile_m, m rows. A ReduceScatter's received bands (band r of the tile of order o in slot o):
+// tile_rows = weft_gemm_band_len(r), slot_rows = weft_gemm_band_rows, m = rank r's row count.
 #define WEFT_GEMM_RESTORE_COPY 0      // dst = src (any 2- or 4-byte dtype: raw 16-byte vectors)
 #define WEFT_GEMM_RESTORE_ADD 1       // dst = bf16(src + residual), fp32 add
 #define WEFT_GEMM_RESTORE_RMSNORM 2   // x = src (+ residual); dst = bf16(x * rsqrt(mean(x^2) + eps) * gamma)
@@ -165,7 +196,11 @@ typedef struct weft_gemm_restore_params {
   uint64_t residual;     // 0 or m x n bf16 (ADD: required; RMSNORM: optional)
   uint64_t gamma;        // RMSNORM: n bf16
   uint64_t slot_of_tile; // uint32_t per tile, row-major tile index -> order
-  uint32_t m, n, tile_m, tile_n;
+  uint32_t m, n;         // the output: m rows of n
+  uint32_t tile_n;       // columns of a tile and of a slot
+  uint32_t tiles_n;      // tiles per tile row (of the GEMM's n)
+  uint32_t tile_rows;    // output rows per tile row
+  uint32_t slot_rows;    // rows of a slot
   uint32_t elem_bytes;   // COPY: 2 or 4; ADD and RMSNORM: 2 (bf16)
   uint32_t op;           // WEFT_GEMM_RESTORE_*
   float eps;             // RMSNORM

@@ -2,10 +2,12 @@
 
 mod barrier;
 mod gemm;
+mod graph_capture;
 mod grpcoll;
 mod nccl;
 mod overlap;
 mod pgl;
+mod reduce_scatter;
 mod rendezvous;
 mod roundtrip;
 mod sync;
@@ -34,5 +36,7 @@ pub fn all() -> Vec<Case> {
     cases.extend(grpcoll::cases());
     cases.extend(gemm::cases());
     cases.extend(overlap::cases());
+    cases.extend(reduce_scatter::cases());
+    cases.extend(graph_capture::cases());
     cases
 }

@@ -43,11 +43,11 @@ pub fn cases() -> Vec<Case> {
 }
 
 /// Group waits in trials give up after 5 s (a missing signal then fails fast, with a report).
-const TRIAL_WAIT: Duration = Duration::from_secs(5);
+pub(super) const TRIAL_WAIT: Duration = Duration::from_secs(5);
 
 /// A random shape (multiples of 16, mostly ragged against the tiles) and options that give
 /// several waves on small shapes (a large sm_margin).
-fn random_case(rng: &mut StdRng, max: u32, output: Dtype) -> (GemmShape, GemmOptions) {
+pub(super) fn random_case(rng: &mut StdRng, max: u32, output: Dtype) -> (GemmShape, GemmOptions) {
     let mut dim = |max: u32| 16 * rng.random_range(1..=max / 16);
     let shape = GemmShape::new(dim(max), dim(max), dim(max / 2));
     let cluster_m = rng.random_range(1..=2);
@@ -64,7 +64,7 @@ fn random_case(rng: &mut StdRng, max: u32, output: Dtype) -> (GemmShape, GemmOpt
 }
 
 /// A random partition of the plan's waves (1 to 32 groups).
-fn random_groups(rng: &mut StdRng, plan: &GemmPlan) -> Vec<u32> {
+pub(super) fn random_groups(rng: &mut StdRng, plan: &GemmPlan) -> Vec<u32> {
     let waves = plan.waves();
     let mut sizes = Vec::new();
     let mut left = waves;
@@ -77,7 +77,7 @@ fn random_groups(rng: &mut StdRng, plan: &GemmPlan) -> Vec<u32> {
     sizes
 }
 
-fn with_budget(mut counters: GroupCounters, ctx: &Arc<CudaContext>) -> anyhow::Result<GroupCounters> {
+pub(super) fn with_budget(mut counters: GroupCounters, ctx: &Arc<CudaContext>) -> anyhow::Result<GroupCounters> {
     counters.set_budget(WaitBudget::for_device(ctx, TRIAL_WAIT)?);
     Ok(counters)
 }
@@ -240,12 +240,12 @@ fn fused_restore(job: &mut Job) -> anyhow::Result<()> {
 
 /// The sequential reference: cuBLAS, then ncclAllReduce, with its per-element bound
 /// (reduce_check.rs).
-struct Reference {
-    want: Vec<bf16>,
-    bound: Vec<f32>,
+pub(super) struct Reference {
+    pub want: Vec<bf16>,
+    pub bound: Vec<f32>,
 }
 
-fn reference(
+pub(super) fn reference(
     job: &mut Job,
     shape: GemmShape,
     options: GemmOptions,
@@ -298,7 +298,7 @@ fn all_reduce_vs_sequential(job: &mut Job) -> anyhow::Result<()> {
     Ok(())
 }
 
-const STRESS_ITERATIONS: usize = 10_000;
+pub(super) const STRESS_ITERATIONS: usize = 10_000;
 
 /// 10⁴ back-to-back overlapped GEMM + AllReduce runs with no host synchronisation, alternating
 /// two input sets whose results differ, the staging buffer poisoned (NaN) before every run: each
@@ -348,7 +348,7 @@ fn all_reduce_stress(job: &mut Job, options: GemmOptions) -> anyhow::Result<()> 
 }
 
 /// NaN (0x7FC0) into every element, in stream order.
-fn poison_bf16(stream: &Arc<CudaStream>, buf: &mut CudaSlice<bf16>) -> anyhow::Result<()> {
+pub(super) fn poison_bf16(stream: &Arc<CudaStream>, buf: &mut CudaSlice<bf16>) -> anyhow::Result<()> {
     let len = buf.len();
     let (ptr, _g) = buf.device_ptr_mut(stream);
     // SAFETY: `len` 16-bit elements at `ptr`, on the buffer's stream.

@@ -5,6 +5,9 @@
 
 mod all_reduce;
 mod comm_stream;
+mod pipeline;
+mod reduce_scatter;
 
 pub use all_reduce::AllReduceOverlap;
 pub use comm_stream::high_priority_stream;
+pub use reduce_scatter::ReduceScatterOverlap;

@@ -61,6 +61,20 @@ __device__ __forceinline__ void signal_stored(const weft_gemm_params& p, uint32_
     mo::red_add_release_gpu(reinterpret_cast<uint64_t*>(p.group_counters) + weft_gemm_group_of(&p.groups, order), 1);
 }
 
+// RANK_BANDS: the 64 x (chunk) box of tile rows [row, row + 64) into the slot of every band those
+// rows cross. D is the 3-D tensor (tile_n columns, band_rows rows, slots); the box goes to (col,
+// row - band start, slot): rows outside the band fall outside the tensor's band_rows and are not
+// written, so each band gets exactly its rows from a box that stays 1024-byte aligned (swizzle).
+__device__ __forceinline__ void store_bands(const weft_gemm_params& p, const uint8_t* buf, int32_t col, uint32_t row,
+                                            uint32_t order) {
+  const uint32_t band_rows = weft_gemm_band_rows(p.sched.tile_m, p.bands);
+  const uint32_t last = min((row + 63) / band_rows, p.bands - 1);
+  for (uint32_t r = row / band_rows; r <= last; ++r) {
+    const uint32_t slot = weft_gemm_band_slot(p.sched, &p.groups, p.bands, order, r);
+    tensor_store_3d(&p.d, buf, col, static_cast<int32_t>(row) - static_cast<int32_t>(r * band_rows), static_cast<int32_t>(slot));
+  }
+}
+
 struct TmaStorer {
   template <class Cfg>
   __device__ __forceinline__ static void store(const weft_gemm_params& p, const SharedTiles<Cfg>& sm, int consumer,
@@ -77,10 +91,12 @@ struct TmaStorer {
     const uint32_t bar_id = 1 + consumer;
     const uint32_t row0 = t.tm * Cfg::kBM + consumer * 64;  // in D's standard layout (beta reads)
     const uint32_t col0 = t.tn * Cfg::kBN;
-    // Where the stores go: the standard position, or the tile's slot in execution order.
+    // Where the stores go: the standard position, the tile's slot in execution order, or (bands)
+    // the slots of the bands the warpgroup's 64 rows cross.
     const bool tile_order = p.layout == WEFT_GEMM_LAYOUT_TILE_ORDER;
+    const bool bands = p.layout == WEFT_GEMM_LAYOUT_RANK_BANDS;
     const int32_t store_row = static_cast<int32_t>(tile_order ? order * Cfg::kBM + consumer * 64 : row0);
-    const int32_t store_col = static_cast<int32_t>(tile_order ? 0 : col0);
+    const int32_t store_col = static_cast<int32_t>(tile_order || bands ? 0 : col0);
     const bool with_beta = p.beta != 0.0f;
     // Chunk c of this warpgroup's accumulators -> `buf` (alpha, beta, conversion, swizzle).
     auto write_chunk = [&](int c, uint8_t* buf) {
@@ -105,7 +121,11 @@ struct TmaStorer {
       }
     };
     auto store_chunk = [&](int c, const uint8_t* buf) {
-      tensor_store_2d(&p.d, buf, store_col + c * Cfg::kEpiCols, store_row);
+      if (bands) {
+        store_bands(p, buf, c * Cfg::kEpiCols, consumer * 64, order);
+      } else {
+        tensor_store_2d(&p.d, buf, store_col + c * Cfg::kEpiCols, store_row);
+      }
     };
     if constexpr (Cfg::kEpiBufs >= Cfg::kEpiChunks) {
       // Whole tile: every chunk has its own buffer. One wait (the previous tile's stores have

@@ -1,0 +1,145 @@
+//! The ReduceScatter reorder map's other end. A GEMM stored with [`OutputLayout::RankBands`] and
+//! reduce-scattered group by group ([`RankBandMap::group_ranges`]) leaves on rank r band r of every
+//! tile, band r of the tile of order o in slot o of the *received* buffer. [`RankBandMap::restore`]
+//! turns that into rank r's rows in the standard row-major layout.
+//!
+//! Layout difference from NCCL: ncclReduceScatter of the standard m × n output gives rank r the
+//! contiguous rows [r·m/W, (r+1)·m/W). Here rank r owns, in every 128-row tile row tm, the rows
+//! tm·128 + r·⌈128/W⌉ + [0, band length): whole rows, about m/W of them, returned contiguous and in
+//! increasing row order; [`RankBandMap::global_row`] names the standard row of each.
+
+use crate::dtype::GemmElement;
+use crate::plan::GemmPlan;
+use crate::reorder::{OutputLayout, Restore, SlotGeometry, SlotRestore};
+use anyhow::ensure;
+use cudarc::driver::{CudaSlice, CudaStream};
+use std::ops::Range;
+use std::sync::Arc;
+use weft_kernels::abi::weft_gemm_band_len;
+
+/// Which rows rank `rank` owns under the RANK_BANDS layout of a plan.
+#[derive(Clone, Copy, Debug)]
+struct BandGeometry {
+    tile_m: u32,
+    rank: u32,
+    band_rows: u32,
+    band_len: u32,
+    rows: u32,
+}
+
+impl BandGeometry {
+    fn new(plan: &GemmPlan, ranks: u32, rank: u32) -> anyhow::Result<Self> {
+        let layout = OutputLayout::RankBands { ranks };
+        layout.check(plan)?;
+        ensure!(rank < ranks, "rank-bands map: rank {rank} of {ranks} ranks");
+        let (tile_m, m) = (plan.tile_m(), plan.shape.m);
+        let band_rows = layout.band_rows(plan);
+        // SAFETY: a pure function.
+        let band_len = unsafe { weft_gemm_band_len(tile_m, ranks, rank) };
+        // Every tile row but a ragged last one gives band_len rows.
+        let rows = (0..plan.tiles_m()).map(|t| m.saturating_sub(t * tile_m + rank * band_rows).min(band_len)).sum();
+        Ok(Self { tile_m, rank, band_rows, band_len, rows })
+    }
+
+    fn global_row(&self, i: u32) -> u32 {
+        (i / self.band_len) * self.tile_m + self.rank * self.band_rows + i % self.band_len
+    }
+}
+
+/// Rank `rank`'s side of a plan's RANK_BANDS layout for `ranks` ranks.
+pub struct RankBandMap {
+    slots: SlotRestore,
+    plan: GemmPlan,
+    ranks: u32,
+    geo: BandGeometry,
+}
+
+impl RankBandMap {
+    /// The map of `plan` for rank `rank` of `ranks` (the table uploaded on `stream`).
+    pub fn new(stream: &Arc<CudaStream>, plan: &GemmPlan, ranks: u32, rank: u32) -> anyhow::Result<Self> {
+        let geo = BandGeometry::new(plan, ranks, rank)?;
+        Ok(Self { slots: SlotRestore::new(stream, plan)?, plan: plan.clone(), ranks, geo })
+    }
+
+    pub fn layout(&self) -> OutputLayout {
+        OutputLayout::RankBands { ranks: self.ranks }
+    }
+
+    /// Elements of the received buffer: one band slot (⌈128/W⌉ × tile_n) per order.
+    pub fn received_len(&self) -> usize {
+        self.plan.orders() as usize * (self.geo.band_rows * self.plan.tile_n()) as usize
+    }
+
+    /// Rows this rank owns: the restored output is rows() × n.
+    pub fn rows(&self) -> u32 {
+        self.geo.rows
+    }
+
+    /// The standard-layout row of output row `i` (< rows()).
+    pub fn global_row(&self, i: u32) -> u32 {
+        self.geo.global_row(i)
+    }
+
+    /// For the wave group of `orders`: its element range in the RANK_BANDS buffer (the
+    /// ReduceScatter's send, `ranks` equal parts) and in the received buffer (the receive).
+    pub fn group_ranges(&self, orders: Range<u32>) -> (Range<usize>, Range<usize>) {
+        let slot = (self.geo.band_rows * self.plan.tile_n()) as usize;
+        let (start, end) = (orders.start as usize, orders.end as usize);
+        let w = self.ranks as usize;
+        (start * w * slot..end * w * slot, start * slot..end * slot)
+    }
+
+    fn geometry(&self) -> SlotGeometry {
+        SlotGeometry { rows: self.geo.rows, tile_rows: self.geo.band_len, slot_rows: self.geo.band_rows }
+    }
+
+    /// Refuses what [`restore`](Self::restore) would refuse, given the buffers' lengths.
+    pub fn check<T: GemmElement>(&self, received_len: usize, dst_len: usize, step: &Restore<'_>) -> anyhow::Result<()> {
+        self.slots.check::<T>("rank-bands", self.geometry(), self.received_len() as u64, received_len, dst_len, step)
+    }
+
+    /// `dst` (rows() × n, standard row order) from `received`, with `step` fused.
+    pub fn restore<T: GemmElement>(
+        &self,
+        stream: &Arc<CudaStream>,
+        received: &CudaSlice<T>,
+        dst: &mut CudaSlice<T>,
+        step: Restore<'_>,
+    ) -> anyhow::Result<()> {
+        self.check::<T>(received.len(), dst.len(), &step)?;
+        self.slots.launch(stream, self.geometry(), received, dst, step)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{GemmOptions, GemmShape};
+
+    /// Every standard row belongs to exactly one rank's bands (a partition of 0..m), in
+    /// increasing order per rank, for ragged m and every world size.
+    #[test]
+    fn bands_partition_the_rows() {
+        for m in [16u32, 112, 128, 208, 1008, 4096] {
+            let plan = GemmPlan::new(132, GemmShape::new(m, 256, 64), GemmOptions::default()).unwrap();
+            for ranks in 1..=8u32 {
+                let mut owner = vec![u32::MAX; m as usize];
+                for rank in 0..ranks {
+                    let geo = BandGeometry::new(&plan, ranks, rank).unwrap();
+                    assert!(geo.band_len >= 1, "{ranks} ranks: band {rank} is empty");
+                    let mut prev = None;
+                    for i in 0..geo.rows {
+                        let g = geo.global_row(i);
+                        assert!(g < m, "m {m}, {ranks} ranks, rank {rank}: row {i} -> {g}");
+                        assert_eq!(owner[g as usize], u32::MAX, "row {g} owned twice");
+                        owner[g as usize] = rank;
+                        assert!(prev.is_none_or(|p| p < g));
+                        prev = Some(g);
+                    }
+                }
+                assert!(!owner.contains(&u32::MAX), "m {m}, {ranks} ranks: a row has no owner");
+            }
+        }
+        assert!(BandGeometry::new(&GemmPlan::new(132, GemmShape::new(128, 256, 64), GemmOptions::default()).unwrap(), 9, 0).is_err());
+    }
+}

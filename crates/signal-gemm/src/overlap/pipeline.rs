@@ -1,0 +1,140 @@
+//! What every GEMM + collective overlap shares: the GEMM with its wave-group counters, the
+//! high-priority communication stream, and the ordering of one run.
+//!
+//! Ordering of one run (compute stream C, communication stream X):
+//!   X waits for C          — the staging buffer's previous readers and the inputs are done
+//!   C: GEMM (the collective's layout, group signals)
+//!   X: for each group g: wait kernel (acquire, rearms the counter), the collective on group g
+//!   C waits for X; C: the restore (by the caller)
+//! So the next run's GEMM is ordered after every wait of this one (the counters' rule).
+
+use crate::gemm::Gemm;
+use crate::overlap::comm_stream::high_priority_stream;
+use crate::plan::{GemmOptions, GemmShape};
+use crate::reorder::OutputLayout;
+use crate::wave_groups::{GroupCounters, WaveGroups};
+use crate::{GemmElement, LaunchExtras};
+use anyhow::ensure;
+use cudarc::driver::{CudaSlice, CudaStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use weft_pgl::nccl::Communicator;
+
+pub(crate) struct GroupPipeline {
+    /// The operation, for messages ("GEMM + AllReduce").
+    what: &'static str,
+    gemm: Gemm,
+    counters: GroupCounters,
+    layout: OutputLayout,
+    comm_stream: Arc<CudaStream>,
+    /// Set when a run failed after its GEMM was enqueued: some group counters may not have been
+    /// waited on (and rearmed), so a later run could read unfinished tiles. Refused from then on.
+    broken: AtomicBool,
+}
+
+impl GroupPipeline {
+    pub fn new(
+        what: &'static str,
+        stream: &Arc<CudaStream>,
+        shape: GemmShape,
+        options: GemmOptions,
+        waves_per_group: Option<&[u32]>,
+        layout: OutputLayout,
+        rank: u32,
+    ) -> anyhow::Result<Self> {
+        ensure!(options.beta == 0.0, "{what}: beta must be 0 (the epilogue writes the {} layout)", layout.name());
+        ensure!(options.comm_ctas == 0, "{what}: no communicator CTAs (NCCL communicates)");
+        let ctx = stream.context();
+        ensure!(
+            !ctx.is_event_tracking(),
+            "{what} needs the context's event tracking off (CudaContext::disable_event_tracking): with it on, \
+             taking a group's range of the staging buffer makes the communication stream wait for the whole GEMM, \
+             and nothing overlaps"
+        );
+        let gemm = Gemm::new(ctx, shape, options)?;
+        let plan = gemm.plan();
+        layout.check(plan)?;
+        let groups = match waves_per_group {
+            Some(w) => WaveGroups::new(plan, w)?,
+            None => WaveGroups::uniform(plan, 1)?,
+        };
+        let counters = GroupCounters::new(stream, groups, rank)?;
+        let comm_stream = high_priority_stream(ctx)?;
+        Ok(Self { what, gemm, counters, layout, comm_stream, broken: AtomicBool::new(false) })
+    }
+
+    pub fn gemm(&self) -> &Gemm {
+        &self.gemm
+    }
+
+    pub fn groups(&self) -> &WaveGroups {
+        self.counters.groups()
+    }
+
+    pub fn staging_len(&self) -> usize {
+        self.layout.elements(self.gemm.plan()) as usize
+    }
+
+    pub fn check_staging(&self, len: usize) -> anyhow::Result<()> {
+        ensure!(len >= self.staging_len(), "{}: staging buffer has {len} elements, needs {}", self.what, self.staging_len());
+        Ok(())
+    }
+
+    /// The communicator is on the compute stream's GPU.
+    pub fn check_comm(&self, comm: &Communicator, compute: &Arc<CudaStream>) -> anyhow::Result<()> {
+        ensure!(
+            comm.context().cu_ctx() == compute.context().cu_ctx(),
+            "{}: the communicator is on GPU {}, the compute stream on GPU {}",
+            self.what,
+            comm.context().ordinal(),
+            compute.context().ordinal()
+        );
+        Ok(())
+    }
+
+    /// The ordering of the module doc: the communication stream joins the compute stream, the
+    /// GEMM, then per group its wait and `after_wait(group, communication stream, staging)`, and
+    /// the compute stream joins back.
+    pub fn enqueue<TI: GemmElement, TO: GemmElement>(
+        &self,
+        compute: &Arc<CudaStream>,
+        a: &CudaSlice<TI>,
+        b: &CudaSlice<TI>,
+        staging: &mut CudaSlice<TO>,
+        mut after_wait: impl FnMut(usize, &Arc<CudaStream>, &mut CudaSlice<TO>) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        self.check_staging(staging.len())?;
+        ensure!(
+            !self.broken.load(Ordering::Relaxed),
+            "{}: an earlier run failed after its GEMM was enqueued, so its group counters may be stale; make a new one",
+            self.what
+        );
+        let x = &self.comm_stream;
+        x.join(compute)?;
+        let extras = LaunchExtras { groups: Some(&self.counters), layout: self.layout, ..Default::default() };
+        self.gemm.launch_with(compute, a, b, staging, extras)?;
+        let enqueued = (|| {
+            for g in 0..self.groups().count() {
+                self.counters.wait(x, g)?;
+                after_wait(g, x, staging)?;
+            }
+            compute.join(x)?;
+            Ok(())
+        })();
+        self.mark_if_failed(enqueued)
+    }
+
+    /// A failure after the GEMM was enqueued leaves the pipeline unusable (see `broken`).
+    pub fn mark_if_failed(&self, r: anyhow::Result<()>) -> anyhow::Result<()> {
+        if r.is_err() {
+            self.broken.store(true, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// After synchronising: an error naming a GEMM or group wait that ran past its bound.
+    pub fn check(&self) -> anyhow::Result<()> {
+        self.gemm.check()?;
+        self.counters.check()
+    }
+}
