@@ -16,7 +16,7 @@ use crate::results::{today, RunMeta, Table};
 use anyhow::{bail, Context};
 use std::path::PathBuf;
 
-pub const SUITES: &[&str] = &["nccl", "pgl", "sync", "overlap-order", "grpcoll", "gemm", "overlap"];
+pub const SUITES: &[&str] = &["nccl", "pgl", "sync", "overlap-order", "grpcoll", "gemm", "overlap", "overlap-reduce-scatter"];
 
 #[derive(Debug, Default, PartialEq)]
 pub struct BenchOptions {
@@ -78,7 +78,8 @@ pub fn run(job: &mut Job, opts: &BenchOptions) -> anyhow::Result<()> {
             "pgl" => pgl::run(job, opts.quick)?,
             "sync" => sync::run(job, opts.quick)?,
             "overlap-order" => overlap_order::run(job, opts.quick)?,
-            "overlap" => overlap::run(job, opts.quick, &opts.methods)?,
+            "overlap" => overlap::run(job, overlap::Collective::AllReduce, opts.quick, &opts.methods)?,
+            "overlap-reduce-scatter" => overlap::run(job, overlap::Collective::ReduceScatter, opts.quick, &opts.methods)?,
             other => bail!("unknown suite {other}"),
         };
         if job.rank() != 0 {

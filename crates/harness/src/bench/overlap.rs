@@ -1,21 +1,23 @@
-//! `weft bench overlap [--method M]…`: GEMM + AllReduce on every rank (each rank's local GEMM
-//! M × N × K, its output summed over ranks), by method, in the same run:
+//! `weft bench overlap` (GEMM + AllReduce) and `weft bench overlap-reduce-scatter` (GEMM +
+//! ReduceScatter) `[--method M]…`: each rank's local GEMM M × N × K, its output summed over ranks
+//! (and, for ReduceScatter, scattered by rows), by method, in the same run:
 //!
-//! - `seq-cublas`: cuBLAS, then ncclAllReduce (NCCL's default CTAs) — the baseline of the ratios;
-//! - `seq-weft`: weft's GEMM, then ncclAllReduce;
+//! - `seq-cublas`: cuBLAS, then the NCCL collective (NCCL's default CTAs) — the ratios' baseline;
+//! - `seq-weft`: weft's GEMM, then the NCCL collective;
 //! - `decomposition`: M split into 2 or 4 row bands, cuBLAS per band on the compute stream and
-//!   the band's ncclAllReduce on a high-priority stream as soon as it is computed (best count);
-//! - `signal`: signal-gemm II (`AllReduceOverlap`): wave-group signals, tile-order staging, one
-//!   ncclAllReduce per group on a high-priority stream with NCCL limited to the SMs the GEMM
-//!   leaves free, then the restore to the standard layout (included in the time). Each
-//!   (sm_margin, grouping) candidate is measured and the fastest reported, with its config.
+//!   the band's collective on a high-priority stream as soon as it is computed (best count);
+//! - `signal`: signal-gemm II (`AllReduceOverlap` / `ReduceScatterOverlap`): wave-group signals,
+//!   the collective's reorder map, one NCCL call per group on a high-priority stream with NCCL
+//!   limited to the SMs the GEMM leaves free, then the restore to the standard layout (included
+//!   in the time). Each (sm_margin, grouping) candidate is measured and the fastest reported.
 //!
-//! Per shape also: the GEMM and the AllReduce alone (T_gemm = cuBLAS, T_comm), the theoretical
+//! Per shape also: the GEMM and the collective alone (T_gemm = cuBLAS, T_comm), the theoretical
 //! best max(T_gemm, T_comm) and the share of it reached, and the signalling GEMM alone against
 //! the plain weft GEMM with the same SMs (interference). Timing: each iteration between its own
 //! events on the compute stream, after a 256 MiB scratch write that evicts L2; median per rank,
-//! slowest rank reported. The signal output is checked element by element against the seq-weft
-//! output (bound: world · 2⁻⁷ · Σ_r |partial_r|, see suites/overlap.rs) before timing.
+//! slowest rank reported. The signal output is checked element by element, before timing,
+//! against weft's GEMM summed over ranks by ncclAllReduce (ReduceScatter: the rows the rank owns;
+//! bound world · 2⁻⁷ · Σ_r |partial_r|, see reduce_check.rs).
 
 use super::{gather_f64, SuiteResult};
 use crate::gemm_data::{download, poisoned, uniform, upload};
@@ -24,12 +26,12 @@ use crate::reduce_check::{check_within, sum_bound};
 use crate::json::Json;
 use crate::results::Table;
 use crate::timing::median;
-use cudarc::driver::{sys, CudaSlice, CudaStream};
+use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use half::bf16;
 use std::sync::Arc;
 use weft_kernels::abi::WEFT_GEMM_MAX_WAVE_GROUPS;
 use weft_pgl::nccl::{Communicator, ReduceOp};
-use weft_signal_gemm::overlap::{high_priority_stream, AllReduceOverlap};
+use weft_signal_gemm::overlap::{high_priority_stream, AllReduceOverlap, ReduceScatterOverlap};
 use weft_signal_gemm::{CublasGemm, Gemm, GemmOptions, GemmPlan, GemmShape, Restore, WaveGroups};
 
 pub const METHODS: &[&str] = &["seq-cublas", "seq-weft", "decomposition", "signal"];
@@ -66,6 +68,105 @@ fn groupings(plan: &GemmPlan) -> anyhow::Result<Vec<Vec<u32>>> {
     out.sort();
     out.dedup();
     Ok(out)
+}
+
+/// The collective after the GEMM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Collective {
+    AllReduce,
+    ReduceScatter,
+}
+
+impl Collective {
+    fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "all_reduce",
+            Collective::ReduceScatter => "reduce_scatter",
+        }
+    }
+
+    /// Elements of the result of `send_len` elements on `world` ranks.
+    fn out_len(self, send_len: usize, world: usize) -> usize {
+        match self {
+            Collective::AllReduce => send_len,
+            Collective::ReduceScatter => send_len / world,
+        }
+    }
+
+    /// `out` = the collective of `send` (NCCL, out of place), on `stream`.
+    fn run<S: DevicePtr<bf16>, R: DevicePtrMut<bf16>>(self, comm: &Communicator, send: &S, out: &mut R, stream: &CudaStream) -> anyhow::Result<()> {
+        match self {
+            Collective::AllReduce => comm.all_reduce(send, out, ReduceOp::Sum, stream),
+            Collective::ReduceScatter => comm.reduce_scatter(send, out, ReduceOp::Sum, stream),
+        }
+    }
+}
+
+/// One signal-gemm overlap and its staging buffers.
+enum Signal {
+    AllReduce { ov: AllReduceOverlap, staging: CudaSlice<bf16> },
+    ReduceScatter { ov: ReduceScatterOverlap, staging: CudaSlice<bf16>, received: CudaSlice<bf16> },
+}
+
+impl Signal {
+    fn new(op: Collective, compute: &Arc<CudaStream>, shape: GemmShape, options: GemmOptions, parts: &[u32], world: usize, rank: usize) -> anyhow::Result<Self> {
+        Ok(match op {
+            Collective::AllReduce => {
+                let ov = AllReduceOverlap::new(compute, shape, options, Some(parts), rank as u32)?;
+                let staging = poisoned::<bf16>(compute, ov.staging_len())?;
+                Signal::AllReduce { ov, staging }
+            }
+            Collective::ReduceScatter => {
+                let ov = ReduceScatterOverlap::new(compute, shape, options, Some(parts), world as u32, rank as u32)?;
+                let staging = poisoned::<bf16>(compute, ov.staging_len())?;
+                let received = poisoned::<bf16>(compute, ov.received_len())?;
+                Signal::ReduceScatter { ov, staging, received }
+            }
+        })
+    }
+
+    fn groups(&self) -> String {
+        match self {
+            Signal::AllReduce { ov, .. } => ov.groups().to_string(),
+            Signal::ReduceScatter { ov, .. } => ov.groups().to_string(),
+        }
+    }
+
+    /// The standard rows of the output, in its order.
+    fn rows(&self, m: u32) -> Vec<u32> {
+        match self {
+            Signal::AllReduce { .. } => (0..m).collect(),
+            Signal::ReduceScatter { ov, .. } => (0..ov.map().rows()).map(|i| ov.map().global_row(i)).collect(),
+        }
+    }
+
+    fn run(&mut self, compute: &Arc<CudaStream>, comm: &Communicator, a: &CudaSlice<bf16>, b: &CudaSlice<bf16>, out: &mut CudaSlice<bf16>) -> anyhow::Result<()> {
+        match self {
+            Signal::AllReduce { ov, staging } => ov.run(compute, comm, a, b, staging, out, Restore::Copy),
+            Signal::ReduceScatter { ov, staging, received } => ov.run(compute, comm, a, b, staging, received, out, Restore::Copy),
+        }
+    }
+
+    fn run_gemm_only(&mut self, compute: &Arc<CudaStream>, a: &CudaSlice<bf16>, b: &CudaSlice<bf16>) -> anyhow::Result<()> {
+        match self {
+            Signal::AllReduce { ov, staging } => ov.run_gemm_only(compute, a, b, staging),
+            Signal::ReduceScatter { ov, staging, .. } => ov.run_gemm_only(compute, a, b, staging),
+        }
+    }
+
+    fn restore(&self, compute: &Arc<CudaStream>, out: &mut CudaSlice<bf16>) -> anyhow::Result<()> {
+        match self {
+            Signal::AllReduce { ov, staging } => ov.restore(compute, staging, out, Restore::Copy),
+            Signal::ReduceScatter { ov, received, .. } => ov.restore(compute, received, out, Restore::Copy),
+        }
+    }
+
+    fn check(&self) -> anyhow::Result<()> {
+        match self {
+            Signal::AllReduce { ov, .. } => ov.check(),
+            Signal::ReduceScatter { ov, .. } => ov.check(),
+        }
+    }
 }
 
 struct Rig {
@@ -108,7 +209,7 @@ fn slowest(job: &mut Job, mine: &[f64]) -> anyhow::Result<Vec<f64>> {
     Ok((0..mine.len()).map(|i| all.iter().map(|r| r[i]).fold(f64::NAN, f64::max)).collect())
 }
 
-pub fn run(job: &mut Job, quick: bool, methods: &[String]) -> anyhow::Result<SuiteResult> {
+pub fn run(job: &mut Job, op: Collective, quick: bool, methods: &[String]) -> anyhow::Result<SuiteResult> {
     let want = |m: &str| methods.is_empty() || methods.iter().any(|x| x == m);
     for m in methods {
         anyhow::ensure!(METHODS.contains(&m.as_str()), "weft bench overlap: unknown method {m:?} (methods: {})", METHODS.join(", "));
@@ -151,37 +252,42 @@ pub fn run(job: &mut Job, quick: bool, methods: &[String]) -> anyhow::Result<Sui
         let base = GemmOptions::default();
         let cublas = CublasGemm::new(&compute, shape, base)?;
         let weft = Gemm::new(&ctx, shape, base)?;
+        anyhow::ensure!(
+            op == Collective::AllReduce || (mu * nu) % world == 0 && mu % world == 0,
+            "{shape}: the ReduceScatter baselines split m x n and m evenly over {world} ranks"
+        );
         let mut d = poisoned::<bf16>(&compute, mu * nu)?;
-        let mut out = poisoned::<bf16>(&compute, mu * nu)?;
+        let mut out = poisoned::<bf16>(&compute, op.out_len(mu * nu, world))?;
         let comm = job.comm()?;
 
         // Alone.
         let t_gemm = rig.time(|| cublas.launch(&a, &b, &mut d))?;
-        let t_comm = rig.time(|| comm.all_reduce_in_place(&mut d, ReduceOp::Sum, &compute))?;
+        let t_comm = rig.time(|| op.run(comm, &d, &mut out, &compute))?;
         let t_weft_gemm = rig.time(|| weft.launch(&compute, &a, &b, &mut d))?;
         // Sequential.
         let seq_cublas = if want("seq-cublas") {
             rig.time(|| {
                 cublas.launch(&a, &b, &mut d)?;
-                comm.all_reduce_in_place(&mut d, ReduceOp::Sum, &compute)
+                op.run(comm, &d, &mut out, &compute)
             })?
         } else {
             f64::NAN
         };
-        let seq_weft = if want("seq-weft") || want("signal") {
+        let seq_weft = if want("seq-weft") {
             rig.time(|| {
                 weft.launch(&compute, &a, &b, &mut d)?;
-                comm.all_reduce(&d, &mut out, ReduceOp::Sum, &compute)
+                op.run(comm, &d, &mut out, &compute)
             })?
         } else {
             f64::NAN
         };
-        // Decomposition: bands of rows on two streams.
+        // Decomposition: bands of rows on two streams; band c's result at its share of `out`.
         let mut decomp = (f64::NAN, 0usize);
         if want("decomposition") {
             for chunks in [2usize, 4] {
                 let rows = mu / chunks;
                 let band = CublasGemm::new(&compute, GemmShape::new(rows as u32, n, k), base)?;
+                let part = op.out_len(rows * nu, world);
                 let x = &rig.comm_stream.clone();
                 let t = rig.time(|| {
                     x.join(&compute)?;
@@ -190,7 +296,8 @@ pub fn run(job: &mut Job, quick: bool, methods: &[String]) -> anyhow::Result<Sui
                         let mut dv = d.slice_mut(c * rows * nu..(c + 1) * rows * nu);
                         band.launch(&av, &b, &mut dv)?;
                         x.join(&compute)?;
-                        comm.all_reduce_in_place(&mut d.slice_mut(c * rows * nu..(c + 1) * rows * nu), ReduceOp::Sum, x)?;
+                        let dv = d.slice(c * rows * nu..(c + 1) * rows * nu);
+                        op.run(comm, &dv, &mut out.slice_mut(c * part..(c + 1) * part), x)?;
                     }
                     compute.join(x)?;
                     Ok(())
@@ -200,15 +307,16 @@ pub fn run(job: &mut Job, quick: bool, methods: &[String]) -> anyhow::Result<Sui
                 }
             }
         }
-        // Signal: check once against seq-weft, then every candidate timed.
+        // Signal: check once against weft's GEMM summed by NCCL, then every candidate timed.
         let mut best: Option<(f64, u32, String, f64, f64, f64)> = None; // (ms, margin, groups, gemm-only, plain same margin, restore)
         let mut candidates = Vec::new();
         let mut margin_rows = Vec::new();
         if want("signal") {
             weft.launch(&compute, &a, &b, &mut d)?;
             let bound = sum_bound(job, &compute, &d)?;
-            job.comm()?.all_reduce(&d, &mut out, ReduceOp::Sum, &compute)?;
-            let seq_out = download(&compute, &out)?;
+            let mut summed = poisoned::<bf16>(&compute, mu * nu)?;
+            job.comm()?.all_reduce(&d, &mut summed, ReduceOp::Sum, &compute)?;
+            let summed = download(&compute, &summed)?;
             for (margin, lcomm) in &limited {
                 let options = GemmOptions { sm_margin: *margin, ..base };
                 let plan = GemmPlan::new(sms, shape, options)?;
@@ -216,7 +324,7 @@ pub fn run(job: &mut Job, quick: bool, methods: &[String]) -> anyhow::Result<Sui
                 let plain = Gemm::new(&ctx, shape, options)?;
                 let parts_alone = [
                     rig.time(|| plain.launch(&compute, &a, &b, &mut d))?,
-                    rig.time(|| lcomm.all_reduce_in_place(&mut d, ReduceOp::Sum, &compute))?,
+                    rig.time(|| op.run(lcomm, &d, &mut out, &compute))?,
                 ];
                 let parts_alone = slowest(job, &parts_alone)?;
                 margin_rows.push(Json::obj([
@@ -225,27 +333,28 @@ pub fn run(job: &mut Job, quick: bool, methods: &[String]) -> anyhow::Result<Sui
                     ("nccl_max_ctas_alone_ms", Json::Num(parts_alone[1])),
                 ]));
                 for parts in groupings(&plan)? {
-                    let ov = AllReduceOverlap::new(&compute, shape, options, Some(&parts), rank as u32)?;
-                    let mut staging = poisoned::<bf16>(&compute, ov.staging_len())?;
-                    let mut sig_out = poisoned::<bf16>(&compute, mu * nu)?;
-                    ov.run(&compute, lcomm, &a, &b, &mut staging, &mut sig_out, Restore::Copy)?;
+                    let mut sig = Signal::new(op, &compute, shape, options, &parts, world, rank)?;
+                    let rows = sig.rows(m);
+                    let mut sig_out = poisoned::<bf16>(&compute, rows.len() * nu)?;
+                    sig.run(&compute, lcomm, &a, &b, &mut sig_out)?;
                     compute.synchronize()?;
-                    ov.check()?;
-                    let what = format!("{shape} margin {margin} groups {} against seq-weft", ov.groups());
-                    check_within(&what, &download(&compute, &sig_out)?, &seq_out, &bound, n as usize)?;
-                    let t = rig.time(|| ov.run(&compute, lcomm, &a, &b, &mut staging, &mut sig_out, Restore::Copy))?;
+                    sig.check()?;
+                    let pick = |v: &[f32]| -> Vec<f32> { rows.iter().flat_map(|&g| v[g as usize * nu..(g as usize + 1) * nu].iter().copied()).collect() };
+                    let want_rows: Vec<bf16> = rows.iter().flat_map(|&g| summed[g as usize * nu..(g as usize + 1) * nu].iter().copied()).collect();
+                    let what = format!("{shape} margin {margin} groups {} against weft GEMM + ncclAllReduce", sig.groups());
+                    check_within(&what, &download(&compute, &sig_out)?, &want_rows, &pick(&bound), nu)?;
+                    let t = rig.time(|| sig.run(&compute, lcomm, &a, &b, &mut sig_out))?;
                     let t = slowest(job, &[t])?[0];
                     candidates.push(Json::obj([
                         ("sm_margin", Json::Num(f64::from(*margin))),
-                        ("groups", Json::Str(ov.groups().to_string())),
+                        ("groups", Json::Str(sig.groups())),
                         ("ms", Json::Num(t)),
                     ]));
                     if best.as_ref().is_none_or(|b| t < b.0) {
-                        let gemm_only = rig.time(|| ov.run_gemm_only(&compute, &a, &b, &mut staging))?;
-                        let plain = Gemm::new(&ctx, shape, options)?;
+                        let gemm_only = rig.time(|| sig.run_gemm_only(&compute, &a, &b))?;
                         let plain_t = rig.time(|| plain.launch(&compute, &a, &b, &mut d))?;
-                        let restore_t = rig.time(|| ov.restore(&compute, &staging, &mut sig_out, Restore::Copy))?;
-                        best = Some((t, *margin, ov.groups().to_string(), gemm_only, plain_t, restore_t));
+                        let restore_t = rig.time(|| sig.restore(&compute, &mut sig_out))?;
+                        best = Some((t, *margin, sig.groups(), gemm_only, plain_t, restore_t));
                     }
                 }
             }
@@ -278,7 +387,7 @@ pub fn run(job: &mut Job, quick: bool, methods: &[String]) -> anyhow::Result<Sui
             format!("margin {margin} groups {groups}"),
         ]);
         rows.push(Json::obj([
-            ("op", Json::Str("all_reduce".into())),
+            ("op", Json::Str(op.name().into())),
             ("m", Json::Num(f64::from(m))),
             ("n", Json::Num(f64::from(n))),
             ("k", Json::Num(f64::from(k))),
