@@ -5,8 +5,10 @@
 //!
 //! Layout difference from NCCL: ncclReduceScatter of the standard m × n output gives rank r the
 //! contiguous rows [r·m/W, (r+1)·m/W). Here rank r owns, in every 128-row tile row tm, the rows
-//! tm·128 + r·⌈128/W⌉ + [0, band length): whole rows, about m/W of them, returned contiguous and in
-//! increasing row order; [`RankBandMap::global_row`] names the standard row of each.
+//! tm·128 + band_start(r) + [0, band_len(r)) (bands of 8-row atoms, see
+//! [`OutputLayout::RankBands`]): whole rows, m/W of them when W divides 16 and 128 divides m
+//! (for W = 3: 48, 40 and 40 of every 128), returned contiguous and in increasing row order;
+//! [`RankBandMap::global_row`] names the standard row of each.
 
 use crate::dtype::GemmElement;
 use crate::plan::GemmPlan;
@@ -15,14 +17,14 @@ use anyhow::ensure;
 use cudarc::driver::{CudaSlice, CudaStream};
 use std::ops::Range;
 use std::sync::Arc;
-use weft_kernels::abi::weft_gemm_band_len;
+use weft_kernels::abi::{weft_gemm_band_len, weft_gemm_band_start};
 
 /// Which rows rank `rank` owns under the RANK_BANDS layout of a plan.
 #[derive(Clone, Copy, Debug)]
 struct BandGeometry {
     tile_m: u32,
-    rank: u32,
     band_rows: u32,
+    band_start: u32,
     band_len: u32,
     rows: u32,
 }
@@ -34,15 +36,15 @@ impl BandGeometry {
         ensure!(rank < ranks, "rank-bands map: rank {rank} of {ranks} ranks");
         let (tile_m, m) = (plan.tile_m(), plan.shape.m);
         let band_rows = layout.band_rows(plan);
-        // SAFETY: a pure function.
-        let band_len = unsafe { weft_gemm_band_len(tile_m, ranks, rank) };
+        // SAFETY: pure functions.
+        let (band_start, band_len) = unsafe { (weft_gemm_band_start(ranks, rank), weft_gemm_band_len(ranks, rank)) };
         // Every tile row but a ragged last one gives band_len rows.
-        let rows = (0..plan.tiles_m()).map(|t| m.saturating_sub(t * tile_m + rank * band_rows).min(band_len)).sum();
-        Ok(Self { tile_m, rank, band_rows, band_len, rows })
+        let rows = (0..plan.tiles_m()).map(|t| m.saturating_sub(t * tile_m + band_start).min(band_len)).sum();
+        Ok(Self { tile_m, band_rows, band_start, band_len, rows })
     }
 
     fn global_row(&self, i: u32) -> u32 {
-        (i / self.band_len) * self.tile_m + self.rank * self.band_rows + i % self.band_len
+        (i / self.band_len) * self.tile_m + self.band_start + i % self.band_len
     }
 }
 
@@ -140,6 +142,28 @@ mod tests {
                 assert!(!owner.contains(&u32::MAX), "m {m}, {ranks} ranks: a row has no owner");
             }
         }
-        assert!(BandGeometry::new(&GemmPlan::new(132, GemmShape::new(128, 256, 64), GemmOptions::default()).unwrap(), 9, 0).is_err());
+        let plan = GemmPlan::new(132, GemmShape::new(1024, 256, 64), GemmOptions::default()).unwrap();
+        for ranks in [1u32, 2, 4, 8] {
+            for rank in 0..ranks {
+                assert_eq!(BandGeometry::new(&plan, ranks, rank).unwrap().rows, 1024 / ranks, "{ranks} ranks divide the rows evenly");
+            }
+        }
+        assert!(BandGeometry::new(&plan, 9, 0).is_err());
+    }
+
+    /// The kernel's store boxes: 8-row aligned (the swizzle's 1024 bytes), dividing a consumer's
+    /// 64 rows, and each inside one band.
+    #[test]
+    fn store_boxes_stay_inside_a_band() {
+        use weft_kernels::abi::{weft_gemm_band_box_rows, weft_gemm_band_of_row};
+        for ranks in 1..=crate::MAX_BAND_RANKS {
+            // SAFETY: pure functions.
+            let rows = unsafe { weft_gemm_band_box_rows(ranks) };
+            assert!(rows % 8 == 0 && 64 % rows == 0, "{ranks} ranks: box of {rows} rows");
+            for y in (0..128).step_by(rows as usize) {
+                let (first, last) = unsafe { (weft_gemm_band_of_row(ranks, y), weft_gemm_band_of_row(ranks, y + rows - 1)) };
+                assert_eq!(first, last, "{ranks} ranks: the box at row {y} crosses bands");
+            }
+        }
     }
 }

@@ -12,7 +12,7 @@ use cudarc::driver::{
 };
 use std::sync::{Arc, Mutex};
 use weft_kernels::abi::{
-    weft_gemm_params, weft_sync_bound, WEFT_GEMM_CONSUMERS,
+    weft_gemm_band_box_rows, weft_gemm_params, weft_sync_bound, WEFT_GEMM_CONSUMERS,
 };
 use weft_kernels::cubins;
 use weft_sync::{ErrorSlot, WaitBudget};
@@ -321,7 +321,9 @@ impl Gemm {
             }
             OutputLayout::RankBands { ranks } => {
                 let (slots, rows) = (u64::from(plan.orders()) * u64::from(ranks), u64::from(layout.band_rows(plan)));
-                encode_3d("D (rank bands)", d_ptr, o.output, slots, rows, u64::from(tile_n), 64, chunk_cols)?
+                // SAFETY: a pure function.
+                let box_rows = unsafe { weft_gemm_band_box_rows(ranks) };
+                encode_3d("D (rank bands)", d_ptr, o.output, slots, rows, u64::from(tile_n), box_rows, chunk_cols)?
             }
         };
 

@@ -31,11 +31,13 @@ pub enum OutputLayout {
     /// missing rows and columns hold zeros. Needs beta = 0.
     TileOrder,
     /// The ReduceScatter reorder map for `ranks` ranks (WEFT_GEMM_LAYOUT_RANK_BANDS): each tile's
-    /// 128 rows cut into `ranks` bands of ⌈128 / ranks⌉ rows (the last may be shorter); inside
-    /// each wave group's range, part r holds band r of every tile of the group in execution
-    /// order, so a ReduceScatter of the range gives rank r whole rows. Bands are slots of
-    /// ⌈128 / ranks⌉ × tile_n elements (orders · ranks slots); a short band's last slot rows are
-    /// not written. Needs beta = 0; the groups are those of the launch's counters (none: one).
+    /// 128 rows, as 16 atoms of 8 rows, dealt in order to `ranks` bands (band r gets 16 / ranks
+    /// atoms, one more if r < 16 % ranks); inside each wave group's range, part r holds band r
+    /// of every tile of the group in execution order, so a ReduceScatter of the range gives rank
+    /// r whole rows. Bands are slots of the largest band's rows × tile_n (orders · ranks slots);
+    /// a shorter band's last slot rows are not written (ranks not dividing 16 send up to 8 rows
+    /// of padding per slot). Needs beta = 0; the groups are those of the launch's counters (none:
+    /// one group).
     RankBands { ranks: u32 },
 }
 
@@ -67,7 +69,7 @@ impl OutputLayout {
     pub fn band_rows(self, plan: &GemmPlan) -> u32 {
         match self {
             // SAFETY: a pure function.
-            OutputLayout::RankBands { ranks } => unsafe { weft_gemm_band_rows(plan.tile_m(), ranks.max(1)) },
+            OutputLayout::RankBands { ranks } => unsafe { weft_gemm_band_rows(ranks.clamp(1, MAX_BAND_RANKS)) },
             _ => plan.tile_m(),
         }
     }

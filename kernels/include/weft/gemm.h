@@ -116,22 +116,48 @@ WEFT_HD uint32_t weft_gemm_group_of(const weft_gemm_wave_groups* g, uint32_t ord
 // column of whole tiles in execution order, tile of `order` at rows [order * tile_m, + tile_m) of
 // an (order count x tile_m) x tile_n row-major matrix, so each wave group is one contiguous range.
 // Rows and columns a ragged tile lacks hold zeros there (TMA loads zero-fill outside A and B).
-// RANK_BANDS (the ReduceScatter reorder map, `bands` = the world size): each tile's rows are cut
-// into `bands` row bands of weft_gemm_band_rows rows (the last band may be shorter: its missing
-// rows are never written). D is a column of band slots, each band_rows x tile_n; band r of the tile
-// of order o goes to slot weft_gemm_band_slot(o, r): inside o's wave group [start, end), the
-// group's range holds `bands` parts of end - start slots each, part r holding band r of every tile
-// of the group in order. So ncclReduceScatter over a group's range hands rank r band r of each of
-// the group's tiles: whole rows.
+// RANK_BANDS (the ReduceScatter reorder map, `bands` = the world size): a tile's 128 rows, as 16
+// atoms of 8 rows, are dealt in order to `bands` row bands, band r getting 16 / bands atoms plus
+// one if r < 16 % bands. D is a column of band slots of weft_gemm_band_rows (the largest band) x
+// tile_n; band r of the tile of order o goes to slot weft_gemm_band_slot(o, r): inside o's wave
+// group [start, end), the group's range holds `bands` parts of end - start slots each, part r
+// holding band r of every tile of the group in order. So ncclReduceScatter over a group's range
+// hands rank r band r of each of the group's tiles: whole rows. A shorter band leaves its slot's
+// last rows unwritten (bands that do not divide 16 pad, at most 8 rows per slot).
+//
+// Why atoms: a TMA store cannot start at a negative coordinate (illegal instruction; measured), so
+// a box must start at a band's row; and with the 128-byte swizzle its shared source must start on
+// a 1024-byte (8-row) boundary. Boxes of weft_gemm_band_box_rows rows never cross a band or
+// a consumer's 64-row half.
 #define WEFT_GEMM_LAYOUT_STANDARD 0
 #define WEFT_GEMM_LAYOUT_TILE_ORDER 1
 #define WEFT_GEMM_LAYOUT_RANK_BANDS 2
+#define WEFT_GEMM_BAND_ATOM 8u
+#define WEFT_GEMM_BAND_ATOMS (WEFT_GEMM_TILE_M / WEFT_GEMM_BAND_ATOM)
 
-// Rows per band slot, and the rows band `band` of a tile really holds.
-WEFT_HD uint32_t weft_gemm_band_rows(uint32_t tile_m, uint32_t bands) { return weft_gemm_div_up(tile_m, bands); }
-WEFT_HD uint32_t weft_gemm_band_len(uint32_t tile_m, uint32_t bands, uint32_t band) {
-  const uint32_t rows = weft_gemm_band_rows(tile_m, bands), start = band * rows;
-  return start >= tile_m ? 0u : (tile_m - start < rows ? tile_m - start : rows);
+WEFT_HD uint32_t weft_gemm_band_atoms(uint32_t bands, uint32_t band) {
+  return WEFT_GEMM_BAND_ATOMS / bands + (band < WEFT_GEMM_BAND_ATOMS % bands ? 1u : 0u);
+}
+// First tile row of band `band`, and its rows.
+WEFT_HD uint32_t weft_gemm_band_start(uint32_t bands, uint32_t band) {
+  const uint32_t extra = WEFT_GEMM_BAND_ATOMS % bands;
+  return WEFT_GEMM_BAND_ATOM * (band * (WEFT_GEMM_BAND_ATOMS / bands) + (band < extra ? band : extra));
+}
+WEFT_HD uint32_t weft_gemm_band_len(uint32_t bands, uint32_t band) { return WEFT_GEMM_BAND_ATOM * weft_gemm_band_atoms(bands, band); }
+// Rows of a band slot (the largest band).
+WEFT_HD uint32_t weft_gemm_band_rows(uint32_t bands) { return weft_gemm_band_len(bands, 0); }
+// The band of tile row `row`.
+WEFT_HD uint32_t weft_gemm_band_of_row(uint32_t bands, uint32_t row) {
+  uint32_t band = 0;
+  while (band + 1 < bands && row >= weft_gemm_band_start(bands, band + 1)) ++band;
+  return band;
+}
+// Rows of one TMA store box: 8 x the largest power of two (<= 8) dividing every band's atoms.
+WEFT_HD uint32_t weft_gemm_band_box_rows(uint32_t bands) {
+  if (WEFT_GEMM_BAND_ATOMS % bands != 0) return WEFT_GEMM_BAND_ATOM;
+  uint32_t g = WEFT_GEMM_BAND_ATOMS / bands;
+  while (g > 8u) g /= 2u;
+  return WEFT_GEMM_BAND_ATOM * g;
 }
 // The first order of wave group `group` (count 0: one group of every order).
 WEFT_HD uint32_t weft_gemm_group_start(const weft_gemm_wave_groups* g, uint32_t group) {

@@ -46,8 +46,9 @@ __device__ __forceinline__ void tensor_store_2d(const void* map, const void* sme
                : "memory");
 }
 
-// The same for a 3-D tensor at (c0, c1, c2). Coordinates may be negative: the box's elements
-// outside the tensor in any dimension are not written (how a store writes part of a box).
+// The same for a 3-D tensor at (c0, c1, c2). Every coordinate must be >= 0: a store at a negative
+// coordinate is an illegal instruction (measured on H200, driver 580); the box's elements beyond
+// the tensor's end in any dimension are not written.
 __device__ __forceinline__ void tensor_store_3d(const void* map, const void* smem_src, int32_t c0, int32_t c1, int32_t c2) {
   asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];"
                ::"l"(map), "r"(smem_addr(smem_src)), "r"(c0), "r"(c1), "r"(c2)

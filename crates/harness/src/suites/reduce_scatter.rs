@@ -129,12 +129,17 @@ fn band_round_trip<TO: GemmElement>(
     check_band_slots(&download(stream, &staging)?, &plan, &groups, ranks)
 }
 
-/// Every band slot of a RANK_BANDS buffer, located as gemm.h documents it (group g's range holds
-/// `ranks` parts of its order count slots each, part r holding band r of each of its tiles).
+/// Every band slot of a RANK_BANDS buffer, located as gemm.h documents it (a tile's 16 atoms of
+/// 8 rows dealt in order, band r getting 16 / ranks atoms and one more if r < 16 % ranks; group
+/// g's range holds `ranks` parts of its order count slots each, part r holding band r of each
+/// of its tiles; a slot has the largest band's rows).
 fn check_band_slots<T: GemmElement>(staging: &[T], plan: &GemmPlan, groups: &WaveGroups, ranks: u32) -> anyhow::Result<()> {
     let (tile_m, tile_n) = (plan.tile_m() as usize, plan.tile_n() as usize);
     let (m, n) = (plan.shape.m as usize, plan.shape.n as usize);
-    let band_rows = tile_m.div_ceil(ranks as usize);
+    let world = ranks as usize;
+    let atoms = |r: usize| 16 / world + usize::from(r < 16 % world);
+    let band_start = |r: usize| 8 * (0..r).map(atoms).sum::<usize>();
+    let band_rows = 8 * atoms(0);
     let real: std::collections::HashMap<u32, (usize, usize)> =
         plan.schedule().iter().map(|t| (t.order, (t.tm as usize, t.tn as usize))).collect();
     for g in 0..groups.count() {
@@ -147,9 +152,9 @@ fn check_band_slots<T: GemmElement>(staging: &[T], plan: &GemmPlan, groups: &Wav
             };
             for r in 0..ranks as usize {
                 let slot = orders.start as usize * ranks as usize + r * count + (order - orders.start) as usize;
-                let band_len = tile_m.saturating_sub(r * band_rows).min(band_rows);
+                let band_len = 8 * atoms(r);
                 for w in 0..band_rows {
-                    let y = r * band_rows + w; // row in the tile
+                    let y = band_start(r) + w; // row in the tile
                     for c in 0..tile_n {
                         let v = staging[(slot * band_rows + w) * tile_n + c].to_f64();
                         let ok = if w >= band_len {

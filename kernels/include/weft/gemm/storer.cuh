@@ -61,17 +61,18 @@ __device__ __forceinline__ void signal_stored(const weft_gemm_params& p, uint32_
     mo::red_add_release_gpu(reinterpret_cast<uint64_t*>(p.group_counters) + weft_gemm_group_of(&p.groups, order), 1);
 }
 
-// RANK_BANDS: the 64 x (chunk) box of tile rows [row, row + 64) into the slot of every band those
-// rows cross. D is the 3-D tensor (tile_n columns, band_rows rows, slots); the box goes to (col,
-// row - band start, slot): rows outside the band fall outside the tensor's band_rows and are not
-// written, so each band gets exactly its rows from a box that stays 1024-byte aligned (swizzle).
+// RANK_BANDS: the chunk of tile rows [row, row + 64) in boxes of weft_gemm_band_box_rows rows,
+// each inside one band: box i (shared rows from i * box_rows, 1024-byte aligned) goes to (col,
+// its row within the band, the band's slot) of D, the 3-D tensor (tile_n columns, band slot rows,
+// slots). Every coordinate is >= 0 (see gemm.h).
 __device__ __forceinline__ void store_bands(const weft_gemm_params& p, const uint8_t* buf, int32_t col, uint32_t row,
                                             uint32_t order) {
-  const uint32_t band_rows = weft_gemm_band_rows(p.sched.tile_m, p.bands);
-  const uint32_t last = min((row + 63) / band_rows, p.bands - 1);
-  for (uint32_t r = row / band_rows; r <= last; ++r) {
+  const uint32_t box_rows = weft_gemm_band_box_rows(p.bands);
+  for (uint32_t y = row; y < row + 64; y += box_rows) {
+    const uint32_t r = weft_gemm_band_of_row(p.bands, y);
     const uint32_t slot = weft_gemm_band_slot(p.sched, &p.groups, p.bands, order, r);
-    tensor_store_3d(&p.d, buf, col, static_cast<int32_t>(row) - static_cast<int32_t>(r * band_rows), static_cast<int32_t>(slot));
+    tensor_store_3d(&p.d, buf + (y - row) * 128, col, static_cast<int32_t>(y - weft_gemm_band_start(p.bands, r)),
+                    static_cast<int32_t>(slot));
   }
 }
 
