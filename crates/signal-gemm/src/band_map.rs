@@ -160,6 +160,14 @@ mod tests {
             // SAFETY: pure functions.
             let rows = unsafe { weft_gemm_band_box_rows(ranks) };
             assert!(rows % 8 == 0 && 64 % rows == 0, "{ranks} ranks: box of {rows} rows");
+            for y in 0..128u32 {
+                // SAFETY: pure functions.
+                let (r, start, len) = unsafe {
+                    let r = weft_gemm_band_of_row(ranks, y);
+                    (r, weft_gemm_band_start(ranks, r), weft_gemm_band_len(ranks, r))
+                };
+                assert!(r < ranks && start <= y && y < start + len, "{ranks} ranks: row {y} put in band {r} = [{start}, +{len})");
+            }
             for y in (0..128).step_by(rows as usize) {
                 let (first, last) = unsafe { (weft_gemm_band_of_row(ranks, y), weft_gemm_band_of_row(ranks, y + rows - 1)) };
                 assert_eq!(first, last, "{ranks} ranks: the box at row {y} crosses bands");

@@ -119,7 +119,7 @@ WEFT_HD uint32_t weft_gemm_group_of(const weft_gemm_wave_groups* g, uint32_t ord
 // RANK_BANDS (the ReduceScatter reorder map, `bands` = the world size): a tile's 128 rows, as 16
 // atoms of 8 rows, are dealt in order to `bands` row bands, band r getting 16 / bands atoms plus
 // one if r < 16 % bands. D is a column of band slots of weft_gemm_band_rows (the largest band) x
-// tile_n; band r of the tile of order o goes to slot weft_gemm_band_slot(o, r): inside o's wave
+// tile_n; band r of the tile of order o goes to slot weft_gemm_band_slots_of(o) (first + r x stride): inside o's wave
 // group [start, end), the group's range holds `bands` parts of end - start slots each, part r
 // holding band r of every tile of the group in order. So ncclReduceScatter over a group's range
 // hands rank r band r of each of the group's tiles: whole rows. A shorter band leaves its slot's
@@ -146,11 +146,11 @@ WEFT_HD uint32_t weft_gemm_band_start(uint32_t bands, uint32_t band) {
 WEFT_HD uint32_t weft_gemm_band_len(uint32_t bands, uint32_t band) { return WEFT_GEMM_BAND_ATOM * weft_gemm_band_atoms(bands, band); }
 // Rows of a band slot (the largest band).
 WEFT_HD uint32_t weft_gemm_band_rows(uint32_t bands) { return weft_gemm_band_len(bands, 0); }
-// The band of tile row `row`.
+// The band of tile row `row` (closed form: the first 16 % bands bands have one atom more).
 WEFT_HD uint32_t weft_gemm_band_of_row(uint32_t bands, uint32_t row) {
-  uint32_t band = 0;
-  while (band + 1 < bands && row >= weft_gemm_band_start(bands, band + 1)) ++band;
-  return band;
+  const uint32_t q = WEFT_GEMM_BAND_ATOMS / bands, extra = WEFT_GEMM_BAND_ATOMS % bands;
+  const uint32_t atom = row / WEFT_GEMM_BAND_ATOM, long_atoms = extra * (q + 1);
+  return atom < long_atoms ? atom / (q + 1) : extra + (atom - long_atoms) / q;
 }
 // Rows of one TMA store box: 8 x the largest power of two (<= 8) dividing every band's atoms.
 WEFT_HD uint32_t weft_gemm_band_box_rows(uint32_t bands) {
@@ -163,13 +163,21 @@ WEFT_HD uint32_t weft_gemm_band_box_rows(uint32_t bands) {
 WEFT_HD uint32_t weft_gemm_group_start(const weft_gemm_wave_groups* g, uint32_t group) {
   return (g->count == 0 || group == 0) ? 0u : g->end_order[group - 1];
 }
-// The band slot of band `band` of the tile of `order` (RANK_BANDS).
-WEFT_HD uint32_t weft_gemm_band_slot(weft_gemm_schedule s, const weft_gemm_wave_groups* g, uint32_t bands, uint32_t order,
-                                     uint32_t band) {
+// Where the bands of the tile of `order` go (RANK_BANDS): band r to slot first + r * stride. The
+// kernel computes it once per tile (the group search reads the parameters).
+typedef struct weft_gemm_band_slots {
+  uint32_t first;  // slot of band 0
+  uint32_t stride; // slots between consecutive bands: the group's order count
+} weft_gemm_band_slots;
+WEFT_HD weft_gemm_band_slots weft_gemm_band_slots_of(weft_gemm_schedule s, const weft_gemm_wave_groups* g, uint32_t bands,
+                                                      uint32_t order) {
   const uint32_t group = g->count == 0 ? 0u : weft_gemm_group_of(g, order);
   const uint32_t start = weft_gemm_group_start(g, group);
   const uint32_t end = g->count == 0 ? weft_gemm_order_count(s) : g->end_order[group];
-  return start * bands + band * (end - start) + (order - start);
+  weft_gemm_band_slots out;
+  out.first = start * bands + (order - start);
+  out.stride = end - start;
+  return out;
 }
 
 // A TMA descriptor (CUtensorMap), encoded by the host with cuTensorMapEncodeTiled; opaque here.

@@ -66,13 +66,12 @@ __device__ __forceinline__ void signal_stored(const weft_gemm_params& p, uint32_
 // its row within the band, the band's slot) of D, the 3-D tensor (tile_n columns, band slot rows,
 // slots). Every coordinate is >= 0 (see gemm.h).
 __device__ __forceinline__ void store_bands(const weft_gemm_params& p, const uint8_t* buf, int32_t col, uint32_t row,
-                                            uint32_t order) {
+                                            weft_gemm_band_slots slots) {
   const uint32_t box_rows = weft_gemm_band_box_rows(p.bands);
   for (uint32_t y = row; y < row + 64; y += box_rows) {
     const uint32_t r = weft_gemm_band_of_row(p.bands, y);
-    const uint32_t slot = weft_gemm_band_slot(p.sched, &p.groups, p.bands, order, r);
     tensor_store_3d(&p.d, buf + (y - row) * 128, col, static_cast<int32_t>(y - weft_gemm_band_start(p.bands, r)),
-                    static_cast<int32_t>(slot));
+                    static_cast<int32_t>(slots.first + r * slots.stride));
   }
 }
 
@@ -98,6 +97,8 @@ struct TmaStorer {
     const bool bands = p.layout == WEFT_GEMM_LAYOUT_RANK_BANDS;
     const int32_t store_row = static_cast<int32_t>(tile_order ? order * Cfg::kBM + consumer * 64 : row0);
     const int32_t store_col = static_cast<int32_t>(tile_order || bands ? 0 : col0);
+    weft_gemm_band_slots slots{0, 0};
+    if (bands && leader) slots = weft_gemm_band_slots_of(p.sched, &p.groups, p.bands, order);
     const bool with_beta = p.beta != 0.0f;
     // Chunk c of this warpgroup's accumulators -> `buf` (alpha, beta, conversion, swizzle).
     auto write_chunk = [&](int c, uint8_t* buf) {
@@ -123,7 +124,7 @@ struct TmaStorer {
     };
     auto store_chunk = [&](int c, const uint8_t* buf) {
       if (bands) {
-        store_bands(p, buf, c * Cfg::kEpiCols, consumer * 64, order);
+        store_bands(p, buf, c * Cfg::kEpiCols, consumer * 64, slots);
       } else {
         tensor_store_2d(&p.d, buf, store_col + c * Cfg::kEpiCols, store_row);
       }
