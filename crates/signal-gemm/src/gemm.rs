@@ -12,7 +12,8 @@ use cudarc::driver::{
 };
 use std::sync::{Arc, Mutex};
 use weft_kernels::abi::{
-    weft_gemm_band_box_rows, weft_gemm_params, weft_sync_bound, WEFT_GEMM_CONSUMERS,
+    weft_gemm_band_box_rows, weft_gemm_band_of_row, weft_gemm_band_start, weft_gemm_params, weft_sync_bound,
+    WEFT_GEMM_CONSUMERS, WEFT_GEMM_TILE_M,
 };
 use weft_kernels::cubins;
 use weft_sync::{ErrorSlot, WaitBudget};
@@ -151,6 +152,23 @@ fn fit_resident_clusters(func: &CudaFunction, plan: GemmPlan) -> anyhow::Result<
     let comm = plan.options.comm_ctas;
     ensure!(resident > comm, "only {clusters} clusters of {cm} CTAs can be resident: no room for the GEMM next to {comm} communicator CTAs");
     if plan.ctas() + comm <= resident { Ok(plan) } else { plan.with_ctas(resident - comm) }
+}
+
+/// The RANK_BANDS parameters: the band count and, per store box, its band and first row in it.
+fn fill_band_boxes(p: &mut weft_gemm_params, ranks: u32) {
+    // SAFETY: pure functions.
+    let box_rows = unsafe { weft_gemm_band_box_rows(ranks) };
+    p.bands = ranks;
+    p.band_box_shift = box_rows.trailing_zeros();
+    for (i, y) in (0..WEFT_GEMM_TILE_M).step_by(box_rows as usize).enumerate() {
+        // SAFETY: pure functions.
+        let (band, start) = unsafe {
+            let band = weft_gemm_band_of_row(ranks, y);
+            (band, weft_gemm_band_start(ranks, band))
+        };
+        p.band_of_box[i] = band as u8;
+        p.row_of_box[i] = (y - start) as u8;
+    }
 }
 
 /// The SM count of `ctx`'s device.
@@ -338,12 +356,11 @@ impl Gemm {
             comm_ctas: o.comm_ctas,
             bound: self.bound,
             layout: layout.abi(),
-            bands: match layout {
-                OutputLayout::RankBands { ranks } => ranks,
-                _ => 0,
-            },
             ..Default::default()
         };
+        if let OutputLayout::RankBands { ranks } = layout {
+            fill_band_boxes(&mut p, ranks);
+        }
         let LaunchExtras {
             flags,
             copy_dst,

@@ -210,6 +210,10 @@ typedef struct weft_gemm_params {
   uint32_t claim_base; // the counter's value at this launch's start (dynamic scheduling)
   uint32_t layout;     // WEFT_GEMM_LAYOUT_*: where D's tiles are stored
   uint32_t bands;      // RANK_BANDS: bands per tile (the world size, 1..=8)
+  uint32_t band_box_shift;  // RANK_BANDS: log2 of weft_gemm_band_box_rows(bands)
+  uint8_t band_of_box[16];  // RANK_BANDS: store box i (tile rows [i << shift, + box rows)) -> its band
+  uint8_t row_of_box[16];   //             and its first row within that band (the host fills both
+                            //             from the functions above: no divisions in the epilogue)
   weft_sync_bound bound; // every pipeline and flag wait
   weft_gemm_wave_groups groups; // read when group_counters != 0, and by the RANK_BANDS layout
 } weft_gemm_params;

@@ -62,16 +62,16 @@ __device__ __forceinline__ void signal_stored(const weft_gemm_params& p, uint32_
 }
 
 // RANK_BANDS: the chunk of tile rows [row, row + 64) in boxes of weft_gemm_band_box_rows rows,
-// each inside one band: box i (shared rows from i * box_rows, 1024-byte aligned) goes to (col,
-// its row within the band, the band's slot) of D, the 3-D tensor (tile_n columns, band slot rows,
-// slots). Every coordinate is >= 0 (see gemm.h).
+// each inside one band: a box (shared rows from a multiple of box_rows, 1024-byte aligned) goes
+// to (col, its row within the band, the band's slot) of D, the 3-D tensor (tile_n columns, band
+// slot rows, slots), band and row from the parameters' table. Every coordinate is >= 0 (gemm.h).
 __device__ __forceinline__ void store_bands(const weft_gemm_params& p, const uint8_t* buf, int32_t col, uint32_t row,
                                             weft_gemm_band_slots slots) {
-  const uint32_t box_rows = weft_gemm_band_box_rows(p.bands);
+  const uint32_t box_rows = 1u << p.band_box_shift;
   for (uint32_t y = row; y < row + 64; y += box_rows) {
-    const uint32_t r = weft_gemm_band_of_row(p.bands, y);
-    tensor_store_3d(&p.d, buf + (y - row) * 128, col, static_cast<int32_t>(y - weft_gemm_band_start(p.bands, r)),
-                    static_cast<int32_t>(slots.first + r * slots.stride));
+    const uint32_t i = y >> p.band_box_shift;
+    tensor_store_3d(&p.d, buf + (y - row) * 128, col, static_cast<int32_t>(p.row_of_box[i]),
+                    static_cast<int32_t>(slots.first + p.band_of_box[i] * slots.stride));
   }
 }
 
