@@ -5,6 +5,7 @@
 //! weft info                    GPUs, SMs, memory, peer access, NVLink, driver/CUDA/NCCL versions
 //! weft test [FILTER] [FLAGS]   correctness trials (libtest flags: --list, --exact, --ignored, …)
 //! weft bench [SUITE] [--quick] [--json PATH] [--csv PATH] [--method M]
+//! weft tune [--quick] [--out PATH] [--json PATH]   the overlap tuner's profile and its check
 //! weft launch -n N -- CMD …    N local ranks (one per GPU), stopped together on any failure
 //! ```
 //! Under a launcher (mpirun, srun, torchrun, `weft launch`) every rank runs the same command;
@@ -38,6 +39,7 @@ usage:
   weft info                     describe the GPUs, links and library versions
   weft test [FILTER] [FLAGS]    correctness trials (libtest flags: --list, --exact, --skip, …)
   weft bench [SUITE] [--quick] [--json PATH] [--csv PATH] [--method M]   timing suites (see `weft bench --list`)
+  weft tune [--quick] [--out PATH] [--json PATH]   profile NCCL and the GEMM, write the overlap tuning file, check its predictions
   weft launch -n N -- CMD [ARGS…]   start N local ranks of CMD
 Under mpirun / srun / torchrun / weft launch every rank runs the same command; rank 0 prints.";
 
@@ -53,6 +55,7 @@ fn main() -> ExitCode {
             Ok(ExitCode::SUCCESS)
         }
         Some("bench") => bench_command(&args[1..]),
+        Some("tune") => tune_command(&args[1..]),
         Some("launch") => {
             let rest: Vec<OsString> = std::env::args_os().skip(2).collect();
             launch::parse_launch_args(&rest)
@@ -96,6 +99,20 @@ fn bench_command(args: &[String]) -> anyhow::Result<ExitCode> {
     let opts = bench::parse(args)?;
     let mut job = Job::start()?;
     if let Err(e) = bench::run(&mut job, &opts) {
+        job.rdzv.abort(&format!("{e:#}"));
+        return Err(e);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn tune_command(args: &[String]) -> anyhow::Result<ExitCode> {
+    let opts = bench::tune::parse(args)?;
+    let mut job = Job::start()?;
+    let result = bench::tune::run(&mut job, &opts).and_then(|r| {
+        let device = crate::info::gpu_info(job.gpu().map_err(|w| anyhow::anyhow!("no GPU: {w}"))?.ordinal)?.name;
+        bench::report(&job, "tune", &device, r, opts.json.as_ref(), None)
+    });
+    if let Err(e) = result {
         job.rdzv.abort(&format!("{e:#}"));
         return Err(e);
     }

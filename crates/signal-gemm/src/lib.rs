@@ -23,6 +23,7 @@ pub mod reference;
 mod reorder;
 mod schedule;
 mod tensor_map;
+pub mod tuner;
 mod wave_groups;
 
 pub use band_map::RankBandMap;

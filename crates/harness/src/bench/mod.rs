@@ -5,7 +5,10 @@
 mod gemm;
 mod grpcoll;
 mod nccl;
-mod overlap;
+pub mod overlap;
+pub mod overlap_ops;
+pub mod rig;
+pub mod tune;
 pub mod overlap_order;
 mod pgl;
 mod sync;
@@ -78,40 +81,42 @@ pub fn run(job: &mut Job, opts: &BenchOptions) -> anyhow::Result<()> {
             "pgl" => pgl::run(job, opts.quick)?,
             "sync" => sync::run(job, opts.quick)?,
             "overlap-order" => overlap_order::run(job, opts.quick)?,
-            "overlap" => overlap::run(job, overlap::Collective::AllReduce, opts.quick, &opts.methods)?,
-            "overlap-reduce-scatter" => overlap::run(job, overlap::Collective::ReduceScatter, opts.quick, &opts.methods)?,
+            "overlap" => overlap::run(job, weft_signal_gemm::tuner::Op::AllReduce, opts.quick, &opts.methods)?,
+            "overlap-reduce-scatter" => overlap::run(job, weft_signal_gemm::tuner::Op::ReduceScatter, opts.quick, &opts.methods)?,
             other => bail!("unknown suite {other}"),
         };
-        if job.rank() != 0 {
-            continue;
-        }
-        println!(
-            "\n# weft bench {suite}: {} ranks, {device}\n{}",
+        report(job, suite, &device, result, opts.json.as_ref(), opts.csv.as_ref())?;
+    }
+    Ok(())
+}
+
+/// Rank 0 prints a suite's table and writes its results file (and CSV) with the run's metadata.
+pub fn report(job: &Job, suite: &str, device: &str, result: SuiteResult, json: Option<&PathBuf>, csv: Option<&PathBuf>) -> anyhow::Result<()> {
+    if job.rank() != 0 {
+        return Ok(());
+    }
+    println!("\n# weft {suite}: {} ranks, {device}\n{}", job.world(), result.table.render());
+    let meta = RunMeta {
+        suite: suite.to_string(),
+        device: device.to_string(),
+        gpus: job.world(),
+        driver: crate::nvml::driver_version(),
+        commit: env!("WEFT_COMMIT").to_string(),
+        date: today(),
+        command: format!(
+            "{} ({} ranks, launcher {:?})",
+            std::env::args().collect::<Vec<_>>().join(" "),
             job.world(),
-            result.table.render()
-        );
-        let meta = RunMeta {
-            suite: suite.clone(),
-            device: device.clone(),
-            gpus: job.world(),
-            driver: crate::nvml::driver_version(),
-            commit: env!("WEFT_COMMIT").to_string(),
-            date: today(),
-            command: format!(
-                "{} ({} ranks, launcher {:?})",
-                std::env::args().collect::<Vec<_>>().join(" "),
-                job.world(),
-                job.env.launcher
-            ),
-        };
-        if let Some(path) = &opts.json {
-            write_file(path, &meta.to_json(result.rows).render())?;
-            println!("wrote {}", path.display());
-        }
-        if let Some(path) = &opts.csv {
-            write_file(path, &result.table.csv())?;
-            println!("wrote {}", path.display());
-        }
+            job.env.launcher
+        ),
+    };
+    if let Some(path) = json {
+        write_file(path, &meta.to_json(result.rows).render())?;
+        println!("wrote {}", path.display());
+    }
+    if let Some(path) = csv {
+        write_file(path, &result.table.csv())?;
+        println!("wrote {}", path.display());
     }
     Ok(())
 }
@@ -128,7 +133,7 @@ pub fn gather_f64(job: &mut Job, values: &[f64]) -> anyhow::Result<Vec<Vec<f64>>
         .collect())
 }
 
-fn write_file(path: &PathBuf, text: &str) -> anyhow::Result<()> {
+pub fn write_file(path: &PathBuf, text: &str) -> anyhow::Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }

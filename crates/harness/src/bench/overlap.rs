@@ -19,25 +19,24 @@
 //! against weft's GEMM summed over ranks by ncclAllReduce (ReduceScatter: the rows the rank owns;
 //! bound world · 2⁻⁷ · Σ_r |partial_r|, see reduce_check.rs).
 
-use super::{gather_f64, SuiteResult};
+use super::rig::{slowest, Rig};
+use super::SuiteResult;
 use crate::gemm_data::{download, poisoned, uniform, upload};
 use crate::job::Job;
 use crate::reduce_check::{check_within, sum_bound};
 use crate::json::Json;
 use crate::results::Table;
-use crate::timing::median;
-use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use half::bf16;
-use std::sync::Arc;
 use weft_kernels::abi::WEFT_GEMM_MAX_WAVE_GROUPS;
 use weft_pgl::nccl::{Communicator, ReduceOp};
-use weft_signal_gemm::overlap::{high_priority_stream, AllReduceOverlap, ReduceScatterOverlap};
-use weft_signal_gemm::{CublasGemm, Gemm, GemmOptions, GemmPlan, GemmShape, Restore, WaveGroups};
+use super::overlap_ops::{collective, out_len, Signal};
+use weft_signal_gemm::overlap::high_priority_stream;
+use weft_signal_gemm::tuner::Op;
+use weft_signal_gemm::{CublasGemm, Gemm, GemmOptions, GemmPlan, GemmShape, WaveGroups};
 
 pub const METHODS: &[&str] = &["seq-cublas", "seq-weft", "decomposition", "signal"];
-const FLUSH_BYTES: usize = 256 << 20;
 
-fn shapes(quick: bool) -> Vec<GemmShape> {
+pub fn shapes(quick: bool) -> Vec<GemmShape> {
     let s = GemmShape::new;
     if quick {
         return vec![s(8192, 8192, 2048), s(16384, 8192, 1024)];
@@ -70,146 +69,7 @@ fn groupings(plan: &GemmPlan) -> anyhow::Result<Vec<Vec<u32>>> {
     Ok(out)
 }
 
-/// The collective after the GEMM.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Collective {
-    AllReduce,
-    ReduceScatter,
-}
-
-impl Collective {
-    fn name(self) -> &'static str {
-        match self {
-            Collective::AllReduce => "all_reduce",
-            Collective::ReduceScatter => "reduce_scatter",
-        }
-    }
-
-    /// Elements of the result of `send_len` elements on `world` ranks.
-    fn out_len(self, send_len: usize, world: usize) -> usize {
-        match self {
-            Collective::AllReduce => send_len,
-            Collective::ReduceScatter => send_len / world,
-        }
-    }
-
-    /// `out` = the collective of `send` (NCCL, out of place), on `stream`.
-    fn run<S: DevicePtr<bf16>, R: DevicePtrMut<bf16>>(self, comm: &Communicator, send: &S, out: &mut R, stream: &CudaStream) -> anyhow::Result<()> {
-        match self {
-            Collective::AllReduce => comm.all_reduce(send, out, ReduceOp::Sum, stream),
-            Collective::ReduceScatter => comm.reduce_scatter(send, out, ReduceOp::Sum, stream),
-        }
-    }
-}
-
-/// One signal-gemm overlap and its staging buffers.
-enum Signal {
-    AllReduce { ov: AllReduceOverlap, staging: CudaSlice<bf16> },
-    ReduceScatter { ov: ReduceScatterOverlap, staging: CudaSlice<bf16>, received: CudaSlice<bf16> },
-}
-
-impl Signal {
-    fn new(op: Collective, compute: &Arc<CudaStream>, shape: GemmShape, options: GemmOptions, parts: &[u32], world: usize, rank: usize) -> anyhow::Result<Self> {
-        Ok(match op {
-            Collective::AllReduce => {
-                let ov = AllReduceOverlap::new(compute, shape, options, Some(parts), rank as u32)?;
-                let staging = poisoned::<bf16>(compute, ov.staging_len())?;
-                Signal::AllReduce { ov, staging }
-            }
-            Collective::ReduceScatter => {
-                let ov = ReduceScatterOverlap::new(compute, shape, options, Some(parts), world as u32, rank as u32)?;
-                let staging = poisoned::<bf16>(compute, ov.staging_len())?;
-                let received = poisoned::<bf16>(compute, ov.received_len())?;
-                Signal::ReduceScatter { ov, staging, received }
-            }
-        })
-    }
-
-    fn groups(&self) -> String {
-        match self {
-            Signal::AllReduce { ov, .. } => ov.groups().to_string(),
-            Signal::ReduceScatter { ov, .. } => ov.groups().to_string(),
-        }
-    }
-
-    /// The standard rows of the output, in its order.
-    fn rows(&self, m: u32) -> Vec<u32> {
-        match self {
-            Signal::AllReduce { .. } => (0..m).collect(),
-            Signal::ReduceScatter { ov, .. } => (0..ov.map().rows()).map(|i| ov.map().global_row(i)).collect(),
-        }
-    }
-
-    fn run(&mut self, compute: &Arc<CudaStream>, comm: &Communicator, a: &CudaSlice<bf16>, b: &CudaSlice<bf16>, out: &mut CudaSlice<bf16>) -> anyhow::Result<()> {
-        match self {
-            Signal::AllReduce { ov, staging } => ov.run(compute, comm, a, b, staging, out, Restore::Copy),
-            Signal::ReduceScatter { ov, staging, received } => ov.run(compute, comm, a, b, staging, received, out, Restore::Copy),
-        }
-    }
-
-    fn run_gemm_only(&mut self, compute: &Arc<CudaStream>, a: &CudaSlice<bf16>, b: &CudaSlice<bf16>) -> anyhow::Result<()> {
-        match self {
-            Signal::AllReduce { ov, staging } => ov.run_gemm_only(compute, a, b, staging),
-            Signal::ReduceScatter { ov, staging, .. } => ov.run_gemm_only(compute, a, b, staging),
-        }
-    }
-
-    fn restore(&self, compute: &Arc<CudaStream>, out: &mut CudaSlice<bf16>) -> anyhow::Result<()> {
-        match self {
-            Signal::AllReduce { ov, staging } => ov.restore(compute, staging, out, Restore::Copy),
-            Signal::ReduceScatter { ov, received, .. } => ov.restore(compute, received, out, Restore::Copy),
-        }
-    }
-
-    fn check(&self) -> anyhow::Result<()> {
-        match self {
-            Signal::AllReduce { ov, .. } => ov.check(),
-            Signal::ReduceScatter { ov, .. } => ov.check(),
-        }
-    }
-}
-
-struct Rig {
-    compute: Arc<CudaStream>,
-    comm_stream: Arc<CudaStream>,
-    flush: CudaSlice<u8>,
-    iters: usize,
-    warmup: usize,
-}
-
-impl Rig {
-    /// Median ms of `op` (each iteration after an L2 flush, between its own events).
-    fn time(&mut self, mut op: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
-        for _ in 0..self.warmup {
-            op()?;
-        }
-        let ctx = self.compute.context();
-        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let mut ms = Vec::with_capacity(self.iters);
-        let events: Vec<_> = (0..2 * self.iters).map(|_| ctx.new_event(flags)).collect::<Result<_, _>>()?;
-        self.compute.synchronize()?;
-        for i in 0..self.iters {
-            self.compute.memset_zeros(&mut self.flush)?;
-            events[2 * i].record(&self.compute)?;
-            op()?;
-            events[2 * i + 1].record(&self.compute)?;
-        }
-        self.compute.synchronize()?;
-        for i in 0..self.iters {
-            ms.push(events[2 * i].elapsed_ms(&events[2 * i + 1])? as f64);
-        }
-        Ok(median(&ms))
-    }
-}
-
-/// The slowest rank's value of each entry.
-fn slowest(job: &mut Job, mine: &[f64]) -> anyhow::Result<Vec<f64>> {
-    let all = gather_f64(job, mine)?;
-    // Folding from NaN keeps a method that was not run NaN (f64::max ignores a NaN operand).
-    Ok((0..mine.len()).map(|i| all.iter().map(|r| r[i]).fold(f64::NAN, f64::max)).collect())
-}
-
-pub fn run(job: &mut Job, op: Collective, quick: bool, methods: &[String]) -> anyhow::Result<SuiteResult> {
+pub fn run(job: &mut Job, op: Op, quick: bool, methods: &[String]) -> anyhow::Result<SuiteResult> {
     let want = |m: &str| methods.is_empty() || methods.iter().any(|x| x == m);
     for m in methods {
         anyhow::ensure!(METHODS.contains(&m.as_str()), "weft bench overlap: unknown method {m:?} (methods: {})", METHODS.join(", "));
@@ -221,7 +81,7 @@ pub fn run(job: &mut Job, op: Collective, quick: bool, methods: &[String]) -> an
     let sms = weft_signal_gemm::device_sms(&ctx)?;
     let mut rig = Rig {
         comm_stream: high_priority_stream(&ctx)?,
-        flush: compute.alloc_zeros::<u8>(FLUSH_BYTES)?,
+        flush: compute.alloc_zeros::<u8>(super::rig::FLUSH_BYTES)?,
         compute: compute.clone(),
         iters: if quick { 8 } else { 15 },
         warmup: 3,
@@ -253,22 +113,22 @@ pub fn run(job: &mut Job, op: Collective, quick: bool, methods: &[String]) -> an
         let cublas = CublasGemm::new(&compute, shape, base)?;
         let weft = Gemm::new(&ctx, shape, base)?;
         anyhow::ensure!(
-            op == Collective::AllReduce || (mu * nu) % world == 0 && mu % world == 0,
+            op == Op::AllReduce || (mu * nu) % world == 0 && mu % world == 0,
             "{shape}: the ReduceScatter baselines split m x n and m evenly over {world} ranks"
         );
         let mut d = poisoned::<bf16>(&compute, mu * nu)?;
-        let mut out = poisoned::<bf16>(&compute, op.out_len(mu * nu, world))?;
+        let mut out = poisoned::<bf16>(&compute, out_len(op, mu * nu, world))?;
         let comm = job.comm()?;
 
         // Alone.
         let t_gemm = rig.time(|| cublas.launch(&a, &b, &mut d))?;
-        let t_comm = rig.time(|| op.run(comm, &d, &mut out, &compute))?;
+        let t_comm = rig.time(|| collective(op, comm, &d, &mut out, &compute))?;
         let t_weft_gemm = rig.time(|| weft.launch(&compute, &a, &b, &mut d))?;
         // Sequential.
         let seq_cublas = if want("seq-cublas") {
             rig.time(|| {
                 cublas.launch(&a, &b, &mut d)?;
-                op.run(comm, &d, &mut out, &compute)
+                collective(op, comm, &d, &mut out, &compute)
             })?
         } else {
             f64::NAN
@@ -276,7 +136,7 @@ pub fn run(job: &mut Job, op: Collective, quick: bool, methods: &[String]) -> an
         let seq_weft = if want("seq-weft") {
             rig.time(|| {
                 weft.launch(&compute, &a, &b, &mut d)?;
-                op.run(comm, &d, &mut out, &compute)
+                collective(op, comm, &d, &mut out, &compute)
             })?
         } else {
             f64::NAN
@@ -287,7 +147,7 @@ pub fn run(job: &mut Job, op: Collective, quick: bool, methods: &[String]) -> an
             for chunks in [2usize, 4] {
                 let rows = mu / chunks;
                 let band = CublasGemm::new(&compute, GemmShape::new(rows as u32, n, k), base)?;
-                let part = op.out_len(rows * nu, world);
+                let part = out_len(op, rows * nu, world);
                 let x = &rig.comm_stream.clone();
                 let t = rig.time(|| {
                     x.join(&compute)?;
@@ -297,7 +157,7 @@ pub fn run(job: &mut Job, op: Collective, quick: bool, methods: &[String]) -> an
                         band.launch(&av, &b, &mut dv)?;
                         x.join(&compute)?;
                         let dv = d.slice(c * rows * nu..(c + 1) * rows * nu);
-                        op.run(comm, &dv, &mut out.slice_mut(c * part..(c + 1) * part), x)?;
+                        collective(op, comm, &dv, &mut out.slice_mut(c * part..(c + 1) * part), x)?;
                     }
                     compute.join(x)?;
                     Ok(())
@@ -324,7 +184,7 @@ pub fn run(job: &mut Job, op: Collective, quick: bool, methods: &[String]) -> an
                 let plain = Gemm::new(&ctx, shape, options)?;
                 let parts_alone = [
                     rig.time(|| plain.launch(&compute, &a, &b, &mut d))?,
-                    rig.time(|| op.run(lcomm, &d, &mut out, &compute))?,
+                    rig.time(|| collective(op, lcomm, &d, &mut out, &compute))?,
                 ];
                 let parts_alone = slowest(job, &parts_alone)?;
                 margin_rows.push(Json::obj([

@@ -1,0 +1,53 @@
+//! Timing for the overlap benchmarks and the tuner: each iteration between its own CUDA events
+//! on the compute stream, after a 256 MiB scratch write that evicts L2; the median per rank, and
+//! the slowest rank's value.
+
+use super::gather_f64;
+use crate::job::Job;
+use crate::timing::median;
+use cudarc::driver::{sys, CudaSlice, CudaStream};
+use std::sync::Arc;
+
+/// Bytes written before each timed iteration (more than the L2).
+pub const FLUSH_BYTES: usize = 256 << 20;
+
+pub struct Rig {
+    pub compute: Arc<CudaStream>,
+    pub comm_stream: Arc<CudaStream>,
+    pub flush: CudaSlice<u8>,
+    pub iters: usize,
+    pub warmup: usize,
+}
+
+impl Rig {
+    /// Median ms of `op` (each iteration after an L2 flush, between its own events).
+    pub fn time(&mut self, mut op: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+        for _ in 0..self.warmup {
+            op()?;
+        }
+        let ctx = self.compute.context();
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let mut ms = Vec::with_capacity(self.iters);
+        let events: Vec<_> = (0..2 * self.iters).map(|_| ctx.new_event(flags)).collect::<Result<_, _>>()?;
+        self.compute.synchronize()?;
+        for i in 0..self.iters {
+            self.compute.memset_zeros(&mut self.flush)?;
+            events[2 * i].record(&self.compute)?;
+            op()?;
+            events[2 * i + 1].record(&self.compute)?;
+        }
+        self.compute.synchronize()?;
+        for i in 0..self.iters {
+            ms.push(events[2 * i].elapsed_ms(&events[2 * i + 1])? as f64);
+        }
+        Ok(median(&ms))
+    }
+}
+
+/// The slowest rank's value of each entry.
+pub fn slowest(job: &mut Job, mine: &[f64]) -> anyhow::Result<Vec<f64>> {
+    let all = gather_f64(job, mine)?;
+    // Folding from NaN keeps a method that was not run NaN (f64::max ignores a NaN operand).
+    Ok((0..mine.len()).map(|i| all.iter().map(|r| r[i]).fold(f64::NAN, f64::max)).collect())
+}
+

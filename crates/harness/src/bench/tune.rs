@@ -1,0 +1,396 @@
+//! `weft tune [--quick] [--out PATH] [--json PATH]`: the wave-group tuner's offline stage
+//! (crates/signal-gemm/src/tuner) on this job's GPUs, then a check of its predictions.
+//!
+//! 1. Profile: NCCL AllReduce and ReduceScatter times on a dense log-spaced range of send sizes,
+//!    with NCCL's default CTAs and limited to each SM margin's CTAs; weft's GEMM alone per shape
+//!    and margin; cuBLAS per shape; the restore per MiB.
+//! 2. Contention: NCCL runs slower beside the GEMM than alone. One factor per collective scales
+//!    its curve; it is fitted (bisection) so the model's prediction of each calibration shape's
+//!    best partition equals its measured time, and the median over the calibration shapes kept.
+//! 3. The tuning file is written (`--out`, default weft-tuning.txt).
+//! 4. Check: for every shape and collective, the tuner's choice (overlap partition, or the
+//!    sequential fallback) and two other partitions are measured next to cuBLAS + NCCL; the table
+//!    reports each prediction's error and the chosen path's speedup. Calibration shapes are
+//!    marked: their errors are not out-of-sample.
+//!
+//! Times are the slowest rank's medians (bench/rig.rs). Rank 0 draws a progress bar on stderr.
+
+use super::overlap::shapes;
+use super::overlap_ops::{collective, out_len, Signal};
+use super::rig::{slowest, Rig, FLUSH_BYTES};
+use super::SuiteResult;
+use crate::gemm_data::{poisoned, uniform, upload};
+use crate::job::Job;
+use crate::json::Json;
+use crate::results::Table;
+use anyhow::Context;
+use half::bf16;
+use std::io::Write;
+use std::path::PathBuf;
+use weft_pgl::nccl::Communicator;
+use weft_signal_gemm::overlap::high_priority_stream;
+use weft_signal_gemm::tuner::{candidates, predict_overlap, tune, Choice, CommCurve, GemmSample, Op, TuningProfile};
+use weft_signal_gemm::{CublasGemm, Gemm, GemmOptions, GemmPlan, GemmShape, WaveGroups};
+
+const OPS: [Op; 2] = [Op::AllReduce, Op::ReduceScatter];
+
+#[derive(Debug, Default)]
+pub struct TuneOptions {
+    pub quick: bool,
+    pub out: Option<PathBuf>,
+    pub json: Option<PathBuf>,
+}
+
+pub fn parse(args: &[String]) -> anyhow::Result<TuneOptions> {
+    let mut o = TuneOptions::default();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--quick" => o.quick = true,
+            "--out" => o.out = Some(it.next().context("--out needs a file path")?.into()),
+            "--json" => o.json = Some(it.next().context("--json needs a file path")?.into()),
+            s => anyhow::bail!("weft tune: unknown argument {s:?} (options: --quick, --out PATH, --json PATH)"),
+        }
+    }
+    Ok(o)
+}
+
+/// Rank 0's progress bar on stderr.
+struct Progress {
+    show: bool,
+    done: usize,
+    total: usize,
+}
+
+impl Progress {
+    fn step(&mut self, what: &str) {
+        self.done += 1;
+        if self.show {
+            let width = 30;
+            let filled = width * self.done / self.total.max(1);
+            eprint!("\rweft tune [{}{}] {:>3}/{} {what:<60}", "#".repeat(filled), ".".repeat(width - filled), self.done, self.total);
+            let _ = std::io::stderr().flush();
+            if self.done == self.total {
+                eprintln!();
+            }
+        }
+    }
+}
+
+/// Send sizes sampled for the curves: log-spaced from 256 KiB to 512 MiB (4 per octave, 2 with
+/// --quick), each a multiple of world × 256 bytes (ReduceScatter splits it evenly).
+fn sizes(quick: bool, world: usize) -> Vec<u64> {
+    let per_octave = if quick { 2 } else { 4 };
+    let unit = (world * 256) as u64;
+    let mut v: Vec<u64> = (0..=11 * per_octave)
+        .map(|i| {
+            let bytes = (256u64 << 10) as f64 * 2f64.powf(i as f64 / per_octave as f64);
+            (bytes as u64).div_ceil(unit) * unit
+        })
+        .collect();
+    v.dedup();
+    v
+}
+
+pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
+    let (rank, world) = (job.rank(), job.world());
+    let gpu = job.gpu().map_err(|w| anyhow::anyhow!("weft tune needs a GPU: {w}"))?;
+    let (ctx, compute) = (gpu.ctx.clone(), gpu.stream.clone());
+    let sms = weft_signal_gemm::device_sms(&ctx)?;
+    let device = crate::info::gpu_info(gpu.ordinal)?.name;
+    let mut rig = Rig {
+        comm_stream: high_priority_stream(&ctx)?,
+        flush: compute.alloc_zeros::<u8>(FLUSH_BYTES)?,
+        compute: compute.clone(),
+        iters: if opts.quick { 8 } else { 15 },
+        warmup: 3,
+    };
+    let margins: Vec<u32> = if opts.quick { vec![32] } else { vec![16, 32, 48] };
+    let calibration = shapes(true);
+    let shapes = shapes(opts.quick);
+    let sizes = sizes(opts.quick, world);
+    let base = GemmOptions::default();
+    let mut progress = Progress {
+        show: rank == 0,
+        done: 0,
+        total: OPS.len() * (margins.len() + 1) + shapes.len() * (margins.len() + 1) + 2 + OPS.len() * calibration.len() + OPS.len() * shapes.len(),
+    };
+    let mut limited: Vec<(u32, Communicator)> = Vec::new();
+    for &m in &margins {
+        limited.push((m, Communicator::with_max_ctas(&mut job.rdzv, &ctx, Some(m))?));
+    }
+    job.comm()?;
+    let mut profile = TuningProfile { device: device.clone(), world: world as u32, sms, ..Default::default() };
+
+    // 1. Curves.
+    let largest = *sizes.last().unwrap() as usize / 2;
+    let send = upload(&compute, &uniform::<bf16>(7 + rank as u64, largest))?;
+    let mut recv = poisoned::<bf16>(&compute, largest)?;
+    for op in OPS {
+        let mut measured: Vec<(Option<u32>, Vec<f64>)> = Vec::new();
+        {
+            let mut comms: Vec<(Option<u32>, &Communicator)> = vec![(None, job.comm()?)];
+            comms.extend(limited.iter().map(|(m, c)| (Some(*m), c)));
+            for (max_ctas, comm) in comms {
+                let mut times = Vec::new();
+                for &bytes in &sizes {
+                    let n = bytes as usize / 2;
+                    let s = send.slice(..n);
+                    let mut r = recv.slice_mut(..out_len(op, n, world));
+                    times.push(rig.time(|| collective(op, comm, &s, &mut r, &compute))?);
+                }
+                measured.push((max_ctas, times));
+                progress.step(&format!("{} curve, max_ctas {max_ctas:?}", op.name()));
+            }
+        }
+        for (max_ctas, times) in measured {
+            let worst = slowest(job, &times)?;
+            profile.comm.push(CommCurve { op, max_ctas, points: sizes.iter().copied().zip(worst).collect() });
+        }
+    }
+    drop((send, recv));
+
+    // 2. GEMMs alone.
+    for &shape in &shapes {
+        let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
+        let a = upload(&compute, &uniform::<bf16>(11 + rank as u64, m * k))?;
+        let b = upload(&compute, &uniform::<bf16>(13 + rank as u64, k * n))?;
+        let mut d = poisoned::<bf16>(&compute, m * n)?;
+        let cublas = CublasGemm::new(&compute, shape, base)?;
+        let t = rig.time(|| cublas.launch(&a, &b, &mut d))?;
+        profile.cublas.push((shape, slowest(job, &[t])?[0]));
+        progress.step(&format!("cuBLAS {shape}"));
+        for &margin in &margins {
+            let gemm = Gemm::new(&ctx, shape, GemmOptions { sm_margin: margin, ..base })?;
+            let t = slowest(job, &[rig.time(|| gemm.launch(&compute, &a, &b, &mut d))?])?[0];
+            let plan = gemm.plan();
+            profile.gemm.push(GemmSample { shape, sm_margin: margin, tile_n: plan.tile_n(), ms: t, waves: plan.waves() });
+            progress.step(&format!("weft GEMM {shape} margin {margin}"));
+        }
+    }
+
+    // The restore per MiB of output, from a large shape.
+    let big = GemmShape::new(8192, 8192, 1024);
+    for op in OPS {
+        let plan = GemmPlan::new(sms, big, GemmOptions { sm_margin: margins[0], ..base })?;
+        let waves = vec![plan.waves()];
+        let sig = Signal::new(op, &compute, big, plan.options, &waves, world, rank)?;
+        let mut out = poisoned::<bf16>(&compute, sig.rows(big.m).len() * big.n as usize)?;
+        let t = slowest(job, &[rig.time(|| sig.restore(&compute, &mut out))?])?[0];
+        let mib = (out.len() * 2) as f64 / f64::from(1u32 << 20);
+        profile.restore.push((op, t / mib));
+        progress.step(&format!("{} restore", op.name()));
+    }
+
+    // Measures one overlap of `shape` (margin, partition), slowest rank.
+    let measure = |job: &mut Job, rig: &mut Rig, op: Op, shape: GemmShape, margin: u32, waves: &[u32]| -> anyhow::Result<f64> {
+        let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
+        let a = upload(&compute, &uniform::<bf16>(17 + rank as u64, m * k))?;
+        let b = upload(&compute, &uniform::<bf16>(19 + rank as u64, k * n))?;
+        let options = GemmOptions { sm_margin: margin, ..base };
+        let mut sig = Signal::new(op, &compute, shape, options, waves, world, rank)?;
+        let mut out = poisoned::<bf16>(&compute, sig.rows(shape.m).len() * n)?;
+        let lcomm = &limited.iter().find(|l| l.0 == margin).context("no communicator for this margin")?.1;
+        let t = rig.time(|| sig.run(&compute, lcomm, &a, &b, &mut out))?;
+        compute.synchronize()?;
+        sig.check()?;
+        Ok(slowest(job, &[t])?[0])
+    };
+
+    // 3. Contention: fit each collective's factor on the calibration shapes.
+    for op in OPS {
+        let mut factors = Vec::new();
+        for &shape in &calibration {
+            let (plan, waves) = best_overlap(&profile, op, shape, base)?;
+            let measured = measure(job, &mut rig, op, shape, plan.options.sm_margin, &waves)?;
+            factors.push(fit_contention(&profile, op, &plan, &waves, measured)?);
+            progress.step(&format!("{} contention on {shape}", op.name()));
+        }
+        factors.sort_by(f64::total_cmp);
+        profile.contention.push((op, factors[factors.len() / 2]));
+    }
+
+    // 4. The tuning file.
+    let out = opts.out.clone().unwrap_or_else(|| PathBuf::from("weft-tuning.txt"));
+    if rank == 0 {
+        super::write_file(&out, &profile.to_text())?;
+    }
+
+    // 5. Check the predictions.
+    let mut table = Table {
+        headers: vec!["op", "M x N x K", "choice", "predicted", "measured", "error", "seq-cublas", "speedup", "other partitions (pred/meas)"],
+        rows: Vec::new(),
+    };
+    let mut rows = Vec::new();
+    let mut errors = Vec::new();
+    for op in OPS {
+        for &shape in &shapes {
+            let choice = tune(&profile, op, shape, base)?;
+            let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
+            let a = upload(&compute, &uniform::<bf16>(23 + rank as u64, m * k))?;
+            let b = upload(&compute, &uniform::<bf16>(29 + rank as u64, k * n))?;
+            let mut d = poisoned::<bf16>(&compute, m * n)?;
+            let mut o = poisoned::<bf16>(&compute, out_len(op, m * n, world))?;
+            let cublas = CublasGemm::new(&compute, shape, base)?;
+            let comm = job.comm()?;
+            let seq = rig.time(|| {
+                cublas.launch(&a, &b, &mut d)?;
+                collective(op, comm, &d, &mut o, &compute)
+            })?;
+            let seq = slowest(job, &[seq])?[0];
+            drop((a, b, d, o));
+            let seq_pred = match &choice {
+                Choice::Sequential { predicted_ms, .. } => *predicted_ms,
+                Choice::Overlap { sequential_ms, .. } => *sequential_ms,
+            };
+            // The chosen path's measured time, and the predicted/measured pairs of overlaps.
+            let (label, chosen_pred, chosen_meas, plan, best_waves) = match &choice {
+                Choice::Sequential { predicted_ms, .. } => {
+                    let (plan, waves) = best_overlap(&profile, op, shape, base)?;
+                    ("sequential".to_string(), *predicted_ms, seq, plan, waves)
+                }
+                Choice::Overlap { sm_margin, waves, predicted_ms, .. } => {
+                    let plan = GemmPlan::new(sms, shape, GemmOptions { sm_margin: *sm_margin, ..base })?;
+                    let t = measure(job, &mut rig, op, shape, *sm_margin, waves)?;
+                    (format!("margin {sm_margin} groups {}", fmt_waves(waves)), *predicted_ms, t, plan, waves.clone())
+                }
+            };
+            let mut pairs = vec![(seq_pred, seq)];
+            if matches!(choice, Choice::Overlap { .. }) {
+                pairs.push((chosen_pred, chosen_meas));
+            }
+            // Two other partitions at the same margin: the best overlap (when the choice was
+            // sequential) or one wave per group, and [1, rest].
+            let w = plan.waves();
+            let mut others: Vec<Vec<u32>> = Vec::new();
+            if matches!(choice, Choice::Sequential { .. }) {
+                others.push(best_waves.clone());
+            } else {
+                others.push(WaveGroups::uniform(&plan, w.div_ceil(32).max(1))?.waves().to_vec());
+            }
+            if w > 1 {
+                others.push(vec![1, w - 1]);
+            }
+            others.retain(|o| *o != best_waves || matches!(choice, Choice::Sequential { .. }));
+            let mut other_txt = Vec::new();
+            let mut other_json = Vec::new();
+            for waves in others.iter().take(2) {
+                let groups = WaveGroups::new(&plan, waves)?;
+                let pred = predict_overlap(&profile, op, &plan, &groups)?;
+                let meas = measure(job, &mut rig, op, shape, plan.options.sm_margin, waves)?;
+                pairs.push((pred, meas));
+                other_txt.push(format!("{}: {pred:.3}/{meas:.3}", fmt_waves(waves)));
+                other_json.push(Json::obj([
+                    ("groups", Json::Str(fmt_waves(waves))),
+                    ("predicted_ms", Json::Num(pred)),
+                    ("measured_ms", Json::Num(meas)),
+                ]));
+            }
+            let calibrated = calibration.contains(&shape);
+            for &(p, m) in &pairs {
+                errors.push(((p - m).abs() / m, calibrated));
+            }
+            let err = (chosen_pred - chosen_meas).abs() / chosen_meas;
+            table.rows.push(vec![
+                op.name().to_string(),
+                format!("{shape}{}", if calibrated { " (cal.)" } else { "" }),
+                label.clone(),
+                format!("{chosen_pred:.3}"),
+                format!("{chosen_meas:.3}"),
+                format!("{:.1}%", 100.0 * err),
+                format!("{seq:.3}"),
+                format!("{:.3}", seq / chosen_meas),
+                other_txt.join(", "),
+            ]);
+            rows.push(Json::obj([
+                ("op", Json::Str(op.name().into())),
+                ("m", Json::Num(f64::from(shape.m))),
+                ("n", Json::Num(f64::from(shape.n))),
+                ("k", Json::Num(f64::from(shape.k))),
+                ("calibration_shape", Json::Num(if calibrated { 1.0 } else { 0.0 })),
+                ("choice", Json::Str(label)),
+                ("predicted_ms", Json::Num(chosen_pred)),
+                ("measured_ms", Json::Num(chosen_meas)),
+                ("prediction_error", Json::Num(err)),
+                ("seq_cublas_ms", Json::Num(seq)),
+                ("seq_cublas_predicted_ms", Json::Num(seq_pred)),
+                ("speedup_vs_seq_cublas", Json::Num(seq / chosen_meas)),
+                ("sm_margin", Json::Num(f64::from(plan.options.sm_margin))),
+                ("other_partitions", Json::Arr(other_json)),
+            ]));
+            progress.step(&format!("check {} {shape}", op.name()));
+        }
+    }
+    let mean = |f: &dyn Fn(bool) -> bool| {
+        let v: Vec<f64> = errors.iter().filter(|e| f(e.1)).map(|e| e.0).collect();
+        (v.iter().sum::<f64>() / v.len().max(1) as f64, v.len())
+    };
+    let (all, n_all) = mean(&|_| true);
+    let (held_out, n_held) = mean(&|c| !c);
+    if rank == 0 {
+        println!("wrote the tuning file {}", out.display());
+        println!(
+            "mean prediction error: {:.1}% over {n_all} predictions; {:.1}% over the {n_held} of shapes not used for calibration",
+            100.0 * all,
+            100.0 * held_out
+        );
+    }
+    for (op, f) in &profile.contention {
+        rows.push(Json::obj([("contention_op", Json::Str(op.name().into())), ("factor", Json::Num(*f))]));
+    }
+    rows.push(Json::obj([
+        ("mean_prediction_error", Json::Num(all)),
+        ("predictions", Json::Num(n_all as f64)),
+        ("mean_prediction_error_held_out", Json::Num(held_out)),
+        ("predictions_held_out", Json::Num(n_held as f64)),
+        ("tuning_file", Json::Str(profile.to_text())),
+    ]));
+    Ok(SuiteResult { table, rows })
+}
+
+fn fmt_waves(w: &[u32]) -> String {
+    format!("[{}]", w.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
+}
+
+/// The plan and partition of the lowest predicted overlap time over the profiled margins.
+fn best_overlap(profile: &TuningProfile, op: Op, shape: GemmShape, base: GemmOptions) -> anyhow::Result<(GemmPlan, Vec<u32>)> {
+    let mut best: Option<(f64, GemmPlan, Vec<u32>)> = None;
+    for margin in profile.margins() {
+        let plan = GemmPlan::new(profile.sms, shape, GemmOptions { sm_margin: margin, ..base })?;
+        for waves in candidates(plan.waves()) {
+            let t = predict_overlap(profile, op, &plan, &WaveGroups::new(&plan, &waves)?)?;
+            if best.as_ref().is_none_or(|b| t < b.0) {
+                best = Some((t, plan.clone(), waves));
+            }
+        }
+    }
+    let (_, plan, waves) = best.context("no candidate partition")?;
+    Ok((plan, waves))
+}
+
+/// The contention factor that makes the model predict `measured` for this partition (bisection
+/// on [0.25, 8]; the prediction grows with the factor).
+fn fit_contention(profile: &TuningProfile, op: Op, plan: &GemmPlan, waves: &[u32], measured: f64) -> anyhow::Result<f64> {
+    let groups = WaveGroups::new(plan, waves)?;
+    let mut p = profile.clone();
+    let mut predict = |f: f64| -> anyhow::Result<f64> {
+        p.contention = vec![(op, f)];
+        predict_overlap(&p, op, plan, &groups)
+    };
+    let (mut lo, mut hi) = (0.25f64, 8.0f64);
+    if predict(lo)? >= measured {
+        return Ok(lo);
+    }
+    if predict(hi)? <= measured {
+        return Ok(hi);
+    }
+    for _ in 0..50 {
+        let mid = 0.5 * (lo + hi);
+        if predict(mid)? < measured {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(0.5 * (lo + hi))
+}
