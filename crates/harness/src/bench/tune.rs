@@ -4,9 +4,10 @@
 //! 1. Profile: NCCL AllReduce and ReduceScatter times on a dense log-spaced range of send sizes,
 //!    with NCCL's default CTAs and limited to each SM margin's CTAs; weft's GEMM alone per shape
 //!    and margin; cuBLAS per shape; the restore per MiB.
-//! 2. Contention: NCCL runs slower beside the GEMM than alone. One factor per collective scales
-//!    its curve; it is fitted (bisection) so the model's prediction of each calibration shape's
-//!    best partition equals its measured time, and the median over the calibration shapes kept.
+//! 2. Contention: NCCL runs slower beside the GEMM than alone, the more so the fewer CTAs it has.
+//!    One factor per collective and margin scales its curve; it is fitted (bisection) so the
+//!    model's prediction of each calibration shape's best partition at that margin equals its
+//!    measured time, and the median over the calibration shapes kept.
 //! 3. The tuning file is written (`--out`, default weft-tuning.txt).
 //! 4. Check: for every shape and collective, the tuner's choice (overlap partition, or the
 //!    sequential fallback) and two other partitions are measured next to cuBLAS + NCCL; the table
@@ -113,7 +114,7 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
     let mut progress = Progress {
         show: rank == 0,
         done: 0,
-        total: OPS.len() * (margins.len() + 1) + shapes.len() * (margins.len() + 1) + 2 + OPS.len() * calibration.len() + OPS.len() * shapes.len(),
+        total: OPS.len() * (margins.len() + 1) + shapes.len() * (margins.len() + 1) + 2 + OPS.len() * margins.len() * calibration.len() + OPS.len() * shapes.len(),
     };
     let mut limited: Vec<(u32, Communicator)> = Vec::new();
     for &m in &margins {
@@ -197,17 +198,19 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
         Ok(slowest(job, &[t])?[0])
     };
 
-    // 3. Contention: fit each collective's factor on the calibration shapes.
+    // 3. Contention: fit each collective's factor per margin on the calibration shapes.
     for op in OPS {
-        let mut factors = Vec::new();
-        for &shape in &calibration {
-            let (plan, waves) = best_overlap(&profile, op, shape, base)?;
-            let measured = measure(job, &mut rig, op, shape, plan.options.sm_margin, &waves)?;
-            factors.push(fit_contention(&profile, op, &plan, &waves, measured)?);
-            progress.step(&format!("{} contention on {shape}", op.name()));
+        for &margin in &margins {
+            let mut factors = Vec::new();
+            for &shape in &calibration {
+                let (plan, waves) = best_overlap(&profile, op, shape, base, Some(margin))?;
+                let measured = measure(job, &mut rig, op, shape, margin, &waves)?;
+                factors.push(fit_contention(&profile, op, &plan, &waves, measured)?);
+                progress.step(&format!("{} contention, margin {margin}, on {shape}", op.name()));
+            }
+            factors.sort_by(f64::total_cmp);
+            profile.contention.push((op, margin, factors[factors.len() / 2]));
         }
-        factors.sort_by(f64::total_cmp);
-        profile.contention.push((op, factors[factors.len() / 2]));
     }
 
     // 4. The tuning file.
@@ -246,7 +249,7 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
             // The chosen path's measured time, and the predicted/measured pairs of overlaps.
             let (label, chosen_pred, chosen_meas, plan, best_waves) = match &choice {
                 Choice::Sequential { predicted_ms, .. } => {
-                    let (plan, waves) = best_overlap(&profile, op, shape, base)?;
+                    let (plan, waves) = best_overlap(&profile, op, shape, base, None)?;
                     ("sequential".to_string(), *predicted_ms, seq, plan, waves)
                 }
                 Choice::Overlap { sm_margin, waves, predicted_ms, .. } => {
@@ -335,8 +338,12 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
             100.0 * held_out
         );
     }
-    for (op, f) in &profile.contention {
-        rows.push(Json::obj([("contention_op", Json::Str(op.name().into())), ("factor", Json::Num(*f))]));
+    for (op, margin, f) in &profile.contention {
+        rows.push(Json::obj([
+            ("contention_op", Json::Str(op.name().into())),
+            ("sm_margin", Json::Num(f64::from(*margin))),
+            ("factor", Json::Num(*f)),
+        ]));
     }
     rows.push(Json::obj([
         ("mean_prediction_error", Json::Num(all)),
@@ -352,10 +359,11 @@ fn fmt_waves(w: &[u32]) -> String {
     format!("[{}]", w.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
 }
 
-/// The plan and partition of the lowest predicted overlap time over the profiled margins.
-fn best_overlap(profile: &TuningProfile, op: Op, shape: GemmShape, base: GemmOptions) -> anyhow::Result<(GemmPlan, Vec<u32>)> {
+/// The plan and partition of the lowest predicted overlap time over the profiled margins (or
+/// at `only` that margin).
+fn best_overlap(profile: &TuningProfile, op: Op, shape: GemmShape, base: GemmOptions, only: Option<u32>) -> anyhow::Result<(GemmPlan, Vec<u32>)> {
     let mut best: Option<(f64, GemmPlan, Vec<u32>)> = None;
-    for margin in profile.margins() {
+    for margin in profile.margins().into_iter().filter(|m| only.is_none_or(|o| o == *m)) {
         let plan = GemmPlan::new(profile.sms, shape, GemmOptions { sm_margin: margin, ..base })?;
         for waves in candidates(plan.waves()) {
             let t = predict_overlap(profile, op, &plan, &WaveGroups::new(&plan, &waves)?)?;
@@ -374,7 +382,7 @@ fn fit_contention(profile: &TuningProfile, op: Op, plan: &GemmPlan, waves: &[u32
     let groups = WaveGroups::new(plan, waves)?;
     let mut p = profile.clone();
     let mut predict = |f: f64| -> anyhow::Result<f64> {
-        p.contention = vec![(op, f)];
+        p.contention = vec![(op, plan.options.sm_margin, f)];
         predict_overlap(&p, op, plan, &groups)
     };
     let (mut lo, mut hi) = (0.25f64, 8.0f64);

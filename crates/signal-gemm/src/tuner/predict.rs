@@ -2,7 +2,8 @@
 //! leaves and NCCL on the rest (the communication stream has the higher priority), group g's
 //! tiles are done after the waves of groups 0..=g, each wave taking the profiled wave time; its
 //! collective starts when both its tiles and the previous group's collective are done and takes
-//! the curve's time for its bytes (times the fitted contention factor); the restore follows.
+//! the curve's time for its bytes (times the contention factor fitted for that CTA limit); the
+//! restore follows.
 //!
 //!   comp = 0, comm = 0
 //!   for each group g: comp += waves_g · t_wave;  comm = max(comm, comp) + t_comm(bytes_g)
@@ -37,7 +38,7 @@ pub fn predict_overlap(profile: &TuningProfile, op: Op, plan: &GemmPlan, groups:
     let margin = plan.options.sm_margin;
     let t_wave = profile.gemm_wave_ms(plan.shape, margin, plan.tile_n())?;
     let curve = profile.curve(op, Some(margin))?;
-    let contention = profile.contention(op);
+    let contention = profile.contention(op, margin);
     let bytes = GroupBytes::of(plan, groups, op, profile.world);
     let (mut comp, mut comm) = (0.0f64, 0.0f64);
     for (g, &waves) in groups.waves().iter().enumerate() {

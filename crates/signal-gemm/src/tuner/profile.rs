@@ -7,7 +7,7 @@
 //! gemm <m> <n> <k> <sm_margin> <tile_n> <ms> <waves>  weft's GEMM alone
 //! cublas <m> <n> <k> <ms>                        cuBLAS alone
 //! restore <op> <ms_per_mib>                      the restore kernel per MiB of output
-//! contention <op> <factor>                       NCCL's slowdown while the GEMM runs (fitted)
+//! contention <op> <sm_margin> <factor>           NCCL's slowdown beside the GEMM (fitted)
 //! ```
 
 use crate::plan::GemmShape;
@@ -94,9 +94,9 @@ pub struct TuningProfile {
     pub cublas: Vec<(GemmShape, f64)>,
     /// The restore: (op, ms per MiB of output).
     pub restore: Vec<(Op, f64)>,
-    /// NCCL's time multiplier while the GEMM shares the GPU: (op, factor), fitted by `weft tune`
-    /// to measured overlaps (1 when absent).
-    pub contention: Vec<(Op, f64)>,
+    /// NCCL's time multiplier while the GEMM shares the GPU: (op, sm_margin = NCCL's CTAs,
+    /// factor), fitted by `weft tune` to measured overlaps (1 when absent).
+    pub contention: Vec<(Op, u32, f64)>,
 }
 
 impl TuningProfile {
@@ -127,8 +127,8 @@ impl TuningProfile {
         Ok(near.ms / f64::from(near.waves) * f64::from(shape.k) / f64::from(near.shape.k))
     }
 
-    pub fn contention(&self, op: Op) -> f64 {
-        self.contention.iter().find(|c| c.0 == op).map_or(1.0, |c| c.1)
+    pub fn contention(&self, op: Op, sm_margin: u32) -> f64 {
+        self.contention.iter().find(|c| c.0 == op && c.1 == sm_margin).map_or(1.0, |c| c.2)
     }
 
     /// cuBLAS alone for `shape`: profiled, or the nearest profiled shape scaled by FLOPs.
@@ -159,8 +159,8 @@ impl TuningProfile {
         for (op, ms) in &self.restore {
             let _ = writeln!(s, "restore {} {ms:.6}", op.name());
         }
-        for (op, f) in &self.contention {
-            let _ = writeln!(s, "contention {} {f:.6}", op.name());
+        for (op, margin, f) in &self.contention {
+            let _ = writeln!(s, "contention {} {margin} {f:.6}", op.name());
         }
         s
     }
@@ -205,7 +205,7 @@ impl TuningProfile {
                 }),
                 "cublas" => p.cublas.push((shape()?, num(4)?)),
                 "restore" => p.restore.push((Op::parse(f.get(1).copied().unwrap_or(""))?, num(2)?)),
-                "contention" => p.contention.push((Op::parse(f.get(1).copied().unwrap_or(""))?, num(2)?)),
+                "contention" => p.contention.push((Op::parse(f.get(1).copied().unwrap_or(""))?, num(2)? as u32, num(3)?)),
                 other => bail!("line {}: unknown record {other:?}", i + 1),
             }
         }
@@ -248,7 +248,7 @@ mod tests {
             gemm: vec![GemmSample { shape: GemmShape::new(4096, 4096, 1024), sm_margin: 32, tile_n: 256, ms: 0.2, waves: 4 }],
             cublas: vec![(GemmShape::new(4096, 4096, 1024), 0.15)],
             restore: vec![(Op::AllReduce, 0.002)],
-            contention: vec![(Op::AllReduce, 1.25)],
+            contention: vec![(Op::AllReduce, 32, 1.25)],
         }
     }
 
