@@ -104,3 +104,20 @@ extern "C" __global__ void __launch_bounds__(kThreads) weft_gemm_restore_rmsnorm
     }
   }
 }
+
+// All-to-All: received subtokens -> their output rows (weft_gemm_slot_scatter_params). A
+// grid-stride loop over the 16-byte vectors of the slots; vectors at columns >= n are skipped.
+extern "C" __global__ void __launch_bounds__(kThreads) weft_gemm_slot_scatter(const __grid_constant__ weft_gemm_slot_scatter_params p) {
+  const uint32_t per_vec = 16 / p.elem_bytes;
+  const uint32_t vec_per_slot = p.tile_n / per_vec;
+  const uint64_t total = uint64_t(p.slots) * vec_per_slot;
+  const uint32_t* table = reinterpret_cast<const uint32_t*>(p.dst_of_slot);
+  for (uint64_t i = blockIdx.x * uint64_t(kThreads) + threadIdx.x; i < total; i += uint64_t(gridDim.x) * kThreads) {
+    const uint32_t slot = static_cast<uint32_t>(i / vec_per_slot), v = static_cast<uint32_t>(i % vec_per_slot);
+    const uint32_t col = table[2 * slot + 1] * p.tile_n + v * per_vec;
+    if (col >= p.n) continue;
+    const uint64_t row = table[2 * slot];
+    const uint4 x = *reinterpret_cast<const uint4*>(reinterpret_cast<const uint8_t*>(p.src) + (uint64_t(slot) * p.tile_n + v * per_vec) * p.elem_bytes);
+    *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(p.dst) + (row * p.n + col) * p.elem_bytes) = x;
+  }
+}

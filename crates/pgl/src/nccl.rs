@@ -327,6 +327,49 @@ impl Communicator {
         group.end()
     }
 
+    /// All-to-all with per-peer ranges, one NCCL group: `send[sends[p]]` goes to rank p and
+    /// `recv[recvs[p]]` comes from rank p (element ranges; empty ones are skipped). Every rank's
+    /// send range to q must have the length of q's receive range from it (NCCL cannot check it).
+    pub fn all_to_all_v<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        send: &S,
+        sends: &[std::ops::Range<usize>],
+        recv: &mut R,
+        recvs: &[std::ops::Range<usize>],
+        stream: &CudaStream,
+    ) -> anyhow::Result<()> {
+        if sends.len() != self.world || recvs.len() != self.world {
+            bail!("all_to_all_v: {} send and {} receive ranges, expected one per rank ({})", sends.len(), recvs.len(), self.world);
+        }
+        for (what, ranges, len) in [("send", sends, send.len()), ("receive", recvs, recv.len())] {
+            if let Some((p, r)) = ranges.iter().enumerate().find(|(_, r)| r.start > r.end || r.end > len) {
+                bail!("all_to_all_v: {what} range {r:?} for rank {p} is outside the {len}-element buffer");
+            }
+        }
+        let elem = std::mem::size_of::<T>() as u64;
+        let (s, _gs) = send.device_ptr(stream);
+        let (r, _gr) = recv.device_ptr_mut(stream);
+        let group = Group::start()?;
+        for peer in 0..self.world {
+            let (out, inn) = (&sends[peer], &recvs[peer]);
+            if !out.is_empty() {
+                // SAFETY: the range is inside `send` (checked above).
+                let rs = unsafe {
+                    nc::send((s + out.start as u64 * elem) as _, out.len(), T::as_nccl_type(), peer as i32, self.comm, stream.cu_stream() as _)
+                };
+                check("ncclSend", self.comm, rs)?;
+            }
+            if !inn.is_empty() {
+                // SAFETY: the range is inside `recv` (checked above).
+                let rr = unsafe {
+                    nc::recv((r + inn.start as u64 * elem) as _, inn.len(), T::as_nccl_type(), peer as i32, self.comm, stream.cu_stream() as _)
+                };
+                check("ncclRecv", self.comm, rr)?;
+            }
+        }
+        group.end()
+    }
+
     /// Sends `send` to `to` and receives `recv` from `from` in one group (a ring step when
     /// to = rank+1 and from = rank−1).
     pub fn send_recv<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(

@@ -70,6 +70,8 @@ pub struct LaunchExtras<'a, TO: GemmElement> {
     pub groups: Option<&'a GroupCounters>,
     /// Where the epilogue stores D (the reorder map of the communication that follows).
     pub layout: OutputLayout,
+    /// `OutputLayout::RowSlots`: each (tile, row)'s slot (u32 per tile × 128 rows).
+    pub row_slots: Option<&'a CudaSlice<u32>>,
 }
 
 impl<TO: GemmElement> Default for LaunchExtras<'_, TO> {
@@ -82,6 +84,7 @@ impl<TO: GemmElement> Default for LaunchExtras<'_, TO> {
             early_release: false,
             groups: None,
             layout: OutputLayout::Standard,
+            row_slots: None,
         }
     }
 }
@@ -313,7 +316,7 @@ impl Gemm {
         layout.check(plan)?;
         match layout {
             OutputLayout::Standard => need("D", d.len(), m * n, format!("{m} x {n}"))?,
-            OutputLayout::TileOrder | OutputLayout::RankBands { .. } => {
+            OutputLayout::TileOrder | OutputLayout::RankBands { .. } | OutputLayout::RowSlots { .. } => {
                 need("D", d.len(), layout.elements(plan), layout.describe(plan))?;
                 ensure!(o.beta == 0.0, "GEMM {}: the {} layout needs beta = 0 (D is not in the standard layout to read)", plan.shape, layout.name());
                 ensure!(extras.copy_dst.is_none(), "GEMM {}: the tile-copy communicator reads the standard layout, not {}", plan.shape, layout.name());
@@ -336,6 +339,10 @@ impl Gemm {
             OutputLayout::TileOrder => {
                 let rows = u64::from(plan.orders()) * u64::from(plan.tile_m());
                 encode_2d("D (tile order)", d_ptr, o.output, rows, u64::from(tile_n), 64, chunk_cols)?
+            }
+            // Not read by the kernel (the threads store the rows), encoded for a uniform launch.
+            OutputLayout::RowSlots { slots } => {
+                encode_2d("D (row slots)", d_ptr, o.output, u64::from(slots.max(1)), u64::from(tile_n), 64, chunk_cols)?
             }
             OutputLayout::RankBands { ranks } => {
                 let (slots, rows) = (u64::from(plan.orders()) * u64::from(ranks), u64::from(layout.band_rows(plan)));
@@ -369,7 +376,18 @@ impl Gemm {
             early_release,
             groups,
             layout: _,
+            row_slots,
         } = extras;
+        match (layout, row_slots) {
+            (OutputLayout::RowSlots { .. }, Some(table)) => {
+                let need = u64::from(plan.tiles()) * u64::from(WEFT_GEMM_TILE_M);
+                ensure!(table.len() as u64 >= need, "GEMM {}: row-slot table has {} entries, needs {need} (128 per tile)", plan.shape, table.len());
+                p.row_slots = table.device_ptr(stream).0;
+            }
+            (OutputLayout::RowSlots { .. }, None) => anyhow::bail!("GEMM {}: the row-slots layout needs its table (LaunchExtras::row_slots)", plan.shape),
+            (_, Some(_)) => anyhow::bail!("GEMM {}: a row-slot table was given for the {} layout", plan.shape, layout.name()),
+            (_, None) => {}
+        }
         if let Some(g) = groups {
             ensure!(
                 g.groups().fits(plan),

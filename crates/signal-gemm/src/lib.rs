@@ -13,6 +13,7 @@
 //! - [`CublasGemm`]: the cuBLAS baseline of the same operation; [`reference`]: float64 CPU
 //!   reference and tolerances.
 
+mod a2a_map;
 mod band_map;
 mod cublas;
 mod dtype;
@@ -26,6 +27,7 @@ mod tensor_map;
 pub mod tuner;
 mod wave_groups;
 
+pub use a2a_map::AllToAllMap;
 pub use band_map::RankBandMap;
 pub use cublas::CublasGemm;
 pub use dtype::{Dtype, GemmElement};

@@ -12,7 +12,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMu
 use half::bf16;
 use std::sync::Arc;
 use weft_kernels::abi::{
-    weft_gemm_band_rows, weft_gemm_restore_params, WEFT_GEMM_LAYOUT_RANK_BANDS, WEFT_GEMM_LAYOUT_STANDARD,
+    weft_gemm_band_rows, weft_gemm_restore_params, WEFT_GEMM_LAYOUT_RANK_BANDS, WEFT_GEMM_LAYOUT_ROW_SLOTS, WEFT_GEMM_LAYOUT_STANDARD,
     WEFT_GEMM_LAYOUT_TILE_ORDER, WEFT_GEMM_RESTORE_ADD, WEFT_GEMM_RESTORE_COPY, WEFT_GEMM_RESTORE_RMSNORM,
 };
 use weft_kernels::cubins;
@@ -39,6 +39,10 @@ pub enum OutputLayout {
     /// of padding per slot). Needs beta = 0; the groups are those of the launch's counters (none:
     /// one group).
     RankBands { ranks: u32 },
+    /// The All-to-All reorder map (WEFT_GEMM_LAYOUT_ROW_SLOTS): each row of a tile (tile_n
+    /// columns, a subtoken) in its own slot of a `slots` × tile_n buffer, the slot given by a
+    /// table (`LaunchExtras::row_slots`, see [`AllToAllMap`](crate::AllToAllMap)). Needs beta = 0.
+    RowSlots { slots: u32 },
 }
 
 impl OutputLayout {
@@ -62,6 +66,7 @@ impl OutputLayout {
             OutputLayout::RankBands { ranks } => {
                 u64::from(plan.orders()) * u64::from(ranks) * u64::from(self.band_rows(plan)) * u64::from(plan.tile_n())
             }
+            OutputLayout::RowSlots { slots } => u64::from(slots) * u64::from(plan.tile_n()),
         }
     }
 
@@ -79,6 +84,7 @@ impl OutputLayout {
             OutputLayout::Standard => "standard",
             OutputLayout::TileOrder => "tile-order",
             OutputLayout::RankBands { .. } => "rank-bands",
+            OutputLayout::RowSlots { .. } => "row-slots",
         }
     }
 
@@ -93,6 +99,7 @@ impl OutputLayout {
                 self.band_rows(plan),
                 plan.tile_n()
             ),
+            OutputLayout::RowSlots { slots } => format!("{slots} row slots of {}", plan.tile_n()),
         }
     }
 
@@ -101,6 +108,7 @@ impl OutputLayout {
             OutputLayout::Standard => WEFT_GEMM_LAYOUT_STANDARD,
             OutputLayout::TileOrder => WEFT_GEMM_LAYOUT_TILE_ORDER,
             OutputLayout::RankBands { .. } => WEFT_GEMM_LAYOUT_RANK_BANDS,
+            OutputLayout::RowSlots { .. } => WEFT_GEMM_LAYOUT_ROW_SLOTS,
         }
     }
 }

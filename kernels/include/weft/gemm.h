@@ -129,9 +129,18 @@ WEFT_HD uint32_t weft_gemm_group_of(const weft_gemm_wave_groups* g, uint32_t ord
 // a box must start at a band's row; and with the 128-byte swizzle its shared source must start on
 // a 1024-byte (8-row) boundary. Boxes of weft_gemm_band_box_rows rows never cross a band or
 // a consumer's 64-row half.
+//
+// ROW_SLOTS (the All-to-All reorder map): every row of a tile — its tile_n columns, a subtoken —
+// goes to its own slot of a (slots x tile_n) buffer, slot = row_slots[tile index x 128 + row in
+// the tile] (UINT32_MAX: not stored, rows beyond m). The host lays the slots out as contiguous
+// per-group, per-destination pools from a row -> rank routing. Rows scatter, so no TMA box fits:
+// the warpgroup's threads copy the shared chunk with 16-byte stores, then meet at a barrier before
+// the leader's release (the generic-proxy stores are ordered by it).
 #define WEFT_GEMM_LAYOUT_STANDARD 0
 #define WEFT_GEMM_LAYOUT_TILE_ORDER 1
 #define WEFT_GEMM_LAYOUT_RANK_BANDS 2
+#define WEFT_GEMM_LAYOUT_ROW_SLOTS 3
+#define WEFT_GEMM_NO_SLOT 0xFFFFFFFFu
 #define WEFT_GEMM_BAND_ATOM 8u
 #define WEFT_GEMM_BAND_ATOMS (WEFT_GEMM_TILE_M / WEFT_GEMM_BAND_ATOM)
 
@@ -206,6 +215,7 @@ typedef struct weft_gemm_params {
   uint64_t timeline;   // 0, or 2 x uint64_t %globaltimer ns: [0] min over compute CTAs of their
                        // start, [1] max of their end (after their last stores completed)
   uint64_t group_counters; // 0, or uint64_t per wave group (see weft_gemm_wave_groups)
+  uint64_t row_slots;  // ROW_SLOTS: uint32_t per (tile, row): the row's slot, or WEFT_GEMM_NO_SLOT
   uint32_t comm_ctas;  // CTAs after the compute CTAs that run the communicator role
   uint32_t claim_base; // the counter's value at this launch's start (dynamic scheduling)
   uint32_t layout;     // WEFT_GEMM_LAYOUT_*: where D's tiles are stored
@@ -244,6 +254,16 @@ typedef struct weft_gemm_restore_params {
   float eps;             // RMSNORM
   uint32_t reserved;
 } weft_gemm_restore_params;
+
+// The All-to-All's post-communication step (kernels/gemm/restore.cu, weft_gemm_slot_scatter):
+// received subtoken i (tile_n elements at src + i x tile_n) goes to row dst_of_slot[2i] of the
+// output, columns from dst_of_slot[2i + 1] x tile_n (those below n), as raw 16-byte vectors.
+typedef struct weft_gemm_slot_scatter_params {
+  uint64_t src;          // slots x tile_n elements
+  uint64_t dst;          // rows x n, row-major
+  uint64_t dst_of_slot;  // 2 x uint32_t per slot: output row, tile column
+  uint32_t slots, n, tile_n, elem_bytes;
+} weft_gemm_slot_scatter_params;
 
 // The wave-group wait kernel (kernels/gemm/group_wait.cu): 1 thread on the communication stream
 // spins (acquire, GPU scope, bounded) until a group's counter reaches `target`, then rearms it to

@@ -6,6 +6,7 @@ mod gemm;
 mod grpcoll;
 mod nccl;
 pub mod overlap;
+mod overlap_a2a;
 pub mod overlap_ops;
 pub mod rig;
 pub mod tune;
@@ -19,7 +20,7 @@ use crate::results::{today, RunMeta, Table};
 use anyhow::{bail, Context};
 use std::path::PathBuf;
 
-pub const SUITES: &[&str] = &["nccl", "pgl", "sync", "overlap-order", "grpcoll", "gemm", "overlap", "overlap-reduce-scatter"];
+pub const SUITES: &[&str] = &["nccl", "pgl", "sync", "overlap-order", "grpcoll", "gemm", "overlap", "overlap-reduce-scatter", "overlap-all-to-all"];
 
 #[derive(Debug, Default, PartialEq)]
 pub struct BenchOptions {
@@ -83,6 +84,7 @@ pub fn run(job: &mut Job, opts: &BenchOptions) -> anyhow::Result<()> {
             "overlap-order" => overlap_order::run(job, opts.quick)?,
             "overlap" => overlap::run(job, weft_signal_gemm::tuner::Op::AllReduce, opts.quick, &opts.methods)?,
             "overlap-reduce-scatter" => overlap::run(job, weft_signal_gemm::tuner::Op::ReduceScatter, opts.quick, &opts.methods)?,
+            "overlap-all-to-all" => overlap_a2a::run(job, opts.quick, &opts.methods)?,
             other => bail!("unknown suite {other}"),
         };
         report(job, suite, &device, result, opts.json.as_ref(), opts.csv.as_ref())?;

@@ -52,7 +52,7 @@ pub fn shapes(quick: bool) -> Vec<GemmShape> {
 }
 
 /// Wave groupings tried for `plan`.
-fn groupings(plan: &GemmPlan) -> anyhow::Result<Vec<Vec<u32>>> {
+pub fn groupings(plan: &GemmPlan) -> anyhow::Result<Vec<Vec<u32>>> {
     let waves = plan.waves();
     let mut out = Vec::new();
     for w in [1, 2, 4] {

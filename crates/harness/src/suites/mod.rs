@@ -1,5 +1,6 @@
 //! Correctness suites, one libtest-mimic trial per (test × configuration).
 
+mod all_to_all;
 mod barrier;
 mod gemm;
 mod graph_capture;
@@ -38,5 +39,6 @@ pub fn all() -> Vec<Case> {
     cases.extend(overlap::cases());
     cases.extend(reduce_scatter::cases());
     cases.extend(graph_capture::cases());
+    cases.extend(all_to_all::cases());
     cases
 }

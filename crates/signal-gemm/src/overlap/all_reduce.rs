@@ -68,7 +68,7 @@ impl AllReduceOverlap {
         self.pipe.check_staging(staging.len())?;
         self.map.check::<TO>(staging.len(), out.len(), &restore)?;
         let tile = (self.gemm().plan().tile_m() * self.gemm().plan().tile_n()) as usize;
-        self.pipe.enqueue(compute, a, b, staging, |g, x, staging| {
+        self.pipe.enqueue(compute, a, b, staging, None, |g, x, staging| {
             let r = self.groups().orders(g);
             let mut range = staging.slice_mut(r.start as usize * tile..r.end as usize * tile);
             comm.all_reduce_in_place(&mut range, ReduceOp::Sum, x)
@@ -86,7 +86,7 @@ impl AllReduceOverlap {
         b: &CudaSlice<TI>,
         staging: &mut CudaSlice<TO>,
     ) -> anyhow::Result<()> {
-        self.pipe.enqueue(compute, a, b, staging, |_, _, _| Ok(()))
+        self.pipe.enqueue(compute, a, b, staging, None, |_, _, _| Ok(()))
     }
 
     /// Only the restore (for timing it alone): `out` from `staging`.

@@ -4,10 +4,12 @@
 //! collective on that group's contiguous range while the GEMM computes the next waves.
 
 mod all_reduce;
+mod all_to_all;
 mod comm_stream;
 mod pipeline;
 mod reduce_scatter;
 
 pub use all_reduce::AllReduceOverlap;
+pub use all_to_all::AllToAllOverlap;
 pub use comm_stream::high_priority_stream;
 pub use reduce_scatter::ReduceScatterOverlap;

@@ -63,6 +63,13 @@ impl GroupPipeline {
         Ok(Self { what, gemm, counters, layout, comm_stream, broken: AtomicBool::new(false) })
     }
 
+    /// Replaces the layout (for a layout that depends on the groups: the All-to-All's slots).
+    pub fn set_layout(&mut self, layout: OutputLayout) -> anyhow::Result<()> {
+        layout.check(self.gemm.plan())?;
+        self.layout = layout;
+        Ok(())
+    }
+
     pub fn gemm(&self) -> &Gemm {
         &self.gemm
     }
@@ -93,14 +100,15 @@ impl GroupPipeline {
     }
 
     /// The ordering of the module doc: the communication stream joins the compute stream, the
-    /// GEMM, then per group its wait and `after_wait(group, communication stream, staging)`, and
-    /// the compute stream joins back.
+    /// GEMM (with `row_slots` for the row-slots layout), then per group its wait and
+    /// `after_wait(group, communication stream, staging)`, and the compute stream joins back.
     pub fn enqueue<TI: GemmElement, TO: GemmElement>(
         &self,
         compute: &Arc<CudaStream>,
         a: &CudaSlice<TI>,
         b: &CudaSlice<TI>,
         staging: &mut CudaSlice<TO>,
+        row_slots: Option<&CudaSlice<u32>>,
         mut after_wait: impl FnMut(usize, &Arc<CudaStream>, &mut CudaSlice<TO>) -> anyhow::Result<()>,
     ) -> anyhow::Result<()> {
         self.check_staging(staging.len())?;
@@ -111,7 +119,7 @@ impl GroupPipeline {
         );
         let x = &self.comm_stream;
         x.join(compute)?;
-        let extras = LaunchExtras { groups: Some(&self.counters), layout: self.layout, ..Default::default() };
+        let extras = LaunchExtras { groups: Some(&self.counters), layout: self.layout, row_slots, ..Default::default() };
         self.gemm.launch_with(compute, a, b, staging, extras)?;
         let enqueued = (|| {
             for g in 0..self.groups().count() {

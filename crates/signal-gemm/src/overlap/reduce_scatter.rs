@@ -92,7 +92,7 @@ impl ReduceScatterOverlap {
         );
         self.pipe.check_staging(staging.len())?;
         self.map.check::<TO>(received.len(), out.len(), &restore)?;
-        self.pipe.enqueue(compute, a, b, staging, |g, x, staging| {
+        self.pipe.enqueue(compute, a, b, staging, None, |g, x, staging| {
             let (send, recv) = self.map.group_ranges(self.groups().orders(g));
             let send = staging.slice(send);
             let mut recv = received.slice_mut(recv);
@@ -110,7 +110,7 @@ impl ReduceScatterOverlap {
         b: &CudaSlice<TI>,
         staging: &mut CudaSlice<TO>,
     ) -> anyhow::Result<()> {
-        self.pipe.enqueue(compute, a, b, staging, |_, _, _| Ok(()))
+        self.pipe.enqueue(compute, a, b, staging, None, |_, _, _| Ok(()))
     }
 
     /// Only the restore (for timing it alone): `out` from `received`.

@@ -75,6 +75,23 @@ __device__ __forceinline__ void store_bands(const weft_gemm_params& p, const uin
   }
 }
 
+// ROW_SLOTS: the warpgroup's threads copy chunk `c` (64 rows x 128 bytes, swizzled) of tile `t`
+// rows [row, row + 64) to each row's slot with 16-byte stores (the table gives the slot).
+__device__ __forceinline__ void store_row_slots(const weft_gemm_params& p, const uint8_t* buf, uint32_t chunk_byte,
+                                                weft_gemm_tile t, uint32_t row, uint32_t out_bytes) {
+  if (!t.valid) return;  // a phantom stores nothing (it still signals its group)
+  const uint32_t* table = reinterpret_cast<const uint32_t*>(p.row_slots) +
+                          uint64_t(weft_gemm_tile_index(p.sched, t)) * WEFT_GEMM_TILE_M + row;
+  const uint64_t slot_bytes = uint64_t(p.sched.tile_n) * out_bytes;
+  for (uint32_t j = thread_in_warpgroup(); j < 64 * 8; j += kWarpgroupThreads) {
+    const uint32_t r = j / 8, piece = j % 8;
+    const uint32_t slot = table[r];
+    if (slot == WEFT_GEMM_NO_SLOT) continue;
+    const uint4 v = *reinterpret_cast<const uint4*>(buf + swizzle128(r, piece * 16));
+    *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(p.d_ptr) + slot * slot_bytes + chunk_byte + piece * 16) = v;
+  }
+}
+
 struct TmaStorer {
   template <class Cfg>
   __device__ __forceinline__ static void store(const weft_gemm_params& p, const SharedTiles<Cfg>& sm, int consumer,
@@ -95,6 +112,7 @@ struct TmaStorer {
     // the slots of the bands the warpgroup's 64 rows cross.
     const bool tile_order = p.layout == WEFT_GEMM_LAYOUT_TILE_ORDER;
     const bool bands = p.layout == WEFT_GEMM_LAYOUT_RANK_BANDS;
+    const bool row_slots = p.layout == WEFT_GEMM_LAYOUT_ROW_SLOTS;
     const int32_t store_row = static_cast<int32_t>(tile_order ? order * Cfg::kBM + consumer * 64 : row0);
     const int32_t store_col = static_cast<int32_t>(tile_order || bands ? 0 : col0);
     weft_gemm_band_slots slots{0, 0};
@@ -138,7 +156,10 @@ struct TmaStorer {
       for (int c = 0; c < Cfg::kEpiChunks; ++c) write_chunk(c, sm.epi(consumer, c));
       fence_proxy_async_smem();  // each writer: its generic stores before the TMA stores read them
       named_barrier_sync(bar_id, kWarpgroupThreads);
-      if (leader) {
+      if (row_slots) {
+#pragma unroll
+        for (int c = 0; c < Cfg::kEpiChunks; ++c) store_row_slots(p, sm.epi(consumer, c), c * 128, t, consumer * 64, sizeof(Out));
+      } else if (leader) {
 #pragma unroll
         for (int c = 0; c < Cfg::kEpiChunks; ++c) store_chunk(c, sm.epi(consumer, c));
         bulk_commit_group();
@@ -154,13 +175,17 @@ struct TmaStorer {
         write_chunk(c, buf);
         fence_proxy_async_smem();  // each writer: its generic stores before the TMA store reads them
         named_barrier_sync(bar_id, kWarpgroupThreads);
-        if (leader) {
+        if (row_slots) {
+          store_row_slots(p, buf, c * 128, t, consumer * 64, sizeof(Out));  // read before the next write's barrier
+        } else if (leader) {
           store_chunk(c, buf);
           bulk_commit_group();
         }
         ++epi_count;
       }
     }
+    // ROW_SLOTS: every thread's stores of this tile before the leader's (deferred) release.
+    if (row_slots) named_barrier_sync(bar_id, kWarpgroupThreads);
     st.pending = (p.tile_flags != 0 || p.group_counters != 0) ? order : WEFT_GEMM_NO_TILE;
     if (leader && consumer == 0 && p.trace != 0 && t.valid) {
       uint32_t* slot = reinterpret_cast<uint32_t*>(p.trace) + 2 * weft_gemm_tile_index(p.sched, t);
