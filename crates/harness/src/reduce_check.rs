@@ -41,3 +41,8 @@ pub fn check_within(what: &str, got: &[bf16], want: &[bf16], bound: &[f32], n: u
         ),
     }
 }
+
+/// Rows `rows` (each of `n` elements) of a row-major matrix, in that order.
+pub fn pick_rows<T: Copy>(values: &[T], rows: &[u32], n: usize) -> Vec<T> {
+    rows.iter().flat_map(|&r| values[r as usize * n..(r as usize + 1) * n].iter().copied()).collect()
+}

@@ -67,7 +67,7 @@ impl RankBandMap {
         OutputLayout::RankBands { ranks: self.ranks }
     }
 
-    /// Elements of the received buffer: one band slot (⌈128/W⌉ × tile_n) per order.
+    /// Elements of the received buffer: one band slot (the largest band's rows × tile_n) per order.
     pub fn received_len(&self) -> usize {
         self.plan.orders() as usize * (self.geo.band_rows * self.plan.tile_n()) as usize
     }
@@ -82,13 +82,11 @@ impl RankBandMap {
         self.geo.global_row(i)
     }
 
-    /// For the wave group of `orders`: its element range in the RANK_BANDS buffer (the
-    /// ReduceScatter's send, `ranks` equal parts) and in the received buffer (the receive).
+    /// For a wave group's `orders` (`WaveGroups::orders(g)` of the groups the GEMM ran with):
+    /// its element range in the RANK_BANDS buffer (the ReduceScatter's send, `ranks` equal
+    /// parts) and in the received buffer (the receive).
     pub fn group_ranges(&self, orders: Range<u32>) -> (Range<usize>, Range<usize>) {
-        let slot = (self.geo.band_rows * self.plan.tile_n()) as usize;
-        let (start, end) = (orders.start as usize, orders.end as usize);
-        let w = self.ranks as usize;
-        (start * w * slot..end * w * slot, start * slot..end * slot)
+        group_ranges(orders, self.ranks, (self.geo.band_rows * self.plan.tile_n()) as usize)
     }
 
     fn geometry(&self) -> SlotGeometry {
@@ -111,6 +109,14 @@ impl RankBandMap {
         self.check::<T>(received.len(), dst.len(), &step)?;
         self.slots.launch(stream, self.geometry(), received, dst, step)
     }
+}
+
+/// A group's send range (its orders' slots of every band: `ranks` parts, part r = band r of each
+/// order) and receive range (one slot per order), in elements of `slot` per slot.
+fn group_ranges(orders: Range<u32>, ranks: u32, slot: usize) -> (Range<usize>, Range<usize>) {
+    let (start, end) = (orders.start as usize, orders.end as usize);
+    let w = ranks as usize;
+    (start * w * slot..end * w * slot, start * slot..end * slot)
 }
 
 #[cfg(test)]
@@ -149,6 +155,41 @@ mod tests {
             }
         }
         assert!(BandGeometry::new(&plan, 9, 0).is_err());
+    }
+
+    /// The host's per-group ranges agree with the kernel's slot of every band
+    /// (weft_gemm_band_slots_of): band r of order o lies in part r of its group's send range, at
+    /// the position the receiver's slot o takes in the group's receive range.
+    #[test]
+    fn group_ranges_match_the_kernels_band_slots() {
+        use crate::wave_groups::WaveGroups;
+        use weft_kernels::abi::weft_gemm_band_slots_of;
+        let plan = GemmPlan::new(132, GemmShape::new(4096, 2048, 64), GemmOptions { sm_margin: 60, ..Default::default() }).unwrap();
+        let waves = plan.waves();
+        assert!(waves >= 4, "{}", plan.describe());
+        for sizes in [vec![waves], vec![1, waves - 1], vec![1, 2, waves - 3], WaveGroups::uniform(&plan, 1).unwrap().waves().to_vec()] {
+            let groups = WaveGroups::new(&plan, &sizes).unwrap();
+            let abi = groups.abi();
+            for ranks in 1..=crate::MAX_BAND_RANKS {
+                let slot = 7usize; // any slot size: ranges are in slots x slot elements
+                for g in 0..groups.count() {
+                    let orders = groups.orders(g);
+                    let (send, recv) = group_ranges(orders.clone(), ranks, slot);
+                    let part = send.len() / ranks as usize;
+                    assert_eq!(part, recv.len());
+                    for o in orders.clone() {
+                        // SAFETY: a pure function.
+                        let s = unsafe { weft_gemm_band_slots_of(plan.sched, &abi, ranks, o) };
+                        for r in 0..ranks {
+                            let at = (s.first + r * s.stride) as usize * slot;
+                            let in_part = at - send.start - r as usize * part;
+                            assert!(in_part < part, "{sizes:?} {ranks} ranks: band {r} of order {o} outside part {r}");
+                            assert_eq!(recv.start + in_part, o as usize * slot, "band {r} of order {o} lands elsewhere");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// The kernel's store boxes: 8-row aligned (the swizzle's 1024 bytes), dividing a consumer's

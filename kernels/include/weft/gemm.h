@@ -123,7 +123,7 @@ WEFT_HD uint32_t weft_gemm_group_of(const weft_gemm_wave_groups* g, uint32_t ord
 // group [start, end), the group's range holds `bands` parts of end - start slots each, part r
 // holding band r of every tile of the group in order. So ncclReduceScatter over a group's range
 // hands rank r band r of each of the group's tiles: whole rows. A shorter band leaves its slot's
-// last rows unwritten (bands that do not divide 16 pad, at most 8 rows per slot).
+// last rows unwritten (when `bands` does not divide 16, slots carry up to 8 rows of padding).
 //
 // Why atoms: a TMA store cannot start at a negative coordinate (illegal instruction; measured), so
 // a box must start at a band's row; and with the 128-byte swizzle its shared source must start on

@@ -23,7 +23,7 @@ use super::rig::{slowest, Rig};
 use super::SuiteResult;
 use crate::gemm_data::{download, poisoned, uniform, upload};
 use crate::job::Job;
-use crate::reduce_check::{check_within, sum_bound};
+use crate::reduce_check::{check_within, pick_rows, sum_bound};
 use crate::json::Json;
 use crate::results::Table;
 use half::bf16;
@@ -199,10 +199,8 @@ pub fn run(job: &mut Job, op: Op, quick: bool, methods: &[String]) -> anyhow::Re
                     sig.run(&compute, lcomm, &a, &b, &mut sig_out)?;
                     compute.synchronize()?;
                     sig.check()?;
-                    let pick = |v: &[f32]| -> Vec<f32> { rows.iter().flat_map(|&g| v[g as usize * nu..(g as usize + 1) * nu].iter().copied()).collect() };
-                    let want_rows: Vec<bf16> = rows.iter().flat_map(|&g| summed[g as usize * nu..(g as usize + 1) * nu].iter().copied()).collect();
                     let what = format!("{shape} margin {margin} groups {} against weft GEMM + ncclAllReduce", sig.groups());
-                    check_within(&what, &download(&compute, &sig_out)?, &want_rows, &pick(&bound), nu)?;
+                    check_within(&what, &download(&compute, &sig_out)?, &pick_rows(&summed, &rows, nu), &pick_rows(&bound, &rows, nu), nu)?;
                     let t = rig.time(|| sig.run(&compute, lcomm, &a, &b, &mut sig_out))?;
                     let t = slowest(job, &[t])?[0];
                     candidates.push(Json::obj([

@@ -7,13 +7,15 @@
 //! 2. Contention: NCCL runs slower beside the GEMM than alone, the more so the fewer CTAs it has.
 //!    One factor per collective and margin scales its curve; it is fitted (bisection) so the
 //!    model's prediction of each calibration shape's best partition at that margin equals its
-//!    measured time, and the largest over the calibration shapes kept (conservative: an
-//!    over-predicted overlap only makes the tuner fall back to the sequential path).
+//!    measured time, and the largest over the calibration shapes kept, at least 1 (conservative:
+//!    an over-predicted overlap only makes the tuner fall back to the sequential path).
 //! 3. The tuning file is written (`--out`, default weft-tuning.txt).
 //! 4. Check: for every shape and collective, the tuner's choice (overlap partition, or the
 //!    sequential fallback) and two other partitions are measured next to cuBLAS + NCCL; the table
-//!    reports each prediction's error and the chosen path's speedup. Calibration shapes are
-//!    marked: their errors are not out-of-sample.
+//!    reports each prediction's error and the chosen path's speedup; the summary gives the mean
+//!    error over all predictions and over overlap predictions only (the sequential ones are of
+//!    profiled cuBLAS times, nearly exact). Calibration shapes are marked: their errors are not
+//!    out-of-sample.
 //!
 //! Times are the slowest rank's medians (bench/rig.rs). Rank 0 draws a progress bar on stderr.
 
@@ -31,7 +33,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use weft_pgl::nccl::Communicator;
 use weft_signal_gemm::overlap::high_priority_stream;
-use weft_signal_gemm::tuner::{candidates, predict_overlap, tune, Choice, CommCurve, GemmSample, Op, TuningProfile};
+use weft_signal_gemm::tuner::{best_overlap, predict_overlap, tune, Choice, CommCurve, GemmSample, Op, TuningProfile};
 use weft_signal_gemm::{CublasGemm, Gemm, GemmOptions, GemmPlan, GemmShape, WaveGroups};
 
 const OPS: [Op; 2] = [Op::AllReduce, Op::ReduceScatter];
@@ -208,14 +210,17 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
         for &margin in &margins {
             let mut factors = Vec::new();
             for &shape in &calibration {
-                let (plan, waves) = best_overlap(&profile, op, shape, base, Some(margin))?;
+                let (plan, waves, _) = best_overlap(&profile, op, shape, base, Some(margin))?;
                 let measured = measure(job, &mut rig, op, shape, margin, &waves)?;
                 factors.push(fit_contention(&profile, op, &plan, &waves, measured)?);
                 progress.step(&format!("{} contention, margin {margin}, on {shape}", op.name()));
             }
-            // The largest: an over-predicted overlap falls back to the sequential path, an
-            // under-predicted one runs slower than it.
+            // The largest, and at least 1: an over-predicted overlap falls back to the
+            // sequential path, an under-predicted one runs slower than it.
             let worst = factors.iter().copied().fold(1.0f64, f64::max);
+            if rank == 0 && factors.iter().any(|&f| f <= CONTENTION_RANGE.0 || f >= CONTENTION_RANGE.1) {
+                eprintln!("\nweft tune: a {} contention fit at margin {margin} hit the bound of {CONTENTION_RANGE:?}: {factors:?}", op.name());
+            }
             profile.contention.push((op, margin, worst));
         }
     }
@@ -235,7 +240,7 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
     let mut errors = Vec::new();
     for op in OPS {
         for &shape in &shapes {
-            let choice = tune(&profile, op, shape, base)?;
+            let choice = tune(&profile, op, shape, base, sms, world as u32)?;
             let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
             let a = upload(&compute, &uniform::<bf16>(23 + rank as u64, m * k))?;
             let b = upload(&compute, &uniform::<bf16>(29 + rank as u64, k * n))?;
@@ -256,7 +261,7 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
             // The chosen path's measured time, and the predicted/measured pairs of overlaps.
             let (label, chosen_pred, chosen_meas, plan, best_waves) = match &choice {
                 Choice::Sequential { predicted_ms, .. } => {
-                    let (plan, waves) = best_overlap(&profile, op, shape, base, None)?;
+                    let (plan, waves, _) = best_overlap(&profile, op, shape, base, None)?;
                     ("sequential".to_string(), *predicted_ms, seq, plan, waves)
                 }
                 Choice::Overlap { sm_margin, waves, predicted_ms, .. } => {
@@ -265,9 +270,10 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
                     (format!("margin {sm_margin} groups {}", fmt_waves(waves)), *predicted_ms, t, plan, waves.clone())
                 }
             };
-            let mut pairs = vec![(seq_pred, seq)];
+            // (predicted, measured, is an overlap prediction)
+            let mut pairs = vec![(seq_pred, seq, false)];
             if matches!(choice, Choice::Overlap { .. }) {
-                pairs.push((chosen_pred, chosen_meas));
+                pairs.push((chosen_pred, chosen_meas, true));
             }
             // Two other partitions at the same margin: the best overlap (when the choice was
             // sequential) or one wave per group, and [1, rest].
@@ -288,7 +294,7 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
                 let groups = WaveGroups::new(&plan, waves)?;
                 let pred = predict_overlap(&profile, op, &plan, &groups)?;
                 let meas = measure(job, &mut rig, op, shape, plan.options.sm_margin, waves)?;
-                pairs.push((pred, meas));
+                pairs.push((pred, meas, true));
                 other_txt.push(format!("{}: {pred:.3}/{meas:.3}", fmt_waves(waves)));
                 other_json.push(Json::obj([
                     ("groups", Json::Str(fmt_waves(waves))),
@@ -297,8 +303,8 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
                 ]));
             }
             let calibrated = calibration.contains(&shape);
-            for &(p, m) in &pairs {
-                errors.push(((p - m).abs() / m, calibrated));
+            for &(p, m, overlap) in &pairs {
+                errors.push(((p - m).abs() / m, calibrated, overlap));
             }
             let err = (chosen_pred - chosen_meas).abs() / chosen_meas;
             table.rows.push(vec![
@@ -331,18 +337,26 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
             progress.step(&format!("check {} {shape}", op.name()));
         }
     }
-    let mean = |f: &dyn Fn(bool) -> bool| {
-        let v: Vec<f64> = errors.iter().filter(|e| f(e.1)).map(|e| e.0).collect();
-        (v.iter().sum::<f64>() / v.len().max(1) as f64, v.len())
+    // (mean, max, count) of the errors whose (calibrated, overlap) flags pass `f`.
+    let stats = |f: &dyn Fn(bool, bool) -> bool| {
+        let v: Vec<f64> = errors.iter().filter(|e| f(e.1, e.2)).map(|e| e.0).collect();
+        (v.iter().sum::<f64>() / v.len().max(1) as f64, v.iter().copied().fold(0.0, f64::max), v.len())
     };
-    let (all, n_all) = mean(&|_| true);
-    let (held_out, n_held) = mean(&|c| !c);
+    let (all, _, n_all) = stats(&|_, _| true);
+    let (held_out, _, n_held) = stats(&|c, _| !c);
+    let (ov, ov_max, n_ov) = stats(&|_, o| o);
+    let (ov_held, ov_held_max, n_ov_held) = stats(&|c, o| o && !c);
     if rank == 0 {
         println!("wrote the tuning file {}", out.display());
         println!(
-            "mean prediction error: {:.1}% over {n_all} predictions; {:.1}% over the {n_held} of shapes not used for calibration",
+            "mean prediction error: {:.1}% over {n_all} predictions ({:.1}% over the {n_held} of shapes not used for calibration); \
+             overlap predictions only: {:.1}% over {n_ov} (max {:.1}%), {:.1}% over the {n_ov_held} held out (max {:.1}%)",
             100.0 * all,
-            100.0 * held_out
+            100.0 * held_out,
+            100.0 * ov,
+            100.0 * ov_max,
+            100.0 * ov_held,
+            100.0 * ov_held_max
         );
     }
     for (op, margin, f) in &profile.contention {
@@ -357,6 +371,11 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
         ("predictions", Json::Num(n_all as f64)),
         ("mean_prediction_error_held_out", Json::Num(held_out)),
         ("predictions_held_out", Json::Num(n_held as f64)),
+        ("mean_prediction_error_overlap", Json::Num(ov)),
+        ("max_prediction_error_overlap", Json::Num(ov_max)),
+        ("predictions_overlap", Json::Num(n_ov as f64)),
+        ("mean_prediction_error_overlap_held_out", Json::Num(ov_held)),
+        ("predictions_overlap_held_out", Json::Num(n_ov_held as f64)),
         ("tuning_file", Json::Str(profile.to_text())),
     ]));
     Ok(SuiteResult { table, rows })
@@ -366,25 +385,11 @@ fn fmt_waves(w: &[u32]) -> String {
     format!("[{}]", w.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
 }
 
-/// The plan and partition of the lowest predicted overlap time over the profiled margins (or
-/// at `only` that margin).
-fn best_overlap(profile: &TuningProfile, op: Op, shape: GemmShape, base: GemmOptions, only: Option<u32>) -> anyhow::Result<(GemmPlan, Vec<u32>)> {
-    let mut best: Option<(f64, GemmPlan, Vec<u32>)> = None;
-    for margin in profile.margins().into_iter().filter(|m| only.is_none_or(|o| o == *m)) {
-        let plan = GemmPlan::new(profile.sms, shape, GemmOptions { sm_margin: margin, ..base })?;
-        for waves in candidates(plan.waves()) {
-            let t = predict_overlap(profile, op, &plan, &WaveGroups::new(&plan, &waves)?)?;
-            if best.as_ref().is_none_or(|b| t < b.0) {
-                best = Some((t, plan.clone(), waves));
-            }
-        }
-    }
-    let (_, plan, waves) = best.context("no candidate partition")?;
-    Ok((plan, waves))
-}
+/// The range the contention fit searches.
+const CONTENTION_RANGE: (f64, f64) = (0.25, 8.0);
 
 /// The contention factor that makes the model predict `measured` for this partition (bisection
-/// on [0.25, 8]; the prediction grows with the factor).
+/// on CONTENTION_RANGE, clamped to it; the prediction grows with the factor).
 fn fit_contention(profile: &TuningProfile, op: Op, plan: &GemmPlan, waves: &[u32], measured: f64) -> anyhow::Result<f64> {
     let groups = WaveGroups::new(plan, waves)?;
     let mut p = profile.clone();
@@ -392,7 +397,7 @@ fn fit_contention(profile: &TuningProfile, op: Op, plan: &GemmPlan, waves: &[u32
         p.contention = vec![(op, plan.options.sm_margin, f)];
         predict_overlap(&p, op, plan, &groups)
     };
-    let (mut lo, mut hi) = (0.25f64, 8.0f64);
+    let (mut lo, mut hi) = CONTENTION_RANGE;
     if predict(lo)? >= measured {
         return Ok(lo);
     }

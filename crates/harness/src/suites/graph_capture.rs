@@ -8,14 +8,14 @@ use super::overlap::{reference, Reference};
 use crate::data::shared_seed;
 use crate::gemm_data::{download, poisoned, uniform, upload};
 use crate::job::Job;
-use crate::reduce_check::check_within;
+use crate::bench::overlap_ops::Signal;
+use crate::reduce_check::{check_within, pick_rows};
 use crate::trials::Case;
 use crate::word_compare::WordCompare;
-use cudarc::driver::{sys, CudaSlice, CudaStream};
+use cudarc::driver::sys;
 use half::bf16;
-use std::sync::Arc;
-use weft_signal_gemm::overlap::{AllReduceOverlap, ReduceScatterOverlap};
-use weft_signal_gemm::{Gemm, GemmOptions, GemmShape, Restore, Scheduling, TileChoice};
+use weft_signal_gemm::tuner::Op;
+use weft_signal_gemm::{Gemm, GemmOptions, GemmPlan, GemmShape, Scheduling, TileChoice, WaveGroups};
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -25,61 +25,8 @@ pub fn cases() -> Vec<Case> {
     ]
 }
 
-#[derive(Clone, Copy)]
-enum Op {
-    AllReduce,
-    ReduceScatter,
-}
 
 const REPLAYS: usize = 200;
-
-/// One overlap and its buffers.
-enum Overlap {
-    AllReduce { ov: AllReduceOverlap, staging: CudaSlice<bf16> },
-    ReduceScatter { ov: ReduceScatterOverlap, staging: CudaSlice<bf16>, received: CudaSlice<bf16> },
-}
-
-impl Overlap {
-    fn new(job: &Job, stream: &Arc<CudaStream>, op: Op, shape: GemmShape, options: GemmOptions) -> anyhow::Result<Self> {
-        let (rank, world) = (job.rank() as u32, job.world() as u32);
-        Ok(match op {
-            Op::AllReduce => {
-                let ov = AllReduceOverlap::new(stream, shape, options, None, rank)?;
-                let staging = poisoned(stream, ov.staging_len())?;
-                Overlap::AllReduce { ov, staging }
-            }
-            Op::ReduceScatter => {
-                let ov = ReduceScatterOverlap::new(stream, shape, options, None, world, rank)?;
-                let staging = poisoned(stream, ov.staging_len())?;
-                let received = poisoned(stream, ov.received_len())?;
-                Overlap::ReduceScatter { ov, staging, received }
-            }
-        })
-    }
-
-    /// The rows of the output and the standard row each comes from.
-    fn rows(&self, m: u32) -> Vec<u32> {
-        match self {
-            Overlap::AllReduce { .. } => (0..m).collect(),
-            Overlap::ReduceScatter { ov, .. } => (0..ov.map().rows()).map(|i| ov.map().global_row(i)).collect(),
-        }
-    }
-
-    fn run(&mut self, job: &mut Job, stream: &Arc<CudaStream>, a: &CudaSlice<bf16>, b: &CudaSlice<bf16>, out: &mut CudaSlice<bf16>) -> anyhow::Result<()> {
-        let (comm, _) = job.comm_and_gpu()?;
-        match self {
-            Overlap::AllReduce { ov, staging } => ov.run(stream, comm, a, b, staging, out, Restore::Copy),
-            Overlap::ReduceScatter { ov, staging, received } => ov.run(stream, comm, a, b, staging, received, out, Restore::Copy),
-        }
-    }
-
-    fn check(&self) -> anyhow::Result<()> {
-        match self {
-            Overlap::AllReduce { ov, .. } => ov.check(),
-            Overlap::ReduceScatter { ov, .. } => ov.check(),
-        }
-    }
-}
 
 /// Two input sets, each run eagerly and checked against cuBLAS then NCCL; then the run captured
 /// once (inputs and output at fixed addresses) and replayed REPLAYS times, the inputs switched
@@ -87,12 +34,14 @@ impl Overlap {
 /// equals its set's eager output bit for bit.
 fn replays(job: &mut Job, op: Op) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
-    let rank = job.rank();
-    let (_ctx, stream) = gpu(job)?;
+    let (ctx, stream) = gpu(job)?;
     let shape = GemmShape::new(2048, 1024, 256);
     let options = GemmOptions { tile: TileChoice::N128, sm_margin: 100, scheduling: Scheduling::Static, ..GemmOptions::default() };
     let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
-    let mut ov = Overlap::new(job, &stream, op, shape, options)?;
+    let (rank, world) = (job.rank(), job.world());
+    let plan = GemmPlan::new(weft_signal_gemm::device_sms(&ctx)?, shape, options)?;
+    let one_wave_each = WaveGroups::uniform(&plan, 1)?.waves().to_vec();
+    let mut ov = Signal::new(op, &stream, shape, options, &one_wave_each, world, rank)?;
     let rows = ov.rows(shape.m);
     let mut sets = Vec::new();
     let mut verified = Vec::new();
@@ -102,11 +51,10 @@ fn replays(job: &mut Job, op: Op) -> anyhow::Result<()> {
         let a = upload(&stream, &uniform::<bf16>(s, m * k))?;
         let b = upload(&stream, &uniform::<bf16>(s ^ 1, k * n))?;
         let r: Reference = reference(job, shape, options, &a, &b)?;
-        ov.run(job, &stream, &a, &b, &mut out)?;
+        ov.run(&stream, job.comm()?, &a, &b, &mut out)?;
         stream.synchronize()?;
         ov.check()?;
-        let want: Vec<bf16> = rows.iter().flat_map(|&g| r.want[g as usize * n..(g as usize + 1) * n].iter().copied()).collect();
-        let bound: Vec<f32> = rows.iter().flat_map(|&g| r.bound[g as usize * n..(g as usize + 1) * n].iter().copied()).collect();
+        let (want, bound) = (pick_rows(&r.want, &rows, n), pick_rows(&r.bound, &rows, n));
         check_within(&format!("eager run, input set {set} (against cuBLAS + NCCL)"), &download(&stream, &out)?, &want, &bound, n)?;
         verified.push(stream.clone_dtod(&out)?);
         sets.push((a, b));
@@ -116,7 +64,7 @@ fn replays(job: &mut Job, op: Op) -> anyhow::Result<()> {
     let mut b = stream.clone_dtod(&sets[0].1)?;
     stream.synchronize()?;
     stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
-    let captured = ov.run(job, &stream, &a, &b, &mut out);
+    let captured = ov.run(&stream, job.comm()?, &a, &b, &mut out);
     // End the capture whatever happened, so the stream is usable for the error path.
     let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
     captured?;

@@ -7,7 +7,7 @@ use super::overlap::{poison_bf16, random_case, random_groups, reference, with_bu
 use crate::data::shared_seed;
 use crate::gemm_data::{download, poisoned, uniform, upload};
 use crate::job::Job;
-use crate::reduce_check::check_within;
+use crate::reduce_check::{check_within, pick_rows};
 use crate::trials::Case;
 use crate::word_compare::WordCompare;
 use cudarc::driver::{CudaContext, CudaStream};
@@ -178,14 +178,8 @@ fn check_band_slots<T: GemmElement>(staging: &[T], plan: &GemmPlan, groups: &Wav
 
 /// The reference's rows that `map` names (values and bounds), for comparing with its output.
 fn reference_rows(r: &Reference, map: &RankBandMap, n: usize) -> (Vec<bf16>, Vec<f32>) {
-    let mut want = Vec::with_capacity(map.rows() as usize * n);
-    let mut bound = Vec::with_capacity(want.capacity());
-    for i in 0..map.rows() {
-        let g = map.global_row(i) as usize;
-        want.extend_from_slice(&r.want[g * n..(g + 1) * n]);
-        bound.extend_from_slice(&r.bound[g * n..(g + 1) * n]);
-    }
-    (want, bound)
+    let rows: Vec<u32> = (0..map.rows()).map(|i| map.global_row(i)).collect();
+    (pick_rows(&r.want, &rows, n), pick_rows(&r.bound, &rows, n))
 }
 
 /// GEMM + ReduceScatter through signals equals cuBLAS then a sum over ranks by NCCL, on every
@@ -298,7 +292,7 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
     let nine = OutputLayout::RankBands { ranks: MAX_BAND_RANKS + 1 };
     let mut big = poisoned::<bf16>(&stream, 4 * 1024 * 1024)?;
     expect(gemm.launch_with(&stream, &a, &b, &mut big, LaunchExtras { layout: nine, ..Default::default() }), "1 to 8 ranks")?;
-    expect(RankBandMap::new(&stream, &plan, world, world).map(|_| ()), "rank")?;
+    expect(RankBandMap::new(&stream, &plan, world, world).map(|_| ()), &format!("rank {world} of {world}"))?;
     expect(
         ReduceScatterOverlap::new(&stream, shape, GemmOptions { beta: 1.0, ..options }, None, world, rank).map(|_| ()),
         "beta",

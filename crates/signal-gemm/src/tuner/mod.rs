@@ -12,4 +12,4 @@ mod search;
 
 pub use predict::{predict_overlap, predict_sequential, GroupBytes};
 pub use profile::{CommCurve, GemmSample, Op, TuningProfile};
-pub use search::{candidates, tune, Choice};
+pub use search::{best_overlap, candidates, tune, Choice};

@@ -2,12 +2,19 @@
 //! leaves and NCCL on the rest (the communication stream has the higher priority), group g's
 //! tiles are done after the waves of groups 0..=g, each wave taking the profiled wave time; its
 //! collective starts when both its tiles and the previous group's collective are done and takes
-//! the curve's time for its bytes (times the contention factor fitted for that CTA limit); the
-//! restore follows.
+//! the curve's time for its bytes — times the contention factor fitted for that CTA limit while
+//! the GEMM still runs, at the curve's own speed once it has ended; the restore follows.
 //!
-//!   comp = 0, comm = 0
-//!   for each group g: comp += waves_g · t_wave;  comm = max(comm, comp) + t_comm(bytes_g)
+//!   comp = 0, comm = 0, end = Σ waves · t_wave
+//!   for each group g: comp += waves_g · t_wave;  comm = finish(max(comm, comp), t_comm(bytes_g))
+//!   finish(start, t) = start + c·t            if start + c·t ≤ end   (all of it beside the GEMM)
+//!                      end + (t − (end − start)/c)  if start < end   (the rest alone)
+//!                      start + t              otherwise
 //!   predicted = comm + t_restore
+//!
+//! The wave time is the plain standard-layout GEMM's at that margin, so what the collective's
+//! layout and signals cost the GEMM (its interference) is folded into the fitted contention
+//! factor along with NCCL's own slowdown.
 
 use super::profile::{Op, TuningProfile};
 use crate::plan::{GemmPlan, GemmShape};
@@ -40,12 +47,27 @@ pub fn predict_overlap(profile: &TuningProfile, op: Op, plan: &GemmPlan, groups:
     let curve = profile.curve(op, Some(margin))?;
     let contention = profile.contention(op, margin);
     let bytes = GroupBytes::of(plan, groups, op, profile.world);
+    let end = f64::from(groups.waves().iter().sum::<u32>()) * t_wave;
     let (mut comp, mut comm) = (0.0f64, 0.0f64);
     for (g, &waves) in groups.waves().iter().enumerate() {
         comp += f64::from(waves) * t_wave;
-        comm = comm.max(comp) + contention * curve.ms(bytes.0[g]);
+        comm = finish(comm.max(comp), curve.ms(bytes.0[g]), contention, end);
     }
     Ok(comm + profile.restore_ms_per_mib(op)? * output_bytes(plan.shape, op, profile.world, plan) / MIB)
+}
+
+/// When a collective of `alone` ms (NCCL by itself) that starts at `start` ends, slowed by
+/// `contention` while the GEMM runs (until `end`).
+fn finish(start: f64, alone: f64, contention: f64, end: f64) -> f64 {
+    if start >= end {
+        return start + alone;
+    }
+    let slowed = contention * alone;
+    if start + slowed <= end {
+        start + slowed
+    } else {
+        end + alone - (end - start) / contention
+    }
 }
 
 /// Predicted ms of cuBLAS then the collective (NCCL's default CTAs) on the standard layout.
@@ -68,6 +90,15 @@ mod tests {
     use super::*;
     use crate::plan::{GemmOptions, TileChoice};
     use crate::tuner::{CommCurve, GemmSample};
+
+    /// A collective is slowed only while the GEMM runs.
+    #[test]
+    fn contention_applies_only_beside_the_gemm() {
+        assert_eq!(finish(2.0, 1.0, 2.0, 1.0), 3.0); // after the GEMM: alone
+        assert_eq!(finish(0.0, 1.0, 2.0, 5.0), 2.0); // all beside it: slowed
+        // Starts at 0.5, GEMM ends at 1.5: 1 ms slowed covers half the work, the rest 0.5 ms.
+        assert!((finish(0.5, 1.0, 2.0, 1.5) - 2.0).abs() < 1e-12);
+    }
 
     /// Two one-wave groups, a flat 100 MiB/s-per-µs curve: worked by hand.
     #[test]

@@ -100,6 +100,18 @@ pub struct TuningProfile {
 }
 
 impl TuningProfile {
+    /// Refuses a profile measured on another machine shape than this job's.
+    pub fn check_machine(&self, sms: u32, world: u32) -> anyhow::Result<()> {
+        ensure!(
+            self.sms == sms && self.world == world,
+            "the tuning profile was measured on {} ranks of {} SMs ({}), this job has {world} ranks of {sms} SMs: run `weft tune` here",
+            self.world,
+            self.sms,
+            self.device
+        );
+        Ok(())
+    }
+
     /// The curve of `op` with NCCL limited to `max_ctas` (None: its default).
     pub fn curve(&self, op: Op, max_ctas: Option<u32>) -> anyhow::Result<&CommCurve> {
         self.comm
@@ -209,10 +221,18 @@ impl TuningProfile {
                 other => bail!("line {}: unknown record {other:?}", i + 1),
             }
         }
+        let positive = |x: f64| x > 0.0 && x.is_finite();
+        ensure!(p.world >= 1 && p.sms >= 1, "world size {} and SM count {} must be at least 1", p.world, p.sms);
         for c in &mut p.comm {
             c.points.sort_by_key(|x| x.0);
-            ensure!(c.points.iter().all(|x| x.1 > 0.0 && x.1.is_finite()), "{} curve: a non-positive time", c.op.name());
+            ensure!(c.points.iter().all(|x| x.0 > 0 && positive(x.1)), "{} curve: a size or time that is not positive", c.op.name());
         }
+        for g in &p.gemm {
+            ensure!(positive(g.ms) && g.waves >= 1 && g.tile_n > 0, "gemm record for {}: time, waves and tile width must be positive", g.shape);
+        }
+        ensure!(p.cublas.iter().all(|c| positive(c.1)), "a cublas record with a time that is not positive");
+        ensure!(p.restore.iter().all(|r| r.1 >= 0.0 && r.1.is_finite()), "a restore record with a negative time");
+        ensure!(p.contention.iter().all(|c| positive(c.2)), "a contention factor that is not positive");
         Ok(p)
     }
 
@@ -258,6 +278,11 @@ mod tests {
         assert_eq!(TuningProfile::parse(&p.to_text()).unwrap(), p);
         assert!(TuningProfile::parse("hello").unwrap_err().to_string().contains("not a weft tuning file"));
         assert!(TuningProfile::parse("weft-tuning 1 4 132 x\nbogus 1").unwrap_err().to_string().contains("unknown record"));
+        assert!(TuningProfile::parse("weft-tuning 1 0 132 x").unwrap_err().to_string().contains("at least 1"));
+        let zero_waves = p.to_text().replace("0.200000 4", "0.200000 0");
+        assert!(TuningProfile::parse(&zero_waves).unwrap_err().to_string().contains("waves"));
+        assert!(p.check_machine(132, 4).is_ok());
+        assert!(p.check_machine(132, 8).unwrap_err().to_string().contains("run `weft tune` here"));
     }
 
     #[test]

@@ -7,6 +7,7 @@ use super::predict::{predict_overlap, predict_sequential};
 use super::profile::{Op, TuningProfile};
 use crate::plan::{GemmOptions, GemmPlan, GemmShape};
 use crate::wave_groups::WaveGroups;
+use anyhow::Context;
 use weft_kernels::abi::WEFT_GEMM_MAX_WAVE_GROUPS;
 
 /// The largest first and last groups tried, in waves.
@@ -61,24 +62,48 @@ pub fn candidates(waves: u32) -> Vec<Vec<u32>> {
     out
 }
 
-/// The best predicted way to run `shape` + `op` on the profiled machine (GEMM `base` options,
-/// its sm_margin replaced by each profiled margin).
-pub fn tune(profile: &TuningProfile, op: Op, shape: GemmShape, base: GemmOptions) -> anyhow::Result<Choice> {
-    let sequential = predict_sequential(profile, op, shape, base.output.bytes() as u64)?;
-    let mut best: Option<(f64, u32, Vec<u32>)> = None;
-    for margin in profile.margins() {
+/// The partition (with its plan) of the lowest predicted overlap time over the profiled margins,
+/// or at `only` that margin, and its prediction. Margins the profile cannot predict for this shape
+/// (no GEMM sample with its tile width) are skipped; an error when none is left.
+pub fn best_overlap(
+    profile: &TuningProfile,
+    op: Op,
+    shape: GemmShape,
+    base: GemmOptions,
+    only: Option<u32>,
+) -> anyhow::Result<(GemmPlan, Vec<u32>, f64)> {
+    let mut best: Option<(f64, GemmPlan, Vec<u32>)> = None;
+    let mut skipped = Vec::new();
+    for margin in profile.margins().into_iter().filter(|m| only.is_none_or(|o| o == *m)) {
         let plan = GemmPlan::new(profile.sms, shape, GemmOptions { sm_margin: margin, ..base })?;
+        if let Err(e) = profile.gemm_wave_ms(shape, margin, plan.tile_n()) {
+            skipped.push(format!("{e:#}"));
+            continue;
+        }
         for waves in candidates(plan.waves()) {
             let groups = WaveGroups::new(&plan, &waves)?;
             let t = predict_overlap(profile, op, &plan, &groups)?;
             if best.as_ref().is_none_or(|b| t < b.0) {
-                best = Some((t, margin, waves));
+                best = Some((t, plan.clone(), waves));
             }
         }
     }
+    let (t, plan, waves) = best.with_context(|| format!("no profiled margin can predict {shape} ({})", skipped.join("; ")))?;
+    Ok((plan, waves, t))
+}
+
+/// The best predicted way to run `shape` + `op` on the profiled machine (GEMM `base` options,
+/// its sm_margin replaced by each profiled margin). `sms` and `world`: this job's, which must be
+/// the profile's.
+pub fn tune(profile: &TuningProfile, op: Op, shape: GemmShape, base: GemmOptions, sms: u32, world: u32) -> anyhow::Result<Choice> {
+    profile.check_machine(sms, world)?;
+    let sequential = predict_sequential(profile, op, shape, base.output.bytes() as u64)?;
+    let best = best_overlap(profile, op, shape, base, None)?;
     Ok(match best {
-        Some((t, sm_margin, waves)) if t < sequential => Choice::Overlap { sm_margin, waves, predicted_ms: t, sequential_ms: sequential },
-        other => Choice::Sequential { predicted_ms: sequential, best_overlap_ms: other.map(|b| b.0) },
+        (plan, waves, t) if t < sequential => {
+            Choice::Overlap { sm_margin: plan.options.sm_margin, waves, predicted_ms: t, sequential_ms: sequential }
+        }
+        (_, _, t) => Choice::Sequential { predicted_ms: sequential, best_overlap_ms: Some(t) },
     })
 }
 
