@@ -4,13 +4,12 @@
 //! all-gathered by NCCL, the routed rows picked on the host in the documented order.
 
 use super::gpu;
-use super::overlap::{poison_bf16, random_case, random_groups, STRESS_ITERATIONS};
+use super::overlap::{back_to_back, poison_bf16, random_case, random_groups};
 use crate::data::shared_seed;
 use crate::gemm_data::{download, poisoned, uniform, upload};
 use crate::job::Job;
 use crate::trials::Case;
-use crate::word_compare::WordCompare;
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -45,6 +44,26 @@ fn random_routes(rng: &mut StdRng, world: usize, m: usize) -> (Vec<Vec<u32>>, &'
         })
         .collect();
     (routes, ["uniform", "all to one rank", "skewed", "contiguous runs"][pattern])
+}
+
+/// The independent path: this rank's standard-layout GEMM, all-gathered by NCCL, the rows routed
+/// here picked as [`expected`] says.
+fn gathered_expectation(
+    job: &mut Job,
+    stream: &Arc<CudaStream>,
+    reference: &Gemm,
+    (a, b): (&CudaSlice<bf16>, &CudaSlice<bf16>),
+    routes: &[Vec<u32>],
+) -> anyhow::Result<(Vec<bf16>, Vec<(u32, u32)>)> {
+    let GemmShape { m, n, .. } = reference.plan().shape;
+    let (m, n, world) = (m as usize, n as usize, job.world());
+    let mut standard = poisoned::<bf16>(stream, m * n)?;
+    reference.launch(stream, a, b, &mut standard)?;
+    let mut gathered = poisoned::<bf16>(stream, world * m * n)?;
+    job.comm()?.all_gather(&standard, &mut gathered, stream)?;
+    let gathered = download(stream, &gathered)?;
+    reference.check()?;
+    Ok(expected(&gathered, routes, job.rank(), m, n))
 }
 
 /// The rows routed to `rank`, source by source, each source's in increasing row order (the
@@ -83,11 +102,7 @@ fn all_to_all_vs_gathered(job: &mut Job) -> anyhow::Result<()> {
             let s = seed ^ (i << 20) ^ (round << 40) ^ ((rank as u64) << 50);
             let a = upload(&stream, &uniform::<bf16>(s, m * k))?;
             let b = upload(&stream, &uniform::<bf16>(s ^ 1, k * n))?;
-            let mut standard = poisoned::<bf16>(&stream, m * n)?;
-            reference.launch(&stream, &a, &b, &mut standard)?;
-            let mut gathered = poisoned::<bf16>(&stream, world * m * n)?;
-            job.comm()?.all_gather(&standard, &mut gathered, &stream)?;
-            let (want, sources) = expected(&download(&stream, &gathered)?, &routes, rank, m, n);
+            let (want, sources) = gathered_expectation(job, &stream, &reference, (&a, &b), &routes)?;
             let (comm, _) = job.comm_and_gpu()?;
             // At least one element: a rank may send or receive nothing (device buffers cannot be empty).
             let mut staging = poisoned::<bf16>(&stream, ov.staging_len().max(1))?;
@@ -96,7 +111,6 @@ fn all_to_all_vs_gathered(job: &mut Job) -> anyhow::Result<()> {
             ov.run(&stream, comm, &a, &b, &mut staging, &mut received, &mut out)?;
             stream.synchronize()?;
             ov.check()?;
-            reference.check()?;
             let what = format!("case {i} round {round}: {} groups {} routing {pattern} rank {rank} of {world} seed {seed}", ov.gemm().plan().describe(), ov.groups());
             anyhow::ensure!(ov.map().rows() == sources.len(), "{what}: {} rows received, {} routed here", ov.map().rows(), sources.len());
             for (i, src) in sources.iter().enumerate() {
@@ -142,11 +156,7 @@ fn all_to_all_stress(job: &mut Job) -> anyhow::Result<()> {
         let s = seed ^ (set << 40) ^ ((rank as u64) << 50);
         let a = upload(&stream, &uniform::<bf16>(s, m * k))?;
         let b = upload(&stream, &uniform::<bf16>(s ^ 1, k * n))?;
-        let mut standard = poisoned::<bf16>(&stream, m * n)?;
-        reference.launch(&stream, &a, &b, &mut standard)?;
-        let mut gathered = poisoned::<bf16>(&stream, world * m * n)?;
-        job.comm()?.all_gather(&standard, &mut gathered, &stream)?;
-        let (want, _) = expected(&download(&stream, &gathered)?, &routes, rank, m, n);
+        let (want, _) = gathered_expectation(job, &stream, &reference, (&a, &b), &routes)?;
         let (comm, _) = job.comm_and_gpu()?;
         let mut out = poisoned::<bf16>(&stream, rows * n)?;
         ov.run(&stream, comm, &a, &b, &mut staging, &mut received, &mut out)?;
@@ -156,23 +166,14 @@ fn all_to_all_stress(job: &mut Job) -> anyhow::Result<()> {
         inputs.push((a, b));
         verified.push(out);
     }
-    let mut cmp = WordCompare::load(&stream)?;
-    cmp.reset(&stream)?;
-    let mut out = poisoned::<bf16>(&stream, rows * n)?;
     let (comm, _) = job.comm_and_gpu()?;
-    for it in 0..STRESS_ITERATIONS {
+    back_to_back(&stream, &verified, |it, out| {
         poison_bf16(&stream, &mut staging)?;
         poison_bf16(&stream, &mut received)?;
         let (a, b) = &inputs[it % 2];
-        ov.run(&stream, comm, a, b, &mut staging, &mut received, &mut out)?;
-        cmp.enqueue(&stream, &out, &verified[it % 2])?;
-    }
-    let diff = cmp.take(&stream)?;
-    ov.check()?;
-    if let Some(d) = diff {
-        anyhow::bail!("{STRESS_ITERATIONS} back-to-back runs: {} words differed from the verified results (first word {})", d.words, d.first_word);
-    }
-    Ok(())
+        ov.run(&stream, comm, a, b, &mut staging, &mut received, out)
+    })?;
+    ov.check()
 }
 
 /// Misuse gets an error that names it.

@@ -329,19 +329,32 @@ fn all_reduce_stress(job: &mut Job, options: GemmOptions) -> anyhow::Result<()> 
         inputs.push((a, b));
         verified.push(out);
     }
-    let mut cmp = WordCompare::load(&stream)?;
-    cmp.reset(&stream)?;
-    let mut out = poisoned::<bf16>(&stream, m * n)?;
     let (comm, _) = job.comm_and_gpu()?;
-    for it in 0..STRESS_ITERATIONS {
+    back_to_back(&stream, &verified, |it, out| {
         poison_bf16(&stream, &mut staging)?;
         let (a, b) = &inputs[it % 2];
-        ov.run(&stream, comm, a, b, &mut staging, &mut out, Restore::Copy)?;
-        cmp.enqueue(&stream, &out, &verified[it % 2])?;
+        ov.run(&stream, comm, a, b, &mut staging, out, Restore::Copy)
+    })?;
+    ov.check()
+}
+
+/// STRESS_ITERATIONS runs of `run(iteration, out)` with no host synchronisation, each writing
+/// `out` (poisoned first), compared on the GPU word for word with `verified[iteration % 2]`:
+/// an error if any run's output differed.
+pub(super) fn back_to_back(
+    stream: &Arc<CudaStream>,
+    verified: &[CudaSlice<bf16>],
+    mut run: impl FnMut(usize, &mut CudaSlice<bf16>) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let mut cmp = WordCompare::load(stream)?;
+    cmp.reset(stream)?;
+    let mut out = poisoned::<bf16>(stream, verified[0].len())?;
+    for it in 0..STRESS_ITERATIONS {
+        poison_bf16(stream, &mut out)?;
+        run(it, &mut out)?;
+        cmp.enqueue(stream, &out, &verified[it % 2])?;
     }
-    let diff = cmp.take(&stream)?;
-    ov.check()?;
-    if let Some(d) = diff {
+    if let Some(d) = cmp.take(stream)? {
         anyhow::bail!("{STRESS_ITERATIONS} back-to-back runs: {} words differed from the verified results (first word {})", d.words, d.first_word);
     }
     Ok(())
