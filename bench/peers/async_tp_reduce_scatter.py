@@ -50,6 +50,7 @@ p.add_argument("--warmup", type=int, default=10)
 p.add_argument("--regen", type=int, default=10, help="refill A and B every this many iterations")
 p.add_argument("--seed", type=int, default=1234)
 p.add_argument("--json", default=None)
+p.add_argument("--commit", default=None, help="the weft commit this ran from (default: git rev-parse, else $WEFT_COMMIT)")
 args = p.parse_args()
 
 rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
@@ -129,8 +130,20 @@ def symm_mem_backend():
     except Exception:  # absent before ~2.9
         return None
 
+def weft_commit():
+    if args.commit:
+        return args.commit
+    try:
+        import subprocess
+        here = os.path.dirname(os.path.abspath(__file__))
+        return subprocess.run(["git", "-C", here, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except Exception:
+        return os.environ.get("WEFT_COMMIT", "unknown")
+
 results, failed = [], False
-report = {"suite": "async-tp-reduce-scatter", "device": torch.cuda.get_device_name(dev), "torch": torch.__version__,
+report = {"suite": "async-tp-reduce-scatter", "device": torch.cuda.get_device_name(dev), "commit": weft_commit(),
+          "torch": torch.__version__,
           "nccl": ".".join(map(str, torch.cuda.nccl.version())) if isinstance(torch.cuda.nccl.version(), tuple)
                   else torch.cuda.nccl.version(),
           "cuda": torch.version.cuda, "world": world, "iterations": args.iters, "warmup": args.warmup,
