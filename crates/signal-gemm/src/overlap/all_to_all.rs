@@ -11,7 +11,6 @@ use crate::plan::{GemmOptions, GemmShape};
 use crate::reorder::OutputLayout;
 use crate::wave_groups::WaveGroups;
 use crate::GemmElement;
-use anyhow::ensure;
 use cudarc::driver::{CudaSlice, CudaStream};
 use cudarc::nccl::NcclType;
 use std::sync::Arc;
@@ -79,14 +78,7 @@ impl AllToAllOverlap {
     ) -> anyhow::Result<()> {
         // Everything that can be refused is checked before anything is enqueued.
         self.pipe.check_comm(comm, compute)?;
-        ensure!(
-            comm.world() == self.map.world() && comm.rank() == self.rank,
-            "GEMM + All-to-All: made for rank {} of {}, the communicator is rank {} of {}",
-            self.rank,
-            self.map.world(),
-            comm.rank(),
-            comm.world()
-        );
+        self.pipe.check_rank(comm, self.rank, self.map.world())?;
         self.pipe.check_staging(staging.len())?;
         self.map.check::<TO>(received.len(), out.len())?;
         self.pipe.enqueue(compute, a, b, staging, Some(self.map.row_slots()), |g, x, staging| {

@@ -99,6 +99,18 @@ impl GroupPipeline {
         Ok(())
     }
 
+    /// The communicator is rank `rank` of `world` (collectives whose layout depends on them).
+    pub fn check_rank(&self, comm: &Communicator, rank: usize, world: usize) -> anyhow::Result<()> {
+        ensure!(
+            comm.world() == world && comm.rank() == rank,
+            "{}: made for rank {rank} of {world}, the communicator is rank {} of {}",
+            self.what,
+            comm.rank(),
+            comm.world()
+        );
+        Ok(())
+    }
+
     /// The ordering of the module doc: the communication stream joins the compute stream, the
     /// GEMM (with `row_slots` for the row-slots layout), then per group its wait and
     /// `after_wait(group, communication stream, staging)`, and the compute stream joins back.

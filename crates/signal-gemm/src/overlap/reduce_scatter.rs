@@ -12,7 +12,6 @@ use crate::plan::{GemmOptions, GemmShape};
 use crate::reorder::{OutputLayout, Restore};
 use crate::wave_groups::WaveGroups;
 use crate::GemmElement;
-use anyhow::ensure;
 use cudarc::driver::{CudaSlice, CudaStream};
 use cudarc::nccl::NcclType;
 use std::sync::Arc;
@@ -82,14 +81,7 @@ impl ReduceScatterOverlap {
     ) -> anyhow::Result<()> {
         // Everything that can be refused is checked before anything is enqueued.
         self.pipe.check_comm(comm, compute)?;
-        ensure!(
-            comm.world() == self.world as usize && comm.rank() == self.rank as usize,
-            "GEMM + ReduceScatter: made for rank {} of {}, the communicator is rank {} of {}",
-            self.rank,
-            self.world,
-            comm.rank(),
-            comm.world()
-        );
+        self.pipe.check_rank(comm, self.rank as usize, self.world as usize)?;
         self.pipe.check_staging(staging.len())?;
         self.map.check::<TO>(received.len(), out.len(), &restore)?;
         self.pipe.enqueue(compute, a, b, staging, None, |g, x, staging| {

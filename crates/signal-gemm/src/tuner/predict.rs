@@ -25,15 +25,16 @@ use crate::wave_groups::WaveGroups;
 pub struct GroupBytes(pub Vec<u64>);
 
 impl GroupBytes {
-    pub fn of(plan: &GemmPlan, groups: &WaveGroups, op: Op, world: u32) -> Self {
+    pub fn of(plan: &GemmPlan, groups: &WaveGroups, op: Op, world: u32) -> anyhow::Result<Self> {
         let elem = plan.options.output.bytes() as u64;
         let layout = match op {
             Op::AllReduce => OutputLayout::TileOrder,
             Op::ReduceScatter => OutputLayout::RankBands { ranks: world },
         };
+        layout.check(plan)?; // a world the band layout cannot cut for
         // Elements per order (slot or band slots), the same for every order of a layout.
         let per_order = layout.elements(plan) / u64::from(plan.orders());
-        Self((0..groups.count()).map(|g| u64::from(groups.orders(g).len() as u32) * per_order * elem).collect())
+        Ok(Self((0..groups.count()).map(|g| u64::from(groups.orders(g).len() as u32) * per_order * elem).collect()))
     }
 }
 
@@ -46,7 +47,7 @@ pub fn predict_overlap(profile: &TuningProfile, op: Op, plan: &GemmPlan, groups:
     let t_wave = profile.gemm_wave_ms(plan.shape, margin, plan.tile_n())?;
     let curve = profile.curve(op, Some(margin))?;
     let contention = profile.contention(op, margin);
-    let bytes = GroupBytes::of(plan, groups, op, profile.world);
+    let bytes = GroupBytes::of(plan, groups, op, profile.world)?;
     let end = f64::from(groups.waves().iter().sum::<u32>()) * t_wave;
     let (mut comp, mut comm) = (0.0f64, 0.0f64);
     for (g, &waves) in groups.waves().iter().enumerate() {
