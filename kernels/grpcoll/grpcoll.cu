@@ -1,36 +1,55 @@
 // GroupCast (push) and GroupReduce (pull) over pgl peer buffers (crates/grpcoll).
 //
 // One block per SM of the configured count; blocks take the plan's work items (chunks of rows,
-// weft/grpcoll.h) round-robin. With params.synced (the native path), every block first meets the
-// same block of every rank at a start barrier (row 0 of the counters, column = block): after it,
-// every rank's stream has reached this launch, so its inputs are written and nobody still uses
-// its output from before. After its items, the block meets them again at the end barrier (row 1):
-// when the launch completes, every block of every rank has finished its writes (cast) or reads
-// (reduce), and those writes are visible here (release by the writer's arrival, acquire by the
-// pass). The barriers are weft::sync's (bounded waits, error slot); epochs come from the host.
+// weft/grpcoll.h) round-robin, and each item moves every tensor of a packed launch. Every launch
+// first arrives on its KernelBarrier (if any).
 //
-//   weft_grpcoll_cast_v{16,8,4,2,1}: copies rows of row_bytes bytes in vectors of that many
-//     bytes: each vector is read once from this rank's input and written to every destination.
-//   weft_grpcoll_reduce_{f32,bf16}_v{N,1}: output rows = sum / avg / lse-weighted combination of
-//     the sources' rows, fp32 accumulation; N elements (16 bytes) per vector or 1.
-// Without synced (the AlltoAll-v baseline), the same kernels are its range-gather, range-scatter
-// and scatter-reduce over hand-built views of local staging buffers.
+// Ordering with WEFT_GRPCOLL_SYNCED (the native path): before the transfer every block meets the
+// same block of every rank (row BEFORE of the counters, column = block): after it, every rank's
+// stream has reached this launch, so its inputs are written and nobody still uses its output
+// from before. After its items, the block meets them again (row END): when the launch completes,
+// every block of every rank has finished its writes (push) or reads (pull), and the writes into
+// this rank are visible here (release by the writer's arrival, acquire by the pass). The barriers
+// are weft::sync's (bounded waits, error slot); epochs come from the host.
+//
+// With WEFT_GRPCOLL_CONVERT (a communication dtype narrower than the data), phase 1 converts this
+// rank's input rows into its staging PGL, then all of this rank's blocks meet (row GRID, GPU
+// scope) before block b's cross-rank BEFORE barrier, so once block b of rank d passes it, every
+// block of every rank has finished phase 1 (the chain grid release -> acquire -> system release
+// is cumulative). Phase 2 pulls the staging rows, converting them back.
+//
+//   weft_grpcoll_cast_v{16,8,4,2,1}: push: rows copied as bytes in vectors of that many bytes:
+//     each vector is read once from this rank's input and written to every destination.
+//   weft_grpcoll_reduce_{in}_{out}_v{N,1}: pull: output rows (type out) = sum / avg / lse / copy
+//     of the sources' rows (type in: the data, or the staging in the communication dtype),
+//     accumulated in fp32 (fp64 when out is f64); N elements per 16-byte load of `in`, or 1.
+// Without SYNCED (the AlltoAll-v baseline), the same kernels are its convert, range-gather,
+// range-scatter and scatter-reduce over hand-built views of local staging buffers.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <stdint.h>
 #include "weft/grpcoll.h"
+#include "weft/kernel_barrier.cuh"
 #include "weft/sync.cuh"
 
 using namespace weft::sync;
 
 namespace {
 
-constexpr int kUnroll = 4;
+constexpr int kPushUnroll = 4;
+constexpr int kPullBatch = 4;  // sources loaded together (unroll x kPullBatch loads in flight)
 
-__device__ __forceinline__ void start_barrier(const weft_grpcoll_params& p) {
-  if (!p.synced) return;
+__device__ __forceinline__ bool has(const weft_grpcoll_params& p, uint32_t flag) { return (p.flags & flag) != 0; }
+
+// Block-wide: thread 0 meets the other ranks (after the block's earlier writes), optionally after
+// all of this rank's blocks met at GPU scope; every thread continues after the pass.
+__device__ __forceinline__ void cross_barrier(const weft_grpcoll_params& p, int32_t row, bool grid_first) {
+  __syncthreads();
   if (threadIdx.x < 32) {
     uint32_t passed = 0;
     if (threadIdx.x == 0) {
-      barrier(p.bar, coord4(0, 0, 0, blockIdx.x), p.epoch);
+      if (grid_first) barrier_gpu(p.bar, coord4(0, 0, WEFT_GRPCOLL_BAR_GRID, 0), gridDim.x, p.epoch);
+      barrier(p.bar, coord4(0, 0, row, blockIdx.x), p.epoch);
       passed = 1;
     }
     // Reconverge warp 0 before the CTA barrier (the shuffle waits for every lane): with a
@@ -42,18 +61,18 @@ __device__ __forceinline__ void start_barrier(const weft_grpcoll_params& p) {
   __syncthreads();
 }
 
-__device__ __forceinline__ void end_barrier(const weft_grpcoll_params& p) {
-  if (p.synced) {
-    __syncthreads();
-    if (threadIdx.x == 0) barrier(p.bar, coord4(0, 0, 1, blockIdx.x), p.epoch);
-  }
-}
-
 // Every thread reads the (read-only, L1-cached) item from global memory: no lane-0-only copy into
-// shared memory followed by a barrier inside the item loop (see start_barrier).
+// shared memory followed by a barrier inside the item loop (see cross_barrier).
 __device__ __forceinline__ const weft_grpcoll_item& item(const weft_grpcoll_params& p, uint32_t it) {
   return reinterpret_cast<const weft_grpcoll_item*>(p.items)[it];
 }
+
+template <typename T>
+__device__ __forceinline__ T* base(const weft_pgl_view& v, int32_t rank) {
+  return reinterpret_cast<T*>(v.base[rank]);
+}
+
+// ---- push (GroupCast, comm dtype = data dtype) ----
 
 template <int BYTES> struct Raw;
 template <> struct Raw<16> { using T = uint4; };
@@ -63,141 +82,295 @@ template <> struct Raw<2> { using T = uint16_t; };
 template <> struct Raw<1> { using T = uint8_t; };
 
 template <int BYTES>
-__device__ __forceinline__ void cast(const weft_grpcoll_params& p) {
+__device__ __forceinline__ void push_rows(const weft_grpcoll_tensor& t, const weft_grpcoll_item& s) {
   using V = typename Raw<BYTES>::T;
-  start_barrier(p);
-  const uint64_t vpr = p.row_bytes / BYTES;
-  const char* in = reinterpret_cast<const char*>(p.input.base[p.input.rank]);
-  for (uint32_t it = blockIdx.x; it < p.nitems; it += gridDim.x) {
-    const weft_grpcoll_item& s = item(p, it);
-    const V* src = reinterpret_cast<const V*>(in + uint64_t(s.row) * p.row_bytes);
-    const uint64_t n = uint64_t(s.rows) * vpr;
-    const uint32_t npeers = s.npeers;
-    for (uint64_t i0 = threadIdx.x; i0 < n; i0 += uint64_t(blockDim.x) * kUnroll) {
-      V v[kUnroll];
+  const uint64_t vpr = t.row_bytes / BYTES;
+  const V* src = reinterpret_cast<const V*>(base<const char>(t.input, t.input.rank) + uint64_t(s.row) * t.row_bytes);
+  const uint64_t n = uint64_t(s.rows) * vpr;
+  const uint32_t npeers = s.npeers;
+  for (uint64_t i0 = threadIdx.x; i0 < n; i0 += uint64_t(blockDim.x) * kPushUnroll) {
+    V v[kPushUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kPushUnroll; ++u) {
+      const uint64_t i = i0 + uint64_t(u) * blockDim.x;
+      if (i < n) v[u] = src[i];
+    }
+    for (uint32_t k = 0; k < npeers; ++k) {
+      V* dst = reinterpret_cast<V*>(base<char>(t.output, s.peer[k]) + uint64_t(s.peer_row[k]) * t.row_bytes);
+#pragma unroll
+      for (int u = 0; u < kPushUnroll; ++u) {
         const uint64_t i = i0 + uint64_t(u) * blockDim.x;
-        if (i < n) v[u] = src[i];
-      }
-      for (uint32_t k = 0; k < npeers; ++k) {
-        V* dst = reinterpret_cast<V*>(reinterpret_cast<char*>(p.output.base[s.peer[k]]) + uint64_t(s.peer_row[k]) * p.row_bytes);
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const uint64_t i = i0 + uint64_t(u) * blockDim.x;
-          if (i < n) dst[i] = v[u];
-        }
+        if (i < n) dst[i] = v[u];
       }
     }
   }
-  end_barrier(p);
 }
 
-struct Bf16 {
-  uint16_t bits;
-};
-
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(Bf16 x) { return __uint_as_float(uint32_t(x.bits) << 16); }
-template <typename T> __device__ __forceinline__ T from_f32(float f);
-template <> __device__ __forceinline__ float from_f32<float>(float f) { return f; }
-// Round to nearest even, NaN kept quiet (what half::bf16::from_f32 does on the host).
-template <> __device__ __forceinline__ Bf16 from_f32<Bf16>(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return Bf16{uint16_t((u >> 16) | 0x40u)};
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return Bf16{uint16_t(u >> 16)};
+template <int BYTES>
+__device__ __forceinline__ void push(const weft_grpcoll_params& p) {
+  weft::kernel_barrier_arrive(p.arrive);
+  const bool synced = has(p, WEFT_GRPCOLL_SYNCED);
+  if (synced) cross_barrier(p, WEFT_GRPCOLL_BAR_BEFORE, false);
+  for (uint32_t it = blockIdx.x; it < p.nitems; it += gridDim.x) {
+    const weft_grpcoll_item& s = item(p, it);
+    for (uint32_t t = 0; t < p.ntensors; ++t) push_rows<BYTES>(p.tensor[t], s);
+  }
+  if (synced) {
+    __syncthreads();
+    if (threadIdx.x == 0) barrier(p.bar, coord4(0, 0, WEFT_GRPCOLL_BAR_END, blockIdx.x), p.epoch);
+  }
 }
+
+// ---- element types and conversions ----
+
+using bf16 = __nv_bfloat16;
+using f16 = __half;
+
+// Accumulation type: fp64 for fp64 outputs, fp32 otherwise.
+template <typename Out> struct AccOf { using T = float; };
+template <> struct AccOf<double> { using T = double; };
+
+// Exact widening of any element type to the accumulator.
+__device__ __forceinline__ float widen(float x) { return x; }
+__device__ __forceinline__ float widen(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float widen(f16 x) { return __half2float(x); }
+__device__ __forceinline__ double widen(double x) { return x; }
+
+// Round-to-nearest-even narrowing (NaN stays NaN), from fp32 or fp64 in one rounding.
+template <typename To> __device__ __forceinline__ To narrow(float x);
+template <> __device__ __forceinline__ float narrow<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16 narrow<bf16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ f16 narrow<f16>(float x) { return __float2half_rn(x); }
+template <typename To> __device__ __forceinline__ To narrow(double x);
+template <> __device__ __forceinline__ double narrow<double>(double x) { return x; }
+template <> __device__ __forceinline__ float narrow<float>(double x) { return __double2float_rn(x); }
+template <> __device__ __forceinline__ bf16 narrow<bf16>(double x) { return __double2bfloat16(x); }
+template <> __device__ __forceinline__ f16 narrow<f16>(double x) { return __double2half(x); }
+
+__device__ __forceinline__ float acc_exp(float x) { return expf(x); }
+__device__ __forceinline__ double acc_exp(double x) { return exp(x); }
+__device__ __forceinline__ float acc_log(float x) { return logf(x); }
+__device__ __forceinline__ double acc_log(double x) { return log(x); }
 
 template <typename T, int VEC>
 struct alignas(sizeof(T) * VEC) Pack {
   T v[VEC];
 };
 
-template <typename T, int VEC>
-__device__ __forceinline__ void reduce(const weft_grpcoll_params& p) {
-  using P = Pack<T, VEC>;
-  start_barrier(p);
-  const uint32_t vpr = p.row_elems / VEC;
-  const uint32_t group = p.op == WEFT_GRPCOLL_OP_LSE ? p.row_elems / p.lse_per_row : p.row_elems;
-  T* out = reinterpret_cast<T*>(p.output.base[p.output.rank]);
-  float* out_lse = reinterpret_cast<float*>(p.output_lse.base[p.output_lse.rank]);
-  for (uint32_t it = blockIdx.x; it < p.nitems; it += gridDim.x) {
-    const weft_grpcoll_item& s = item(p, it);
-    const uint64_t n = uint64_t(s.rows) * vpr;
-    const uint32_t npeers = s.npeers;
-    for (uint64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      const uint64_t r = i / vpr;
-      const uint32_t col = uint32_t(i - r * vpr) * VEC;
-      float acc[VEC];
+// ---- pull (GroupReduce; GroupCast through a communication dtype) ----
+
+// Phase 1: this rank's input rows (Out) -> its staging (In), every tensor, grid-strided.
+template <typename In, typename Out, int VEC>
+__device__ __forceinline__ void convert_inputs(const weft_grpcoll_params& p) {
+  for (uint32_t t = 0; t < p.ntensors; ++t) {
+    const weft_grpcoll_tensor& tt = p.tensor[t];
+    const auto* src = base<const Pack<Out, VEC>>(tt.input, tt.input.rank);
+    auto* dst = base<Pack<In, VEC>>(tt.staging, tt.staging.rank);
+    const uint64_t n = uint64_t(tt.convert_rows) * (tt.row_elems / VEC);
+    for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
+      const Pack<Out, VEC> x = src[i];
+      Pack<In, VEC> y;
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) acc[e] = 0.f;
-      if (p.op == WEFT_GRPCOLL_OP_LSE) {
-        // One pass, max-subtracted: m = running max of the lse, sum = Σ exp(lse_k - m),
-        // acc = Σ exp(lse_k - m) · x_k; at the end lse = m + log(sum), out = acc / sum.
-        // Sources at -inf contribute nothing; all at -inf give lse -inf and out 0.
-        const uint32_t h = col / group;
-        float m = -INFINITY, sum = 0.f;
-        for (uint32_t k = 0; k < npeers; ++k) {
-          const float* lse_in = reinterpret_cast<const float*>(p.input_lse.base[s.peer[k]]);
-          const float l = lse_in[uint64_t(s.peer_row[k] + r) * p.lse_per_row + h];
-          if (l == -INFINITY) continue;
-          const T* in = reinterpret_cast<const T*>(p.input.base[s.peer[k]]);
-          const P x = *reinterpret_cast<const P*>(in + uint64_t(s.peer_row[k] + r) * p.row_elems + col);
-          if (l > m) {
-            const float scale = expf(m - l);  // 0 when m is -inf
-            sum = sum * scale + 1.f;
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) acc[e] = acc[e] * scale + to_f32(x.v[e]);
-            m = l;
-          } else {
-            const float w = expf(l - m);
-            sum += w;
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) acc[e] += w * to_f32(x.v[e]);
-          }
-        }
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) acc[e] *= inv;
-        if (col % group == 0) out_lse[uint64_t(s.row + r) * p.lse_per_row + h] = sum > 0.f ? m + logf(sum) : -INFINITY;
-      } else {
-        for (uint32_t k = 0; k < npeers; ++k) {
-          const T* in = reinterpret_cast<const T*>(p.input.base[s.peer[k]]);
-          const P x = *reinterpret_cast<const P*>(in + uint64_t(s.peer_row[k] + r) * p.row_elems + col);
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) acc[e] += to_f32(x.v[e]);
-        }
-        if (p.op == WEFT_GRPCOLL_OP_AVG && npeers > 0) {
-          const float inv = 1.f / float(npeers);
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) acc[e] *= inv;
-        }
-      }
-      P y;
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) y.v[e] = from_f32<T>(acc[e]);
-      *reinterpret_cast<P*>(out + uint64_t(s.row + r) * p.row_elems + col) = y;
+      for (int e = 0; e < VEC; ++e) y.v[e] = narrow<In>(widen(x.v[e]));
+      dst[i] = y;
     }
   }
-  end_barrier(p);
+}
+
+// The running lse combination of one element group: m = max of the lse seen, sum = Σ exp(l - m);
+// data accumulate Σ exp(l - m) · x (rescaled when m grows). -inf contributes nothing.
+template <typename Acc>
+struct LseRun {
+  Acc m, sum;
+  __device__ __forceinline__ LseRun() : m(-INFINITY), sum(0) {}
+  // Adds a source of lse l; returns (scale for what was accumulated, weight of the new term).
+  __device__ __forceinline__ void add(Acc l, Acc& scale, Acc& w) {
+    if (l == Acc(-INFINITY)) {
+      scale = 1;
+      w = 0;
+    } else if (l > m) {
+      scale = acc_exp(m - l);  // 0 while m is -inf
+      sum = sum * scale + Acc(1);
+      w = 1;
+      m = l;
+    } else {
+      scale = 1;
+      w = acc_exp(l - m);
+      sum += w;
+    }
+  }
+  __device__ __forceinline__ Acc lse() const { return sum > Acc(0) ? m + acc_log(sum) : Acc(-INFINITY); }
+  __device__ __forceinline__ Acc inv() const { return sum > Acc(0) ? Acc(1) / sum : Acc(0); }
+};
+
+// The data of one item for one tensor: U vectors per thread per step, sources loaded in batches.
+template <typename In, typename Out, int VEC>
+__device__ __forceinline__ void pull_rows(const weft_grpcoll_params& p, const weft_grpcoll_tensor& t,
+                                          const weft_grpcoll_item& s) {
+  using Acc = typename AccOf<Out>::T;
+  using PI = Pack<In, VEC>;
+  using PO = Pack<Out, VEC>;
+  // Vectors per thread per step: 2, or 1 when the accumulators are wide (bf16 -> f64: 8 doubles
+  // each), which keeps every instance within 128 registers (512 threads) without spills.
+  constexpr int U = sizeof(Acc) * VEC > 32 ? 1 : 2, KB = kPullBatch;
+  const bool convert = has(p, WEFT_GRPCOLL_CONVERT);
+  const bool accumulate = has(p, WEFT_GRPCOLL_ACCUMULATE);
+  const bool lse = p.op == WEFT_GRPCOLL_OP_LSE;
+  const weft_pgl_view& src_view = convert ? t.staging : t.input;
+  const uint32_t vpr = t.row_elems / VEC;
+  const uint32_t group = lse ? t.row_elems / p.lse_per_row : t.row_elems;
+  Out* out = base<Out>(t.output, t.output.rank);
+  const float* out_lse = lse ? base<const float>(p.output_lse, p.output_lse.rank) : nullptr;
+  const uint64_t n = uint64_t(s.rows) * vpr;
+  const uint32_t npeers = s.npeers;
+  for (uint64_t i0 = threadIdx.x; i0 < n; i0 += uint64_t(blockDim.x) * U) {
+    uint64_t r[U];
+    uint32_t col[U];
+    bool live[U];
+    Acc acc[U][VEC];
+    LseRun<Acc> run[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const uint64_t i = i0 + uint64_t(u) * blockDim.x;
+      live[u] = i < n;
+      r[u] = live[u] ? i / vpr : 0;
+      col[u] = live[u] ? uint32_t(i - r[u] * vpr) * VEC : 0;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) acc[u][e] = 0;
+      if (lse && accumulate && live[u]) {
+        // The existing (output, lse) is one more source of the combination.
+        const Acc l = out_lse[(s.row + r[u]) * p.lse_per_row + col[u] / group];
+        Acc scale, w;
+        run[u].add(l, scale, w);
+        if (w != Acc(0)) {
+          const PO o = *reinterpret_cast<const PO*>(out + (s.row + r[u]) * t.row_elems + col[u]);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) acc[u][e] = widen(o.v[e]);
+        }
+      }
+    }
+    for (uint32_t k0 = 0; k0 < npeers; k0 += KB) {
+      PI x[U][KB];
+      Acc l[U][KB];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int kk = 0; kk < KB; ++kk) {
+          const uint32_t k = k0 + kk;
+          if (live[u] && k < npeers) {
+            const uint64_t row = uint64_t(s.peer_row[k]) + r[u];
+            if (lse) l[u][kk] = base<const float>(p.input_lse, s.peer[k])[row * p.lse_per_row + col[u] / group];
+            x[u][kk] = *reinterpret_cast<const PI*>(base<const In>(src_view, s.peer[k]) + row * t.row_elems + col[u]);
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int kk = 0; kk < KB; ++kk) {
+          if (!live[u] || k0 + kk >= npeers) continue;
+          if (lse) {
+            Acc scale, w;
+            run[u].add(l[u][kk], scale, w);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) acc[u][e] = acc[u][e] * scale + w * Acc(widen(x[u][kk].v[e]));
+          } else if (k0 + kk == 0) {  // assigned, not added to 0: a copy keeps -0.0
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) acc[u][e] = Acc(widen(x[u][kk].v[e]));
+          } else {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) acc[u][e] += Acc(widen(x[u][kk].v[e]));
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (!live[u]) continue;
+      Out* dst = out + (s.row + r[u]) * t.row_elems + col[u];
+      Acc scale = 1;
+      if (lse) scale = run[u].inv();
+      if (p.op == WEFT_GRPCOLL_OP_AVG && npeers > 0) scale = Acc(1) / Acc(npeers);
+      PO y;
+      if (accumulate && !lse) {  // sum / avg into the existing output
+        const PO o = *reinterpret_cast<const PO*>(dst);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) y.v[e] = narrow<Out>(Acc(widen(o.v[e])) + acc[u][e] * scale);
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) y.v[e] = narrow<Out>(acc[u][e] * scale);
+      }
+      *reinterpret_cast<PO*>(dst) = y;
+    }
+  }
+}
+
+// The lse of one item's rows, after its data (which read the old output lse when accumulating).
+template <typename Acc>
+__device__ __forceinline__ void pull_lse(const weft_grpcoll_params& p, const weft_grpcoll_item& s) {
+  float* out_lse = base<float>(p.output_lse, p.output_lse.rank);
+  const uint64_t n = uint64_t(s.rows) * p.lse_per_row;
+  for (uint64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    const uint64_t r = j / p.lse_per_row, h = j - r * p.lse_per_row;
+    LseRun<Acc> run;
+    Acc scale, w;
+    float* dst = out_lse + (s.row + r) * p.lse_per_row + h;
+    if (has(p, WEFT_GRPCOLL_ACCUMULATE)) run.add(*dst, scale, w);
+    for (uint32_t k = 0; k < s.npeers; ++k)
+      run.add(base<const float>(p.input_lse, s.peer[k])[(s.peer_row[k] + r) * p.lse_per_row + h], scale, w);
+    *dst = float(run.lse());
+  }
+}
+
+template <typename In, typename Out, int VEC>
+__device__ __forceinline__ void pull(const weft_grpcoll_params& p) {
+  weft::kernel_barrier_arrive(p.arrive);
+  const bool synced = has(p, WEFT_GRPCOLL_SYNCED);
+  const bool convert = has(p, WEFT_GRPCOLL_CONVERT);
+  if (convert) convert_inputs<In, Out, VEC>(p);
+  if (!has(p, WEFT_GRPCOLL_TRANSFER)) return;  // the baseline's convert-only launch (never synced)
+  if (synced) cross_barrier(p, WEFT_GRPCOLL_BAR_BEFORE, convert);
+  for (uint32_t it = blockIdx.x; it < p.nitems; it += gridDim.x) {
+    const weft_grpcoll_item& s = item(p, it);
+    for (uint32_t t = 0; t < p.ntensors; ++t) pull_rows<In, Out, VEC>(p, p.tensor[t], s);
+    if (p.op == WEFT_GRPCOLL_OP_LSE) {
+      // Every thread has read the item's old output lse (accumulate) before any is rewritten.
+      __syncthreads();
+      pull_lse<typename AccOf<Out>::T>(p, s);
+    }
+  }
+  if (synced) {
+    __syncthreads();
+    if (threadIdx.x == 0) barrier(p.bar, coord4(0, 0, WEFT_GRPCOLL_BAR_END, blockIdx.x), p.epoch);
+  }
 }
 
 }  // namespace
 
 #define WEFT_CAST(B) \
-  extern "C" __global__ void __launch_bounds__(1024) weft_grpcoll_cast_v##B(const __grid_constant__ weft_grpcoll_params p) { cast<B>(p); }
+  extern "C" __global__ void __launch_bounds__(1024) weft_grpcoll_cast_v##B(const __grid_constant__ weft_grpcoll_params p) { push<B>(p); }
 WEFT_CAST(16)
 WEFT_CAST(8)
 WEFT_CAST(4)
 WEFT_CAST(2)
 WEFT_CAST(1)
 
-#define WEFT_REDUCE(NAME, T, VEC)                                                                             \
-  extern "C" __global__ void __launch_bounds__(512) weft_grpcoll_reduce_##NAME(const __grid_constant__ weft_grpcoll_params p) { \
-    reduce<T, VEC>(p);                                                                                        \
+// weft_grpcoll_reduce_<in>_<out>_v<16 / sizeof(in)> and _v1.
+#define WEFT_PULL(IN_NAME, IN, OUT_NAME, OUT)                                                              \
+  extern "C" __global__ void __launch_bounds__(512)                                                       \
+      weft_grpcoll_reduce_##IN_NAME##_##OUT_NAME##_v1(const __grid_constant__ weft_grpcoll_params p) {    \
+    pull<IN, OUT, 1>(p);                                                                                  \
+  }                                                                                                       \
+  extern "C" __global__ void __launch_bounds__(512)                                                       \
+      weft_grpcoll_reduce_##IN_NAME##_##OUT_NAME##_vN(const __grid_constant__ weft_grpcoll_params p) {    \
+    pull<IN, OUT, 16 / sizeof(IN)>(p);                                                                    \
   }
-WEFT_REDUCE(f32_v4, float, 4)
-WEFT_REDUCE(f32_v1, float, 1)
-WEFT_REDUCE(bf16_v8, Bf16, 8)
-WEFT_REDUCE(bf16_v1, Bf16, 1)
+WEFT_PULL(bf16, bf16, bf16, bf16)
+WEFT_PULL(f16, f16, f16, f16)
+WEFT_PULL(f32, float, f32, float)
+WEFT_PULL(f64, double, f64, double)
+WEFT_PULL(bf16, bf16, f32, float)
+WEFT_PULL(f16, f16, f32, float)
+WEFT_PULL(bf16, bf16, f64, double)
+WEFT_PULL(f16, f16, f64, double)
+WEFT_PULL(f32, float, f64, double)

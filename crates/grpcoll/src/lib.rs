@@ -5,46 +5,66 @@
 //!   each split once and writes it to every destination's output at its final rows).
 //! - [`GroupReduce`]: output split j is the sum / average / lse-combination of the partials of
 //!   every rank in `src_indices[j]` (pull: the receiver reads its sources' partials and writes the
-//!   reduced rows once), fp32 accumulation.
+//!   reduced rows once), fp32 accumulation (fp64 for f64 data), optionally into the existing output.
 //!
 //! A plan is built once, collectively, from this rank's metadata ([`GroupCastMeta`],
-//! [`GroupReduceMeta`]): it validates locally and across ranks, allocates the input and output
-//! PGLs (callers write inputs there and read outputs there), and uploads this rank's work lists.
-//! Each `run` is then one kernel launch with no host synchronisation.
+//! [`GroupReduceMeta`]) and the row widths of up to three tensors that share it (packed
+//! transfer): it validates locally and across ranks, allocates the input and output PGLs (callers
+//! write inputs there and read outputs there), and uploads this rank's work lists. Each `run` is
+//! then one kernel launch with no host synchronisation.
+//!
+//! A communication dtype narrower than the data ([`Options::comm_dtype`], e.g. f32 data sent as
+//! bf16) makes the launch convert this rank's inputs into a staging PGL first (local memory), and
+//! the receivers pull the narrow rows and widen them into their outputs, in the same kernel.
 
+mod baseline;
+mod kernel_choice;
 mod meta;
 pub mod pattern;
+mod work;
 
 pub use meta::{GroupCastMeta, GroupReduceMeta, Transfer};
 
 use anyhow::{bail, Context};
-use cudarc::driver::{
-    sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
-};
+use baseline::Staging;
+use cudarc::driver::{sys, CudaFunction, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use kernel_choice::{pull_kernel_name, push_kernel_name};
 use meta::{Desc, Header, Kind};
 use std::sync::Arc;
 use weft_kernels::abi::{
-    weft_grpcoll_item, weft_grpcoll_params, weft_pgl_shape, weft_pgl_view, WEFT_GRPCOLL_MAX_PEERS,
+    weft_grpcoll_params, weft_grpcoll_tensor, weft_kernel_barrier_view, weft_pgl_view,
+    WEFT_GRPCOLL_ACCUMULATE, WEFT_GRPCOLL_CONVERT, WEFT_GRPCOLL_MAX_TENSORS, WEFT_GRPCOLL_SYNCED,
+    WEFT_GRPCOLL_TRANSFER,
 };
 use weft_kernels::cubins;
-use weft_pgl::nccl::Communicator;
 use weft_pgl::rendezvous::Rendezvous;
 use weft_pgl::{agree, Backend, DType, Pgl, PglElement, Shape};
 use weft_sync::{Counters, ErrorSlot, WaitBudget};
+use work::{chunk_rows, pull_items, push_items, BaselineLayout, Items};
+
+pub use weft_pgl::nccl::Communicator;
 
 /// Default number of SMs (one block each) the native kernels use, capped by the device's count.
 pub const DEFAULT_SMS: u32 = 24;
+/// Tensors one plan moves together (packed transfer).
+pub const MAX_TENSORS: usize = WEFT_GRPCOLL_MAX_TENSORS as usize;
 
-/// Rows per work item are chosen so one item moves about this many bytes.
-const CHUNK_BYTES: usize = 64 << 10;
-const CAST_THREADS: u32 = 1024;
-const REDUCE_THREADS: u32 = 512;
+const PUSH_THREADS: u32 = 1024;
+const PULL_THREADS: u32 = 512;
 
 /// Plan options. Every rank must pass the same values (checked).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Options {
     /// SMs (blocks) for the native kernels; `None`: min(DEFAULT_SMS, the device's SMs).
     pub sms: Option<u32>,
+    /// The dtype rows cross NVLink in; `None`: the data dtype. Narrower than the data (bf16 or f16
+    /// for f32 data; bf16, f16 or f32 for f64 data) halves or quarters the bytes moved, at the
+    /// cost of rounding every value to it once.
+    pub comm_dtype: Option<DType>,
+    /// GroupReduce only: reduce into the existing output instead of overwriting it (`Sum`: out +
+    /// Σ; `Avg`: out + Σ / n; `Lse`: the existing output and output lse take part in the
+    /// combination as one more source).
+    pub accumulate: bool,
 }
 
 /// GroupReduce's reduction.
@@ -64,11 +84,12 @@ pub enum ReduceOp {
 
 impl ReduceOp {
     fn code(self) -> i32 {
-        match self {
-            ReduceOp::Sum => weft_kernels::abi::WEFT_GRPCOLL_OP_SUM as i32,
-            ReduceOp::Avg => weft_kernels::abi::WEFT_GRPCOLL_OP_AVG as i32,
-            ReduceOp::Lse { .. } => weft_kernels::abi::WEFT_GRPCOLL_OP_LSE as i32,
-        }
+        use weft_kernels::abi::{WEFT_GRPCOLL_OP_AVG, WEFT_GRPCOLL_OP_LSE, WEFT_GRPCOLL_OP_SUM};
+        (match self {
+            ReduceOp::Sum => WEFT_GRPCOLL_OP_SUM,
+            ReduceOp::Avg => WEFT_GRPCOLL_OP_AVG,
+            ReduceOp::Lse { .. } => WEFT_GRPCOLL_OP_LSE,
+        }) as i32
     }
     fn lse_per_row(self) -> usize {
         match self {
@@ -83,188 +104,142 @@ fn op_name(code: u64) -> &'static str {
         0 => "sum",
         1 => "avg",
         2 => "lse",
+        3 => "copy",
         _ => "?",
     }
-}
-
-/// Staging buffers of the AlltoAll-v baseline, allocated on its first run.
-struct Staging {
-    send: CudaSlice<u8>,
-    recv: CudaSlice<u8>,
-    lse_send: Option<CudaSlice<u8>>,
-    lse_recv: Option<CudaSlice<u8>>,
-}
-
-/// A work list in device memory.
-struct Items {
-    buf: CudaSlice<u8>,
-    count: u32,
-}
-
-impl Items {
-    fn upload(stream: &Arc<CudaStream>, items: &[weft_grpcoll_item]) -> anyhow::Result<Self> {
-        let bytes = std::mem::size_of_val(items);
-        // SAFETY: weft_grpcoll_item is a bindgen plain-old-data struct of u32/i32 fields with no
-        // padding; viewing the slice as bytes reads only initialised memory.
-        let raw = unsafe { std::slice::from_raw_parts(items.as_ptr() as *const u8, bytes) };
-        let buf = if raw.is_empty() {
-            stream.alloc_zeros::<u8>(1)?
-        } else {
-            stream.clone_htod(raw)?
-        };
-        Ok(Self {
-            buf,
-            count: items.len() as u32,
-        })
-    }
-}
-
-/// What both collectives share: metadata, buffers, counters, kernels and work lists.
-struct Core<T: PglElement> {
-    kind: Kind,
-    rank: usize,
-    world: usize,
-    row_elems: usize,
-    op: ReduceOp,
-    stream: Arc<CudaStream>,
-    sms: u32,
-    device_sms: u32,
-    input: Pgl<T>,
-    output: Pgl<T>,
-    input_lse: Option<Pgl<f32>>,
-    output_lse: Option<Pgl<f32>>,
-    counters: Counters,
-    native: CudaFunction,
-    /// Cast kernel for the baseline's gathers (and the cast scatter) at the data and lse row widths.
-    copy_data: CudaFunction,
-    copy_lse: Option<CudaFunction>,
-    native_items: Items,
-    gather_items: Items,
-    scatter_items: Items,
-    /// Rows sent to / received from each peer by the baseline, and their first row in staging.
-    send_rows: Vec<usize>,
-    recv_rows: Vec<usize>,
-    transfers: Vec<Transfer>,
-    staging: Option<Staging>,
-}
-
-fn elem_code(d: DType) -> u64 {
-    d as u8 as u64
 }
 
 fn dtype_name(code: u64) -> String {
     DType::from_code(code as u8).map_or(format!("code {code}"), |d| d.name().to_string())
 }
 
-/// The largest of 16, 8, 4, 2, 1 dividing `bytes`.
-fn vector_bytes(bytes: usize) -> usize {
-    [16, 8, 4, 2, 1]
-        .into_iter()
-        .find(|v| bytes % v == 0)
-        .unwrap()
+/// How the native kernel moves rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    /// GroupCast in the data dtype: the sender writes into every destination.
+    Push,
+    /// GroupReduce, or GroupCast through a narrower comm dtype: the receiver reads its sources.
+    Pull,
 }
 
-fn cast_kernel_name(row_bytes: usize) -> String {
-    format!("weft_grpcoll_cast_v{}", vector_bytes(row_bytes))
+/// One tensor of a plan.
+struct Tensor<T: PglElement> {
+    row_elems: usize,
+    input: Pgl<T>,
+    output: Pgl<T>,
+    /// This rank's input in the communication dtype (when it differs from the data's).
+    staging: Option<Pgl<u8>>,
 }
 
-/// The reduce kernel for a dtype and a group width (elements that share one lse value, or the
-/// whole row): 16-byte vectors when they divide the group.
-fn reduce_kernel_name(dtype: DType, group: usize) -> anyhow::Result<String> {
-    let (name, per16) = match dtype {
-        DType::F32 => ("f32", 4),
-        DType::Bf16 => ("bf16", 8),
-        other => bail!(
-            "group_reduce: data dtype {} is not supported (supported: f32, bf16)",
-            other.name()
-        ),
-    };
-    Ok(format!(
-        "weft_grpcoll_reduce_{name}_v{}",
-        if group % per16 == 0 { per16 } else { 1 }
-    ))
-}
-
-fn empty_view() -> weft_pgl_view {
-    weft_pgl_view {
-        base: [0; 16],
-        shape: weft_pgl_shape {
-            batch: 0,
-            depth: 0,
-            rows: 0,
-            cols: 0,
-        },
-        rank: 0,
-        world: 0,
-        elem_bytes: 0,
-        reserved: 0,
-    }
-}
-
-/// A view whose every rank's base is `ptr` (a local staging buffer, indexed by peer in the items).
-fn local_view(
-    ptr: u64,
+/// What both collectives share: metadata, buffers, counters, kernels and work lists.
+struct Core<T: PglElement> {
+    kind: Kind,
+    path: Path,
     rank: usize,
     world: usize,
-    rows: usize,
-    cols: usize,
-    elem_bytes: usize,
-) -> weft_pgl_view {
-    let mut base = [0u64; 16];
-    base.iter_mut().take(world).for_each(|b| *b = ptr);
-    weft_pgl_view {
-        base,
-        shape: weft_pgl_shape {
-            batch: 1,
-            depth: 1,
-            rows: rows as u32,
-            cols: cols as u32,
-        },
-        rank: rank as i32,
-        world: world as i32,
-        elem_bytes: elem_bytes as u32,
-        reserved: 0,
+    op: ReduceOp,
+    opts: Options,
+    /// The communication dtype (the data dtype unless a narrower one was asked for).
+    comm: DType,
+    stream: Arc<CudaStream>,
+    sms: u32,
+    device_sms: u32,
+    input_rows: usize,
+    tensors: Vec<Tensor<T>>,
+    input_lse: Option<Pgl<f32>>,
+    output_lse: Option<Pgl<f32>>,
+    counters: Counters,
+    native: CudaFunction,
+    native_items: Items,
+    /// Push kernel at the comm row widths (the baseline's gathers, and a push cast's scatter);
+    /// and at the lse row width.
+    copy_comm: CudaFunction,
+    copy_lse: Option<CudaFunction>,
+    gather_items: Items,
+    scatter_items: Items,
+    layout: BaselineLayout,
+    transfers: Vec<Transfer>,
+    staging: Option<Staging>,
+    /// KernelBarrier counter (device address) each native launch arrives on; 0: none.
+    arrive: u64,
+}
+
+fn kind_name(k: Kind) -> &'static str {
+    match k {
+        Kind::Cast => "group_cast",
+        Kind::Reduce => "group_reduce",
     }
 }
 
-/// Splits `rows` rows into chunks of at most `chunk` rows, one item each, with `peers` (rank,
-/// first row) advanced alongside.
-fn push_chunks(
-    out: &mut Vec<weft_grpcoll_item>,
-    row: usize,
-    rows: usize,
-    peers: &[(usize, usize)],
-    chunk: usize,
-) {
-    assert!(peers.len() <= WEFT_GRPCOLL_MAX_PEERS as usize);
-    let mut at = 0;
-    while at < rows {
-        let n = chunk.min(rows - at);
-        let mut item = weft_grpcoll_item {
-            row: (row + at) as u32,
-            rows: n as u32,
-            npeers: peers.len() as u32,
-            reserved: 0,
-            peer: [0; 16],
-            peer_row: [0; 16],
-        };
-        for (k, &(p, r)) in peers.iter().enumerate() {
-            item.peer[k] = p as i32;
-            item.peer_row[k] = (r + at) as u32;
-        }
-        out.push(item);
-        at += n;
+/// Local checks of the plan's arguments (before anything is allocated or exchanged).
+fn validate_args(
+    kind: Kind,
+    data: DType,
+    row_elems: &[usize],
+    op: ReduceOp,
+    opts: &Options,
+    sms: u32,
+    device_sms: u32,
+) -> anyhow::Result<(Path, DType, Option<String>)> {
+    let what = kind_name(kind);
+    if row_elems.is_empty() || row_elems.len() > MAX_TENSORS {
+        bail!(
+            "{what}: packed transfer takes 1 to {MAX_TENSORS} tensors, got {}",
+            row_elems.len()
+        );
     }
+    for (t, &e) in row_elems.iter().enumerate() {
+        if e == 0 || e * data.size() > u32::MAX as usize {
+            bail!("{what}: tensor {t}: row_elems {e} must be at least 1 and a row at most 4 GiB");
+        }
+    }
+    if sms == 0 || sms > device_sms {
+        bail!("{what}: {sms} SMs requested; the device has {device_sms}");
+    }
+    if kind == Kind::Cast && opts.accumulate {
+        bail!("group_cast: accumulate is a GroupReduce option (a cast overwrites its output rows)");
+    }
+    let comm = opts.comm_dtype.unwrap_or(data);
+    let lse_per_row = op.lse_per_row();
+    if let ReduceOp::Lse { lse_per_row } = op {
+        if row_elems.len() > 1 {
+            bail!(
+                "group_reduce: op lse takes one tensor (its lse), got {}",
+                row_elems.len()
+            );
+        }
+        if lse_per_row == 0 || row_elems[0] % lse_per_row != 0 {
+            bail!(
+                "group_reduce: lse_per_row {lse_per_row} must divide row_elems {}",
+                row_elems[0]
+            );
+        }
+    }
+    let path = if kind == Kind::Reduce || comm != data {
+        Path::Pull
+    } else {
+        Path::Push
+    };
+    let native = match path {
+        Path::Push => None,
+        Path::Pull => {
+            let groups: Vec<usize> = row_elems
+                .iter()
+                .map(|&e| e.checked_div(lse_per_row).unwrap_or(e))
+                .collect();
+            Some(pull_kernel_name(what, comm, data, &groups)?)
+        }
+    };
+    Ok((path, comm, native))
 }
 
 impl<T: PglElement> Core<T> {
-    #[allow(clippy::too_many_arguments)]
     fn build(
         kind: Kind,
         rdzv: &mut Rendezvous,
         stream: &Arc<CudaStream>,
         desc: Desc,
-        row_elems: usize,
+        row_elems: &[usize],
         op: ReduceOp,
         opts: Options,
     ) -> anyhow::Result<Self> {
@@ -274,34 +249,12 @@ impl<T: PglElement> Core<T> {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             as u32;
         let sms = opts.sms.unwrap_or(DEFAULT_SMS.min(device_sms));
+        let data = T::DTYPE;
         let lse_per_row = op.lse_per_row();
-        let elem_bytes = T::DTYPE.size();
         // Local checks, agreed so that every rank fails together.
-        let local = (|| -> anyhow::Result<()> {
-            meta::validate_local(kind, &desc, world)?;
-            if row_elems == 0 || row_elems * elem_bytes > u32::MAX as usize {
-                bail!(
-                    "{}: row_elems {row_elems} must be at least 1 and a row at most 4 GiB",
-                    kind_name(kind)
-                );
-            }
-            if sms == 0 || sms > device_sms {
-                bail!(
-                    "{}: {sms} SMs requested; the device has {device_sms}",
-                    kind_name(kind)
-                );
-            }
-            if kind == Kind::Reduce {
-                reduce_kernel_name(T::DTYPE, row_elems)?;
-                if let ReduceOp::Lse { lse_per_row } = op {
-                    if lse_per_row == 0 || row_elems % lse_per_row != 0 {
-                        bail!("group_reduce: lse_per_row {lse_per_row} must divide row_elems {row_elems}");
-                    }
-                }
-            }
-            Ok(())
-        })();
-        agree(
+        let local = meta::validate_local(kind, &desc, world)
+            .and_then(|()| validate_args(kind, data, row_elems, op, &opts, sms, device_sms));
+        let (path, comm, pull_name) = agree(
             rdzv,
             &format!("{} plan (local metadata)", kind_name(kind)),
             local,
@@ -310,14 +263,16 @@ impl<T: PglElement> Core<T> {
         // Cross-rank: every rank's metadata, the same checks everywhere.
         let header = Header {
             kind: kind as u64,
-            dtype: elem_code(T::DTYPE),
-            row_elems: row_elems as u64,
+            dtype: data as u8 as u64,
+            comm_dtype: comm as u8 as u64,
+            row_elems: [0, 1, 2].map(|t| row_elems.get(t).copied().unwrap_or(0) as u64),
             op: if kind == Kind::Reduce {
                 op.code() as u64
             } else {
                 0
             },
             lse_per_row: lse_per_row as u64,
+            accumulate: opts.accumulate as u64,
             sms: sms as u64,
         };
         let all = rdzv
@@ -329,9 +284,9 @@ impl<T: PglElement> Core<T> {
             .collect::<anyhow::Result<Vec<_>>>()?;
         let headers: Vec<Header> = decoded.iter().map(|(h, _)| *h).collect();
         meta::check_headers(kind, &headers, |f, v| match f {
-            0 => (if v == 1 { "group_cast" } else { "group_reduce" }).to_string(),
-            1 => dtype_name(v),
-            3 => op_name(v).to_string(),
+            "collective" => (if v == 1 { "group_cast" } else { "group_reduce" }).to_string(),
+            "dtype" | "communication dtype" => dtype_name(v),
+            "reduce op" => op_name(v).to_string(),
             _ => v.to_string(),
         })?;
         let descs: Vec<Desc> = decoded.into_iter().map(|(_, d)| d).collect();
@@ -345,151 +300,89 @@ impl<T: PglElement> Core<T> {
             .unwrap_or(0)
             .max(1);
         let budget = WaitBudget::default_for(&ctx)?;
-        let input = Pgl::<T>::alloc(
-            rdzv,
-            &ctx,
-            Shape::new(1, 1, max_in as u32, row_elems as u32),
-            Backend::default(),
-        )
-        .context("allocating the grpcoll input")?;
-        let output = Pgl::<T>::alloc(
-            rdzv,
-            &ctx,
-            Shape::new(1, 1, max_out as u32, row_elems as u32),
-            Backend::default(),
-        )
-        .context("allocating the grpcoll output")?;
+        let shape = |rows: usize, cols: usize| Shape::new(1, 1, rows as u32, cols as u32);
+        let mut tensors = Vec::new();
+        for (t, &e) in row_elems.iter().enumerate() {
+            let input = Pgl::<T>::alloc(rdzv, &ctx, shape(max_in, e), Backend::default())
+                .with_context(|| format!("allocating the grpcoll input of tensor {t}"))?;
+            let output = Pgl::<T>::alloc(rdzv, &ctx, shape(max_out, e), Backend::default())
+                .with_context(|| format!("allocating the grpcoll output of tensor {t}"))?;
+            let staging = if comm != data {
+                Some(
+                    Pgl::<u8>::alloc(
+                        rdzv,
+                        &ctx,
+                        shape(max_in, e * comm.size()),
+                        Backend::default(),
+                    )
+                    .with_context(|| format!("allocating the grpcoll staging of tensor {t}"))?,
+                )
+            } else {
+                None
+            };
+            tensors.push(Tensor {
+                row_elems: e,
+                input,
+                output,
+                staging,
+            });
+        }
         let (input_lse, output_lse) = if lse_per_row > 0 {
             (
                 Some(Pgl::<f32>::alloc(
                     rdzv,
                     &ctx,
-                    Shape::new(1, 1, max_in as u32, lse_per_row as u32),
+                    shape(max_in, lse_per_row),
                     Backend::default(),
                 )?),
                 Some(Pgl::<f32>::alloc(
                     rdzv,
                     &ctx,
-                    Shape::new(1, 1, max_out as u32, lse_per_row as u32),
+                    shape(max_out, lse_per_row),
                     Backend::default(),
                 )?),
             )
         } else {
             (None, None)
         };
-        let counters = Counters::alloc(rdzv, &ctx, Shape::new(1, 1, 2, sms), budget)?;
+        let counters = Counters::alloc(rdzv, &ctx, Shape::new(1, 1, 3, sms), budget)?;
 
-        let module = cubins::GRPCOLL_GRPCOLL
-            .load(&ctx)
-            .context("loading kernels/grpcoll/grpcoll.cu")?;
-        let row_bytes = row_elems * elem_bytes;
-        let copy_data = module.load_function(&cast_kernel_name(row_bytes))?;
-        let copy_lse = if lse_per_row > 0 {
-            Some(module.load_function(&cast_kernel_name(lse_per_row * 4))?)
-        } else {
-            None
-        };
-        let native = match kind {
-            Kind::Cast => copy_data.clone(),
-            Kind::Reduce => {
-                let group = row_elems.checked_div(lse_per_row).unwrap_or(row_elems);
-                module.load_function(&reduce_kernel_name(T::DTYPE, group)?)?
-            }
-        };
+        let loaded = (|| -> anyhow::Result<_> {
+            let module = cubins::GRPCOLL_GRPCOLL
+                .load(&ctx)
+                .context("loading kernels/grpcoll/grpcoll.cu")?;
+            let comm_bytes: Vec<usize> = row_elems.iter().map(|e| e * comm.size()).collect();
+            let copy_comm = module.load_function(&push_kernel_name(&comm_bytes))?;
+            let copy_lse = match lse_per_row {
+                0 => None,
+                n => Some(module.load_function(&push_kernel_name(&[n * 4]))?),
+            };
+            let native = match &pull_name {
+                Some(name) => module.load_function(name)?,
+                None => copy_comm.clone(),
+            };
+            Ok((native, copy_comm, copy_lse))
+        })();
+        let (native, copy_comm, copy_lse) = agree(rdzv, "grpcoll plan (kernels)", loaded)?;
 
-        // Work lists.
-        let chunk = (CHUNK_BYTES / row_bytes).max(1);
-        let mut native_items = Vec::new();
-        match kind {
-            Kind::Cast => {
-                for i in 0..descs[rank].input_split_rows.len() {
-                    let ts: Vec<&Transfer> = transfers
-                        .iter()
-                        .filter(|t| t.src == rank && t.src_split == i)
-                        .collect();
-                    if let Some(t0) = ts.first() {
-                        let peers: Vec<(usize, usize)> =
-                            ts.iter().map(|t| (t.dst, t.dst_row)).collect();
-                        push_chunks(&mut native_items, t0.src_row, t0.rows, &peers, chunk);
-                    }
-                }
-            }
-            Kind::Reduce => {
-                for j in 0..descs[rank].output_split_rows.len() {
-                    let ts: Vec<&Transfer> = transfers
-                        .iter()
-                        .filter(|t| t.dst == rank && t.dst_split == j)
-                        .collect();
-                    if let Some(t0) = ts.first() {
-                        let peers: Vec<(usize, usize)> =
-                            ts.iter().map(|t| (t.src, t.src_row)).collect();
-                        push_chunks(&mut native_items, t0.dst_row, t0.rows, &peers, chunk);
-                    }
-                }
-            }
-        }
-        // Baseline: per peer, the sends in input-split order and the receives in output-split
-        // order (the matching rule pairs them in these orders), packed contiguously.
-        let mut send_rows = vec![0usize; world];
-        let mut recv_rows = vec![0usize; world];
-        let mut gather = Vec::new();
-        let mut send_at = 0;
-        for (p, rows) in send_rows.iter_mut().enumerate() {
-            let mut ts: Vec<&Transfer> = transfers
-                .iter()
-                .filter(|t| t.src == rank && t.dst == p)
-                .collect();
-            ts.sort_by_key(|t| t.src_split);
-            for t in ts {
-                push_chunks(&mut gather, t.src_row, t.rows, &[(rank, send_at)], chunk);
-                send_at += t.rows;
-                *rows += t.rows;
-            }
-        }
-        let mut recv_at_of = std::collections::HashMap::new();
-        let mut recv_at = 0;
-        for (p, rows) in recv_rows.iter_mut().enumerate() {
-            let mut ts: Vec<&Transfer> = transfers
-                .iter()
-                .filter(|t| t.dst == rank && t.src == p)
-                .collect();
-            ts.sort_by_key(|t| t.dst_split);
-            for t in ts {
-                recv_at_of.insert((t.src, t.dst_split), recv_at);
-                recv_at += t.rows;
-                *rows += t.rows;
-            }
-        }
-        let mut scatter = Vec::new();
-        for j in 0..descs[rank].output_split_rows.len() {
-            let ts: Vec<&Transfer> = transfers
-                .iter()
-                .filter(|t| t.dst == rank && t.dst_split == j)
-                .collect();
-            let Some(t0) = ts.first() else { continue };
-            match kind {
-                // Cast: recv staging rows → output rows (input view = staging, output = the PGL).
-                Kind::Cast => push_chunks(
-                    &mut scatter,
-                    recv_at_of[&(t0.src, j)],
-                    t0.rows,
-                    &[(rank, t0.dst_row)],
-                    chunk,
-                ),
-                // Reduce: output rows ← every source's rows in recv staging.
-                Kind::Reduce => {
-                    let peers: Vec<(usize, usize)> = ts
-                        .iter()
-                        .map(|t| (t.src, recv_at_of[&(t.src, j)]))
-                        .collect();
-                    push_chunks(&mut scatter, t0.dst_row, t0.rows, &peers, chunk);
-                }
-            }
-        }
+        // Work lists: rows per item from the bytes of one row of every tensor.
+        let chunk = chunk_rows(row_elems.iter().sum::<usize>() * data.size());
+        let d = &descs[rank];
+        let native_items = match path {
+            Path::Push => push_items(&transfers, rank, d.input_split_rows.len(), chunk),
+            Path::Pull => pull_items(&transfers, rank, d.output_split_rows.len(), chunk, |t| {
+                t.src_row
+            }),
+        };
+        let layout = BaselineLayout::new(&transfers, rank, world, chunk);
+        let scatter = match path {
+            Path::Push => layout.push_scatter(&transfers, rank, chunk),
+            Path::Pull => layout.pull_scatter(&transfers, rank, d.output_split_rows.len(), chunk),
+        };
         let uploaded = (|| -> anyhow::Result<_> {
             let r = (
                 Items::upload(stream, &native_items)?,
-                Items::upload(stream, &gather)?,
+                Items::upload(stream, &layout.gather)?,
                 Items::upload(stream, &scatter)?,
             );
             stream.synchronize()?;
@@ -499,64 +392,93 @@ impl<T: PglElement> Core<T> {
             agree(rdzv, "grpcoll plan (work lists)", uploaded)?;
         Ok(Self {
             kind,
+            path,
             rank,
             world,
-            row_elems,
             op,
+            opts,
+            comm,
             stream: stream.clone(),
             sms,
             device_sms,
-            input,
-            output,
+            input_rows: d.input_rows,
+            tensors,
             input_lse,
             output_lse,
             counters,
             native,
-            copy_data,
-            copy_lse,
             native_items,
+            copy_comm,
+            copy_lse,
             gather_items,
             scatter_items,
-            send_rows,
-            recv_rows,
+            layout,
             transfers,
             staging: None,
+            arrive: 0,
         })
     }
 
+    fn converts(&self) -> bool {
+        self.comm != T::DTYPE
+    }
+
+    fn op_code(&self) -> i32 {
+        match (self.kind, self.path) {
+            (Kind::Cast, Path::Pull) => weft_kernels::abi::WEFT_GRPCOLL_OP_COPY as i32,
+            _ => self.op.code(),
+        }
+    }
+
+    /// Parameters with every tensor's views as given, no flags, no barrier; launches adjust them.
     fn params(
         &self,
-        input: weft_pgl_view,
-        output: weft_pgl_view,
+        views: &[(weft_pgl_view, weft_pgl_view, usize)],
         items: &Items,
-        row_bytes: usize,
-    ) -> anyhow::Result<weft_grpcoll_params> {
-        Ok(weft_grpcoll_params {
-            input,
-            output,
-            input_lse: empty_view(),
-            output_lse: empty_view(),
-            bar: self.counters.device()?,
+    ) -> weft_grpcoll_params {
+        let mut p = weft_grpcoll_params {
             items: items.buf.device_ptr(&self.stream).0,
-            epoch: 0,
             nitems: items.count,
-            row_bytes: row_bytes as u32,
-            row_elems: self.row_elems as u32,
+            ntensors: views.len() as u32,
             lse_per_row: self.op.lse_per_row() as u32,
-            op: self.op.code(),
-            synced: 0,
-        })
+            op: self.op_code(),
+            ..Default::default()
+        };
+        for (t, &(input, output, row_bytes)) in views.iter().enumerate() {
+            p.tensor[t] = weft_grpcoll_tensor {
+                input,
+                output,
+                row_elems: self.tensors[t].row_elems as u32,
+                row_bytes: row_bytes as u32,
+                convert_rows: self.input_rows as u32,
+                ..Default::default()
+            };
+            if let Some(s) = &self.tensors[t].staging {
+                p.tensor[t].staging = s.view();
+            }
+        }
+        p
+    }
+
+    /// The data views of every tensor: (input, output, data row bytes).
+    fn data_views(&self) -> Vec<(weft_pgl_view, weft_pgl_view, usize)> {
+        self.tensors
+            .iter()
+            .map(|t| {
+                (
+                    t.input.view(),
+                    t.output.view(),
+                    t.row_elems * T::DTYPE.size(),
+                )
+            })
+            .collect()
     }
 
     fn launch(&self, f: &CudaFunction, p: &weft_grpcoll_params, grid: u32) -> anyhow::Result<()> {
-        let threads = if std::ptr::eq(f, &self.native) && self.kind == Kind::Reduce {
-            REDUCE_THREADS
-        } else {
-            CAST_THREADS
-        };
+        let pull = std::ptr::eq(f, &self.native) && self.path == Path::Pull;
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
-            block_dim: (threads, 1, 1),
+            block_dim: (if pull { PULL_THREADS } else { PUSH_THREADS }, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: the params' views and work lists point at buffers this plan owns (or peers'
@@ -566,160 +488,40 @@ impl<T: PglElement> Core<T> {
         Ok(())
     }
 
-    /// The native kernel: start barrier, push / pull, end barrier.
+    /// The native kernel: (convert,) barrier, push / pull, barrier.
     fn run_native(&mut self) -> anyhow::Result<()> {
         let base = self.counters.begin(1);
-        let mut p = self.params(
-            self.input.view(),
-            self.output.view(),
-            &self.native_items,
-            self.row_elems * T::DTYPE.size(),
-        )?;
+        let mut p = self.params(&self.data_views(), &self.native_items);
         if let (Some(il), Some(ol)) = (&self.input_lse, &self.output_lse) {
             p.input_lse = il.view();
             p.output_lse = ol.view();
         }
+        p.bar = self.counters.device()?;
         p.epoch = base + 1;
-        p.synced = 1;
+        p.flags = WEFT_GRPCOLL_SYNCED | WEFT_GRPCOLL_TRANSFER;
+        if self.converts() {
+            p.flags |= WEFT_GRPCOLL_CONVERT;
+        }
+        if self.opts.accumulate {
+            p.flags |= WEFT_GRPCOLL_ACCUMULATE;
+        }
+        p.arrive = weft_kernel_barrier_view {
+            counter: self.arrive as *mut i32,
+        };
         self.launch(&self.native, &p, self.sms)
-    }
-
-    /// Range-gather → NCCL grouped send/recv → range-scatter (cast) or scatter-reduce (reduce).
-    fn run_baseline(&mut self, comm: &Communicator) -> anyhow::Result<()> {
-        if comm.world() != self.world || comm.rank() != self.rank {
-            bail!(
-                "grpcoll baseline: communicator is rank {} of {}, the plan rank {} of {}",
-                comm.rank(),
-                comm.world(),
-                self.rank,
-                self.world
-            );
-        }
-        let row_bytes = self.row_elems * T::DTYPE.size();
-        let lse_bytes = self.op.lse_per_row() * 4;
-        let (sends, recvs): (usize, usize) =
-            (self.send_rows.iter().sum(), self.recv_rows.iter().sum());
-        if self.staging.is_none() {
-            let s = &self.stream;
-            let lse = self.input_lse.is_some();
-            self.staging = Some(Staging {
-                send: s.alloc_zeros::<u8>((sends * row_bytes).max(1))?,
-                recv: s.alloc_zeros::<u8>((recvs * row_bytes).max(1))?,
-                lse_send: if lse {
-                    Some(s.alloc_zeros::<u8>((sends * lse_bytes).max(1))?)
-                } else {
-                    None
-                },
-                lse_recv: if lse {
-                    Some(s.alloc_zeros::<u8>((recvs * lse_bytes).max(1))?)
-                } else {
-                    None
-                },
-            });
-        }
-        let mut st = self.staging.take().unwrap();
-        let done = self.baseline_with(comm, &mut st, sends, recvs);
-        self.staging = Some(st);
-        done
-    }
-
-    fn baseline_with(
-        &self,
-        comm: &Communicator,
-        st: &mut Staging,
-        sends: usize,
-        recvs: usize,
-    ) -> anyhow::Result<()> {
-        let row_bytes = self.row_elems * T::DTYPE.size();
-        let lse_bytes = self.op.lse_per_row() * 4;
-        let (rank, world) = (self.rank, self.world);
-        let ptr = |b: &CudaSlice<u8>| b.device_ptr(&self.stream).0;
-        let grid = self.device_sms;
-
-        // Range-gather: the input rows each peer needs, packed per peer.
-        let send_view = local_view(
-            ptr(&st.send),
-            rank,
-            world,
-            sends,
-            self.row_elems,
-            T::DTYPE.size(),
-        );
-        let p = self.params(self.input.view(), send_view, &self.gather_items, row_bytes)?;
-        self.launch(&self.copy_data, &p, grid)?;
-        if let (Some(f), Some(il), Some(ls)) = (&self.copy_lse, &self.input_lse, &st.lse_send) {
-            let p = self.params(
-                il.view(),
-                local_view(ptr(ls), rank, world, sends, self.op.lse_per_row(), 4),
-                &self.gather_items,
-                lse_bytes,
-            )?;
-            self.launch(f, &p, grid)?;
-        }
-
-        // All-to-all-v: one NCCL group of a send and a receive per peer (nested groups aggregate).
-        {
-            let _group = NcclGroup::start()?;
-            let (mut so, mut ro) = (0usize, 0usize);
-            for p in 0..world {
-                let (sn, rn) = (self.send_rows[p], self.recv_rows[p]);
-                if sn + rn > 0 {
-                    let send = st.send.slice(so * row_bytes..(so + sn) * row_bytes);
-                    let mut recv = st.recv.slice_mut(ro * row_bytes..(ro + rn) * row_bytes);
-                    comm.send_recv(&send, p, &mut recv, p, &self.stream)?;
-                    if let (Some(ls), Some(lr)) = (&st.lse_send, &mut st.lse_recv) {
-                        let send = ls.slice(so * lse_bytes..(so + sn) * lse_bytes);
-                        let mut recv = lr.slice_mut(ro * lse_bytes..(ro + rn) * lse_bytes);
-                        comm.send_recv(&send, p, &mut recv, p, &self.stream)?;
-                    }
-                }
-                so += sn;
-                ro += rn;
-            }
-            _group.end()?;
-        }
-
-        // Range-scatter / scatter-reduce into the output PGL's final rows.
-        let recv_view = local_view(
-            ptr(&st.recv),
-            rank,
-            world,
-            recvs,
-            self.row_elems,
-            T::DTYPE.size(),
-        );
-        match self.kind {
-            Kind::Cast => {
-                let p = self.params(
-                    recv_view,
-                    self.output.view(),
-                    &self.scatter_items,
-                    row_bytes,
-                )?;
-                self.launch(&self.copy_data, &p, grid)
-            }
-            Kind::Reduce => {
-                let mut p = self.params(
-                    recv_view,
-                    self.output.view(),
-                    &self.scatter_items,
-                    row_bytes,
-                )?;
-                if let (Some(lr), Some(ol)) = (&st.lse_recv, &self.output_lse) {
-                    p.input_lse = local_view(ptr(lr), rank, world, recvs, self.op.lse_per_row(), 4);
-                    p.output_lse = ol.view();
-                }
-                self.launch(&self.native, &p, grid)
-            }
-        }
     }
 
     fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
         let synced = self.stream.synchronize().map_err(anyhow::Error::from);
         agree(rdzv, "grpcoll plan free (drain)", synced)?;
         drop(self.staging);
-        self.input.free(rdzv)?;
-        self.output.free(rdzv)?;
+        for t in self.tensors {
+            t.input.free(rdzv)?;
+            t.output.free(rdzv)?;
+            if let Some(s) = t.staging {
+                s.free(rdzv)?;
+            }
+        }
         if let Some(p) = self.input_lse {
             p.free(rdzv)?;
         }
@@ -730,53 +532,37 @@ impl<T: PglElement> Core<T> {
     }
 }
 
-fn kind_name(k: Kind) -> &'static str {
-    match k {
-        Kind::Cast => "group_cast",
-        Kind::Reduce => "group_reduce",
-    }
-}
-
-/// An NCCL group around the baseline's sends and receives; ended on drop if `end` was not reached.
-struct NcclGroup {
-    open: bool,
-}
-
-impl NcclGroup {
-    fn start() -> anyhow::Result<Self> {
-        cudarc::nccl::result::group_start()
-            .map_err(|e| anyhow::anyhow!("ncclGroupStart failed: {e:?}"))?;
-        Ok(Self { open: true })
-    }
-    fn end(mut self) -> anyhow::Result<()> {
-        self.open = false;
-        cudarc::nccl::result::group_end()
-            .map_err(|e| anyhow::anyhow!("ncclGroupEnd failed: {e:?}"))?;
-        Ok(())
-    }
-}
-
-impl Drop for NcclGroup {
-    fn drop(&mut self) {
-        if self.open {
-            let _ = cudarc::nccl::result::group_end();
-        }
-    }
-}
-
 macro_rules! common_methods {
     () => {
-        /// This rank's input rows (`meta.input_rows` of them, `row_elems` each) live at the start
-        /// of this PGL; write them before `run` (stream order, or any order completed before it).
+        /// Tensor 0's input: this rank's input rows (`meta.input_rows` of them, `row_elems` each)
+        /// live at the start of this PGL; write them before `run` (stream order, or any order
+        /// completed before it).
         pub fn input(&self) -> &Pgl<T> {
-            &self.core.input
+            &self.core.tensors[0].input
         }
-        /// This rank's output rows (`meta.output_rows`) at the start of this PGL after `run`.
+        /// Tensor 0's output: this rank's output rows (`meta.output_rows`) at its start after `run`.
         pub fn output(&self) -> &Pgl<T> {
-            &self.core.output
+            &self.core.tensors[0].output
         }
+        /// Tensor `t`'s input (packed plans have up to [`MAX_TENSORS`]).
+        pub fn input_of(&self, t: usize) -> &Pgl<T> {
+            &self.core.tensors[t].input
+        }
+        /// Tensor `t`'s output.
+        pub fn output_of(&self, t: usize) -> &Pgl<T> {
+            &self.core.tensors[t].output
+        }
+        /// Tensors moved together by this plan.
+        pub fn tensors(&self) -> usize {
+            self.core.tensors.len()
+        }
+        /// Tensor 0's row width in elements.
         pub fn row_elems(&self) -> usize {
-            self.core.row_elems
+            self.core.tensors[0].row_elems
+        }
+        /// The dtype rows cross NVLink in.
+        pub fn comm_dtype(&self) -> DType {
+            self.core.comm
         }
         /// SMs (blocks) the native kernel uses.
         pub fn sms(&self) -> u32 {
@@ -786,13 +572,19 @@ macro_rules! common_methods {
         pub fn transfers(&self) -> &[Transfer] {
             &self.core.transfers
         }
-        /// Native path: one launch on the plan's stream (start barrier, transfer, end barrier);
-        /// no host synchronisation. Every rank must call it the same number of times.
+        /// Native path: one launch on the plan's stream (convert, barrier, transfer, barrier); no
+        /// host synchronisation. Every rank must call it the same number of times.
         pub fn run(&mut self) -> anyhow::Result<()> {
             self.core.run_native()
         }
-        /// AlltoAll-v baseline (range-gather, NCCL grouped send/recv, range-scatter or
-        /// scatter-reduce) on the plan's stream, with the same inputs and outputs.
+        /// Makes every later native launch arrive once, at its start, on a KernelBarrier
+        /// (`weft_barrier::KernelBarrier::view()`: expect one arrival per `run`); `None` stops it.
+        /// The counter must outlive those launches.
+        pub fn set_kernel_barrier(&mut self, view: Option<weft_kernel_barrier_view>) {
+            self.core.arrive = view.map_or(0, |v| v.counter as u64);
+        }
+        /// AlltoAll-v baseline (convert, range-gather, NCCL grouped send/recv, range-scatter or
+        /// scatter-reduce) on the plan's stream, with the same inputs, outputs and options.
         pub fn run_baseline(&mut self, comm: &Communicator) -> anyhow::Result<()> {
             self.core.run_baseline(comm)
         }
@@ -811,7 +603,8 @@ macro_rules! common_methods {
     };
 }
 
-/// A GroupCast plan (collective). Any element type (the data are copied as bytes).
+/// A GroupCast plan (collective). Any element type when the communication dtype is the data's
+/// (rows are copied as bytes); f32 / f64 data through a narrower communication dtype.
 pub struct GroupCast<T: PglElement> {
     core: Core<T>,
 }
@@ -824,6 +617,18 @@ impl<T: PglElement> GroupCast<T> {
         stream: &Arc<CudaStream>,
         meta: &GroupCastMeta,
         row_elems: usize,
+        opts: Options,
+    ) -> anyhow::Result<Self> {
+        Self::new_packed(rdzv, stream, meta, &[row_elems], opts)
+    }
+
+    /// Collective, as [`GroupCast::new`], for 1 to [`MAX_TENSORS`] tensors of these row widths
+    /// that share the metadata (e.g. K and V): one launch moves them all.
+    pub fn new_packed(
+        rdzv: &mut Rendezvous,
+        stream: &Arc<CudaStream>,
+        meta: &GroupCastMeta,
+        row_elems: &[usize],
         opts: Options,
     ) -> anyhow::Result<Self> {
         Ok(Self {
@@ -841,7 +646,8 @@ impl<T: PglElement> GroupCast<T> {
     common_methods!();
 }
 
-/// A GroupReduce plan (collective). Data dtypes f32 and bf16; fp32 accumulation.
+/// A GroupReduce plan (collective). Data dtypes bf16, f16, f32, f64; fp32 accumulation (fp64 for
+/// f64).
 pub struct GroupReduce<T: PglElement> {
     core: Core<T>,
 }
@@ -854,6 +660,19 @@ impl<T: PglElement> GroupReduce<T> {
         stream: &Arc<CudaStream>,
         meta: &GroupReduceMeta,
         row_elems: usize,
+        op: ReduceOp,
+        opts: Options,
+    ) -> anyhow::Result<Self> {
+        Self::new_packed(rdzv, stream, meta, &[row_elems], op, opts)
+    }
+
+    /// Collective, as [`GroupReduce::new`], for 1 to [`MAX_TENSORS`] tensors sharing the
+    /// metadata (op `Lse` takes one).
+    pub fn new_packed(
+        rdzv: &mut Rendezvous,
+        stream: &Arc<CudaStream>,
+        meta: &GroupReduceMeta,
+        row_elems: &[usize],
         op: ReduceOp,
         opts: Options,
     ) -> anyhow::Result<Self> {
@@ -877,7 +696,7 @@ impl<T: PglElement> GroupReduce<T> {
     pub fn input_lse(&self) -> Option<&Pgl<f32>> {
         self.core.input_lse.as_ref()
     }
-    /// With [`ReduceOp::Lse`]: the combined lse after `run`.
+    /// With [`ReduceOp::Lse`]: the combined lse after `run` (read, too, when accumulating).
     pub fn output_lse(&self) -> Option<&Pgl<f32>> {
         self.core.output_lse.as_ref()
     }
@@ -886,49 +705,102 @@ impl<T: PglElement> GroupReduce<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kernel_choice::PULL_PAIRS;
 
-    #[test]
-    fn kernel_choice_follows_row_widths() {
-        assert_eq!(cast_kernel_name(8192), "weft_grpcoll_cast_v16");
-        assert_eq!(cast_kernel_name(12), "weft_grpcoll_cast_v4");
-        assert_eq!(cast_kernel_name(6), "weft_grpcoll_cast_v2");
-        assert_eq!(cast_kernel_name(3), "weft_grpcoll_cast_v1");
-        assert_eq!(
-            reduce_kernel_name(DType::Bf16, 128).unwrap(),
-            "weft_grpcoll_reduce_bf16_v8"
-        );
-        assert_eq!(
-            reduce_kernel_name(DType::Bf16, 12).unwrap(),
-            "weft_grpcoll_reduce_bf16_v1"
-        );
-        assert_eq!(
-            reduce_kernel_name(DType::F32, 12).unwrap(),
-            "weft_grpcoll_reduce_f32_v4"
-        );
-        let e = reduce_kernel_name(DType::U32, 4).unwrap_err().to_string();
-        assert!(
-            e.contains("data dtype u32 is not supported (supported: f32, bf16)"),
-            "{e}"
-        );
+    fn args(
+        kind: Kind,
+        data: DType,
+        rows: &[usize],
+        op: ReduceOp,
+        opts: Options,
+    ) -> anyhow::Result<(Path, DType, Option<String>)> {
+        validate_args(kind, data, rows, op, &opts, 24, 132)
     }
 
     #[test]
-    fn chunks_cover_the_rows_and_advance_peers() {
-        let mut v = Vec::new();
-        push_chunks(&mut v, 10, 7, &[(1, 100), (3, 0)], 3);
-        assert_eq!(v.len(), 3);
-        assert_eq!(
-            (
-                v[2].row,
-                v[2].rows,
-                v[2].peer_row[0],
-                v[2].peer_row[1],
-                v[2].peer[1]
-            ),
-            (16, 1, 106, 6, 3)
+    fn argument_errors_are_named() {
+        let o = Options::default();
+        let e = |r: anyhow::Result<_>| r.unwrap_err().to_string();
+        assert!(e(args(Kind::Cast, DType::F32, &[], ReduceOp::Sum, o))
+            .contains("packed transfer takes 1 to 3 tensors, got 0"));
+        assert!(e(args(
+            Kind::Cast,
+            DType::F32,
+            &[1, 2, 3, 4],
+            ReduceOp::Sum,
+            o
+        ))
+        .contains("got 4"));
+        assert!(e(args(Kind::Cast, DType::F32, &[8, 0], ReduceOp::Sum, o))
+            .contains("tensor 1: row_elems 0"));
+        let acc = Options {
+            accumulate: true,
+            ..o
+        };
+        assert!(e(args(Kind::Cast, DType::F32, &[8], ReduceOp::Sum, acc))
+            .contains("accumulate is a GroupReduce option"));
+        let lse = ReduceOp::Lse { lse_per_row: 4 };
+        assert!(
+            e(args(Kind::Reduce, DType::F32, &[8, 8], lse, o)).contains("op lse takes one tensor")
         );
-        push_chunks(&mut v, 0, 0, &[(0, 0)], 3);
-        assert_eq!(v.len(), 3);
+        assert!(e(args(Kind::Reduce, DType::F32, &[6], lse, o))
+            .contains("lse_per_row 4 must divide row_elems 6"));
+        let wide = Options {
+            comm_dtype: Some(DType::F32),
+            ..o
+        };
+        assert!(
+            e(args(Kind::Reduce, DType::Bf16, &[8], ReduceOp::Sum, wide))
+                .contains("communication dtype f32 with data dtype bf16 is not supported")
+        );
+        assert!(e(args(Kind::Cast, DType::Bf16, &[8], ReduceOp::Sum, wide))
+            .contains("communication dtype f32 with data dtype bf16"));
+        assert!(e(validate_args(
+            Kind::Cast,
+            DType::F32,
+            &[8],
+            ReduceOp::Sum,
+            &Options {
+                sms: Some(200),
+                ..o
+            },
+            200,
+            132
+        ))
+        .contains("200 SMs requested; the device has 132"));
+    }
+
+    #[test]
+    fn paths_follow_the_collective_and_the_comm_dtype() {
+        let o = Options::default();
+        assert_eq!(
+            args(Kind::Cast, DType::U32, &[8], ReduceOp::Sum, o).unwrap(),
+            (Path::Push, DType::U32, None)
+        );
+        let narrow = Options {
+            comm_dtype: Some(DType::Bf16),
+            ..o
+        };
+        assert_eq!(
+            args(Kind::Cast, DType::F32, &[8, 16], ReduceOp::Sum, narrow).unwrap(),
+            (
+                Path::Pull,
+                DType::Bf16,
+                Some("weft_grpcoll_reduce_bf16_f32_vN".into())
+            )
+        );
+        assert_eq!(
+            args(
+                Kind::Reduce,
+                DType::F64,
+                &[8],
+                ReduceOp::Lse { lse_per_row: 8 },
+                o
+            )
+            .unwrap()
+            .2,
+            Some("weft_grpcoll_reduce_f64_f64_v1".into())
+        );
     }
 
     #[test]
@@ -939,15 +811,13 @@ mod tests {
                 .any(|w| &w[..name.len()] == name.as_bytes() && w[name.len()] == 0)
         };
         for b in [16, 8, 4, 2, 1] {
-            assert!(has(&cast_kernel_name(b)), "{b}");
+            assert!(has(&push_kernel_name(&[b])), "{b}");
         }
-        for (d, g) in [
-            (DType::F32, 4),
-            (DType::F32, 1),
-            (DType::Bf16, 8),
-            (DType::Bf16, 1),
-        ] {
-            assert!(has(&reduce_kernel_name(d, g).unwrap()));
+        for (c, d) in PULL_PAIRS {
+            for g in [1, 16] {
+                let name = pull_kernel_name("x", c, d, &[g]).unwrap();
+                assert!(has(&name), "{name}");
+            }
         }
     }
 }

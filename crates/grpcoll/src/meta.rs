@@ -168,30 +168,54 @@ pub(crate) fn validate_local(kind: Kind, d: &Desc, world: usize) -> anyhow::Resu
 pub(crate) struct Header {
     pub kind: u64,
     pub dtype: u64,
-    pub row_elems: u64,
+    pub comm_dtype: u64,
+    /// Row widths of tensors 0..3 (0: no such tensor).
+    pub row_elems: [u64; 3],
     pub op: u64,
     pub lse_per_row: u64,
+    pub accumulate: u64,
     pub sms: u64,
 }
 
 impl Header {
-    const FIELDS: [&'static str; 6] = [
+    const FIELDS: [&'static str; 10] = [
         "collective",
         "dtype",
+        "communication dtype",
         "row_elems",
+        "row_elems[1]",
+        "row_elems[2]",
         "reduce op",
         "lse_per_row",
+        "accumulate",
         "SM count",
     ];
-    fn values(&self) -> [u64; 6] {
+    fn values(&self) -> [u64; 10] {
+        let [e0, e1, e2] = self.row_elems;
         [
             self.kind,
             self.dtype,
-            self.row_elems,
+            self.comm_dtype,
+            e0,
+            e1,
+            e2,
             self.op,
             self.lse_per_row,
+            self.accumulate,
             self.sms,
         ]
+    }
+    fn from_values(v: [u64; 10]) -> Self {
+        Header {
+            kind: v[0],
+            dtype: v[1],
+            comm_dtype: v[2],
+            row_elems: [v[3], v[4], v[5]],
+            op: v[6],
+            lse_per_row: v[7],
+            accumulate: v[8],
+            sms: v[9],
+        }
     }
 }
 
@@ -227,14 +251,11 @@ pub(crate) fn decode(bytes: &[u8]) -> anyhow::Result<(Header, Desc)> {
         it.next()
             .ok_or_else(|| anyhow::anyhow!("grpcoll metadata is truncated"))
     };
-    let h = Header {
-        kind: next()?,
-        dtype: next()?,
-        row_elems: next()?,
-        op: next()?,
-        lse_per_row: next()?,
-        sms: next()?,
-    };
+    let mut values = [0u64; 10];
+    for v in values.iter_mut() {
+        *v = next()?;
+    }
+    let h = Header::from_values(values);
     let mut sides = Vec::new();
     for _ in 0..2 {
         let rows = next()? as usize;
@@ -266,11 +287,12 @@ pub(crate) fn decode(bytes: &[u8]) -> anyhow::Result<(Header, Desc)> {
     ))
 }
 
-/// Every rank's header must equal rank 0's; the error names each differing rank and field.
+/// Every rank's header must equal rank 0's; the error names each differing rank and field
+/// (`describe(field name, value)` renders a value).
 pub(crate) fn check_headers(
     kind: Kind,
     headers: &[Header],
-    describe: impl Fn(usize, u64) -> String,
+    describe: impl Fn(&str, u64) -> String,
 ) -> anyhow::Result<()> {
     let mut errs = Vec::new();
     for (r, h) in headers.iter().enumerate().skip(1) {
@@ -279,8 +301,8 @@ pub(crate) fn check_headers(
                 errs.push(format!(
                     "rank {r} has {} {} but rank 0 has {}",
                     Header::FIELDS[f],
-                    describe(f, b),
-                    describe(f, *a)
+                    describe(Header::FIELDS[f], b),
+                    describe(Header::FIELDS[f], *a)
                 ));
             }
         }
@@ -440,9 +462,11 @@ mod tests {
         let h = Header {
             kind: 1,
             dtype: 7,
-            row_elems: 128,
+            comm_dtype: 6,
+            row_elems: [128, 64, 0],
             op: 0,
             lse_per_row: 0,
+            accumulate: 0,
             sms: 24,
         };
         let d = cast(
@@ -507,17 +531,27 @@ mod tests {
         let h = Header {
             kind: 2,
             dtype: 7,
-            row_elems: 128,
+            comm_dtype: 7,
+            row_elems: [128, 0, 0],
             op: 0,
             lse_per_row: 0,
+            accumulate: 1,
             sms: 24,
         };
-        let h2 = Header { row_elems: 64, ..h };
+        let h2 = Header {
+            row_elems: [64, 0, 0],
+            accumulate: 0,
+            ..h
+        };
         let e = check_headers(Kind::Reduce, &[h, h, h2], |_, v| v.to_string())
             .unwrap_err()
             .to_string();
         assert!(
             e.contains("rank 2 has row_elems 64 but rank 0 has 128"),
+            "{e}"
+        );
+        assert!(
+            e.contains("rank 2 has accumulate 0 but rank 0 has 1"),
             "{e}"
         );
     }

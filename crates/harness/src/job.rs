@@ -1,6 +1,7 @@
 //! One rank's view of the job: its launcher variables, the rendezvous with the other ranks, its
 //! GPU (or why there is none) and, created on first use, its NCCL communicator.
 
+use crate::trials::Skip;
 use anyhow::Context;
 use cudarc::driver::{CudaContext, CudaStream};
 use std::sync::Arc;
@@ -26,6 +27,8 @@ pub struct Job {
     pub rdzv: Rendezvous,
     gpu: Result<Gpu, String>,
     comm: Option<Communicator>,
+    /// Set when some ranks drive the same GPU (`WEFT_SHARED_GPU=1`): what it rules out.
+    shared_gpu: Option<String>,
 }
 
 impl Job {
@@ -38,12 +41,46 @@ impl Job {
             GpuAvailability::Absent { reason } => Err(reason),
             GpuAvailability::Present { count } => Ok(open_gpu(&env, count)?),
         };
-        Ok(Self {
+        let mut job = Self {
             env,
             rdzv,
             gpu,
             comm: None,
-        })
+            shared_gpu: None,
+        };
+        job.shared_gpu = job.find_shared_gpus()?;
+        Ok(job)
+    }
+
+    /// All-gathers (host, GPU UUID) and names the ranks that drive one GPU together, if any.
+    fn find_shared_gpus(&mut self) -> anyhow::Result<Option<String>> {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        let id = match &self.gpu {
+            Ok(g) => format!("{}/{:?}", host.trim(), g.ctx.uuid()?.bytes),
+            Err(_) => String::new(),
+        };
+        let all = self
+            .rdzv
+            .all_gather(id.as_bytes())
+            .context("all-gathering GPU identities")?;
+        let mut pairs = Vec::new();
+        for (a, ia) in all.iter().enumerate() {
+            if let Some(b) = all[..a].iter().position(|ib| !ia.is_empty() && ib == ia) {
+                pairs.push(format!("ranks {b} and {a}"));
+            }
+        }
+        Ok((!pairs.is_empty()).then(|| {
+            format!(
+                "{} share a GPU ({}=1): NCCL refuses two ranks on one GPU and timings would be meaningless",
+                pairs.join(", "),
+                gpu::SHARED_GPU_VAR
+            )
+        }))
+    }
+
+    /// Why this job cannot use NCCL or time anything: ranks share a GPU. `None` normally.
+    pub fn shared_gpu(&self) -> Option<&str> {
+        self.shared_gpu.as_deref()
     }
 
     pub fn rank(&self) -> usize {
@@ -59,8 +96,12 @@ impl Job {
         self.gpu.as_ref().map_err(|r| r.as_str())
     }
 
-    /// The NCCL communicator over all ranks; collective on first call.
+    /// The NCCL communicator over all ranks; collective on first call. When ranks share a GPU
+    /// the error is a [`Skip`]: trials that need NCCL are then reported as ignored.
     pub fn comm(&mut self) -> anyhow::Result<&Communicator> {
+        if let Some(why) = &self.shared_gpu {
+            return Err(Skip(why.clone()).into());
+        }
         if self.comm.is_none() {
             let gpu = self
                 .gpu

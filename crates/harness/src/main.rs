@@ -98,6 +98,9 @@ fn test(args: &[String]) -> anyhow::Result<ExitCode> {
 fn bench_command(args: &[String]) -> anyhow::Result<ExitCode> {
     let opts = bench::parse(args)?;
     let mut job = Job::start()?;
+    if let Some(why) = job.shared_gpu() {
+        anyhow::bail!("weft bench: {why}; run benchmarks with one rank per GPU");
+    }
     if let Err(e) = bench::run(&mut job, &opts) {
         job.rdzv.abort(&format!("{e:#}"));
         return Err(e);
@@ -108,8 +111,16 @@ fn bench_command(args: &[String]) -> anyhow::Result<ExitCode> {
 fn tune_command(args: &[String]) -> anyhow::Result<ExitCode> {
     let opts = bench::tune::parse(args)?;
     let mut job = Job::start()?;
+    if let Some(why) = job.shared_gpu() {
+        anyhow::bail!("weft tune: {why}; run it with one rank per GPU");
+    }
     let result = bench::tune::run(&mut job, &opts).and_then(|r| {
-        let device = crate::info::gpu_info(job.gpu().map_err(|w| anyhow::anyhow!("no GPU: {w}"))?.ordinal)?.name;
+        let device = crate::info::gpu_info(
+            job.gpu()
+                .map_err(|w| anyhow::anyhow!("no GPU: {w}"))?
+                .ordinal,
+        )?
+        .name;
         bench::report(&job, "tune", &device, r, opts.json.as_ref(), None)
     });
     if let Err(e) = result {
@@ -158,6 +169,12 @@ fn default_run(print_info: bool) -> anyhow::Result<ExitCode> {
     let (conclusion, mut job) = trials::run(job, suites::all(), flags);
     if conclusion.has_failed() {
         return Ok(conclusion.exit_code());
+    }
+    if let Some(why) = job.shared_gpu() {
+        if job.rank() == 0 {
+            println!("\n# benchmark skipped: {why}");
+        }
+        return Ok(ExitCode::SUCCESS);
     }
     let opts = bench::BenchOptions {
         suites: vec!["nccl".into()],

@@ -2,7 +2,9 @@
 //! full check of a large output against a verified copy without downloading either.
 
 use anyhow::{ensure, Context};
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
 use std::sync::Arc;
 use weft_kernels::abi::weft_word_compare_params;
 use weft_kernels::cubins;
@@ -58,17 +60,46 @@ impl WordCompare {
         a: &CudaSlice<T>,
         b: &CudaSlice<T>,
     ) -> anyhow::Result<()> {
-        let bytes = a.len() * std::mem::size_of::<T>();
-        ensure!(a.len() == b.len(), "comparing buffers of {} and {} elements", a.len(), b.len());
-        ensure!(bytes % 4 == 0, "comparing {bytes} bytes: not a whole number of 32-bit words");
+        ensure!(
+            a.len() == b.len(),
+            "comparing buffers of {} and {} elements",
+            a.len(),
+            b.len()
+        );
         let (pa, _ga) = a.device_ptr(stream);
         let (pb, _gb) = b.device_ptr(stream);
+        self.enqueue_raw(stream, pa, pb, a.len() * std::mem::size_of::<T>())
+    }
+
+    /// [`enqueue`](Self::enqueue) for raw device addresses of `bytes` bytes each (e.g. a PGL's
+    /// local buffer); the caller keeps both alive until the stream has run the comparison.
+    pub fn enqueue_raw(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        pa: u64,
+        pb: u64,
+        bytes: usize,
+    ) -> anyhow::Result<()> {
+        ensure!(
+            bytes % 4 == 0,
+            "comparing {bytes} bytes: not a whole number of 32-bit words"
+        );
         let (pr, _gr) = self.result.device_ptr_mut(stream);
-        let p = weft_word_compare_params { a: pa as *const u32, b: pb as *const u32, words: (bytes / 4) as u64, result: pr as *mut _ };
-        let cfg = LaunchConfig { grid_dim: (528, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let p = weft_word_compare_params {
+            a: pa as *const u32,
+            b: pb as *const u32,
+            words: (bytes / 4) as u64,
+            result: pr as *mut _,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (528, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: the kernel takes exactly this struct; both buffers hold `words` words and the
         // result two u64, alive until the stream has run it (callers synchronise before freeing).
-        unsafe { stream.launch_builder(&self.func).arg(&p).launch(cfg) }.context("launching weft_word_compare")?;
+        unsafe { stream.launch_builder(&self.func).arg(&p).launch(cfg) }
+            .context("launching weft_word_compare")?;
         Ok(())
     }
 
@@ -76,6 +107,9 @@ impl WordCompare {
     pub fn take(&mut self, stream: &Arc<CudaStream>) -> anyhow::Result<Option<Difference>> {
         let r = stream.clone_dtoh(&self.result)?;
         stream.synchronize()?;
-        Ok((r[0] != 0).then_some(Difference { words: r[0], first_word: r[1] }))
+        Ok((r[0] != 0).then_some(Difference {
+            words: r[0],
+            first_word: r[1],
+        }))
     }
 }

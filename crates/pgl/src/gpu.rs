@@ -38,10 +38,29 @@ pub fn probe() -> GpuAvailability {
     }
 }
 
+/// `WEFT_SHARED_GPU=1` lets ranks share a GPU: local rank r then drives GPU r mod (visible GPUs).
+/// It exists to run multi-rank correctness trials on a machine with fewer GPUs than ranks. The
+/// ranks' kernels then time-share one GPU (each process has its own context), so timings mean
+/// nothing, and NCCL, which refuses two ranks on one GPU, cannot be used.
+pub const SHARED_GPU_VAR: &str = "WEFT_SHARED_GPU";
+
+/// Whether `WEFT_SHARED_GPU` allows ranks to share a GPU ("1"; unset, empty or "0": no).
+pub fn shared_gpu_allowed() -> anyhow::Result<bool> {
+    match std::env::var(SHARED_GPU_VAR) {
+        Err(_) => Ok(false),
+        Ok(v) => match v.trim() {
+            "" | "0" => Ok(false),
+            "1" => Ok(true),
+            other => bail!("{SHARED_GPU_VAR}={other:?}: expected 1 (ranks may share a GPU) or 0"),
+        },
+    }
+}
+
 /// The device ordinal (among the visible devices) that `env`'s rank drives.
 ///
 /// `WEFT_DEVICE` overrides; otherwise the local rank. Ranks never share a GPU silently: a local
-/// rank without a GPU of its own is an error, since co-located ranks would distort every timing.
+/// rank without a GPU of its own is an error, since co-located ranks would distort every timing,
+/// unless `WEFT_SHARED_GPU=1` asks for sharing (see [`SHARED_GPU_VAR`]).
 pub fn device_for_rank(env: &RankEnv, visible: usize) -> anyhow::Result<usize> {
     if let Ok(text) = std::env::var("WEFT_DEVICE") {
         let ordinal: usize = text
@@ -57,9 +76,13 @@ pub fn device_for_rank(env: &RankEnv, visible: usize) -> anyhow::Result<usize> {
         return Ok(ordinal);
     }
     if env.local_rank >= visible {
+        if shared_gpu_allowed()? {
+            return Ok(env.local_rank % visible);
+        }
         bail!(
             "rank {} is local rank {} of {} on this host, but only {visible} GPU(s) are visible \
-             (CUDA_VISIBLE_DEVICES={}): start at most one rank per GPU",
+             (CUDA_VISIBLE_DEVICES={}): start at most one rank per GPU (or set {SHARED_GPU_VAR}=1 \
+             for correctness runs on shared GPUs)",
             env.rank,
             env.local_rank,
             env.local_world,

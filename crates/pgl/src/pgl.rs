@@ -383,7 +383,14 @@ fn check_peer_access(
         return Ok(()); // not visible in this process: the mapping itself will tell
     }
     if peer_dev == device {
-        bail!("ranks {rank} and {peer} both use GPU {peer_pci}: a PGL needs one GPU per rank");
+        if crate::gpu::shared_gpu_allowed()? {
+            return Ok(()); // mapping a peer process's memory on the same GPU works
+        }
+        bail!(
+            "ranks {rank} and {peer} both use GPU {peer_pci}: a PGL needs one GPU per rank \
+             (set {}=1 to allow shared GPUs for correctness runs)",
+            crate::gpu::SHARED_GPU_VAR
+        );
     }
     let mut ok = 0;
     // SAFETY: out-parameter and valid devices.

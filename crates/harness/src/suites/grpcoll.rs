@@ -1,99 +1,233 @@
 //! GroupCast / GroupReduce correctness (crates/grpcoll): seeded random patterns (split counts and
-//! sizes, empty splits, fan-out 0…world for cast and 1…world for reduce, odd row widths), f32 and
-//! bf16, the native kernels and the AlltoAll-v baseline, against a float64 CPU reference that every
-//! rank computes from every rank's regenerated inputs. Outputs are poisoned (NaN) first; every
-//! output element is checked, and the rows past this rank's output must stay poisoned. Cast is
-//! checked bit for bit; reductions within a tolerance set by the dtype (see `Tol`). The native
-//! path runs three times back to back per pattern (epoch reuse with no host synchronisation).
-//! Metadata errors must fail on every rank with a message naming the problem.
+//! sizes, empty splits, fan-out 0…world for cast and 1…world for reduce, odd row widths), every
+//! data dtype, communication dtypes narrower than the data, accumulation into the existing output,
+//! packed transfer of up to three tensors, on the native kernels (`::native`) and on the
+//! AlltoAll-v baseline (`::alltoallv`, needs NCCL: one GPU per rank), against a float64 CPU
+//! reference that every rank computes from every rank's regenerated inputs
+//! (grpcoll_reference.rs). Outputs are poisoned (NaN) first, or set to random prior values when
+//! accumulating; every output element is checked, and the rows past this rank's output must stay
+//! poisoned. Cast is checked bit for bit; reductions within a tolerance set by the dtypes. The
+//! native path runs three times back to back per pattern (epoch reuse with no host
+//! synchronisation) unless it accumulates. Metadata errors must fail on every rank with a message
+//! naming the problem. Long back-to-back loops: grpcoll_stress.rs.
 
+use super::grpcoll_reference::{
+    cast_reference, check, check_lse, reduce_reference, round_to, GElem, Op, ReduceInputs,
+};
 use crate::data::shared_seed;
 use crate::job::Job;
 use crate::trials::Case;
 use cudarc::driver::sys;
-use half::bf16;
+use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use weft_grpcoll::pattern::{cast_metas, reduce_metas, CastBlock, ReduceBlock};
 use weft_grpcoll::{GroupCast, GroupCastMeta, GroupReduce, GroupReduceMeta, Options, ReduceOp};
-use weft_pgl::{Pgl, PglElement};
+use weft_pgl::{DType, Pgl, PglElement};
+
+/// Which path a trial runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Via {
+    Native,
+    AllToAllV,
+}
+
+/// A trial's plan options besides the SM count (random per pattern).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Cfg {
+    pub comm: Option<DType>,
+    pub accumulate: bool,
+    pub tensors: usize,
+}
+
+const PLAIN: Cfg = Cfg {
+    comm: None,
+    accumulate: false,
+    tensors: 1,
+};
+
+const fn via(comm: DType) -> Cfg {
+    Cfg {
+        comm: Some(comm),
+        ..PLAIN
+    }
+}
+
+const ACCUMULATE: Cfg = Cfg {
+    accumulate: true,
+    ..PLAIN
+};
+
+/// A `::native` and an `::alltoallv` trial of one configuration.
+macro_rules! both {
+    ($name:expr, $trial:ident :: < $t:ty > ( $($arg:expr),* )) => {
+        [
+            Case::gpu(format!("{}::native", $name), |j| $trial::<$t>(j, Via::Native, $($arg),*)),
+            Case::gpu(format!("{}::alltoallv", $name), |j| $trial::<$t>(j, Via::AllToAllV, $($arg),*)),
+        ]
+    };
+}
 
 pub fn cases() -> Vec<Case> {
-    vec![
-        Case::gpu("grpcoll::cast::f32", cast_trial::<f32>),
-        Case::gpu("grpcoll::cast::bf16", cast_trial::<bf16>),
-        Case::gpu("grpcoll::reduce::sum::f32", |j| {
-            reduce_trial::<f32>(j, Op::Sum)
-        }),
-        Case::gpu("grpcoll::reduce::sum::bf16", |j| {
-            reduce_trial::<bf16>(j, Op::Sum)
-        }),
-        Case::gpu("grpcoll::reduce::avg::f32", |j| {
-            reduce_trial::<f32>(j, Op::Avg)
-        }),
-        Case::gpu("grpcoll::reduce::avg::bf16", |j| {
-            reduce_trial::<bf16>(j, Op::Avg)
-        }),
-        Case::gpu("grpcoll::reduce::lse::f32", |j| {
-            reduce_trial::<f32>(j, Op::Lse)
-        }),
-        Case::gpu("grpcoll::reduce::lse::bf16", |j| {
-            reduce_trial::<bf16>(j, Op::Lse)
-        }),
+    let mut v: Vec<Case> = [
+        both!("grpcoll::cast::f32", cast_trial::<f32>(PLAIN)),
+        both!("grpcoll::cast::bf16", cast_trial::<bf16>(PLAIN)),
+        both!("grpcoll::cast::f16", cast_trial::<f16>(PLAIN)),
+        both!("grpcoll::cast::f64", cast_trial::<f64>(PLAIN)),
+        both!(
+            "grpcoll::cast::f32_via_bf16",
+            cast_trial::<f32>(via(DType::Bf16))
+        ),
+        both!(
+            "grpcoll::cast::f64_via_f16",
+            cast_trial::<f64>(via(DType::F16))
+        ),
+        both!(
+            "grpcoll::cast::f64_via_f32",
+            cast_trial::<f64>(via(DType::F32))
+        ),
+        both!(
+            "grpcoll::cast::packed3::bf16",
+            cast_trial::<bf16>(Cfg {
+                tensors: 3,
+                ..PLAIN
+            })
+        ),
+        both!(
+            "grpcoll::cast::packed2::f32_via_bf16",
+            cast_trial::<f32>(Cfg {
+                tensors: 2,
+                ..via(DType::Bf16)
+            })
+        ),
+        both!(
+            "grpcoll::reduce::sum::f32",
+            reduce_trial::<f32>(Op::Sum, PLAIN)
+        ),
+        both!(
+            "grpcoll::reduce::sum::bf16",
+            reduce_trial::<bf16>(Op::Sum, PLAIN)
+        ),
+        both!(
+            "grpcoll::reduce::sum::f16",
+            reduce_trial::<f16>(Op::Sum, PLAIN)
+        ),
+        both!(
+            "grpcoll::reduce::sum::f64",
+            reduce_trial::<f64>(Op::Sum, PLAIN)
+        ),
+        both!(
+            "grpcoll::reduce::avg::f32",
+            reduce_trial::<f32>(Op::Avg, PLAIN)
+        ),
+        both!(
+            "grpcoll::reduce::avg::bf16",
+            reduce_trial::<bf16>(Op::Avg, PLAIN)
+        ),
+        both!(
+            "grpcoll::reduce::avg::f16",
+            reduce_trial::<f16>(Op::Avg, PLAIN)
+        ),
+        both!(
+            "grpcoll::reduce::avg::f64",
+            reduce_trial::<f64>(Op::Avg, PLAIN)
+        ),
+        both!(
+            "grpcoll::reduce::lse::f32",
+            reduce_trial::<f32>(Op::Lse, PLAIN)
+        ),
+        both!(
+            "grpcoll::reduce::lse::bf16",
+            reduce_trial::<bf16>(Op::Lse, PLAIN)
+        ),
+        both!(
+            "grpcoll::reduce::lse::f16",
+            reduce_trial::<f16>(Op::Lse, PLAIN)
+        ),
+        both!(
+            "grpcoll::reduce::lse::f64",
+            reduce_trial::<f64>(Op::Lse, PLAIN)
+        ),
+        both!(
+            "grpcoll::reduce::sum::f32_via_bf16",
+            reduce_trial::<f32>(Op::Sum, via(DType::Bf16))
+        ),
+        both!(
+            "grpcoll::reduce::avg::f32_via_f16",
+            reduce_trial::<f32>(Op::Avg, via(DType::F16))
+        ),
+        both!(
+            "grpcoll::reduce::lse::f64_via_f32",
+            reduce_trial::<f64>(Op::Lse, via(DType::F32))
+        ),
+        both!(
+            "grpcoll::reduce::sum::accumulate::bf16",
+            reduce_trial::<bf16>(Op::Sum, ACCUMULATE)
+        ),
+        both!(
+            "grpcoll::reduce::avg::accumulate::f32",
+            reduce_trial::<f32>(Op::Avg, ACCUMULATE)
+        ),
+        both!(
+            "grpcoll::reduce::lse::accumulate::f32",
+            reduce_trial::<f32>(Op::Lse, ACCUMULATE)
+        ),
+        both!(
+            "grpcoll::reduce::lse::accumulate::bf16",
+            reduce_trial::<bf16>(Op::Lse, ACCUMULATE)
+        ),
+        both!(
+            "grpcoll::reduce::sum::accumulate::f32_via_bf16",
+            reduce_trial::<f32>(
+                Op::Sum,
+                Cfg {
+                    accumulate: true,
+                    ..via(DType::Bf16)
+                }
+            )
+        ),
+        both!(
+            "grpcoll::reduce::packed3::sum::bf16",
+            reduce_trial::<bf16>(
+                Op::Sum,
+                Cfg {
+                    tensors: 3,
+                    ..PLAIN
+                }
+            )
+        ),
+        both!(
+            "grpcoll::reduce::packed2::avg::accumulate::f64_via_f32",
+            reduce_trial::<f64>(
+                Op::Avg,
+                Cfg {
+                    tensors: 2,
+                    accumulate: true,
+                    comm: Some(DType::F32)
+                }
+            )
+        ),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    v.extend(super::grpcoll_stress::cases());
+    v.extend([
+        Case::gpu("grpcoll::kernel_barrier_arrivals", kernel_barrier_arrivals),
         Case::gpu("grpcoll::errors::split_sum", err_split_sum),
         Case::gpu("grpcoll::errors::index_out_of_range", err_out_of_range),
         Case::gpu("grpcoll::errors::duplicate_destination", err_duplicate),
         Case::gpu("grpcoll::errors::cross_rank_disagreement", err_disagreement),
         Case::gpu("grpcoll::errors::unsupported_dtype", err_dtype),
-    ]
+        Case::gpu("grpcoll::errors::options", err_options),
+    ]);
+    v
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Op {
-    Sum,
-    Avg,
-    Lse,
-}
-
-/// A data type of the trials: conversions to and from f64 and its precision.
-trait GElem: PglElement + PartialEq + std::fmt::Debug {
-    /// Relative spacing of the type (2^-23 for f32, 2^-7 for bf16).
-    const EPS: f64;
-    fn from_f64(v: f64) -> Self;
-    fn to_f64(self) -> f64;
-    fn poison() -> Self;
-}
-
-impl GElem for f32 {
-    const EPS: f64 = f32::EPSILON as f64;
-    fn from_f64(v: f64) -> Self {
-        v as f32
-    }
-    fn to_f64(self) -> f64 {
-        self as f64
-    }
-    fn poison() -> Self {
-        f32::NAN
-    }
-}
-
-impl GElem for bf16 {
-    const EPS: f64 = 0.0078125;
-    fn from_f64(v: f64) -> Self {
-        bf16::from_f64(v)
-    }
-    fn to_f64(self) -> f64 {
-        self.to_f64()
-    }
-    fn poison() -> Self {
-        bf16::NAN
-    }
-}
-
-const PATTERNS: usize = 6;
+const PATTERNS: usize = 4;
 const ROW_ELEMS: [usize; 6] = [1, 3, 8, 24, 136, 1024];
 
-fn gpu_stream(job: &Job) -> anyhow::Result<std::sync::Arc<cudarc::driver::CudaStream>> {
+pub(super) fn gpu_stream(job: &Job) -> anyhow::Result<std::sync::Arc<cudarc::driver::CudaStream>> {
     Ok(job
         .gpu()
         .map_err(|w| anyhow::anyhow!("no GPU: {w}"))?
@@ -121,7 +255,7 @@ fn random_rows(rng: &mut StdRng, big: bool) -> usize {
 }
 
 /// Pattern p: up to 5 splits per rank; pattern 0 sends every split to every rank (full fan-out).
-fn cast_blocks(rng: &mut StdRng, world: usize, p: usize, big: bool) -> Vec<CastBlock> {
+pub(super) fn cast_blocks(rng: &mut StdRng, world: usize, p: usize, big: bool) -> Vec<CastBlock> {
     let mut v = Vec::new();
     for owner in 0..world {
         for _ in 0..rng.random_range(0..=5) {
@@ -146,7 +280,12 @@ fn cast_blocks(rng: &mut StdRng, world: usize, p: usize, big: bool) -> Vec<CastB
     v
 }
 
-fn reduce_blocks(rng: &mut StdRng, world: usize, p: usize, big: bool) -> Vec<ReduceBlock> {
+pub(super) fn reduce_blocks(
+    rng: &mut StdRng,
+    world: usize,
+    p: usize,
+    big: bool,
+) -> Vec<ReduceBlock> {
     let mut v = Vec::new();
     for receiver in 0..world {
         for _ in 0..rng.random_range(0..=5) {
@@ -165,19 +304,31 @@ fn reduce_blocks(rng: &mut StdRng, world: usize, p: usize, big: bool) -> Vec<Red
     v
 }
 
-/// Rank r's inputs of pattern p (values already rounded to T), regenerable by every rank.
-fn inputs<T: GElem>(seed: u64, p: usize, r: usize, rows: usize, row_elems: usize) -> Vec<T> {
+/// Values of stream `what` (input, prior output…) of tensor t, pattern p, rank r, rounded to T;
+/// regenerable by every rank.
+pub(super) fn values<T: GElem>(
+    seed: u64,
+    what: u64,
+    p: usize,
+    t: usize,
+    r: usize,
+    n: usize,
+) -> Vec<T> {
     let mut rng = StdRng::seed_from_u64(
-        seed ^ ((p as u64) << 32) ^ (r as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        seed ^ (what << 56)
+            ^ ((p as u64) << 32)
+            ^ ((t as u64) << 24)
+            ^ (r as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
     );
-    (0..rows * row_elems)
+    (0..n)
         .map(|_| T::from_f64(rng.random_range(-1.0..1.0)))
         .collect()
 }
 
-fn lse_inputs(seed: u64, p: usize, r: usize, n: usize) -> Vec<f32> {
+/// lse values in [-4, 4), one in 20 of them -inf.
+pub(super) fn lse_values(seed: u64, what: u64, p: usize, r: usize, n: usize) -> Vec<f32> {
     let mut rng = StdRng::seed_from_u64(
-        !seed ^ ((p as u64) << 32) ^ (r as u64).wrapping_mul(0xD1B5_4A32_D192_ED03),
+        !seed ^ (what << 56) ^ ((p as u64) << 32) ^ (r as u64).wrapping_mul(0xD1B5_4A32_D192_ED03),
     );
     (0..n)
         .map(|_| {
@@ -190,7 +341,14 @@ fn lse_inputs(seed: u64, p: usize, r: usize, n: usize) -> Vec<f32> {
         .collect()
 }
 
-fn write<T: PglElement>(pgl: &Pgl<T>, host: &[T]) -> anyhow::Result<()> {
+const INPUT: u64 = 1;
+const PRIOR: u64 = 2;
+
+fn as_f64<T: GElem>(v: &[T]) -> Vec<f64> {
+    v.iter().map(|x| x.clone().to_f64()).collect()
+}
+
+pub(super) fn write<T: PglElement>(pgl: &Pgl<T>, host: &[T]) -> anyhow::Result<()> {
     anyhow::ensure!(
         host.len() <= pgl.len(),
         "{} elements do not fit a PGL of {}",
@@ -219,7 +377,7 @@ fn write<T: PglElement>(pgl: &Pgl<T>, host: &[T]) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn read<T: PglElement + Default + Clone>(pgl: &Pgl<T>) -> anyhow::Result<Vec<T>> {
+pub(super) fn read<T: PglElement + Default + Clone>(pgl: &Pgl<T>) -> anyhow::Result<Vec<T>> {
     let mut host = vec![T::default(); pgl.len()];
     pgl.context().bind_to_thread()?;
     // SAFETY: copies this rank's whole buffer into a host vector of the same length.
@@ -237,108 +395,79 @@ fn read<T: PglElement + Default + Clone>(pgl: &Pgl<T>) -> anyhow::Result<Vec<T>>
     Ok(host)
 }
 
-/// The first row of each block in its owner's (cast) / receiver-side source's (reduce) input,
-/// from the generator's ordering rule, computed here independently of the plan's matching.
-fn cast_reference(
-    blocks: &[CastBlock],
-    world: usize,
-    ins: &[Vec<f64>],
-    row_elems: usize,
-    d: usize,
-) -> Vec<f64> {
-    let mut off = vec![0usize; world];
-    let mut local = vec![0usize; world];
-    let mut placed = Vec::new(); // (local index, owner, input row, rows)
-    for b in blocks {
-        if b.dsts.contains(&d) {
-            placed.push((local[b.owner], b.owner, off[b.owner], b.rows));
-        }
-        local[b.owner] += 1;
-        off[b.owner] += b.rows;
-    }
-    placed.sort();
-    let mut out = Vec::new();
-    for (_, owner, row, rows) in placed {
-        out.extend_from_slice(&ins[owner][row * row_elems..(row + rows) * row_elems]);
-    }
-    out
+/// `prefix` followed by poison up to `len` elements.
+fn padded<T: GElem>(prefix: &[T], len: usize) -> Vec<T> {
+    let mut v = prefix.to_vec();
+    v.resize(len, T::poison());
+    v
 }
 
-fn check_cast<T: GElem>(what: &str, got: &[T], want: &[f64]) -> anyhow::Result<()> {
-    let mut bad = 0;
-    let mut first = Vec::new();
-    for (i, g) in got.iter().enumerate() {
-        let ok = match want.get(i) {
-            Some(&w) => *g == T::from_f64(w) && g.to_f64().to_bits() == w.to_bits(),
-            None => g.to_f64().is_nan(), // past this rank's output: never written
-        };
-        if !ok {
-            bad += 1;
-            if first.len() < 4 {
-                let note = if i >= want.len() {
-                    " (written past the output)"
-                } else if g.to_f64().is_nan() {
-                    " (never written)"
-                } else {
-                    ""
-                };
-                first.push(format!("[{i}] = {g:?}, expected {:?}{note}", want.get(i)));
-            }
-        }
-    }
-    anyhow::ensure!(
-        bad == 0,
-        "{what}: {bad} of {} elements wrong: {}",
-        got.len(),
-        first.join("; ")
-    );
-    Ok(())
-}
-
-fn cast_trial<T: GElem + Default + Clone>(job: &mut Job) -> anyhow::Result<()> {
+fn cast_trial<T: GElem>(job: &mut Job, via: Via, cfg: Cfg) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
     let (rank, world) = (job.rank(), job.world());
     let stream = gpu_stream(job)?;
-    job.comm()?;
+    if via == Via::AllToAllV {
+        job.comm()?;
+    }
+    let comm = cfg.comm.unwrap_or(T::DTYPE);
     let mut rng = StdRng::seed_from_u64(seed);
     for p in 0..PATTERNS {
-        let row_elems = ROW_ELEMS[rng.random_range(0..ROW_ELEMS.len())];
-        let blocks = cast_blocks(&mut rng, world, p, row_elems <= 136);
+        let widths: Vec<usize> = (0..cfg.tensors)
+            .map(|_| ROW_ELEMS[rng.random_range(0..ROW_ELEMS.len())])
+            .collect();
+        let blocks = cast_blocks(&mut rng, world, p, widths.iter().all(|&w| w <= 136));
         let metas = cast_metas(world, &blocks);
-        let ins: Vec<Vec<f64>> = (0..world)
-            .map(|r| {
-                inputs::<T>(seed, p, r, metas[r].input_rows, row_elems)
-                    .iter()
-                    .map(|v| v.to_f64())
+        let want: Vec<Vec<f64>> = widths
+            .iter()
+            .enumerate()
+            .map(|(t, &w)| {
+                let ins: Vec<Vec<f64>> = (0..world)
+                    .map(|r| as_f64(&values::<T>(seed, INPUT, p, t, r, metas[r].input_rows * w)))
+                    .collect();
+                cast_reference(&blocks, world, &ins, w, rank)
+                    .into_iter()
+                    .map(|v| round_to(comm, v))
                     .collect()
             })
             .collect();
-        let want = cast_reference(&blocks, world, &ins, row_elems, rank);
-        let sms = Options {
+        let opts = Options {
             sms: Some(rng.random_range(1..=24)),
+            comm_dtype: cfg.comm,
+            accumulate: false,
         };
-        let mut plan = GroupCast::<T>::new(&mut job.rdzv, &stream, &metas[rank], row_elems, sms)?;
-        let nsms = plan.sms();
-        let what = |path: &str| {
-            format!("{} cast {path}, pattern {p}, row_elems {row_elems}, {nsms} SMs, seed {seed}, rank {rank}", std::any::type_name::<T>())
-        };
-        write(
-            plan.input(),
-            &inputs::<T>(seed, p, rank, metas[rank].input_rows, row_elems),
-        )?;
+        let mut plan =
+            GroupCast::<T>::new_packed(&mut job.rdzv, &stream, &metas[rank], &widths, opts)?;
+        let what = format!(
+            "{} cast via {} {via:?}, pattern {p}, row_elems {widths:?}, {} SMs, seed {seed}, rank {rank}",
+            T::DTYPE.name(),
+            comm.name(),
+            plan.sms()
+        );
         let checked = (|| -> anyhow::Result<()> {
-            write(plan.output(), &vec![T::poison(); plan.output().len()])?;
-            for _ in 0..3 {
-                plan.run()?;
+            for (t, &w) in widths.iter().enumerate() {
+                write(
+                    plan.input_of(t),
+                    &values::<T>(seed, INPUT, p, t, rank, metas[rank].input_rows * w),
+                )?;
+                write(
+                    plan.output_of(t),
+                    &vec![T::poison(); plan.output_of(t).len()],
+                )?;
+            }
+            match via {
+                Via::Native => (0..3).try_for_each(|_| plan.run())?,
+                Via::AllToAllV => plan.run_baseline(job.comm()?)?,
             }
             plan.synchronize()?;
-            check_cast(&what("native"), &read(plan.output())?, &want)?;
-            write(plan.output(), &vec![T::poison(); plan.output().len()])?;
-            // Nobody may still push into this rank's output (the previous check rewrote it).
-            job.rdzv.barrier()?;
-            plan.run_baseline(job.comm()?)?;
-            plan.synchronize()?;
-            check_cast(&what("AlltoAll-v baseline"), &read(plan.output())?, &want)
+            for (t, want) in want.iter().enumerate() {
+                check(
+                    &format!("{what}, tensor {t}"),
+                    &read(plan.output_of(t))?,
+                    want,
+                    None,
+                )?;
+            }
+            Ok(())
         })();
         let checked = weft_pgl::agree(&mut job.rdzv, "grpcoll cast trial", checked);
         plan.free(&mut job.rdzv)?;
@@ -347,224 +476,39 @@ fn cast_trial<T: GElem + Default + Clone>(job: &mut Job) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Reference for rank d's output: (values, lse, scale) where scale bounds the terms' magnitude
-/// (Σ |weight · x|) for the tolerance.
-#[allow(
-    clippy::type_complexity,
-    clippy::too_many_arguments,
-    clippy::needless_range_loop
-)]
-fn reduce_reference(
-    blocks: &[ReduceBlock],
-    world: usize,
-    ins: &[Vec<f64>],
-    lses: &[Vec<f64>],
-    row_elems: usize,
-    lse_per_row: usize,
-    op: Op,
-    d: usize,
-) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-    // Each source's input row of each block: blocks listing s, ordered by (receiver-local index, receiver).
-    let mut local = vec![0usize; world];
-    let locals: Vec<usize> = blocks
-        .iter()
-        .map(|b| {
-            local[b.receiver] += 1;
-            local[b.receiver] - 1
-        })
-        .collect();
-    let mut in_row = vec![vec![0usize; world]; blocks.len()];
-    for s in 0..world {
-        let mut mine: Vec<usize> = (0..blocks.len())
-            .filter(|&g| blocks[g].srcs.contains(&s))
-            .collect();
-        mine.sort_by_key(|&g| (locals[g], blocks[g].receiver));
-        let mut at = 0;
-        for g in mine {
-            in_row[g][s] = at;
-            at += blocks[g].rows;
-        }
-    }
-    let group = if op == Op::Lse {
-        row_elems / lse_per_row
-    } else {
-        row_elems
-    };
-    let (mut out, mut out_lse, mut scale) = (Vec::new(), Vec::new(), Vec::new());
-    for (g, b) in blocks.iter().enumerate().filter(|(_, b)| b.receiver == d) {
-        for r in 0..b.rows {
-            for c in 0..row_elems {
-                let h = c / group;
-                let xs: Vec<(f64, f64)> = b
-                    .srcs
-                    .iter()
-                    .map(|&s| {
-                        let row = in_row[g][s] + r;
-                        let l = if op == Op::Lse {
-                            lses[s][row * lse_per_row + h]
-                        } else {
-                            0.0
-                        };
-                        (ins[s][row * row_elems + c], l)
-                    })
-                    .collect();
-                let n = xs.len() as f64;
-                match op {
-                    Op::Sum => {
-                        out.push(xs.iter().map(|x| x.0).sum());
-                        scale.push(xs.iter().map(|x| x.0.abs()).sum());
-                    }
-                    Op::Avg => {
-                        out.push(xs.iter().map(|x| x.0).sum::<f64>() / n);
-                        scale.push(xs.iter().map(|x| x.0.abs()).sum::<f64>() / n);
-                    }
-                    Op::Lse => {
-                        let m = xs.iter().map(|x| x.1).fold(f64::NEG_INFINITY, f64::max);
-                        let (lse, v, sc) = if m == f64::NEG_INFINITY {
-                            (f64::NEG_INFINITY, 0.0, 0.0)
-                        } else {
-                            let lse = m + xs.iter().map(|x| (x.1 - m).exp()).sum::<f64>().ln();
-                            let w = |x: &(f64, f64)| (x.1 - lse).exp();
-                            (
-                                lse,
-                                xs.iter().map(|x| w(x) * x.0).sum(),
-                                xs.iter().map(|x| w(x) * x.0.abs()).sum(),
-                            )
-                        };
-                        out.push(v);
-                        scale.push(sc);
-                        if c % group == 0 {
-                            out_lse.push(lse);
-                        }
-                    }
-                }
-            }
-        }
-    }
-    (out, out_lse, scale)
-}
-
-/// Tolerance for a reduced element: fp32 accumulation of n terms costs about n·2^-24 of Σ|terms|
-/// (and the lse weights a few ulps more), then the result is rounded to T: bf16 outputs are
-/// compared with the reference rounded to bf16, allowing one bf16 ulp for a rounding flip.
-fn tolerance<T: GElem>(want: f64, scale: f64) -> f64 {
-    let acc = 64.0 * f32::EPSILON as f64 * (scale + want.abs());
-    if T::EPS > f32::EPSILON as f64 {
-        acc + T::EPS * want.abs().max(f64::MIN_POSITIVE)
-    } else {
-        acc
-    }
-}
-
-fn check_reduce<T: GElem>(
-    what: &str,
-    got: &[T],
-    want: &[f64],
-    scale: &[f64],
-) -> anyhow::Result<()> {
-    let mut bad = 0;
-    let mut first = Vec::new();
-    for (i, g) in got.iter().enumerate() {
-        let gv = g.to_f64();
-        let ok = match want.get(i) {
-            Some(&w) => {
-                let w_t = T::from_f64(w).to_f64();
-                (gv - w_t).abs() <= tolerance::<T>(w, scale[i])
-            }
-            None => gv.is_nan(),
-        };
-        if !ok {
-            bad += 1;
-            if first.len() < 4 {
-                let note = if i >= want.len() {
-                    " (written past the output)"
-                } else if gv.is_nan() {
-                    " (never written)"
-                } else {
-                    ""
-                };
-                first.push(format!("[{i}] = {gv}, expected {:?}{note}", want.get(i)));
-            }
-        }
-    }
-    anyhow::ensure!(
-        bad == 0,
-        "{what}: {bad} of {} elements wrong: {}",
-        got.len(),
-        first.join("; ")
-    );
-    Ok(())
-}
-
-fn check_lse(what: &str, got: &[f32], want: &[f64]) -> anyhow::Result<()> {
-    let mut bad = Vec::new();
-    let mut count = 0;
-    for (i, &g) in got.iter().enumerate() {
-        let ok = match want.get(i) {
-            Some(&w) if w == f64::NEG_INFINITY => g == f32::NEG_INFINITY,
-            Some(&w) => ((g as f64) - w).abs() <= 1e-5 * (1.0 + w.abs()),
-            None => g.is_nan(),
-        };
-        if !ok {
-            count += 1;
-            if bad.len() < 4 {
-                bad.push(format!("[{i}] = {g}, expected {:?}", want.get(i)));
-            }
-        }
-    }
-    anyhow::ensure!(
-        count == 0,
-        "{what}: {count} of {} lse values wrong: {}",
-        got.len(),
-        bad.join("; ")
-    );
-    Ok(())
-}
-
-fn reduce_trial<T: GElem + Default + Clone>(job: &mut Job, op: Op) -> anyhow::Result<()> {
+fn reduce_trial<T: GElem>(job: &mut Job, via: Via, op: Op, cfg: Cfg) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
     let (rank, world) = (job.rank(), job.world());
     let stream = gpu_stream(job)?;
-    job.comm()?;
+    if via == Via::AllToAllV {
+        job.comm()?;
+    }
+    let comm = cfg.comm.unwrap_or(T::DTYPE);
     let mut rng = StdRng::seed_from_u64(seed);
     for p in 0..PATTERNS {
-        let row_elems = ROW_ELEMS[rng.random_range(0..ROW_ELEMS.len())];
-        let divisors: Vec<usize> = (1..=row_elems.min(16))
-            .filter(|d| row_elems % d == 0)
+        let widths: Vec<usize> = (0..cfg.tensors)
+            .map(|_| ROW_ELEMS[rng.random_range(0..ROW_ELEMS.len())])
+            .collect();
+        let divisors: Vec<usize> = (1..=widths[0].min(16))
+            .filter(|d| widths[0] % d == 0)
             .collect();
         let lse_per_row = if op == Op::Lse {
             divisors[rng.random_range(0..divisors.len())]
         } else {
             0
         };
-        let blocks = reduce_blocks(&mut rng, world, p, row_elems <= 136);
+        let blocks = reduce_blocks(&mut rng, world, p, widths.iter().all(|&w| w <= 136));
         let metas = reduce_metas(world, &blocks);
-        let ins: Vec<Vec<f64>> = (0..world)
-            .map(|r| {
-                inputs::<T>(seed, p, r, metas[r].input_rows, row_elems)
-                    .iter()
-                    .map(|v| v.to_f64())
-                    .collect()
-            })
-            .collect();
+        let out_rows = metas[rank].output_rows;
         let lses: Vec<Vec<f64>> = (0..world)
             .map(|r| {
-                lse_inputs(seed, p, r, metas[r].input_rows * lse_per_row)
+                lse_values(seed, INPUT, p, r, metas[r].input_rows * lse_per_row)
                     .iter()
                     .map(|&v| v as f64)
                     .collect()
             })
             .collect();
-        let (want, want_lse, scale) = reduce_reference(
-            &blocks,
-            world,
-            &ins,
-            &lses,
-            row_elems,
-            lse_per_row,
-            op,
-            rank,
-        );
+        let prior_lse: Vec<f32> = lse_values(seed, PRIOR, p, rank, out_rows * lse_per_row);
         let rop = match op {
             Op::Sum => ReduceOp::Sum,
             Op::Avg => ReduceOp::Avg,
@@ -572,44 +516,77 @@ fn reduce_trial<T: GElem + Default + Clone>(job: &mut Job, op: Op) -> anyhow::Re
         };
         let opts = Options {
             sms: Some(rng.random_range(1..=24)),
+            comm_dtype: cfg.comm,
+            accumulate: cfg.accumulate,
         };
         let mut plan =
-            GroupReduce::<T>::new(&mut job.rdzv, &stream, &metas[rank], row_elems, rop, opts)?;
-        let what = |path: &str| {
-            format!("{} reduce {op:?} {path}, pattern {p}, row_elems {row_elems}, lse_per_row {lse_per_row}, seed {seed}, rank {rank}", std::any::type_name::<T>())
-        };
-        write(
-            plan.input(),
-            &inputs::<T>(seed, p, rank, metas[rank].input_rows, row_elems),
-        )?;
-        if let Some(l) = plan.input_lse() {
-            write(
-                l,
-                &lse_inputs(seed, p, rank, metas[rank].input_rows * lse_per_row),
-            )?;
-        }
+            GroupReduce::<T>::new_packed(&mut job.rdzv, &stream, &metas[rank], &widths, rop, opts)?;
+        let what = format!(
+            "{} reduce {op:?} via {} {via:?}{}, pattern {p}, row_elems {widths:?}, lse_per_row {lse_per_row}, {} SMs, seed {seed}, rank {rank}",
+            T::DTYPE.name(),
+            comm.name(),
+            if cfg.accumulate { " accumulating" } else { "" },
+            plan.sms()
+        );
         let checked = (|| -> anyhow::Result<()> {
-            for baseline in [false, true] {
-                write(plan.output(), &vec![T::poison(); plan.output().len()])?;
-                if let Some(l) = plan.output_lse() {
-                    write(l, &vec![f32::NAN; l.len()])?;
-                }
-                if baseline {
-                    plan.run_baseline(job.comm()?)?;
-                } else {
-                    for _ in 0..3 {
-                        plan.run()?;
-                    }
-                }
-                plan.synchronize()?;
-                let path = if baseline {
-                    "AlltoAll-v baseline"
-                } else {
-                    "native"
+            let mut wants = Vec::new();
+            for (t, &w) in widths.iter().enumerate() {
+                let ins: Vec<Vec<f64>> = (0..world)
+                    .map(|r| {
+                        values::<T>(seed, INPUT, p, t, r, metas[r].input_rows * w)
+                            .into_iter()
+                            .map(|x| round_to(comm, x.to_f64()))
+                            .collect()
+                    })
+                    .collect();
+                let prior: Vec<T> = values::<T>(seed, PRIOR, p, t, rank, out_rows * w);
+                let prior_f: Vec<f64> = as_f64(&prior);
+                let prior_l: Vec<f64> = prior_lse.iter().map(|&v| v as f64).collect();
+                let x = ReduceInputs {
+                    ins: &ins,
+                    lses: &lses,
+                    prior: cfg
+                        .accumulate
+                        .then_some((prior_f.as_slice(), prior_l.as_slice())),
+                    row_elems: w,
+                    lse_per_row,
                 };
-                check_reduce(&what(path), &read(plan.output())?, &want, &scale)?;
+                wants.push(reduce_reference(&blocks, world, &x, op, rank));
+                write(
+                    plan.input_of(t),
+                    &values::<T>(seed, INPUT, p, t, rank, metas[rank].input_rows * w),
+                )?;
+                let out = plan.output_of(t);
+                write(
+                    out,
+                    &padded(if cfg.accumulate { &prior } else { &[] }, out.len()),
+                )?;
+            }
+            if let (Some(il), Some(ol)) = (plan.input_lse(), plan.output_lse()) {
+                write(
+                    il,
+                    &lse_values(seed, INPUT, p, rank, metas[rank].input_rows * lse_per_row),
+                )?;
+                write(
+                    ol,
+                    &padded(if cfg.accumulate { &prior_lse } else { &[] }, ol.len()),
+                )?;
+            }
+            let runs = if cfg.accumulate { 1 } else { 3 };
+            match via {
+                Via::Native => (0..runs).try_for_each(|_| plan.run())?,
+                Via::AllToAllV => plan.run_baseline(job.comm()?)?,
+            }
+            plan.synchronize()?;
+            for (t, (want, want_lse, scale)) in wants.iter().enumerate() {
+                check(
+                    &format!("{what}, tensor {t}"),
+                    &read(plan.output_of(t))?,
+                    want,
+                    Some(scale),
+                )?;
                 if let Some(l) = plan.output_lse() {
-                    check_lse(&what(path), &read(l)?, &want_lse)?;
+                    check_lse(&what, &read(l)?, want_lse)?;
                 }
             }
             Ok(())
@@ -621,8 +598,48 @@ fn reduce_trial<T: GElem + Default + Clone>(job: &mut Job, op: Op) -> anyhow::Re
     Ok(())
 }
 
+/// Every native launch arrives once on a KernelBarrier: a wait for exactly that many arrivals on
+/// another stream passes (and the count is read back).
+fn kernel_barrier_arrivals(job: &mut Job) -> anyhow::Result<()> {
+    let (rank, world) = (job.rank(), job.world());
+    let stream = gpu_stream(job)?;
+    let ctx = stream.context().clone();
+    let mut kb = weft_barrier::KernelBarrier::new(&ctx)?;
+    let meta = ring_cast(rank, world, 64);
+    let mut plan = GroupCast::<f32>::new(&mut job.rdzv, &stream, &meta, 256, Options::default())?;
+    let checked = (|| -> anyhow::Result<()> {
+        plan.set_kernel_barrier(Some(kb.view()));
+        const RUNS: u32 = 5;
+        for _ in 0..RUNS {
+            plan.run()?;
+        }
+        plan.set_kernel_barrier(None);
+        plan.run()?; // no arrival
+        let target = kb.expect(RUNS)?;
+        let waiter = ctx.new_stream()?;
+        kb.wait(&waiter, target)?;
+        waiter.synchronize()?;
+        plan.synchronize()?;
+        kb.check()?;
+        let mut count = 0i32;
+        // SAFETY: reads the barrier's 4-byte counter after both streams finished.
+        let r = unsafe {
+            sys::cuMemcpyDtoH_v2((&mut count as *mut i32).cast(), kb.view().counter as u64, 4)
+        };
+        anyhow::ensure!(
+            r == sys::CUresult::CUDA_SUCCESS,
+            "reading the KernelBarrier counter: {r:?}"
+        );
+        anyhow::ensure!(count == RUNS as i32, "the KernelBarrier counted {count} arrivals after {RUNS} launches with it and 1 without");
+        Ok(())
+    })();
+    let checked = weft_pgl::agree(&mut job.rdzv, "grpcoll kernel barrier trial", checked);
+    plan.free(&mut job.rdzv)?;
+    checked
+}
+
 /// A valid ring pattern: every rank casts `rows` rows to the next rank.
-fn ring_cast(rank: usize, world: usize, rows: usize) -> GroupCastMeta {
+pub(super) fn ring_cast(rank: usize, world: usize, rows: usize) -> GroupCastMeta {
     GroupCastMeta {
         input_rows: rows,
         input_split_rows: vec![rows],
@@ -633,12 +650,27 @@ fn ring_cast(rank: usize, world: usize, rows: usize) -> GroupCastMeta {
     }
 }
 
-/// Builds a cast plan from `meta` and expects every rank to fail with `needle` in the error.
-fn expect_cast_error(job: &mut Job, meta: GroupCastMeta, needle: &str) -> anyhow::Result<()> {
-    let stream = gpu_stream(job)?;
-    match GroupCast::<f32>::new(&mut job.rdzv, &stream, &meta, 16, Options::default()) {
+fn ring_reduce(rank: usize, world: usize, rows: usize) -> GroupReduceMeta {
+    GroupReduceMeta {
+        input_rows: rows,
+        input_split_rows: vec![rows],
+        dst_index: vec![(rank + 1) % world],
+        output_rows: rows,
+        output_split_rows: vec![rows],
+        src_indices: vec![vec![(rank + world - 1) % world]],
+    }
+}
+
+/// `result` must be an error on every rank containing `needle` (a plan that was built is freed).
+fn expect_error<P>(
+    job: &mut Job,
+    result: anyhow::Result<P>,
+    free: fn(P, &mut Job) -> anyhow::Result<()>,
+    needle: &str,
+) -> anyhow::Result<()> {
+    match result {
         Ok(plan) => {
-            plan.free(&mut job.rdzv)?;
+            free(plan, job)?;
             anyhow::bail!("the plan was accepted; expected an error containing {needle:?}")
         }
         Err(e) => {
@@ -650,6 +682,17 @@ fn expect_cast_error(job: &mut Job, meta: GroupCastMeta, needle: &str) -> anyhow
             Ok(())
         }
     }
+}
+
+fn free_cast(p: GroupCast<f32>, job: &mut Job) -> anyhow::Result<()> {
+    p.free(&mut job.rdzv)
+}
+
+/// Builds a cast plan from `meta` and expects every rank to fail with `needle` in the error.
+fn expect_cast_error(job: &mut Job, meta: GroupCastMeta, needle: &str) -> anyhow::Result<()> {
+    let stream = gpu_stream(job)?;
+    let r = GroupCast::<f32>::new(&mut job.rdzv, &stream, &meta, 16, Options::default());
+    expect_error(job, r, free_cast, needle)
 }
 
 fn err_split_sum(job: &mut Job) -> anyhow::Result<()> {
@@ -701,58 +744,119 @@ fn err_disagreement(job: &mut Job) -> anyhow::Result<()> {
     }
     let needle = format!("rank {} sends 1 input splits to rank 0", world - 1);
     expect_cast_error(job, m, &needle)?;
-    // A header disagreement: the row width.
+    if world == 1 {
+        return Ok(());
+    }
+    // Header disagreements: the row width, the communication dtype.
     let stream = gpu_stream(job)?;
     let m = ring_cast(rank, world, 4);
-    let row_elems = if rank == world - 1 { 32 } else { 16 };
-    match GroupCast::<f32>::new(&mut job.rdzv, &stream, &m, row_elems, Options::default()) {
-        Ok(p) => {
-            p.free(&mut job.rdzv)?;
-            if world > 1 {
-                anyhow::bail!("row_elems 16 vs 32 was accepted");
-            }
-            Ok(())
-        }
-        Err(e) => {
-            let needle = format!("rank {} has row_elems 32 but rank 0 has 16", world - 1);
-            anyhow::ensure!(
-                format!("{e:#}").contains(&needle),
-                "expected {needle:?}, got: {e:#}"
-            );
-            Ok(())
-        }
-    }
+    let last = rank == world - 1;
+    let r = GroupCast::<f32>::new(
+        &mut job.rdzv,
+        &stream,
+        &m,
+        if last { 32 } else { 16 },
+        Options::default(),
+    );
+    expect_error(
+        job,
+        r,
+        free_cast,
+        &format!("rank {} has row_elems 32 but rank 0 has 16", world - 1),
+    )?;
+    let opts = Options {
+        comm_dtype: Some(if last { DType::F16 } else { DType::Bf16 }),
+        ..Options::default()
+    };
+    let r = GroupCast::<f32>::new(&mut job.rdzv, &stream, &m, 16, opts);
+    expect_error(
+        job,
+        r,
+        free_cast,
+        &format!(
+            "rank {} has communication dtype f16 but rank 0 has bf16",
+            world - 1
+        ),
+    )
 }
 
 fn err_dtype(job: &mut Job) -> anyhow::Result<()> {
     let (rank, world) = (job.rank(), job.world());
     let stream = gpu_stream(job)?;
-    let m = GroupReduceMeta {
-        input_rows: 2,
-        input_split_rows: vec![2],
-        dst_index: vec![(rank + 1) % world],
-        output_rows: 2,
-        output_split_rows: vec![2],
-        src_indices: vec![vec![(rank + world - 1) % world]],
-    };
-    match GroupReduce::<u32>::new(
+    let r = GroupReduce::<u32>::new(
         &mut job.rdzv,
         &stream,
-        &m,
+        &ring_reduce(rank, world, 2),
         8,
         ReduceOp::Sum,
         Options::default(),
-    ) {
-        Ok(p) => {
-            p.free(&mut job.rdzv)?;
-            anyhow::bail!("a u32 reduce was accepted")
-        }
-        Err(e) => {
-            anyhow::ensure!(
-                format!("{e:#}").contains("data dtype u32 is not supported (supported: f32, bf16)"),
-                "got: {e:#}"
-            );
-            Ok(())
-        }
-    }
+    );
+    expect_error(
+        job,
+        r,
+        |p, j| p.free(&mut j.rdzv),
+        "data dtype u32 is not supported (supported: bf16, f16, f32, f64)",
+    )
+}
+
+fn err_options(job: &mut Job) -> anyhow::Result<()> {
+    let (rank, world) = (job.rank(), job.world());
+    let stream = gpu_stream(job)?;
+    let free_red = |p: GroupReduce<bf16>, j: &mut Job| p.free(&mut j.rdzv);
+    let wide = Options {
+        comm_dtype: Some(DType::F32),
+        ..Options::default()
+    };
+    let r = GroupReduce::<bf16>::new(
+        &mut job.rdzv,
+        &stream,
+        &ring_reduce(rank, world, 2),
+        8,
+        ReduceOp::Sum,
+        wide,
+    );
+    expect_error(
+        job,
+        r,
+        free_red,
+        "communication dtype f32 with data dtype bf16 is not supported",
+    )?;
+    let acc = Options {
+        accumulate: true,
+        ..Options::default()
+    };
+    let r = GroupCast::<f32>::new(&mut job.rdzv, &stream, &ring_cast(rank, world, 2), 8, acc);
+    expect_error(
+        job,
+        r,
+        free_cast,
+        "group_cast: accumulate is a GroupReduce option",
+    )?;
+    let r = GroupReduce::<bf16>::new_packed(
+        &mut job.rdzv,
+        &stream,
+        &ring_reduce(rank, world, 2),
+        &[8, 8],
+        ReduceOp::Lse { lse_per_row: 2 },
+        Options::default(),
+    );
+    expect_error(
+        job,
+        r,
+        free_red,
+        "group_reduce: op lse takes one tensor (its lse), got 2",
+    )?;
+    let r = GroupCast::<f32>::new_packed(
+        &mut job.rdzv,
+        &stream,
+        &ring_cast(rank, world, 2),
+        &[8, 8, 8, 8],
+        Options::default(),
+    );
+    expect_error(
+        job,
+        r,
+        free_cast,
+        "packed transfer takes 1 to 3 tensors, got 4",
+    )
 }

@@ -5,6 +5,8 @@ mod barrier;
 mod gemm;
 mod graph_capture;
 mod grpcoll;
+mod grpcoll_reference;
+mod grpcoll_stress;
 mod nccl;
 mod overlap;
 mod pgl;

@@ -13,7 +13,7 @@
 
 use crate::data::shared_seed;
 use crate::job::Job;
-use crate::trials::Case;
+use crate::trials::{Case, Skip};
 use cudarc::driver::{CudaContext, CudaStream};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -47,12 +47,27 @@ pub fn cases() -> Vec<Case> {
         }),
         Case::gpu("sync::stress::inter_sm", |j| stress(j, StressMode::InterSm)),
         Case::gpu("sync::barrier::laps_random_delays", barrier_laps),
-        Case::gpu("sync::timeout::missing_signal", missing_signal),
-        Case::gpu(
-            "sync::timeout::coordinate_outside_layout",
-            coordinate_outside_layout,
-        ),
+        Case::gpu("sync::timeout::missing_signal", |j| {
+            not_on_shared_gpu(j)?;
+            missing_signal(j)
+        }),
+        Case::gpu("sync::timeout::coordinate_outside_layout", |j| {
+            not_on_shared_gpu(j)?;
+            coordinate_outside_layout(j)
+        }),
     ]
+}
+
+/// The timeout trials trap on purpose; ranks sharing a GPU run under MPS, where one client's
+/// trap takes down the server and every other rank's context with it.
+fn not_on_shared_gpu(job: &Job) -> anyhow::Result<()> {
+    match job.shared_gpu() {
+        Some(why) => Err(Skip(format!(
+            "a trapping kernel would end every rank's context under MPS: {why}"
+        ))
+        .into()),
+        None => Ok(()),
+    }
 }
 
 fn context_and_stream(job: &Job) -> anyhow::Result<(Arc<CudaContext>, Arc<CudaStream>)> {
