@@ -1,5 +1,6 @@
 //! Building consistent metadata for every rank from one global description of the splits (for
-//! tests and benchmarks: every rank derives its own metadata from the same list).
+//! tests and benchmarks: every rank derives its own metadata from the same list), and
+//! attention-like workloads that produce such lists ([`Workload`]).
 
 use crate::meta::{GroupCastMeta, GroupReduceMeta};
 
@@ -80,10 +81,143 @@ pub fn reduce_metas(world: usize, blocks: &[ReduceBlock]) -> Vec<GroupReduceMeta
     metas
 }
 
+/// Communication patterns of attention with context parallelism, for benchmarks: rank r holds
+/// tokens [r·tokens, (r+1)·tokens) of one global token range. GroupCast moves a rank's K/V rows to
+/// the ranks whose queries need them; GroupReduce brings the partial dK/dV back to their owner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// Each rank's tokens in `splits` equal splits; each split is cast to (reduced from) a
+    /// pseudo-random set of 1 to world ranks drawn from `seed`.
+    Uniform { splits: usize, seed: u64 },
+    /// One causal sequence over all ranks: rank s's tokens are needed by every later rank (cast:
+    /// to ranks > s; reduce: rank d sums the partials of ranks d..world).
+    Causal,
+    /// Varlen causal: sequences of pseudo-random lengths (tokens/4 to 2·tokens, from `seed`)
+    /// packed one after another; a rank's part of a sequence is needed by the later ranks that
+    /// sequence reaches.
+    Varlen { seed: u64 },
+}
+
+/// SplitMix64: a small deterministic generator, the same on every rank.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in lo..=hi.
+    fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + (self.next() % (hi - lo + 1) as u64) as usize
+    }
+}
+
+impl Workload {
+    /// (owning rank, rows, the other ranks that need them) in global token order.
+    fn segments(self, world: usize, tokens: usize) -> Vec<(usize, usize, Vec<usize>)> {
+        let mut v = Vec::new();
+        match self {
+            Workload::Uniform { splits, seed } => {
+                let mut rng = SplitMix(seed);
+                for owner in 0..world {
+                    for i in 0..splits {
+                        let rows = tokens * (i + 1) / splits - tokens * i / splits;
+                        let mut ranks: Vec<usize> = (0..world).collect();
+                        for a in 0..world {
+                            let b = rng.range(a, world - 1);
+                            ranks.swap(a, b);
+                        }
+                        ranks.truncate(rng.range(1, world));
+                        v.push((owner, rows, ranks));
+                    }
+                }
+            }
+            Workload::Causal => {
+                for owner in 0..world {
+                    v.push((owner, tokens, (owner + 1..world).collect()));
+                }
+            }
+            Workload::Varlen { seed } => {
+                let mut rng = SplitMix(seed);
+                let total = world * tokens;
+                let mut start = 0;
+                while start < total {
+                    let len = rng.range((tokens / 4).max(1), 2 * tokens.max(1));
+                    let end = (start + len).min(total);
+                    let (first, last) = (start / tokens, (end - 1) / tokens);
+                    for owner in first..=last {
+                        let rows = end.min((owner + 1) * tokens) - start.max(owner * tokens);
+                        v.push((owner, rows, (owner + 1..=last).collect()));
+                    }
+                    start = end;
+                }
+            }
+        }
+        v
+    }
+
+    /// GroupCast blocks: each segment's rows to the ranks that need them (uniform: the drawn
+    /// set, which may include the owner).
+    pub fn cast_blocks(self, world: usize, tokens: usize) -> Vec<CastBlock> {
+        self.segments(world, tokens)
+            .into_iter()
+            .map(|(owner, rows, dsts)| CastBlock { owner, rows, dsts })
+            .collect()
+    }
+
+    /// GroupReduce blocks: each segment's owner reduces its own partial and those of the ranks
+    /// that needed the rows (uniform: the drawn set as the sources).
+    pub fn reduce_blocks(self, world: usize, tokens: usize) -> Vec<ReduceBlock> {
+        let uniform = matches!(self, Workload::Uniform { .. });
+        self.segments(world, tokens)
+            .into_iter()
+            .map(|(receiver, rows, others)| ReduceBlock {
+                receiver,
+                rows,
+                srcs: if uniform {
+                    others
+                } else {
+                    std::iter::once(receiver).chain(others).collect()
+                },
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::meta::{match_global, validate_local, Desc, Kind};
+
+    #[test]
+    fn workloads_cover_every_token_once_and_match() {
+        for w in [
+            Workload::Uniform { splits: 3, seed: 7 },
+            Workload::Causal,
+            Workload::Varlen { seed: 9 },
+        ] {
+            for world in 1..=5 {
+                let cast = w.cast_blocks(world, 100);
+                let mut per_rank = vec![0usize; world];
+                cast.iter().for_each(|b| per_rank[b.owner] += b.rows);
+                assert!(per_rank.iter().all(|&r| r == 100), "{w:?} {world}: {per_rank:?}");
+                let descs: Vec<Desc> = cast_metas(world, &cast).iter().map(Desc::from).collect();
+                descs.iter().for_each(|d| validate_local(Kind::Cast, d, world).unwrap());
+                match_global(Kind::Cast, &descs).unwrap();
+                let red = w.reduce_blocks(world, 100);
+                let descs: Vec<Desc> = reduce_metas(world, &red).iter().map(Desc::from).collect();
+                descs.iter().for_each(|d| validate_local(Kind::Reduce, d, world).unwrap());
+                match_global(Kind::Reduce, &descs).unwrap();
+            }
+        }
+        // Causal over 3 ranks: rank 0's tokens go to 1 and 2, rank 2's nowhere.
+        let c = Workload::Causal.cast_blocks(3, 10);
+        assert_eq!((c[0].dsts.clone(), c[2].dsts.clone()), (vec![1, 2], vec![]));
+        assert_eq!(Workload::Causal.reduce_blocks(3, 10)[1].srcs, vec![1, 2]);
+    }
 
     #[test]
     fn generated_cast_metadata_matches_blocks() {

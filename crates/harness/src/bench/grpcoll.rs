@@ -1,167 +1,171 @@
-//! GroupCast / GroupReduce: the native kernels (default SM count) against the AlltoAll-v
-//! baseline (range-gather → NCCL grouped send/recv → range-scatter / scatter-reduce) with the same
-//! plan, same buffers, same run. bf16, 8192 rows × 4096 per rank, uniform patterns: each rank's
-//! tensor is cut into `world` equal splits; cast split i of rank r goes to ranks r+i … r+i+f−1
-//! (mod world), reduce output split j of rank d reduces ranks d+j … d+j+f−1 (fan-out / fan-in f).
-//! Time: median over iterations (CUDA events) of the slowest rank; ratio = baseline / native.
-//! GB/s per GPU: the bytes that cross NVLink into this rank (rows from other ranks) per second.
+//! GroupCast / GroupReduce: the native kernels (default SM count) against the AlltoAll-v baseline
+//! (range-gather → NCCL grouped send/recv → range-scatter / scatter-reduce) with the same plan,
+//! same buffers, same run, on the attention-like workloads of `weft_grpcoll::pattern::Workload`
+//! (uniform random, causal, varlen causal): tokens per rank × hidden, bf16; and f32 data sent as
+//! bf16 against f32 sent as f32. Each iteration follows an L2-evicting scratch write; time is the
+//! median over iterations (CUDA events) of the slowest rank; ratio = baseline / native. GB/s per
+//! GPU: the bytes that cross NVLink into the busiest rank (rows from other ranks, in the
+//! communication dtype) per second of the slowest rank.
 
+use super::rig::{slowest, Rig, FLUSH_BYTES};
 use super::SuiteResult;
 use crate::job::Job;
 use crate::json::Json;
 use crate::results::Table;
-use crate::timing::{median, time_iterations};
 use half::bf16;
-use weft_grpcoll::pattern::{cast_metas, reduce_metas, CastBlock, ReduceBlock};
-use weft_grpcoll::{GroupCast, GroupReduce, Options, ReduceOp};
+use weft_grpcoll::pattern::{cast_metas, reduce_metas, Workload};
+use weft_grpcoll::{GroupCast, GroupCastMeta, GroupReduce, GroupReduceMeta, Options, ReduceOp};
+use weft_pgl::{DType, PglElement};
 
-const ROWS: usize = 8192;
-const HIDDEN: usize = 4096;
-
-struct Measured {
+/// One measured case on this rank.
+struct Case {
     name: String,
-    fan: usize,
+    workload: &'static str,
+    collective: &'static str,
+    tokens: usize,
+    hidden: usize,
+    dtype: DType,
+    comm: DType,
     sms: u32,
-    remote_bytes: usize,
+    /// Bytes arriving at this rank from other ranks.
+    nvlink_bytes: f64,
     native_ms: f64,
     baseline_ms: f64,
 }
 
-fn fans(world: usize) -> Vec<usize> {
-    let mut v = vec![1, 2.min(world), world];
-    v.dedup();
-    v
+fn workloads(world: usize) -> [(&'static str, Workload); 3] {
+    [
+        ("uniform", Workload::Uniform { splits: 2 * world, seed: 0x5eed }),
+        ("causal", Workload::Causal),
+        ("varlen", Workload::Varlen { seed: 0x5eed }),
+    ]
+}
+
+/// Rows this rank receives from other ranks (cast).
+fn cast_remote_rows(m: &GroupCastMeta, rank: usize) -> usize {
+    m.src_index.iter().zip(&m.output_split_rows).filter(|(s, _)| **s != rank).map(|(_, r)| r).sum()
+}
+
+/// Rows this rank reads from other ranks (reduce).
+fn reduce_remote_rows(m: &GroupReduceMeta, rank: usize) -> usize {
+    m.src_indices.iter().zip(&m.output_split_rows).map(|(s, r)| s.iter().filter(|&&x| x != rank).count() * r).sum()
+}
+
+struct Shape {
+    workload: (&'static str, Workload),
+    tokens: usize,
+    hidden: usize,
+    comm: Option<DType>,
+}
+
+fn measure_cast<T: PglElement>(job: &mut Job, rig: &mut Rig, s: &Shape) -> anyhow::Result<Case> {
+    let (rank, world) = (job.rank(), job.world());
+    let metas = cast_metas(world, &s.workload.1.cast_blocks(world, s.tokens));
+    let opts = Options { comm_dtype: s.comm, ..Options::default() };
+    let mut plan = GroupCast::<T>::new(&mut job.rdzv, &rig.compute, &metas[rank], s.hidden, opts)?;
+    let measured = (|| -> anyhow::Result<(f64, f64)> {
+        let native = rig.time(|| plan.run())?;
+        plan.synchronize()?;
+        let comm = job.comm()?;
+        Ok((native, rig.time(|| plan.run_baseline(comm))?))
+    })();
+    let comm = plan.comm_dtype();
+    let sms = plan.sms();
+    plan.free(&mut job.rdzv)?;
+    let (native_ms, baseline_ms) = measured?;
+    Ok(Case {
+        name: String::new(),
+        workload: s.workload.0,
+        collective: "cast",
+        tokens: s.tokens,
+        hidden: s.hidden,
+        dtype: T::DTYPE,
+        comm,
+        sms,
+        nvlink_bytes: (cast_remote_rows(&metas[rank], rank) * s.hidden * comm.size()) as f64,
+        native_ms,
+        baseline_ms,
+    })
+}
+
+fn measure_reduce<T: PglElement>(job: &mut Job, rig: &mut Rig, s: &Shape) -> anyhow::Result<Case> {
+    let (rank, world) = (job.rank(), job.world());
+    let metas = reduce_metas(world, &s.workload.1.reduce_blocks(world, s.tokens));
+    let opts = Options { comm_dtype: s.comm, ..Options::default() };
+    let mut plan = GroupReduce::<T>::new(&mut job.rdzv, &rig.compute, &metas[rank], s.hidden, ReduceOp::Sum, opts)?;
+    let measured = (|| -> anyhow::Result<(f64, f64)> {
+        let native = rig.time(|| plan.run())?;
+        plan.synchronize()?;
+        let comm = job.comm()?;
+        Ok((native, rig.time(|| plan.run_baseline(comm))?))
+    })();
+    let comm = plan.comm_dtype();
+    let sms = plan.sms();
+    plan.free(&mut job.rdzv)?;
+    let (native_ms, baseline_ms) = measured?;
+    Ok(Case {
+        name: String::new(),
+        workload: s.workload.0,
+        collective: "reduce sum",
+        tokens: s.tokens,
+        hidden: s.hidden,
+        dtype: T::DTYPE,
+        comm,
+        sms,
+        nvlink_bytes: (reduce_remote_rows(&metas[rank], rank) * s.hidden * comm.size()) as f64,
+        native_ms,
+        baseline_ms,
+    })
 }
 
 pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
-    let (rank, world) = (job.rank(), job.world());
-    let stream = job
-        .gpu()
-        .map_err(|w| anyhow::anyhow!("no GPU: {w}"))?
-        .stream
-        .clone();
+    let world = job.world();
+    let stream = job.gpu().map_err(|w| anyhow::anyhow!("no GPU: {w}"))?.stream.clone();
     job.comm()?;
-    let iters = if quick { 10 } else { 30 };
-    let split = ROWS / world;
-    let row_bytes = HIDDEN * 2;
-    let mut out: Vec<Measured> = Vec::new();
-    for &f in &fans(world) {
-        // GroupCast, fan-out f.
-        let blocks: Vec<CastBlock> = (0..world)
-            .flat_map(|r| {
-                (0..world).map(move |i| CastBlock {
-                    owner: r,
-                    rows: split,
-                    dsts: (0..f).map(|t| (r + i + t) % world).collect(),
-                })
-            })
-            .collect();
-        let metas = cast_metas(world, &blocks);
-        let mut plan = GroupCast::<bf16>::new(
-            &mut job.rdzv,
-            &stream,
-            &metas[rank],
-            HIDDEN,
-            Options::default(),
-        )?;
-        let remote: usize = metas[rank]
-            .src_index
-            .iter()
-            .zip(&metas[rank].output_split_rows)
-            .filter(|(s, _)| **s != rank)
-            .map(|(_, r)| r * row_bytes)
-            .sum();
-        let native = median(&time_iterations(&stream, 5, iters, || plan.run())?);
-        plan.synchronize()?;
-        let comm = job.comm()?;
-        let baseline = median(&time_iterations(&stream, 5, iters, || {
-            plan.run_baseline(comm)
-        })?);
-        out.push(Measured {
-            name: format!("cast bf16 {ROWS}x{HIDDEN} fan-out {f}"),
-            fan: f,
-            sms: plan.sms(),
-            remote_bytes: remote,
-            native_ms: native,
-            baseline_ms: baseline,
-        });
-        plan.free(&mut job.rdzv)?;
-
-        // GroupReduce (sum), fan-in f.
-        let blocks: Vec<ReduceBlock> = (0..world)
-            .flat_map(|d| {
-                (0..world).map(move |j| ReduceBlock {
-                    receiver: d,
-                    rows: split,
-                    srcs: (0..f).map(|t| (d + j + t) % world).collect(),
-                })
-            })
-            .collect();
-        let metas = reduce_metas(world, &blocks);
-        let mut plan = GroupReduce::<bf16>::new(
-            &mut job.rdzv,
-            &stream,
-            &metas[rank],
-            HIDDEN,
-            ReduceOp::Sum,
-            Options::default(),
-        )?;
-        let remote: usize = metas[rank]
-            .src_indices
-            .iter()
-            .zip(&metas[rank].output_split_rows)
-            .map(|(s, r)| s.iter().filter(|&&x| x != rank).count() * r * row_bytes)
-            .sum();
-        let native = median(&time_iterations(&stream, 5, iters, || plan.run())?);
-        plan.synchronize()?;
-        let comm = job.comm()?;
-        let baseline = median(&time_iterations(&stream, 5, iters, || {
-            plan.run_baseline(comm)
-        })?);
-        out.push(Measured {
-            name: format!("reduce sum bf16 {ROWS}x{HIDDEN} fan-in {f}"),
-            fan: f,
-            sms: plan.sms(),
-            remote_bytes: remote,
-            native_ms: native,
-            baseline_ms: baseline,
-        });
-        plan.free(&mut job.rdzv)?;
+    let mut rig = Rig {
+        comm_stream: stream.clone(),
+        flush: stream.alloc_zeros::<u8>(FLUSH_BYTES)?,
+        compute: stream,
+        iters: if quick { 10 } else { 30 },
+        warmup: 5,
+    };
+    let tokens: &[usize] = if quick { &[16384] } else { &[4096, 16384, 65536] };
+    let hiddens: &[usize] = if quick { &[4096] } else { &[1024, 4096, 8192] };
+    let mut cases = Vec::new();
+    for workload in workloads(world) {
+        for &t in tokens {
+            for &h in hiddens {
+                let s = Shape { workload, tokens: t, hidden: h, comm: None };
+                cases.push(measure_cast::<bf16>(job, &mut rig, &s)?);
+                cases.push(measure_reduce::<bf16>(job, &mut rig, &s)?);
+            }
+        }
+    }
+    // The communication dtype: f32 data sent as f32 and as bf16.
+    for comm in [None, Some(DType::Bf16)] {
+        let s = Shape { workload: workloads(world)[0], tokens: 16384, hidden: 4096, comm };
+        cases.push(measure_cast::<f32>(job, &mut rig, &s)?);
+        cases.push(measure_reduce::<f32>(job, &mut rig, &s)?);
+    }
+    for c in cases.iter_mut() {
+        let via = if c.comm != c.dtype { format!(" via {}", c.comm.name()) } else { String::new() };
+        c.name = format!("{} {} {}{via} {}x{}", c.workload, c.collective, c.dtype.name(), c.tokens, c.hidden);
     }
 
-    // Slowest rank per case and path.
-    let mine: Vec<f64> = out
-        .iter()
-        .flat_map(|m| [m.native_ms, m.baseline_ms, m.remote_bytes as f64])
-        .collect();
-    let per_rank = super::gather_f64(job, &mine)?;
+    // Slowest rank per case and path; the busiest rank's bytes.
+    let mine: Vec<f64> = cases.iter().flat_map(|c| [c.native_ms, c.baseline_ms, c.nvlink_bytes]).collect();
+    let worst = slowest(job, &mine)?;
     let mut table = Table {
-        headers: vec![
-            "case",
-            "SMs",
-            "native (us)",
-            "AlltoAll-v (us)",
-            "ratio",
-            "native GB/s per GPU",
-            "AlltoAll-v GB/s per GPU",
-        ],
+        headers: vec!["case", "SMs", "native (us)", "AlltoAll-v (us)", "ratio", "native GB/s per GPU", "AlltoAll-v GB/s per GPU"],
         rows: Vec::new(),
     };
     let mut rows = Vec::new();
-    for (i, m) in out.iter().enumerate() {
-        let max = |k: usize| {
-            per_rank
-                .iter()
-                .map(|r| r[3 * i + k])
-                .fold(f64::MIN, f64::max)
-        };
-        let (native, baseline) = (max(0), max(1));
-        let min_native = per_rank.iter().map(|r| r[3 * i]).fold(f64::MAX, f64::min);
-        let bytes = max(2);
+    for (i, c) in cases.iter().enumerate() {
+        let (native, baseline, bytes) = (worst[3 * i], worst[3 * i + 1], worst[3 * i + 2]);
         let gbs = |ms: f64| bytes / (ms * 1e-3) / 1e9;
         table.rows.push(vec![
-            m.name.clone(),
-            m.sms.to_string(),
+            c.name.clone(),
+            c.sms.to_string(),
             format!("{:.1}", native * 1e3),
             format!("{:.1}", baseline * 1e3),
             format!("{:.2}", baseline / native),
@@ -169,18 +173,19 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             format!("{:.1}", gbs(baseline)),
         ]);
         rows.push(Json::obj([
-            ("case", Json::from(m.name.clone())),
-            ("rows", Json::from(ROWS)),
-            ("hidden", Json::from(HIDDEN)),
-            ("dtype", Json::from("bf16")),
-            ("fan", Json::from(m.fan)),
-            ("sms", Json::from(m.sms as usize)),
+            ("case", Json::from(c.name.clone())),
+            ("workload", Json::from(c.workload)),
+            ("collective", Json::from(c.collective)),
+            ("tokens_per_rank", Json::from(c.tokens)),
+            ("hidden", Json::from(c.hidden)),
+            ("dtype", Json::from(c.dtype.name())),
+            ("comm_dtype", Json::from(c.comm.name())),
+            ("sms", Json::from(c.sms as usize)),
             ("weft_ms", Json::from(native)),
-            ("min_rank_ms", Json::from(min_native)),
             ("baseline", Json::from("AlltoAll-v: range-gather, NCCL grouped send/recv, range-scatter / scatter-reduce (same plan)")),
             ("baseline_ms", Json::from(baseline)),
             ("ratio", Json::from(baseline / native)),
-            ("nvlink_bytes_per_gpu", Json::from(bytes as usize)),
+            ("nvlink_bytes_busiest_gpu", Json::from(bytes as usize)),
             ("weft_gbs", Json::from(gbs(native))),
             ("baseline_gbs", Json::from(gbs(baseline))),
         ]));
