@@ -37,7 +37,8 @@ using namespace weft::sync;
 namespace {
 
 constexpr int kPushUnroll = 4;
-constexpr int kPullBatch = 4;  // sources loaded together (unroll x kPullBatch loads in flight)
+constexpr int kPullBatch = 4;
+constexpr int kConvertUnroll = 4;  // sources loaded together at fan-in 3 and more
 
 __device__ __forceinline__ bool has(const weft_grpcoll_params& p, uint32_t flag) { return (p.flags & flag) != 0; }
 
@@ -59,6 +60,12 @@ __device__ __forceinline__ void cross_barrier(const weft_grpcoll_params& p, int3
     if (__shfl_sync(0xffffffffu, passed, 0) == 0) __trap();
   }
   __syncthreads();
+}
+
+// Items of this launch: from the plan, or (device metadata) as the layout kernel counted them
+// just before on this stream.
+__device__ __forceinline__ uint32_t item_count(const weft_grpcoll_params& p) {
+  return p.nitems_at != 0 ? *reinterpret_cast<const uint32_t*>(p.nitems_at) : p.nitems;
 }
 
 // Every thread reads the (read-only, L1-cached) item from global memory: no lane-0-only copy into
@@ -111,7 +118,7 @@ __device__ __forceinline__ void push(const weft_grpcoll_params& p) {
   weft::kernel_barrier_arrive(p.arrive);
   const bool synced = has(p, WEFT_GRPCOLL_SYNCED);
   if (synced) cross_barrier(p, WEFT_GRPCOLL_BAR_BEFORE, false);
-  for (uint32_t it = blockIdx.x; it < p.nitems; it += gridDim.x) {
+  for (uint32_t it = blockIdx.x; it < item_count(p); it += gridDim.x) {
     const weft_grpcoll_item& s = item(p, it);
     for (uint32_t t = 0; t < p.ntensors; ++t) push_rows<BYTES>(p.tensor[t], s);
   }
@@ -167,12 +174,22 @@ __device__ __forceinline__ void convert_inputs(const weft_grpcoll_params& p) {
     const auto* src = base<const Pack<Out, VEC>>(tt.input, tt.input.rank);
     auto* dst = base<Pack<In, VEC>>(tt.staging, tt.staging.rank);
     const uint64_t n = uint64_t(tt.convert_rows) * (tt.row_elems / VEC);
-    for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
-      const Pack<Out, VEC> x = src[i];
-      Pack<In, VEC> y;
+    const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+    // kConvertUnroll loads in flight per thread: the few SMs of the launch stream local memory.
+    for (uint64_t i0 = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i0 < n; i0 += stride * kConvertUnroll) {
+      Pack<Out, VEC> x[kConvertUnroll];
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) y.v[e] = narrow<In>(widen(x.v[e]));
-      dst[i] = y;
+      for (int u = 0; u < kConvertUnroll; ++u) {
+        if (i0 + u * stride < n) x[u] = src[i0 + u * stride];
+      }
+#pragma unroll
+      for (int u = 0; u < kConvertUnroll; ++u) {
+        if (i0 + u * stride >= n) continue;
+        Pack<In, VEC> y;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) y.v[e] = narrow<In>(widen(x[u].v[e]));
+        dst[i0 + u * stride] = y;
+      }
     }
   }
 }
@@ -203,16 +220,14 @@ struct LseRun {
   __device__ __forceinline__ Acc inv() const { return sum > Acc(0) ? Acc(1) / sum : Acc(0); }
 };
 
-// The data of one item for one tensor: U vectors per thread per step, sources loaded in batches.
-template <typename In, typename Out, int VEC>
+// The data of one item for one tensor: U vectors per thread per step, its sources loaded KB at a
+// time (U x KB loads in flight per thread).
+template <typename In, typename Out, int VEC, int U, int KB>
 __device__ __forceinline__ void pull_rows(const weft_grpcoll_params& p, const weft_grpcoll_tensor& t,
                                           const weft_grpcoll_item& s) {
   using Acc = typename AccOf<Out>::T;
   using PI = Pack<In, VEC>;
   using PO = Pack<Out, VEC>;
-  // Vectors per thread per step: 2, or 1 when the accumulators are wide (bf16 -> f64: 8 doubles
-  // each), which keeps every instance within 128 registers (512 threads) without spills.
-  constexpr int U = sizeof(Acc) * VEC > 32 ? 1 : 2, KB = kPullBatch;
   const bool convert = has(p, WEFT_GRPCOLL_CONVERT);
   const bool accumulate = has(p, WEFT_GRPCOLL_ACCUMULATE);
   const bool lse = p.op == WEFT_GRPCOLL_OP_LSE;
@@ -221,29 +236,30 @@ __device__ __forceinline__ void pull_rows(const weft_grpcoll_params& p, const we
   const uint32_t group = lse ? t.row_elems / p.lse_per_row : t.row_elems;
   Out* out = base<Out>(t.output, t.output.rank);
   const float* out_lse = lse ? base<const float>(p.output_lse, p.output_lse.rank) : nullptr;
-  const uint64_t n = uint64_t(s.rows) * vpr;
+  // An item is one chunk (about 64 KiB, or one row): its vector count fits 32 bits.
+  const uint32_t n = s.rows * vpr;
   const uint32_t npeers = s.npeers;
-  for (uint64_t i0 = threadIdx.x; i0 < n; i0 += uint64_t(blockDim.x) * U) {
-    uint64_t r[U];
+  for (uint32_t i0 = threadIdx.x; i0 < n; i0 += blockDim.x * U) {
+    uint32_t r[U];
     uint32_t col[U];
     bool live[U];
     Acc acc[U][VEC];
     LseRun<Acc> run[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const uint64_t i = i0 + uint64_t(u) * blockDim.x;
+      const uint32_t i = i0 + u * blockDim.x;
       live[u] = i < n;
       r[u] = live[u] ? i / vpr : 0;
-      col[u] = live[u] ? uint32_t(i - r[u] * vpr) * VEC : 0;
+      col[u] = live[u] ? (i - r[u] * vpr) * VEC : 0;
 #pragma unroll
       for (int e = 0; e < VEC; ++e) acc[u][e] = 0;
       if (lse && accumulate && live[u]) {
         // The existing (output, lse) is one more source of the combination.
-        const Acc l = out_lse[(s.row + r[u]) * p.lse_per_row + col[u] / group];
+        const Acc l = out_lse[uint64_t(s.row + r[u]) * p.lse_per_row + col[u] / group];
         Acc scale, w;
         run[u].add(l, scale, w);
         if (w != Acc(0)) {
-          const PO o = *reinterpret_cast<const PO*>(out + (s.row + r[u]) * t.row_elems + col[u]);
+          const PO o = *reinterpret_cast<const PO*>(out + uint64_t(s.row + r[u]) * t.row_elems + col[u]);
 #pragma unroll
           for (int e = 0; e < VEC; ++e) acc[u][e] = widen(o.v[e]);
         }
@@ -287,7 +303,7 @@ __device__ __forceinline__ void pull_rows(const weft_grpcoll_params& p, const we
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (!live[u]) continue;
-      Out* dst = out + (s.row + r[u]) * t.row_elems + col[u];
+      Out* dst = out + uint64_t(s.row + r[u]) * t.row_elems + col[u];
       Acc scale = 1;
       if (lse) scale = run[u].inv();
       if (p.op == WEFT_GRPCOLL_OP_AVG && npeers > 0) scale = Acc(1) / Acc(npeers);
@@ -302,6 +318,64 @@ __device__ __forceinline__ void pull_rows(const weft_grpcoll_params& p, const we
       }
       *reinterpret_cast<PO*>(dst) = y;
     }
+  }
+}
+
+// One source, no lse (a cast through a comm dtype, a fan-in-1 sum or average): no accumulator
+// state, so each thread keeps kSingleUnroll loads in flight (the general path: 2), converted
+// when stored.
+constexpr int kSingleUnroll = 4;
+
+template <typename In, typename Out, int VEC>
+__device__ __forceinline__ void pull_single(const weft_grpcoll_params& p, const weft_grpcoll_tensor& t,
+                                            const weft_grpcoll_item& s) {
+  using Acc = typename AccOf<Out>::T;
+  using PI = Pack<In, VEC>;
+  using PO = Pack<Out, VEC>;
+  // Half as many when the output is wider than the input (its stores hold more registers).
+  constexpr int U = sizeof(Out) > sizeof(In) ? kSingleUnroll / 2 : kSingleUnroll;
+  const weft_pgl_view& src_view = has(p, WEFT_GRPCOLL_CONVERT) ? t.staging : t.input;
+  const bool accumulate = has(p, WEFT_GRPCOLL_ACCUMULATE);
+  // Rows are contiguous on both sides: the item is one run of rows x row_elems elements.
+  const PI* src = reinterpret_cast<const PI*>(base<const In>(src_view, s.peer[0]) + uint64_t(s.peer_row[0]) * t.row_elems);
+  PO* dst = reinterpret_cast<PO*>(base<Out>(t.output, t.output.rank) + uint64_t(s.row) * t.row_elems);
+  const uint32_t n = s.rows * (t.row_elems / VEC);
+  for (uint32_t i0 = threadIdx.x; i0 < n; i0 += blockDim.x * U) {
+    PI x[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const uint32_t i = i0 + u * blockDim.x;
+      if (i < n) x[u] = src[i];
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const uint32_t i = i0 + u * blockDim.x;
+      if (i >= n) continue;
+      PO y;
+      if (accumulate) {
+        const PO o = dst[i];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) y.v[e] = narrow<Out>(Acc(widen(o.v[e])) + Acc(widen(x[u].v[e])));
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) y.v[e] = narrow<Out>(Acc(widen(x[u].v[e])));
+      }
+      dst[i] = y;
+    }
+  }
+}
+
+// One item of one tensor: the single-source path, or the general one with U vectors per step (2,
+// or 1 when a vector's accumulators take 32 bytes or more: 8 floats for 16-bit data, 8 doubles
+// for bf16 -> f64) and kPullBatch sources per batch, which keeps every instance within 128
+// registers (512 threads) without spills.
+template <typename In, typename Out, int VEC>
+__device__ __forceinline__ void pull_item(const weft_grpcoll_params& p, const weft_grpcoll_tensor& t,
+                                          const weft_grpcoll_item& s) {
+  if (s.npeers == 1 && p.op != WEFT_GRPCOLL_OP_LSE) {
+    pull_single<In, Out, VEC>(p, t, s);
+  } else {
+    pull_rows<In, Out, VEC, (sizeof(typename AccOf<Out>::T) * VEC >= 16 ? 1 : 2), kPullBatch>(p, t, s);
   }
 }
 
@@ -330,9 +404,9 @@ __device__ __forceinline__ void pull(const weft_grpcoll_params& p) {
   if (convert) convert_inputs<In, Out, VEC>(p);
   if (!has(p, WEFT_GRPCOLL_TRANSFER)) return;  // the baseline's convert-only launch (never synced)
   if (synced) cross_barrier(p, WEFT_GRPCOLL_BAR_BEFORE, convert);
-  for (uint32_t it = blockIdx.x; it < p.nitems; it += gridDim.x) {
+  for (uint32_t it = blockIdx.x; it < item_count(p); it += gridDim.x) {
     const weft_grpcoll_item& s = item(p, it);
-    for (uint32_t t = 0; t < p.ntensors; ++t) pull_rows<In, Out, VEC>(p, p.tensor[t], s);
+    for (uint32_t t = 0; t < p.ntensors; ++t) pull_item<In, Out, VEC>(p, p.tensor[t], s);
     if (p.op == WEFT_GRPCOLL_OP_LSE) {
       // Every thread has read the item's old output lse (accumulate) before any is rewritten.
       __syncthreads();

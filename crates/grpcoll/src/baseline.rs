@@ -71,6 +71,9 @@ impl Drop for NcclGroup {
 
 impl<T: PglElement> Core<T> {
     pub(crate) fn run_baseline(&mut self, comm: &Communicator) -> anyhow::Result<()> {
+        if self.device.is_some() {
+            bail!("grpcoll baseline: the AlltoAll-v path needs host metadata; this plan's metadata lives on the GPU");
+        }
         if comm.world() != self.world || comm.rank() != self.rank {
             bail!(
                 "grpcoll baseline: communicator is rank {} of {}, the plan rank {} of {}",

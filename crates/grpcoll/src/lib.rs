@@ -18,21 +18,24 @@
 //! the receivers pull the narrow rows and widen them into their outputs, in the same kernel.
 
 mod baseline;
+mod device_meta;
 mod kernel_choice;
 mod meta;
 pub mod pattern;
 mod work;
 
+pub use device_meta::{Capacity, MAX_DEVICE_SPLITS};
 pub use meta::{GroupCastMeta, GroupReduceMeta, Transfer};
 
 use anyhow::{bail, Context};
 use baseline::Staging;
-use cudarc::driver::{sys, CudaFunction, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use kernel_choice::{pull_kernel_name, push_kernel_name};
 use meta::{Desc, Header, Kind};
 use std::sync::Arc;
 use weft_kernels::abi::{
-    weft_grpcoll_params, weft_grpcoll_tensor, weft_kernel_barrier_view, weft_pgl_view,
+    weft_grpcoll_layout_params, weft_grpcoll_layout_report, weft_grpcoll_params, weft_grpcoll_tensor,
+    weft_kernel_barrier_view, weft_pgl_view,
     WEFT_GRPCOLL_ACCUMULATE, WEFT_GRPCOLL_CONVERT, WEFT_GRPCOLL_MAX_TENSORS, WEFT_GRPCOLL_SYNCED,
     WEFT_GRPCOLL_TRANSFER,
 };
@@ -162,6 +165,33 @@ struct Core<T: PglElement> {
     staging: Option<Staging>,
     /// KernelBarrier counter (device address) each native launch arrives on; 0: none.
     arrive: u64,
+    /// Device-resident metadata (the layout kernel's buffers), or None for host metadata.
+    device: Option<DeviceMeta>,
+}
+
+/// Where a plan's metadata comes from.
+enum MetaSource {
+    Host(Desc),
+    Device(Capacity),
+}
+
+/// A device-metadata plan's buffers: the metadata PGL the caller fills, the layout kernel's
+/// scratch, its report, and the item count it writes for the transfer kernel.
+struct DeviceMeta {
+    cap: Capacity,
+    meta: Pgl<u32>,
+    scratch: CudaSlice<u32>,
+    report: CudaSlice<u32>,
+    nitems: CudaSlice<u32>,
+    layout: CudaFunction,
+    max_items: usize,
+    chunk: usize,
+}
+
+/// u32 words of one rank's device metadata.
+fn unsafe_meta_words(cap: usize) -> usize {
+    // SAFETY: a pure function of its argument.
+    unsafe { weft_kernels::abi::weft_grpcoll_meta_words(cap as u32) as usize }
 }
 
 fn kind_name(k: Kind) -> &'static str {
@@ -238,7 +268,7 @@ impl<T: PglElement> Core<T> {
         kind: Kind,
         rdzv: &mut Rendezvous,
         stream: &Arc<CudaStream>,
-        desc: Desc,
+        source: MetaSource,
         row_elems: &[usize],
         op: ReduceOp,
         opts: Options,
@@ -251,9 +281,27 @@ impl<T: PglElement> Core<T> {
         let sms = opts.sms.unwrap_or(DEFAULT_SMS.min(device_sms));
         let data = T::DTYPE;
         let lse_per_row = op.lse_per_row();
+        // Device metadata: the plan is sized by the capacity; the splits come with each run.
+        let (desc, capacity) = match source {
+            MetaSource::Host(d) => (d, None),
+            MetaSource::Device(c) => (
+                Desc {
+                    input_rows: c.max_input_rows,
+                    input_split_rows: vec![],
+                    input_peers: vec![],
+                    output_rows: c.max_output_rows,
+                    output_split_rows: vec![],
+                    output_peers: vec![],
+                },
+                Some(c),
+            ),
+        };
         // Local checks, agreed so that every rank fails together.
-        let local = meta::validate_local(kind, &desc, world)
-            .and_then(|()| validate_args(kind, data, row_elems, op, &opts, sms, device_sms));
+        let local = match &capacity {
+            None => meta::validate_local(kind, &desc, world),
+            Some(c) => c.validate(kind_name(kind)),
+        }
+        .and_then(|()| validate_args(kind, data, row_elems, op, &opts, sms, device_sms));
         let (path, comm, pull_name) = agree(
             rdzv,
             &format!("{} plan (local metadata)", kind_name(kind)),
@@ -274,6 +322,7 @@ impl<T: PglElement> Core<T> {
             lse_per_row: lse_per_row as u64,
             accumulate: opts.accumulate as u64,
             sms: sms as u64,
+            device_splits: capacity.map_or(0, |c| c.max_splits as u64),
         };
         let all = rdzv
             .all_gather(&meta::encode(&header, &desc))
@@ -345,7 +394,7 @@ impl<T: PglElement> Core<T> {
         } else {
             (None, None)
         };
-        let counters = Counters::alloc(rdzv, &ctx, Shape::new(1, 1, 3, sms), budget)?;
+        let counters = Counters::alloc(rdzv, &ctx, Shape::new(1, 1, 4, sms), budget)?;
 
         let loaded = (|| -> anyhow::Result<_> {
             let module = cubins::GRPCOLL_GRPCOLL
@@ -361,12 +410,43 @@ impl<T: PglElement> Core<T> {
                 Some(name) => module.load_function(name)?,
                 None => copy_comm.clone(),
             };
-            Ok((native, copy_comm, copy_lse))
+            let layout = match capacity {
+                None => None,
+                Some(_) => Some(
+                    cubins::GRPCOLL_LAYOUT
+                        .load(&ctx)
+                        .context("loading kernels/grpcoll/layout.cu")?
+                        .load_function("weft_grpcoll_layout")?,
+                ),
+            };
+            Ok((native, copy_comm, copy_lse, layout))
         })();
-        let (native, copy_comm, copy_lse) = agree(rdzv, "grpcoll plan (kernels)", loaded)?;
+        let (native, copy_comm, copy_lse, layout) = agree(rdzv, "grpcoll plan (kernels)", loaded)?;
 
         // Work lists: rows per item from the bytes of one row of every tensor.
         let chunk = chunk_rows(row_elems.iter().sum::<usize>() * data.size());
+        let device = match (capacity, layout) {
+            (Some(cap), Some(layout)) => {
+                let words = unsafe_meta_words(cap.max_splits);
+                let meta = Pgl::<u32>::alloc(rdzv, &ctx, shape(1, words), Backend::default())
+                    .context("allocating the grpcoll device metadata")?;
+                let max_items = cap.max_items(chunk);
+                let buffers = (|| -> anyhow::Result<_> {
+                    // SAFETY: a pure function of its arguments.
+                    let scratch = unsafe {
+                        weft_kernels::abi::weft_grpcoll_layout_scratch_words(cap.max_splits as u32, world as u32)
+                    };
+                    Ok((
+                        stream.alloc_zeros::<u32>(scratch as usize)?,
+                        stream.alloc_zeros::<u32>(std::mem::size_of::<weft_grpcoll_layout_report>() / 4)?,
+                        stream.alloc_zeros::<u32>(1)?,
+                    ))
+                })();
+                let (scratch, report, nitems) = agree(rdzv, "grpcoll plan (layout buffers)", buffers)?;
+                Some(DeviceMeta { cap, meta, scratch, report, nitems, layout, max_items, chunk })
+            }
+            _ => None,
+        };
         let d = &descs[rank];
         let native_items = match path {
             Path::Push => push_items(&transfers, rank, d.input_split_rows.len(), chunk),
@@ -378,6 +458,11 @@ impl<T: PglElement> Core<T> {
         let scatter = match path {
             Path::Push => layout.push_scatter(&transfers, rank, chunk),
             Path::Pull => layout.pull_scatter(&transfers, rank, d.output_split_rows.len(), chunk),
+        };
+        let native_items = match &device {
+            // The layout kernel writes up to max_items items here on every run.
+            Some(dm) => vec![weft_kernels::abi::weft_grpcoll_item::default(); dm.max_items],
+            None => native_items,
         };
         let uploaded = (|| -> anyhow::Result<_> {
             let r = (
@@ -416,7 +501,23 @@ impl<T: PglElement> Core<T> {
             transfers,
             staging: None,
             arrive: 0,
+            device,
         })
+    }
+
+    fn write_device_meta(&self, desc: &Desc) -> anyhow::Result<()> {
+        let Some(dm) = &self.device else {
+            bail!("{}: this plan was built with host metadata (use new_device for device metadata)", kind_name(self.kind));
+        };
+        let words = device_meta::encode(self.kind, desc, &dm.cap, self.world)?;
+        self.stream.context().bind_to_thread()?;
+        // SAFETY: copies words.len() u32 into this rank's metadata buffer, which holds exactly as
+        // many; from pageable memory the driver stages the data before returning.
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(dm.meta.local_ptr(), words.as_ptr().cast(), words.len() * 4, self.stream.cu_stream())
+        }
+        .result()?;
+        Ok(())
     }
 
     fn converts(&self) -> bool {
@@ -508,7 +609,59 @@ impl<T: PglElement> Core<T> {
         p.arrive = weft_kernel_barrier_view {
             counter: self.arrive as *mut i32,
         };
+        if let Some(dm) = &self.device {
+            let lp = weft_grpcoll_layout_params {
+                meta: dm.meta.view(),
+                bar: p.bar,
+                scratch: dm.scratch.device_ptr(&self.stream).0,
+                items: p.items,
+                nitems: dm.nitems.device_ptr(&self.stream).0,
+                report: dm.report.device_ptr(&self.stream).0,
+                epoch: p.epoch,
+                cap: dm.cap.max_splits as u32,
+                max_items: dm.max_items as u32,
+                max_input_rows: dm.cap.max_input_rows as u32,
+                max_output_rows: dm.cap.max_output_rows as u32,
+                chunk: dm.chunk as u32,
+                pull: (self.path == Path::Pull) as u32,
+                reduce: (self.kind == Kind::Reduce) as u32,
+                reserved: 0,
+            };
+            let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: every address is a buffer of this plan sized for its capacity (the scratch by
+            // weft_grpcoll_layout_scratch_words, the items by max_items), alive until it is freed.
+            unsafe { self.stream.launch_builder(&dm.layout).arg(&lp).launch(cfg)? };
+            p.nitems_at = lp.nitems;
+        }
         self.launch(&self.native, &p, self.sms)
+    }
+
+    /// Device metadata: the layout kernel's verdict since the last check (cleared when read).
+    fn check_layout(&self) -> anyhow::Result<()> {
+        let Some(dm) = &self.device else { return Ok(()) };
+        let words = self.stream.clone_dtoh(&dm.report)?;
+        self.stream.synchronize()?;
+        let r = weft_grpcoll_layout_report {
+            code: words[0],
+            side: words[1],
+            a: words[2] as i32,
+            b: words[3] as i32,
+            a_split: words[4],
+            b_split: words[5],
+            expected: words[6],
+            observed: words[7],
+        };
+        match device_meta::describe(self.kind, &r) {
+            None => Ok(()),
+            Some(text) => {
+                // Cleared in place for the next run (CudaSlice::clone would copy the buffer).
+                let ptr = dm.report.device_ptr(&self.stream).0;
+                // SAFETY: zeroes the report's own words; the stream is idle (synchronised above).
+                unsafe { sys::cuMemsetD32Async(ptr, 0, words.len(), self.stream.cu_stream()) }.result()?;
+                self.stream.synchronize()?;
+                bail!("rank {}: {text}", self.rank)
+            }
+        }
     }
 
     fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
@@ -527,6 +680,9 @@ impl<T: PglElement> Core<T> {
         }
         if let Some(p) = self.output_lse {
             p.free(rdzv)?;
+        }
+        if let Some(dm) = self.device {
+            dm.meta.free(rdzv)?;
         }
         self.counters.free(rdzv)
     }
@@ -593,8 +749,15 @@ macro_rules! common_methods {
             self.core.counters.slot()
         }
         /// Waits for the plan's stream; a timed-out barrier becomes an error naming rank and coordinate.
+        /// With device metadata, a layout the kernel rejected (nothing moved) is an error here too.
         pub fn synchronize(&self) -> anyhow::Result<()> {
-            weft_sync::sync_checked(&self.core.stream, &[self.core.counters.slot()])
+            weft_sync::sync_checked(&self.core.stream, &[self.core.counters.slot()])?;
+            self.core.check_layout()
+        }
+        /// Device metadata: the PGL (u32 words, layout in [`Capacity`]'s module docs) this rank
+        /// fills before each `run`, in stream order; None for host metadata.
+        pub fn device_meta(&self) -> Option<&Pgl<u32>> {
+            self.core.device.as_ref().map(|d| &d.meta)
         }
         /// Collective: frees the buffers and counters on every rank.
         pub fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
@@ -636,12 +799,33 @@ impl<T: PglElement> GroupCast<T> {
                 Kind::Cast,
                 rdzv,
                 stream,
-                Desc::from(meta),
+                MetaSource::Host(Desc::from(meta)),
                 row_elems,
                 ReduceOp::Sum,
                 opts,
             )?,
         })
+    }
+
+    /// Collective: a plan whose metadata lives on the GPU, sized by `cap` (every rank the same).
+    /// Before each `run`, write this rank's metadata into [`device_meta`](Self::device_meta)
+    /// (or with [`write_device_meta`](Self::write_device_meta)); the run matches it on the
+    /// GPU. The AlltoAll-v baseline needs host metadata and is refused.
+    pub fn new_device(
+        rdzv: &mut Rendezvous,
+        stream: &Arc<CudaStream>,
+        cap: Capacity,
+        row_elems: &[usize],
+        opts: Options,
+    ) -> anyhow::Result<Self> {
+        Ok(Self {
+            core: Core::build(Kind::Cast, rdzv, stream, MetaSource::Device(cap), row_elems, ReduceOp::Sum, opts)?,
+        })
+    }
+
+    /// Device metadata from host metadata (checked against the capacity), copied in stream order.
+    pub fn write_device_meta(&self, meta: &GroupCastMeta) -> anyhow::Result<()> {
+        self.core.write_device_meta(&Desc::from(meta))
     }
     common_methods!();
 }
@@ -681,12 +865,31 @@ impl<T: PglElement> GroupReduce<T> {
                 Kind::Reduce,
                 rdzv,
                 stream,
-                Desc::from(meta),
+                MetaSource::Host(Desc::from(meta)),
                 row_elems,
                 op,
                 opts,
             )?,
         })
+    }
+
+    /// Collective: a plan whose metadata lives on the GPU, as [`GroupCast::new_device`].
+    pub fn new_device(
+        rdzv: &mut Rendezvous,
+        stream: &Arc<CudaStream>,
+        cap: Capacity,
+        row_elems: &[usize],
+        op: ReduceOp,
+        opts: Options,
+    ) -> anyhow::Result<Self> {
+        Ok(Self {
+            core: Core::build(Kind::Reduce, rdzv, stream, MetaSource::Device(cap), row_elems, op, opts)?,
+        })
+    }
+
+    /// Device metadata from host metadata (checked against the capacity), copied in stream order.
+    pub fn write_device_meta(&self, meta: &GroupReduceMeta) -> anyhow::Result<()> {
+        self.core.write_device_meta(&Desc::from(meta))
     }
     common_methods!();
     pub fn op(&self) -> ReduceOp {
@@ -813,6 +1016,7 @@ mod tests {
         for b in [16, 8, 4, 2, 1] {
             assert!(has(&push_kernel_name(&[b])), "{b}");
         }
+        assert!(cubins::GRPCOLL_LAYOUT.image.windows(20).any(|w| w == b"weft_grpcoll_layout\0"));
         for (c, d) in PULL_PAIRS {
             for g in [1, 16] {
                 let name = pull_kernel_name("x", c, d, &[g]).unwrap();

@@ -175,10 +175,12 @@ pub(crate) struct Header {
     pub lse_per_row: u64,
     pub accumulate: u64,
     pub sms: u64,
+    /// Device metadata: splits per side (0: host metadata).
+    pub device_splits: u64,
 }
 
 impl Header {
-    const FIELDS: [&'static str; 10] = [
+    const FIELDS: [&'static str; 11] = [
         "collective",
         "dtype",
         "communication dtype",
@@ -189,8 +191,9 @@ impl Header {
         "lse_per_row",
         "accumulate",
         "SM count",
+        "device metadata capacity (splits)",
     ];
-    fn values(&self) -> [u64; 10] {
+    fn values(&self) -> [u64; 11] {
         let [e0, e1, e2] = self.row_elems;
         [
             self.kind,
@@ -203,9 +206,10 @@ impl Header {
             self.lse_per_row,
             self.accumulate,
             self.sms,
+            self.device_splits,
         ]
     }
-    fn from_values(v: [u64; 10]) -> Self {
+    fn from_values(v: [u64; 11]) -> Self {
         Header {
             kind: v[0],
             dtype: v[1],
@@ -215,6 +219,7 @@ impl Header {
             lse_per_row: v[7],
             accumulate: v[8],
             sms: v[9],
+            device_splits: v[10],
         }
     }
 }
@@ -251,7 +256,7 @@ pub(crate) fn decode(bytes: &[u8]) -> anyhow::Result<(Header, Desc)> {
         it.next()
             .ok_or_else(|| anyhow::anyhow!("grpcoll metadata is truncated"))
     };
-    let mut values = [0u64; 10];
+    let mut values = [0u64; 11];
     for v in values.iter_mut() {
         *v = next()?;
     }
@@ -468,6 +473,7 @@ mod tests {
             lse_per_row: 0,
             accumulate: 0,
             sms: 24,
+            device_splits: 0,
         };
         let d = cast(
             vec![2, 0, 3],
@@ -537,6 +543,7 @@ mod tests {
             lse_per_row: 0,
             accumulate: 1,
             sms: 24,
+            device_splits: 0,
         };
         let h2 = Header {
             row_elems: [64, 0, 0],

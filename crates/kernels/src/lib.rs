@@ -54,6 +54,7 @@ unsafe impl DeviceRepr for abi::weft_laps_params {}
 unsafe impl DeviceRepr for abi::weft_latency_params {}
 unsafe impl DeviceRepr for abi::weft_timeout_params {}
 unsafe impl DeviceRepr for abi::weft_grpcoll_params {}
+unsafe impl DeviceRepr for abi::weft_grpcoll_layout_params {}
 unsafe impl DeviceRepr for abi::weft_kernel_barrier_view {}
 unsafe impl DeviceRepr for abi::weft_kernel_barrier_wait_params {}
 unsafe impl DeviceRepr for abi::weft_persistent_compute_params {}

@@ -2,6 +2,7 @@
 // GroupCast / GroupReduce kernels (kernels/grpcoll/grpcoll.cu). Plain C (bindgen).
 #pragma once
 #include <stdint.h>
+#include "weft/hd.h"
 #include "weft/kernel_barrier.h"
 #include "weft/pgl.h"
 #include "weft/sync.h"
@@ -23,7 +24,7 @@
 #define WEFT_GRPCOLL_TRANSFER 4u    // phase 2: the work items (push copy or pull reduce)
 #define WEFT_GRPCOLL_ACCUMULATE 8u  // reduce into the existing output (and output lse) instead of overwriting
 
-// Counter rows of `bar` (shape (1, 1, 3, blocks)): one column per block for the cross-rank rows.
+// Counter rows of `bar` (shape (1, 1, 4, blocks)): one column per block for the cross-rank rows.
 #define WEFT_GRPCOLL_BAR_BEFORE 0  // every rank's block b has reached the transfer (its sources are ready)
 #define WEFT_GRPCOLL_BAR_END 1     // every rank's block b has finished its writes / reads
 #define WEFT_GRPCOLL_BAR_GRID 2    // column 0: this rank's blocks, after phase 1 (GPU scope)
@@ -62,6 +63,7 @@ typedef struct weft_grpcoll_params {
   weft_sync_counters bar;    // (1, 1, 3, blocks), rows WEFT_GRPCOLL_BAR_*
   weft_kernel_barrier_view arrive;  // KernelBarrier the launch arrives on (NULL counter: none)
   uint64_t items;            // device address of nitems weft_grpcoll_item
+  uint64_t nitems_at;        // nonzero: device address of a u32 that holds nitems (device metadata)
   uint64_t epoch;            // barrier epoch of this launch (Counters::begin(1) + 1)
   uint32_t nitems;
   uint32_t ntensors;         // 1 to WEFT_GRPCOLL_MAX_TENSORS
@@ -70,3 +72,55 @@ typedef struct weft_grpcoll_params {
   uint32_t flags;            // WEFT_GRPCOLL_* flags
   uint32_t reserved;
 } weft_grpcoll_params;
+
+// ---- device-resident metadata (kernels/grpcoll/layout.cu) ----
+//
+// A plan built for device metadata owns a PGL of u32 words per rank that the caller fills before
+// each run (from a kernel or a stream-ordered copy): word 0 the number of input splits, word 1
+// of output splits, then four arrays of `cap` words: input split rows, input peer masks (bit r:
+// rank r), output split rows, output peer masks. Cast: input masks the destinations, output masks
+// one source bit; reduce: input masks one destination bit, output masks the sources.
+WEFT_HD uint32_t weft_grpcoll_meta_words(uint32_t cap) { return 2u + 4u * cap; }
+// Scratch words of the layout kernel: every rank's metadata, every rank's input and output
+// offsets, per (source, destination) pair the matched split lists and their counts, and this
+// rank's peer rows per (split, peer).
+WEFT_HD uint64_t weft_grpcoll_layout_scratch_words(uint32_t cap, uint32_t world) {
+  return (uint64_t)world * weft_grpcoll_meta_words(cap) + 2ull * world * (cap + 1u) +
+         (uint64_t)world * world * (2ull * cap + 2u) + (uint64_t)cap * world;
+}
+#define WEFT_GRPCOLL_BAR_LAYOUT 3  // counter row of the layout kernel's barrier (column 0)
+
+// weft_grpcoll_layout_report.code: what the layout kernel rejected (no rows move then).
+#define WEFT_GRPCOLL_BAD_SPLIT_COUNT 1  // rank a, side: a_split = count, expected = cap
+#define WEFT_GRPCOLL_BAD_ROWS 2         // rank a, side: observed = rows, expected = capacity rows
+#define WEFT_GRPCOLL_BAD_MASK 3         // rank a, side, split a_split: observed = mask (a rank outside the world)
+#define WEFT_GRPCOLL_BAD_PEER_COUNT 4   // rank a, side, split a_split: observed = peers (one required, or none for a reduce output)
+#define WEFT_GRPCOLL_BAD_PAIR_COUNT 5   // a sends expected splits to b, b expects observed from a
+#define WEFT_GRPCOLL_BAD_PAIR_ROWS 6    // a's input split a_split (expected rows) is b's output split b_split (observed rows)
+
+// What the layout kernel found wrong, in device memory (the first report wins); zero: nothing.
+typedef struct weft_grpcoll_layout_report {
+  uint32_t code;
+  uint32_t side;      // 0 input, 1 output
+  int32_t a, b;       // ranks
+  uint32_t a_split, b_split;
+  uint32_t expected, observed;
+} weft_grpcoll_layout_report;
+
+typedef struct weft_grpcoll_layout_params {
+  weft_pgl_view meta;        // u32, weft_grpcoll_meta_words(cap) per rank
+  weft_sync_counters bar;    // the plan's counters: row WEFT_GRPCOLL_BAR_LAYOUT, column 0
+  uint64_t scratch;          // weft_grpcoll_layout_scratch_words(cap, world) u32
+  uint64_t items;            // max_items weft_grpcoll_item, written here
+  uint64_t nitems;           // one u32: the items written (0 when rejected)
+  uint64_t report;           // a weft_grpcoll_layout_report
+  uint64_t epoch;
+  uint32_t cap;              // splits per side
+  uint32_t max_items;
+  uint32_t max_input_rows;
+  uint32_t max_output_rows;
+  uint32_t chunk;            // rows per item
+  uint32_t pull;             // 1: pull items (per output split, sources); 0: push items (per input split, destinations)
+  uint32_t reduce;           // 1: reduce metadata (one destination per input split); 0: cast (one source per output split)
+  uint32_t reserved;
+} weft_grpcoll_layout_params;

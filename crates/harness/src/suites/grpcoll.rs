@@ -212,6 +212,7 @@ pub fn cases() -> Vec<Case> {
     .flatten()
     .collect();
     v.extend(super::grpcoll_stress::cases());
+    v.extend(super::grpcoll_device_meta::cases());
     v.extend([
         Case::gpu("grpcoll::kernel_barrier_arrivals", kernel_barrier_arrivals),
         Case::gpu("grpcoll::errors::split_sum", err_split_sum),

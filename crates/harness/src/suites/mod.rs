@@ -5,6 +5,7 @@ mod barrier;
 mod gemm;
 mod graph_capture;
 mod grpcoll;
+mod grpcoll_device_meta;
 mod grpcoll_reference;
 mod grpcoll_stress;
 mod nccl;
