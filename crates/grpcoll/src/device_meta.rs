@@ -35,7 +35,10 @@ impl Capacity {
         if self.max_splits == 0 || self.max_splits > MAX_DEVICE_SPLITS {
             bail!("{what}: device metadata capacity of {} splits; 1 to {MAX_DEVICE_SPLITS} are supported", self.max_splits);
         }
-        for (side, rows) in [("input", self.max_input_rows), ("output", self.max_output_rows)] {
+        for (side, rows) in [
+            ("input", self.max_input_rows),
+            ("output", self.max_output_rows),
+        ] {
             if rows > u32::MAX as usize {
                 bail!("{what}: device metadata capacity of {rows} {side} rows; at most {} are supported", u32::MAX);
             }
@@ -57,13 +60,28 @@ fn mask(peers: &[usize]) -> u32 {
 
 /// This rank's metadata in the device layout, checked against the capacity and the world (the
 /// device checks the rest, as the host plan does).
-pub(crate) fn encode(kind: Kind, d: &Desc, cap: &Capacity, world: usize) -> anyhow::Result<Vec<u32>> {
+pub(crate) fn encode(
+    kind: Kind,
+    d: &Desc,
+    cap: &Capacity,
+    world: usize,
+) -> anyhow::Result<Vec<u32>> {
     let what = crate::kind_name(kind);
     crate::meta::validate_local(kind, d, world)?;
     let n = cap.max_splits;
     for (side, splits, rows, max) in [
-        ("input", d.input_split_rows.len(), d.input_rows, cap.max_input_rows),
-        ("output", d.output_split_rows.len(), d.output_rows, cap.max_output_rows),
+        (
+            "input",
+            d.input_split_rows.len(),
+            d.input_rows,
+            cap.max_input_rows,
+        ),
+        (
+            "output",
+            d.output_split_rows.len(),
+            d.output_rows,
+            cap.max_output_rows,
+        ),
     ] {
         if splits > n {
             bail!("{what}: {splits} {side} splits exceed the plan's capacity of {n}");
@@ -76,7 +94,10 @@ pub(crate) fn encode(kind: Kind, d: &Desc, cap: &Capacity, world: usize) -> anyh
     let mut w = vec![0u32; 2 + 4 * n];
     w[0] = d.input_split_rows.len() as u32;
     w[1] = d.output_split_rows.len() as u32;
-    for (side, rows, peers) in [(0, &d.input_split_rows, &d.input_peers), (1, &d.output_split_rows, &d.output_peers)] {
+    for (side, rows, peers) in [
+        (0, &d.input_split_rows, &d.input_peers),
+        (1, &d.output_split_rows, &d.output_peers),
+    ] {
         let at = 2 + side * 2 * n;
         for (i, (&r, p)) in rows.iter().zip(peers).enumerate() {
             w[at + i] = r as u32;
@@ -102,7 +123,9 @@ pub(crate) fn describe(kind: Kind, r: &weft_grpcoll_layout_report) -> Option<Str
         weft_kernels::abi::WEFT_GRPCOLL_BAD_PAIR_ROWS => format!("rank {a}'s input split {} ({} rows) is rank {b}'s output split {} by the matching rule, which has {} rows", r.a_split, r.expected, r.b_split, r.observed),
         other => format!("unknown report code {other}"),
     };
-    Some(format!("{what}: device metadata rejected, nothing was moved: {text}"))
+    Some(format!(
+        "{what}: device metadata rejected, nothing was moved: {text}"
+    ))
 }
 
 #[cfg(test)]
@@ -120,25 +143,58 @@ mod tests {
             output_split_rows: vec![4],
             src_index: vec![1],
         });
-        let cap = Capacity { max_splits: 3, max_input_rows: 8, max_output_rows: 8 };
+        let cap = Capacity {
+            max_splits: 3,
+            max_input_rows: 8,
+            max_output_rows: 8,
+        };
         let w = encode(Kind::Cast, &d, &cap, 3).unwrap();
         // SAFETY: a pure function of its argument.
-        assert_eq!(w.len() as u32, unsafe { weft_kernels::abi::weft_grpcoll_meta_words(3) });
+        assert_eq!(w.len() as u32, unsafe {
+            weft_kernels::abi::weft_grpcoll_meta_words(3)
+        });
         assert_eq!(w, vec![2, 1, 2, 3, 0, 0b101, 0, 0, 4, 0, 0, 0b10, 0, 0]);
-        let small = Capacity { max_splits: 1, ..cap };
-        assert!(encode(Kind::Cast, &d, &small, 3).unwrap_err().to_string().contains("2 input splits exceed the plan's capacity of 1"));
-        let few = Capacity { max_input_rows: 4, ..cap };
-        assert!(encode(Kind::Cast, &d, &few, 3).unwrap_err().to_string().contains("5 input rows exceed the plan's capacity of 4"));
+        let small = Capacity {
+            max_splits: 1,
+            ..cap
+        };
+        assert!(encode(Kind::Cast, &d, &small, 3)
+            .unwrap_err()
+            .to_string()
+            .contains("2 input splits exceed the plan's capacity of 1"));
+        let few = Capacity {
+            max_input_rows: 4,
+            ..cap
+        };
+        assert!(encode(Kind::Cast, &d, &few, 3)
+            .unwrap_err()
+            .to_string()
+            .contains("5 input rows exceed the plan's capacity of 4"));
     }
 
     #[test]
     fn reports_read_like_the_host_checks() {
-        let r = weft_grpcoll_layout_report { code: weft_kernels::abi::WEFT_GRPCOLL_BAD_PAIR_ROWS, side: 0, a: 3, b: 0, a_split: 0, b_split: 0, expected: 4, observed: 5 };
+        let r = weft_grpcoll_layout_report {
+            code: weft_kernels::abi::WEFT_GRPCOLL_BAD_PAIR_ROWS,
+            side: 0,
+            a: 3,
+            b: 0,
+            a_split: 0,
+            b_split: 0,
+            expected: 4,
+            observed: 5,
+        };
         assert_eq!(
             describe(Kind::Cast, &r).unwrap(),
             "group_cast: device metadata rejected, nothing was moved: rank 3's input split 0 (4 rows) is rank 0's output split 0 by the matching rule, which has 5 rows"
         );
         assert!(describe(Kind::Reduce, &weft_grpcoll_layout_report::default()).is_none());
-        assert!(Capacity { max_splits: 0, max_input_rows: 1, max_output_rows: 1 }.validate("x").is_err());
+        assert!(Capacity {
+            max_splits: 0,
+            max_input_rows: 1,
+            max_output_rows: 1
+        }
+        .validate("x")
+        .is_err());
     }
 }

@@ -29,15 +29,16 @@ pub use meta::{GroupCastMeta, GroupReduceMeta, Transfer};
 
 use anyhow::{bail, Context};
 use baseline::Staging;
-use cudarc::driver::{sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
 use kernel_choice::{pull_kernel_name, push_kernel_name};
 use meta::{Desc, Header, Kind};
 use std::sync::Arc;
 use weft_kernels::abi::{
-    weft_grpcoll_layout_params, weft_grpcoll_layout_report, weft_grpcoll_params, weft_grpcoll_tensor,
-    weft_kernel_barrier_view, weft_pgl_view,
-    WEFT_GRPCOLL_ACCUMULATE, WEFT_GRPCOLL_CONVERT, WEFT_GRPCOLL_MAX_TENSORS, WEFT_GRPCOLL_SYNCED,
-    WEFT_GRPCOLL_TRANSFER,
+    weft_grpcoll_layout_params, weft_grpcoll_layout_report, weft_grpcoll_params,
+    weft_grpcoll_tensor, weft_kernel_barrier_view, weft_pgl_view, WEFT_GRPCOLL_ACCUMULATE,
+    WEFT_GRPCOLL_CONVERT, WEFT_GRPCOLL_MAX_TENSORS, WEFT_GRPCOLL_SYNCED, WEFT_GRPCOLL_TRANSFER,
 };
 use weft_kernels::cubins;
 use weft_pgl::rendezvous::Rendezvous;
@@ -434,16 +435,31 @@ impl<T: PglElement> Core<T> {
                 let buffers = (|| -> anyhow::Result<_> {
                     // SAFETY: a pure function of its arguments.
                     let scratch = unsafe {
-                        weft_kernels::abi::weft_grpcoll_layout_scratch_words(cap.max_splits as u32, world as u32)
+                        weft_kernels::abi::weft_grpcoll_layout_scratch_words(
+                            cap.max_splits as u32,
+                            world as u32,
+                        )
                     };
                     Ok((
                         stream.alloc_zeros::<u32>(scratch as usize)?,
-                        stream.alloc_zeros::<u32>(std::mem::size_of::<weft_grpcoll_layout_report>() / 4)?,
+                        stream.alloc_zeros::<u32>(
+                            std::mem::size_of::<weft_grpcoll_layout_report>() / 4,
+                        )?,
                         stream.alloc_zeros::<u32>(1)?,
                     ))
                 })();
-                let (scratch, report, nitems) = agree(rdzv, "grpcoll plan (layout buffers)", buffers)?;
-                Some(DeviceMeta { cap, meta, scratch, report, nitems, layout, max_items, chunk })
+                let (scratch, report, nitems) =
+                    agree(rdzv, "grpcoll plan (layout buffers)", buffers)?;
+                Some(DeviceMeta {
+                    cap,
+                    meta,
+                    scratch,
+                    report,
+                    nitems,
+                    layout,
+                    max_items,
+                    chunk,
+                })
             }
             _ => None,
         };
@@ -507,14 +523,22 @@ impl<T: PglElement> Core<T> {
 
     fn write_device_meta(&self, desc: &Desc) -> anyhow::Result<()> {
         let Some(dm) = &self.device else {
-            bail!("{}: this plan was built with host metadata (use new_device for device metadata)", kind_name(self.kind));
+            bail!(
+                "{}: this plan was built with host metadata (use new_device for device metadata)",
+                kind_name(self.kind)
+            );
         };
         let words = device_meta::encode(self.kind, desc, &dm.cap, self.world)?;
         self.stream.context().bind_to_thread()?;
         // SAFETY: copies words.len() u32 into this rank's metadata buffer, which holds exactly as
         // many; from pageable memory the driver stages the data before returning.
         unsafe {
-            sys::cuMemcpyHtoDAsync_v2(dm.meta.local_ptr(), words.as_ptr().cast(), words.len() * 4, self.stream.cu_stream())
+            sys::cuMemcpyHtoDAsync_v2(
+                dm.meta.local_ptr(),
+                words.as_ptr().cast(),
+                words.len() * 4,
+                self.stream.cu_stream(),
+            )
         }
         .result()?;
         Ok(())
@@ -627,10 +651,19 @@ impl<T: PglElement> Core<T> {
                 reduce: (self.kind == Kind::Reduce) as u32,
                 reserved: 0,
             };
-            let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+            let cfg = LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (1024, 1, 1),
+                shared_mem_bytes: 0,
+            };
             // SAFETY: every address is a buffer of this plan sized for its capacity (the scratch by
             // weft_grpcoll_layout_scratch_words, the items by max_items), alive until it is freed.
-            unsafe { self.stream.launch_builder(&dm.layout).arg(&lp).launch(cfg)? };
+            unsafe {
+                self.stream
+                    .launch_builder(&dm.layout)
+                    .arg(&lp)
+                    .launch(cfg)?
+            };
             p.nitems_at = lp.nitems;
         }
         self.launch(&self.native, &p, self.sms)
@@ -638,7 +671,9 @@ impl<T: PglElement> Core<T> {
 
     /// Device metadata: the layout kernel's verdict since the last check (cleared when read).
     fn check_layout(&self) -> anyhow::Result<()> {
-        let Some(dm) = &self.device else { return Ok(()) };
+        let Some(dm) = &self.device else {
+            return Ok(());
+        };
         let words = self.stream.clone_dtoh(&dm.report)?;
         self.stream.synchronize()?;
         let r = weft_grpcoll_layout_report {
@@ -657,7 +692,8 @@ impl<T: PglElement> Core<T> {
                 // Cleared in place for the next run (CudaSlice::clone would copy the buffer).
                 let ptr = dm.report.device_ptr(&self.stream).0;
                 // SAFETY: zeroes the report's own words; the stream is idle (synchronised above).
-                unsafe { sys::cuMemsetD32Async(ptr, 0, words.len(), self.stream.cu_stream()) }.result()?;
+                unsafe { sys::cuMemsetD32Async(ptr, 0, words.len(), self.stream.cu_stream()) }
+                    .result()?;
                 self.stream.synchronize()?;
                 bail!("rank {}: {text}", self.rank)
             }
@@ -766,6 +802,52 @@ macro_rules! common_methods {
     };
 }
 
+/// What [`GroupCast`] and [`GroupReduce`] plans share, for code that drives either (the methods
+/// of the same names on each).
+pub trait GroupCollective<T: PglElement> {
+    fn input(&self) -> &Pgl<T>;
+    fn output(&self) -> &Pgl<T>;
+    fn sms(&self) -> u32;
+    fn comm_dtype(&self) -> DType;
+    fn run(&mut self) -> anyhow::Result<()>;
+    fn run_baseline(&mut self, comm: &Communicator) -> anyhow::Result<()>;
+    fn synchronize(&self) -> anyhow::Result<()>;
+    fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()>;
+}
+
+macro_rules! group_collective {
+    ($plan:ident) => {
+        impl<T: PglElement> GroupCollective<T> for $plan<T> {
+            fn input(&self) -> &Pgl<T> {
+                $plan::input(self)
+            }
+            fn output(&self) -> &Pgl<T> {
+                $plan::output(self)
+            }
+            fn sms(&self) -> u32 {
+                $plan::sms(self)
+            }
+            fn comm_dtype(&self) -> DType {
+                $plan::comm_dtype(self)
+            }
+            fn run(&mut self) -> anyhow::Result<()> {
+                $plan::run(self)
+            }
+            fn run_baseline(&mut self, comm: &Communicator) -> anyhow::Result<()> {
+                $plan::run_baseline(self, comm)
+            }
+            fn synchronize(&self) -> anyhow::Result<()> {
+                $plan::synchronize(self)
+            }
+            fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+                $plan::free(self, rdzv)
+            }
+        }
+    };
+}
+group_collective!(GroupCast);
+group_collective!(GroupReduce);
+
 /// A GroupCast plan (collective). Any element type when the communication dtype is the data's
 /// (rows are copied as bytes); f32 / f64 data through a narrower communication dtype.
 pub struct GroupCast<T: PglElement> {
@@ -819,7 +901,15 @@ impl<T: PglElement> GroupCast<T> {
         opts: Options,
     ) -> anyhow::Result<Self> {
         Ok(Self {
-            core: Core::build(Kind::Cast, rdzv, stream, MetaSource::Device(cap), row_elems, ReduceOp::Sum, opts)?,
+            core: Core::build(
+                Kind::Cast,
+                rdzv,
+                stream,
+                MetaSource::Device(cap),
+                row_elems,
+                ReduceOp::Sum,
+                opts,
+            )?,
         })
     }
 
@@ -883,7 +973,15 @@ impl<T: PglElement> GroupReduce<T> {
         opts: Options,
     ) -> anyhow::Result<Self> {
         Ok(Self {
-            core: Core::build(Kind::Reduce, rdzv, stream, MetaSource::Device(cap), row_elems, op, opts)?,
+            core: Core::build(
+                Kind::Reduce,
+                rdzv,
+                stream,
+                MetaSource::Device(cap),
+                row_elems,
+                op,
+                opts,
+            )?,
         })
     }
 
@@ -1016,7 +1114,10 @@ mod tests {
         for b in [16, 8, 4, 2, 1] {
             assert!(has(&push_kernel_name(&[b])), "{b}");
         }
-        assert!(cubins::GRPCOLL_LAYOUT.image.windows(20).any(|w| w == b"weft_grpcoll_layout\0"));
+        assert!(cubins::GRPCOLL_LAYOUT
+            .image
+            .windows(20)
+            .any(|w| w == b"weft_grpcoll_layout\0"));
         for (c, d) in PULL_PAIRS {
             for g in [1, 16] {
                 let name = pull_kernel_name("x", c, d, &[g]).unwrap();

@@ -203,13 +203,20 @@ mod tests {
                 let cast = w.cast_blocks(world, 100);
                 let mut per_rank = vec![0usize; world];
                 cast.iter().for_each(|b| per_rank[b.owner] += b.rows);
-                assert!(per_rank.iter().all(|&r| r == 100), "{w:?} {world}: {per_rank:?}");
+                assert!(
+                    per_rank.iter().all(|&r| r == 100),
+                    "{w:?} {world}: {per_rank:?}"
+                );
                 let descs: Vec<Desc> = cast_metas(world, &cast).iter().map(Desc::from).collect();
-                descs.iter().for_each(|d| validate_local(Kind::Cast, d, world).unwrap());
+                descs
+                    .iter()
+                    .for_each(|d| validate_local(Kind::Cast, d, world).unwrap());
                 match_global(Kind::Cast, &descs).unwrap();
                 let red = w.reduce_blocks(world, 100);
                 let descs: Vec<Desc> = reduce_metas(world, &red).iter().map(Desc::from).collect();
-                descs.iter().for_each(|d| validate_local(Kind::Reduce, d, world).unwrap());
+                descs
+                    .iter()
+                    .for_each(|d| validate_local(Kind::Reduce, d, world).unwrap());
                 match_global(Kind::Reduce, &descs).unwrap();
             }
         }

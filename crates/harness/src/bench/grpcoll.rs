@@ -14,7 +14,9 @@ use crate::json::Json;
 use crate::results::Table;
 use half::bf16;
 use weft_grpcoll::pattern::{cast_metas, reduce_metas, Workload};
-use weft_grpcoll::{GroupCast, GroupCastMeta, GroupReduce, GroupReduceMeta, Options, ReduceOp};
+use weft_grpcoll::{
+    GroupCast, GroupCastMeta, GroupCollective, GroupReduce, GroupReduceMeta, Options, ReduceOp,
+};
 use weft_pgl::{DType, PglElement};
 
 /// One measured case on this rank.
@@ -35,7 +37,13 @@ struct Case {
 
 fn workloads(world: usize) -> [(&'static str, Workload); 3] {
     [
-        ("uniform", Workload::Uniform { splits: 2 * world, seed: 0x5eed }),
+        (
+            "uniform",
+            Workload::Uniform {
+                splits: 2 * world,
+                seed: 0x5eed,
+            },
+        ),
         ("causal", Workload::Causal),
         ("varlen", Workload::Varlen { seed: 0x5eed }),
     ]
@@ -43,12 +51,21 @@ fn workloads(world: usize) -> [(&'static str, Workload); 3] {
 
 /// Rows this rank receives from other ranks (cast).
 fn cast_remote_rows(m: &GroupCastMeta, rank: usize) -> usize {
-    m.src_index.iter().zip(&m.output_split_rows).filter(|(s, _)| **s != rank).map(|(_, r)| r).sum()
+    m.src_index
+        .iter()
+        .zip(&m.output_split_rows)
+        .filter(|(s, _)| **s != rank)
+        .map(|(_, r)| r)
+        .sum()
 }
 
 /// Rows this rank reads from other ranks (reduce).
 fn reduce_remote_rows(m: &GroupReduceMeta, rank: usize) -> usize {
-    m.src_indices.iter().zip(&m.output_split_rows).map(|(s, r)| s.iter().filter(|&&x| x != rank).count() * r).sum()
+    m.src_indices
+        .iter()
+        .zip(&m.output_split_rows)
+        .map(|(s, r)| s.iter().filter(|&&x| x != rank).count() * r)
+        .sum()
 }
 
 struct Shape {
@@ -58,61 +75,73 @@ struct Shape {
     comm: Option<DType>,
 }
 
-fn measure_cast<T: PglElement>(job: &mut Job, rig: &mut Rig, s: &Shape) -> anyhow::Result<Case> {
-    let (rank, world) = (job.rank(), job.world());
-    let metas = cast_metas(world, &s.workload.1.cast_blocks(world, s.tokens));
-    let opts = Options { comm_dtype: s.comm, ..Options::default() };
-    let mut plan = GroupCast::<T>::new(&mut job.rdzv, &rig.compute, &metas[rank], s.hidden, opts)?;
+/// Times the native path and the baseline of `plan` on this rank, then frees it (collective).
+fn time_plan<T: PglElement, P: GroupCollective<T>>(
+    job: &mut Job,
+    rig: &mut Rig,
+    mut plan: P,
+) -> anyhow::Result<(f64, f64, u32, DType)> {
     let measured = (|| -> anyhow::Result<(f64, f64)> {
         let native = rig.time(|| plan.run())?;
         plan.synchronize()?;
         let comm = job.comm()?;
         Ok((native, rig.time(|| plan.run_baseline(comm))?))
     })();
-    let comm = plan.comm_dtype();
-    let sms = plan.sms();
+    let (sms, comm) = (plan.sms(), plan.comm_dtype());
     plan.free(&mut job.rdzv)?;
-    let (native_ms, baseline_ms) = measured?;
-    Ok(Case {
-        name: String::new(),
-        workload: s.workload.0,
-        collective: "cast",
-        tokens: s.tokens,
-        hidden: s.hidden,
-        dtype: T::DTYPE,
-        comm,
-        sms,
-        nvlink_bytes: (cast_remote_rows(&metas[rank], rank) * s.hidden * comm.size()) as f64,
-        native_ms,
-        baseline_ms,
-    })
+    let (native, baseline) = measured?;
+    Ok((native, baseline, sms, comm))
 }
 
-fn measure_reduce<T: PglElement>(job: &mut Job, rig: &mut Rig, s: &Shape) -> anyhow::Result<Case> {
+fn measure<T: PglElement>(
+    job: &mut Job,
+    rig: &mut Rig,
+    s: &Shape,
+    reduce: bool,
+) -> anyhow::Result<Case> {
     let (rank, world) = (job.rank(), job.world());
-    let metas = reduce_metas(world, &s.workload.1.reduce_blocks(world, s.tokens));
-    let opts = Options { comm_dtype: s.comm, ..Options::default() };
-    let mut plan = GroupReduce::<T>::new(&mut job.rdzv, &rig.compute, &metas[rank], s.hidden, ReduceOp::Sum, opts)?;
-    let measured = (|| -> anyhow::Result<(f64, f64)> {
-        let native = rig.time(|| plan.run())?;
-        plan.synchronize()?;
-        let comm = job.comm()?;
-        Ok((native, rig.time(|| plan.run_baseline(comm))?))
-    })();
-    let comm = plan.comm_dtype();
-    let sms = plan.sms();
-    plan.free(&mut job.rdzv)?;
-    let (native_ms, baseline_ms) = measured?;
+    let opts = Options {
+        comm_dtype: s.comm,
+        ..Options::default()
+    };
+    let (remote_rows, (native_ms, baseline_ms, sms, comm)) = if reduce {
+        let metas = reduce_metas(world, &s.workload.1.reduce_blocks(world, s.tokens));
+        let plan = GroupReduce::<T>::new(
+            &mut job.rdzv,
+            &rig.compute.clone(),
+            &metas[rank],
+            s.hidden,
+            ReduceOp::Sum,
+            opts,
+        )?;
+        (
+            reduce_remote_rows(&metas[rank], rank),
+            time_plan(job, rig, plan)?,
+        )
+    } else {
+        let metas = cast_metas(world, &s.workload.1.cast_blocks(world, s.tokens));
+        let plan = GroupCast::<T>::new(
+            &mut job.rdzv,
+            &rig.compute.clone(),
+            &metas[rank],
+            s.hidden,
+            opts,
+        )?;
+        (
+            cast_remote_rows(&metas[rank], rank),
+            time_plan(job, rig, plan)?,
+        )
+    };
     Ok(Case {
         name: String::new(),
         workload: s.workload.0,
-        collective: "reduce sum",
+        collective: if reduce { "reduce sum" } else { "cast" },
         tokens: s.tokens,
         hidden: s.hidden,
         dtype: T::DTYPE,
         comm,
         sms,
-        nvlink_bytes: (reduce_remote_rows(&metas[rank], rank) * s.hidden * comm.size()) as f64,
+        nvlink_bytes: (remote_rows * s.hidden * comm.size()) as f64,
         native_ms,
         baseline_ms,
     })
@@ -120,7 +149,11 @@ fn measure_reduce<T: PglElement>(job: &mut Job, rig: &mut Rig, s: &Shape) -> any
 
 pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
     let world = job.world();
-    let stream = job.gpu().map_err(|w| anyhow::anyhow!("no GPU: {w}"))?.stream.clone();
+    let stream = job
+        .gpu()
+        .map_err(|w| anyhow::anyhow!("no GPU: {w}"))?
+        .stream
+        .clone();
     job.comm()?;
     let mut rig = Rig {
         comm_stream: stream.clone(),
@@ -129,34 +162,72 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         iters: if quick { 10 } else { 30 },
         warmup: 5,
     };
-    let tokens: &[usize] = if quick { &[16384] } else { &[4096, 16384, 65536] };
+    let tokens: &[usize] = if quick {
+        &[16384]
+    } else {
+        &[4096, 16384, 65536]
+    };
     let hiddens: &[usize] = if quick { &[4096] } else { &[1024, 4096, 8192] };
     let mut cases = Vec::new();
     for workload in workloads(world) {
         for &t in tokens {
             for &h in hiddens {
-                let s = Shape { workload, tokens: t, hidden: h, comm: None };
-                cases.push(measure_cast::<bf16>(job, &mut rig, &s)?);
-                cases.push(measure_reduce::<bf16>(job, &mut rig, &s)?);
+                let s = Shape {
+                    workload,
+                    tokens: t,
+                    hidden: h,
+                    comm: None,
+                };
+                for reduce in [false, true] {
+                    cases.push(measure::<bf16>(job, &mut rig, &s, reduce)?);
+                }
             }
         }
     }
     // The communication dtype: f32 data sent as f32 and as bf16.
     for comm in [None, Some(DType::Bf16)] {
-        let s = Shape { workload: workloads(world)[0], tokens: 16384, hidden: 4096, comm };
-        cases.push(measure_cast::<f32>(job, &mut rig, &s)?);
-        cases.push(measure_reduce::<f32>(job, &mut rig, &s)?);
+        let s = Shape {
+            workload: workloads(world)[0],
+            tokens: 16384,
+            hidden: 4096,
+            comm,
+        };
+        for reduce in [false, true] {
+            cases.push(measure::<f32>(job, &mut rig, &s, reduce)?);
+        }
     }
     for c in cases.iter_mut() {
-        let via = if c.comm != c.dtype { format!(" via {}", c.comm.name()) } else { String::new() };
-        c.name = format!("{} {} {}{via} {}x{}", c.workload, c.collective, c.dtype.name(), c.tokens, c.hidden);
+        let via = if c.comm != c.dtype {
+            format!(" via {}", c.comm.name())
+        } else {
+            String::new()
+        };
+        c.name = format!(
+            "{} {} {}{via} {}x{}",
+            c.workload,
+            c.collective,
+            c.dtype.name(),
+            c.tokens,
+            c.hidden
+        );
     }
 
     // Slowest rank per case and path; the busiest rank's bytes.
-    let mine: Vec<f64> = cases.iter().flat_map(|c| [c.native_ms, c.baseline_ms, c.nvlink_bytes]).collect();
+    let mine: Vec<f64> = cases
+        .iter()
+        .flat_map(|c| [c.native_ms, c.baseline_ms, c.nvlink_bytes])
+        .collect();
     let worst = slowest(job, &mine)?;
     let mut table = Table {
-        headers: vec!["case", "SMs", "native (us)", "AlltoAll-v (us)", "ratio", "native GB/s per GPU", "AlltoAll-v GB/s per GPU"],
+        headers: vec![
+            "case",
+            "SMs",
+            "native (us)",
+            "AlltoAll-v (us)",
+            "ratio",
+            "native GB/s per GPU",
+            "AlltoAll-v GB/s per GPU",
+        ],
         rows: Vec::new(),
     };
     let mut rows = Vec::new();

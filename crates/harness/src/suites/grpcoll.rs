@@ -346,7 +346,7 @@ const INPUT: u64 = 1;
 const PRIOR: u64 = 2;
 
 fn as_f64<T: GElem>(v: &[T]) -> Vec<f64> {
-    v.iter().map(|x| x.clone().to_f64()).collect()
+    v.iter().map(|x| x.to_f64()).collect()
 }
 
 pub(super) fn write<T: PglElement>(pgl: &Pgl<T>, host: &[T]) -> anyhow::Result<()> {

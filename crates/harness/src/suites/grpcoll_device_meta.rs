@@ -5,7 +5,9 @@
 //! the same message, moves nothing, and the plan then runs a correct pattern.
 
 use super::grpcoll::{cast_blocks, gpu_stream, read, reduce_blocks, ring_cast, values, write};
-use super::grpcoll_reference::{cast_reference, check, check_lse, reduce_reference, round_to, GElem, Op, ReduceInputs};
+use super::grpcoll_reference::{
+    cast_reference, check, check_lse, reduce_reference, round_to, GElem, Op, ReduceInputs,
+};
 use crate::data::shared_seed;
 use crate::job::Job;
 use crate::trials::Case;
@@ -24,15 +26,27 @@ const INPUT: u64 = 21;
 fn capacity(world: usize) -> Capacity {
     // The trial patterns: up to 5 splits per rank on its own side and 5 · world on the other
     // (a reduce input, a cast output), under 600 rows each.
-    Capacity { max_splits: 5 * world, max_input_rows: 5 * world * 600, max_output_rows: 5 * world * 600 }
+    Capacity {
+        max_splits: 5 * world,
+        max_input_rows: 5 * world * 600,
+        max_output_rows: 5 * world * 600,
+    }
 }
 
 pub fn cases() -> Vec<Case> {
     vec![
-        Case::gpu("grpcoll::device_meta::cast::bf16", |j| cast::<bf16>(j, None)),
-        Case::gpu("grpcoll::device_meta::cast::f32_via_bf16", |j| cast::<f32>(j, Some(DType::Bf16))),
-        Case::gpu("grpcoll::device_meta::reduce::sum::f32", |j| reduce::<f32>(j, Op::Sum)),
-        Case::gpu("grpcoll::device_meta::reduce::lse::bf16", |j| reduce::<bf16>(j, Op::Lse)),
+        Case::gpu("grpcoll::device_meta::cast::bf16", |j| {
+            cast::<bf16>(j, None)
+        }),
+        Case::gpu("grpcoll::device_meta::cast::f32_via_bf16", |j| {
+            cast::<f32>(j, Some(DType::Bf16))
+        }),
+        Case::gpu("grpcoll::device_meta::reduce::sum::f32", |j| {
+            reduce::<f32>(j, Op::Sum)
+        }),
+        Case::gpu("grpcoll::device_meta::reduce::lse::bf16", |j| {
+            reduce::<bf16>(j, Op::Lse)
+        }),
         Case::gpu("grpcoll::errors::device_meta_disagreement", disagreement),
     ]
 }
@@ -42,22 +56,43 @@ fn cast<T: GElem>(job: &mut Job, comm_dtype: Option<DType>) -> anyhow::Result<()
     let (rank, world) = (job.rank(), job.world());
     let stream = gpu_stream(job)?;
     let comm = comm_dtype.unwrap_or(T::DTYPE);
-    let opts = Options { comm_dtype, ..Options::default() };
-    let mut plan = GroupCast::<T>::new_device(&mut job.rdzv, &stream, capacity(world), &[ROW_ELEMS], opts)?;
+    let opts = Options {
+        comm_dtype,
+        ..Options::default()
+    };
+    let mut plan =
+        GroupCast::<T>::new_device(&mut job.rdzv, &stream, capacity(world), &[ROW_ELEMS], opts)?;
     let mut rng = StdRng::seed_from_u64(seed);
     let checked = (|| -> anyhow::Result<()> {
         for p in 0..PATTERNS {
             let blocks = cast_blocks(&mut rng, world, p, true);
             let metas = cast_metas(world, &blocks);
-            let ins: Vec<Vec<f64>> = (0..world).map(|r| values::<T>(seed, INPUT, p, 0, r, metas[r].input_rows * ROW_ELEMS).into_iter().map(|x| x.to_f64()).collect()).collect();
-            let want: Vec<f64> = cast_reference(&blocks, world, &ins, ROW_ELEMS, rank).into_iter().map(|v| round_to(comm, v)).collect();
-            write(plan.input(), &values::<T>(seed, INPUT, p, 0, rank, metas[rank].input_rows * ROW_ELEMS))?;
+            let ins: Vec<Vec<f64>> = (0..world)
+                .map(|r| {
+                    values::<T>(seed, INPUT, p, 0, r, metas[r].input_rows * ROW_ELEMS)
+                        .into_iter()
+                        .map(|x| x.to_f64())
+                        .collect()
+                })
+                .collect();
+            let want: Vec<f64> = cast_reference(&blocks, world, &ins, ROW_ELEMS, rank)
+                .into_iter()
+                .map(|v| round_to(comm, v))
+                .collect();
+            write(
+                plan.input(),
+                &values::<T>(seed, INPUT, p, 0, rank, metas[rank].input_rows * ROW_ELEMS),
+            )?;
             write(plan.output(), &vec![T::poison(); plan.output().len()])?;
             plan.write_device_meta(&metas[rank])?;
             plan.run()?;
             plan.run()?;
             plan.synchronize()?;
-            let what = format!("{} device-metadata cast via {}, pattern {p}, seed {seed}, rank {rank}", T::DTYPE.name(), comm.name());
+            let what = format!(
+                "{} device-metadata cast via {}, pattern {p}, seed {seed}, rank {rank}",
+                T::DTYPE.name(),
+                comm.name()
+            );
             check(&what, &read(plan.output())?, &want, None)?;
         }
         Ok(())
@@ -72,22 +107,54 @@ fn reduce<T: GElem>(job: &mut Job, op: Op) -> anyhow::Result<()> {
     let (rank, world) = (job.rank(), job.world());
     let stream = gpu_stream(job)?;
     let (rop, lse_per_row) = match op {
-        Op::Lse => (ReduceOp::Lse { lse_per_row: LSE_PER_ROW }, LSE_PER_ROW),
+        Op::Lse => (
+            ReduceOp::Lse {
+                lse_per_row: LSE_PER_ROW,
+            },
+            LSE_PER_ROW,
+        ),
         Op::Avg => (ReduceOp::Avg, 0),
         Op::Sum => (ReduceOp::Sum, 0),
     };
-    let mut plan = GroupReduce::<T>::new_device(&mut job.rdzv, &stream, capacity(world), &[ROW_ELEMS], rop, Options::default())?;
+    let mut plan = GroupReduce::<T>::new_device(
+        &mut job.rdzv,
+        &stream,
+        capacity(world),
+        &[ROW_ELEMS],
+        rop,
+        Options::default(),
+    )?;
     let mut rng = StdRng::seed_from_u64(seed);
     let checked = (|| -> anyhow::Result<()> {
         for p in 0..PATTERNS {
             let blocks = reduce_blocks(&mut rng, world, p, true);
             let metas = reduce_metas(world, &blocks);
-            let ins: Vec<Vec<f64>> = (0..world).map(|r| values::<T>(seed, INPUT, p, 0, r, metas[r].input_rows * ROW_ELEMS).into_iter().map(|x| x.to_f64()).collect()).collect();
-            let lse_of = |r: usize| super::grpcoll::lse_values(seed, INPUT, p, r, metas[r].input_rows * lse_per_row);
-            let lses: Vec<Vec<f64>> = (0..world).map(|r| lse_of(r).into_iter().map(f64::from).collect()).collect();
-            let x = ReduceInputs { ins: &ins, lses: &lses, prior: None, row_elems: ROW_ELEMS, lse_per_row };
+            let ins: Vec<Vec<f64>> = (0..world)
+                .map(|r| {
+                    values::<T>(seed, INPUT, p, 0, r, metas[r].input_rows * ROW_ELEMS)
+                        .into_iter()
+                        .map(|x| x.to_f64())
+                        .collect()
+                })
+                .collect();
+            let lse_of = |r: usize| {
+                super::grpcoll::lse_values(seed, INPUT, p, r, metas[r].input_rows * lse_per_row)
+            };
+            let lses: Vec<Vec<f64>> = (0..world)
+                .map(|r| lse_of(r).into_iter().map(f64::from).collect())
+                .collect();
+            let x = ReduceInputs {
+                ins: &ins,
+                lses: &lses,
+                prior: None,
+                row_elems: ROW_ELEMS,
+                lse_per_row,
+            };
             let (want, want_lse, scale) = reduce_reference(&blocks, world, &x, op, rank);
-            write(plan.input(), &values::<T>(seed, INPUT, p, 0, rank, metas[rank].input_rows * ROW_ELEMS))?;
+            write(
+                plan.input(),
+                &values::<T>(seed, INPUT, p, 0, rank, metas[rank].input_rows * ROW_ELEMS),
+            )?;
             write(plan.output(), &vec![T::poison(); plan.output().len()])?;
             if let (Some(il), Some(ol)) = (plan.input_lse(), plan.output_lse()) {
                 write(il, &lse_of(rank))?;
@@ -97,7 +164,10 @@ fn reduce<T: GElem>(job: &mut Job, op: Op) -> anyhow::Result<()> {
             plan.run()?;
             plan.run()?;
             plan.synchronize()?;
-            let what = format!("{} device-metadata reduce {op:?}, pattern {p}, seed {seed}, rank {rank}", T::DTYPE.name());
+            let what = format!(
+                "{} device-metadata reduce {op:?}, pattern {p}, seed {seed}, rank {rank}",
+                T::DTYPE.name()
+            );
             check(&what, &read(plan.output())?, &want, Some(&scale))?;
             if let Some(l) = plan.output_lse() {
                 check_lse(&what, &read(l)?, &want_lse)?;
@@ -105,7 +175,11 @@ fn reduce<T: GElem>(job: &mut Job, op: Op) -> anyhow::Result<()> {
         }
         Ok(())
     })();
-    let checked = weft_pgl::agree(&mut job.rdzv, "grpcoll device-metadata reduce trial", checked);
+    let checked = weft_pgl::agree(
+        &mut job.rdzv,
+        "grpcoll device-metadata reduce trial",
+        checked,
+    );
     plan.free(&mut job.rdzv)?;
     checked
 }
@@ -115,8 +189,13 @@ fn reduce<T: GElem>(job: &mut Job, op: Op) -> anyhow::Result<()> {
 fn disagreement(job: &mut Job) -> anyhow::Result<()> {
     let (rank, world) = (job.rank(), job.world());
     let stream = gpu_stream(job)?;
-    let cap = Capacity { max_splits: 2, max_input_rows: 8, max_output_rows: 8 };
-    let mut plan = GroupCast::<f32>::new_device(&mut job.rdzv, &stream, cap, &[16], Options::default())?;
+    let cap = Capacity {
+        max_splits: 2,
+        max_input_rows: 8,
+        max_output_rows: 8,
+    };
+    let mut plan =
+        GroupCast::<f32>::new_device(&mut job.rdzv, &stream, cap, &[16], Options::default())?;
     let checked = (|| -> anyhow::Result<()> {
         let good = ring_cast(rank, world, 4);
         let mut bad = good.clone();
@@ -131,17 +210,30 @@ fn disagreement(job: &mut Job) -> anyhow::Result<()> {
         let needle = format!("device metadata rejected, nothing was moved: rank {}'s input split 0 (4 rows) is rank 0's output split 0 by the matching rule, which has 5 rows", world - 1);
         match plan.synchronize() {
             Ok(()) => anyhow::bail!("the inconsistent device metadata was accepted"),
-            Err(e) => anyhow::ensure!(format!("{e:#}").contains(&needle), "expected {needle:?}, got: {e:#}"),
+            Err(e) => anyhow::ensure!(
+                format!("{e:#}").contains(&needle),
+                "expected {needle:?}, got: {e:#}"
+            ),
         }
-        anyhow::ensure!(read(plan.output())?.iter().all(|v| v.is_nan()), "a rejected layout wrote output rows");
+        anyhow::ensure!(
+            read(plan.output())?.iter().all(|v| v.is_nan()),
+            "a rejected layout wrote output rows"
+        );
         plan.write_device_meta(&good)?;
         plan.run()?;
         plan.synchronize()?;
         let out = read(plan.output())?;
-        anyhow::ensure!(out[..4 * 16].iter().all(|&v| v == 1.5) && out[4 * 16..].iter().all(|v| v.is_nan()), "the ring after the rejected layout moved the wrong rows");
+        anyhow::ensure!(
+            out[..4 * 16].iter().all(|&v| v == 1.5) && out[4 * 16..].iter().all(|v| v.is_nan()),
+            "the ring after the rejected layout moved the wrong rows"
+        );
         Ok(())
     })();
-    let checked = weft_pgl::agree(&mut job.rdzv, "grpcoll device-metadata disagreement trial", checked);
+    let checked = weft_pgl::agree(
+        &mut job.rdzv,
+        "grpcoll device-metadata disagreement trial",
+        checked,
+    );
     plan.free(&mut job.rdzv)?;
     checked
 }

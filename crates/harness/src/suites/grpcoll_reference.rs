@@ -262,7 +262,7 @@ pub fn check<T: GElem>(
     let mut bad = 0;
     let mut first = Vec::new();
     for (i, g) in got.iter().enumerate() {
-        let gv = g.clone().to_f64();
+        let gv = g.to_f64();
         let ok = match (want.get(i), scale) {
             (Some(&w), None) => {
                 *g == T::from_f64(w) && gv.to_bits() == T::from_f64(w).to_f64().to_bits()

@@ -21,8 +21,8 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use std::sync::Arc;
 use weft_grpcoll::pattern::{cast_metas, reduce_metas};
-use weft_grpcoll::{GroupCast, GroupReduce, Options, ReduceOp};
-use weft_pgl::{DType, Pgl};
+use weft_grpcoll::{GroupCast, GroupCollective, GroupReduce, Options, ReduceOp};
+use weft_pgl::DType;
 
 const ITERATIONS: usize = 10_000;
 const ROW_ELEMS: usize = 136;
@@ -95,65 +95,18 @@ fn copy(stream: &Arc<CudaStream>, dst: u64, src: u64, bytes: usize) -> anyhow::R
     Ok(())
 }
 
-/// The two collectives behind one interface for the loop.
-enum Plan<T: GElem> {
-    Cast(GroupCast<T>),
-    Reduce(GroupReduce<T>),
-}
-
-impl<T: GElem> Plan<T> {
-    fn input(&self) -> &Pgl<T> {
-        match self {
-            Plan::Cast(p) => p.input(),
-            Plan::Reduce(p) => p.input(),
-        }
-    }
-    fn output(&self) -> &Pgl<T> {
-        match self {
-            Plan::Cast(p) => p.output(),
-            Plan::Reduce(p) => p.output(),
-        }
-    }
-    fn run(&mut self) -> anyhow::Result<()> {
-        match self {
-            Plan::Cast(p) => p.run(),
-            Plan::Reduce(p) => p.run(),
-        }
-    }
-    fn synchronize(&self) -> anyhow::Result<()> {
-        match self {
-            Plan::Cast(p) => p.synchronize(),
-            Plan::Reduce(p) => p.synchronize(),
-        }
-    }
-    fn free(self, job: &mut Job) -> anyhow::Result<()> {
-        match self {
-            Plan::Cast(p) => p.free(&mut job.rdzv),
-            Plan::Reduce(p) => p.free(&mut job.rdzv),
-        }
-    }
-}
-
 fn ptr<T: cudarc::driver::DeviceRepr>(s: &CudaSlice<T>, stream: &Arc<CudaStream>) -> u64 {
     s.device_ptr(stream).0
 }
 
 /// `op` None: GroupCast; else GroupReduce with that op (sum or avg).
 fn stress<T: GElem>(job: &mut Job, op: Option<Op>, cfg: Cfg) -> anyhow::Result<()> {
-    let seed = shared_seed(job)?;
-    let (rank, world) = (job.rank(), job.world());
-    let stream = gpu_stream(job)?;
-    let comm = cfg.comm.unwrap_or(T::DTYPE);
-    let mut rng = StdRng::seed_from_u64(seed);
-    let opts = Options {
-        sms: Some(SMS),
-        comm_dtype: cfg.comm,
-        accumulate: cfg.accumulate,
-    };
-    // Per input set: every rank's inputs (values of T), and this rank's expected output (f64).
-    let (mut plan, inputs, wants, scales, out_rows) = match op {
+    match op {
         None => {
-            let blocks = cast_blocks(&mut rng, world, 1, true);
+            let seed = shared_seed(job)?;
+            let (rank, world) = (job.rank(), job.world());
+            let comm = cfg.comm.unwrap_or(T::DTYPE);
+            let blocks = cast_blocks(&mut StdRng::seed_from_u64(seed), world, 1, true);
             let metas = cast_metas(world, &blocks);
             let mut ins = Vec::new();
             let mut wants = Vec::new();
@@ -181,11 +134,33 @@ fn stress<T: GElem>(job: &mut Job, op: Option<Op>, cfg: Cfg) -> anyhow::Result<(
                     metas[rank].input_rows * ROW_ELEMS,
                 ));
             }
+            let opts = Options {
+                sms: Some(SMS),
+                comm_dtype: cfg.comm,
+                accumulate: false,
+            };
+            let stream = gpu_stream(job)?;
             let plan = GroupCast::<T>::new(&mut job.rdzv, &stream, &metas[rank], ROW_ELEMS, opts)?;
-            (Plan::Cast(plan), ins, wants, None, metas[rank].output_rows)
+            let out_rows = metas[rank].output_rows;
+            run_loop(
+                job,
+                plan,
+                seed,
+                "cast".into(),
+                cfg,
+                Expected {
+                    inputs: ins,
+                    wants,
+                    scales: None,
+                    out_rows,
+                },
+            )
         }
         Some(op) => {
-            let blocks = reduce_blocks(&mut rng, world, 1, true);
+            let seed = shared_seed(job)?;
+            let (rank, world) = (job.rank(), job.world());
+            let comm = cfg.comm.unwrap_or(T::DTYPE);
+            let blocks = reduce_blocks(&mut StdRng::seed_from_u64(seed), world, 1, true);
             let metas = reduce_metas(world, &blocks);
             let out_rows = metas[rank].output_rows;
             let prior: Vec<f64> = values::<T>(seed, PRIOR, 0, 0, rank, out_rows * ROW_ELEMS)
@@ -226,19 +201,65 @@ fn stress<T: GElem>(job: &mut Job, op: Option<Op>, cfg: Cfg) -> anyhow::Result<(
             } else {
                 ReduceOp::Avg
             };
+            let opts = Options {
+                sms: Some(SMS),
+                comm_dtype: cfg.comm,
+                accumulate: cfg.accumulate,
+            };
+            let stream = gpu_stream(job)?;
             let plan =
                 GroupReduce::<T>::new(&mut job.rdzv, &stream, &metas[rank], ROW_ELEMS, rop, opts)?;
-            (Plan::Reduce(plan), ins, wants, Some(scales), out_rows)
+            run_loop(
+                job,
+                plan,
+                seed,
+                format!("reduce {op:?}"),
+                cfg,
+                Expected {
+                    inputs: ins,
+                    wants,
+                    scales: Some(scales),
+                    out_rows,
+                },
+            )
         }
-    };
+    }
+}
+
+/// This rank's two input sets, the expected output of each (with the reduce tolerance's scales)
+/// and its output rows.
+struct Expected<T> {
+    inputs: Vec<Vec<T>>,
+    wants: Vec<Vec<f64>>,
+    scales: Option<Vec<Vec<f64>>>,
+    out_rows: usize,
+}
+
+/// The verified runs, then the back-to-back loop; frees the plan.
+fn run_loop<T: GElem, P: GroupCollective<T>>(
+    job: &mut Job,
+    mut plan: P,
+    seed: u64,
+    what_op: String,
+    cfg: Cfg,
+    e: Expected<T>,
+) -> anyhow::Result<()> {
+    let rank = job.rank();
+    let stream = gpu_stream(job)?;
+    let comm = cfg.comm.unwrap_or(T::DTYPE);
+    let Expected {
+        inputs,
+        wants,
+        scales,
+        out_rows,
+    } = e;
     let out_len = plan.output().len();
     let elem = std::mem::size_of::<T>();
     let (input, output) = (plan.input().local_ptr(), plan.output().local_ptr());
     let what = |s: usize| {
         format!(
-            "{} {} via {} stress, input set {s}, seed {seed}, rank {rank}",
+            "{} {what_op} via {} stress, input set {s}, seed {seed}, rank {rank}",
             T::DTYPE.name(),
-            op.map_or("cast".into(), |o| format!("reduce {o:?}")),
             comm.name()
         )
     };
@@ -266,7 +287,7 @@ fn stress<T: GElem>(job: &mut Job, op: Option<Op>, cfg: Cfg) -> anyhow::Result<(
         );
         Ok((reset, sets, verified))
     })();
-    let enqueue = |plan: &mut Plan<T>,
+    let enqueue = |plan: &mut P,
                    (reset, sets, _): &(CudaSlice<T>, Vec<CudaSlice<T>>, Vec<CudaSlice<T>>),
                    s: usize|
      -> anyhow::Result<()> {
@@ -316,6 +337,6 @@ fn stress<T: GElem>(job: &mut Job, op: Option<Op>, cfg: Cfg) -> anyhow::Result<(
         Ok(())
     });
     let checked = weft_pgl::agree(&mut job.rdzv, "grpcoll stress trial", checked);
-    plan.free(job)?;
+    plan.free(&mut job.rdzv)?;
     checked
 }
