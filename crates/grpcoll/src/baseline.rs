@@ -5,8 +5,8 @@
 //! widened back) into the same output PGLs. Same kernels as the native path, without barriers,
 //! over all SMs. Staging buffers are allocated on the first run.
 
-use crate::Kind;
-use crate::{Core, Path};
+use crate::meta::Kind;
+use crate::plan::{Core, Path};
 use anyhow::bail;
 use cudarc::driver::{CudaSlice, DevicePtr};
 use weft_kernels::abi::{

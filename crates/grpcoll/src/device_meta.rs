@@ -12,7 +12,7 @@
 //! bit, output masks the sources.
 
 use crate::meta::Desc;
-use crate::Kind;
+use crate::meta::Kind;
 use anyhow::bail;
 use weft_kernels::abi::{weft_grpcoll_layout_report, WEFT_GRPCOLL_MAX_PEERS};
 
@@ -66,7 +66,7 @@ pub(crate) fn encode(
     cap: &Capacity,
     world: usize,
 ) -> anyhow::Result<Vec<u32>> {
-    let what = crate::kind_name(kind);
+    let what = crate::plan::kind_name(kind);
     crate::meta::validate_local(kind, d, world)?;
     let n = cap.max_splits;
     for (side, splits, rows, max) in [
@@ -109,7 +109,7 @@ pub(crate) fn encode(
 
 /// The layout kernel's report as an error message; None when it found nothing.
 pub(crate) fn describe(kind: Kind, r: &weft_grpcoll_layout_report) -> Option<String> {
-    let what = crate::kind_name(kind);
+    let what = crate::plan::kind_name(kind);
     let side = if r.side == 0 { "input" } else { "output" };
     let (a, b) = (r.a, r.b);
     let text = match r.code {

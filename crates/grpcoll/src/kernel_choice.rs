@@ -74,6 +74,7 @@ pub(crate) fn pull_kernel_name(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use weft_kernels::cubins;
 
     #[test]
     fn kernel_choice_follows_row_widths() {
@@ -120,5 +121,27 @@ mod tests {
             e.contains("communication dtype f32 with data dtype bf16 is not supported"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn every_kernel_the_plans_name_exists() {
+        let img = cubins::GRPCOLL_GRPCOLL.image;
+        let has = |name: &str| {
+            img.windows(name.len() + 1)
+                .any(|w| &w[..name.len()] == name.as_bytes() && w[name.len()] == 0)
+        };
+        for b in [16, 8, 4, 2, 1] {
+            assert!(has(&push_kernel_name(&[b])), "{b}");
+        }
+        assert!(cubins::GRPCOLL_LAYOUT
+            .image
+            .windows(20)
+            .any(|w| w == b"weft_grpcoll_layout\0"));
+        for (c, d) in PULL_PAIRS {
+            for g in [1, 16] {
+                let name = pull_kernel_name("x", c, d, &[g]).unwrap();
+                assert!(has(&name), "{name}");
+            }
+        }
     }
 }
