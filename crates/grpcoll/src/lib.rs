@@ -47,7 +47,8 @@ pub const MAX_TENSORS: usize = WEFT_GRPCOLL_MAX_TENSORS as usize;
 /// Plan options. Every rank must pass the same values (checked).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Options {
-    /// SMs (blocks) for the native kernels; `None`: min(DEFAULT_SMS, the device's SMs).
+    /// SMs (blocks) for the native kernels; `None`: min(DEFAULT_SMS, the device's SMs / the ranks
+    /// sharing one GPU, 1 unless WEFT_SHARED_GPU=1).
     pub sms: Option<u32>,
     /// The dtype rows cross NVLink in; `None`: the data dtype. Narrower than the data (bf16 or f16
     /// for f32 data; bf16, f16 or f32 for f64 data) halves or quarters the bytes moved, at the

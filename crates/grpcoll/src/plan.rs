@@ -134,6 +134,7 @@ pub(crate) fn validate_args(
     opts: &Options,
     sms: u32,
     device_sms: u32,
+    ranks_on_gpu: u32,
 ) -> anyhow::Result<(Path, DType, Option<String>)> {
     let what = kind_name(kind);
     if row_elems.is_empty() || row_elems.len() > crate::MAX_TENSORS {
@@ -150,6 +151,16 @@ pub(crate) fn validate_args(
     }
     if sms == 0 || sms > device_sms {
         bail!("{what}: {sms} SMs requested; the device has {device_sms}");
+    }
+    // The native kernels' CTAs wait on the other ranks' CTAs: on a GPU that several ranks share
+    // (WEFT_SHARED_GPU=1), every rank's grid must be resident at once, or the waits deadlock
+    // (one CTA per SM is all the kernels are sure of).
+    if sms * ranks_on_gpu > device_sms {
+        bail!(
+            "{what}: {ranks_on_gpu} ranks share one GPU of {device_sms} SMs, so {sms} SMs per rank \
+             cannot all be resident at once; pass Options::sms at most {} (the default fits)",
+            device_sms / ranks_on_gpu
+        );
     }
     if kind == Kind::Cast && opts.accumulate {
         bail!("group_cast: accumulate is a GroupReduce option (a cast overwrites its output rows)");
@@ -203,7 +214,10 @@ impl<T: PglElement> Core<T> {
         let device_sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             as u32;
-        let sms = opts.sms.unwrap_or(crate::DEFAULT_SMS.min(device_sms));
+        let ranks_on_gpu = weft_pgl::gpu::max_ranks_per_gpu(rdzv, &ctx)? as u32;
+        let sms = opts
+            .sms
+            .unwrap_or(crate::DEFAULT_SMS.min(device_sms / ranks_on_gpu).max(1));
         let data = T::DTYPE;
         let lse_per_row = op.lse_per_row();
         // Device metadata: the plan is sized by the capacity; the splits come with each run.
@@ -226,7 +240,18 @@ impl<T: PglElement> Core<T> {
             None => meta::validate_local(kind, &desc, world),
             Some(c) => c.validate(kind_name(kind)),
         }
-        .and_then(|()| validate_args(kind, data, row_elems, op, &opts, sms, device_sms));
+        .and_then(|()| {
+            validate_args(
+                kind,
+                data,
+                row_elems,
+                op,
+                &opts,
+                sms,
+                device_sms,
+                ranks_on_gpu,
+            )
+        });
         let (path, comm, pull_name) = agree(
             rdzv,
             &format!("{} plan (local metadata)", kind_name(kind)),
@@ -664,7 +689,7 @@ mod tests {
         op: ReduceOp,
         opts: Options,
     ) -> anyhow::Result<(Path, DType, Option<String>)> {
-        validate_args(kind, data, rows, op, &opts, 24, 132)
+        validate_args(kind, data, rows, op, &opts, 24, 132, 1)
     }
 
     #[test]
@@ -715,9 +740,12 @@ mod tests {
                 ..o
             },
             200,
-            132
+            132,
+            1
         ))
         .contains("200 SMs requested; the device has 132"));
+        assert!(e(validate_args(Kind::Cast, DType::F32, &[8], ReduceOp::Sum, &o, 24, 132, 8))
+            .contains("8 ranks share one GPU of 132 SMs, so 24 SMs per rank cannot all be resident at once; pass Options::sms at most 16"));
     }
 
     #[test]

@@ -102,3 +102,20 @@ pub fn driver_cuda_version() -> anyhow::Result<(i32, i32)> {
     }
     Ok((v / 1000, (v % 1000) / 10))
 }
+
+/// Collective: the largest number of `rdzv`'s ranks that drive one GPU (ranks compared by their
+/// context's PCI bus id); 1 unless ranks share GPUs (`WEFT_SHARED_GPU=1`). A kernel whose CTAs
+/// wait on other ranks' CTAs needs every rank's grid resident at once, which a shared GPU holds
+/// only if the grids of all the ranks on it fit together.
+pub fn max_ranks_per_gpu(
+    rdzv: &mut crate::rendezvous::Rendezvous,
+    ctx: &cudarc::driver::CudaContext,
+) -> anyhow::Result<usize> {
+    let mine = crate::pgl::pci_bus_id(ctx.cu_device());
+    let all = rdzv.all_gather(mine.as_bytes())?;
+    Ok(all
+        .iter()
+        .map(|id| all.iter().filter(|other| *other == id).count())
+        .max()
+        .unwrap_or(1))
+}

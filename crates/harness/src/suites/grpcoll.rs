@@ -17,7 +17,8 @@ use super::grpcoll_reference::{
 use crate::data::shared_seed;
 use crate::job::Job;
 use crate::trials::Case;
-use cudarc::driver::sys;
+use cudarc::driver::{sys, CudaStream};
+use std::sync::Arc;
 use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -345,6 +346,20 @@ pub(super) fn lse_values(seed: u64, what: u64, p: usize, r: usize, n: usize) -> 
 const INPUT: u64 = 1;
 const PRIOR: u64 = 2;
 
+/// The most SMs a trial's plan may take: 24, or fewer when ranks share the GPU (every rank's
+/// grid must be resident at once; the plan refuses more). Collective.
+fn trial_max_sms(job: &mut Job, stream: &Arc<CudaStream>) -> anyhow::Result<u32> {
+    let (device_sms, sharing) = gpu_sharing(job, stream)?;
+    Ok(24.min(device_sms / sharing))
+}
+
+/// (the device's SMs, the most ranks on one GPU). Collective.
+fn gpu_sharing(job: &mut Job, stream: &Arc<CudaStream>) -> anyhow::Result<(u32, u32)> {
+    let ctx = stream.context();
+    let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+    Ok((sms, weft_pgl::gpu::max_ranks_per_gpu(&mut job.rdzv, ctx)? as u32))
+}
+
 fn as_f64<T: GElem>(v: &[T]) -> Vec<f64> {
     v.iter().map(|x| x.to_f64()).collect()
 }
@@ -411,6 +426,7 @@ fn cast_trial<T: GElem>(job: &mut Job, via: Via, cfg: Cfg) -> anyhow::Result<()>
         job.comm()?;
     }
     let comm = cfg.comm.unwrap_or(T::DTYPE);
+    let max_sms = trial_max_sms(job, &stream)?;
     let mut rng = StdRng::seed_from_u64(seed);
     for p in 0..PATTERNS {
         let widths: Vec<usize> = (0..cfg.tensors)
@@ -432,7 +448,7 @@ fn cast_trial<T: GElem>(job: &mut Job, via: Via, cfg: Cfg) -> anyhow::Result<()>
             })
             .collect();
         let opts = Options {
-            sms: Some(rng.random_range(1..=24)),
+            sms: Some(rng.random_range(1..=max_sms)),
             comm_dtype: cfg.comm,
             accumulate: false,
         };
@@ -485,6 +501,7 @@ fn reduce_trial<T: GElem>(job: &mut Job, via: Via, op: Op, cfg: Cfg) -> anyhow::
         job.comm()?;
     }
     let comm = cfg.comm.unwrap_or(T::DTYPE);
+    let max_sms = trial_max_sms(job, &stream)?;
     let mut rng = StdRng::seed_from_u64(seed);
     for p in 0..PATTERNS {
         let widths: Vec<usize> = (0..cfg.tensors)
@@ -516,7 +533,7 @@ fn reduce_trial<T: GElem>(job: &mut Job, via: Via, op: Op, cfg: Cfg) -> anyhow::
             Op::Lse => ReduceOp::Lse { lse_per_row },
         };
         let opts = Options {
-            sms: Some(rng.random_range(1..=24)),
+            sms: Some(rng.random_range(1..=max_sms)),
             comm_dtype: cfg.comm,
             accumulate: cfg.accumulate,
         };
@@ -859,5 +876,17 @@ fn err_options(job: &mut Job) -> anyhow::Result<()> {
         r,
         free_cast,
         "packed transfer takes 1 to 3 tensors, got 4",
-    )
+    )?;
+    // Ranks sharing a GPU: more SMs than all their grids can hold at once is refused (it would
+    // deadlock the cross-rank waits). Without sharing, the device's SMs are the bound (above).
+    let (device_sms, sharing) = gpu_sharing(job, &stream)?;
+    if sharing > 1 {
+        let too_many = Options {
+            sms: Some(device_sms / sharing + 1),
+            ..Options::default()
+        };
+        let r = GroupCast::<f32>::new(&mut job.rdzv, &stream, &ring_cast(rank, world, 2), 8, too_many);
+        expect_error(job, r, free_cast, "cannot all be resident at once")?;
+    }
+    Ok(())
 }

@@ -273,8 +273,7 @@ fn alloc_free_cycles(job: &mut Job, backend: Backend) -> anyhow::Result<()> {
     const WARMUP: usize = 10;
     for cycle in 0..CYCLES + WARMUP {
         if cycle == WARMUP {
-            ctx.synchronize()?;
-            before = Some((ctx.mem_get_info()?.0, open_fds()?));
+            before = Some((free_memory_between_barriers(job, &ctx)?, open_fds()?));
         }
         let shape = Shape::new(world, 1, rng.random_range(1..64), rng.random_range(1..4096));
         let pgl: Pgl<u32> = Pgl::alloc(&mut job.rdzv, &ctx, shape, backend)?;
@@ -286,9 +285,10 @@ fn alloc_free_cycles(job: &mut Job, backend: Backend) -> anyhow::Result<()> {
         }
         pgl.free(&mut job.rdzv)?;
     }
-    ctx.synchronize()?;
     let (free0, fds0) = before.unwrap();
-    let (free1, fds1) = (ctx.mem_get_info()?.0, open_fds()?);
+    let (free1, fds1) = (free_memory_between_barriers(job, &ctx)?, open_fds()?);
+    // Ranks sharing the GPU (WEFT_SHARED_GPU=1) all count in its free memory.
+    let sharing = weft_pgl::gpu::max_ranks_per_gpu(&mut job.rdzv, &ctx)? as u64;
     anyhow::ensure!(
         fds1 == fds0,
         "open file descriptors grew from {fds0} to {fds1} over {CYCLES} {} cycles",
@@ -297,11 +297,21 @@ fn alloc_free_cycles(job: &mut Job, backend: Backend) -> anyhow::Result<()> {
     // The driver may keep a little bookkeeping; a leak of even one buffer per cycle would be GiBs.
     let grown = free0.saturating_sub(free1);
     anyhow::ensure!(
-        grown <= 4 << 20,
+        grown as u64 <= sharing * (4 << 20),
         "free device memory shrank by {grown} B over {CYCLES} {} alloc/free cycles",
         backend.name()
     );
     Ok(())
+}
+
+/// The GPU's free memory with every rank's work finished and none started: on a GPU that ranks
+/// share, another rank's buffer in flight would count as a leak.
+fn free_memory_between_barriers(job: &mut Job, ctx: &Arc<CudaContext>) -> anyhow::Result<usize> {
+    ctx.synchronize()?;
+    job.rdzv.barrier()?;
+    let free = ctx.mem_get_info()?.0;
+    job.rdzv.barrier()?;
+    Ok(free)
 }
 
 fn needs_two_ranks(job: &Job) -> anyhow::Result<()> {
