@@ -4,6 +4,7 @@
 
 mod gemm;
 mod grpcoll;
+mod interference;
 mod nccl;
 pub mod overlap;
 mod overlap_a2a;
@@ -20,7 +21,7 @@ use crate::results::{today, RunMeta, Table};
 use anyhow::{bail, Context};
 use std::path::PathBuf;
 
-pub const SUITES: &[&str] = &["nccl", "pgl", "sync", "overlap-order", "grpcoll", "gemm", "overlap", "overlap-reduce-scatter", "overlap-all-to-all"];
+pub const SUITES: &[&str] = &["nccl", "pgl", "sync", "overlap-order", "grpcoll", "gemm", "overlap", "overlap-reduce-scatter", "overlap-all-to-all", "interference"];
 
 #[derive(Debug, Default, PartialEq)]
 pub struct BenchOptions {
@@ -85,6 +86,7 @@ pub fn run(job: &mut Job, opts: &BenchOptions) -> anyhow::Result<()> {
             "overlap" => overlap::run(job, weft_signal_gemm::tuner::Op::AllReduce, opts.quick, &opts.methods)?,
             "overlap-reduce-scatter" => overlap::run(job, weft_signal_gemm::tuner::Op::ReduceScatter, opts.quick, &opts.methods)?,
             "overlap-all-to-all" => overlap_a2a::run(job, opts.quick, &opts.methods)?,
+            "interference" => interference::run(job, opts.quick)?,
             other => bail!("unknown suite {other}"),
         };
         report(job, suite, &device, result, opts.json.as_ref(), opts.csv.as_ref())?;

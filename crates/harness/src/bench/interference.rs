@@ -1,0 +1,290 @@
+//! `weft bench interference`: what each part of signal-gemm II's signalling costs the GEMM, on
+//! one GPU (no communication: the overlap issues' "interference" is the signalling GEMM alone
+//! against the plain GEMM on the same SMs). Per shape (the overlap shapes) at sm_margin 32, the
+//! same `Gemm` launched as:
+//!
+//! - `plain`: standard layout, nothing else (the reference);
+//! - `plain+joins`: the same between the pipeline's stream joins (the communication stream joins
+//!   the compute stream before, the compute stream joins it after) with nothing on the other side;
+//! - `tile-order`, `bands-4`: the AllReduce / ReduceScatter (4 ranks) reorder maps, no signals;
+//! - `… +signals (G groups)`: the map plus the wave-group signals and, on the communication
+//!   stream, one wait kernel per group between the joins — exactly `run_gemm_only` of the
+//!   overlaps; the most groups a launch may have (1 wave each, up to 32 groups) and 2 groups.
+//!
+//! Two times each: the median of CUDA events on the compute stream (what the overlap benches
+//! call the GEMM's time), and the median kernel span from `LaunchExtras::timeline` (first compute
+//! CTA start to last CTA end, %globaltimer), which leaves out launch and join latencies. Each
+//! iteration after a 256 MiB L2-evicting write; every variant's output is checked once against
+//! the plain launch (tile order and bands through their restore, bit for bit).
+
+use super::rig::{slowest, Rig};
+use super::SuiteResult;
+use crate::gemm_data::{download, poisoned, uniform, upload};
+use crate::job::Job;
+use crate::json::Json;
+use crate::results::Table;
+use crate::timing::median;
+use cudarc::driver::{CudaSlice, CudaStream};
+use half::bf16;
+use std::sync::Arc;
+use weft_kernels::abi::WEFT_GEMM_MAX_WAVE_GROUPS;
+use weft_signal_gemm::overlap::high_priority_stream;
+use weft_signal_gemm::{
+    Gemm, GemmOptions, GemmPlan, GemmShape, GroupCounters, LaunchExtras, OutputLayout, RankBandMap,
+    Restore, TileOrderMap, WaveGroups,
+};
+
+const MARGIN: u32 = 32;
+const BAND_RANKS: u32 = 4;
+
+/// One way to launch the GEMM.
+struct Variant {
+    name: String,
+    layout: OutputLayout,
+    /// Wave-group signals and their waits (waves per group).
+    groups: Option<Vec<u32>>,
+    /// The pipeline's stream joins around the launch.
+    joins: bool,
+}
+
+pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
+    let gpu = job.gpu().map_err(|w| anyhow::anyhow!("no GPU: {w}"))?;
+    let (ctx, compute) = (gpu.ctx.clone(), gpu.stream.clone());
+    let mut rig = Rig {
+        comm_stream: high_priority_stream(&ctx)?,
+        flush: compute.alloc_zeros::<u8>(super::rig::FLUSH_BYTES)?,
+        compute: compute.clone(),
+        iters: if quick { 15 } else { 30 },
+        warmup: 3,
+    };
+    let mut table = Table {
+        headers: vec![
+            "M x N x K",
+            "variant",
+            "event ms",
+            "span ms",
+            "event / plain",
+            "span / plain",
+        ],
+        rows: Vec::new(),
+    };
+    let mut rows = Vec::new();
+    for shape in super::overlap::shapes(quick) {
+        let GemmShape { m, n, k } = shape;
+        let (mu, nu, ku) = (m as usize, n as usize, k as usize);
+        let a = upload(
+            &compute,
+            &uniform::<bf16>(0x1f ^ u64::from(m) ^ (u64::from(k) << 20), mu * ku),
+        )?;
+        let b = upload(&compute, &uniform::<bf16>(0x2f ^ u64::from(k), ku * nu))?;
+        let options = GemmOptions {
+            sm_margin: MARGIN,
+            ..GemmOptions::default()
+        };
+        let gemm = Gemm::new(&ctx, shape, options)?;
+        let plan = gemm.plan().clone();
+        let waves = plan.waves();
+        let mut variants = vec![
+            Variant {
+                name: "plain".into(),
+                layout: OutputLayout::Standard,
+                groups: None,
+                joins: false,
+            },
+            Variant {
+                name: "plain+joins".into(),
+                layout: OutputLayout::Standard,
+                groups: None,
+                joins: true,
+            },
+        ];
+        let bands = OutputLayout::RankBands { ranks: BAND_RANKS };
+        for (label, layout) in [("tile-order", OutputLayout::TileOrder), ("bands-4", bands)] {
+            variants.push(Variant {
+                name: label.into(),
+                layout,
+                groups: None,
+                joins: false,
+            });
+            // The most groups a launch may have (one wave each, or as few waves as fit).
+            let per_group = waves.div_ceil(WEFT_GEMM_MAX_WAVE_GROUPS);
+            let mut groupings = vec![WaveGroups::uniform(&plan, per_group)?.waves().to_vec()];
+            if waves > 1 {
+                groupings.push(vec![waves.div_ceil(2), waves / 2]);
+            }
+            for g in groupings {
+                let name = format!("{label}+signals ({} groups)", g.len());
+                variants.push(Variant {
+                    name,
+                    layout,
+                    groups: Some(g),
+                    joins: true,
+                });
+            }
+        }
+        // The reference output, and the maps that restore the others to it.
+        let mut d = poisoned::<bf16>(&compute, mu * nu)?;
+        gemm.launch(&compute, &a, &b, &mut d)?;
+        let reference = download(&compute, &d)?;
+        let mut timeline = compute.alloc_zeros::<u64>(2)?;
+        let mut times = Vec::new();
+        for v in &variants {
+            let counters = match &v.groups {
+                Some(w) => Some(GroupCounters::new(&compute, WaveGroups::new(&plan, w)?, 0)?),
+                None => None,
+            };
+            let len = v.layout.elements(&plan) as usize;
+            let mut out = poisoned::<bf16>(&compute, len)?;
+            let x = rig.comm_stream.clone();
+            let launch = |out: &mut CudaSlice<bf16>,
+                          tl: Option<&mut CudaSlice<u64>>|
+             -> anyhow::Result<()> {
+                if v.joins {
+                    x.join(&compute)?;
+                }
+                let extras = LaunchExtras {
+                    layout: v.layout,
+                    groups: counters.as_ref(),
+                    timeline: tl,
+                    ..Default::default()
+                };
+                gemm.launch_with(&compute, &a, &b, out, extras)?;
+                if let Some(c) = &counters {
+                    for g in 0..c.groups().count() {
+                        c.wait(&x, g)?;
+                    }
+                }
+                if v.joins {
+                    compute.join(&x)?;
+                }
+                Ok(())
+            };
+            launch(&mut out, None)?;
+            compute.synchronize()?;
+            gemm.check()?;
+            if let Some(c) = &counters {
+                c.check()?;
+            }
+            check_variant(&compute, v, &plan, &out, &reference)?;
+            let event_ms = rig.time(|| launch(&mut out, None))?;
+            let span_ms = span(&mut rig, &mut timeline, |tl| launch(&mut out, Some(tl)))?;
+            times.push(event_ms);
+            times.push(span_ms);
+        }
+        let times = slowest(job, &times)?;
+        let (plain_event, plain_span) = (times[0], times[1]);
+        for (i, v) in variants.iter().enumerate() {
+            let (event_ms, span_ms) = (times[2 * i], times[2 * i + 1]);
+            table.rows.push(vec![
+                format!("{m}x{n}x{k}"),
+                v.name.clone(),
+                format!("{event_ms:.4}"),
+                format!("{span_ms:.4}"),
+                format!("{:.3}", event_ms / plain_event),
+                format!("{:.3}", span_ms / plain_span),
+            ]);
+            rows.push(Json::obj([
+                ("m", Json::Num(f64::from(m))),
+                ("n", Json::Num(f64::from(n))),
+                ("k", Json::Num(f64::from(k))),
+                ("sm_margin", Json::Num(f64::from(MARGIN))),
+                ("ctas", Json::Num(f64::from(plan.ctas()))),
+                ("waves", Json::Num(f64::from(waves))),
+                ("variant", Json::Str(v.name.clone())),
+                ("event_ms", Json::Num(event_ms)),
+                ("span_ms", Json::Num(span_ms)),
+                ("event_over_plain", Json::Num(event_ms / plain_event)),
+                ("span_over_plain", Json::Num(span_ms / plain_span)),
+            ]));
+        }
+    }
+    Ok(SuiteResult { table, rows })
+}
+
+/// Median kernel span (ms) of `op`, which launches the GEMM with the timeline it is given; each
+/// iteration after the L2-evicting write, read back one by one.
+fn span(
+    rig: &mut Rig,
+    timeline: &mut CudaSlice<u64>,
+    mut op: impl FnMut(&mut CudaSlice<u64>) -> anyhow::Result<()>,
+) -> anyhow::Result<f64> {
+    let s = rig.compute.clone();
+    let mut ms = Vec::with_capacity(rig.iters);
+    for i in 0..rig.warmup + rig.iters {
+        s.memset_zeros(&mut rig.flush)?;
+        s.memcpy_htod(&[u64::MAX, 0], timeline)?;
+        op(timeline)?;
+        let t = s.clone_dtoh(timeline)?;
+        anyhow::ensure!(
+            t[1] > t[0],
+            "GEMM timeline not written: start {} end {}",
+            t[0],
+            t[1]
+        );
+        if i >= rig.warmup {
+            ms.push((t[1] - t[0]) as f64 * 1e-6);
+        }
+    }
+    Ok(median(&ms))
+}
+
+/// The variant's output, restored to the standard layout where it has another, equals the plain
+/// launch's bit for bit (bands: each rank's receive simulated by copies of its part of every
+/// group's range, then its restore; together they cover every row).
+fn check_variant(
+    stream: &Arc<CudaStream>,
+    v: &Variant,
+    plan: &GemmPlan,
+    out: &CudaSlice<bf16>,
+    reference: &[bf16],
+) -> anyhow::Result<()> {
+    let n = plan.shape.n as usize;
+    match v.layout {
+        OutputLayout::Standard => {
+            anyhow::ensure!(
+                download(stream, out)? == reference,
+                "{}: output differs from the plain launch",
+                v.name
+            );
+        }
+        OutputLayout::TileOrder => {
+            let mut restored = poisoned::<bf16>(stream, reference.len())?;
+            TileOrderMap::new(stream, plan)?.restore(stream, out, &mut restored, Restore::Copy)?;
+            anyhow::ensure!(
+                download(stream, &restored)? == reference,
+                "{}: restored output differs from the plain launch",
+                v.name
+            );
+        }
+        OutputLayout::RankBands { ranks } => {
+            // Without counters the launch stores one group.
+            let groups = WaveGroups::new(plan, v.groups.as_deref().unwrap_or(&[plan.waves()]))?;
+            for rank in 0..ranks {
+                let map = RankBandMap::new(stream, plan, ranks, rank)?;
+                let mut received = poisoned::<bf16>(stream, map.received_len())?;
+                for g in 0..groups.count() {
+                    let (send, recv) = map.group_ranges(groups.orders(g));
+                    let part = send.len() / ranks as usize;
+                    let mine =
+                        send.start + rank as usize * part..send.start + (rank as usize + 1) * part;
+                    stream.memcpy_dtod(&out.slice(mine), &mut received.slice_mut(recv))?;
+                }
+                let mut rows = poisoned::<bf16>(stream, map.rows() as usize * n)?;
+                map.restore(stream, &received, &mut rows, Restore::Copy)?;
+                let rows = download(stream, &rows)?;
+                for i in 0..map.rows() as usize {
+                    let g = map.global_row(i as u32) as usize;
+                    anyhow::ensure!(
+                        rows[i * n..(i + 1) * n] == reference[g * n..(g + 1) * n],
+                        "{}: row {g} restored by rank {rank} of {ranks} differs from the plain launch",
+                        v.name
+                    );
+                }
+            }
+        }
+        OutputLayout::RowSlots { .. } => {
+            anyhow::bail!("{}: row slots are not measured here", v.name)
+        }
+    }
+    Ok(())
+}
