@@ -97,8 +97,9 @@ WEFT_HD weft_gemm_tile weft_gemm_tile_at(weft_gemm_schedule s, uint32_t order) {
 // Wave groups (signal-gemm II, FlashOverlap's signalling timing): the orders are cut into
 // `count` consecutive ranges, group g ending (exclusive) at end_order[g]; the last ends at the order
 // count. The host cuts at wave boundaries (multiples of ctas). Every order of group g, phantoms
-// included, adds WEFT_GEMM_CONSUMERS to group_counters[g] once its stores are complete, so a group
-// is finished when its counter reaches WEFT_GEMM_CONSUMERS x (its order count).
+// included, adds WEFT_GEMM_CONSUMERS to group_counters[g] once its stores are complete (each
+// consumer warpgroup adds its count of a group's stored tiles in one release, see storer.cuh), so
+// a group is finished when its counter reaches WEFT_GEMM_CONSUMERS x (its order count).
 #define WEFT_GEMM_MAX_WAVE_GROUPS 32
 typedef struct weft_gemm_wave_groups {
   uint32_t count;                                // 0: no group signals

@@ -12,6 +12,14 @@
 // not right after its own stores. By then a whole main loop has passed, the stores have long
 // completed and the wait costs nothing; waiting right away stalled every tile by the store
 // latency (6-12 % of a short-K GEMM). The price: a tile's signal comes one tile later.
+//
+// Batched by wave group: a group's counter is only read once it reaches its target, so the
+// warpgroup counts its stored tiles of the current group and adds them in one release when its
+// next tile belongs to another group (or it drains) — the moment the per-tile deferral would have
+// signalled the group's last tile, so a group completes no later. Each release (wait_group 0, the
+// proxy fence, a GPU-scope release) stalls the warpgroup's epilogue about a microsecond: once per
+// tile it cost 7-15 % of a short-K GEMM (weft bench interference); per group, a few per launch.
+// Tile flags (per-tile consumers) are still signalled tile by tile.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -45,20 +53,40 @@ __device__ __forceinline__ uint32_t swizzle128(uint32_t row, uint32_t byte) {
 // A warpgroup's epilogue state across the tiles of a launch.
 struct StoreState {
   uint32_t epi_count = 0;                 // chunks stored so far (selects the buffer)
-  uint32_t pending = WEFT_GEMM_NO_TILE;   // the order whose signals are deferred, if any
+  uint32_t pending = WEFT_GEMM_NO_TILE;   // the order whose tile flag is deferred, if any
+  uint32_t group = 0;                     // the wave group of the tiles counted in group_tiles
+  uint32_t group_tiles = 0;               // stored tiles of `group` not yet added to its counter
 };
 
-// The leader's signals for `order`, once that tile's stores have completed (see above).
-__device__ __forceinline__ void signal_stored(const weft_gemm_params& p, uint32_t order) {
+// Leader only, before storing the tile of `next` (WEFT_GEMM_NO_TILE when draining): the deferred
+// signals that are due — the pending tile flag, and the counted tiles of a group `next` is not in
+// — once every earlier store of this thread has completed (see above). Then counts `next`.
+__device__ __forceinline__ void signal_due(const weft_gemm_params& p, StoreState& st, uint32_t next) {
   namespace mo = weft::sync::mo;
-  mo::fence_proxy_async();
-  const weft_gemm_tile t = weft_gemm_tile_at(p.sched, order);
-  if (p.tile_flags != 0 && t.valid)
-    mo::red_add_release_gpu(reinterpret_cast<uint64_t*>(p.tile_flags) + weft_gemm_tile_index(p.sched, t), 1);
-  // Phantoms signal their group too: its order count includes them (their TILE_ORDER slot is
+  const bool groups = p.group_counters != 0;
+  const uint32_t next_group = groups && next != WEFT_GEMM_NO_TILE ? weft_gemm_group_of(&p.groups, next) : 0;
+  const bool flag_due = st.pending != WEFT_GEMM_NO_TILE;
+  const bool group_due = st.group_tiles > 0 && (next == WEFT_GEMM_NO_TILE || next_group != st.group);
+  if (flag_due || group_due) {
+    bulk_wait_group<0>();  // the signalled tiles' stores: issued at least a main loop ago
+    mo::fence_proxy_async();
+    if (flag_due) {
+      const weft_gemm_tile t = weft_gemm_tile_at(p.sched, st.pending);
+      if (t.valid)
+        mo::red_add_release_gpu(reinterpret_cast<uint64_t*>(p.tile_flags) + weft_gemm_tile_index(p.sched, t), 1);
+    }
+    if (group_due) {
+      mo::red_add_release_gpu(reinterpret_cast<uint64_t*>(p.group_counters) + st.group, st.group_tiles);
+      st.group_tiles = 0;
+    }
+  }
+  st.pending = WEFT_GEMM_NO_TILE;
+  // Phantoms count for their group too: its order count includes them (their TILE_ORDER slot is
   // written, with zeros, inside the group's range).
-  if (p.group_counters != 0)
-    mo::red_add_release_gpu(reinterpret_cast<uint64_t*>(p.group_counters) + weft_gemm_group_of(&p.groups, order), 1);
+  if (groups && next != WEFT_GEMM_NO_TILE) {
+    st.group = next_group;
+    ++st.group_tiles;  // its stores are issued below, before any later signal_due
+  }
 }
 
 // RANK_BANDS: the chunk of tile rows [row, row + 64) in boxes of weft_gemm_band_box_rows rows,
@@ -101,10 +129,7 @@ struct TmaStorer {
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
     const bool leader = thread_in_warpgroup() == 0;
     uint32_t& epi_count = st.epi_count;
-    if (leader && st.pending != WEFT_GEMM_NO_TILE) {
-      bulk_wait_group<0>();  // the previous tile's stores: issued a main loop ago
-      signal_stored(p, st.pending);
-    }
+    if (leader) signal_due(p, st, order);
     const uint32_t bar_id = 1 + consumer;
     const uint32_t row0 = t.tm * Cfg::kBM + consumer * 64;  // in D's standard layout (beta reads)
     const uint32_t col0 = t.tn * Cfg::kBN;
@@ -186,7 +211,7 @@ struct TmaStorer {
     }
     // ROW_SLOTS: every thread's stores of this tile before the leader's (deferred) release.
     if (row_slots) named_barrier_sync(bar_id, kWarpgroupThreads);
-    st.pending = (p.tile_flags != 0 || p.group_counters != 0) ? order : WEFT_GEMM_NO_TILE;
+    if (p.tile_flags != 0) st.pending = order;
     if (leader && consumer == 0 && p.trace != 0 && t.valid) {
       uint32_t* slot = reinterpret_cast<uint32_t*>(p.trace) + 2 * weft_gemm_tile_index(p.sched, t);
       slot[0] = order + 1;
@@ -196,10 +221,10 @@ struct TmaStorer {
 
   // Before the warpgroup exits: its stores' writes complete, shared sources no longer needed;
   // then the last tile's deferred signals.
-  __device__ __forceinline__ static void drain(const weft_gemm_params& p, const StoreState& st) {
+  __device__ __forceinline__ static void drain(const weft_gemm_params& p, StoreState& st) {
     if (thread_in_warpgroup() == 0) {
       bulk_wait_group<0>();
-      if (st.pending != WEFT_GEMM_NO_TILE) signal_stored(p, st.pending);
+      signal_due(p, st, WEFT_GEMM_NO_TILE);
     }
   }
 };
