@@ -27,6 +27,7 @@
 #define WEFT_GEMM_CONSUMERS 2          // consumer warpgroups: each adds 1 to a finished tile's flag
 #define WEFT_GEMM_EPI_BUF_BYTES 8192   // one epilogue buffer: 64 rows x 128 bytes
 #define WEFT_GEMM_NO_TILE 0xFFFFFFFFu  // the order the loader hands the consumers after its last tile
+#define WEFT_GEMM_SIGNAL_SLOTS 4       // per consumer: releases handed to its signaller thread (storer.cuh)
 
 // Epilogue variants. PIPELINED: each consumer stores its rows chunk by chunk through 2 buffers
 // (a chunk is 128 bytes of columns), leaving room for the deepest pipeline. WHOLE_TILE (16-bit
@@ -44,12 +45,14 @@ WEFT_HD uint32_t weft_gemm_epi_bufs(uint32_t tile_n, uint32_t epilogue) {
   return epilogue == WEFT_GEMM_EPI_WHOLE_TILE ? tile_n * 2u / 128u : 2u;
 }
 // Dynamic shared memory of one CTA with 2-byte inputs: 1024 bytes of alignment slack, the
-// stages, the epilogue buffers, a full and an empty mbarrier per stage, a tile order per stage.
+// stages, the epilogue buffers, a full and an empty mbarrier per stage, a tile order per stage
+// (rounded up to 16 bytes), and per consumer a ring of signal slots (16 bytes and a full and an
+// empty mbarrier each).
 WEFT_HD uint32_t weft_gemm_smem_bytes(uint32_t tile_n, uint32_t epilogue) {
   const uint32_t stages = weft_gemm_stages(tile_n, epilogue);
   return 1024u + stages * (WEFT_GEMM_TILE_M + tile_n) * WEFT_GEMM_TILE_K * 2u +
          WEFT_GEMM_CONSUMERS * weft_gemm_epi_bufs(tile_n, epilogue) * WEFT_GEMM_EPI_BUF_BYTES + 2u * stages * 8u +
-         stages * 4u;
+         ((stages * 4u + 15u) & ~15u) + WEFT_GEMM_CONSUMERS * WEFT_GEMM_SIGNAL_SLOTS * 32u;
 }
 
 typedef struct weft_gemm_schedule {

@@ -62,7 +62,12 @@ struct GemmConfig {
   static constexpr uint32_t kOffBars = kOffEpi + kConsumers * kEpiBufs * kEpiBufBytes;
   static constexpr uint32_t kBarBytes = 2 * kStages * 8;
   static constexpr uint32_t kOffOrders = kOffBars + kBarBytes;  // a uint32_t tile order per stage
-  static constexpr uint32_t kSmemBytes = 1024 + kOffOrders + kStages * 4;  // + alignment slack
+  // Per consumer, a ring of WEFT_GEMM_SIGNAL_SLOTS signal slots: full and empty mbarriers, then
+  // the slots (address and value, 16 bytes each).
+  static constexpr int kSignalSlots = WEFT_GEMM_SIGNAL_SLOTS;
+  static constexpr uint32_t kOffSignals = kOffOrders + ((kStages * 4 + 15) & ~15);
+  static constexpr uint32_t kSignalBytes = kConsumers * kSignalSlots * 32;
+  static constexpr uint32_t kSmemBytes = 1024 + kOffSignals + kSignalBytes;  // + alignment slack
   static_assert(kSmemBytes <= 232448, "shared memory over the sm_90 per-block limit");
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stage buffers keep 1024-byte alignment");
 };
@@ -89,6 +94,18 @@ struct SharedTiles {
   // the loader before its arrival on full[s], read by the consumers after their wait on it.
   __device__ __forceinline__ uint32_t* order(int stage) const {
     return reinterpret_cast<uint32_t*>(base + Cfg::kOffOrders) + stage;
+  }
+  // Consumer c's signal ring (storer.cuh): signal_full(c, s) completes when the consumer's leader
+  // has written slot s; signal_empty(c, s) when its signaller has issued the slot's release.
+  __device__ __forceinline__ uint64_t* signal_full(int consumer, int slot) const {
+    return reinterpret_cast<uint64_t*>(base + Cfg::kOffSignals) + consumer * Cfg::kSignalSlots + slot;
+  }
+  __device__ __forceinline__ uint64_t* signal_empty(int consumer, int slot) const {
+    return reinterpret_cast<uint64_t*>(base + Cfg::kOffSignals) + (Cfg::kConsumers + consumer) * Cfg::kSignalSlots + slot;
+  }
+  __device__ __forceinline__ uint64_t* signal_slot(int consumer, int slot) const {
+    return reinterpret_cast<uint64_t*>(base + Cfg::kOffSignals) + 2 * Cfg::kConsumers * Cfg::kSignalSlots +
+           2 * (consumer * Cfg::kSignalSlots + slot);
   }
 };
 

@@ -1,6 +1,7 @@
 // The GEMM kernel template: a persistent, warp-specialized sm_90a GEMM assembled from roles.
 //
-//   CTA < ctas (compute):  warpgroup 0 = loader (TMA, one thread, registers released)
+//   CTA < ctas (compute):  warpgroup 0 = loader (TMA, one thread, registers released) and, when
+//                          the launch signals, a signaller thread per consumer (signaller.cuh)
 //                          warpgroups 1..kConsumers = consumers (wgmma) + Storer (epilogue)
 //   CTA >= ctas:           Communicator (reserved SMs; see communicator.cuh)
 //
@@ -57,6 +58,12 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
       mbar_init(sm.full(s), 1);                      // the loader's expect_tx arrival
       mbar_init(sm.empty(s), Cfg::kConsumers * 4 * Cfg::kClusterM);  // per consumer warp of the cluster
     }
+    for (int c = 0; c < Cfg::kConsumers; ++c) {
+      for (int s = 0; s < Cfg::kSignalSlots; ++s) {
+        mbar_init(sm.signal_full(c, s), 1);   // the consumer's leader, once it wrote the slot
+        mbar_init(sm.signal_empty(c, s), 1);  // the signaller, once it issued the release
+      }
+    }
     mbar_fence_init();
     if (p.timeline != 0) atomicMin(reinterpret_cast<unsigned long long*>(p.timeline), weft::sync::globaltimer_ns());
     tensor_map_prefetch(&p.a);
@@ -74,7 +81,12 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
   const int wg = warpgroup_index();
   if (wg == 0) {
     warpgroup_release_registers<kLoaderRegs>();
-    if (threadIdx.x == 0) run_loader<Cfg>(p, sm);
+    const int warp = static_cast<int>(threadIdx.x) / 32;
+    if (threadIdx.x == 0) {
+      run_loader<Cfg>(p, sm);
+    } else if (threadIdx.x % 32 == 0 && warp >= 1 && warp <= Cfg::kConsumers && launch_signals(p)) {
+      run_signaller<Cfg>(p, sm, warp - 1);
+    }
     __syncwarp();
   } else {
     warpgroup_claim_registers<kConsumerRegs>();
@@ -92,7 +104,7 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
         Storer::template store<Cfg>(p, sm, consumer, t, order, acc, store_state);
       }
     }
-    Storer::drain(p, store_state);
+    Storer::template drain<Cfg>(p, sm, consumer, store_state);
     // After drain: this warpgroup's stores have completed and are signalled.
     if (p.timeline != 0 && thread_in_warpgroup() == 0)
       atomicMax(reinterpret_cast<unsigned long long*>(p.timeline) + 1, weft::sync::globaltimer_ns());

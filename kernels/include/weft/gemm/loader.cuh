@@ -12,7 +12,7 @@
 namespace weft::gemm {
 
 // Role ids for error reports (weft_error_slot.coord.b).
-constexpr uint32_t kRoleLoader = 1, kRoleConsumer = 2, kRoleCommunicator = 3;
+constexpr uint32_t kRoleLoader = 1, kRoleConsumer = 2, kRoleCommunicator = 3;  // kRoleSignaller = 4: signaller.cuh
 
 // The CTA's next order: static, `current` + ctas; dynamic, a claim on the launch's counter (a
 // relaxed atomic: the order carries no data). `current` = WEFT_GEMM_NO_TILE asks for the first.

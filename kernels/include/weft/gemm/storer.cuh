@@ -3,10 +3,11 @@
 // buffers per warpgroup; then, when the launch asks for tile signals, the per-tile flag.
 //
 // Signal ordering (DESIGN.md §2): the leader waits for its whole bulk group to COMPLETE
-// (bulk_wait_group<0>, not .read), orders the async-proxy writes before its generic-proxy release
-// (fence.proxy.async), then adds 1 to the tile's flag with release semantics at GPU scope. A
-// consumer of the tile (same GPU) polls the flag with acquire until it reaches the launch's target.
-// The same release adds 1 to the counter of the tile's wave group when the launch has groups.
+// (bulk_wait_group<0>, not .read) and orders the async-proxy writes before generic-proxy
+// operations (fence.proxy.async); the GPU-scope release that adds to the tile's flag or its wave
+// group's counter is then issued by the consumer's signaller thread (signaller.cuh), to which the
+// leader hands it through shared memory, so the warpgroup does not wait for it. A consumer of the
+// tile (same GPU) polls with acquire until the flag or counter reaches the launch's target.
 //
 // Deferred: a tile is signalled when the warpgroup starts its NEXT tile's epilogue (or drains),
 // not right after its own stores. By then a whole main loop has passed, the stores have long
@@ -16,16 +17,16 @@
 // Batched by wave group: a group's counter is only read once it reaches its target, so the
 // warpgroup counts its stored tiles of the current group and adds them in one release when its
 // next tile belongs to another group (or it drains) — the moment the per-tile deferral would have
-// signalled the group's last tile, so a group completes no later. Each release (wait_group 0, the
-// proxy fence, a GPU-scope release) stalls the warpgroup's epilogue about a microsecond: once per
-// tile it cost 7-15 % of a short-K GEMM (weft bench interference); per group, a few per launch.
-// Tile flags (per-tile consumers) are still signalled tile by tile.
+// signalled the group's last tile, so a group completes no later. (Per tile, the leader's own
+// releases cost 7-15 % of a short-K GEMM with 2 groups: weft bench interference.) Tile flags
+// (per-tile consumers) are still signalled tile by tile.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include "weft/bulk_copy.cuh"
 #include "weft/gemm.h"
 #include "weft/gemm/config.cuh"
+#include "weft/gemm/signaller.cuh"
 #include "weft/sync/memory_order.cuh"
 #include "weft/tensor_copy.cuh"
 #include "weft/warpgroup.cuh"
@@ -56,12 +57,17 @@ struct StoreState {
   uint32_t pending = WEFT_GEMM_NO_TILE;   // the order whose tile flag is deferred, if any
   uint32_t group = 0;                     // the wave group of the tiles counted in group_tiles
   uint32_t group_tiles = 0;               // stored tiles of `group` not yet added to its counter
+  SignalRing ring;                        // the leader's position in its signaller's ring
+  bool signal_stalled = false;            // a post found no free slot: reported at the drain
 };
 
-// Leader only, before storing the tile of `next` (WEFT_GEMM_NO_TILE when draining): the deferred
-// signals that are due — the pending tile flag, and the counted tiles of a group `next` is not in
-// — once every earlier store of this thread has completed (see above). Then counts `next`.
-__device__ __forceinline__ void signal_due(const weft_gemm_params& p, StoreState& st, uint32_t next) {
+// Leader only, before storing the tile of `next` (WEFT_GEMM_NO_TILE when draining): hands the
+// deferred signals that are due to the signaller — the pending tile flag, and the counted tiles
+// of a group `next` is not in — once every earlier store of this thread has completed (see
+// above). Then counts `next`.
+template <class Cfg>
+__device__ __forceinline__ void signal_due(const weft_gemm_params& p, const SharedTiles<Cfg>& sm, int consumer,
+                                           StoreState& st, uint32_t next) {
   namespace mo = weft::sync::mo;
   const bool groups = p.group_counters != 0;
   const uint32_t next_group = groups && next != WEFT_GEMM_NO_TILE ? weft_gemm_group_of(&p.groups, next) : 0;
@@ -70,13 +76,13 @@ __device__ __forceinline__ void signal_due(const weft_gemm_params& p, StoreState
   if (flag_due || group_due) {
     bulk_wait_group<0>();  // the signalled tiles' stores: issued at least a main loop ago
     mo::fence_proxy_async();
-    if (flag_due) {
+    if (flag_due && !st.signal_stalled) {
       const weft_gemm_tile t = weft_gemm_tile_at(p.sched, st.pending);
       if (t.valid)
-        mo::red_add_release_gpu(reinterpret_cast<uint64_t*>(p.tile_flags) + weft_gemm_tile_index(p.sched, t), 1);
+        st.signal_stalled = !post_signal(p, sm, consumer, st.ring, p.tile_flags + 8ull * weft_gemm_tile_index(p.sched, t), 1);
     }
-    if (group_due) {
-      mo::red_add_release_gpu(reinterpret_cast<uint64_t*>(p.group_counters) + st.group, st.group_tiles);
+    if (group_due && !st.signal_stalled) {
+      st.signal_stalled = !post_signal(p, sm, consumer, st.ring, p.group_counters + 8ull * st.group, st.group_tiles);
       st.group_tiles = 0;
     }
   }
@@ -129,7 +135,7 @@ struct TmaStorer {
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
     const bool leader = thread_in_warpgroup() == 0;
     uint32_t& epi_count = st.epi_count;
-    if (leader) signal_due(p, st, order);
+    if (leader) signal_due(p, sm, consumer, st, order);
     const uint32_t bar_id = 1 + consumer;
     const uint32_t row0 = t.tm * Cfg::kBM + consumer * 64;  // in D's standard layout (beta reads)
     const uint32_t col0 = t.tn * Cfg::kBN;
@@ -220,11 +226,15 @@ struct TmaStorer {
   }
 
   // Before the warpgroup exits: its stores' writes complete, shared sources no longer needed;
-  // then the last tile's deferred signals.
-  __device__ __forceinline__ static void drain(const weft_gemm_params& p, StoreState& st) {
+  // then the last deferred signals, and the end of its signaller.
+  template <class Cfg>
+  __device__ __forceinline__ static void drain(const weft_gemm_params& p, const SharedTiles<Cfg>& sm, int consumer,
+                                               StoreState& st) {
     if (thread_in_warpgroup() == 0) {
       bulk_wait_group<0>();
-      signal_due(p, st, WEFT_GEMM_NO_TILE);
+      signal_due(p, sm, consumer, st, WEFT_GEMM_NO_TILE);
+      if (launch_signals(p) && !st.signal_stalled) st.signal_stalled = !post_signal(p, sm, consumer, st.ring, 0, 0);
+      if (st.signal_stalled) report_signal_stall(p, consumer, st.ring);
     }
   }
 };

@@ -1,0 +1,91 @@
+// The signaller role: one thread of the loader warpgroup per consumer (lane 0 of warps 1 and 2)
+// that issues the consumer's GPU-scope releases (tile flags, wave-group counters), so that the
+// consumer warpgroup does not wait for them. A release costs its thread about a microsecond
+// under a running GEMM's memory traffic; issued by the consumer's leader, the whole warpgroup
+// waited for it at its next epilogue barrier (4-11 % of a short-K GEMM with a group per wave).
+//
+// Hand-off, through a ring of WEFT_GEMM_SIGNAL_SLOTS slots per consumer (SharedTiles::signal_*):
+//   leader:     bulk_wait_group<0> (the signalled stores are complete), fence.proxy.async (async-
+//               proxy writes before generic-proxy operations), then per release: wait for the
+//               slot's empty phase, write {address, value}, arrive on full (release, CTA scope).
+//   signaller:  wait on full (acquire, CTA scope), red.release.gpu of value at address, arrive on
+//               empty. Address 0 ends the role (posted by the leader's drain).
+// The signaller's GPU-scope release is cumulative: the stores the leader saw complete happen
+// before the leader's arrival, which the signaller acquired, so a reader that acquires the
+// counter sees them — the same guarantee as the leader's own release had.
+#pragma once
+#include "weft/gemm.h"
+#include "weft/gemm/config.cuh"
+#include "weft/mbarrier.cuh"
+#include "weft/sync/mbarrier.cuh"
+#include "weft/sync/error.cuh"
+#include "weft/sync/memory_order.cuh"
+
+namespace weft::gemm {
+
+constexpr uint32_t kRoleSignaller = 4;  // error reports: coord.a (loader.cuh has the others)
+
+// Whether this launch signals at all (else the signallers exit at once and nothing is posted).
+__device__ __forceinline__ bool launch_signals(const weft_gemm_params& p) {
+  return p.tile_flags != 0 || p.group_counters != 0;
+}
+
+// A position in a consumer's signal ring (the leader's and the signaller's own copies).
+struct SignalRing {
+  uint32_t slot = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++slot == WEFT_GEMM_SIGNAL_SLOTS) {
+      slot = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
+// Leader of `consumer`: hands the release of `value` at `address` to its signaller (address 0:
+// no more). The caller has made the covered stores complete and fenced the async proxy. False
+// when the slot never came free within the budget (nothing posted): the caller reports it once
+// its accumulators are dead (report_signal_stall; a report here, with them live, spills).
+template <class Cfg>
+__device__ __forceinline__ bool post_signal(const weft_gemm_params& p, const SharedTiles<Cfg>& sm, int consumer,
+                                            SignalRing& ring, uint64_t address, uint64_t value) {
+  // Parity phase ^ 1: a fresh barrier counts as having completed the phase before phase 0.
+  if (!mbar_wait_bounded(sm.signal_empty(consumer, ring.slot), ring.phase ^ 1u, p.bound.budget_cycles)) return false;
+  uint64_t* slot = sm.signal_slot(consumer, ring.slot);
+  slot[0] = address;
+  slot[1] = value;
+  mbar_arrive(sm.signal_full(consumer, ring.slot));  // release (CTA scope): the slot and what came before
+  ring.advance();
+  return true;
+}
+
+// Reports a leader's post that found no free slot within the budget (MBARRIER_WAIT on the
+// slot's empty barrier, coord {kRoleSignaller, slot, consumer, 0}) and traps.
+__device__ __forceinline__ void report_signal_stall(const weft_gemm_params& p, int consumer, const SignalRing& ring) {
+  weft::sync::failure f{};
+  f.status = WEFT_SYNC_STATUS_TIMEOUT;
+  f.primitive = WEFT_SYNC_PRIM_MBARRIER_WAIT;
+  f.coord = weft_tile_coord{kRoleSignaller, ring.slot, static_cast<uint32_t>(consumer), 0};
+  f.expected = ring.phase ^ 1u;
+  f.observed = ring.phase;
+  f.elapsed_cycles = p.bound.budget_cycles;
+  weft::sync::fail_inline(p.bound, 0, f);
+}
+
+// The signaller of `consumer`: issues each posted release until the leader posts address 0.
+template <class Cfg>
+__device__ __forceinline__ void run_signaller(const weft_gemm_params& p, const SharedTiles<Cfg>& sm, int consumer) {
+  SignalRing ring;
+  for (;;) {
+    weft::sync::mbarrier_wait<true>(sm.signal_full(consumer, ring.slot), ring.phase, p.bound, 0,
+                                    weft_tile_coord{kRoleSignaller, ring.slot, static_cast<uint32_t>(consumer), 1});
+    const uint64_t* slot = sm.signal_slot(consumer, ring.slot);
+    const uint64_t address = slot[0], value = slot[1];
+    if (address == 0) return;
+    weft::sync::mo::red_add_release_gpu(reinterpret_cast<uint64_t*>(address), value);
+    mbar_arrive(sm.signal_empty(consumer, ring.slot));  // the slot may be rewritten
+    ring.advance();
+  }
+}
+
+}  // namespace weft::gemm
