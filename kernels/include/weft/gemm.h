@@ -109,11 +109,17 @@ typedef struct weft_gemm_wave_groups {
   uint32_t end_order[WEFT_GEMM_MAX_WAVE_GROUPS]; // exclusive end of group g, increasing
 } weft_gemm_wave_groups;
 
-// The group of `order`: the first g whose range ends after it (the last group takes any beyond).
-WEFT_HD uint32_t weft_gemm_group_of(const weft_gemm_wave_groups* g, uint32_t order) {
-  uint32_t i = 0;
+// The group of `order`, searching from group `from` (its first order must not exceed `order`):
+// the first g >= from whose range ends after it (the last group takes any beyond). A CTA's orders
+// rise, so the kernel starts from its previous tile's group instead of reading every range again.
+WEFT_HD uint32_t weft_gemm_group_of_from(const weft_gemm_wave_groups* g, uint32_t order, uint32_t from) {
+  uint32_t i = from;
   while (i + 1 < g->count && order >= g->end_order[i]) ++i;
   return i;
+}
+// The group of `order` (the one definition of the grouping; the host lists groups through it).
+WEFT_HD uint32_t weft_gemm_group_of(const weft_gemm_wave_groups* g, uint32_t order) {
+  return weft_gemm_group_of_from(g, order, 0u);
 }
 
 // Output layouts. STANDARD: D is m x n row-major. TILE_ORDER (the AllReduce reorder map): D is a
@@ -182,15 +188,20 @@ typedef struct weft_gemm_band_slots {
   uint32_t first;  // slot of band 0
   uint32_t stride; // slots between consecutive bands: the group's order count
 } weft_gemm_band_slots;
-WEFT_HD weft_gemm_band_slots weft_gemm_band_slots_of(weft_gemm_schedule s, const weft_gemm_wave_groups* g, uint32_t bands,
-                                                      uint32_t order) {
-  const uint32_t group = g->count == 0 ? 0u : weft_gemm_group_of(g, order);
+// The same, searching the group from `from` (weft_gemm_group_of_from; 0 searches them all).
+WEFT_HD weft_gemm_band_slots weft_gemm_band_slots_from(weft_gemm_schedule s, const weft_gemm_wave_groups* g,
+                                                        uint32_t bands, uint32_t order, uint32_t from) {
+  const uint32_t group = g->count == 0 ? 0u : weft_gemm_group_of_from(g, order, from);
   const uint32_t start = weft_gemm_group_start(g, group);
   const uint32_t end = g->count == 0 ? weft_gemm_order_count(s) : g->end_order[group];
   weft_gemm_band_slots out;
   out.first = start * bands + (order - start);
   out.stride = end - start;
   return out;
+}
+WEFT_HD weft_gemm_band_slots weft_gemm_band_slots_of(weft_gemm_schedule s, const weft_gemm_wave_groups* g, uint32_t bands,
+                                                      uint32_t order) {
+  return weft_gemm_band_slots_from(s, g, bands, order, 0u);
 }
 
 // A TMA descriptor (CUtensorMap), encoded by the host with cuTensorMapEncodeTiled; opaque here.

@@ -9,7 +9,9 @@
 //! - `tile-order`, `bands-4`: the AllReduce / ReduceScatter (4 ranks) reorder maps, no signals;
 //! - `… +signals (G groups)`: the map plus the wave-group signals and, on the communication
 //!   stream, one wait kernel per group between the joins — exactly `run_gemm_only` of the
-//!   overlaps; the most groups a launch may have (1 wave each, up to 32 groups) and 2 groups.
+//!   overlaps; the most groups a launch may have (1 wave each, up to 32 groups) and 2 groups;
+//! - `tile-order+signals (N groups, no waits)`: the signals without the wait kernels (what the
+//!   chain of waits on the other stream costs; the counters are never rearmed, so not a pipeline).
 //!
 //! Two times each: the median of CUDA events on the compute stream (what the overlap benches
 //! call the GEMM's time), and the median kernel span from `LaunchExtras::timeline` (first compute
@@ -41,8 +43,11 @@ const BAND_RANKS: u32 = 4;
 struct Variant {
     name: String,
     layout: OutputLayout,
-    /// Wave-group signals and their waits (waves per group).
+    /// Wave-group signals (waves per group).
     groups: Option<Vec<u32>>,
+    /// One wait kernel per group on the communication stream (else the counters only grow:
+    /// a diagnostic of what the waits cost, not a usable pipeline).
+    waits: bool,
     /// The pipeline's stream joins around the launch.
     joins: bool,
 }
@@ -90,12 +95,14 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 layout: OutputLayout::Standard,
                 groups: None,
                 joins: false,
+                waits: false,
             },
             Variant {
                 name: "plain+joins".into(),
                 layout: OutputLayout::Standard,
                 groups: None,
                 joins: true,
+                waits: false,
             },
         ];
         let bands = OutputLayout::RankBands { ranks: BAND_RANKS };
@@ -105,6 +112,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 layout,
                 groups: None,
                 joins: false,
+                waits: false,
             });
             // The most groups a launch may have (one wave each, or as few waves as fit).
             let per_group = waves.div_ceil(WEFT_GEMM_MAX_WAVE_GROUPS);
@@ -112,13 +120,23 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             if waves > 1 {
                 groupings.push(vec![waves.div_ceil(2), waves / 2]);
             }
-            for g in groupings {
+            for (i, g) in groupings.into_iter().enumerate() {
+                if i == 0 && layout == OutputLayout::TileOrder {
+                    variants.push(Variant {
+                        name: format!("{label}+signals ({} groups, no waits)", g.len()),
+                        layout,
+                        groups: Some(g.clone()),
+                        joins: true,
+                        waits: false,
+                    });
+                }
                 let name = format!("{label}+signals ({} groups)", g.len());
                 variants.push(Variant {
                     name,
                     layout,
                     groups: Some(g),
                     joins: true,
+                    waits: true,
                 });
             }
         }
@@ -149,7 +167,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                     ..Default::default()
                 };
                 gemm.launch_with(&compute, &a, &b, out, extras)?;
-                if let Some(c) = &counters {
+                if let Some(c) = counters.as_ref().filter(|_| v.waits) {
                     for g in 0..c.groups().count() {
                         c.wait(&x, g)?;
                     }

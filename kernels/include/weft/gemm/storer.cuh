@@ -70,12 +70,14 @@ __device__ __forceinline__ void signal_due(const weft_gemm_params& p, const Shar
                                            StoreState& st, uint32_t next) {
   namespace mo = weft::sync::mo;
   const bool groups = p.group_counters != 0;
-  const uint32_t next_group = groups && next != WEFT_GEMM_NO_TILE ? weft_gemm_group_of(&p.groups, next) : 0;
+  // st.group is the group of this warpgroup's previous tile (0 before the first), and its orders
+  // rise (static: + ctas; dynamic: successive claims), so the search starts there.
+  const uint32_t next_group = groups && next != WEFT_GEMM_NO_TILE ? weft_gemm_group_of_from(&p.groups, next, st.group) : 0;
   const bool flag_due = st.pending != WEFT_GEMM_NO_TILE;
   const bool group_due = st.group_tiles > 0 && (next == WEFT_GEMM_NO_TILE || next_group != st.group);
   if (flag_due || group_due) {
     bulk_wait_group<0>();  // the signalled tiles' stores: issued at least a main loop ago
-    mo::fence_proxy_async();
+    mo::fence_proxy_async_global();
     if (flag_due && !st.signal_stalled) {
       const weft_gemm_tile t = weft_gemm_tile_at(p.sched, st.pending);
       if (t.valid)
@@ -147,7 +149,9 @@ struct TmaStorer {
     const int32_t store_row = static_cast<int32_t>(tile_order ? order * Cfg::kBM + consumer * 64 : row0);
     const int32_t store_col = static_cast<int32_t>(tile_order || bands ? 0 : col0);
     weft_gemm_band_slots slots{0, 0};
-    if (bands && leader) slots = weft_gemm_band_slots_of(p.sched, &p.groups, p.bands, order);
+    // With group counters, signal_due just set st.group to this tile's group (a search from it
+    // ends at once); without them there is one group.
+    if (bands && leader) slots = weft_gemm_band_slots_from(p.sched, &p.groups, p.bands, order, st.group);
     const bool with_beta = p.beta != 0.0f;
     // Chunk c of this warpgroup's accumulators -> `buf` (alpha, beta, conversion, swizzle).
     auto write_chunk = [&](int c, uint8_t* buf) {

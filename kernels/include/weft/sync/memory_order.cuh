@@ -104,4 +104,9 @@ __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_re
 // before a signal releases it.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async;" ::: "memory"); }
 
+// The same, restricted to global memory: orders this thread's async-proxy global writes (TMA
+// stores it saw complete) with its later generic-proxy operations, without touching shared memory,
+// where the CTA's TMA loads are in flight.
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+
 }  // namespace weft::sync::mo
