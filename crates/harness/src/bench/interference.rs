@@ -6,7 +6,8 @@
 //! - `plain`: standard layout, nothing else (the reference);
 //! - `plain+joins`: the same between the pipeline's stream joins (the communication stream joins
 //!   the compute stream before, the compute stream joins it after) with nothing on the other side;
-//! - `tile-order`, `bands-4`: the AllReduce / ReduceScatter (4 ranks) reorder maps, no signals;
+//! - `tile-order`, `bands-4`: the AllReduce / ReduceScatter (4 ranks) reorder maps, no signals
+//!   (and `bands-2`, `-3`, `-8`: the band map at other world sizes, its TMA boxes per chunk 1 to 8);
 //! - `… +signals (G groups)`: the map plus the wave-group signals and, on the communication
 //!   stream, one wait kernel per group between the joins — exactly `run_gemm_only` of the
 //!   overlaps; the most groups a launch may have (1 wave each, up to 32 groups) and 2 groups;
@@ -105,6 +106,17 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 waits: false,
             },
         ];
+        // The band map alone at other world sizes: one box per 64-row chunk at 2 ranks (as
+        // tile-order stores), two at 4, four at 8, eight at 3 (8-row boxes).
+        for ranks in [2, 3, 8] {
+            variants.push(Variant {
+                name: format!("bands-{ranks}"),
+                layout: OutputLayout::RankBands { ranks },
+                groups: None,
+                joins: false,
+                waits: false,
+            });
+        }
         let bands = OutputLayout::RankBands { ranks: BAND_RANKS };
         for (label, layout) in [("tile-order", OutputLayout::TileOrder), ("bands-4", bands)] {
             variants.push(Variant {

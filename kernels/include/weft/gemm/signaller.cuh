@@ -5,14 +5,15 @@
 // waited for it at its next epilogue barrier (4-11 % of a short-K GEMM with a group per wave).
 //
 // Hand-off, through a ring of WEFT_GEMM_SIGNAL_SLOTS slots per consumer (SharedTiles::signal_*):
-//   leader:     bulk_wait_group<0> (the signalled stores are complete), fence.proxy.async (async-
-//               proxy writes before generic-proxy operations), then per release: wait for the
-//               slot's empty phase, write {address, value}, arrive on full (release, CTA scope).
+//   leader:     once every thread that issued the signalled stores did bulk_wait_group<0> (they
+//               are complete) and fence.proxy.async.global (async-proxy writes before generic-
+//               proxy operations), and a barrier since: per release, wait for the slot's empty
+//               phase, write {address, value}, arrive on full (release, CTA scope).
 //   signaller:  wait on full (acquire, CTA scope), red.release.gpu of value at address, arrive on
 //               empty. Address 0 ends the role (posted by the leader's drain).
-// The signaller's GPU-scope release is cumulative: the stores the leader saw complete happen
-// before the leader's arrival, which the signaller acquired, so a reader that acquires the
-// counter sees them — the same guarantee as the leader's own release had.
+// The signaller's GPU-scope release is cumulative: the stores the issuers saw complete happen
+// before the barrier and the leader's arrival, which the signaller acquired, so a reader that
+// acquires the counter sees them — the same guarantee as the leader's own release had.
 #pragma once
 #include "weft/gemm.h"
 #include "weft/gemm/config.cuh"

@@ -2,12 +2,13 @@
 // -> output dtype -> a 128-byte-swizzled shared chunk -> TMA store, chunk by chunk with two
 // buffers per warpgroup; then, when the launch asks for tile signals, the per-tile flag.
 //
-// Signal ordering (DESIGN.md §2): the leader waits for its whole bulk group to COMPLETE
-// (bulk_wait_group<0>, not .read) and orders the async-proxy writes before generic-proxy
-// operations (fence.proxy.async); the GPU-scope release that adds to the tile's flag or its wave
-// group's counter is then issued by the consumer's signaller thread (signaller.cuh), to which the
-// leader hands it through shared memory, so the warpgroup does not wait for it. A consumer of the
-// tile (same GPU) polls with acquire until the flag or counter reaches the launch's target.
+// Signal ordering (DESIGN.md §2): every thread that issued a tile's TMA stores waits for its
+// bulk groups to COMPLETE (bulk_wait_group<0>, not .read) and orders the async-proxy writes before
+// generic-proxy operations (fence.proxy.async.global); after a barrier the warpgroup's leader hands
+// the GPU-scope release that adds to the tile's flag or its wave group's counter to the consumer's
+// signaller thread (signaller.cuh) through shared memory, so the warpgroup does not wait for it.
+// A consumer of the tile (same GPU) polls with acquire until the flag or counter reaches the
+// launch's target.
 //
 // Deferred: a tile is signalled when the warpgroup starts its NEXT tile's epilogue (or drains),
 // not right after its own stores. By then a whole main loop has passed, the stores have long
@@ -61,54 +62,85 @@ struct StoreState {
   bool signal_stalled = false;            // a post found no free slot: reported at the drain
 };
 
-// Leader only, before storing the tile of `next` (WEFT_GEMM_NO_TILE when draining): hands the
-// deferred signals that are due to the signaller — the pending tile flag, and the counted tiles
-// of a group `next` is not in — once every earlier store of this thread has completed (see
-// above). Then counts `next`.
-template <class Cfg>
-__device__ __forceinline__ void signal_due(const weft_gemm_params& p, const SharedTiles<Cfg>& sm, int consumer,
-                                           StoreState& st, uint32_t next) {
-  namespace mo = weft::sync::mo;
+// The deferred signals due before storing the tile of `next` (WEFT_GEMM_NO_TILE when draining):
+// the pending tile flag, and the counted tiles of a group `next` is not in. Every thread of the
+// warpgroup computes the same (its StoreState evolves identically).
+struct DueSignals {
+  uint32_t flag_order = WEFT_GEMM_NO_TILE;  // the tile whose flag is due, if any
+  uint32_t group = 0;                       // the group whose counted tiles are due
+  uint32_t group_tiles = 0;                 // their count (0: none due)
+  uint32_t next_group = 0;                  // the group of `next`
+  __device__ __forceinline__ bool any() const { return flag_order != WEFT_GEMM_NO_TILE || group_tiles != 0; }
+};
+
+__device__ __forceinline__ DueSignals signals_due(const weft_gemm_params& p, const StoreState& st, uint32_t next) {
+  DueSignals d;
   const bool groups = p.group_counters != 0;
   // st.group is the group of this warpgroup's previous tile (0 before the first), and its orders
   // rise (static: + ctas; dynamic: successive claims), so the search starts there.
-  const uint32_t next_group = groups && next != WEFT_GEMM_NO_TILE ? weft_gemm_group_of_from(&p.groups, next, st.group) : 0;
-  const bool flag_due = st.pending != WEFT_GEMM_NO_TILE;
-  const bool group_due = st.group_tiles > 0 && (next == WEFT_GEMM_NO_TILE || next_group != st.group);
-  if (flag_due || group_due) {
-    bulk_wait_group<0>();  // the signalled tiles' stores: issued at least a main loop ago
-    mo::fence_proxy_async_global();
-    if (flag_due && !st.signal_stalled) {
-      const weft_gemm_tile t = weft_gemm_tile_at(p.sched, st.pending);
-      if (t.valid)
-        st.signal_stalled = !post_signal(p, sm, consumer, st.ring, p.tile_flags + 8ull * weft_gemm_tile_index(p.sched, t), 1);
-    }
-    if (group_due && !st.signal_stalled) {
-      st.signal_stalled = !post_signal(p, sm, consumer, st.ring, p.group_counters + 8ull * st.group, st.group_tiles);
-      st.group_tiles = 0;
-    }
+  d.next_group = groups && next != WEFT_GEMM_NO_TILE ? weft_gemm_group_of_from(&p.groups, next, st.group) : 0;
+  d.flag_order = st.pending;
+  if (st.group_tiles > 0 && (next == WEFT_GEMM_NO_TILE || d.next_group != st.group)) {
+    d.group = st.group;
+    d.group_tiles = st.group_tiles;
   }
+  return d;
+}
+
+// Every thread: `due` is handed over; counts the tile of `next` for its group.
+__device__ __forceinline__ void count_tile(const weft_gemm_params& p, StoreState& st, const DueSignals& due, uint32_t next) {
   st.pending = WEFT_GEMM_NO_TILE;
+  if (due.group_tiles != 0) st.group_tiles = 0;
   // Phantoms count for their group too: its order count includes them (their TILE_ORDER slot is
   // written, with zeros, inside the group's range).
-  if (groups && next != WEFT_GEMM_NO_TILE) {
-    st.group = next_group;
-    ++st.group_tiles;  // its stores are issued below, before any later signal_due
+  if (p.group_counters != 0 && next != WEFT_GEMM_NO_TILE) {
+    st.group = due.next_group;
+    ++st.group_tiles;  // its stores are issued after this, before any later hand-over
   }
+}
+
+// A thread that issued TMA stores, before the signals that cover them: its stores complete (issued
+// at least a main loop ago), its async-proxy global writes ordered before what follows.
+__device__ __forceinline__ void complete_stores(const DueSignals& due) {
+  if (due.any()) {
+    bulk_wait_group<0>();
+    weft::sync::mo::fence_proxy_async_global();
+  }
+}
+
+// The leader, once every thread that issued the covered stores has completed them (itself, or
+// the others before a barrier it passed since): hands `due` to the signaller.
+template <class Cfg>
+__device__ __forceinline__ void post_due(const weft_gemm_params& p, const SharedTiles<Cfg>& sm, int consumer,
+                                         StoreState& st, const DueSignals& due) {
+  if (due.flag_order != WEFT_GEMM_NO_TILE && !st.signal_stalled) {
+    const weft_gemm_tile t = weft_gemm_tile_at(p.sched, due.flag_order);
+    if (t.valid)
+      st.signal_stalled = !post_signal(p, sm, consumer, st.ring, p.tile_flags + 8ull * weft_gemm_tile_index(p.sched, t), 1);
+  }
+  if (due.group_tiles != 0 && !st.signal_stalled)
+    st.signal_stalled = !post_signal(p, sm, consumer, st.ring, p.group_counters + 8ull * due.group, due.group_tiles);
 }
 
 // RANK_BANDS: the chunk of tile rows [row, row + 64) in boxes of weft_gemm_band_box_rows rows,
 // each inside one band: a box (shared rows from a multiple of box_rows, 1024-byte aligned) goes
 // to (col, its row within the band, the band's slot) of D, the 3-D tensor (tile_n columns, band
 // slot rows, slots), band and row from the parameters' table. Every coordinate is >= 0 (gemm.h).
-__device__ __forceinline__ void store_bands(const weft_gemm_params& p, const uint8_t* buf, int32_t col, uint32_t row,
-                                            weft_gemm_band_slots slots) {
+// Issues the boxes k (counted from `first_box`, one per box of the chunk) with k % `issuers` ==
+// `share`; returns whether it issued any.
+__device__ __forceinline__ bool store_bands(const weft_gemm_params& p, const uint8_t* buf, int32_t col, uint32_t row,
+                                            weft_gemm_band_slots slots, uint32_t first_box, uint32_t share,
+                                            uint32_t issuers) {
   const uint32_t box_rows = 1u << p.band_box_shift;
-  for (uint32_t y = row; y < row + 64; y += box_rows) {
+  bool issued = false;
+  for (uint32_t y = row, k = first_box; y < row + 64; y += box_rows, ++k) {
+    if (k % issuers != share) continue;
     const uint32_t i = y >> p.band_box_shift;
     tensor_store_3d(&p.d, buf + (y - row) * 128, col, static_cast<int32_t>(p.row_of_box[i]),
                     static_cast<int32_t>(slots.first + p.band_of_box[i] * slots.stride));
+    issued = true;
   }
+  return issued;
 }
 
 // ROW_SLOTS: the warpgroup's threads copy chunk `c` (64 rows x 128 bytes, swizzled) of tile `t`
@@ -136,8 +168,18 @@ struct TmaStorer {
     using Out = typename Cfg::Out;
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
     const bool leader = thread_in_warpgroup() == 0;
+    // Who issues the TMA stores: with the whole-tile epilogue lane 0 of each of the 4 warps, a
+    // share each (one thread issuing them all held the warpgroup about 1 % of a short-K tile per
+    // box and chunk: weft bench interference, bands-3/4/8); pipelined, the leader alone (its
+    // buffers are reused two chunks later, which one issuer's wait_group_read<1> covers).
+    constexpr bool kWhole = Cfg::kEpiBufs >= Cfg::kEpiChunks;
+    constexpr uint32_t kIssuers = kWhole ? 4u : 1u;
+    const bool issuer = kWhole ? lane == 0 : leader;
     uint32_t& epi_count = st.epi_count;
-    if (leader) signal_due(p, sm, consumer, st, order);
+    const DueSignals due = signals_due(p, st, order);
+    if (issuer) complete_stores(due);
+    count_tile(p, st, due, order);
+    if (!kWhole && leader) post_due(p, sm, consumer, st, due);  // the leader is the only issuer
     const uint32_t bar_id = 1 + consumer;
     const uint32_t row0 = t.tm * Cfg::kBM + consumer * 64;  // in D's standard layout (beta reads)
     const uint32_t col0 = t.tn * Cfg::kBN;
@@ -149,9 +191,9 @@ struct TmaStorer {
     const int32_t store_row = static_cast<int32_t>(tile_order ? order * Cfg::kBM + consumer * 64 : row0);
     const int32_t store_col = static_cast<int32_t>(tile_order || bands ? 0 : col0);
     weft_gemm_band_slots slots{0, 0};
-    // With group counters, signal_due just set st.group to this tile's group (a search from it
+    // With group counters, count_tile just set st.group to this tile's group (a search from it
     // ends at once); without them there is one group.
-    if (bands && leader) slots = weft_gemm_band_slots_from(p.sched, &p.groups, p.bands, order, st.group);
+    if (bands && issuer) slots = weft_gemm_band_slots_from(p.sched, &p.groups, p.bands, order, st.group);
     const bool with_beta = p.beta != 0.0f;
     // Chunk c of this warpgroup's accumulators -> `buf` (alpha, beta, conversion, swizzle).
     auto write_chunk = [&](int c, uint8_t* buf) {
@@ -175,18 +217,24 @@ struct TmaStorer {
         }
       }
     };
-    auto store_chunk = [&](int c, const uint8_t* buf) {
+    // This issuer's share of chunk c's boxes (one box per chunk unless bands); whether it issued.
+    const uint32_t share = kWhole ? static_cast<uint32_t>(warp) : 0u;
+    auto store_chunk = [&](int c, const uint8_t* buf) -> bool {
       if (bands) {
-        store_bands(p, buf, c * Cfg::kEpiCols, consumer * 64, slots);
-      } else {
-        tensor_store_2d(&p.d, buf, store_col + c * Cfg::kEpiCols, store_row);
+        const uint32_t boxes = 64u >> p.band_box_shift;
+        return store_bands(p, buf, c * Cfg::kEpiCols, consumer * 64, slots, c * boxes, share, kIssuers);
       }
+      if (static_cast<uint32_t>(c) % kIssuers != share) return false;
+      tensor_store_2d(&p.d, buf, store_col + c * Cfg::kEpiCols, store_row);
+      return true;
     };
     if constexpr (Cfg::kEpiBufs >= Cfg::kEpiChunks) {
       // Whole tile: every chunk has its own buffer. One wait (the previous tile's stores have
       // read them), one barrier, all writes, one proxy fence and barrier, all stores.
-      if (leader) bulk_wait_group_read<0>();
+      if (issuer) bulk_wait_group_read<0>();
       named_barrier_sync(bar_id, kWarpgroupThreads);
+      // Every issuer completed the covered stores before the barrier.
+      if (leader) post_due(p, sm, consumer, st, due);
 #pragma unroll
       for (int c = 0; c < Cfg::kEpiChunks; ++c) write_chunk(c, sm.epi(consumer, c));
       fence_proxy_async_smem();  // each writer: its generic stores before the TMA stores read them
@@ -194,10 +242,11 @@ struct TmaStorer {
       if (row_slots) {
 #pragma unroll
         for (int c = 0; c < Cfg::kEpiChunks; ++c) store_row_slots(p, sm.epi(consumer, c), c * 128, t, consumer * 64, sizeof(Out));
-      } else if (leader) {
+      } else if (issuer) {
+        bool issued = false;
 #pragma unroll
-        for (int c = 0; c < Cfg::kEpiChunks; ++c) store_chunk(c, sm.epi(consumer, c));
-        bulk_commit_group();
+        for (int c = 0; c < Cfg::kEpiChunks; ++c) issued |= store_chunk(c, sm.epi(consumer, c));
+        if (issued) bulk_commit_group();
       }
       epi_count += Cfg::kEpiChunks;
     } else {
@@ -213,7 +262,7 @@ struct TmaStorer {
         if (row_slots) {
           store_row_slots(p, buf, c * 128, t, consumer * 64, sizeof(Out));  // read before the next write's barrier
         } else if (leader) {
-          store_chunk(c, buf);
+          store_chunk(c, buf);  // the only issuer: its share is every box
           bulk_commit_group();
         }
         ++epi_count;
@@ -234,9 +283,17 @@ struct TmaStorer {
   template <class Cfg>
   __device__ __forceinline__ static void drain(const weft_gemm_params& p, const SharedTiles<Cfg>& sm, int consumer,
                                                StoreState& st) {
-    if (thread_in_warpgroup() == 0) {
+    // Every issuer (lane 0 of each warp, see store): its stores complete, then a barrier, then the
+    // leader hands the last signals over.
+    if (threadIdx.x % 32 == 0) {
       bulk_wait_group<0>();
-      signal_due(p, sm, consumer, st, WEFT_GEMM_NO_TILE);
+      weft::sync::mo::fence_proxy_async_global();
+    }
+    named_barrier_sync(1 + consumer, kWarpgroupThreads);
+    if (thread_in_warpgroup() == 0) {
+      const DueSignals due = signals_due(p, st, WEFT_GEMM_NO_TILE);
+      post_due(p, sm, consumer, st, due);
+      count_tile(p, st, due, WEFT_GEMM_NO_TILE);
       if (launch_signals(p) && !st.signal_stalled) st.signal_stalled = !post_signal(p, sm, consumer, st.ring, 0, 0);
       if (st.signal_stalled) report_signal_stall(p, consumer, st.ring);
     }
