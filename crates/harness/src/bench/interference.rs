@@ -31,7 +31,6 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
 use std::sync::Arc;
 use weft_kernels::abi::WEFT_GEMM_MAX_WAVE_GROUPS;
-use weft_signal_gemm::overlap::high_priority_stream;
 use weft_signal_gemm::{
     Gemm, GemmOptions, GemmPlan, GemmShape, GroupCounters, LaunchExtras, OutputLayout, RankBandMap,
     Restore, TileOrderMap, WaveGroups,
@@ -56,13 +55,7 @@ struct Variant {
 pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
     let gpu = job.gpu().map_err(|w| anyhow::anyhow!("no GPU: {w}"))?;
     let (ctx, compute) = (gpu.ctx.clone(), gpu.stream.clone());
-    let mut rig = Rig {
-        comm_stream: high_priority_stream(&ctx)?,
-        flush: compute.alloc_zeros::<u8>(super::rig::FLUSH_BYTES)?,
-        compute: compute.clone(),
-        iters: if quick { 15 } else { 30 },
-        warmup: 3,
-    };
+    let mut rig = Rig::with_comm_stream(&compute, if quick { 15 } else { 30 }, 3)?;
     let mut table = Table {
         headers: vec![
             "M x N x K",

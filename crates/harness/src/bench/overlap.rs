@@ -30,7 +30,6 @@ use half::bf16;
 use weft_kernels::abi::WEFT_GEMM_MAX_WAVE_GROUPS;
 use weft_pgl::nccl::{Communicator, ReduceOp};
 use super::overlap_ops::{collective, out_len, Signal};
-use weft_signal_gemm::overlap::high_priority_stream;
 use weft_signal_gemm::tuner::Op;
 use weft_signal_gemm::{CublasGemm, Gemm, GemmOptions, GemmPlan, GemmShape, WaveGroups};
 
@@ -79,13 +78,7 @@ pub fn run(job: &mut Job, op: Op, quick: bool, methods: &[String]) -> anyhow::Re
     let gpu = job.gpu().map_err(|w| anyhow::anyhow!("no GPU: {w}"))?;
     let (ctx, compute) = (gpu.ctx.clone(), gpu.stream.clone());
     let sms = weft_signal_gemm::device_sms(&ctx)?;
-    let mut rig = Rig {
-        comm_stream: high_priority_stream(&ctx)?,
-        flush: compute.alloc_zeros::<u8>(super::rig::FLUSH_BYTES)?,
-        compute: compute.clone(),
-        iters: if quick { 8 } else { 15 },
-        warmup: 3,
-    };
+    let mut rig = Rig::with_comm_stream(&compute, if quick { 8 } else { 15 }, 3)?;
     let margins: Vec<u32> = if quick { vec![16, 32] } else { vec![16, 32, 48] };
     // One communicator per margin, NCCL limited to that many CTAs (collective: every rank).
     let mut limited: Vec<(u32, Communicator)> = Vec::new();

@@ -16,7 +16,7 @@
 //! bench/rig.rs (events, L2 flush, median per rank, slowest rank).
 
 use super::overlap::{groupings, shapes};
-use super::rig::{slowest, Rig, FLUSH_BYTES};
+use super::rig::{slowest, Rig};
 use super::SuiteResult;
 use crate::gemm_data::{download, poisoned, uniform, upload};
 use crate::job::Job;
@@ -28,7 +28,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::ops::Range;
 use weft_pgl::nccl::Communicator;
-use weft_signal_gemm::overlap::{high_priority_stream, AllToAllOverlap};
+use weft_signal_gemm::overlap::AllToAllOverlap;
 use weft_signal_gemm::{CublasGemm, Gemm, GemmOptions, GemmPlan};
 
 pub const METHODS: &[&str] = &["seq-cublas", "signal"];
@@ -76,13 +76,7 @@ pub fn run(job: &mut Job, quick: bool, methods: &[String]) -> anyhow::Result<Sui
     let gpu = job.gpu().map_err(|w| anyhow::anyhow!("no GPU: {w}"))?;
     let (ctx, compute) = (gpu.ctx.clone(), gpu.stream.clone());
     let sms = weft_signal_gemm::device_sms(&ctx)?;
-    let mut rig = Rig {
-        comm_stream: high_priority_stream(&ctx)?,
-        flush: compute.alloc_zeros::<u8>(FLUSH_BYTES)?,
-        compute: compute.clone(),
-        iters: if quick { 8 } else { 15 },
-        warmup: 3,
-    };
+    let mut rig = Rig::with_comm_stream(&compute, if quick { 8 } else { 15 }, 3)?;
     let margins: Vec<u32> = if quick { vec![32] } else { vec![32, 48] };
     let mut limited: Vec<(u32, Communicator)> = Vec::new();
     if want("signal") {

@@ -20,6 +20,18 @@ pub struct Rig {
 }
 
 impl Rig {
+    /// A rig on `compute` whose communication stream is a new high-priority one (the overlap
+    /// benches' and the tuner's).
+    pub fn with_comm_stream(compute: &Arc<CudaStream>, iters: usize, warmup: usize) -> anyhow::Result<Self> {
+        Ok(Rig {
+            comm_stream: weft_signal_gemm::overlap::high_priority_stream(compute.context())?,
+            flush: compute.alloc_zeros::<u8>(FLUSH_BYTES)?,
+            compute: compute.clone(),
+            iters,
+            warmup,
+        })
+    }
+
     /// Median ms of `op` (each iteration after an L2 flush, between its own events).
     pub fn time(&mut self, mut op: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
         for _ in 0..self.warmup {

@@ -21,7 +21,7 @@
 
 use super::overlap::shapes;
 use super::overlap_ops::{collective, out_len, Signal};
-use super::rig::{slowest, Rig, FLUSH_BYTES};
+use super::rig::{slowest, Rig};
 use super::SuiteResult;
 use crate::gemm_data::{poisoned, uniform, upload};
 use crate::job::Job;
@@ -32,7 +32,6 @@ use half::bf16;
 use std::io::Write;
 use std::path::PathBuf;
 use weft_pgl::nccl::Communicator;
-use weft_signal_gemm::overlap::high_priority_stream;
 use weft_signal_gemm::tuner::{best_overlap, predict_overlap, tune, Choice, CommCurve, GemmSample, Op, TuningProfile};
 use weft_signal_gemm::{CublasGemm, Gemm, GemmOptions, GemmPlan, GemmShape, WaveGroups};
 
@@ -102,13 +101,7 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
     let (ctx, compute) = (gpu.ctx.clone(), gpu.stream.clone());
     let sms = weft_signal_gemm::device_sms(&ctx)?;
     let device = crate::info::gpu_info(gpu.ordinal)?.name;
-    let mut rig = Rig {
-        comm_stream: high_priority_stream(&ctx)?,
-        flush: compute.alloc_zeros::<u8>(FLUSH_BYTES)?,
-        compute: compute.clone(),
-        iters: if opts.quick { 8 } else { 15 },
-        warmup: 3,
-    };
+    let mut rig = Rig::with_comm_stream(&compute, if opts.quick { 8 } else { 15 }, 3)?;
     let margins: Vec<u32> = if opts.quick { vec![32] } else { vec![16, 32, 48] };
     // Calibration: the quick set (K = 2048 and 1024) and a long-K shape; NCCL's slowdown beside
     // the GEMM grows with the GEMM's K (measured: a factor fitted at short K under-predicted

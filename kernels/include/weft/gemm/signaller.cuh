@@ -31,17 +31,9 @@ __device__ __forceinline__ bool launch_signals(const weft_gemm_params& p) {
   return p.tile_flags != 0 || p.group_counters != 0;
 }
 
-// A position in a consumer's signal ring (the leader's and the signaller's own copies).
-struct SignalRing {
-  uint32_t slot = 0;
-  uint32_t phase = 0;
-  __device__ __forceinline__ void advance() {
-    if (++slot == WEFT_GEMM_SIGNAL_SLOTS) {
-      slot = 0;
-      phase ^= 1u;
-    }
-  }
-};
+// A position in a consumer's signal ring (the leader's and the signaller's own copies): slot and
+// phase parity, advanced like the stages of the operand pipeline.
+using SignalRing = PipelineState<WEFT_GEMM_SIGNAL_SLOTS>;
 
 // Leader of `consumer`: hands the release of `value` at `address` to its signaller (address 0:
 // no more). The caller has made the covered stores complete and fenced the async proxy. False
@@ -51,11 +43,11 @@ template <class Cfg>
 __device__ __forceinline__ bool post_signal(const weft_gemm_params& p, const SharedTiles<Cfg>& sm, int consumer,
                                             SignalRing& ring, uint64_t address, uint64_t value) {
   // Parity phase ^ 1: a fresh barrier counts as having completed the phase before phase 0.
-  if (!mbar_wait_bounded(sm.signal_empty(consumer, ring.slot), ring.phase ^ 1u, p.bound.budget_cycles)) return false;
-  uint64_t* slot = sm.signal_slot(consumer, ring.slot);
+  if (!mbar_wait_bounded(sm.signal_empty(consumer, ring.stage), ring.phase ^ 1u, p.bound.budget_cycles)) return false;
+  uint64_t* slot = sm.signal_slot(consumer, ring.stage);
   slot[0] = address;
   slot[1] = value;
-  mbar_arrive(sm.signal_full(consumer, ring.slot));  // release (CTA scope): the slot and what came before
+  mbar_arrive(sm.signal_full(consumer, ring.stage));  // release (CTA scope): the slot and what came before
   ring.advance();
   return true;
 }
@@ -66,7 +58,7 @@ __device__ __forceinline__ void report_signal_stall(const weft_gemm_params& p, i
   weft::sync::failure f{};
   f.status = WEFT_SYNC_STATUS_TIMEOUT;
   f.primitive = WEFT_SYNC_PRIM_MBARRIER_WAIT;
-  f.coord = weft_tile_coord{kRoleSignaller, ring.slot, static_cast<uint32_t>(consumer), 0};
+  f.coord = weft_tile_coord{kRoleSignaller, static_cast<uint32_t>(ring.stage), static_cast<uint32_t>(consumer), 0};
   f.expected = ring.phase ^ 1u;
   f.observed = ring.phase;
   f.elapsed_cycles = p.bound.budget_cycles;
@@ -78,13 +70,13 @@ template <class Cfg>
 __device__ __forceinline__ void run_signaller(const weft_gemm_params& p, const SharedTiles<Cfg>& sm, int consumer) {
   SignalRing ring;
   for (;;) {
-    weft::sync::mbarrier_wait<true>(sm.signal_full(consumer, ring.slot), ring.phase, p.bound, 0,
-                                    weft_tile_coord{kRoleSignaller, ring.slot, static_cast<uint32_t>(consumer), 1});
-    const uint64_t* slot = sm.signal_slot(consumer, ring.slot);
+    weft::sync::mbarrier_wait<true>(sm.signal_full(consumer, ring.stage), ring.phase, p.bound, 0,
+                                    weft_tile_coord{kRoleSignaller, static_cast<uint32_t>(ring.stage), static_cast<uint32_t>(consumer), 1});
+    const uint64_t* slot = sm.signal_slot(consumer, ring.stage);
     const uint64_t address = slot[0], value = slot[1];
     if (address == 0) return;
     weft::sync::mo::red_add_release_gpu(reinterpret_cast<uint64_t*>(address), value);
-    mbar_arrive(sm.signal_empty(consumer, ring.slot));  // the slot may be rewritten
+    mbar_arrive(sm.signal_empty(consumer, ring.stage));  // the slot may be rewritten
     ring.advance();
   }
 }
