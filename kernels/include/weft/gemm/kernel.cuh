@@ -104,8 +104,9 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
         Storer::template store<Cfg>(p, sm, consumer, t, order, acc, store_state);
       }
     }
-    Storer::template drain<Cfg>(p, sm, consumer, store_state);
-    // After drain: this warpgroup's stores have completed and are signalled.
+    Storer::template drain<Cfg>(p, sm, consumer, store_state, stall.stalled != 0);
+    // After drain: this warpgroup's stores have completed and its last signals are handed to its
+    // signaller (which issues them a moment later: the timeline's end leaves that out).
     if (p.timeline != 0 && thread_in_warpgroup() == 0)
       atomicMax(reinterpret_cast<unsigned long long*>(p.timeline) + 1, weft::sync::globaltimer_ns());
     if (stall.stalled) report_stall(p, stall);

@@ -24,7 +24,7 @@
 
 namespace weft::gemm {
 
-constexpr uint32_t kRoleSignaller = 4;  // error reports: coord.a (loader.cuh has the others)
+constexpr uint32_t kRoleSignaller = 4;  // error reports: coord.b (loader.cuh has the others)
 
 // Whether this launch signals at all (else the signallers exit at once and nothing is posted).
 __device__ __forceinline__ bool launch_signals(const weft_gemm_params& p) {
@@ -66,6 +66,9 @@ __device__ __forceinline__ void report_signal_stall(const weft_gemm_params& p, i
 }
 
 // The signaller of `consumer`: issues each posted release until the leader posts address 0.
+// Its wait for the next post is bounded by the launch's budget (WEFT_SYNC_TIMEOUT_MS, 10 s by
+// default): with group signals batched, the gap between two posts can be all of a CTA's tiles of
+// one group, so a CTA that spends longer than the budget on them would be reported as stuck.
 template <class Cfg>
 __device__ __forceinline__ void run_signaller(const weft_gemm_params& p, const SharedTiles<Cfg>& sm, int consumer) {
   SignalRing ring;

@@ -279,10 +279,13 @@ struct TmaStorer {
   }
 
   // Before the warpgroup exits: its stores' writes complete, shared sources no longer needed;
-  // then the last deferred signals, and the end of its signaller.
+  // then the last deferred signals, and the end of its signaller. `stalled`: this thread's main
+  // loop gave up waiting for a stage and will report and trap; the warps' waits are bounded one by
+  // one, so the others may not be here (the barrier below may pair with one in `store`) and their
+  // stores may be incomplete: nothing is handed over then, only the signaller is ended.
   template <class Cfg>
   __device__ __forceinline__ static void drain(const weft_gemm_params& p, const SharedTiles<Cfg>& sm, int consumer,
-                                               StoreState& st) {
+                                               StoreState& st, bool stalled) {
     // Every issuer (lane 0 of each warp, see store): its stores complete, then a barrier, then the
     // leader hands the last signals over.
     if (threadIdx.x % 32 == 0) {
@@ -292,7 +295,7 @@ struct TmaStorer {
     named_barrier_sync(1 + consumer, kWarpgroupThreads);
     if (thread_in_warpgroup() == 0) {
       const DueSignals due = signals_due(p, st, WEFT_GEMM_NO_TILE);
-      post_due(p, sm, consumer, st, due);
+      if (!stalled) post_due(p, sm, consumer, st, due);
       count_tile(p, st, due, WEFT_GEMM_NO_TILE);
       if (launch_signals(p) && !st.signal_stalled) st.signal_stalled = !post_signal(p, sm, consumer, st.ring, 0, 0);
       if (st.signal_stalled) report_signal_stall(p, consumer, st.ring);
