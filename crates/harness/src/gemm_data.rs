@@ -52,3 +52,24 @@ pub fn download<T: GemmElement>(
     stream.synchronize()?;
     Ok(v)
 }
+
+/// Rank `rank`'s receive of a ReduceScatter of a RANK_BANDS buffer (`staging`, stored with
+/// `groups`), simulated by copies: its part of every group's range, into the layout
+/// `RankBandMap::restore` reads. No communication, so every world size runs on one GPU.
+pub fn band_receive<T: GemmElement>(
+    stream: &Arc<CudaStream>,
+    map: &weft_signal_gemm::RankBandMap,
+    groups: &weft_signal_gemm::WaveGroups,
+    staging: &CudaSlice<T>,
+    rank: usize,
+    ranks: usize,
+) -> anyhow::Result<CudaSlice<T>> {
+    let mut received = poisoned::<T>(stream, map.received_len())?;
+    for g in 0..groups.count() {
+        let (send, recv) = map.group_ranges(groups.orders(g));
+        let part = send.len() / ranks;
+        let mine = send.start + rank * part..send.start + (rank + 1) * part;
+        stream.memcpy_dtod(&staging.slice(mine), &mut received.slice_mut(recv))?;
+    }
+    Ok(received)
+}

@@ -22,7 +22,7 @@
 
 use super::rig::{slowest, Rig};
 use super::SuiteResult;
-use crate::gemm_data::{download, poisoned, uniform, upload};
+use crate::gemm_data::{band_receive, download, poisoned, uniform, upload};
 use crate::job::Job;
 use crate::json::Json;
 use crate::results::Table;
@@ -284,14 +284,8 @@ fn check_variant(
             let groups = WaveGroups::new(plan, v.groups.as_deref().unwrap_or(&[plan.waves()]))?;
             for rank in 0..ranks {
                 let map = RankBandMap::new(stream, plan, ranks, rank)?;
-                let mut received = poisoned::<bf16>(stream, map.received_len())?;
-                for g in 0..groups.count() {
-                    let (send, recv) = map.group_ranges(groups.orders(g));
-                    let part = send.len() / ranks as usize;
-                    let mine =
-                        send.start + rank as usize * part..send.start + (rank as usize + 1) * part;
-                    stream.memcpy_dtod(&out.slice(mine), &mut received.slice_mut(recv))?;
-                }
+                let received =
+                    band_receive(stream, &map, &groups, out, rank as usize, ranks as usize)?;
                 let mut rows = poisoned::<bf16>(stream, map.rows() as usize * n)?;
                 map.restore(stream, &received, &mut rows, Restore::Copy)?;
                 let rows = download(stream, &rows)?;

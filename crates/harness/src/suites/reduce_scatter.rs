@@ -5,7 +5,7 @@
 use super::gpu;
 use super::overlap::{back_to_back, poison_bf16, random_case, random_groups, reference, with_budget, Reference};
 use crate::data::shared_seed;
-use crate::gemm_data::{download, poisoned, uniform, upload};
+use crate::gemm_data::{band_receive, download, poisoned, uniform, upload};
 use crate::job::Job;
 use crate::reduce_check::{check_within, pick_rows};
 use crate::trials::Case;
@@ -102,13 +102,7 @@ fn band_round_trip<TO: GemmElement>(
     let bits = |v: TO| v.to_f64().to_bits(); // f16/bf16/f32 -> f64 is injective
     for rank in 0..ranks {
         let map = RankBandMap::new(stream, &plan, ranks, rank)?;
-        let mut received = poisoned::<TO>(stream, map.received_len())?;
-        for g in 0..groups.count() {
-            let (send, recv) = map.group_ranges(groups.orders(g));
-            let part = send.len() / ranks as usize;
-            let mine = send.start + rank as usize * part..send.start + (rank as usize + 1) * part;
-            stream.memcpy_dtod(&staging.slice(mine), &mut received.slice_mut(recv))?;
-        }
+        let received = band_receive(stream, &map, &groups, &staging, rank as usize, ranks as usize)?;
         let rows = map.rows() as usize;
         let mut out = poisoned::<TO>(stream, rows * n)?;
         map.restore(stream, &received, &mut out, Restore::Copy)?;
