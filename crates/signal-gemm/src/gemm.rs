@@ -12,7 +12,7 @@ use cudarc::driver::{
 };
 use std::sync::{Arc, Mutex};
 use weft_kernels::abi::{
-    weft_gemm_band_box_rows, weft_gemm_band_of_row, weft_gemm_band_start, weft_gemm_params, weft_sync_bound,
+    weft_gemm_band_box_rows, weft_gemm_band_of_row, weft_gemm_band_start, weft_gemm_params, weft_sync_bound, weft_sync_counters,
     WEFT_GEMM_CONSUMERS, WEFT_GEMM_TILE_M,
 };
 use weft_kernels::cubins;
@@ -72,6 +72,19 @@ pub struct LaunchExtras<'a, TO: GemmElement> {
     pub layout: OutputLayout,
     /// `OutputLayout::RowSlots`: each (tile, row)'s slot (u32 per tile × 128 rows).
     pub row_slots: Option<&'a CudaSlice<u32>>,
+    /// `OutputLayout::PeerReduce`: the peers' outputs and barriers (made by
+    /// [`FusedReduceScatter`](crate::fused::FusedReduceScatter)).
+    pub peer: Option<PeerReduceTarget>,
+}
+
+/// Where a PEER_REDUCE launch adds its tiles: a tensor map per rank's output (device memory),
+/// the START / END barrier counters and this launch's epoch. Made by the fused ReduceScatter.
+#[derive(Clone, Copy)]
+pub struct PeerReduceTarget {
+    pub(crate) maps: u64,
+    pub(crate) ranks: u32,
+    pub(crate) bar: weft_sync_counters,
+    pub(crate) epoch: u64,
 }
 
 impl<TO: GemmElement> Default for LaunchExtras<'_, TO> {
@@ -85,6 +98,7 @@ impl<TO: GemmElement> Default for LaunchExtras<'_, TO> {
             groups: None,
             layout: OutputLayout::Standard,
             row_slots: None,
+            peer: None,
         }
     }
 }
@@ -282,6 +296,28 @@ impl Gemm {
         d: &mut CudaSlice<TO>,
         extras: LaunchExtras<'_, TO>,
     ) -> anyhow::Result<()> {
+        let d_len = d.len();
+        let (d_ptr, _rd) = d.device_ptr_mut(stream);
+        // SAFETY: `d` holds d_len elements of TO and stays borrowed (and its use recorded) until
+        // the launch is enqueued.
+        unsafe { self.launch_into(stream, a, b, d_ptr, d_len, extras) }
+    }
+
+    /// As [`Gemm::launch_with`], into `d_len` elements of TO at device address `d_ptr` (e.g. a
+    /// PGL's own buffer).
+    ///
+    /// # Safety
+    /// `d_ptr` must be device memory of the stream's context holding `d_len` elements of TO,
+    /// alive and not used by other work until the launch completes.
+    pub(crate) unsafe fn launch_into<TI: GemmElement, TO: GemmElement>(
+        &self,
+        stream: &Arc<CudaStream>,
+        a: &CudaSlice<TI>,
+        b: &CudaSlice<TI>,
+        d_ptr: u64,
+        d_len: usize,
+        extras: LaunchExtras<'_, TO>,
+    ) -> anyhow::Result<()> {
         let plan = &self.plan;
         let GemmShape { m, n, k } = plan.shape;
         let (m, n, k) = (m as u64, n as u64, k as u64);
@@ -315,9 +351,9 @@ impl Gemm {
         let layout = extras.layout;
         layout.check(plan)?;
         match layout {
-            OutputLayout::Standard => need("D", d.len(), m * n, format!("{m} x {n}"))?,
-            OutputLayout::TileOrder | OutputLayout::RankBands { .. } | OutputLayout::RowSlots { .. } => {
-                need("D", d.len(), layout.elements(plan), layout.describe(plan))?;
+            OutputLayout::Standard => need("D", d_len, m * n, format!("{m} x {n}"))?,
+            OutputLayout::TileOrder | OutputLayout::RankBands { .. } | OutputLayout::RowSlots { .. } | OutputLayout::PeerReduce { .. } => {
+                need("D", d_len, layout.elements(plan), layout.describe(plan))?;
                 ensure!(o.beta == 0.0, "GEMM {}: the {} layout needs beta = 0 (D is not in the standard layout to read)", plan.shape, layout.name());
                 ensure!(extras.copy_dst.is_none(), "GEMM {}: the tile-copy communicator reads the standard layout, not {}", plan.shape, layout.name());
             }
@@ -325,7 +361,6 @@ impl Gemm {
 
         let (a_ptr, _ra) = a.device_ptr(stream);
         let (b_ptr, _rb) = b.device_ptr(stream);
-        let (d_ptr, _rd) = d.device_ptr_mut(stream);
         let tile_n = plan.tile_n();
         let map_a = encode_2d("A", a_ptr, o.input, m, k, plan.tile_m(), 64)?;
         let map_b = match o.b_layout {
@@ -344,6 +379,7 @@ impl Gemm {
             OutputLayout::RowSlots { slots } => {
                 encode_2d("D (row slots)", d_ptr, o.output, u64::from(slots.max(1)), u64::from(tile_n), 64, chunk_cols)?
             }
+            OutputLayout::PeerReduce { ranks } => encode_2d("D (this rank's rows)", d_ptr, o.output, m / u64::from(ranks), n, 64, chunk_cols)?,
             OutputLayout::RankBands { ranks } => {
                 let (slots, rows) = (u64::from(plan.orders()) * u64::from(ranks), u64::from(layout.band_rows(plan)));
                 // SAFETY: a pure function.
@@ -377,7 +413,26 @@ impl Gemm {
             groups,
             layout: _,
             row_slots,
+            peer,
         } = extras;
+        match (layout, peer) {
+            (OutputLayout::PeerReduce { ranks }, Some(t)) => {
+                ensure!(
+                    t.ranks == ranks && t.bar.view.world as u32 == ranks,
+                    "GEMM {}: peer targets for {} ranks given to a launch reducing over {ranks}",
+                    plan.shape,
+                    t.ranks
+                );
+                ensure!(flags.is_none() && groups.is_none(), "GEMM {}: the peer-reduce layout signals through its barriers, not tile flags or wave groups", plan.shape);
+                p.peer_maps = t.maps;
+                p.peer_rows = plan.shape.m / ranks;
+                p.peer_bar = t.bar;
+                p.peer_epoch = t.epoch;
+            }
+            (OutputLayout::PeerReduce { .. }, None) => anyhow::bail!("GEMM {}: the peer-reduce layout needs its peers' outputs and barriers (use weft_signal_gemm::fused::FusedReduceScatter)", plan.shape),
+            (_, Some(_)) => anyhow::bail!("GEMM {}: peer targets were given for the {} layout", plan.shape, layout.name()),
+            (_, None) => {}
+        }
         match (layout, row_slots) {
             (OutputLayout::RowSlots { .. }, Some(table)) => {
                 let need = u64::from(plan.tiles()) * u64::from(WEFT_GEMM_TILE_M);

@@ -10,6 +10,8 @@
 //!   per-tile flags ([`TileFlags`]), the test communicator's copy, a trace, a start/end
 //!   timeline, or early release after a `weft_barrier::KernelBarrier` wait. With
 //!   [`Scheduling::Dynamic`] CTAs claim tiles from a counter the `Gemm` owns.
+//! - [`fused::FusedReduceScatter`]: GEMM + ReduceScatter in one kernel, tiles reduce-added by
+//!   TMA into their owners' memory (signal-gemm III).
 //! - [`CublasGemm`]: the cuBLAS baseline of the same operation; [`reference`]: float64 CPU
 //!   reference and tolerances.
 
@@ -17,6 +19,7 @@ mod a2a_map;
 mod band_map;
 mod cublas;
 mod dtype;
+pub mod fused;
 mod gemm;
 pub mod overlap;
 mod plan;
@@ -31,7 +34,7 @@ pub use a2a_map::AllToAllMap;
 pub use band_map::RankBandMap;
 pub use cublas::CublasGemm;
 pub use dtype::{Dtype, GemmElement};
-pub use gemm::{device_sms, Gemm, LaunchExtras, TileFlags, SIGNALS_PER_TILE};
+pub use gemm::{device_sms, Gemm, LaunchExtras, PeerReduceTarget, TileFlags, SIGNALS_PER_TILE};
 pub use plan::{BLayout, EpilogueChoice, GemmOptions, GemmPlan, GemmShape, Scheduling, TileChoice};
 pub use reorder::{OutputLayout, Restore, TileOrderMap, MAX_BAND_RANKS};
 pub use schedule::ScheduledTile;

@@ -12,7 +12,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMu
 use half::bf16;
 use std::sync::Arc;
 use weft_kernels::abi::{
-    weft_gemm_band_rows, weft_gemm_restore_params, WEFT_GEMM_LAYOUT_RANK_BANDS, WEFT_GEMM_LAYOUT_ROW_SLOTS, WEFT_GEMM_LAYOUT_STANDARD,
+    weft_gemm_band_rows, weft_gemm_restore_params, WEFT_GEMM_LAYOUT_RANK_BANDS, WEFT_GEMM_LAYOUT_PEER_REDUCE, WEFT_GEMM_LAYOUT_ROW_SLOTS, WEFT_GEMM_LAYOUT_STANDARD,
     WEFT_GEMM_LAYOUT_TILE_ORDER, WEFT_GEMM_RESTORE_ADD, WEFT_GEMM_RESTORE_COPY, WEFT_GEMM_RESTORE_RMSNORM,
 };
 use weft_kernels::cubins;
@@ -43,6 +43,13 @@ pub enum OutputLayout {
     /// columns, a subtoken) in its own slot of a `slots` × tile_n buffer, the slot given by a
     /// table (`LaunchExtras::row_slots`, see [`AllToAllMap`](crate::AllToAllMap)). Needs beta = 0.
     RowSlots { slots: u32 },
+    /// The fused GEMM + ReduceScatter's output (WEFT_GEMM_LAYOUT_PEER_REDUCE, signal-gemm III):
+    /// rank q of `ranks` owns standard rows [q·m/ranks, (q + 1)·m/ranks) and D is those rows
+    /// (m/ranks × n); every rank's tiles are reduce-added into their owner's D through peer
+    /// memory. m/ranks must be a multiple of 64. Only through
+    /// [`FusedReduceScatter`](crate::fused::FusedReduceScatter), which owns the peers' buffers
+    /// and barriers. Needs beta = 0.
+    PeerReduce { ranks: u32 },
 }
 
 impl OutputLayout {
@@ -53,6 +60,20 @@ impl OutputLayout {
                 (1..=MAX_BAND_RANKS).contains(&ranks),
                 "the rank-bands layout cuts a tile for 1 to {MAX_BAND_RANKS} ranks, asked for {ranks} ({})",
                 plan.describe()
+            );
+        }
+        if let OutputLayout::PeerReduce { ranks } = self {
+            let m = plan.shape.m;
+            ensure!(
+                (1..=MAX_BAND_RANKS).contains(&ranks),
+                "the fused ReduceScatter spans 1 to {MAX_BAND_RANKS} ranks, asked for {ranks} ({})",
+                plan.describe()
+            );
+            ensure!(
+                m % ranks == 0 && (m / ranks) % 64 == 0,
+                "GEMM {}: the fused ReduceScatter gives each of {ranks} ranks m / {ranks} rows, which must be a whole multiple of 64 (m = {m} gives {})",
+                plan.shape,
+                f64::from(m) / f64::from(ranks)
             );
         }
         Ok(())
@@ -67,6 +88,7 @@ impl OutputLayout {
                 u64::from(plan.orders()) * u64::from(ranks) * u64::from(self.band_rows(plan)) * u64::from(plan.tile_n())
             }
             OutputLayout::RowSlots { slots } => u64::from(slots) * u64::from(plan.tile_n()),
+            OutputLayout::PeerReduce { ranks } => u64::from(plan.shape.m / ranks.max(1)) * u64::from(plan.shape.n),
         }
     }
 
@@ -85,6 +107,7 @@ impl OutputLayout {
             OutputLayout::TileOrder => "tile-order",
             OutputLayout::RankBands { .. } => "rank-bands",
             OutputLayout::RowSlots { .. } => "row-slots",
+            OutputLayout::PeerReduce { .. } => "peer-reduce",
         }
     }
 
@@ -100,6 +123,7 @@ impl OutputLayout {
                 plan.tile_n()
             ),
             OutputLayout::RowSlots { slots } => format!("{slots} row slots of {}", plan.tile_n()),
+            OutputLayout::PeerReduce { ranks } => format!("this rank's {} x {} of {ranks} ranks", plan.shape.m / ranks.max(1), plan.shape.n),
         }
     }
 
@@ -109,6 +133,7 @@ impl OutputLayout {
             OutputLayout::TileOrder => WEFT_GEMM_LAYOUT_TILE_ORDER,
             OutputLayout::RankBands { .. } => WEFT_GEMM_LAYOUT_RANK_BANDS,
             OutputLayout::RowSlots { .. } => WEFT_GEMM_LAYOUT_ROW_SLOTS,
+            OutputLayout::PeerReduce { .. } => WEFT_GEMM_LAYOUT_PEER_REDUCE,
         }
     }
 }

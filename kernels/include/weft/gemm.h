@@ -46,13 +46,13 @@ WEFT_HD uint32_t weft_gemm_epi_bufs(uint32_t tile_n, uint32_t epilogue) {
 }
 // Dynamic shared memory of one CTA with 2-byte inputs: 1024 bytes of alignment slack, the
 // stages, the epilogue buffers, a full and an empty mbarrier per stage, a tile order per stage
-// (rounded up to 16 bytes), and per consumer a ring of signal slots (16 bytes and a full and an
-// empty mbarrier each).
+// (rounded up to 16 bytes), per consumer a ring of signal slots (16 bytes and a full and an
+// empty mbarrier each), and 16 bytes for the PEER_REDUCE epilogue's barrier.
 WEFT_HD uint32_t weft_gemm_smem_bytes(uint32_t tile_n, uint32_t epilogue) {
   const uint32_t stages = weft_gemm_stages(tile_n, epilogue);
   return 1024u + stages * (WEFT_GEMM_TILE_M + tile_n) * WEFT_GEMM_TILE_K * 2u +
          WEFT_GEMM_CONSUMERS * weft_gemm_epi_bufs(tile_n, epilogue) * WEFT_GEMM_EPI_BUF_BYTES + 2u * stages * 8u +
-         ((stages * 4u + 15u) & ~15u) + WEFT_GEMM_CONSUMERS * WEFT_GEMM_SIGNAL_SLOTS * 32u;
+         ((stages * 4u + 15u) & ~15u) + WEFT_GEMM_CONSUMERS * WEFT_GEMM_SIGNAL_SLOTS * 32u + 16u;
 }
 
 typedef struct weft_gemm_schedule {
@@ -150,6 +150,20 @@ WEFT_HD uint32_t weft_gemm_group_of(const weft_gemm_wave_groups* g, uint32_t ord
 #define WEFT_GEMM_LAYOUT_TILE_ORDER 1
 #define WEFT_GEMM_LAYOUT_RANK_BANDS 2
 #define WEFT_GEMM_LAYOUT_ROW_SLOTS 3
+// PEER_REDUCE (signal-gemm III, fused GEMM + ReduceScatter): rank q of `peer_bar`'s world owns
+// standard rows [q * peer_rows, (q + 1) * peer_rows) and holds them as its D (peer_rows x n,
+// d_ptr). Each consumer's 64 rows of a tile are reduce-added by TMA (cp.reduce.async.bulk.tensor
+// .add) into their owner's D, local or peer, through peer_maps[owner] (a tensor map per rank, in
+// global memory, box as the standard D's). peer_rows is a multiple of 64, so a consumer's rows
+// have one owner; rows beyond m are clipped by the owner's extent. Orderings
+// (kernels/include/weft/gemm/peer_reduce.cuh): every compute CTA zeroes its share of its own D,
+// then arrives on every rank's START counter; a consumer's first reduce waits until its own START
+// counter holds every CTA of every rank (all D zeroed); after its last reduce completed, every CTA
+// arrives on every rank's END counter, and CTA 0 waits for all of them, so when the kernel ends
+// this rank's D holds the sum of every rank's rows.
+#define WEFT_GEMM_LAYOUT_PEER_REDUCE 4
+#define WEFT_GEMM_PEER_BAR_START 0  // counter rows of peer_bar: shape (1, 1, 2, 1)
+#define WEFT_GEMM_PEER_BAR_END 1
 #define WEFT_GEMM_NO_SLOT 0xFFFFFFFFu
 #define WEFT_GEMM_BAND_ATOM 8u
 #define WEFT_GEMM_BAND_ATOMS (WEFT_GEMM_TILE_M / WEFT_GEMM_BAND_ATOM)
@@ -241,6 +255,15 @@ typedef struct weft_gemm_params {
                             //             from the functions above: no divisions in the epilogue)
   weft_sync_bound bound; // every pipeline and flag wait
   weft_gemm_wave_groups groups; // read when group_counters != 0, and by the RANK_BANDS layout
+  // PEER_REDUCE only (see above): per rank a weft_tensor_map of its D (64-byte aligned array in
+  // this GPU's global memory), the rows each rank owns, the START / END barrier counters (their
+  // world is the reduction's) and this launch's barrier epoch (from 1; each launch arrives once
+  // at each counter, so epoch e waits for world x ctas x e arrivals).
+  uint64_t peer_maps;
+  uint32_t peer_rows;
+  uint32_t peer_reserved;
+  uint64_t peer_epoch;
+  weft_sync_counters peer_bar;
 } weft_gemm_params;
 
 // Post-communication reorder (kernels/gemm/restore.cu): a buffer of slots in execution order ->

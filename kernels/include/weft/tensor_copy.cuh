@@ -46,6 +46,16 @@ __device__ __forceinline__ void tensor_store_2d(const void* map, const void* sme
                : "memory");
 }
 
+// This CTA's shared box added element-wise into the 2-D tensor `map` at (c0, c1) (TMA reduction,
+// the tensor's element type: f32 / f16 / bf16 adds), in the calling thread's bulk group. The
+// tensor may be in a peer GPU's memory. Same preconditions as tensor_store_2d; each element's add
+// is atomic, adds from different boxes or GPUs to one element happen in some order.
+__device__ __forceinline__ void tensor_reduce_add_2d(const void* map, const void* smem_src, int32_t c0, int32_t c1) {
+  asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3}], [%1];"
+               ::"l"(map), "r"(smem_addr(smem_src)), "r"(c0), "r"(c1)
+               : "memory");
+}
+
 // The same for a 3-D tensor at (c0, c1, c2). Every coordinate must be >= 0: a store at a negative
 // coordinate is an illegal instruction (measured on H200, driver 580); the box's elements beyond
 // the tensor's end in any dimension are not written.

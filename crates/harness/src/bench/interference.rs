@@ -299,8 +299,8 @@ fn check_variant(
                 }
             }
         }
-        OutputLayout::RowSlots { .. } => {
-            anyhow::bail!("{}: row slots are not measured here", v.name)
+        OutputLayout::RowSlots { .. } | OutputLayout::PeerReduce { .. } => {
+            anyhow::bail!("{}: the {} layout is not measured here", v.name, v.layout.name())
         }
     }
     Ok(())

@@ -9,7 +9,10 @@
 //! - `signal`: signal-gemm II (`AllReduceOverlap` / `ReduceScatterOverlap`): wave-group signals,
 //!   the collective's reorder map, one NCCL call per group on a high-priority stream with NCCL
 //!   limited to the SMs the GEMM leaves free, then the restore to the standard layout (included
-//!   in the time). Each (sm_margin, grouping) candidate is measured and the fastest reported.
+//!   in the time). Each (sm_margin, grouping) candidate is measured and the fastest reported;
+//! - `fused-intra` (ReduceScatter only): signal-gemm III's `FusedReduceScatter`, one kernel on
+//!   every SM whose epilogue reduce-adds each tile by TMA into its owner's memory (no NCCL); its
+//!   output is checked like `signal`'s (the rows m / world each rank owns, NCCL's row split).
 //!
 //! Per shape also: the GEMM and the collective alone (T_gemm = cuBLAS, T_comm), the theoretical
 //! best max(T_gemm, T_comm) and the share of it reached, and the signalling GEMM alone against
@@ -31,9 +34,10 @@ use weft_kernels::abi::WEFT_GEMM_MAX_WAVE_GROUPS;
 use weft_pgl::nccl::{Communicator, ReduceOp};
 use super::overlap_ops::{collective, out_len, Signal};
 use weft_signal_gemm::tuner::Op;
+use weft_signal_gemm::fused::FusedReduceScatter;
 use weft_signal_gemm::{CublasGemm, Gemm, GemmOptions, GemmPlan, GemmShape, WaveGroups};
 
-pub const METHODS: &[&str] = &["seq-cublas", "seq-weft", "decomposition", "signal"];
+pub const METHODS: &[&str] = &["seq-cublas", "seq-weft", "decomposition", "signal", "fused-intra"];
 
 pub fn shapes(quick: bool) -> Vec<GemmShape> {
     let s = GemmShape::new;
@@ -73,6 +77,11 @@ pub fn run(job: &mut Job, op: Op, quick: bool, methods: &[String]) -> anyhow::Re
     for m in methods {
         anyhow::ensure!(METHODS.contains(&m.as_str()), "weft bench overlap: unknown method {m:?} (methods: {})", METHODS.join(", "));
     }
+    anyhow::ensure!(
+        op == Op::ReduceScatter || !methods.iter().any(|m| m == "fused-intra"),
+        "weft bench overlap: fused-intra exists for ReduceScatter only (weft bench overlap-reduce-scatter)"
+    );
+    let fused_wanted = op == Op::ReduceScatter && want("fused-intra");
     let rank = job.rank();
     let world = job.world();
     let gpu = job.gpu().map_err(|w| anyhow::anyhow!("no GPU: {w}"))?;
@@ -91,7 +100,7 @@ pub fn run(job: &mut Job, op: Op, quick: bool, methods: &[String]) -> anyhow::Re
     let mut table = Table {
         headers: vec![
             "M x N x K", "T_gemm", "T_comm", "seq-cublas", "seq-weft", "decomp", "signal", "speedup", "of theory", "interf.",
-            "signal config",
+            "signal config", "fused-intra", "fused speedup", "fused / weft GEMM",
         ],
         rows: Vec::new(),
     };
@@ -210,9 +219,38 @@ pub fn run(job: &mut Job, op: Op, quick: bool, methods: &[String]) -> anyhow::Re
                 }
             }
         }
-        let mine = [t_gemm, t_comm, t_weft_gemm, seq_cublas, seq_weft, decomp.0];
+        // Fused: checked once against weft's GEMM summed by NCCL (this rank's m / world rows),
+        // then timed. Collective (every rank makes it).
+        let fused_t = if fused_wanted {
+            let mut fused = FusedReduceScatter::<bf16>::new(&mut job.rdzv, &ctx, &compute, shape, base)?;
+            let timed = (|| -> anyhow::Result<f64> {
+                weft.launch(&compute, &a, &b, &mut d)?;
+                let bound = sum_bound(job, &compute, &d)?;
+                let mut summed = poisoned::<bf16>(&compute, mu * nu)?;
+                job.comm()?.all_reduce(&d, &mut summed, ReduceOp::Sum, &compute)?;
+                let summed = download(&compute, &summed)?;
+                let (first, rows) = fused.rows();
+                let rows: Vec<u32> = (first..first + rows).collect();
+                let mut got = poisoned::<bf16>(&compute, rows.len() * nu)?;
+                fused.run(&compute, &a, &b)?;
+                fused.copy_output(&compute, &mut got)?;
+                fused.synchronize(&compute)?;
+                let what = format!("{shape} fused-intra against weft GEMM + ncclAllReduce");
+                check_within(&what, &download(&compute, &got)?, &pick_rows(&summed, &rows, nu), &pick_rows(&bound, &rows, nu), nu)?;
+                let t = rig.time(|| fused.run(&compute, &a, &b))?;
+                fused.synchronize(&compute)?;
+                Ok(t)
+            })();
+            let freed = fused.free(&mut job.rdzv);
+            let t = timed?;
+            freed?;
+            t
+        } else {
+            f64::NAN
+        };
+        let mine = [t_gemm, t_comm, t_weft_gemm, seq_cublas, seq_weft, decomp.0, fused_t];
         let v = slowest(job, &mine)?;
-        let (t_gemm, t_comm, t_weft_gemm, seq_cublas, seq_weft, decomp_t) = (v[0], v[1], v[2], v[3], v[4], v[5]);
+        let (t_gemm, t_comm, t_weft_gemm, seq_cublas, seq_weft, decomp_t, fused_t) = (v[0], v[1], v[2], v[3], v[4], v[5], v[6]);
         let (sig_t, margin, groups, gemm_only, plain_t, restore_t) = match &best {
             Some((t, mg, g, go, p, r)) => {
                 let w = slowest(job, &[*go, *p, *r])?;
@@ -236,6 +274,9 @@ pub fn run(job: &mut Job, op: Op, quick: bool, methods: &[String]) -> anyhow::Re
             format!("{:.1}%", 100.0 * of_theory),
             format!("{interference:.3}"),
             format!("margin {margin} groups {groups}"),
+            format!("{fused_t:.3}"),
+            format!("{:.3}", seq_cublas / fused_t),
+            format!("{:.3}", fused_t / t_weft_gemm),
         ]);
         rows.push(Json::obj([
             ("op", Json::Str(op.name().into())),
@@ -263,6 +304,9 @@ pub fn run(job: &mut Job, op: Op, quick: bool, methods: &[String]) -> anyhow::Re
             ("fraction_of_theoretical", Json::Num(of_theory)),
             ("signal_margins", Json::Arr(margin_rows)),
             ("signal_candidates", Json::Arr(candidates)),
+            ("fused_intra_ms", Json::Num(fused_t)),
+            ("fused_intra_speedup_vs_seq_cublas", Json::Num(seq_cublas / fused_t)),
+            ("fused_intra_over_weft_gemm", Json::Num(fused_t / t_weft_gemm)),
         ]));
     }
     Ok(SuiteResult { table, rows })

@@ -67,7 +67,10 @@ struct GemmConfig {
   static constexpr int kSignalSlots = WEFT_GEMM_SIGNAL_SLOTS;
   static constexpr uint32_t kOffSignals = kOffOrders + ((kStages * 4 + 15) & ~15);
   static constexpr uint32_t kSignalBytes = kConsumers * kSignalSlots * 32;
-  static constexpr uint32_t kSmemBytes = 1024 + kOffSignals + kSignalBytes;  // + alignment slack
+  // PEER_REDUCE (peer_reduce.cuh): the consumers-drained mbarrier and the START-stall flag.
+  static constexpr uint32_t kOffPeer = kOffSignals + kSignalBytes;
+  static constexpr uint32_t kPeerBytes = 16;
+  static constexpr uint32_t kSmemBytes = 1024 + kOffPeer + kPeerBytes;  // + alignment slack
   static_assert(kSmemBytes <= 232448, "shared memory over the sm_90 per-block limit");
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stage buffers keep 1024-byte alignment");
 };
@@ -102,6 +105,12 @@ struct SharedTiles {
   }
   __device__ __forceinline__ uint64_t* signal_empty(int consumer, int slot) const {
     return reinterpret_cast<uint64_t*>(base + Cfg::kOffSignals) + (Cfg::kConsumers + consumer) * Cfg::kSignalSlots + slot;
+  }
+  // PEER_REDUCE: peer_done completes when every consumer's leader has drained (its reduces
+  // complete); peer_flag is set by a leader whose wait for START gave up.
+  __device__ __forceinline__ uint64_t* peer_done() const { return reinterpret_cast<uint64_t*>(base + Cfg::kOffPeer); }
+  __device__ __forceinline__ volatile uint32_t* peer_flag() const {
+    return reinterpret_cast<volatile uint32_t*>(base + Cfg::kOffPeer + 8);
   }
   __device__ __forceinline__ uint64_t* signal_slot(int consumer, int slot) const {
     return reinterpret_cast<uint64_t*>(base + Cfg::kOffSignals) + 2 * Cfg::kConsumers * Cfg::kSignalSlots +

@@ -1,7 +1,8 @@
 // The GEMM kernel template: a persistent, warp-specialized sm_90a GEMM assembled from roles.
 //
 //   CTA < ctas (compute):  warpgroup 0 = loader (TMA, one thread, registers released) and, when
-//                          the launch signals, a signaller thread per consumer (signaller.cuh)
+//                          the launch signals, a signaller thread per consumer (signaller.cuh);
+//                          with the PEER_REDUCE layout, the peer-barrier thread (peer_reduce.cuh)
 //                          warpgroups 1..kConsumers = consumers (wgmma) + Storer (epilogue)
 //   CTA >= ctas:           Communicator (reserved SMs; see communicator.cuh)
 //
@@ -22,6 +23,7 @@
 #include "weft/gemm/config.cuh"
 #include "weft/gemm/consumer.cuh"
 #include "weft/gemm/loader.cuh"
+#include "weft/gemm/peer_reduce.cuh"
 #include "weft/gemm/storer.cuh"
 #include "weft/mbarrier.cuh"
 #include "weft/tensor_copy.cuh"
@@ -64,6 +66,8 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
         mbar_init(sm.signal_empty(c, s), 1);  // the signaller, once it issued the release
       }
     }
+    mbar_init(sm.peer_done(), Cfg::kConsumers);  // PEER_REDUCE: each consumer's leader, drained
+    *sm.peer_flag() = 0;
     mbar_fence_init();
     if (p.timeline != 0) atomicMin(reinterpret_cast<unsigned long long*>(p.timeline), weft::sync::globaltimer_ns());
     tensor_map_prefetch(&p.a);
@@ -86,6 +90,8 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
       run_loader<Cfg>(p, sm);
     } else if (threadIdx.x % 32 == 0 && warp >= 1 && warp <= Cfg::kConsumers && launch_signals(p)) {
       run_signaller<Cfg>(p, sm, warp - 1);
+    } else if (threadIdx.x == 96 && peer_reduce(p)) {
+      run_peer_barrier<Cfg>(p, sm);
     }
     __syncwarp();
   } else {
@@ -94,6 +100,7 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
     PipelineState<Cfg::kStages> ps;
     StoreState store_state;
     ConsumerStall stall;
+    if (peer_reduce(p)) peer_reduce_start<Cfg>(p);
     {
       float acc[Cfg::kAccumulators];
       for (;;) {
@@ -105,6 +112,7 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
       }
     }
     Storer::template drain<Cfg>(p, sm, consumer, store_state, stall.stalled != 0);
+    if (peer_reduce(p) && !stall.stalled && thread_in_warpgroup() == 0) peer_reduce_drained(sm, store_state.peer_stalled);
     // After drain: this warpgroup's stores have completed and its last signals are handed to its
     // signaller (which issues them a moment later: the timeline's end leaves that out).
     if (p.timeline != 0 && thread_in_warpgroup() == 0)

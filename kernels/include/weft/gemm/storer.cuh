@@ -27,6 +27,7 @@
 #include "weft/bulk_copy.cuh"
 #include "weft/gemm.h"
 #include "weft/gemm/config.cuh"
+#include "weft/gemm/peer_reduce.cuh"
 #include "weft/gemm/signaller.cuh"
 #include "weft/sync/memory_order.cuh"
 #include "weft/tensor_copy.cuh"
@@ -60,6 +61,8 @@ struct StoreState {
   uint32_t group_tiles = 0;               // stored tiles of `group` not yet added to its counter
   SignalRing ring;                        // the leader's position in its signaller's ring
   bool signal_stalled = false;            // a post found no free slot: reported at the drain
+  bool peer_ready = false;                // PEER_REDUCE: every rank's D is zeroed (peer_reduce.cuh)
+  bool peer_stalled = false;              // PEER_REDUCE: the leader's wait for that gave up
 };
 
 // The deferred signals due before storing the tile of `next` (WEFT_GEMM_NO_TILE when draining):
@@ -176,6 +179,12 @@ struct TmaStorer {
     constexpr uint32_t kIssuers = kWhole ? 4u : 1u;
     const bool issuer = kWhole ? lane == 0 : leader;
     uint32_t& epi_count = st.epi_count;
+    const bool peer = peer_reduce(p);
+    // The warpgroup barriers below order every issuer after the leader's wait.
+    if (peer && !st.peer_ready) {
+      if (leader) st.peer_stalled = !peer_reduce_ready(p);
+      st.peer_ready = true;
+    }
     const DueSignals due = signals_due(p, st, order);
     if (issuer) complete_stores(due);
     count_tile(p, st, due, order);
@@ -225,6 +234,13 @@ struct TmaStorer {
         return store_bands(p, buf, c * Cfg::kEpiCols, consumer * 64, slots, c * boxes, share, kIssuers);
       }
       if (static_cast<uint32_t>(c) % kIssuers != share) return false;
+      if (peer) {
+        if (row0 >= p.sched.m) return false;  // a phantom's or a ragged tile's missing rows
+        const uint32_t owner = row0 / p.peer_rows;
+        tensor_reduce_add_2d(peer_map(p, owner), buf, static_cast<int32_t>(col0) + c * Cfg::kEpiCols,
+                             static_cast<int32_t>(row0 - owner * p.peer_rows));
+        return true;
+      }
       tensor_store_2d(&p.d, buf, store_col + c * Cfg::kEpiCols, store_row);
       return true;
     };

@@ -1,0 +1,298 @@
+//! GEMM + ReduceScatter fused into the GEMM kernel (WEFT_GEMM_LAYOUT_PEER_REDUCE, gemm.h): rank q
+//! owns standard rows [q·m/world, (q + 1)·m/world) — the rows ncclReduceScatter of the standard
+//! layout would give it — in a PGL; every rank's epilogue reduce-adds each finished tile, by TMA,
+//! into the owner's buffer (local or peer), and the kernel's START / END barriers make every
+//! buffer zeroed before the first add and this rank's rows complete when the kernel ends
+//! (kernels/include/weft/gemm/peer_reduce.cuh). No second stream, no NCCL.
+//!
+//! Accumulation happens in the output dtype: with bf16 each add rounds (world roundings per
+//! element, in an order that varies run to run); an f32 output (`GemmOptions::output`) adds in
+//! f32. Every rank's kernel must run at the same time (its barriers wait across ranks, bounded):
+//! all of a rank's CTAs must be resident, so ranks that share a GPU must leave each other room.
+
+use crate::dtype::GemmElement;
+use crate::gemm::{device_sms, Gemm, LaunchExtras, PeerReduceTarget};
+use crate::plan::{GemmOptions, GemmPlan, GemmShape};
+use crate::reorder::{OutputLayout, MAX_BAND_RANKS};
+use crate::tensor_map::encode_2d;
+use anyhow::{ensure, Context};
+use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtrMut};
+use std::sync::Arc;
+use weft_kernels::abi::{weft_tensor_map, WEFT_GEMM_PEER_BAR_END, WEFT_GEMM_PEER_BAR_START};
+use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::{agree, Backend, Pgl, PglElement, Shape};
+use weft_sync::{Counters, WaitBudget};
+
+/// One rank's fused GEMM + ReduceScatter for a fixed shape and world.
+pub struct FusedReduceScatter<T: GemmElement + PglElement> {
+    gemm: Gemm,
+    out: Pgl<T>,
+    /// A weft_tensor_map per rank's `out` (peers' as mapped here), read by the kernel.
+    maps: CudaSlice<u8>,
+    bar: Counters,
+    ranks: u32,
+}
+
+impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
+    /// Collective over `rdzv`'s ranks: plans the GEMM (the same on every rank, refused on every
+    /// rank if any rank refuses), allocates each rank's m/world × n output and the barrier
+    /// counters. `options.output` must be T; beta must be 0.
+    pub fn new(
+        rdzv: &mut Rendezvous,
+        ctx: &Arc<CudaContext>,
+        stream: &Arc<CudaStream>,
+        shape: GemmShape,
+        options: GemmOptions,
+    ) -> anyhow::Result<Self> {
+        let world = rdzv.world();
+        let ranks = u32::try_from(world).unwrap_or(u32::MAX);
+        let gemm = agree(
+            rdzv,
+            "fused GEMM + ReduceScatter plan",
+            Self::plan_gemm(ctx, shape, options, ranks),
+        )?;
+        let describe = gemm.plan().describe();
+        let all = rdzv.all_gather(describe.as_bytes())?;
+        let differing: Vec<String> = all
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| d.as_slice() != describe.as_bytes())
+            .map(|(r, d)| format!("rank {r} planned {}", String::from_utf8_lossy(d)))
+            .collect();
+        ensure!(
+            differing.is_empty(),
+            "fused GEMM + ReduceScatter: ranks planned different GEMMs (every rank's kernel waits for the others' CTAs): this rank planned {describe}, {}",
+            differing.join(", ")
+        );
+        let sharing = weft_pgl::gpu::max_ranks_per_gpu(rdzv, ctx)? as u32;
+        let sms = device_sms(ctx)?;
+        let ctas = gemm.plan().ctas();
+        ensure!(
+            u64::from(ctas) * u64::from(sharing) <= u64::from(sms),
+            "fused GEMM + ReduceScatter: {sharing} ranks share one GPU of {sms} SMs, so grids of {ctas} CTAs per rank cannot all be resident at once (the kernel's barriers wait across ranks); plan at most {} CTAs per rank (GemmOptions::sm_margin at least {})",
+            sms / sharing,
+            sms - sms / sharing
+        );
+        let rows = shape.m / ranks;
+        let out = Pgl::<T>::alloc(
+            rdzv,
+            ctx,
+            Shape::new(1, 1, rows, shape.n),
+            Backend::default(),
+        )
+        .context("allocating the fused ReduceScatter's outputs")?;
+        let maps = agree(
+            rdzv,
+            "fused ReduceScatter tensor maps",
+            Self::encode_maps(stream, &out, shape, ranks),
+        )?;
+        let budget = WaitBudget::default_for(ctx)?;
+        let bar = Counters::alloc(rdzv, ctx, Shape::new(1, 1, 2, 1), budget)?;
+        Ok(Self {
+            gemm,
+            out,
+            maps,
+            bar,
+            ranks,
+        })
+    }
+
+    fn plan_gemm(
+        ctx: &Arc<CudaContext>,
+        shape: GemmShape,
+        options: GemmOptions,
+        ranks: u32,
+    ) -> anyhow::Result<Gemm> {
+        ensure!(
+            (1..=MAX_BAND_RANKS).contains(&ranks),
+            "the fused ReduceScatter spans 1 to {MAX_BAND_RANKS} ranks; this job has {ranks}"
+        );
+        ensure!(
+            options.output == <T as GemmElement>::DTYPE,
+            "fused ReduceScatter of {} elements planned with a {} GEMM output (GemmOptions::output must match)",
+            <T as GemmElement>::DTYPE,
+            options.output
+        );
+        ensure!(
+            options.beta == 0.0,
+            "the fused ReduceScatter adds into zeroed outputs: beta must be 0, have {}",
+            options.beta
+        );
+        ensure!(
+            options.comm_ctas == 0,
+            "the fused ReduceScatter has no communicator CTAs (comm_ctas must be 0)"
+        );
+        let plan = GemmPlan::new(device_sms(ctx)?, shape, options)?;
+        OutputLayout::PeerReduce { ranks }.check(&plan)?;
+        Gemm::from_plan(ctx, plan)
+    }
+
+    /// A tensor map per rank's output, as this process maps it, in device memory.
+    fn encode_maps(
+        stream: &Arc<CudaStream>,
+        out: &Pgl<T>,
+        shape: GemmShape,
+        ranks: u32,
+    ) -> anyhow::Result<CudaSlice<u8>> {
+        let chunk_cols = (128 / <T as GemmElement>::DTYPE.bytes()) as u32;
+        let mut bytes = Vec::with_capacity(ranks as usize * std::mem::size_of::<weft_tensor_map>());
+        for r in 0..ranks as usize {
+            let map = encode_2d(
+                &format!("rank {r}'s ReduceScatter output"),
+                out.peer_ptr(r),
+                <T as GemmElement>::DTYPE,
+                u64::from(shape.m / ranks),
+                u64::from(shape.n),
+                64,
+                chunk_cols,
+            )?;
+            for w in map.words {
+                bytes.extend_from_slice(&w.to_le_bytes());
+            }
+        }
+        // cuMemAlloc aligns to at least 256 bytes: every map is 64-byte aligned as TMA needs.
+        let maps = stream.clone_htod(&bytes)?;
+        stream.synchronize()?;
+        Ok(maps)
+    }
+
+    pub fn gemm(&self) -> &Gemm {
+        &self.gemm
+    }
+
+    pub fn plan(&self) -> &GemmPlan {
+        self.gemm.plan()
+    }
+
+    /// The ranks the reduction spans.
+    pub fn world(&self) -> u32 {
+        self.ranks
+    }
+
+    /// This rank's first standard row and its row count (m / world).
+    pub fn rows(&self) -> (u32, u32) {
+        let rows = self.plan().shape.m / self.ranks;
+        (self.out.rank() as u32 * rows, rows)
+    }
+
+    /// This rank's output (rows() rows × n, row-major), valid once `run`'s kernel has finished.
+    pub fn output(&self) -> &Pgl<T> {
+        &self.out
+    }
+
+    /// Bounds the kernel's cross-rank barrier waits (default: weft-sync's default budget).
+    pub fn set_budget(&mut self, budget: WaitBudget) {
+        self.bar.set_budget(budget);
+    }
+
+    /// Enqueues out = this rank's rows of Σ over ranks of A_rank · B_rank on `stream`. Every rank
+    /// must call it (the same number of times): the kernel waits for every rank's CTAs. The
+    /// previous run's output is overwritten; read it (stream-ordered) before the next run.
+    pub fn run<TI: GemmElement>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        a: &CudaSlice<TI>,
+        b: &CudaSlice<TI>,
+    ) -> anyhow::Result<()> {
+        ensure!(
+            Arc::ptr_eq(stream.context(), self.out.context()),
+            "the fused ReduceScatter was made on another context than the stream's"
+        );
+        let target = PeerReduceTarget {
+            maps: self.maps_ptr(stream),
+            ranks: self.ranks,
+            bar: self.bar.device()?,
+            epoch: self.bar.epoch() + 1,
+        };
+        let extras = LaunchExtras::<T> {
+            layout: OutputLayout::PeerReduce { ranks: self.ranks },
+            peer: Some(target),
+            ..Default::default()
+        };
+        // SAFETY: the PGL's own buffer holds rows × n elements of T (the layout's element count)
+        // and lives as long as self; the caller orders its reads of it on the stream.
+        unsafe {
+            self.gemm
+                .launch_into(stream, a, b, self.out.local_ptr(), self.out.len(), extras)?
+        };
+        // Counted only once enqueued: a refused launch leaves the epoch where the device is.
+        self.bar.begin(1);
+        Ok(())
+    }
+
+    fn maps_ptr(&self, stream: &Arc<CudaStream>) -> u64 {
+        use cudarc::driver::DevicePtr;
+        self.maps.device_ptr(stream).0
+    }
+
+    /// Copies this rank's output into `dst` (at least rows × n elements) on `stream`.
+    pub fn copy_output(
+        &self,
+        stream: &Arc<CudaStream>,
+        dst: &mut CudaSlice<T>,
+    ) -> anyhow::Result<()> {
+        let len = self.out.len();
+        ensure!(
+            dst.len() >= len,
+            "fused ReduceScatter output: destination holds {} elements, needs {len}",
+            dst.len()
+        );
+        let (ptr, _g) = dst.device_ptr_mut(stream);
+        stream.context().bind_to_thread()?;
+        // SAFETY: both buffers hold `len` elements of T on this context; stream-ordered.
+        unsafe {
+            sys::cuMemcpyDtoDAsync_v2(
+                ptr,
+                self.out.local_ptr(),
+                len * std::mem::size_of::<T>(),
+                stream.cu_stream(),
+            )
+        }
+        .result()
+        .context("copying the fused ReduceScatter's output")?;
+        Ok(())
+    }
+
+    /// After synchronising: an error naming a GEMM pipeline wait or a cross-rank barrier
+    /// (START: a rank's outputs not zeroed in time; END: a rank's adds not finished) that ran
+    /// past its bound.
+    pub fn check(&self) -> anyhow::Result<()> {
+        self.gemm.check()?;
+        self.check_barriers()
+    }
+
+    fn check_barriers(&self) -> anyhow::Result<()> {
+        self.bar.check().with_context(|| {
+            format!(
+                "fused ReduceScatter barrier (counter row {WEFT_GEMM_PEER_BAR_START}: every rank's output zeroed; row {WEFT_GEMM_PEER_BAR_END}: every rank's adds done)"
+            )
+        })
+    }
+
+    /// Waits for `stream`; an error names any wait of the kernel that ran past its bound (the
+    /// report survives the trap that stopped the kernel), else the driver's error, if any.
+    pub fn synchronize(&self, stream: &Arc<CudaStream>) -> anyhow::Result<()> {
+        let synced = stream.synchronize();
+        let reports: Vec<String> = [self.gemm.check(), self.check_barriers()]
+            .into_iter()
+            .filter_map(|r| r.err().map(|e| format!("{e:#}")))
+            .collect();
+        match (synced, reports.is_empty()) {
+            (Ok(()), true) => Ok(()),
+            (Ok(()), false) => anyhow::bail!("{} (yet the kernel completed)", reports.join("; ")),
+            (Err(e), true) => Err(anyhow::Error::from(e)).context(
+                "the fused GEMM + ReduceScatter failed and recorded no wait in its error slots",
+            ),
+            (Err(e), false) => {
+                anyhow::bail!("{} (the kernel was stopped: {e})", reports.join("; "))
+            }
+        }
+    }
+
+    /// Collective: frees the outputs and counters on every rank.
+    pub fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+        let out = self.out.free(rdzv);
+        let bar = self.bar.free(rdzv);
+        out.and(bar)
+    }
+}
