@@ -2,7 +2,8 @@
 //
 //   CTA < ctas (compute):  warpgroup 0 = loader (TMA, one thread, registers released) and, when
 //                          the launch signals, a signaller thread per consumer (signaller.cuh);
-//                          with the PEER_REDUCE layout, the peer-barrier thread (peer_reduce.cuh)
+//                          with the PEER_REDUCE layout, warps 1..3 zero the output and run the
+//                          cross-rank barriers instead (peer_reduce.cuh)
 //                          warpgroups 1..kConsumers = consumers (wgmma) + Storer (epilogue)
 //   CTA >= ctas:           Communicator (reserved SMs; see communicator.cuh)
 //
@@ -88,10 +89,11 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
     const int warp = static_cast<int>(threadIdx.x) / 32;
     if (threadIdx.x == 0) {
       run_loader<Cfg>(p, sm);
+    } else if (peer_reduce(p)) {  // no signallers then (launch_signals is false)
+      peer_reduce_start<Cfg>(p);
+      if (threadIdx.x == 96) run_peer_barrier<Cfg>(p, sm);
     } else if (threadIdx.x % 32 == 0 && warp >= 1 && warp <= Cfg::kConsumers && launch_signals(p)) {
       run_signaller<Cfg>(p, sm, warp - 1);
-    } else if (threadIdx.x == 96 && peer_reduce(p)) {
-      run_peer_barrier<Cfg>(p, sm);
     }
     __syncwarp();
   } else {
@@ -100,7 +102,6 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
     PipelineState<Cfg::kStages> ps;
     StoreState store_state;
     ConsumerStall stall;
-    if (peer_reduce(p)) peer_reduce_start<Cfg>(p);
     {
       float acc[Cfg::kAccumulators];
       for (;;) {

@@ -1,11 +1,12 @@
 // The PEER_REDUCE epilogue's barriers (fused GEMM + ReduceScatter, gemm.h): every rank's D is
 // zeroed before any rank adds into it, and this rank's D is complete when the kernel ends.
 //
-// Run by the consumer warpgroups (threads 128..383 of a compute CTA; named barrier kPeerBarrier
-// spans both) and, for the END barrier, by one thread of the loader warpgroup. Orderings:
-//   start:  each consumer thread zeroes its share of this rank's D (generic stores) and fences
-//           them against later async-proxy operations; barrier; consumer 0's leader arrives on
-//           every rank's START counter (signal_all: fence.acq_rel.sys, then the adds).
+// Run by warps 1..3 of the loader warpgroup (zeroing, START arrival, END) and the consumers'
+// leaders (START wait, drained). Orderings:
+//   start:  each zeroing thread zeroes its share of this rank's D (generic stores) and fences
+//           them against later async-proxy operations; barrier kPeerBarrier; thread 32 arrives
+//           on every rank's START counter (signal_all: fence.acq_rel.sys, then the adds). The
+//           consumers' main loops run meanwhile.
 //   ready:  before a consumer's first TMA reduce, its leader waits (acquire, system scope) for its
 //           own START counter to hold world x ctas arrivals of this launch, then fences the async
 //           proxy; the warpgroup barrier that follows in the storer orders its issuers after it.
@@ -32,8 +33,7 @@
 
 namespace weft::gemm {
 
-constexpr uint32_t kPeerBarrier = 1 + WEFT_GEMM_CONSUMERS;  // ids 1..kConsumers: one per warpgroup
-constexpr uint32_t kConsumerThreads = WEFT_GEMM_CONSUMERS * kWarpgroupThreads;
+constexpr uint32_t kPeerBarrier = 1 + WEFT_GEMM_CONSUMERS;  // ids 1..kConsumers: one per consumer warpgroup
 
 __device__ __forceinline__ bool peer_reduce(const weft_gemm_params& p) { return p.layout == WEFT_GEMM_LAYOUT_PEER_REDUCE; }
 
@@ -102,17 +102,19 @@ __device__ __forceinline__ void peer_bar_wait(const weft_gemm_params& p, uint32_
                 uint64_t(clock64() - c0));
 }
 
-// Consumer threads of a compute CTA, before their first tile: zero this CTA's share of this rank's
-// D, then arrive at START.
+// The zeroing threads of a compute CTA (warps 1..3 of the loader warpgroup, idle otherwise in a
+// PEER_REDUCE launch: the consumers start their main loop meanwhile): zero this CTA's share of
+// this rank's D, then arrive at START.
+constexpr uint32_t kZeroThreads = 96;
 template <class Cfg>
 __device__ __forceinline__ void peer_reduce_start(const weft_gemm_params& p) {
   const uint64_t vectors = uint64_t(p.peer_rows) * p.sched.n * sizeof(typename Cfg::Out) / 16;
-  const uint32_t t = threadIdx.x - kWarpgroupThreads;
+  const uint32_t t = threadIdx.x - 32;
   int4* d = reinterpret_cast<int4*>(p.d_ptr);
-  for (uint64_t i = uint64_t(blockIdx.x) * kConsumerThreads + t; i < vectors; i += uint64_t(p.sched.ctas) * kConsumerThreads)
+  for (uint64_t i = uint64_t(blockIdx.x) * kZeroThreads + t; i < vectors; i += uint64_t(p.sched.ctas) * kZeroThreads)
     d[i] = make_int4(0, 0, 0, 0);
   weft::sync::mo::fence_proxy_async_global();  // the zeros before any async-proxy add to them
-  named_barrier_sync(kPeerBarrier, kConsumerThreads);
+  named_barrier_sync(kPeerBarrier, kZeroThreads);
   if (t == 0) peer_bar_arrive(p, WEFT_GEMM_PEER_BAR_START);
 }
 
@@ -134,7 +136,7 @@ __device__ __forceinline__ void peer_reduce_drained(const SharedTiles<Cfg>& sm, 
   mbar_arrive(sm.peer_done());
 }
 
-// The peer-barrier thread (lane 0 of the loader warpgroup's last warp): once every consumer has
+// The peer-barrier thread (thread 96, after its share of the zeroing): once every consumer has
 // drained (acquire, CTA scope), reports a START wait a consumer gave up on, or arrives at END on
 // every rank; CTA 0's then waits for every rank's CTAs. Its fence.acq_rel.sys is cumulative over
 // the reduces the consumers' leaders saw complete before their arrivals.
