@@ -89,7 +89,7 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
     const int warp = static_cast<int>(threadIdx.x) / 32;
     if (threadIdx.x == 0) {
       run_loader<Cfg>(p, sm);
-    } else if (peer_reduce(p)) {  // no signallers then (launch_signals is false)
+    } else if (warp >= 1 && peer_reduce(p)) {  // warps 1..3; no signallers then (launch_signals is false)
       peer_reduce_start<Cfg>(p);
       if (threadIdx.x == 96) run_peer_barrier<Cfg>(p, sm);
     } else if (threadIdx.x % 32 == 0 && warp >= 1 && warp <= Cfg::kConsumers && launch_signals(p)) {
