@@ -8,7 +8,7 @@
 #define WEFT_GEMM_KERNEL_NAMED(NAME, IN, OUT, BNK, BN, CM, EPI)                                          \
   extern "C" __global__ void __launch_bounds__(WEFT_GEMM_THREADS, 1) NAME(const __grid_constant__ weft_gemm_params p) { \
     weft::gemm::gemm_kernel_body<weft::gemm::GemmConfig<IN, OUT, BN, BNK, CM, EPI>, weft::gemm::TmaStorer,    \
-                                 weft::gemm::TileCopyCommunicator>(p);                                        \
+                                 weft::gemm::LaunchCommunicator>(p);                                        \
   }
 #define WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, LAYOUT, BNK, BN, CM) \
   WEFT_GEMM_KERNEL_NAMED(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_##BN##_c##CM, IN, OUT, BNK, BN, CM, WEFT_GEMM_EPI_PIPELINED)

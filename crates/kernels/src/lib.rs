@@ -60,6 +60,7 @@ unsafe impl DeviceRepr for abi::weft_kernel_barrier_wait_params {}
 unsafe impl DeviceRepr for abi::weft_persistent_compute_params {}
 unsafe impl DeviceRepr for abi::weft_comm_copy_params {}
 unsafe impl DeviceRepr for abi::weft_gemm_params {}
+unsafe impl DeviceRepr for abi::weft_tile_allreduce_params {}
 unsafe impl DeviceRepr for abi::weft_gemm_group_wait_params {}
 unsafe impl DeviceRepr for abi::weft_gemm_restore_params {}
 unsafe impl DeviceRepr for abi::weft_gemm_slot_scatter_params {}

@@ -12,7 +12,7 @@ use cudarc::driver::{
 };
 use std::sync::{Arc, Mutex};
 use weft_kernels::abi::{
-    weft_gemm_band_box_rows, weft_gemm_band_of_row, weft_gemm_band_start, weft_gemm_params, weft_sync_bound, weft_sync_counters,
+    weft_gemm_band_box_rows, weft_gemm_band_of_row, weft_gemm_band_start, weft_gemm_params, weft_sync_bound, weft_sync_counters, weft_tile_allreduce_params, WEFT_GEMM_COMM_ALLREDUCE,
     WEFT_GEMM_CONSUMERS, WEFT_GEMM_TILE_M,
 };
 use weft_kernels::cubins;
@@ -75,6 +75,18 @@ pub struct LaunchExtras<'a, TO: GemmElement> {
     /// `OutputLayout::PeerReduce`: the peers' outputs and barriers (made by
     /// [`FusedReduceScatter`](crate::fused::FusedReduceScatter)).
     pub peer: Option<PeerReduceTarget>,
+    /// The fused AllReduce's tile flags (system scope) and, for fused-inter, its communicator
+    /// CTAs' work (made by [`FusedAllReduce`](crate::fused::FusedAllReduce)).
+    pub all_reduce: Option<AllReduceTarget>,
+}
+
+/// Where a fused-AllReduce launch raises its tile flags (a PGL, released at system scope) and
+/// what its communicator CTAs run, if they run the reduction. Made by the fused AllReduce.
+#[derive(Clone, Copy)]
+pub struct AllReduceTarget {
+    pub(crate) flags: u64,
+    pub(crate) flag_target: u64,
+    pub(crate) comm: Option<weft_tile_allreduce_params>,
 }
 
 /// Where a PEER_REDUCE launch adds its tiles: a tensor map per rank's output (device memory),
@@ -99,6 +111,7 @@ impl<TO: GemmElement> Default for LaunchExtras<'_, TO> {
             layout: OutputLayout::Standard,
             row_slots: None,
             peer: None,
+            all_reduce: None,
         }
     }
 }
@@ -414,7 +427,20 @@ impl Gemm {
             layout: _,
             row_slots,
             peer,
+            all_reduce,
         } = extras;
+        if let Some(t) = all_reduce {
+            ensure!(layout == OutputLayout::Standard, "GEMM {}: the fused AllReduce reads the standard layout, not {}", plan.shape, layout.name());
+            ensure!(flags.is_none() && groups.is_none() && copy_dst.is_none(), "GEMM {}: the fused AllReduce owns the tile flags (no TileFlags, wave groups or tile copy)", plan.shape);
+            p.tile_flags = t.flags;
+            p.flag_target = t.flag_target;
+            p.flags_sys = 1;
+            if let Some(ar) = t.comm {
+                ensure!(o.comm_ctas > 0 && ar.workers == o.comm_ctas, "GEMM {}: the fused AllReduce's {} workers must be the plan's communicator CTAs ({})", plan.shape, ar.workers, o.comm_ctas);
+                p.comm_op = WEFT_GEMM_COMM_ALLREDUCE;
+                p.allreduce = ar;
+            }
+        }
         match (layout, peer) {
             (OutputLayout::PeerReduce { ranks }, Some(t)) => {
                 ensure!(

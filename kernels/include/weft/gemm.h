@@ -223,6 +223,26 @@ typedef struct __attribute__((aligned(64))) weft_tensor_map {
   uint64_t words[16];
 } weft_tensor_map;
 
+// Fused GEMM + AllReduce (signal-gemm III, kernels/include/weft/gemm/tile_allreduce.cuh): every
+// rank's GEMM stores its partial D (standard layout, bf16) in a PGL and raises the tile's flag
+// (release, system scope); the tile's owner (tile index % world) waits for every rank's flag,
+// sums the world partials in fp32 in rank order (so every rank gets the same bits) with peer
+// loads and stores the bf16 result into every rank's output with peer stores. Run by `workers`
+// CTAs: the GEMM's communicator CTAs (fused-inter) or a kernel of their own on a second stream
+// (weft_gemm_tile_allreduce, DistFuse's method). After its last tile each worker arrives on every
+// rank's END counter (bar, shape (1, 1, 1, 1)); worker 0 waits for world x workers x epoch.
+typedef struct weft_tile_allreduce_params {
+  weft_pgl_view partial;   // m x n bf16 per rank: the GEMM's output
+  weft_pgl_view out;       // m x n bf16 per rank: the sum
+  weft_pgl_view flags;     // uint64_t per tile (weft_gemm_tile_index) per rank
+  weft_sync_counters bar;  // the END counter
+  weft_gemm_schedule sched;// the GEMM's schedule: tiles in execution order
+  uint64_t flag_target;    // a tile's flag in this launch (epochs rise)
+  uint64_t epoch;          // this launch's END barrier epoch, from 1
+  uint32_t workers;        // CTAs running the reduction
+  uint32_t reserved;
+} weft_tile_allreduce_params;
+
 // Kernel parameters (passed by value as a __grid_constant__, so the tensor maps' addresses can be
 // given to TMA). D = alpha * A*B + beta * D (D read only when beta != 0).
 typedef struct weft_gemm_params {
@@ -264,7 +284,14 @@ typedef struct weft_gemm_params {
   uint32_t peer_reserved;
   uint64_t peer_epoch;
   weft_sync_counters peer_bar;
+  // Tile flags released at system scope (peers read them: fused AllReduce), and the
+  // communicator role the communicator CTAs run (WEFT_GEMM_COMM_*).
+  uint32_t flags_sys;
+  uint32_t comm_op;
+  weft_tile_allreduce_params allreduce;  // comm_op ALLREDUCE
 } weft_gemm_params;
+#define WEFT_GEMM_COMM_TILE_COPY 0   // the test communicator (copy_dst)
+#define WEFT_GEMM_COMM_ALLREDUCE 1   // fused-inter GEMM + AllReduce
 
 // Post-communication reorder (kernels/gemm/restore.cu): a buffer of slots in execution order ->
 // the standard row-major layout, bit for bit, optionally fused with a residual add or an RMSNorm.

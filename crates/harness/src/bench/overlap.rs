@@ -12,7 +12,11 @@
 //!   in the time). Each (sm_margin, grouping) candidate is measured and the fastest reported;
 //! - `fused-intra` (ReduceScatter only): signal-gemm III's `FusedReduceScatter`, one kernel on
 //!   every SM whose epilogue reduce-adds each tile by TMA into its owner's memory (no NCCL); its
-//!   output is checked like `signal`'s (the rows m / world each rank owns, NCCL's row split).
+//!   output is checked like `signal`'s (the rows m / world each rank owns, NCCL's row split);
+//! - `fused-inter`, `distfuse` (AllReduce only): signal-gemm III's `FusedAllReduce`, the tiles'
+//!   owners summing every rank's partial by peer loads and writing it to every rank, in the GEMM's
+//!   communicator CTAs or in a kernel of their own on a second stream; 8 and 16 worker CTAs
+//!   tried, the faster reported; checked like `signal`'s.
 //!
 //! Per shape also: the GEMM and the collective alone (T_gemm = cuBLAS, T_comm), the theoretical
 //! best max(T_gemm, T_comm) and the share of it reached, and the signalling GEMM alone against
@@ -34,10 +38,10 @@ use weft_kernels::abi::WEFT_GEMM_MAX_WAVE_GROUPS;
 use weft_pgl::nccl::{Communicator, ReduceOp};
 use super::overlap_ops::{collective, out_len, Signal};
 use weft_signal_gemm::tuner::Op;
-use weft_signal_gemm::fused::FusedReduceScatter;
+use weft_signal_gemm::fused::{AllReduceMethod, FusedAllReduce, FusedReduceScatter};
 use weft_signal_gemm::{CublasGemm, Gemm, GemmOptions, GemmPlan, GemmShape, WaveGroups};
 
-pub const METHODS: &[&str] = &["seq-cublas", "seq-weft", "decomposition", "signal", "fused-intra"];
+pub const METHODS: &[&str] = &["seq-cublas", "seq-weft", "decomposition", "signal", "fused-intra", "fused-inter", "distfuse"];
 
 pub fn shapes(quick: bool) -> Vec<GemmShape> {
     let s = GemmShape::new;
@@ -81,7 +85,16 @@ pub fn run(job: &mut Job, op: Op, quick: bool, methods: &[String]) -> anyhow::Re
         op == Op::ReduceScatter || !methods.iter().any(|m| m == "fused-intra"),
         "weft bench overlap: fused-intra exists for ReduceScatter only (weft bench overlap-reduce-scatter)"
     );
+    anyhow::ensure!(
+        op == Op::AllReduce || !methods.iter().any(|m| m == "fused-inter" || m == "distfuse"),
+        "weft bench overlap-reduce-scatter: fused-inter and distfuse exist for AllReduce only (weft bench overlap)"
+    );
     let fused_wanted = op == Op::ReduceScatter && want("fused-intra");
+    let ar_methods: Vec<bool> = [(true, "fused-inter"), (false, "distfuse")]
+        .into_iter()
+        .filter(|(_, name)| op == Op::AllReduce && want(name))
+        .map(|(inter, _)| inter)
+        .collect();
     let rank = job.rank();
     let world = job.world();
     let gpu = job.gpu().map_err(|w| anyhow::anyhow!("no GPU: {w}"))?;
@@ -100,7 +113,7 @@ pub fn run(job: &mut Job, op: Op, quick: bool, methods: &[String]) -> anyhow::Re
     let mut table = Table {
         headers: vec![
             "M x N x K", "T_gemm", "T_comm", "seq-cublas", "seq-weft", "decomp", "signal", "speedup", "of theory", "interf.",
-            "signal config", "fused-intra", "fused speedup", "fused / weft GEMM",
+            "signal config", "fused-intra", "fused speedup", "fused / weft GEMM", "fused-inter", "distfuse",
         ],
         rows: Vec::new(),
     };
@@ -248,6 +261,42 @@ pub fn run(job: &mut Job, op: Op, quick: bool, methods: &[String]) -> anyhow::Re
         } else {
             f64::NAN
         };
+        // Fused AllReduce: per method and worker count, checked once against weft's GEMM summed
+        // by NCCL (every row), then timed. Collective.
+        let mut ar_times = [(f64::NAN, 0u32); 2]; // (ms, workers): fused-inter, distfuse
+        for &inter in &ar_methods {
+            weft.launch(&compute, &a, &b, &mut d)?;
+            let bound = sum_bound(job, &compute, &d)?;
+            let mut summed = poisoned::<bf16>(&compute, mu * nu)?;
+            job.comm()?.all_reduce(&d, &mut summed, ReduceOp::Sum, &compute)?;
+            let summed = download(&compute, &summed)?;
+            for workers in [8u32, 16] {
+                let (options, method) = if inter {
+                    (GemmOptions { sm_margin: 0, ..base }, AllReduceMethod::Inter { comm_ctas: workers })
+                } else {
+                    (GemmOptions { sm_margin: workers, ..base }, AllReduceMethod::DistFuse { workers })
+                };
+                let mut fused = FusedAllReduce::new(&mut job.rdzv, &ctx, &compute, shape, options, method)?;
+                let timed = (|| -> anyhow::Result<f64> {
+                    let mut got = poisoned::<bf16>(&compute, mu * nu)?;
+                    fused.run(&compute, &a, &b)?;
+                    fused.copy_output(&compute, &mut got)?;
+                    fused.synchronize(&compute)?;
+                    let what = format!("{shape} {} ({workers} workers) against weft GEMM + ncclAllReduce", method.name());
+                    check_within(&what, &download(&compute, &got)?, &summed, &bound, nu)?;
+                    let t = rig.time(|| fused.run(&compute, &a, &b))?;
+                    fused.synchronize(&compute)?;
+                    Ok(t)
+                })();
+                let freed = fused.free(&mut job.rdzv);
+                let t = slowest(job, &[timed?])?[0];
+                freed?;
+                let slot = &mut ar_times[usize::from(!inter)];
+                if !(t >= slot.0) {
+                    *slot = (t, workers);
+                }
+            }
+        }
         let mine = [t_gemm, t_comm, t_weft_gemm, seq_cublas, seq_weft, decomp.0, fused_t];
         let v = slowest(job, &mine)?;
         let (t_gemm, t_comm, t_weft_gemm, seq_cublas, seq_weft, decomp_t, fused_t) = (v[0], v[1], v[2], v[3], v[4], v[5], v[6]);
@@ -277,6 +326,8 @@ pub fn run(job: &mut Job, op: Op, quick: bool, methods: &[String]) -> anyhow::Re
             format!("{fused_t:.3}"),
             format!("{:.3}", seq_cublas / fused_t),
             format!("{:.3}", fused_t / t_weft_gemm),
+            format!("{:.3} ({})", ar_times[0].0, ar_times[0].1),
+            format!("{:.3} ({})", ar_times[1].0, ar_times[1].1),
         ]);
         rows.push(Json::obj([
             ("op", Json::Str(op.name().into())),
@@ -307,6 +358,12 @@ pub fn run(job: &mut Job, op: Op, quick: bool, methods: &[String]) -> anyhow::Re
             ("fused_intra_ms", Json::Num(fused_t)),
             ("fused_intra_speedup_vs_seq_cublas", Json::Num(seq_cublas / fused_t)),
             ("fused_intra_over_weft_gemm", Json::Num(fused_t / t_weft_gemm)),
+            ("fused_inter_ms", Json::Num(ar_times[0].0)),
+            ("fused_inter_workers", Json::Num(f64::from(ar_times[0].1))),
+            ("distfuse_ms", Json::Num(ar_times[1].0)),
+            ("distfuse_workers", Json::Num(f64::from(ar_times[1].1))),
+            ("fused_inter_speedup_vs_seq_cublas", Json::Num(seq_cublas / ar_times[0].0)),
+            ("distfuse_speedup_vs_seq_cublas", Json::Num(seq_cublas / ar_times[1].0)),
         ]));
     }
     Ok(SuiteResult { table, rows })

@@ -37,17 +37,17 @@ pub fn cases() -> Vec<Case> {
 }
 
 /// Cross-rank waits in trials: long enough for ranks sharing a GPU, short enough to fail fast.
-const TRIAL_WAIT: Duration = Duration::from_secs(10);
+pub(super) const TRIAL_WAIT: Duration = Duration::from_secs(10);
 
 /// The most compute CTAs a rank's plan may take so that every rank's grid is resident at once.
 /// Collective.
-fn max_ctas(job: &mut Job, ctx: &Arc<CudaContext>) -> anyhow::Result<u32> {
+pub(super) fn max_ctas(job: &mut Job, ctx: &Arc<CudaContext>) -> anyhow::Result<u32> {
     let sharing = weft_pgl::gpu::max_ranks_per_gpu(&mut job.rdzv, ctx)? as u32;
     Ok(device_sms(ctx)? / sharing)
 }
 
 /// Rank `r`'s A and B for input set `set` (every rank can regenerate any rank's).
-fn inputs(
+pub(super) fn inputs(
     seed: u64,
     r: usize,
     set: u64,
@@ -75,7 +75,7 @@ fn inputs(
 }
 
 /// Σ over ranks of rank r's rows [first, first + rows) of A_r · B_r, and Σ of their magnitudes.
-fn reference(
+pub(super) fn reference(
     seed: u64,
     set: u64,
     world: usize,
@@ -317,7 +317,10 @@ fn stress(job: &mut Job) -> anyhow::Result<()> {
     result.and(freed)
 }
 
-fn device_addr<T: cudarc::driver::DeviceRepr>(stream: &Arc<CudaStream>, s: &CudaSlice<T>) -> u64 {
+pub(super) fn device_addr<T: cudarc::driver::DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    s: &CudaSlice<T>,
+) -> u64 {
     use cudarc::driver::DevicePtr;
     s.device_ptr(stream).0
 }

@@ -2,6 +2,7 @@
 
 mod all_to_all;
 mod barrier;
+mod fused_all_reduce;
 mod fused_reduce_scatter;
 mod gemm;
 mod graph_capture;
@@ -45,5 +46,6 @@ pub fn all() -> Vec<Case> {
     cases.extend(graph_capture::cases());
     cases.extend(all_to_all::cases());
     cases.extend(fused_reduce_scatter::cases());
+    cases.extend(fused_all_reduce::cases());
     cases
 }

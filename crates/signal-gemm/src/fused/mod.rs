@@ -3,7 +3,13 @@
 //!
 //! - [`FusedReduceScatter`]: GEMM + ReduceScatter inside one kernel (ParallelKittens' intra-SM
 //!   method): each finished tile is reduce-added by TMA into the rank that owns its rows.
+//! - [`FusedAllReduce`]: GEMM + AllReduce by tile flags: each tile's owner sums every rank's
+//!   partial with peer loads and writes the sum to every rank, in the GEMM's communicator CTAs
+//!   ([`AllReduceMethod::Inter`], ParallelKittens' inter-SM method) or in a kernel of its own on
+//!   a second stream ([`AllReduceMethod::DistFuse`]).
 
+mod all_reduce;
 mod reduce_scatter;
 
+pub use all_reduce::{AllReduceMethod, FusedAllReduce};
 pub use reduce_scatter::FusedReduceScatter;

@@ -10,6 +10,7 @@
 #pragma once
 #include "weft/gemm.h"
 #include "weft/gemm/loader.cuh"
+#include "weft/gemm/tile_allreduce.cuh"
 #include "weft/sync/wait.cuh"
 
 namespace weft::gemm {
@@ -49,6 +50,18 @@ struct TileCopyCommunicator {
         *reinterpret_cast<int4*>(p.copy_dst + off) = v;
       }
       __syncthreads();  // thread 0 polls the next flag only after this tile's reads were issued
+    }
+  }
+};
+
+// The communicator the GEMM kernels are built with: the launch's comm_op picks the role.
+struct LaunchCommunicator {
+  template <class Cfg>
+  __device__ __forceinline__ static void run(const weft_gemm_params& p, const SharedTiles<Cfg>& sm) {
+    if (p.comm_op == WEFT_GEMM_COMM_ALLREDUCE) {
+      run_tile_allreduce(p.allreduce, blockIdx.x - p.sched.ctas);
+    } else {
+      TileCopyCommunicator::run<Cfg>(p, sm);
     }
   }
 };

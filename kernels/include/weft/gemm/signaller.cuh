@@ -78,7 +78,11 @@ __device__ __forceinline__ void run_signaller(const weft_gemm_params& p, const S
     const uint64_t* slot = sm.signal_slot(consumer, ring.stage);
     const uint64_t address = slot[0], value = slot[1];
     if (address == 0) return;
-    weft::sync::mo::red_add_release_gpu(reinterpret_cast<uint64_t*>(address), value);
+    if (p.flags_sys != 0) {
+      weft::sync::mo::red_add_release_sys(reinterpret_cast<uint64_t*>(address), value);  // peers read it
+    } else {
+      weft::sync::mo::red_add_release_gpu(reinterpret_cast<uint64_t*>(address), value);
+    }
     mbar_arrive(sm.signal_empty(consumer, ring.stage));  // the slot may be rewritten
     ring.advance();
   }

@@ -1,0 +1,373 @@
+//! GEMM + AllReduce by tile flags (weft_tile_allreduce_params, gemm.h; the worker is
+//! kernels/include/weft/gemm/tile_allreduce.cuh). Every rank's GEMM stores its partial product
+//! in a PGL and raises each tile's flag at system scope; the tile's owner (tile index % world)
+//! waits for every rank's flag, sums the partials in fp32 in rank order and writes the bf16 sum
+//! into every rank's output. So every rank's output holds the same bits. The workers are either
+//! the GEMM's own communicator CTAs ([`AllReduceMethod::Inter`]) or the CTAs of a separate kernel
+//! on a second stream, running beside the GEMM on the SMs its `sm_margin` leaves
+//! ([`AllReduceMethod::DistFuse`]). An END barrier inside the workers makes the output complete,
+//! and every rank's reads of this rank's partials finished, when the launch that ran them ends.
+
+use crate::dtype::{Dtype, GemmElement};
+use crate::gemm::{device_sms, AllReduceTarget, Gemm, LaunchExtras};
+use crate::plan::{GemmOptions, GemmPlan, GemmShape};
+use crate::SIGNALS_PER_TILE;
+use anyhow::{ensure, Context};
+use cudarc::driver::{
+    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtrMut, LaunchConfig,
+    PushKernelArg,
+};
+use half::bf16;
+use std::sync::Arc;
+use weft_kernels::abi::weft_tile_allreduce_params;
+use weft_kernels::cubins;
+use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::{agree, Backend, Pgl, Shape};
+use weft_sync::{Counters, WaitBudget};
+
+/// Threads of a DistFuse worker CTA.
+const DISTFUSE_THREADS: u32 = 512;
+
+/// Where the reduction runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllReduceMethod {
+    /// In `comm_ctas` communicator CTAs of the GEMM kernel itself (on SMs of their own).
+    Inter { comm_ctas: u32 },
+    /// In a kernel of `workers` CTAs on a second stream, beside the GEMM; the GEMM's
+    /// `sm_margin` must leave them room.
+    DistFuse { workers: u32 },
+}
+
+impl AllReduceMethod {
+    pub fn name(self) -> &'static str {
+        match self {
+            AllReduceMethod::Inter { .. } => "fused-inter",
+            AllReduceMethod::DistFuse { .. } => "distfuse",
+        }
+    }
+
+    fn workers(self) -> u32 {
+        match self {
+            AllReduceMethod::Inter { comm_ctas } => comm_ctas,
+            AllReduceMethod::DistFuse { workers } => workers,
+        }
+    }
+}
+
+/// One rank's fused GEMM + AllReduce (bf16) for a fixed shape, world and method.
+pub struct FusedAllReduce {
+    gemm: Gemm,
+    method: AllReduceMethod,
+    partial: Pgl<bf16>,
+    out: Pgl<bf16>,
+    flags: Pgl<u64>,
+    bar: Counters,
+    /// Launches enqueued (tile flags reach SIGNALS_PER_TILE × launches).
+    launches: u64,
+    /// DistFuse: the worker kernel and its stream.
+    distfuse: Option<(CudaFunction, Arc<CudaStream>)>,
+}
+
+impl FusedAllReduce {
+    /// Collective over `rdzv`'s ranks: plans the GEMM (bf16 in and out, beta 0; for `Inter` with
+    /// `comm_ctas` communicator CTAs), the same on every rank, and allocates the partials,
+    /// outputs, tile flags and the END counter.
+    pub fn new(
+        rdzv: &mut Rendezvous,
+        ctx: &Arc<CudaContext>,
+        stream: &Arc<CudaStream>,
+        shape: GemmShape,
+        options: GemmOptions,
+        method: AllReduceMethod,
+    ) -> anyhow::Result<Self> {
+        let world = rdzv.world();
+        let gemm = agree(
+            rdzv,
+            "fused GEMM + AllReduce plan",
+            Self::plan_gemm(ctx, shape, options, method, world),
+        )?;
+        let describe = gemm.plan().describe();
+        let all = rdzv.all_gather(describe.as_bytes())?;
+        let differing: Vec<String> = all
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| d.as_slice() != describe.as_bytes())
+            .map(|(r, d)| format!("rank {r} planned {}", String::from_utf8_lossy(d)))
+            .collect();
+        ensure!(
+            differing.is_empty(),
+            "fused GEMM + AllReduce: ranks planned different GEMMs (the owners wait for every rank's tiles): this rank planned {describe}, {}",
+            differing.join(", ")
+        );
+        let sharing = weft_pgl::gpu::max_ranks_per_gpu(rdzv, ctx)? as u32;
+        let sms = device_sms(ctx)?;
+        let plan = gemm.plan();
+        let grid = plan.ctas()
+            + plan.options.comm_ctas
+            + if let AllReduceMethod::DistFuse { workers } = method {
+                workers
+            } else {
+                0
+            };
+        ensure!(
+            u64::from(grid) * u64::from(sharing) <= u64::from(sms),
+            "fused GEMM + AllReduce: {sharing} ranks share one GPU of {sms} SMs, so {grid} CTAs per rank (GEMM and workers) cannot all be resident at once (the workers wait across ranks); plan at most {} per rank (raise GemmOptions::sm_margin)",
+            sms / sharing
+        );
+        let (m, n) = (shape.m, shape.n);
+        let partial = Pgl::<bf16>::alloc(rdzv, ctx, Shape::new(1, 1, m, n), Backend::default())
+            .context("allocating the fused AllReduce's partials")?;
+        let out = Pgl::<bf16>::alloc(rdzv, ctx, Shape::new(1, 1, m, n), Backend::default())
+            .context("allocating the fused AllReduce's outputs")?;
+        let flags = Pgl::<u64>::alloc(
+            rdzv,
+            ctx,
+            Shape::new(1, 1, 1, plan.tiles()),
+            Backend::default(),
+        )
+        .context("allocating the fused AllReduce's tile flags")?;
+        let bar = Counters::alloc(
+            rdzv,
+            ctx,
+            Shape::new(1, 1, 1, 1),
+            WaitBudget::default_for(ctx)?,
+        )?;
+        let distfuse = match method {
+            AllReduceMethod::Inter { .. } => None,
+            AllReduceMethod::DistFuse { .. } => {
+                let module = cubins::GEMM_TILE_ALLREDUCE
+                    .load(ctx)
+                    .with_context(|| format!("loading {}", cubins::GEMM_TILE_ALLREDUCE.source))?;
+                let func = module.load_function("weft_gemm_tile_allreduce")?;
+                let side = ctx.new_stream().context("creating the DistFuse stream")?;
+                Some((func, side))
+            }
+        };
+        stream.synchronize()?;
+        Ok(Self {
+            gemm,
+            method,
+            partial,
+            out,
+            flags,
+            bar,
+            launches: 0,
+            distfuse,
+        })
+    }
+
+    fn plan_gemm(
+        ctx: &Arc<CudaContext>,
+        shape: GemmShape,
+        options: GemmOptions,
+        method: AllReduceMethod,
+        world: usize,
+    ) -> anyhow::Result<Gemm> {
+        ensure!(
+            world <= 8,
+            "the fused AllReduce spans at most 8 ranks; this job has {world}"
+        );
+        ensure!(
+            options.input == Dtype::Bf16 && options.output == Dtype::Bf16,
+            "the fused AllReduce sums bf16 partials: GemmOptions input and output must be bf16, have {} -> {}",
+            options.input,
+            options.output
+        );
+        ensure!(
+            options.beta == 0.0,
+            "the fused AllReduce stores fresh partials: beta must be 0, have {}",
+            options.beta
+        );
+        ensure!(
+            method.workers() > 0,
+            "{}: at least one worker CTA is needed",
+            method.name()
+        );
+        let options = match method {
+            AllReduceMethod::Inter { comm_ctas } => {
+                ensure!(
+                    options.comm_ctas == 0 || options.comm_ctas == comm_ctas,
+                    "fused-inter sets comm_ctas itself ({comm_ctas}); GemmOptions::comm_ctas is {}",
+                    options.comm_ctas
+                );
+                GemmOptions {
+                    comm_ctas,
+                    ..options
+                }
+            }
+            AllReduceMethod::DistFuse { workers } => {
+                ensure!(options.comm_ctas == 0, "distfuse runs its workers in a kernel of their own: GemmOptions::comm_ctas must be 0");
+                ensure!(
+                    options.sm_margin >= workers,
+                    "distfuse's {workers} worker CTAs run beside the GEMM: GemmOptions::sm_margin ({}) must leave them at least {workers} SMs",
+                    options.sm_margin
+                );
+                options
+            }
+        };
+        Gemm::from_plan(ctx, GemmPlan::new(device_sms(ctx)?, shape, options)?)
+    }
+
+    pub fn gemm(&self) -> &Gemm {
+        &self.gemm
+    }
+
+    pub fn plan(&self) -> &GemmPlan {
+        self.gemm.plan()
+    }
+
+    pub fn method(&self) -> AllReduceMethod {
+        self.method
+    }
+
+    /// This rank's output (m × n, row-major): the sum over ranks, valid once `run` finished.
+    pub fn output(&self) -> &Pgl<bf16> {
+        &self.out
+    }
+
+    /// Bounds the workers' waits (tile flags, END barrier); default weft-sync's budget.
+    pub fn set_budget(&mut self, budget: WaitBudget) {
+        self.bar.set_budget(budget);
+    }
+
+    /// Enqueues out = Σ over ranks of A_rank · B_rank on `stream` (DistFuse: the workers on its
+    /// second stream, joined back). Every rank must call it the same number of times; read the
+    /// previous output (stream-ordered) before the next run.
+    pub fn run<TI: GemmElement>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        a: &CudaSlice<TI>,
+        b: &CudaSlice<TI>,
+    ) -> anyhow::Result<()> {
+        ensure!(
+            Arc::ptr_eq(stream.context(), self.out.context()),
+            "the fused AllReduce was made on another context than the stream's"
+        );
+        let flag_target = (self.launches + 1) * SIGNALS_PER_TILE;
+        let params = weft_tile_allreduce_params {
+            partial: self.partial.view(),
+            out: self.out.view(),
+            flags: self.flags.view(),
+            bar: self.bar.device()?,
+            sched: self.plan().sched,
+            flag_target,
+            epoch: self.bar.epoch() + 1,
+            workers: self.method.workers(),
+            reserved: 0,
+        };
+        let inter = matches!(self.method, AllReduceMethod::Inter { .. });
+        let target = AllReduceTarget {
+            flags: self.flags.local_ptr(),
+            flag_target,
+            comm: inter.then_some(params),
+        };
+        let extras = LaunchExtras::<bf16> {
+            all_reduce: Some(target),
+            ..Default::default()
+        };
+        if let Some((func, side)) = &self.distfuse {
+            // The workers start after everything before on `stream` (their reads of the previous
+            // run's buffers are done, the GEMM's previous launch too), beside this GEMM.
+            side.join(stream)?;
+            // SAFETY: the partials PGL holds m × n bf16, the GEMM's standard output.
+            unsafe {
+                self.gemm.launch_into(
+                    stream,
+                    a,
+                    b,
+                    self.partial.local_ptr(),
+                    self.partial.len(),
+                    extras,
+                )?
+            };
+            let cfg = LaunchConfig {
+                grid_dim: (params.workers, 1, 1),
+                block_dim: (DISTFUSE_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the kernel takes exactly this struct; its views name PGLs of this object,
+            // alive as long as it (callers order their reuse on `stream`, joined below).
+            unsafe { side.launch_builder(func).arg(&params).launch(cfg) }
+                .context("launching weft_gemm_tile_allreduce")?;
+            stream.join(side)?;
+        } else {
+            // SAFETY: as above.
+            unsafe {
+                self.gemm.launch_into(
+                    stream,
+                    a,
+                    b,
+                    self.partial.local_ptr(),
+                    self.partial.len(),
+                    extras,
+                )?
+            };
+        }
+        // Counted once enqueued: a refused launch leaves the flags and the epoch where they are.
+        self.launches += 1;
+        self.bar.begin(1);
+        Ok(())
+    }
+
+    /// Copies this rank's output into `dst` (at least m × n elements) on `stream`.
+    pub fn copy_output(
+        &self,
+        stream: &Arc<CudaStream>,
+        dst: &mut CudaSlice<bf16>,
+    ) -> anyhow::Result<()> {
+        let len = self.out.len();
+        ensure!(
+            dst.len() >= len,
+            "fused AllReduce output: destination holds {} elements, needs {len}",
+            dst.len()
+        );
+        let (ptr, _g) = dst.device_ptr_mut(stream);
+        stream.context().bind_to_thread()?;
+        // SAFETY: both buffers hold `len` bf16 on this context; stream-ordered.
+        unsafe {
+            sys::cuMemcpyDtoDAsync_v2(ptr, self.out.local_ptr(), len * 2, stream.cu_stream())
+        }
+        .result()
+        .context("copying the fused AllReduce's output")?;
+        Ok(())
+    }
+
+    /// Waits for `stream`; an error names any wait that ran past its bound (tile flags: coord
+    /// b = 5, the order and tile; the END counter), else the driver's error, if any.
+    pub fn synchronize(&self, stream: &Arc<CudaStream>) -> anyhow::Result<()> {
+        let synced = stream.synchronize();
+        let reports: Vec<String> = [
+            self.gemm.check(),
+            self.bar
+                .check()
+                .context("fused AllReduce worker (tile flags or END barrier)"),
+        ]
+        .into_iter()
+        .filter_map(|r| r.err().map(|e| format!("{e:#}")))
+        .collect();
+        match (synced, reports.is_empty()) {
+            (Ok(()), true) => Ok(()),
+            (Ok(()), false) => anyhow::bail!("{} (yet the kernels completed)", reports.join("; ")),
+            (Err(e), true) => Err(anyhow::Error::from(e)).context(
+                "the fused GEMM + AllReduce failed and recorded no wait in its error slots",
+            ),
+            (Err(e), false) => {
+                anyhow::bail!("{} (the kernel was stopped: {e})", reports.join("; "))
+            }
+        }
+    }
+
+    /// Collective: frees the buffers and counters on every rank.
+    pub fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+        let results = [
+            self.partial.free(rdzv),
+            self.out.free(rdzv),
+            self.flags.free(rdzv),
+            self.bar.free(rdzv),
+        ];
+        results
+            .into_iter()
+            .collect::<anyhow::Result<Vec<()>>>()
+            .map(|_| ())
+    }
+}
