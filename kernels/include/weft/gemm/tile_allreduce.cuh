@@ -23,19 +23,22 @@ namespace weft::gemm {
 
 constexpr uint32_t kRoleAllReduce = 5;  // error reports: coord.b (loader.cuh, signaller.cuh have the others)
 
-// Sum of 8 bf16 from each rank's `partial` at byte offset `off`, in rank order.
-__device__ __forceinline__ int4 sum_partials(const weft_tile_allreduce_params& p, uint64_t off) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int32_t r = 0; r < p.partial.world; ++r) {
-    const int4 v = *reinterpret_cast<const int4*>(p.partial.base[r] + off);
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+// kVectors 16-byte vectors per thread in flight: a peer load takes NVLink latency, so one at a
+// time leaves a worker CTA far below its bandwidth.
+constexpr int kVectors = 4;
+
+// Adds the 8 bf16 of `v` to acc[0..8).
+__device__ __forceinline__ void add_bf16x8(float* acc, const int4& v) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __bfloat1622float2(h[i]);
-      acc[2 * i] += f.x;
-      acc[2 * i + 1] += f.y;
-    }
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    acc[2 * i] += f.x;
+    acc[2 * i + 1] += f.y;
   }
+}
+
+__device__ __forceinline__ int4 to_bf16x8(const float* acc) {
   int4 out;
   __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&out);
 #pragma unroll
@@ -69,12 +72,34 @@ __device__ __forceinline__ void run_tile_allreduce(const weft_tile_allreduce_par
     const uint32_t bytes = min(row_bytes - t.tn * tile_row_bytes, tile_row_bytes);  // a multiple of 32
     const uint64_t origin = uint64_t(t.tm) * s.tile_m * row_bytes + uint64_t(t.tn) * tile_row_bytes;
     const uint32_t vec_per_row = bytes / 16;
-    for (uint32_t i = threadIdx.x; i < rows * vec_per_row; i += blockDim.x) {
-      const uint64_t off = origin + uint64_t(i / vec_per_row) * row_bytes + (i % vec_per_row) * 16;
-      const int4 v = sum_partials(p, off);
-      for (int32_t j = 1; j <= world; ++j) {
-        const int32_t r = (rank + j) % world;  // peers first, this rank last: spread the stores
-        *reinterpret_cast<int4*>(p.out.base[r] + off) = v;
+    const uint32_t vectors = rows * vec_per_row;
+    for (uint32_t first = threadIdx.x; first < vectors; first += blockDim.x * kVectors) {
+      // Vectors first + u * blockDim.x: per rank, every load issued before any is summed; the
+      // sum runs in rank order 0..world-1 on every owner.
+      uint64_t off[kVectors];
+      float acc[kVectors][8];
+#pragma unroll
+      for (int u = 0; u < kVectors; ++u) {
+        const uint32_t i = min(first + u * blockDim.x, vectors - 1);  // a repeat past the end: not stored
+        off[u] = origin + uint64_t(i / vec_per_row) * row_bytes + (i % vec_per_row) * 16;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[u][e] = 0.0f;
+      }
+      for (int32_t r = 0; r < world; ++r) {
+        int4 v[kVectors];
+#pragma unroll
+        for (int u = 0; u < kVectors; ++u) v[u] = *reinterpret_cast<const int4*>(p.partial.base[r] + off[u]);
+#pragma unroll
+        for (int u = 0; u < kVectors; ++u) add_bf16x8(acc[u], v[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kVectors; ++u) {
+        if (first + u * blockDim.x >= vectors) break;
+        const int4 sum = to_bf16x8(acc[u]);
+        for (int32_t j = 1; j <= world; ++j) {
+          const int32_t r = (rank + j) % world;  // peers first, this rank last: spread the stores
+          *reinterpret_cast<int4*>(p.out.base[r] + off[u]) = sum;
+        }
       }
     }
     __syncthreads();  // thread 0 polls the next tile only after this one's loads were issued
