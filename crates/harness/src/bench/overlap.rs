@@ -15,7 +15,7 @@
 //!   output is checked like `signal`'s (the rows m / world each rank owns, NCCL's row split);
 //! - `fused-inter`, `distfuse` (AllReduce only): signal-gemm III's `FusedAllReduce`, the tiles'
 //!   owners summing every rank's partial by peer loads and writing it to every rank, in the GEMM's
-//!   communicator CTAs or in a kernel of their own on a second stream; 8 and 16 worker CTAs
+//!   communicator CTAs or in a kernel of their own on a second stream; 16 and 32 worker CTAs
 //!   tried, the faster reported; checked like `signal`'s.
 //!
 //! Per shape also: the GEMM and the collective alone (T_gemm = cuBLAS, T_comm), the theoretical
@@ -270,7 +270,7 @@ pub fn run(job: &mut Job, op: Op, quick: bool, methods: &[String]) -> anyhow::Re
             let mut summed = poisoned::<bf16>(&compute, mu * nu)?;
             job.comm()?.all_reduce(&d, &mut summed, ReduceOp::Sum, &compute)?;
             let summed = download(&compute, &summed)?;
-            for workers in [8u32, 16] {
+            for workers in [16u32, 32] {
                 let (options, method) = if inter {
                     (GemmOptions { sm_margin: 0, ..base }, AllReduceMethod::Inter { comm_ctas: workers })
                 } else {
