@@ -78,6 +78,19 @@ pub struct LaunchExtras<'a, TO: GemmElement> {
     /// The fused AllReduce's tile flags (system scope) and, for fused-inter, its communicator
     /// CTAs' work (made by [`FusedAllReduce`](crate::fused::FusedAllReduce)).
     pub all_reduce: Option<AllReduceTarget>,
+    /// A read from every rank's shard (made by
+    /// [`FusedAllGatherGemm`](crate::fused::FusedAllGatherGemm)); the launch's A is this rank's.
+    pub all_gather: Option<AllGatherSource>,
+}
+
+/// Where a fused AllGather + GEMM reads A: a tensor map per rank's shard (device memory), the
+/// rows of a shard, the START / END counters and this launch's epoch.
+#[derive(Clone, Copy)]
+pub struct AllGatherSource {
+    pub(crate) maps: u64,
+    pub(crate) rows: u32,
+    pub(crate) bar: weft_sync_counters,
+    pub(crate) epoch: u64,
 }
 
 /// Where a fused-AllReduce launch raises its tile flags (a PGL, released at system scope) and
@@ -112,6 +125,7 @@ impl<TO: GemmElement> Default for LaunchExtras<'_, TO> {
             row_slots: None,
             peer: None,
             all_reduce: None,
+            all_gather: None,
         }
     }
 }
@@ -310,22 +324,23 @@ impl Gemm {
         extras: LaunchExtras<'_, TO>,
     ) -> anyhow::Result<()> {
         let d_len = d.len();
+        let (a_ptr, _ra) = a.device_ptr(stream);
         let (d_ptr, _rd) = d.device_ptr_mut(stream);
-        // SAFETY: `d` holds d_len elements of TO and stays borrowed (and its use recorded) until
-        // the launch is enqueued.
-        unsafe { self.launch_into(stream, a, b, d_ptr, d_len, extras) }
+        // SAFETY: `a` holds a.len() elements of TI and `d` d_len of TO; both stay borrowed (and
+        // their use recorded) until the launch is enqueued.
+        unsafe { self.launch_into(stream, (a_ptr, a.len()), b, d_ptr, d_len, extras) }
     }
 
-    /// As [`Gemm::launch_with`], into `d_len` elements of TO at device address `d_ptr` (e.g. a
-    /// PGL's own buffer).
+    /// As [`Gemm::launch_with`], with A as (device address, elements of TI) and D as `d_len`
+    /// elements of TO at `d_ptr` (e.g. PGLs' own buffers).
     ///
     /// # Safety
-    /// `d_ptr` must be device memory of the stream's context holding `d_len` elements of TO,
-    /// alive and not used by other work until the launch completes.
+    /// Both must be device memory of the stream's context holding that many elements, alive
+    /// (and D not used by other work) until the launch completes.
     pub(crate) unsafe fn launch_into<TI: GemmElement, TO: GemmElement>(
         &self,
         stream: &Arc<CudaStream>,
-        a: &CudaSlice<TI>,
+        a: (u64, usize),
         b: &CudaSlice<TI>,
         d_ptr: u64,
         d_len: usize,
@@ -355,7 +370,9 @@ impl Gemm {
             );
             Ok(())
         };
-        need("A", a.len(), m * k, format!("{m} x {k}"))?;
+        // With the AllGather, A is this rank's shard of ag_rows rows.
+        let a_rows = extras.all_gather.map_or(m, |g| u64::from(g.rows));
+        need("A", a.1, a_rows * k, format!("{a_rows} x {k}"))?;
         let b_dims = match o.b_layout {
             BLayout::KxN => format!("{k} x {n}"),
             BLayout::NxK => format!("{n} x {k}"),
@@ -372,10 +389,10 @@ impl Gemm {
             }
         }
 
-        let (a_ptr, _ra) = a.device_ptr(stream);
+        let a_ptr = a.0;
         let (b_ptr, _rb) = b.device_ptr(stream);
         let tile_n = plan.tile_n();
-        let map_a = encode_2d("A", a_ptr, o.input, m, k, plan.tile_m(), 64)?;
+        let map_a = encode_2d("A", a_ptr, o.input, a_rows, k, plan.tile_m(), 64)?;
         let map_b = match o.b_layout {
             // With clusters, each CTA loads 1/cluster_m of the B tile's rows and multicasts them.
             BLayout::NxK => encode_2d("B (n x k)", b_ptr, o.input, n, k, tile_n / plan.cluster_m(), 64)?,
@@ -428,7 +445,23 @@ impl Gemm {
             row_slots,
             peer,
             all_reduce,
+            all_gather,
         } = extras;
+        if let Some(g) = all_gather {
+            ensure!(peer.is_none() && all_reduce.is_none(), "GEMM {}: the fused AllGather combines with no other fused collective", plan.shape);
+            ensure!(flags.is_none() && groups.is_none(), "GEMM {}: the fused AllGather signals through its barriers, not tile flags or wave groups", plan.shape);
+            let ranks = g.bar.view.world as u32;
+            ensure!(
+                u64::from(g.rows) * u64::from(ranks) == m && g.rows % plan.tile_m() == 0,
+                "GEMM {}: A shards of {} rows on {ranks} ranks do not make m in whole tiles",
+                plan.shape,
+                g.rows
+            );
+            p.ag_maps = g.maps;
+            p.ag_rows = g.rows;
+            p.peer_bar = g.bar;
+            p.peer_epoch = g.epoch;
+        }
         if let Some(t) = all_reduce {
             ensure!(layout == OutputLayout::Standard, "GEMM {}: the fused AllReduce reads the standard layout, not {}", plan.shape, layout.name());
             ensure!(flags.is_none() && groups.is_none() && copy_dst.is_none(), "GEMM {}: the fused AllReduce owns the tile flags (no TileFlags, wave groups or tile copy)", plan.shape);

@@ -202,6 +202,7 @@ impl GemmPlan {
             cluster_m: options.cluster_m,
             group_m: 1,
             ctas,
+            tm_offset: 0,
         };
         // SAFETY (all weft_gemm_* calls): pure functions of the struct, from the C header.
         let units_m = unsafe { weft_gemm_tiles_m(sched) }.div_ceil(sched.cluster_m);
@@ -254,6 +255,21 @@ impl GemmPlan {
         ensure!(ctas > 0 && ctas % self.sched.cluster_m == 0 && ctas <= self.sched.ctas, "{ctas} CTAs for {}", self.describe());
         let mut p = self.clone();
         p.sched.ctas = ctas;
+        Ok(p)
+    }
+    /// The same plan with its order rotated by `tiles` tile rows (tile row tm runs where tm −
+    /// tiles would; the fused AllGather starts each rank at its own shard). With clusters, both
+    /// `tiles` and the tile rows must be whole clusters.
+    pub fn with_tm_offset(&self, tiles: u32) -> anyhow::Result<Self> {
+        let cm = self.sched.cluster_m;
+        ensure!(
+            tiles % cm == 0 && self.tiles_m() % cm == 0,
+            "rotating {} by {tiles} tile rows: with clusters of {cm} both the rotation and the {} tile rows must be whole clusters",
+            self.describe(),
+            self.tiles_m()
+        );
+        let mut p = self.clone();
+        p.sched.tm_offset = tiles % self.tiles_m();
         Ok(p)
     }
     pub fn tiles_m(&self) -> u32 {
@@ -435,6 +451,23 @@ mod tests {
         assert_eq!(p.tiles(), 64 * 32);
         assert_eq!(p.k_blocks(), 128);
         assert!(p.smem_bytes() <= 232448);
+    }
+
+    /// A rotated order visits every tile once, and its first orders are the rotation's rows.
+    #[test]
+    fn rotation_keeps_every_tile_once_and_starts_at_the_offset() {
+        for cluster_m in [1, 2] {
+            let p = GemmPlan::new(132, GemmShape::new(2048, 1024, 256), GemmOptions { cluster_m, tile: TileChoice::N256, ..opts() }).unwrap();
+            let r = p.with_tm_offset(8).unwrap();
+            let mut seen: Vec<(u32, u32)> = r.schedule().iter().map(|t| (t.tm, t.tn)).collect();
+            let first = r.schedule().iter().min_by_key(|t| t.order).map(|t| t.tm).unwrap();
+            assert_eq!(first, 8);
+            seen.sort();
+            let all: Vec<(u32, u32)> = (0..16).flat_map(|tm| (0..4).map(move |tn| (tm, tn))).collect();
+            assert_eq!(seen, all);
+        }
+        let p = GemmPlan::new(132, GemmShape::new(384, 1024, 256), GemmOptions { cluster_m: 2, ..opts() }).unwrap();
+        assert!(p.with_tm_offset(2).unwrap_err().to_string().contains("whole clusters"), "3 tile rows with clusters of 2");
     }
 
     #[test]

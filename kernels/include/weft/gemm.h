@@ -62,6 +62,9 @@ typedef struct weft_gemm_schedule {
   uint32_t cluster_m;      // CTAs per cluster along M (1 or 2)
   uint32_t group_m;        // cluster rows per L2 group (>= 1)
   uint32_t ctas;           // compute CTAs of the persistent grid (a multiple of cluster_m)
+  uint32_t tm_offset;      // tile rows the order is rotated by (0; the fused AllGather + GEMM
+                           // starts each rank at its own shard): a multiple of cluster_m, and
+                           // then tiles_m is one too (no phantoms)
 } weft_gemm_schedule;
 
 typedef struct weft_gemm_tile {
@@ -94,6 +97,7 @@ WEFT_HD weft_gemm_tile weft_gemm_tile_at(weft_gemm_schedule s, uint32_t order) {
   t.tm = (first + in_group % rows) * s.cluster_m + rank;
   t.tn = in_group / rows;
   t.valid = t.tm < weft_gemm_tiles_m(s) ? 1u : 0u;
+  if (s.tm_offset != 0 && t.valid) t.tm = (t.tm + s.tm_offset) % weft_gemm_tiles_m(s);
   return t;
 }
 
@@ -288,6 +292,15 @@ typedef struct weft_gemm_params {
   // communicator role the communicator CTAs run (WEFT_GEMM_COMM_*).
   uint32_t flags_sys;
   uint32_t comm_op;
+  // Fused AllGather + GEMM (kernels/include/weft/gemm/peer_reduce.cuh has its barriers): A is
+  // sharded by rows over peer_bar's ranks, rank q holding rows [q * ag_rows, + ag_rows) in its
+  // PGL; the loader reads each A tile from its owner through ag_maps[owner] (a tensor map per
+  // rank, global memory, box as `a`'s), waiting once, before its first peer load, for every CTA
+  // of every rank to have arrived at START (their shards written). ag_rows is a multiple of
+  // tile_m. 0: A is `a`.
+  uint64_t ag_maps;
+  uint32_t ag_rows;
+  uint32_t ag_reserved;
   weft_tile_allreduce_params allreduce;  // comm_op ALLREDUCE
 } weft_gemm_params;
 #define WEFT_GEMM_COMM_TILE_COPY 0   // the test communicator (copy_dst)

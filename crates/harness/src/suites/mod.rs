@@ -2,6 +2,7 @@
 
 mod all_to_all;
 mod barrier;
+mod fused_all_gather;
 mod fused_all_reduce;
 mod fused_reduce_scatter;
 mod gemm;
@@ -47,5 +48,6 @@ pub fn all() -> Vec<Case> {
     cases.extend(all_to_all::cases());
     cases.extend(fused_reduce_scatter::cases());
     cases.extend(fused_all_reduce::cases());
+    cases.extend(fused_all_gather::cases());
     cases
 }

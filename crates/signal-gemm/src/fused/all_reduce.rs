@@ -239,6 +239,8 @@ impl FusedAllReduce {
         a: &CudaSlice<TI>,
         b: &CudaSlice<TI>,
     ) -> anyhow::Result<()> {
+        use cudarc::driver::DevicePtr;
+        let (a_ptr, _ra) = a.device_ptr(stream);
         ensure!(
             Arc::ptr_eq(stream.context(), self.out.context()),
             "the fused AllReduce was made on another context than the stream's"
@@ -273,7 +275,7 @@ impl FusedAllReduce {
             unsafe {
                 self.gemm.launch_into(
                     stream,
-                    a,
+                    (a_ptr, a.len()),
                     b,
                     self.partial.local_ptr(),
                     self.partial.len(),
@@ -295,7 +297,7 @@ impl FusedAllReduce {
             unsafe {
                 self.gemm.launch_into(
                     stream,
-                    a,
+                    (a_ptr, a.len()),
                     b,
                     self.partial.local_ptr(),
                     self.partial.len(),

@@ -7,9 +7,13 @@
 //!   partial with peer loads and writes the sum to every rank, in the GEMM's communicator CTAs
 //!   ([`AllReduceMethod::Inter`], ParallelKittens' inter-SM method) or in a kernel of its own on
 //!   a second stream ([`AllReduceMethod::DistFuse`]).
+//! - [`FusedAllGatherGemm`]: AllGather + GEMM, the loader reading each A tile by TMA from the
+//!   rank that holds it, each rank starting on its own shard.
 
+mod all_gather;
 mod all_reduce;
 mod reduce_scatter;
 
+pub use all_gather::FusedAllGatherGemm;
 pub use all_reduce::{AllReduceMethod, FusedAllReduce};
 pub use reduce_scatter::FusedReduceScatter;

@@ -194,6 +194,8 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
         a: &CudaSlice<TI>,
         b: &CudaSlice<TI>,
     ) -> anyhow::Result<()> {
+        use cudarc::driver::DevicePtr;
+        let (a_ptr, _ra) = a.device_ptr(stream);
         ensure!(
             Arc::ptr_eq(stream.context(), self.out.context()),
             "the fused ReduceScatter was made on another context than the stream's"
@@ -212,8 +214,14 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
         // SAFETY: the PGL's own buffer holds rows × n elements of T (the layout's element count)
         // and lives as long as self; the caller orders its reads of it on the stream.
         unsafe {
-            self.gemm
-                .launch_into(stream, a, b, self.out.local_ptr(), self.out.len(), extras)?
+            self.gemm.launch_into(
+                stream,
+                (a_ptr, a.len()),
+                b,
+                self.out.local_ptr(),
+                self.out.len(),
+                extras,
+            )?
         };
         // Counted only once enqueued: a refused launch leaves the epoch where the device is.
         self.bar.begin(1);

@@ -6,6 +6,7 @@
 #include "weft/gemm.h"
 #include "weft/cluster.cuh"
 #include "weft/gemm/config.cuh"
+#include "weft/gemm/peer_reduce.cuh"
 #include "weft/sync/mbarrier.cuh"
 #include "weft/tensor_copy.cuh"
 
@@ -27,10 +28,28 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
   const uint32_t k_blocks = weft_gemm_k_blocks(s), orders = weft_gemm_order_count(s);
   PipelineState<Cfg::kStages> ps;
   uint32_t order = next_order(p, WEFT_GEMM_NO_TILE);
+  bool peers_ready = false;  // AllGather: every rank's shard written (START passed)
   while (order < orders) {
     const uint32_t next = next_order(p, order);  // the claim's latency hides behind this tile's loads
     const weft_gemm_tile t = weft_gemm_tile_at(s, order);
     const int32_t m0 = static_cast<int32_t>(t.tm * Cfg::kBM), n0 = static_cast<int32_t>(t.tn * Cfg::kBN);
+    // Where the A tile comes from: `a`, or (AllGather) its owner's shard, local or peer. A peer's
+    // shard only after START (acquire, system scope), then a proxy fence: its generic writes
+    // before this thread's TMA reads.
+    const void* a_map = &p.a;
+    int32_t a_row = m0;
+    if (all_gather_a(p)) {
+      const uint32_t owner = t.tm * Cfg::kBM / p.ag_rows;
+      if (static_cast<int32_t>(owner) != p.peer_bar.view.rank && !peers_ready) {
+        // A poll only (a report inline spills the loader's 40 registers): a give-up raises the
+        // START-stall flag, which the peer-barrier thread reports once the consumers drained.
+        if (!peer_bar_poll(p, WEFT_GEMM_PEER_BAR_START)) *sm.peer_flag() = 1;
+        weft::sync::mo::fence_proxy_async_global();
+        peers_ready = true;
+      }
+      a_map = ag_map(p, owner);
+      a_row = m0 - static_cast<int32_t>(owner * p.ag_rows);
+    }
     for (uint32_t kb = 0; kb < k_blocks; ++kb) {
       // Parity phase ^ 1: a fresh barrier counts as having completed the phase before phase 0.
       weft::sync::mbarrier_wait<true>(sm.empty(ps.stage), ps.phase ^ 1u, p.bound, 0,
@@ -39,7 +58,7 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
       if (kb == 0) *sm.order(ps.stage) = order;  // released to the consumers by the arrival below
       mbar_arrive_expect_tx(full, Cfg::kABytes + Cfg::kBBytes);
       const int32_t k0 = static_cast<int32_t>(kb * Cfg::kBK);
-      tensor_load_2d(sm.a(ps.stage), &p.a, full, k0, m0);
+      tensor_load_2d(sm.a(ps.stage), a_map, full, k0, a_row);
       if constexpr (Cfg::kClusterM == 1) {
         if constexpr (Cfg::kBNK) {
           tensor_load_2d(sm.b(ps.stage), &p.b, full, k0, n0);

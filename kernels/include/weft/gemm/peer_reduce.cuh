@@ -36,11 +36,20 @@ namespace weft::gemm {
 constexpr uint32_t kPeerBarrier = 1 + WEFT_GEMM_CONSUMERS;  // ids 1..kConsumers: one per consumer warpgroup
 
 __device__ __forceinline__ bool peer_reduce(const weft_gemm_params& p) { return p.layout == WEFT_GEMM_LAYOUT_PEER_REDUCE; }
+// The fused AllGather + GEMM (A read from its owners' shards; ag_maps in gemm.h) uses the same
+// START / END counters: START = every rank's shard written, END = every rank's loads done.
+__device__ __forceinline__ bool all_gather_a(const weft_gemm_params& p) { return p.ag_maps != 0; }
+__device__ __forceinline__ bool peer_barriers(const weft_gemm_params& p) { return peer_reduce(p) || all_gather_a(p); }
 
 __device__ __forceinline__ weft_tile_coord peer_bar_coord(uint32_t row) { return weft::sync::coord4(0, 0, row, 0); }
 
 __device__ __forceinline__ uint64_t peer_bar_target(const weft_gemm_params& p) {
   return uint64_t(p.peer_bar.view.world) * p.sched.ctas * p.peer_epoch;
+}
+
+// The tensor map of `owner`'s A shard (all_gather_a).
+__device__ __forceinline__ const void* ag_map(const weft_gemm_params& p, uint32_t owner) {
+  return reinterpret_cast<const weft_tensor_map*>(p.ag_maps) + owner;
 }
 
 // The tensor map of `owner`'s D.
@@ -149,7 +158,8 @@ __device__ __forceinline__ void run_peer_barrier(const weft_gemm_params& p, cons
                   WEFT_GEMM_CONSUMERS, 0, uint64_t(clock64() - c0));
   }
   if (*sm.peer_flag() != 0) {
-    // A consumer gave up waiting for every rank's D to be zeroed (and its reduces went out).
+    // A consumer gave up waiting for every rank's D to be zeroed (its reduces went out), or the
+    // loader for every rank's A shard to be written (its loads went out).
     const int32_t rank = p.peer_bar.view.rank;
     const uint64_t observed =
         weft::sync::mo::ld_relaxed_sys(peer_counter(p, WEFT_GEMM_PEER_BAR_START, rank, WEFT_SYNC_PRIM_WAIT));

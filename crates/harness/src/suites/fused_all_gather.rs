@@ -1,0 +1,320 @@
+//! signal-gemm III, fused AllGather + GEMM (the loader reads A tiles by TMA from their owners'
+//! shards): every element of every rank's D against a float64 CPU GEMM of the gathered A (each
+//! rank regenerates every rank's shard) and its own B; 10^4 back-to-back runs rewriting the shard
+//! before each (integer data, exact), D compared bit for bit on the GPU; misuse refused.
+
+use super::fused_reduce_scatter::{device_addr, inputs, max_ctas, TRIAL_WAIT};
+use super::gpu;
+use super::overlap::STRESS_ITERATIONS;
+use crate::data::shared_seed;
+use crate::gemm_data::{download, poisoned, upload};
+use crate::job::Job;
+use crate::trials::Case;
+use crate::word_compare::WordCompare;
+use cudarc::driver::{CudaContext, CudaStream};
+use half::bf16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+use weft_signal_gemm::fused::FusedAllGatherGemm;
+use weft_signal_gemm::reference::{check_all, gemm_f64, Tolerance};
+use weft_signal_gemm::{
+    device_sms, BLayout, Dtype, GemmElement, GemmOptions, GemmShape, Scheduling, TileChoice,
+};
+use weft_sync::WaitBudget;
+
+pub fn cases() -> Vec<Case> {
+    vec![
+        Case::gpu(
+            "fused_all_gather::matches_f64_gemm_of_gathered_a",
+            matches_reference,
+        ),
+        Case::gpu("fused_all_gather::stress_back_to_back_exact", stress),
+        Case::gpu("fused_all_gather::bad_inputs_are_rejected", bad_inputs),
+    ]
+}
+
+/// Rank r's A shard (rows × k) and B (k × n) for input set `set`; and the gathered A.
+fn shard_inputs(
+    seed: u64,
+    r: usize,
+    set: u64,
+    rows: u32,
+    shape: GemmShape,
+    integers: bool,
+) -> (Vec<bf16>, Vec<bf16>) {
+    let (a, _) = inputs(
+        seed,
+        r,
+        set,
+        GemmShape::new(rows, shape.n, shape.k),
+        integers,
+    );
+    let (_, b) = inputs(seed ^ 0xB, r, set, shape, integers);
+    (a, b)
+}
+
+fn gathered_a(
+    seed: u64,
+    world: usize,
+    set: u64,
+    rows: u32,
+    shape: GemmShape,
+    integers: bool,
+) -> Vec<bf16> {
+    (0..world)
+        .flat_map(|r| shard_inputs(seed, r, set, rows, shape, integers).0)
+        .collect()
+}
+
+/// Random shapes (n, k ragged), B layouts, tiles, clusters, schedules, bf16 and f32 outputs,
+/// two input sets per case.
+fn matches_reference(job: &mut Job) -> anyhow::Result<()> {
+    let seed = shared_seed(job)?;
+    let (ctx, stream) = gpu(job)?;
+    let world = job.world();
+    let budget = max_ctas(job, &ctx)?;
+    let sms = device_sms(&ctx)?;
+    let mut rng = StdRng::seed_from_u64(seed ^ 0xA6);
+    for case in 0..6u64 {
+        let cluster_m = rng.random_range(1..=2u32);
+        let rows = 128 * cluster_m * rng.random_range(1..=2u32);
+        let shape = GemmShape::new(
+            rows * world as u32,
+            16 * rng.random_range(1..=24),
+            16 * rng.random_range(1..=24),
+        );
+        let ctas = rng.random_range(2..=budget.max(2)).min(budget);
+        let output = if case % 2 == 0 {
+            Dtype::Bf16
+        } else {
+            Dtype::F32
+        };
+        let options = GemmOptions {
+            output,
+            b_layout: if rng.random_bool(0.5) {
+                BLayout::NxK
+            } else {
+                BLayout::KxN
+            },
+            tile: [TileChoice::Auto, TileChoice::N128, TileChoice::N256][rng.random_range(0..3)],
+            sm_margin: sms - ctas,
+            cluster_m,
+            scheduling: if cluster_m == 1 && rng.random_bool(0.5) {
+                Scheduling::Dynamic
+            } else {
+                Scheduling::Static
+            },
+            ..GemmOptions::default()
+        };
+        let what = format!("case {case}: {shape} {options:?}, {world} ranks, seed {seed}");
+        match output {
+            Dtype::Bf16 => check_case::<bf16>(job, &ctx, &stream, seed + case, shape, options),
+            _ => check_case::<f32>(job, &ctx, &stream, seed + case, shape, options),
+        }
+        .map_err(|e| e.context(what))?;
+    }
+    Ok(())
+}
+
+fn check_case<TO: GemmElement>(
+    job: &mut Job,
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    seed: u64,
+    shape: GemmShape,
+    options: GemmOptions,
+) -> anyhow::Result<()> {
+    let (world, rank) = (job.world(), job.rank());
+    let rows = shape.m / world as u32;
+    let mut op = FusedAllGatherGemm::<bf16>::new(&mut job.rdzv, ctx, stream, shape, options)?;
+    op.set_budget(WaitBudget::for_device(ctx, TRIAL_WAIT)?);
+    // A rank whose data is wrong still runs every set (the others' kernels wait for its CTAs).
+    let mut wrong: Option<anyhow::Error> = None;
+    let result = (|| -> anyhow::Result<()> {
+        let mut d = poisoned::<TO>(stream, (shape.m * shape.n) as usize)?;
+        for set in 0..2u64 {
+            let (a, b) = shard_inputs(seed, rank, set, rows, shape, false);
+            let (a_dev, b_dev) = (upload(stream, &a)?, upload(stream, &b)?);
+            op.copy_shard(stream, &a_dev)?;
+            op.run(stream, &b_dev, &mut d)?;
+            op.synchronize(stream)?;
+            let got = download(stream, &d)?;
+            let none: [TO; 0] = [];
+            let want = gemm_f64(
+                shape,
+                options.b_layout,
+                &gathered_a(seed, world, set, rows, shape, false),
+                &b,
+                1.0,
+                0.0,
+                &none,
+            );
+            if let Err(e) = check_all(
+                &format!("input set {set}, rank {rank}"),
+                shape,
+                &got,
+                &want,
+                Tolerance::for_output(options.output),
+            ) {
+                wrong.get_or_insert(e);
+            }
+            crate::gemm_data::poison(stream, &mut d)?;
+        }
+        Ok(())
+    })();
+    let freed = op.free(&mut job.rdzv);
+    result.and(freed)?;
+    wrong.map_or(Ok(()), Err)
+}
+
+/// 10^4 runs back to back, alternating two sets of integer shards in {-1, 0, 1} (k = 32: every
+/// element an integer of magnitude at most 32, exact), each rank rewriting its shard before each
+/// run: a peer that loaded a shard before it was written, or after it was rewritten for the next
+/// run, shows as a difference from the exact result.
+fn stress(job: &mut Job) -> anyhow::Result<()> {
+    let seed = shared_seed(job)?;
+    let (ctx, stream) = gpu(job)?;
+    let (world, rank) = (job.world(), job.rank());
+    let budget = max_ctas(job, &ctx)?;
+    let sms = device_sms(&ctx)?;
+    let rows = 128;
+    let shape = GemmShape::new(rows * world as u32, 256, 32);
+    let options = GemmOptions {
+        sm_margin: sms - budget.min(16),
+        ..GemmOptions::default()
+    };
+    let mut op = FusedAllGatherGemm::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, options)?;
+    op.set_budget(WaitBudget::for_device(&ctx, TRIAL_WAIT)?);
+    let result = (|| -> anyhow::Result<()> {
+        let mut shards = Vec::new();
+        let mut wants = Vec::new();
+        let b = shard_inputs(seed, rank, 0, rows, shape, true).1;
+        let b_dev = upload(&stream, &b)?;
+        for set in 0..2u64 {
+            shards.push(upload(
+                &stream,
+                &shard_inputs(seed, rank, set, rows, shape, true).0,
+            )?);
+            let none: [bf16; 0] = [];
+            let want = gemm_f64(
+                shape,
+                options.b_layout,
+                &gathered_a(seed, world, set, rows, shape, true),
+                &b,
+                1.0,
+                0.0,
+                &none,
+            );
+            anyhow::ensure!(
+                want.iter().all(|v| v.fract() == 0.0 && v.abs() <= 256.0),
+                "stress data is not exact in bf16"
+            );
+            wants.push(want.iter().map(|&v| bf16::from_f64(v)).collect::<Vec<_>>());
+        }
+        anyhow::ensure!(
+            wants[0] != wants[1],
+            "the two input sets give the same result"
+        );
+        let exact = [upload(&stream, &wants[0])?, upload(&stream, &wants[1])?];
+        let mut d = poisoned::<bf16>(&stream, (shape.m * shape.n) as usize)?;
+        let mut cmp = WordCompare::load(&stream)?;
+        cmp.reset(&stream)?;
+        for it in 0..STRESS_ITERATIONS {
+            op.copy_shard(&stream, &shards[it % 2])?;
+            op.run(&stream, &b_dev, &mut d)?;
+            cmp.enqueue_raw(
+                &stream,
+                device_addr(&stream, &d),
+                device_addr(&stream, &exact[it % 2]),
+                d.len() * 2,
+            )?;
+            if it % 1000 == 999 {
+                op.synchronize(&stream)?;
+            }
+        }
+        op.synchronize(&stream)?;
+        let diff = cmp.take(&stream)?;
+        anyhow::ensure!(diff.is_none(), "{STRESS_ITERATIONS} runs on {world} ranks: rank {rank}'s D differed from the exact result: {diff:?}");
+        Ok(())
+    })();
+    let freed = op.free(&mut job.rdzv);
+    result.and(freed)
+}
+
+/// Misuse gets an error that names it, on every rank alike.
+fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
+    let (ctx, stream) = gpu(job)?;
+    let world = job.world() as u32;
+    let budget = max_ctas(job, &ctx)?;
+    let sms = device_sms(&ctx)?;
+    let fits = GemmOptions {
+        sm_margin: sms - budget,
+        ..GemmOptions::default()
+    };
+    let expect = |job: &mut Job,
+                  shape: GemmShape,
+                  options: GemmOptions,
+                  needle: &str|
+     -> anyhow::Result<()> {
+        match FusedAllGatherGemm::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, options) {
+            Ok(op) => {
+                op.free(&mut job.rdzv)?;
+                anyhow::bail!(
+                    "{shape} {options:?} was accepted; expected an error containing {needle:?}"
+                )
+            }
+            Err(e) if format!("{e:#}").contains(needle) => Ok(()),
+            Err(e) => anyhow::bail!("{shape}: expected an error containing {needle:?}, got: {e:#}"),
+        }
+    };
+    expect(
+        job,
+        GemmShape::new(64 * world, 256, 64),
+        fits,
+        "whole multiple of 128",
+    )?;
+    expect(
+        job,
+        GemmShape::new(128 * world, 256, 64),
+        GemmOptions {
+            cluster_m: 2,
+            ..fits
+        },
+        "whole multiple of 256",
+    )?;
+    expect(
+        job,
+        GemmShape::new(128 * world, 256, 64),
+        GemmOptions {
+            input: Dtype::F16,
+            ..fits
+        },
+        "GemmOptions::input must match",
+    )?;
+    if budget < sms {
+        expect(
+            job,
+            GemmShape::new(128 * world, 256, 64),
+            GemmOptions::default(),
+            "cannot all be resident",
+        )?;
+    }
+    let shape = GemmShape::new(128 * world, 256, 64);
+    let mut op = FusedAllGatherGemm::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, fits)?;
+    let small_b = upload(&stream, &[bf16::ZERO; 16])?;
+    let mut d = poisoned::<bf16>(&stream, (shape.m * shape.n) as usize)?;
+    let refused = match op.run(&stream, &small_b, &mut d) {
+        Ok(()) => Err(anyhow::anyhow!("a 16-element B was accepted for {shape}")),
+        Err(e) if format!("{e:#}").contains("B buffer too small") => Ok(()),
+        Err(e) => Err(anyhow::anyhow!("expected 'B buffer too small', got: {e:#}")),
+    };
+    let short = upload(&stream, &[bf16::ZERO; 16])?;
+    let refused = refused.and(match op.copy_shard(&stream, &short) {
+        Ok(()) => Err(anyhow::anyhow!("a 16-element shard was accepted")),
+        Err(e) if format!("{e:#}").contains("the A shard needs") => Ok(()),
+        Err(e) => Err(anyhow::anyhow!("expected 'the A shard needs', got: {e:#}")),
+    });
+    let freed = op.free(&mut job.rdzv);
+    refused.and(freed)
+}

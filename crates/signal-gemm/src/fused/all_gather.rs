@@ -1,0 +1,273 @@
+//! AllGather + GEMM fused into the GEMM's loader (ParallelKittens' intra-SM method): A (m × k) is
+//! sharded by rows, rank q holding rows [q·m/world, (q + 1)·m/world) in a PGL; every rank computes
+//! all of D = A · B_rank (its own B, e.g. a column shard of a weight), its loader reading each A
+//! tile by TMA straight from the owner's shard, local or peer (`ag_maps`, gemm.h). The order is
+//! rotated so that each rank starts on its own shard's rows: the wait for the peers' shards
+//! (START, every rank's CTAs launched, so their shards are written) comes after a rank's own
+//! tiles have started. END (every rank's loads done) lets the next run's shard be overwritten.
+
+use crate::dtype::GemmElement;
+use crate::gemm::{device_sms, AllGatherSource, Gemm, LaunchExtras};
+use crate::plan::{GemmOptions, GemmPlan, GemmShape};
+use crate::reorder::MAX_BAND_RANKS;
+use crate::tensor_map::encode_2d;
+use anyhow::{ensure, Context};
+use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr};
+use std::sync::Arc;
+use weft_kernels::abi::{weft_tensor_map, WEFT_GEMM_TILE_M};
+use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::{agree, Backend, Pgl, PglElement, Shape};
+use weft_sync::{Counters, WaitBudget};
+
+/// One rank's fused AllGather + GEMM for a fixed shape (m: all ranks' rows) and world.
+pub struct FusedAllGatherGemm<TI: GemmElement + PglElement> {
+    gemm: Gemm,
+    shard: Pgl<TI>,
+    /// A weft_tensor_map per rank's shard (peers' as mapped here), read by the loader.
+    maps: CudaSlice<u8>,
+    bar: Counters,
+    rows: u32,
+}
+
+impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
+    /// Collective over `rdzv`'s ranks: plans the GEMM (the same on every rank but for the order's
+    /// rotation), allocates each rank's A shard (m/world × k) and the barrier counters.
+    /// m/world must be a multiple of 128 (of 256 with clusters of 2).
+    pub fn new(
+        rdzv: &mut Rendezvous,
+        ctx: &Arc<CudaContext>,
+        stream: &Arc<CudaStream>,
+        shape: GemmShape,
+        options: GemmOptions,
+    ) -> anyhow::Result<Self> {
+        let (world, rank) = (rdzv.world() as u32, rdzv.rank() as u32);
+        let gemm = agree(
+            rdzv,
+            "fused AllGather + GEMM plan",
+            Self::plan_gemm(ctx, shape, options, world, rank),
+        )?;
+        let describe = gemm.plan().describe();
+        let all = rdzv.all_gather(describe.as_bytes())?;
+        let differing: Vec<String> = all
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| d.as_slice() != describe.as_bytes())
+            .map(|(r, d)| format!("rank {r} planned {}", String::from_utf8_lossy(d)))
+            .collect();
+        ensure!(
+            differing.is_empty(),
+            "fused AllGather + GEMM: ranks planned different GEMMs (every rank's kernel waits for the others' CTAs): this rank planned {describe}, {}",
+            differing.join(", ")
+        );
+        let sharing = weft_pgl::gpu::max_ranks_per_gpu(rdzv, ctx)? as u32;
+        let sms = device_sms(ctx)?;
+        let ctas = gemm.plan().ctas();
+        ensure!(
+            u64::from(ctas) * u64::from(sharing) <= u64::from(sms),
+            "fused AllGather + GEMM: {sharing} ranks share one GPU of {sms} SMs, so grids of {ctas} CTAs per rank cannot all be resident at once (the kernel's barriers wait across ranks); plan at most {} CTAs per rank (GemmOptions::sm_margin at least {})",
+            sms / sharing,
+            sms - sms / sharing
+        );
+        let rows = shape.m / world;
+        let shard = Pgl::<TI>::alloc(
+            rdzv,
+            ctx,
+            Shape::new(1, 1, rows, shape.k),
+            Backend::default(),
+        )
+        .context("allocating the fused AllGather's A shards")?;
+        let maps = agree(
+            rdzv,
+            "fused AllGather tensor maps",
+            Self::encode_maps(stream, &shard, shape, world),
+        )?;
+        let bar = Counters::alloc(
+            rdzv,
+            ctx,
+            Shape::new(1, 1, 2, 1),
+            WaitBudget::default_for(ctx)?,
+        )?;
+        Ok(Self {
+            gemm,
+            shard,
+            maps,
+            bar,
+            rows,
+        })
+    }
+
+    fn plan_gemm(
+        ctx: &Arc<CudaContext>,
+        shape: GemmShape,
+        options: GemmOptions,
+        world: u32,
+        rank: u32,
+    ) -> anyhow::Result<Gemm> {
+        ensure!(
+            (1..=MAX_BAND_RANKS).contains(&world),
+            "the fused AllGather spans 1 to {MAX_BAND_RANKS} ranks; this job has {world}"
+        );
+        ensure!(
+            options.input == <TI as GemmElement>::DTYPE,
+            "fused AllGather of {} shards planned with {} GEMM inputs (GemmOptions::input must match)",
+            <TI as GemmElement>::DTYPE,
+            options.input
+        );
+        ensure!(
+            options.comm_ctas == 0,
+            "the fused AllGather has no communicator CTAs (comm_ctas must be 0)"
+        );
+        let tile_rows = WEFT_GEMM_TILE_M * options.cluster_m;
+        ensure!(
+            shape.m % world == 0 && (shape.m / world) % tile_rows == 0,
+            "GEMM {shape}: the fused AllGather gives each of {world} ranks m / {world} rows of A, which must be a whole multiple of {tile_rows} (tiles of 128 rows, clusters of {}); m = {} gives {}",
+            options.cluster_m,
+            shape.m,
+            f64::from(shape.m) / f64::from(world)
+        );
+        let plan = GemmPlan::new(device_sms(ctx)?, shape, options)?;
+        let plan = plan.with_tm_offset(rank * (shape.m / world) / WEFT_GEMM_TILE_M)?;
+        Gemm::from_plan(ctx, plan)
+    }
+
+    fn encode_maps(
+        stream: &Arc<CudaStream>,
+        shard: &Pgl<TI>,
+        shape: GemmShape,
+        world: u32,
+    ) -> anyhow::Result<CudaSlice<u8>> {
+        let mut bytes = Vec::with_capacity(world as usize * std::mem::size_of::<weft_tensor_map>());
+        for r in 0..world as usize {
+            let map = encode_2d(
+                &format!("rank {r}'s A shard"),
+                shard.peer_ptr(r),
+                <TI as GemmElement>::DTYPE,
+                u64::from(shape.m / world),
+                u64::from(shape.k),
+                WEFT_GEMM_TILE_M,
+                64,
+            )?;
+            for w in map.words {
+                bytes.extend_from_slice(&w.to_le_bytes());
+            }
+        }
+        // cuMemAlloc aligns to at least 256 bytes: every map is 64-byte aligned as TMA needs.
+        let maps = stream.clone_htod(&bytes)?;
+        stream.synchronize()?;
+        Ok(maps)
+    }
+
+    pub fn gemm(&self) -> &Gemm {
+        &self.gemm
+    }
+
+    pub fn plan(&self) -> &GemmPlan {
+        self.gemm.plan()
+    }
+
+    /// This rank's A shard (m/world × k, rows [rank·m/world, …) of A): write it (stream-ordered)
+    /// before `run`, e.g. with `copy_shard`.
+    pub fn shard(&self) -> &Pgl<TI> {
+        &self.shard
+    }
+
+    /// Copies `src` (m/world × k) into this rank's shard on `stream`.
+    pub fn copy_shard(&self, stream: &Arc<CudaStream>, src: &CudaSlice<TI>) -> anyhow::Result<()> {
+        let len = self.shard.len();
+        ensure!(
+            src.len() >= len,
+            "fused AllGather: the A shard needs {len} elements ({} x {}), given {}",
+            self.rows,
+            self.plan().shape.k,
+            src.len()
+        );
+        let (ptr, _g) = src.device_ptr(stream);
+        stream.context().bind_to_thread()?;
+        // SAFETY: both hold `len` elements of TI on this context; stream-ordered.
+        unsafe {
+            sys::cuMemcpyDtoDAsync_v2(
+                self.shard.local_ptr(),
+                ptr,
+                len * std::mem::size_of::<TI>(),
+                stream.cu_stream(),
+            )
+        }
+        .result()
+        .context("copying the fused AllGather's A shard")?;
+        Ok(())
+    }
+
+    /// Bounds the kernel's cross-rank barrier waits (default: weft-sync's default budget).
+    pub fn set_budget(&mut self, budget: WaitBudget) {
+        self.bar.set_budget(budget);
+    }
+
+    /// Enqueues d = AllGather(A shards) · b on `stream`. Every rank must call it the same number
+    /// of times; write the shard for the next run only after this one (stream order: the kernel
+    /// ends after every rank's loads of it).
+    pub fn run<TO: GemmElement>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        b: &CudaSlice<TI>,
+        d: &mut CudaSlice<TO>,
+    ) -> anyhow::Result<()> {
+        ensure!(
+            Arc::ptr_eq(stream.context(), self.shard.context()),
+            "the fused AllGather was made on another context than the stream's"
+        );
+        let source = AllGatherSource {
+            maps: self.maps.device_ptr(stream).0,
+            rows: self.rows,
+            bar: self.bar.device()?,
+            epoch: self.bar.epoch() + 1,
+        };
+        let extras = LaunchExtras::<TO> {
+            all_gather: Some(source),
+            ..Default::default()
+        };
+        let d_len = d.len();
+        let (d_ptr, _rd) = cudarc::driver::DevicePtrMut::device_ptr_mut(d, stream);
+        // SAFETY: the shard PGL holds rows × k elements of TI, `d` d_len of TO, both alive past
+        // the launch (the caller orders its later use of them on the stream).
+        unsafe {
+            self.gemm.launch_into(
+                stream,
+                (self.shard.local_ptr(), self.shard.len()),
+                b,
+                d_ptr,
+                d_len,
+                extras,
+            )?
+        };
+        // Counted only once enqueued: a refused launch leaves the epoch where the device is.
+        self.bar.begin(1);
+        Ok(())
+    }
+
+    /// Waits for `stream`; an error names any wait that ran past its bound (START: a rank's
+    /// shard not ready; END: a rank's loads not done), else the driver's error, if any.
+    pub fn synchronize(&self, stream: &Arc<CudaStream>) -> anyhow::Result<()> {
+        let synced = stream.synchronize();
+        let reports: Vec<String> = [self.gemm.check(), self.bar.check().context("fused AllGather barrier (row 0: every rank's shard written; row 1: every rank's loads done)")]
+            .into_iter()
+            .filter_map(|r| r.err().map(|e| format!("{e:#}")))
+            .collect();
+        match (synced, reports.is_empty()) {
+            (Ok(()), true) => Ok(()),
+            (Ok(()), false) => anyhow::bail!("{} (yet the kernel completed)", reports.join("; ")),
+            (Err(e), true) => Err(anyhow::Error::from(e)).context(
+                "the fused AllGather + GEMM failed and recorded no wait in its error slots",
+            ),
+            (Err(e), false) => {
+                anyhow::bail!("{} (the kernel was stopped: {e})", reports.join("; "))
+            }
+        }
+    }
+
+    /// Collective: frees the shards and counters on every rank.
+    pub fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+        let shard = self.shard.free(rdzv);
+        let bar = self.bar.free(rdzv);
+        shard.and(bar)
+    }
+}
