@@ -8,6 +8,7 @@ mod interference;
 mod nccl;
 pub mod overlap;
 mod overlap_a2a;
+mod overlap_ag;
 pub mod overlap_ops;
 pub mod rig;
 pub mod tune;
@@ -21,7 +22,7 @@ use crate::results::{today, RunMeta, Table};
 use anyhow::{bail, Context};
 use std::path::PathBuf;
 
-pub const SUITES: &[&str] = &["nccl", "pgl", "sync", "overlap-order", "grpcoll", "gemm", "overlap", "overlap-reduce-scatter", "overlap-all-to-all", "interference"];
+pub const SUITES: &[&str] = &["nccl", "pgl", "sync", "overlap-order", "grpcoll", "gemm", "overlap", "overlap-reduce-scatter", "overlap-all-to-all", "overlap-all-gather", "interference"];
 
 #[derive(Debug, Default, PartialEq)]
 pub struct BenchOptions {
@@ -86,6 +87,7 @@ pub fn run(job: &mut Job, opts: &BenchOptions) -> anyhow::Result<()> {
             "overlap" => overlap::run(job, weft_signal_gemm::tuner::Op::AllReduce, opts.quick, &opts.methods)?,
             "overlap-reduce-scatter" => overlap::run(job, weft_signal_gemm::tuner::Op::ReduceScatter, opts.quick, &opts.methods)?,
             "overlap-all-to-all" => overlap_a2a::run(job, opts.quick, &opts.methods)?,
+            "overlap-all-gather" => overlap_ag::run(job, opts.quick, &opts.methods)?,
             "interference" => interference::run(job, opts.quick)?,
             other => bail!("unknown suite {other}"),
         };
