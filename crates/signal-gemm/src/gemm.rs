@@ -452,8 +452,8 @@ impl Gemm {
             ensure!(flags.is_none() && groups.is_none(), "GEMM {}: the fused AllGather signals through its barriers, not tile flags or wave groups", plan.shape);
             let ranks = g.bar.view.world as u32;
             ensure!(
-                u64::from(g.rows) * u64::from(ranks) == m && g.rows % plan.tile_m() == 0,
-                "GEMM {}: A shards of {} rows on {ranks} ranks do not make m in whole tiles",
+                u64::from(g.rows) * u64::from(ranks) == m && g.rows % (plan.tile_m() * plan.cluster_m()) == 0,
+                "GEMM {}: A shards of {} rows on {ranks} ranks do not make m in whole tiles (of whole clusters)",
                 plan.shape,
                 g.rows
             );

@@ -64,6 +64,9 @@ pub struct FusedAllReduce {
     bar: Counters,
     /// Launches enqueued (tile flags reach SIGNALS_PER_TILE × launches).
     launches: u64,
+    /// Set when a run enqueued the GEMM but not its workers: the flags and the END epoch then
+    /// disagree with the peers', and every later run is refused.
+    broken: Option<String>,
     /// DistFuse: the worker kernel and its stream.
     distfuse: Option<(CudaFunction, Arc<CudaStream>)>,
 }
@@ -86,7 +89,13 @@ impl FusedAllReduce {
             "fused GEMM + AllReduce plan",
             Self::plan_gemm(ctx, shape, options, method, world),
         )?;
-        let describe = gemm.plan().describe();
+        // The workers' count is in every rank's END target: it must be agreed as well.
+        let describe = format!(
+            "{} {} with {} workers",
+            gemm.plan().describe(),
+            method.name(),
+            method.workers()
+        );
         let all = rdzv.all_gather(describe.as_bytes())?;
         let differing: Vec<String> = all
             .iter()
@@ -152,6 +161,7 @@ impl FusedAllReduce {
             flags,
             bar,
             launches: 0,
+            broken: None,
             distfuse,
         })
     }
@@ -245,6 +255,9 @@ impl FusedAllReduce {
             Arc::ptr_eq(stream.context(), self.out.context()),
             "the fused AllReduce was made on another context than the stream's"
         );
+        if let Some(why) = &self.broken {
+            anyhow::bail!("this fused AllReduce is out of step with its peers since an earlier run failed half-enqueued ({why}); make a new one on every rank");
+        }
         let flag_target = (self.launches + 1) * SIGNALS_PER_TILE;
         let params = weft_tile_allreduce_params {
             partial: self.partial.view(),
@@ -282,6 +295,9 @@ impl FusedAllReduce {
                     extras,
                 )?
             };
+            // The GEMM is enqueued: its flags will rise, so the launch counts from here.
+            self.launches += 1;
+            self.bar.begin(1);
             let cfg = LaunchConfig {
                 grid_dim: (params.workers, 1, 1),
                 block_dim: (DISTFUSE_THREADS, 1, 1),
@@ -289,9 +305,15 @@ impl FusedAllReduce {
             };
             // SAFETY: the kernel takes exactly this struct; its views name PGLs of this object,
             // alive as long as it (callers order their reuse on `stream`, joined below).
-            unsafe { side.launch_builder(func).arg(&params).launch(cfg) }
-                .context("launching weft_gemm_tile_allreduce")?;
-            stream.join(side)?;
+            let workers = unsafe { side.launch_builder(func).arg(&params).launch(cfg) }
+                .map(|_| ())
+                .context("launching weft_gemm_tile_allreduce")
+                .and_then(|()| stream.join(side).map_err(anyhow::Error::from));
+            if let Err(e) = workers {
+                self.broken = Some(format!("{e:#}"));
+                return Err(e);
+            }
+            return Ok(());
         } else {
             // SAFETY: as above.
             unsafe {
@@ -306,6 +328,7 @@ impl FusedAllReduce {
             };
         }
         // Counted once enqueued: a refused launch leaves the flags and the epoch where they are.
+        // (Inter: the workers are the GEMM's own CTAs, enqueued with it.)
         self.launches += 1;
         self.bar.begin(1);
         Ok(())

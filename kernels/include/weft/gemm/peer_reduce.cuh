@@ -16,8 +16,10 @@
 //           arrives on every rank's END counter; CTA 0's waits for its own END counter to hold
 //           world x ctas arrivals: every rank's reduces into this D are complete.
 // Epochs: launch e waits for world x ctas x e. A rank reaches launch e + 1's START arrival only
-// after its own launch e ended, i.e. after all of launch e's END arrivals, which follow every
-// rank's START arrivals of launch e: so the extra arrivals never complete an earlier target.
+// after its own launch e ended, i.e. after CTA 0 saw all of launch e's END arrivals. Those do not
+// all follow the same CTA's START arrival (a CTA with no tile may arrive at END first), but every
+// rank's END needs its CTAs with tiles, whose first reduce or peer load waited for every START
+// arrival of launch e: so launch e + 1's arrivals never complete a target of launch e.
 // Every wait is bounded by peer_bar's budget and reports the counter row (START / END) it was on.
 // Everything here is inline, reports included (fail_inline): one call to the out-of-line
 // weft::sync::fail anywhere in the consumer makes ptxas ignore setmaxnreg and spill the
@@ -152,7 +154,11 @@ __device__ __forceinline__ void peer_reduce_drained(const SharedTiles<Cfg>& sm, 
 template <class Cfg>
 __device__ __forceinline__ void run_peer_barrier(const weft_gemm_params& p, const SharedTiles<Cfg>& sm) {
   const long long c0 = clock64();
-  if (!mbar_wait_bounded(sm.peer_done(), 0, p.peer_bar.bound.budget_cycles)) {
+  // The consumers' whole run is in this wait: bounded by one budget per stage wait they may do
+  // (each of those is bounded itself and reports a stall), not by one budget in all.
+  const uint64_t stage_waits = uint64_t(weft_gemm_order_count(p.sched)) * weft_gemm_k_blocks(p.sched) + 2;
+  const uint64_t bound = p.peer_bar.bound.budget_cycles * stage_waits;
+  if (!mbar_wait_bounded(sm.peer_done(), 0, bound)) {
     // A consumer never drained: its own stall report names why; this one names the wait here.
     peer_bar_fail(p, WEFT_SYNC_STATUS_TIMEOUT, WEFT_SYNC_PRIM_MBARRIER_WAIT, WEFT_GEMM_PEER_BAR_END, p.peer_bar.view.rank,
                   WEFT_GEMM_CONSUMERS, 0, uint64_t(clock64() - c0));

@@ -2,8 +2,8 @@
 // each worker CTA: the GEMM's communicator CTAs (fused-inter) or the CTAs of
 // weft_gemm_tile_allreduce (DistFuse). Device-only C++.
 //
-// Worker w walks the GEMM's orders w, w + workers, ... (tiles in the order they finish) and takes
-// the tiles it owns (tile index % world == rank). Per tile: thread 0 waits until every rank's
+// The tiles this rank owns (tile index % world == rank), in the GEMM's order (the order they
+// finish), are dealt round-robin to the workers. Per tile: thread 0 waits until every rank's
 // flag reaches the target (acquire, system scope: the peers' signallers released them after their
 // TMA stores completed), __syncthreads extends that to the block; the threads sum the world
 // partials (16-byte peer loads, fp32, rank order 0..world-1) and store the bf16 sum to every
@@ -55,11 +55,15 @@ __device__ __forceinline__ void run_tile_allreduce(const weft_tile_allreduce_par
   weft_sync_counters flag_bound{};
   flag_bound.bound = p.bar.bound;
   flag_bound.view.rank = rank;
-  for (uint32_t order = worker; order < orders; order += p.workers) {
+  // The owned tiles in order, dealt round-robin to the workers (dealing orders instead would
+  // leave workers idle whenever workers and world share a factor).
+  uint32_t owned = 0;
+  for (uint32_t order = 0; order < orders; ++order) {
     const weft_gemm_tile t = weft_gemm_tile_at(s, order);
     if (!t.valid) continue;
     const uint32_t index = weft_gemm_tile_index(s, t);
     if (static_cast<int32_t>(index % static_cast<uint32_t>(world)) != rank) continue;
+    if (owned++ % p.workers != worker) continue;
     if (threadIdx.x == 0) {
       for (int32_t r = 0; r < world; ++r) {
         const uint64_t* flag = reinterpret_cast<const uint64_t*>(p.flags.base[r]) + index;
