@@ -6,15 +6,17 @@
 //! (START, every rank's CTAs launched, so their shards are written) comes after a rank's own
 //! tiles have started. END (every rank's loads done) lets the next run's shard be overwritten.
 
+use super::collective_plan::{
+    agree_on_plan, check_resident, peer_tensor_maps, synchronize_checked,
+};
 use crate::dtype::GemmElement;
 use crate::gemm::{device_sms, AllGatherSource, Gemm, LaunchExtras};
 use crate::plan::{GemmOptions, GemmPlan, GemmShape};
 use crate::reorder::MAX_BAND_RANKS;
-use crate::tensor_map::encode_2d;
 use anyhow::{ensure, Context};
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
-use weft_kernels::abi::{weft_tensor_map, WEFT_GEMM_TILE_M};
+use weft_kernels::abi::WEFT_GEMM_TILE_M;
 use weft_pgl::rendezvous::Rendezvous;
 use weft_pgl::{agree, Backend, Pgl, PglElement, Shape};
 use weft_sync::{Counters, WaitBudget};
@@ -46,28 +48,9 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
             "fused AllGather + GEMM plan",
             Self::plan_gemm(ctx, shape, options, world, rank),
         )?;
-        let describe = gemm.plan().describe();
-        let all = rdzv.all_gather(describe.as_bytes())?;
-        let differing: Vec<String> = all
-            .iter()
-            .enumerate()
-            .filter(|(_, d)| d.as_slice() != describe.as_bytes())
-            .map(|(r, d)| format!("rank {r} planned {}", String::from_utf8_lossy(d)))
-            .collect();
-        ensure!(
-            differing.is_empty(),
-            "fused AllGather + GEMM: ranks planned different GEMMs (every rank's kernel waits for the others' CTAs): this rank planned {describe}, {}",
-            differing.join(", ")
-        );
-        let sharing = weft_pgl::gpu::max_ranks_per_gpu(rdzv, ctx)? as u32;
-        let sms = device_sms(ctx)?;
-        let ctas = gemm.plan().ctas();
-        ensure!(
-            u64::from(ctas) * u64::from(sharing) <= u64::from(sms),
-            "fused AllGather + GEMM: {sharing} ranks share one GPU of {sms} SMs, so grids of {ctas} CTAs per rank cannot all be resident at once (the kernel's barriers wait across ranks); plan at most {} CTAs per rank (GemmOptions::sm_margin at least {})",
-            sms / sharing,
-            sms - sms / sharing
-        );
+        let what = "fused AllGather + GEMM";
+        agree_on_plan(rdzv, what, &gemm.plan().describe())?;
+        check_resident(rdzv, ctx, what, gemm.plan().ctas())?;
         let rows = shape.m / world;
         let shard = Pgl::<TI>::alloc(
             rdzv,
@@ -136,25 +119,16 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
         shape: GemmShape,
         world: u32,
     ) -> anyhow::Result<CudaSlice<u8>> {
-        let mut bytes = Vec::with_capacity(world as usize * std::mem::size_of::<weft_tensor_map>());
-        for r in 0..world as usize {
-            let map = encode_2d(
-                &format!("rank {r}'s A shard"),
-                shard.peer_ptr(r),
-                <TI as GemmElement>::DTYPE,
-                u64::from(shape.m / world),
-                u64::from(shape.k),
-                WEFT_GEMM_TILE_M,
-                64,
-            )?;
-            for w in map.words {
-                bytes.extend_from_slice(&w.to_le_bytes());
-            }
-        }
-        // cuMemAlloc aligns to at least 256 bytes: every map is 64-byte aligned as TMA needs.
-        let maps = stream.clone_htod(&bytes)?;
-        stream.synchronize()?;
-        Ok(maps)
+        let ptrs: Vec<u64> = (0..world as usize).map(|r| shard.peer_ptr(r)).collect();
+        let dims = (u64::from(shape.m / world), u64::from(shape.k));
+        peer_tensor_maps(
+            stream,
+            "A shard",
+            &ptrs,
+            <TI as GemmElement>::DTYPE,
+            dims,
+            (WEFT_GEMM_TILE_M, 64),
+        )
     }
 
     pub fn gemm(&self) -> &Gemm {
@@ -247,21 +221,12 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
     /// Waits for `stream`; an error names any wait that ran past its bound (START: a rank's
     /// shard not ready; END: a rank's loads not done), else the driver's error, if any.
     pub fn synchronize(&self, stream: &Arc<CudaStream>) -> anyhow::Result<()> {
-        let synced = stream.synchronize();
-        let reports: Vec<String> = [self.gemm.check(), self.bar.check().context("fused AllGather barrier (row 0: every rank's shard written; row 1: every rank's loads done)")]
-            .into_iter()
-            .filter_map(|r| r.err().map(|e| format!("{e:#}")))
-            .collect();
-        match (synced, reports.is_empty()) {
-            (Ok(()), true) => Ok(()),
-            (Ok(()), false) => anyhow::bail!("{} (yet the kernel completed)", reports.join("; ")),
-            (Err(e), true) => Err(anyhow::Error::from(e)).context(
-                "the fused AllGather + GEMM failed and recorded no wait in its error slots",
-            ),
-            (Err(e), false) => {
-                anyhow::bail!("{} (the kernel was stopped: {e})", reports.join("; "))
-            }
-        }
+        synchronize_checked(stream, "the fused AllGather + GEMM", || {
+            vec![
+                self.gemm.check(),
+                self.bar.check().context("fused AllGather barrier (row 0: every rank's shard written; row 1: every rank's loads done)"),
+            ]
+        })
     }
 
     /// Collective: frees the shards and counters on every rank.

@@ -8,6 +8,7 @@
 //! ([`AllReduceMethod::DistFuse`]). An END barrier inside the workers makes the output complete,
 //! and every rank's reads of this rank's partials finished, when the launch that ran them ends.
 
+use super::collective_plan::{agree_on_plan, check_resident, synchronize_checked};
 use crate::dtype::{Dtype, GemmElement};
 use crate::gemm::{device_sms, AllReduceTarget, Gemm, LaunchExtras};
 use crate::plan::{GemmOptions, GemmPlan, GemmShape};
@@ -90,39 +91,29 @@ impl FusedAllReduce {
             Self::plan_gemm(ctx, shape, options, method, world),
         )?;
         // The workers' count is in every rank's END target: it must be agreed as well.
-        let describe = format!(
-            "{} {} with {} workers",
-            gemm.plan().describe(),
-            method.name(),
-            method.workers()
-        );
-        let all = rdzv.all_gather(describe.as_bytes())?;
-        let differing: Vec<String> = all
-            .iter()
-            .enumerate()
-            .filter(|(_, d)| d.as_slice() != describe.as_bytes())
-            .map(|(r, d)| format!("rank {r} planned {}", String::from_utf8_lossy(d)))
-            .collect();
-        ensure!(
-            differing.is_empty(),
-            "fused GEMM + AllReduce: ranks planned different GEMMs (the owners wait for every rank's tiles): this rank planned {describe}, {}",
-            differing.join(", ")
-        );
-        let sharing = weft_pgl::gpu::max_ranks_per_gpu(rdzv, ctx)? as u32;
-        let sms = device_sms(ctx)?;
+        let what = "fused GEMM + AllReduce";
         let plan = gemm.plan();
-        let grid = plan.ctas()
-            + plan.options.comm_ctas
-            + if let AllReduceMethod::DistFuse { workers } = method {
-                workers
-            } else {
-                0
-            };
-        ensure!(
-            u64::from(grid) * u64::from(sharing) <= u64::from(sms),
-            "fused GEMM + AllReduce: {sharing} ranks share one GPU of {sms} SMs, so {grid} CTAs per rank (GEMM and workers) cannot all be resident at once (the workers wait across ranks); plan at most {} per rank (raise GemmOptions::sm_margin)",
-            sms / sharing
-        );
+        agree_on_plan(
+            rdzv,
+            what,
+            &format!(
+                "{} {} with {} workers",
+                plan.describe(),
+                method.name(),
+                method.workers()
+            ),
+        )?;
+        let distfuse_workers = if let AllReduceMethod::DistFuse { workers } = method {
+            workers
+        } else {
+            0
+        };
+        check_resident(
+            rdzv,
+            ctx,
+            what,
+            plan.ctas() + plan.options.comm_ctas + distfuse_workers,
+        )?;
         let (m, n) = (shape.m, shape.n);
         let partial = Pgl::<bf16>::alloc(rdzv, ctx, Shape::new(1, 1, m, n), Backend::default())
             .context("allocating the fused AllReduce's partials")?;
@@ -360,26 +351,14 @@ impl FusedAllReduce {
     /// Waits for `stream`; an error names any wait that ran past its bound (tile flags: coord
     /// b = 5, the order and tile; the END counter), else the driver's error, if any.
     pub fn synchronize(&self, stream: &Arc<CudaStream>) -> anyhow::Result<()> {
-        let synced = stream.synchronize();
-        let reports: Vec<String> = [
-            self.gemm.check(),
-            self.bar
-                .check()
-                .context("fused AllReduce worker (tile flags or END barrier)"),
-        ]
-        .into_iter()
-        .filter_map(|r| r.err().map(|e| format!("{e:#}")))
-        .collect();
-        match (synced, reports.is_empty()) {
-            (Ok(()), true) => Ok(()),
-            (Ok(()), false) => anyhow::bail!("{} (yet the kernels completed)", reports.join("; ")),
-            (Err(e), true) => Err(anyhow::Error::from(e)).context(
-                "the fused GEMM + AllReduce failed and recorded no wait in its error slots",
-            ),
-            (Err(e), false) => {
-                anyhow::bail!("{} (the kernel was stopped: {e})", reports.join("; "))
-            }
-        }
+        synchronize_checked(stream, "the fused GEMM + AllReduce", || {
+            vec![
+                self.gemm.check(),
+                self.bar
+                    .check()
+                    .context("fused AllReduce worker (tile flags or END barrier)"),
+            ]
+        })
     }
 
     /// Collective: frees the buffers and counters on every rank.

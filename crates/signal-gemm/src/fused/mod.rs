@@ -12,6 +12,7 @@
 
 mod all_gather;
 mod all_reduce;
+mod collective_plan;
 mod reduce_scatter;
 
 pub use all_gather::FusedAllGatherGemm;

@@ -10,15 +10,17 @@
 //! f32. Every rank's kernel must run at the same time (its barriers wait across ranks, bounded):
 //! all of a rank's CTAs must be resident, so ranks that share a GPU must leave each other room.
 
+use super::collective_plan::{
+    agree_on_plan, check_resident, peer_tensor_maps, synchronize_checked,
+};
 use crate::dtype::GemmElement;
 use crate::gemm::{device_sms, Gemm, LaunchExtras, PeerReduceTarget};
 use crate::plan::{GemmOptions, GemmPlan, GemmShape};
 use crate::reorder::{OutputLayout, MAX_BAND_RANKS};
-use crate::tensor_map::encode_2d;
 use anyhow::{ensure, Context};
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtrMut};
 use std::sync::Arc;
-use weft_kernels::abi::{weft_tensor_map, WEFT_GEMM_PEER_BAR_END, WEFT_GEMM_PEER_BAR_START};
+use weft_kernels::abi::{WEFT_GEMM_PEER_BAR_END, WEFT_GEMM_PEER_BAR_START};
 use weft_pgl::rendezvous::Rendezvous;
 use weft_pgl::{agree, Backend, Pgl, PglElement, Shape};
 use weft_sync::{Counters, WaitBudget};
@@ -51,28 +53,9 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
             "fused GEMM + ReduceScatter plan",
             Self::plan_gemm(ctx, shape, options, ranks),
         )?;
-        let describe = gemm.plan().describe();
-        let all = rdzv.all_gather(describe.as_bytes())?;
-        let differing: Vec<String> = all
-            .iter()
-            .enumerate()
-            .filter(|(_, d)| d.as_slice() != describe.as_bytes())
-            .map(|(r, d)| format!("rank {r} planned {}", String::from_utf8_lossy(d)))
-            .collect();
-        ensure!(
-            differing.is_empty(),
-            "fused GEMM + ReduceScatter: ranks planned different GEMMs (every rank's kernel waits for the others' CTAs): this rank planned {describe}, {}",
-            differing.join(", ")
-        );
-        let sharing = weft_pgl::gpu::max_ranks_per_gpu(rdzv, ctx)? as u32;
-        let sms = device_sms(ctx)?;
-        let ctas = gemm.plan().ctas();
-        ensure!(
-            u64::from(ctas) * u64::from(sharing) <= u64::from(sms),
-            "fused GEMM + ReduceScatter: {sharing} ranks share one GPU of {sms} SMs, so grids of {ctas} CTAs per rank cannot all be resident at once (the kernel's barriers wait across ranks); plan at most {} CTAs per rank (GemmOptions::sm_margin at least {})",
-            sms / sharing,
-            sms - sms / sharing
-        );
+        let what = "fused GEMM + ReduceScatter";
+        agree_on_plan(rdzv, what, &gemm.plan().describe())?;
+        check_resident(rdzv, ctx, what, gemm.plan().ctas())?;
         let rows = shape.m / ranks;
         let out = Pgl::<T>::alloc(
             rdzv,
@@ -134,26 +117,17 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
         shape: GemmShape,
         ranks: u32,
     ) -> anyhow::Result<CudaSlice<u8>> {
+        let ptrs: Vec<u64> = (0..ranks as usize).map(|r| out.peer_ptr(r)).collect();
         let chunk_cols = (128 / <T as GemmElement>::DTYPE.bytes()) as u32;
-        let mut bytes = Vec::with_capacity(ranks as usize * std::mem::size_of::<weft_tensor_map>());
-        for r in 0..ranks as usize {
-            let map = encode_2d(
-                &format!("rank {r}'s ReduceScatter output"),
-                out.peer_ptr(r),
-                <T as GemmElement>::DTYPE,
-                u64::from(shape.m / ranks),
-                u64::from(shape.n),
-                64,
-                chunk_cols,
-            )?;
-            for w in map.words {
-                bytes.extend_from_slice(&w.to_le_bytes());
-            }
-        }
-        // cuMemAlloc aligns to at least 256 bytes: every map is 64-byte aligned as TMA needs.
-        let maps = stream.clone_htod(&bytes)?;
-        stream.synchronize()?;
-        Ok(maps)
+        let dims = (u64::from(shape.m / ranks), u64::from(shape.n));
+        peer_tensor_maps(
+            stream,
+            "ReduceScatter output",
+            &ptrs,
+            <T as GemmElement>::DTYPE,
+            dims,
+            (64, chunk_cols),
+        )
     }
 
     pub fn gemm(&self) -> &Gemm {
@@ -280,21 +254,9 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
     /// Waits for `stream`; an error names any wait of the kernel that ran past its bound (the
     /// report survives the trap that stopped the kernel), else the driver's error, if any.
     pub fn synchronize(&self, stream: &Arc<CudaStream>) -> anyhow::Result<()> {
-        let synced = stream.synchronize();
-        let reports: Vec<String> = [self.gemm.check(), self.check_barriers()]
-            .into_iter()
-            .filter_map(|r| r.err().map(|e| format!("{e:#}")))
-            .collect();
-        match (synced, reports.is_empty()) {
-            (Ok(()), true) => Ok(()),
-            (Ok(()), false) => anyhow::bail!("{} (yet the kernel completed)", reports.join("; ")),
-            (Err(e), true) => Err(anyhow::Error::from(e)).context(
-                "the fused GEMM + ReduceScatter failed and recorded no wait in its error slots",
-            ),
-            (Err(e), false) => {
-                anyhow::bail!("{} (the kernel was stopped: {e})", reports.join("; "))
-            }
-        }
+        synchronize_checked(stream, "the fused GEMM + ReduceScatter", || {
+            vec![self.gemm.check(), self.check_barriers()]
+        })
     }
 
     /// Collective: frees the outputs and counters on every rank.

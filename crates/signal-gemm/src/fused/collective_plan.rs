@@ -1,0 +1,105 @@
+//! What every fused method checks and builds the same way: ranks planning the same kernel, every
+//! rank's grid resident at once, a tensor map per rank's buffer in device memory, and a
+//! synchronisation that names the wait that timed out.
+
+use crate::dtype::Dtype;
+use crate::gemm::device_sms;
+use crate::tensor_map::encode_2d;
+use anyhow::{ensure, Context};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use std::sync::Arc;
+use weft_kernels::abi::weft_tensor_map;
+use weft_pgl::rendezvous::Rendezvous;
+
+/// Collective: every rank's `describe` (its plan, and whatever else enters the cross-rank
+/// targets) must be this rank's; the error names the ranks that differ.
+pub(crate) fn agree_on_plan(
+    rdzv: &mut Rendezvous,
+    what: &str,
+    describe: &str,
+) -> anyhow::Result<()> {
+    let all = rdzv.all_gather(describe.as_bytes())?;
+    let differing: Vec<String> = all
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| d.as_slice() != describe.as_bytes())
+        .map(|(r, d)| format!("rank {r} planned {}", String::from_utf8_lossy(d)))
+        .collect();
+    ensure!(
+        differing.is_empty(),
+        "{what}: ranks planned different kernels (each waits for the others' CTAs): this rank planned {describe}, {}",
+        differing.join(", ")
+    );
+    Ok(())
+}
+
+/// Collective: `ctas` per rank (all its kernels that wait across ranks) fit the GPU together with
+/// those of the ranks sharing it.
+pub(crate) fn check_resident(
+    rdzv: &mut Rendezvous,
+    ctx: &Arc<CudaContext>,
+    what: &str,
+    ctas: u32,
+) -> anyhow::Result<()> {
+    let sharing = weft_pgl::gpu::max_ranks_per_gpu(rdzv, ctx)? as u32;
+    let sms = device_sms(ctx)?;
+    ensure!(
+        u64::from(ctas) * u64::from(sharing) <= u64::from(sms),
+        "{what}: {sharing} ranks share one GPU of {sms} SMs, so {ctas} CTAs per rank cannot all be resident at once (the kernel's barriers wait across ranks); plan at most {} CTAs per rank (raise GemmOptions::sm_margin)",
+        sms / sharing
+    );
+    Ok(())
+}
+
+/// A 2-D tensor map (rows × cols of `dtype`, boxes of box_rows × box_cols) per rank's buffer at
+/// `ptrs[r]` (peers' as this process maps them), copied to device memory for a kernel to read.
+pub(crate) fn peer_tensor_maps(
+    stream: &Arc<CudaStream>,
+    what: &str,
+    ptrs: &[u64],
+    dtype: Dtype,
+    (rows, cols): (u64, u64),
+    (box_rows, box_cols): (u32, u32),
+) -> anyhow::Result<CudaSlice<u8>> {
+    let mut bytes = Vec::with_capacity(ptrs.len() * std::mem::size_of::<weft_tensor_map>());
+    for (r, &ptr) in ptrs.iter().enumerate() {
+        let map = encode_2d(
+            &format!("rank {r}'s {what}"),
+            ptr,
+            dtype,
+            rows,
+            cols,
+            box_rows,
+            box_cols,
+        )?;
+        for w in map.words {
+            bytes.extend_from_slice(&w.to_le_bytes());
+        }
+    }
+    // cuMemAlloc aligns to at least 256 bytes: every map is 64-byte aligned as TMA needs.
+    let maps = stream.clone_htod(&bytes)?;
+    stream.synchronize()?;
+    Ok(maps)
+}
+
+/// Waits for `stream`, then runs `checks` (reads of error slots); the error names every wait they
+/// report as timed out (their reports survive the trap that stopped the kernel), else the
+/// driver's error, if any.
+pub(crate) fn synchronize_checked(
+    stream: &Arc<CudaStream>,
+    what: &str,
+    checks: impl FnOnce() -> Vec<anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    let synced = stream.synchronize();
+    let reports: Vec<String> = checks()
+        .into_iter()
+        .filter_map(|r| r.err().map(|e| format!("{e:#}")))
+        .collect();
+    match (synced, reports.is_empty()) {
+        (Ok(()), true) => Ok(()),
+        (Ok(()), false) => anyhow::bail!("{} (yet the kernels completed)", reports.join("; ")),
+        (Err(e), true) => Err(anyhow::Error::from(e))
+            .with_context(|| format!("{what} failed and recorded no wait in its error slots")),
+        (Err(e), false) => anyhow::bail!("{} (the kernel was stopped: {e})", reports.join("; ")),
+    }
+}
