@@ -8,15 +8,14 @@
 //! ([`AllReduceMethod::DistFuse`]). An END barrier inside the workers makes the output complete,
 //! and every rank's reads of this rank's partials finished, when the launch that ran them ends.
 
-use super::collective_plan::{agree_on_plan, check_resident, synchronize_checked};
+use super::collective_plan::{agree_on_plan, check_resident, copy_own_buffer, synchronize_checked};
 use crate::dtype::{Dtype, GemmElement};
 use crate::gemm::{device_sms, AllReduceTarget, Gemm, LaunchExtras};
 use crate::plan::{GemmOptions, GemmPlan, GemmShape};
 use crate::SIGNALS_PER_TILE;
 use anyhow::{ensure, Context};
 use cudarc::driver::{
-    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtrMut, LaunchConfig,
-    PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
 use half::bf16;
 use std::sync::Arc;
@@ -271,57 +270,44 @@ impl FusedAllReduce {
             all_reduce: Some(target),
             ..Default::default()
         };
-        if let Some((func, side)) = &self.distfuse {
+        if let Some((_, side)) = &self.distfuse {
             // The workers start after everything before on `stream` (their reads of the previous
             // run's buffers are done, the GEMM's previous launch too), beside this GEMM.
             side.join(stream)?;
-            // SAFETY: the partials PGL holds m × n bf16, the GEMM's standard output.
-            unsafe {
-                self.gemm.launch_into(
-                    stream,
-                    (a_ptr, a.len()),
-                    b,
-                    self.partial.local_ptr(),
-                    self.partial.len(),
-                    extras,
-                )?
-            };
-            // The GEMM is enqueued: its flags will rise, so the launch counts from here.
-            self.launches += 1;
-            self.bar.begin(1);
-            let cfg = LaunchConfig {
-                grid_dim: (params.workers, 1, 1),
-                block_dim: (DISTFUSE_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: the kernel takes exactly this struct; its views name PGLs of this object,
-            // alive as long as it (callers order their reuse on `stream`, joined below).
-            let workers = unsafe { side.launch_builder(func).arg(&params).launch(cfg) }
-                .map(|_| ())
-                .context("launching weft_gemm_tile_allreduce")
-                .and_then(|()| stream.join(side).map_err(anyhow::Error::from));
-            if let Err(e) = workers {
-                self.broken = Some(format!("{e:#}"));
-                return Err(e);
-            }
-            return Ok(());
-        } else {
-            // SAFETY: as above.
-            unsafe {
-                self.gemm.launch_into(
-                    stream,
-                    (a_ptr, a.len()),
-                    b,
-                    self.partial.local_ptr(),
-                    self.partial.len(),
-                    extras,
-                )?
-            };
         }
-        // Counted once enqueued: a refused launch leaves the flags and the epoch where they are.
-        // (Inter: the workers are the GEMM's own CTAs, enqueued with it.)
+        // SAFETY: the partials PGL holds m × n bf16, the GEMM's standard output.
+        unsafe {
+            self.gemm.launch_into(
+                stream,
+                (a_ptr, a.len()),
+                b,
+                self.partial.local_ptr(),
+                self.partial.len(),
+                extras,
+            )?
+        };
+        // Counted once the GEMM is enqueued (its flags will rise; Inter: the workers are its own
+        // CTAs): a refused launch leaves the flags and the epoch where they are.
         self.launches += 1;
         self.bar.begin(1);
+        let Some((func, side)) = &self.distfuse else {
+            return Ok(());
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (params.workers, 1, 1),
+            block_dim: (DISTFUSE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the kernel takes exactly this struct; its views name PGLs of this object,
+        // alive as long as it (callers order their reuse on `stream`, joined below).
+        let workers = unsafe { side.launch_builder(func).arg(&params).launch(cfg) }
+            .map(|_| ())
+            .context("launching weft_gemm_tile_allreduce")
+            .and_then(|()| stream.join(side).map_err(anyhow::Error::from));
+        if let Err(e) = workers {
+            self.broken = Some(format!("{e:#}"));
+            return Err(e);
+        }
         Ok(())
     }
 
@@ -331,21 +317,7 @@ impl FusedAllReduce {
         stream: &Arc<CudaStream>,
         dst: &mut CudaSlice<bf16>,
     ) -> anyhow::Result<()> {
-        let len = self.out.len();
-        ensure!(
-            dst.len() >= len,
-            "fused AllReduce output: destination holds {} elements, needs {len}",
-            dst.len()
-        );
-        let (ptr, _g) = dst.device_ptr_mut(stream);
-        stream.context().bind_to_thread()?;
-        // SAFETY: both buffers hold `len` bf16 on this context; stream-ordered.
-        unsafe {
-            sys::cuMemcpyDtoDAsync_v2(ptr, self.out.local_ptr(), len * 2, stream.cu_stream())
-        }
-        .result()
-        .context("copying the fused AllReduce's output")?;
-        Ok(())
+        copy_own_buffer(stream, "fused AllReduce output", &self.out, dst)
     }
 
     /// Waits for `stream`; an error names any wait that ran past its bound (tile flags: coord

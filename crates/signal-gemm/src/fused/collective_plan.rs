@@ -6,10 +6,11 @@ use crate::dtype::Dtype;
 use crate::gemm::device_sms;
 use crate::tensor_map::encode_2d;
 use anyhow::{ensure, Context};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtrMut};
 use std::sync::Arc;
 use weft_kernels::abi::weft_tensor_map;
 use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::{Pgl, PglElement};
 
 /// Collective: every rank's `describe` (its plan, and whatever else enters the cross-rank
 /// targets) must be this rank's; the error names the ranks that differ.
@@ -102,4 +103,33 @@ pub(crate) fn synchronize_checked(
             .with_context(|| format!("{what} failed and recorded no wait in its error slots")),
         (Err(e), false) => anyhow::bail!("{} (the kernel was stopped: {e})", reports.join("; ")),
     }
+}
+
+/// Copies this rank's buffer of `pgl` into `dst` (at least as many elements) on `stream`.
+pub(crate) fn copy_own_buffer<T: PglElement>(
+    stream: &Arc<CudaStream>,
+    what: &str,
+    pgl: &Pgl<T>,
+    dst: &mut CudaSlice<T>,
+) -> anyhow::Result<()> {
+    let len = pgl.len();
+    ensure!(
+        dst.len() >= len,
+        "{what}: destination holds {} elements, needs {len}",
+        dst.len()
+    );
+    let (ptr, _g) = dst.device_ptr_mut(stream);
+    stream.context().bind_to_thread()?;
+    // SAFETY: both buffers hold `len` elements of T on this context; stream-ordered.
+    unsafe {
+        sys::cuMemcpyDtoDAsync_v2(
+            ptr,
+            pgl.local_ptr(),
+            len * std::mem::size_of::<T>(),
+            stream.cu_stream(),
+        )
+    }
+    .result()
+    .with_context(|| format!("copying the {what}"))?;
+    Ok(())
 }

@@ -11,14 +11,14 @@
 //! all of a rank's CTAs must be resident, so ranks that share a GPU must leave each other room.
 
 use super::collective_plan::{
-    agree_on_plan, check_resident, peer_tensor_maps, synchronize_checked,
+    agree_on_plan, check_resident, copy_own_buffer, peer_tensor_maps, synchronize_checked,
 };
 use crate::dtype::GemmElement;
 use crate::gemm::{device_sms, Gemm, LaunchExtras, PeerReduceTarget};
 use crate::plan::{GemmOptions, GemmPlan, GemmShape};
 use crate::reorder::{OutputLayout, MAX_BAND_RANKS};
 use anyhow::{ensure, Context};
-use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtrMut};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use std::sync::Arc;
 use weft_kernels::abi::{WEFT_GEMM_PEER_BAR_END, WEFT_GEMM_PEER_BAR_START};
 use weft_pgl::rendezvous::Rendezvous;
@@ -213,26 +213,7 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
         stream: &Arc<CudaStream>,
         dst: &mut CudaSlice<T>,
     ) -> anyhow::Result<()> {
-        let len = self.out.len();
-        ensure!(
-            dst.len() >= len,
-            "fused ReduceScatter output: destination holds {} elements, needs {len}",
-            dst.len()
-        );
-        let (ptr, _g) = dst.device_ptr_mut(stream);
-        stream.context().bind_to_thread()?;
-        // SAFETY: both buffers hold `len` elements of T on this context; stream-ordered.
-        unsafe {
-            sys::cuMemcpyDtoDAsync_v2(
-                ptr,
-                self.out.local_ptr(),
-                len * std::mem::size_of::<T>(),
-                stream.cu_stream(),
-            )
-        }
-        .result()
-        .context("copying the fused ReduceScatter's output")?;
-        Ok(())
+        copy_own_buffer(stream, "fused ReduceScatter output", &self.out, dst)
     }
 
     /// After synchronising: an error naming a GEMM pipeline wait or a cross-rank barrier
