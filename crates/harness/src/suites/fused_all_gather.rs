@@ -3,7 +3,9 @@
 //! rank regenerates every rank's shard) and its own B; 10^4 back-to-back runs rewriting the shard
 //! before each (integer data, exact), D compared bit for bit on the GPU; misuse refused.
 
-use super::fused_reduce_scatter::{device_addr, inputs, max_ctas, TRIAL_WAIT};
+use super::fused_reduce_scatter::{
+    device_addr, inputs, max_ctas, random_options, refused, TRIAL_WAIT,
+};
 use super::gpu;
 use super::overlap::STRESS_ITERATIONS;
 use crate::data::shared_seed;
@@ -18,9 +20,7 @@ use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use weft_signal_gemm::fused::FusedAllGatherGemm;
 use weft_signal_gemm::reference::{check_all, gemm_f64, Tolerance};
-use weft_signal_gemm::{
-    device_sms, BLayout, Dtype, GemmElement, GemmOptions, GemmShape, Scheduling, TileChoice,
-};
+use weft_signal_gemm::{device_sms, Dtype, GemmElement, GemmOptions, GemmShape};
 use weft_sync::WaitBudget;
 
 pub fn cases() -> Vec<Case> {
@@ -92,20 +92,8 @@ fn matches_reference(job: &mut Job) -> anyhow::Result<()> {
         };
         let options = GemmOptions {
             output,
-            b_layout: if rng.random_bool(0.5) {
-                BLayout::NxK
-            } else {
-                BLayout::KxN
-            },
-            tile: [TileChoice::Auto, TileChoice::N128, TileChoice::N256][rng.random_range(0..3)],
             sm_margin: sms - ctas,
-            cluster_m,
-            scheduling: if cluster_m == 1 && rng.random_bool(0.5) {
-                Scheduling::Dynamic
-            } else {
-                Scheduling::Static
-            },
-            ..GemmOptions::default()
+            ..random_options(&mut rng, cluster_m)
         };
         let what = format!("case {case}: {shape} {options:?}, {world} ranks, seed {seed}");
         match output {
@@ -257,16 +245,13 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
                   options: GemmOptions,
                   needle: &str|
      -> anyhow::Result<()> {
-        match FusedAllGatherGemm::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, options) {
-            Ok(op) => {
-                op.free(&mut job.rdzv)?;
-                anyhow::bail!(
-                    "{shape} {options:?} was accepted; expected an error containing {needle:?}"
-                )
-            }
-            Err(e) if format!("{e:#}").contains(needle) => Ok(()),
-            Err(e) => anyhow::bail!("{shape}: expected an error containing {needle:?}, got: {e:#}"),
-        }
+        // Accepted: freed (collectively, every rank accepted the same plan), then reported.
+        let made = FusedAllGatherGemm::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, options);
+        refused(
+            &format!("{shape} {options:?}"),
+            made.and_then(|op| op.free(&mut job.rdzv)),
+            needle,
+        )
     };
     expect(
         job,
@@ -304,17 +289,17 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
     let mut op = FusedAllGatherGemm::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, fits)?;
     let small_b = upload(&stream, &[bf16::ZERO; 16])?;
     let mut d = poisoned::<bf16>(&stream, (shape.m * shape.n) as usize)?;
-    let refused = match op.run(&stream, &small_b, &mut d) {
-        Ok(()) => Err(anyhow::anyhow!("a 16-element B was accepted for {shape}")),
-        Err(e) if format!("{e:#}").contains("B buffer too small") => Ok(()),
-        Err(e) => Err(anyhow::anyhow!("expected 'B buffer too small', got: {e:#}")),
-    };
+    let outcome = refused(
+        &format!("a 16-element B for {shape}"),
+        op.run(&stream, &small_b, &mut d),
+        "B buffer too small",
+    );
     let short = upload(&stream, &[bf16::ZERO; 16])?;
-    let refused = refused.and(match op.copy_shard(&stream, &short) {
-        Ok(()) => Err(anyhow::anyhow!("a 16-element shard was accepted")),
-        Err(e) if format!("{e:#}").contains("the A shard needs") => Ok(()),
-        Err(e) => Err(anyhow::anyhow!("expected 'the A shard needs', got: {e:#}")),
-    });
+    let outcome = outcome.and(refused(
+        "a 16-element shard",
+        op.copy_shard(&stream, &short),
+        "the A shard needs",
+    ));
     let freed = op.free(&mut job.rdzv);
-    refused.and(freed)
+    outcome.and(freed)
 }

@@ -151,20 +151,8 @@ fn matches_reference(job: &mut Job) -> anyhow::Result<()> {
         };
         let options = GemmOptions {
             output,
-            b_layout: if rng.random_bool(0.5) {
-                BLayout::NxK
-            } else {
-                BLayout::KxN
-            },
-            tile: [TileChoice::Auto, TileChoice::N128, TileChoice::N256][rng.random_range(0..3)],
             sm_margin: sms - ctas,
-            cluster_m,
-            scheduling: if cluster_m == 1 && rng.random_bool(0.5) {
-                Scheduling::Dynamic
-            } else {
-                Scheduling::Static
-            },
-            ..GemmOptions::default()
+            ..random_options(&mut rng, cluster_m)
         };
         let what = format!("case {case}: {shape} {options:?}, {world} ranks, seed {seed}");
         match output {
@@ -340,16 +328,13 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
                   options: GemmOptions,
                   needle: &str|
      -> anyhow::Result<()> {
-        match FusedReduceScatter::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, options) {
-            Ok(op) => {
-                op.free(&mut job.rdzv)?;
-                anyhow::bail!(
-                    "{shape} {options:?} was accepted; expected an error containing {needle:?}"
-                )
-            }
-            Err(e) if format!("{e:#}").contains(needle) => Ok(()),
-            Err(e) => anyhow::bail!("{shape}: expected an error containing {needle:?}, got: {e:#}"),
-        }
+        // Accepted: freed (collectively, every rank accepted the same plan), then reported.
+        let made = FusedReduceScatter::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, options);
+        refused(
+            &format!("{shape} {options:?}"),
+            made.and_then(|op| op.free(&mut job.rdzv)),
+            needle,
+        )
     };
     // m / world not a multiple of 64.
     expect(
@@ -386,11 +371,40 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
     let mut op = FusedReduceScatter::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, fits)?;
     let small = upload(&stream, &vec![bf16::ZERO; 16])?;
     let b = upload(&stream, &vec![bf16::ZERO; 256 * 64])?;
-    let refused = match op.run(&stream, &small, &b) {
-        Ok(()) => Err(anyhow::anyhow!("a 16-element A was accepted for {shape}")),
-        Err(e) if format!("{e:#}").contains("A buffer too small") => Ok(()),
-        Err(e) => Err(anyhow::anyhow!("expected 'A buffer too small', got: {e:#}")),
-    };
+    let outcome = refused(
+        &format!("a 16-element A for {shape}"),
+        op.run(&stream, &small, &b),
+        "A buffer too small",
+    );
     let freed = op.free(&mut job.rdzv);
-    refused.and(freed)
+    outcome.and(freed)
+}
+
+/// Random GEMM options the fused trials share: B layout, tile, `cluster_m`, and (without
+/// clusters) static or dynamic scheduling; the rest default.
+pub(super) fn random_options(rng: &mut StdRng, cluster_m: u32) -> GemmOptions {
+    GemmOptions {
+        b_layout: if rng.random_bool(0.5) {
+            BLayout::NxK
+        } else {
+            BLayout::KxN
+        },
+        tile: [TileChoice::Auto, TileChoice::N128, TileChoice::N256][rng.random_range(0..3)],
+        cluster_m,
+        scheduling: if cluster_m == 1 && rng.random_bool(0.5) {
+            Scheduling::Dynamic
+        } else {
+            Scheduling::Static
+        },
+        ..GemmOptions::default()
+    }
+}
+
+/// `r` must be an error mentioning `needle` (`what` was given to the call that returned it).
+pub(super) fn refused(what: &str, r: anyhow::Result<()>, needle: &str) -> anyhow::Result<()> {
+    match r {
+        Ok(()) => anyhow::bail!("{what} was accepted; expected an error containing {needle:?}"),
+        Err(e) if format!("{e:#}").contains(needle) => Ok(()),
+        Err(e) => anyhow::bail!("{what}: expected an error containing {needle:?}, got: {e:#}"),
+    }
 }
