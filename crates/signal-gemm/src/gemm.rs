@@ -12,7 +12,7 @@ use cudarc::driver::{
 };
 use std::sync::{Arc, Mutex};
 use weft_kernels::abi::{
-    weft_gemm_band_box_rows, weft_gemm_band_of_row, weft_gemm_band_start, weft_gemm_params, weft_sync_bound, weft_sync_counters, weft_tile_allreduce_params, WEFT_GEMM_COMM_ALLREDUCE,
+    weft_gemm_band_box_rows, weft_gemm_band_of_row, weft_gemm_band_start, weft_gemm_ag_copy, weft_gemm_params, weft_sync_bound, weft_sync_counters, weft_tile_allreduce_params, WEFT_GEMM_COMM_ALLGATHER, WEFT_GEMM_COMM_ALLREDUCE,
     WEFT_GEMM_CONSUMERS, WEFT_GEMM_TILE_M,
 };
 use weft_kernels::cubins;
@@ -84,13 +84,15 @@ pub struct LaunchExtras<'a, TO: GemmElement> {
 }
 
 /// Where a fused AllGather + GEMM reads A: a tensor map per rank's shard (device memory), the
-/// rows of a shard, the START / END counters and this launch's epoch.
+/// rows of a shard, the START / END counters and this launch's epoch; inter-SM, also the
+/// communicators' copy (the launch's A is then the gathered m × k buffer, not the shard).
 #[derive(Clone, Copy)]
 pub struct AllGatherSource {
     pub(crate) maps: u64,
     pub(crate) rows: u32,
     pub(crate) bar: weft_sync_counters,
     pub(crate) epoch: u64,
+    pub(crate) copy: Option<weft_gemm_ag_copy>,
 }
 
 /// Where a fused-AllReduce launch raises its tile flags (a PGL, released at system scope) and
@@ -370,8 +372,11 @@ impl Gemm {
             );
             Ok(())
         };
-        // With the AllGather, A is this rank's shard of ag_rows rows.
-        let a_rows = extras.all_gather.map_or(m, |g| u64::from(g.rows));
+        // With the intra-SM AllGather, A is this rank's shard of ag_rows rows.
+        let a_rows = match extras.all_gather {
+            Some(g) if g.copy.is_none() => u64::from(g.rows),
+            _ => m,
+        };
         need("A", a.1, a_rows * k, format!("{a_rows} x {k}"))?;
         let b_dims = match o.b_layout {
             BLayout::KxN => format!("{k} x {n}"),
@@ -461,6 +466,19 @@ impl Gemm {
             p.ag_rows = g.rows;
             p.peer_bar = g.bar;
             p.peer_epoch = g.epoch;
+            if let Some(c) = g.copy {
+                ensure!(o.comm_ctas > 0, "GEMM {}: the inter-SM AllGather copies the shards in communicator CTAs: plan with comm_ctas > 0", plan.shape);
+                ensure!(
+                    c.shards.world as u32 == ranks && u64::from(c.row_bytes) == k * o.input.bytes() as u64,
+                    "GEMM {}: the AllGather copy was made for {} ranks and rows of {} bytes, the launch has {ranks} ranks and rows of {} bytes",
+                    plan.shape,
+                    c.shards.world,
+                    c.row_bytes,
+                    k * o.input.bytes() as u64
+                );
+                p.comm_op = WEFT_GEMM_COMM_ALLGATHER;
+                p.ag_copy = weft_gemm_ag_copy { gathered: a_ptr, ..c };
+            }
         }
         if let Some(t) = all_reduce {
             ensure!(layout == OutputLayout::Standard, "GEMM {}: the fused AllReduce reads the standard layout, not {}", plan.shape, layout.name());

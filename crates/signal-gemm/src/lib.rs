@@ -27,6 +27,7 @@ pub mod reference;
 mod reorder;
 mod schedule;
 mod tensor_map;
+pub mod timing;
 pub mod tuner;
 mod wave_groups;
 

@@ -247,6 +247,23 @@ typedef struct weft_tile_allreduce_params {
   uint32_t reserved;
 } weft_tile_allreduce_params;
 
+// Inter-SM AllGather + GEMM (kernels/include/weft/gemm/ag_copy.cuh): the communicator CTAs copy
+// the peers' A shards into `gathered` (this GPU's m x k A, the launch's `a`), one chunk of tile_m
+// rows (one tile row of A) at a time, in the order the rotated schedule first reads them (from the
+// shard after this rank's on), chunk j by communicator j % comm_ctas; each chunk's flag is
+// released (GPU scope) at flag_target once its rows landed, and the loader waits for it before a
+// tile of that row. This rank's own rows the loader reads from its own shard (ag_maps[rank]).
+// The communicators start after START (every rank's shards written); END, arrived by the compute
+// CTAs once their loads are done, covers the copies (every chunk was waited for by some loader).
+typedef struct weft_gemm_ag_copy {
+  weft_pgl_view shards;    // every rank's A shard (ag_rows x k), as mapped on this GPU
+  uint64_t gathered;       // the gathered A (m x k, row-major, this GPU): the launch's `a`
+  uint64_t chunk_flags;    // uint64_t per tile row of A, on this GPU
+  uint64_t flag_target;    // a copied chunk's flag in this launch (epochs rise)
+  uint32_t row_bytes;      // bytes of an A row (k x element size), a multiple of 16
+  uint32_t reserved;
+} weft_gemm_ag_copy;
+
 // Kernel parameters (passed by value as a __grid_constant__, so the tensor maps' addresses can be
 // given to TMA). D = alpha * A*B + beta * D (D read only when beta != 0).
 typedef struct weft_gemm_params {
@@ -297,14 +314,17 @@ typedef struct weft_gemm_params {
   // PGL; the loader reads each A tile from its owner through ag_maps[owner] (a tensor map per
   // rank, global memory, box as `a`'s), waiting once, before its first peer load, for every CTA
   // of every rank to have arrived at START (their shards written). ag_rows is a multiple of
-  // tile_m. 0: A is `a`.
+  // tile_m. 0: A is `a`. With comm_op ALLGATHER only this rank's rows come from ag_maps[rank],
+  // the others from `a`, the copy the communicators gather (weft_gemm_ag_copy).
   uint64_t ag_maps;
   uint32_t ag_rows;
   uint32_t ag_reserved;
   weft_tile_allreduce_params allreduce;  // comm_op ALLREDUCE
+  weft_gemm_ag_copy ag_copy;             // comm_op ALLGATHER
 } weft_gemm_params;
 #define WEFT_GEMM_COMM_TILE_COPY 0   // the test communicator (copy_dst)
 #define WEFT_GEMM_COMM_ALLREDUCE 1   // fused-inter GEMM + AllReduce
+#define WEFT_GEMM_COMM_ALLGATHER 2   // fused-inter AllGather + GEMM
 
 // Post-communication reorder (kernels/gemm/restore.cu): a buffer of slots in execution order ->
 // the standard row-major layout, bit for bit, optionally fused with a residual add or an RMSNorm.

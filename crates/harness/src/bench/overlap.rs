@@ -15,8 +15,11 @@
 //!   output is checked like `signal`'s (the rows m / world each rank owns, NCCL's row split);
 //! - `fused-inter`, `distfuse` (AllReduce only): signal-gemm III's `FusedAllReduce`, the tiles'
 //!   owners summing every rank's partial by peer loads and writing it to every rank, in the GEMM's
-//!   communicator CTAs or in a kernel of their own on a second stream; 16 and 32 worker CTAs
-//!   tried, the faster reported; checked like `signal`'s.
+//!   communicator CTAs or in a kernel of their own on a second stream; the worker count measured
+//!   at first use and cached (`fused::first_use`, file `WEFT_CHOICES` or weft-choices.txt);
+//!   checked like `signal`'s;
+//! - `auto` (AllReduce only): the fused method and count `fused::first_use` picks for the shape,
+//!   reported with its time from this run. Every row also names the fastest method measured.
 //!
 //! Per shape also: the GEMM and the collective alone (T_gemm = cuBLAS, T_comm), the theoretical
 //! best max(T_gemm, T_comm) and the share of it reached, and the signalling GEMM alone against
@@ -38,10 +41,10 @@ use weft_kernels::abi::WEFT_GEMM_MAX_WAVE_GROUPS;
 use weft_pgl::nccl::{Communicator, ReduceOp};
 use super::overlap_ops::{collective, out_len, Signal};
 use weft_signal_gemm::tuner::Op;
-use weft_signal_gemm::fused::{AllReduceMethod, FusedAllReduce, FusedReduceScatter};
+use weft_signal_gemm::fused::{first_use, AllReduceMethod, ChoiceCache, FusedAllReduce, FusedReduceScatter};
 use weft_signal_gemm::{CublasGemm, Gemm, GemmOptions, GemmPlan, GemmShape, WaveGroups};
 
-pub const METHODS: &[&str] = &["seq-cublas", "seq-weft", "decomposition", "signal", "fused-intra", "fused-inter", "distfuse"];
+pub const METHODS: &[&str] = &["seq-cublas", "seq-weft", "decomposition", "signal", "fused-intra", "fused-inter", "distfuse", "auto"];
 
 pub fn shapes(quick: bool) -> Vec<GemmShape> {
     let s = GemmShape::new;
@@ -86,15 +89,16 @@ pub fn run(job: &mut Job, op: Op, quick: bool, methods: &[String]) -> anyhow::Re
         "weft bench overlap: fused-intra exists for ReduceScatter only (weft bench overlap-reduce-scatter)"
     );
     anyhow::ensure!(
-        op == Op::AllReduce || !methods.iter().any(|m| m == "fused-inter" || m == "distfuse"),
-        "weft bench overlap-reduce-scatter: fused-inter and distfuse exist for AllReduce only (weft bench overlap)"
+        op == Op::AllReduce || !methods.iter().any(|m| m == "fused-inter" || m == "distfuse" || m == "auto"),
+        "weft bench overlap-reduce-scatter: fused-inter, distfuse and auto exist for AllReduce only (weft bench overlap)"
     );
     let fused_wanted = op == Op::ReduceScatter && want("fused-intra");
-    let ar_methods: Vec<bool> = [(true, "fused-inter"), (false, "distfuse")]
+    let auto_wanted = op == Op::AllReduce && want("auto");
+    let ar_methods: Vec<&str> = ["fused-inter", "distfuse"]
         .into_iter()
-        .filter(|(_, name)| op == Op::AllReduce && want(name))
-        .map(|(inter, _)| inter)
+        .filter(|name| op == Op::AllReduce && (want(name) || auto_wanted))
         .collect();
+    let mut cache = ChoiceCache::open(&ChoiceCache::default_path())?;
     let rank = job.rank();
     let world = job.world();
     let gpu = job.gpu().map_err(|w| anyhow::anyhow!("no GPU: {w}"))?;
@@ -113,7 +117,7 @@ pub fn run(job: &mut Job, op: Op, quick: bool, methods: &[String]) -> anyhow::Re
     let mut table = Table {
         headers: vec![
             "M x N x K", "T_gemm", "T_comm", "seq-cublas", "seq-weft", "decomp", "signal", "speedup", "of theory", "interf.",
-            "signal config", "fused-intra", "fused speedup", "fused / weft GEMM", "fused-inter", "distfuse",
+            "signal config", "fused-intra", "fused speedup", "fused / weft GEMM", "fused-inter", "distfuse", "auto", "fastest",
         ],
         rows: Vec::new(),
     };
@@ -261,28 +265,24 @@ pub fn run(job: &mut Job, op: Op, quick: bool, methods: &[String]) -> anyhow::Re
         } else {
             f64::NAN
         };
-        // Fused AllReduce: per method and worker count, checked once against weft's GEMM summed
-        // by NCCL (every row), then timed. Collective.
+        // Fused AllReduce: per method, its worker count measured at first use (or cached), the op
+        // checked once against weft's GEMM summed by NCCL (every row), then timed. Collective.
         let mut ar_times = [(f64::NAN, 0u32); 2]; // (ms, workers): fused-inter, distfuse
-        for &inter in &ar_methods {
+        let mut auto = (String::new(), f64::NAN);
+        if !ar_methods.is_empty() {
             weft.launch(&compute, &a, &b, &mut d)?;
             let bound = sum_bound(job, &compute, &d)?;
             let mut summed = poisoned::<bf16>(&compute, mu * nu)?;
             job.comm()?.all_reduce(&d, &mut summed, ReduceOp::Sum, &compute)?;
             let summed = download(&compute, &summed)?;
-            for workers in [16u32, 32] {
-                let (options, method) = if inter {
-                    (GemmOptions { sm_margin: 0, ..base }, AllReduceMethod::Inter { comm_ctas: workers })
-                } else {
-                    (GemmOptions { sm_margin: workers, ..base }, AllReduceMethod::DistFuse { workers })
-                };
+            let mut time_ar = |job: &mut Job, options: GemmOptions, method: AllReduceMethod| -> anyhow::Result<f64> {
                 let mut fused = FusedAllReduce::new(&mut job.rdzv, &ctx, &compute, shape, options, method)?;
                 let timed = (|| -> anyhow::Result<f64> {
                     let mut got = poisoned::<bf16>(&compute, mu * nu)?;
                     fused.run(&compute, &a, &b)?;
                     fused.copy_output(&compute, &mut got)?;
                     fused.synchronize(&compute)?;
-                    let what = format!("{shape} {} ({workers} workers) against weft GEMM + ncclAllReduce", method.name());
+                    let what = format!("{shape} {method:?} against weft GEMM + ncclAllReduce");
                     check_within(&what, &download(&compute, &got)?, &summed, &bound, nu)?;
                     let t = rig.time(|| fused.run(&compute, &a, &b))?;
                     fused.synchronize(&compute)?;
@@ -291,10 +291,30 @@ pub fn run(job: &mut Job, op: Op, quick: bool, methods: &[String]) -> anyhow::Re
                 let freed = fused.free(&mut job.rdzv);
                 let t = slowest(job, &[timed?])?[0];
                 freed?;
-                let slot = &mut ar_times[usize::from(!inter)];
-                if !(t >= slot.0) {
-                    *slot = (t, workers);
+                Ok(t)
+            };
+            let mut chosen = Vec::new();
+            for (slot, name) in ["fused-inter", "distfuse"].into_iter().enumerate() {
+                if !ar_methods.contains(&name) {
+                    continue;
                 }
+                let (options, method) = first_use::all_reduce_method(&mut job.rdzv, &ctx, &compute, &mut cache, shape, base, &[name])?;
+                let t = time_ar(job, options, method)?;
+                let workers = match method {
+                    AllReduceMethod::Inter { comm_ctas } => comm_ctas,
+                    AllReduceMethod::DistFuse { workers } => workers,
+                };
+                ar_times[slot] = (t, workers);
+                chosen.push((method, t));
+            }
+            if auto_wanted {
+                let (options, method) = first_use::all_reduce_method(&mut job.rdzv, &ctx, &compute, &mut cache, shape, base, &["fused-inter", "distfuse"])?;
+                // The same op as measured above, or (another count) timed now.
+                let t = match chosen.iter().find(|c| c.0 == method) {
+                    Some(c) => c.1,
+                    None => time_ar(job, options, method)?,
+                };
+                auto = (format!("{method:?}"), t);
             }
         }
         let mine = [t_gemm, t_comm, t_weft_gemm, seq_cublas, seq_weft, decomp.0, fused_t];
@@ -307,6 +327,16 @@ pub fn run(job: &mut Job, op: Op, quick: bool, methods: &[String]) -> anyhow::Re
             }
             None => (f64::NAN, 0, String::new(), f64::NAN, f64::NAN, f64::NAN),
         };
+        let measured = [
+            ("seq-cublas", seq_cublas),
+            ("seq-weft", seq_weft),
+            ("decomposition", decomp_t),
+            ("signal", sig_t),
+            ("fused-intra", fused_t),
+            ("fused-inter", ar_times[0].0),
+            ("distfuse", ar_times[1].0),
+        ];
+        let fastest = measured.iter().filter(|m| m.1.is_finite()).min_by(|x, y| x.1.total_cmp(&y.1)).map_or("", |m| m.0);
         let theory = t_gemm.max(t_comm);
         let speedup = seq_cublas / sig_t;
         let of_theory = theory / sig_t; // (T_seq / T_signal) / (T_seq / max)
@@ -328,6 +358,8 @@ pub fn run(job: &mut Job, op: Op, quick: bool, methods: &[String]) -> anyhow::Re
             format!("{:.3}", fused_t / t_weft_gemm),
             format!("{:.3} ({})", ar_times[0].0, ar_times[0].1),
             format!("{:.3} ({})", ar_times[1].0, ar_times[1].1),
+            format!("{:.3} {}", auto.1, auto.0),
+            fastest.to_string(),
         ]);
         rows.push(Json::obj([
             ("op", Json::Str(op.name().into())),
@@ -364,6 +396,9 @@ pub fn run(job: &mut Job, op: Op, quick: bool, methods: &[String]) -> anyhow::Re
             ("distfuse_workers", Json::Num(f64::from(ar_times[1].1))),
             ("fused_inter_speedup_vs_seq_cublas", Json::Num(seq_cublas / ar_times[0].0)),
             ("distfuse_speedup_vs_seq_cublas", Json::Num(seq_cublas / ar_times[1].0)),
+            ("auto_method", Json::Str(auto.0)),
+            ("auto_ms", Json::Num(auto.1)),
+            ("fastest_method", Json::Str(fastest.into())),
         ]));
     }
     Ok(SuiteResult { table, rows })

@@ -4,8 +4,14 @@
 //! - `seq-cublas`: ncclAllGather of the shards, then cuBLAS — the ratios' baseline;
 //! - `seq-weft`: ncclAllGather, then weft's GEMM;
 //! - `fused-intra`: signal-gemm III's `FusedAllGatherGemm`, the loader reading A tiles by TMA
-//!   from their owners' shards, each rank starting on its own. Its D is checked, before timing,
-//!   bit for bit against `seq-weft`'s (the same kernel and tiles; only the order differs).
+//!   from their owners' shards, each rank starting on its own;
+//! - `fused-inter`: the same op, communicator CTAs copying the peers' shards chunk by chunk into
+//!   a local A (their count measured at first use and cached, `fused::first_use`);
+//! - `auto`: the fused method `fused::first_use` picks for the shape (measured at first use and
+//!   cached), reported with its time from this run; the row also names the fastest method measured.
+//!
+//! Each fused D is checked, before timing, bit for bit against `seq-weft`'s (the same kernel and
+//! tiles; only the order differs).
 //!
 //! Per shape also the GEMM and the AllGather alone (T_gemm = cuBLAS, T_comm). Timing as the other
 //! overlap benches: events on the compute stream, L2 evicted before each iteration, median per
@@ -18,10 +24,10 @@ use crate::job::Job;
 use crate::json::Json;
 use crate::results::Table;
 use half::bf16;
-use weft_signal_gemm::fused::FusedAllGatherGemm;
+use weft_signal_gemm::fused::{first_use, AllGatherMethod, ChoiceCache, FusedAllGatherGemm};
 use weft_signal_gemm::{CublasGemm, Gemm, GemmOptions, GemmShape};
 
-pub const METHODS: &[&str] = &["seq-cublas", "seq-weft", "fused-intra"];
+pub const METHODS: &[&str] = &["seq-cublas", "seq-weft", "fused-intra", "fused-inter", "auto"];
 
 /// M × N × K of the GEMM after the gather (async-TP's AG + GEMM shapes first).
 pub fn shapes(quick: bool) -> Vec<GemmShape> {
@@ -61,10 +67,14 @@ pub fn run(job: &mut Job, quick: bool, methods: &[String]) -> anyhow::Result<Sui
             "fused-intra",
             "speedup",
             "fused / weft GEMM",
+            "fused-inter",
+            "auto",
+            "fastest",
         ],
         rows: Vec::new(),
     };
     let mut rows = Vec::new();
+    let mut cache = ChoiceCache::open(&ChoiceCache::default_path())?;
     for shape in shapes(quick) {
         let GemmShape { m, n, k } = shape;
         anyhow::ensure!(
@@ -108,12 +118,12 @@ pub fn run(job: &mut Job, quick: bool, methods: &[String]) -> anyhow::Result<Sui
         } else {
             f64::NAN
         };
-        let fused_t = if want("fused-intra") {
-            comm.all_gather(&shard, &mut a, &compute)?;
-            weft.launch(&compute, &a, &b, &mut d)?;
-            let reference = download(&compute, &d)?;
-            let mut fused =
-                FusedAllGatherGemm::<bf16>::new(&mut job.rdzv, &ctx, &compute, shape, base)?;
+        // The fused methods' reference: weft's GEMM of the NCCL-gathered A.
+        comm.all_gather(&shard, &mut a, &compute)?;
+        weft.launch(&compute, &a, &b, &mut d)?;
+        let reference = download(&compute, &d)?;
+        let mut time_fused = |job: &mut Job, method: AllGatherMethod| -> anyhow::Result<f64> {
+            let mut fused = FusedAllGatherGemm::<bf16>::new(&mut job.rdzv, &ctx, &compute, shape, base, method)?;
             let timed = (|| -> anyhow::Result<f64> {
                 let mut got = poisoned::<bf16>(&compute, mu * nu)?;
                 fused.copy_shard(&compute, &shard)?;
@@ -121,7 +131,7 @@ pub fn run(job: &mut Job, quick: bool, methods: &[String]) -> anyhow::Result<Sui
                 fused.synchronize(&compute)?;
                 anyhow::ensure!(
                     download(&compute, &got)? == reference,
-                    "{shape}: fused-intra's D differs from weft's GEMM of the NCCL-gathered A"
+                    "{shape}: {method:?}'s D differs from weft's GEMM of the NCCL-gathered A"
                 );
                 let t = rig.time(|| fused.run(&compute, &b, &mut got))?;
                 fused.synchronize(&compute)?;
@@ -130,16 +140,43 @@ pub fn run(job: &mut Job, quick: bool, methods: &[String]) -> anyhow::Result<Sui
             let freed = fused.free(&mut job.rdzv);
             let t = timed?;
             freed?;
-            t
+            Ok(t)
+        };
+        let fused_t = if want("fused-intra") || want("auto") {
+            time_fused(job, AllGatherMethod::Intra)?
         } else {
             f64::NAN
         };
+        let (inter_t, inter_ctas) = if want("fused-inter") || want("auto") {
+            let method = first_use::all_gather_method::<bf16>(&mut job.rdzv, &ctx, &compute, &mut cache, shape, base, &["fused-inter"])?;
+            let AllGatherMethod::Inter { comm_ctas } = method else {
+                anyhow::bail!("{shape}: fused-inter's choice is {method:?}")
+            };
+            (time_fused(job, method)?, comm_ctas)
+        } else {
+            (f64::NAN, 0)
+        };
+        // auto: the chosen method's time in this run (the same op as measured above, or timed
+        // now if its count differs from fused-inter's own choice).
+        let (auto_name, auto_t) = if want("auto") {
+            match first_use::all_gather_method::<bf16>(&mut job.rdzv, &ctx, &compute, &mut cache, shape, base, &["fused-intra", "fused-inter"])? {
+                AllGatherMethod::Intra => ("fused-intra".to_string(), fused_t),
+                m @ AllGatherMethod::Inter { comm_ctas } => (
+                    format!("fused-inter ({comm_ctas})"),
+                    if comm_ctas == inter_ctas { inter_t } else { time_fused(job, m)? },
+                ),
+            }
+        } else {
+            (String::new(), f64::NAN)
+        };
         let v = slowest(
             job,
-            &[t_gemm, t_comm, t_weft_gemm, seq_cublas, seq_weft, fused_t],
+            &[t_gemm, t_comm, t_weft_gemm, seq_cublas, seq_weft, fused_t, inter_t, auto_t],
         )?;
-        let (t_gemm, t_comm, t_weft_gemm, seq_cublas, seq_weft, fused_t) =
-            (v[0], v[1], v[2], v[3], v[4], v[5]);
+        let (t_gemm, t_comm, t_weft_gemm, seq_cublas, seq_weft, fused_t, inter_t, auto_t) =
+            (v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+        let measured = [("seq-cublas", seq_cublas), ("seq-weft", seq_weft), ("fused-intra", fused_t), ("fused-inter", inter_t)];
+        let fastest = measured.iter().filter(|m| m.1.is_finite()).min_by(|x, y| x.1.total_cmp(&y.1)).map_or("", |m| m.0);
         table.rows.push(vec![
             format!("{m}x{n}x{k}"),
             format!("{t_gemm:.3}"),
@@ -149,6 +186,9 @@ pub fn run(job: &mut Job, quick: bool, methods: &[String]) -> anyhow::Result<Sui
             format!("{fused_t:.3}"),
             format!("{:.3}", seq_cublas / fused_t),
             format!("{:.3}", fused_t / t_weft_gemm),
+            format!("{inter_t:.3} ({inter_ctas})"),
+            format!("{auto_t:.3} {auto_name}"),
+            fastest.to_string(),
         ]);
         rows.push(Json::obj([
             ("op", Json::Str("all-gather".into())),
@@ -170,6 +210,13 @@ pub fn run(job: &mut Job, quick: bool, methods: &[String]) -> anyhow::Result<Sui
                 "fused_intra_over_weft_gemm",
                 Json::Num(fused_t / t_weft_gemm),
             ),
+            ("fused_inter_ms", Json::Num(inter_t)),
+            ("fused_inter_comm_ctas", Json::Num(f64::from(inter_ctas))),
+            ("fused_inter_speedup_vs_seq_cublas", Json::Num(seq_cublas / inter_t)),
+            ("fused_inter_over_weft_gemm", Json::Num(inter_t / t_weft_gemm)),
+            ("auto_method", Json::Str(auto_name)),
+            ("auto_ms", Json::Num(auto_t)),
+            ("fastest_method", Json::Str(fastest.into())),
         ]));
     }
     Ok(SuiteResult { table, rows })

@@ -1,7 +1,9 @@
-//! signal-gemm III, fused AllGather + GEMM (the loader reads A tiles by TMA from their owners'
-//! shards): every element of every rank's D against a float64 CPU GEMM of the gathered A (each
-//! rank regenerates every rank's shard) and its own B; 10^4 back-to-back runs rewriting the shard
-//! before each (integer data, exact), D compared bit for bit on the GPU; misuse refused.
+//! signal-gemm III, fused AllGather + GEMM, both methods (fused-intra: the loader reads A tiles by
+//! TMA from their owners' shards; fused-inter: communicator CTAs copy the peers' shards chunk by
+//! chunk into a local A the loader reads once each chunk is flagged): every element of every
+//! rank's D against a float64 CPU GEMM of the gathered A (each rank regenerates every rank's
+//! shard) and its own B; per method 10^4 back-to-back runs rewriting the shard before each
+//! (integer data, exact), D compared bit for bit on the GPU; misuse refused.
 
 use super::fused_reduce_scatter::{
     device_addr, inputs, max_ctas, random_options, refused, TRIAL_WAIT,
@@ -18,7 +20,7 @@ use half::bf16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
-use weft_signal_gemm::fused::FusedAllGatherGemm;
+use weft_signal_gemm::fused::{AllGatherMethod, FusedAllGatherGemm};
 use weft_signal_gemm::reference::{check_all, gemm_f64, Tolerance};
 use weft_signal_gemm::{device_sms, Dtype, GemmElement, GemmOptions, GemmShape};
 use weft_sync::WaitBudget;
@@ -67,16 +69,41 @@ fn gathered_a(
         .collect()
 }
 
-/// Random shapes (n, k ragged), B layouts, tiles, clusters, schedules, bf16 and f32 outputs,
-/// two input sets per case.
+/// Options for a GEMM of `ctas` compute CTAs (and, inter-SM, `comm` communicator CTAs).
+fn configure(sms: u32, ctas: u32, comm: u32, inter: bool, base: GemmOptions) -> (GemmOptions, AllGatherMethod) {
+    if inter {
+        (
+            GemmOptions {
+                sm_margin: sms - ctas - comm,
+                ..base
+            },
+            AllGatherMethod::Inter { comm_ctas: comm },
+        )
+    } else {
+        (
+            GemmOptions {
+                sm_margin: sms - ctas,
+                ..base
+            },
+            AllGatherMethod::Intra,
+        )
+    }
+}
+
+/// Random shapes (n, k ragged), B layouts, tiles, clusters, schedules, communicator counts, bf16
+/// and f32 outputs, both methods; two input sets per case.
 fn matches_reference(job: &mut Job) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
     let (ctx, stream) = gpu(job)?;
     let world = job.world();
     let budget = max_ctas(job, &ctx)?;
+    anyhow::ensure!(
+        budget >= 6,
+        "each rank has only {budget} SMs: the trial needs 6 (GEMM and communicators resident together)"
+    );
     let sms = device_sms(&ctx)?;
     let mut rng = StdRng::seed_from_u64(seed ^ 0xA6);
-    for case in 0..6u64 {
+    for case in 0..8u64 {
         let cluster_m = rng.random_range(1..=2u32);
         let rows = 128 * cluster_m * rng.random_range(1..=2u32);
         let shape = GemmShape::new(
@@ -84,21 +111,31 @@ fn matches_reference(job: &mut Job) -> anyhow::Result<()> {
             16 * rng.random_range(1..=24),
             16 * rng.random_range(1..=24),
         );
-        let ctas = rng.random_range(2..=budget.max(2)).min(budget);
+        let inter = case % 4 >= 2;
+        let comm = if inter {
+            rng.random_range(1..=(budget / 2).min(6)) / cluster_m * cluster_m
+        } else {
+            0
+        }
+        .max(if inter { cluster_m } else { 0 });
+        let ctas = rng.random_range(2..=(budget - comm).max(2)).min(budget - comm);
         let output = if case % 2 == 0 {
             Dtype::Bf16
         } else {
             Dtype::F32
         };
-        let options = GemmOptions {
+        let base = GemmOptions {
             output,
-            sm_margin: sms - ctas,
             ..random_options(&mut rng, cluster_m)
         };
-        let what = format!("case {case}: {shape} {options:?}, {world} ranks, seed {seed}");
+        let (options, method) = configure(sms, ctas, comm, inter, base);
+        let what = format!(
+            "case {case}: {} {shape} {options:?}, {world} ranks, seed {seed}",
+            method.name()
+        );
         match output {
-            Dtype::Bf16 => check_case::<bf16>(job, &ctx, &stream, seed + case, shape, options),
-            _ => check_case::<f32>(job, &ctx, &stream, seed + case, shape, options),
+            Dtype::Bf16 => check_case::<bf16>(job, &ctx, &stream, seed + case, shape, options, method),
+            _ => check_case::<f32>(job, &ctx, &stream, seed + case, shape, options, method),
         }
         .map_err(|e| e.context(what))?;
     }
@@ -112,10 +149,12 @@ fn check_case<TO: GemmElement>(
     seed: u64,
     shape: GemmShape,
     options: GemmOptions,
+    method: AllGatherMethod,
 ) -> anyhow::Result<()> {
     let (world, rank) = (job.world(), job.rank());
     let rows = shape.m / world as u32;
-    let mut op = FusedAllGatherGemm::<bf16>::new(&mut job.rdzv, ctx, stream, shape, options)?;
+    let mut op =
+        FusedAllGatherGemm::<bf16>::new(&mut job.rdzv, ctx, stream, shape, options, method)?;
     op.set_budget(WaitBudget::for_device(ctx, TRIAL_WAIT)?);
     // A rank whose data is wrong still runs every set (the others' kernels wait for its CTAs).
     let mut wrong: Option<anyhow::Error> = None;
@@ -156,23 +195,35 @@ fn check_case<TO: GemmElement>(
     wrong.map_or(Ok(()), Err)
 }
 
-/// 10^4 runs back to back, alternating two sets of integer shards in {-1, 0, 1} (k = 32: every
-/// element an integer of magnitude at most 32, exact), each rank rewriting its shard before each
-/// run: a peer that loaded a shard before it was written, or after it was rewritten for the next
-/// run, shows as a difference from the exact result.
+/// Per method, 10^4 runs back to back, alternating two sets of integer shards in {-1, 0, 1}
+/// (k = 32: every element an integer of magnitude at most 32, exact), each rank rewriting its
+/// shard before each run: a peer's rows loaded (or copied) before they were written, or after
+/// they were rewritten for the next run, or a chunk read before its copy landed, show as a
+/// difference from the exact result.
 fn stress(job: &mut Job) -> anyhow::Result<()> {
+    let budget = {
+        let (ctx, _) = gpu(job)?;
+        max_ctas(job, &ctx)?
+    };
+    anyhow::ensure!(
+        budget >= 4,
+        "each rank has only {budget} SMs: the trial needs 4"
+    );
+    let comm = (budget / 4).clamp(1, 4);
+    stress_method(job, (budget - comm).min(16), 0, false)?;
+    stress_method(job, (budget - comm).min(16), comm, true)
+}
+
+fn stress_method(job: &mut Job, ctas: u32, comm: u32, inter: bool) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
     let (ctx, stream) = gpu(job)?;
     let (world, rank) = (job.world(), job.rank());
-    let budget = max_ctas(job, &ctx)?;
     let sms = device_sms(&ctx)?;
     let rows = 128;
     let shape = GemmShape::new(rows * world as u32, 256, 32);
-    let options = GemmOptions {
-        sm_margin: sms - budget.min(16),
-        ..GemmOptions::default()
-    };
-    let mut op = FusedAllGatherGemm::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, options)?;
+    let (options, method) = configure(sms, ctas, comm, inter, GemmOptions::default());
+    let mut op =
+        FusedAllGatherGemm::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, options, method)?;
     op.set_budget(WaitBudget::for_device(&ctx, TRIAL_WAIT)?);
     let result = (|| -> anyhow::Result<()> {
         let mut shards = Vec::new();
@@ -223,7 +274,7 @@ fn stress(job: &mut Job) -> anyhow::Result<()> {
         }
         op.synchronize(&stream)?;
         let diff = cmp.take(&stream)?;
-        anyhow::ensure!(diff.is_none(), "{STRESS_ITERATIONS} runs on {world} ranks: rank {rank}'s D differed from the exact result: {diff:?}");
+        anyhow::ensure!(diff.is_none(), "{}: {STRESS_ITERATIONS} runs on {world} ranks: rank {rank}'s D differed from the exact result: {diff:?}", method.name());
         Ok(())
     })();
     let freed = op.free(&mut job.rdzv);
@@ -240,15 +291,17 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
         sm_margin: sms - budget,
         ..GemmOptions::default()
     };
+    let intra = AllGatherMethod::Intra;
     let expect = |job: &mut Job,
                   shape: GemmShape,
                   options: GemmOptions,
+                  method: AllGatherMethod,
                   needle: &str|
      -> anyhow::Result<()> {
         // Accepted: freed (collectively, every rank accepted the same plan), then reported.
-        let made = FusedAllGatherGemm::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, options);
+        let made = FusedAllGatherGemm::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, options, method);
         refused(
-            &format!("{shape} {options:?}"),
+            &format!("{} {shape} {options:?}", method.name()),
             made.and_then(|op| op.free(&mut job.rdzv)),
             needle,
         )
@@ -257,6 +310,7 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
         job,
         GemmShape::new(64 * world, 256, 64),
         fits,
+        intra,
         "whole multiple of 128",
     )?;
     expect(
@@ -266,6 +320,7 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
             cluster_m: 2,
             ..fits
         },
+        intra,
         "whole multiple of 256",
     )?;
     expect(
@@ -275,18 +330,47 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
             input: Dtype::F16,
             ..fits
         },
+        intra,
         "GemmOptions::input must match",
+    )?;
+    let shape = GemmShape::new(128 * world, 256, 64);
+    expect(
+        job,
+        shape,
+        GemmOptions {
+            comm_ctas: 2,
+            ..fits
+        },
+        intra,
+        "comm_ctas must be 0",
+    )?;
+    expect(
+        job,
+        shape,
+        fits,
+        AllGatherMethod::Inter { comm_ctas: 0 },
+        "at least one communicator CTA",
+    )?;
+    expect(
+        job,
+        shape,
+        GemmOptions {
+            comm_ctas: 3,
+            ..fits
+        },
+        AllGatherMethod::Inter { comm_ctas: 2 },
+        "sets comm_ctas itself",
     )?;
     if budget < sms {
         expect(
             job,
-            GemmShape::new(128 * world, 256, 64),
+            shape,
             GemmOptions::default(),
+            intra,
             "cannot all be resident",
         )?;
     }
-    let shape = GemmShape::new(128 * world, 256, 64);
-    let mut op = FusedAllGatherGemm::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, fits)?;
+    let mut op = FusedAllGatherGemm::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, fits, intra)?;
     let small_b = upload(&stream, &[bf16::ZERO; 16])?;
     let mut d = poisoned::<bf16>(&stream, (shape.m * shape.n) as usize)?;
     let outcome = refused(
@@ -299,6 +383,16 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
         "a 16-element shard",
         op.copy_shard(&stream, &short),
         "the A shard needs",
+    ));
+    let outcome = outcome.and(op.free(&mut job.rdzv));
+    let inter = AllGatherMethod::Inter { comm_ctas: 2 };
+    let mut op = FusedAllGatherGemm::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, fits, inter)?;
+    let b = upload(&stream, &vec![bf16::ZERO; (shape.k * shape.n) as usize])?;
+    let mut small_d = poisoned::<bf16>(&stream, 16)?;
+    let outcome = outcome.and(refused(
+        &format!("fused-inter with a 16-element D for {shape}"),
+        op.run(&stream, &b, &mut small_d),
+        "D buffer too small",
     ));
     let freed = op.free(&mut job.rdzv);
     outcome.and(freed)

@@ -5,6 +5,12 @@
 //! rotated so that each rank starts on its own shard's rows: the wait for the peers' shards
 //! (START, every rank's CTAs launched, so their shards are written) comes after a rank's own
 //! tiles have started. END (every rank's loads done) lets the next run's shard be overwritten.
+//!
+//! Two methods ([`AllGatherMethod`]): `Intra`, as above; `Inter`, where communicator CTAs of the
+//! GEMM kernel copy the peers' shards into a local gathered A, a tile row (chunk) at a time, in
+//! the order the rotated schedule reads them, and release a flag per chunk; the loader reads its
+//! own rows from its shard and a peer's rows from the copy once their chunk's flag is up
+//! (kernels/include/weft/gemm/ag_copy.cuh).
 
 use super::collective_plan::{
     agree_on_plan, check_resident, peer_tensor_maps, synchronize_checked,
@@ -16,24 +22,52 @@ use crate::reorder::MAX_BAND_RANKS;
 use anyhow::{ensure, Context};
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
-use weft_kernels::abi::WEFT_GEMM_TILE_M;
+use weft_kernels::abi::{weft_gemm_ag_copy, WEFT_GEMM_TILE_M};
 use weft_pgl::rendezvous::Rendezvous;
 use weft_pgl::{agree, Backend, Pgl, PglElement, Shape};
 use weft_sync::{Counters, WaitBudget};
 
-/// One rank's fused AllGather + GEMM for a fixed shape (m: all ranks' rows) and world.
+/// Where the peers' A rows are read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllGatherMethod {
+    /// By the loader's TMA, straight from the owners' shards.
+    Intra,
+    /// Copied by `comm_ctas` communicator CTAs of the GEMM kernel into a local gathered A, chunk
+    /// by chunk, the loader waiting for each chunk's flag.
+    Inter { comm_ctas: u32 },
+}
+
+impl AllGatherMethod {
+    pub fn name(self) -> &'static str {
+        match self {
+            AllGatherMethod::Intra => "fused-intra",
+            AllGatherMethod::Inter { .. } => "fused-inter",
+        }
+    }
+}
+
+/// The inter-SM method's buffers on this GPU: the gathered A (m × k) and a flag per tile row.
+struct GatheredA<TI> {
+    a: CudaSlice<TI>,
+    chunk_flags: CudaSlice<u64>,
+}
+
+/// One rank's fused AllGather + GEMM for a fixed shape (m: all ranks' rows), world and method.
 pub struct FusedAllGatherGemm<TI: GemmElement + PglElement> {
     gemm: Gemm,
+    method: AllGatherMethod,
     shard: Pgl<TI>,
     /// A weft_tensor_map per rank's shard (peers' as mapped here), read by the loader.
     maps: CudaSlice<u8>,
     bar: Counters,
     rows: u32,
+    gathered: Option<GatheredA<TI>>,
 }
 
 impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
     /// Collective over `rdzv`'s ranks: plans the GEMM (the same on every rank but for the order's
-    /// rotation), allocates each rank's A shard (m/world × k) and the barrier counters.
+    /// rotation; `Inter` with its communicator CTAs), allocates each rank's A shard (m/world × k)
+    /// and the barrier counters, and for `Inter` the gathered A and its chunk flags.
     /// m/world must be a multiple of 128 (of 256 with clusters of 2).
     pub fn new(
         rdzv: &mut Rendezvous,
@@ -41,16 +75,22 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
         stream: &Arc<CudaStream>,
         shape: GemmShape,
         options: GemmOptions,
+        method: AllGatherMethod,
     ) -> anyhow::Result<Self> {
         let (world, rank) = (rdzv.world() as u32, rdzv.rank() as u32);
         let gemm = agree(
             rdzv,
             "fused AllGather + GEMM plan",
-            Self::plan_gemm(ctx, shape, options, world, rank),
+            Self::plan_gemm(ctx, shape, options, method, world, rank),
         )?;
         let what = "fused AllGather + GEMM";
-        agree_on_plan(rdzv, what, &gemm.plan().describe())?;
-        check_resident(rdzv, ctx, what, gemm.plan().ctas())?;
+        let plan = gemm.plan();
+        agree_on_plan(
+            rdzv,
+            what,
+            &format!("{} {}", plan.describe(), method.name()),
+        )?;
+        check_resident(rdzv, ctx, what, plan.ctas() + plan.options.comm_ctas)?;
         let rows = shape.m / world;
         let shard = Pgl::<TI>::alloc(
             rdzv,
@@ -70,19 +110,49 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
             Shape::new(1, 1, 2, 1),
             WaitBudget::default_for(ctx)?,
         )?;
+        let gathered = match method {
+            AllGatherMethod::Intra => None,
+            AllGatherMethod::Inter { .. } => Some(agree(
+                rdzv,
+                "fused AllGather's gathered A",
+                Self::alloc_gathered(stream, shape),
+            )?),
+        };
         Ok(Self {
             gemm,
+            method,
             shard,
             maps,
             bar,
             rows,
+            gathered,
         })
+    }
+
+    fn alloc_gathered(
+        stream: &Arc<CudaStream>,
+        shape: GemmShape,
+    ) -> anyhow::Result<GatheredA<TI>> {
+        let elements = shape.m as usize * shape.k as usize;
+        // SAFETY: uninitialised; a peer's rows are read only after the communicators copied
+        // them (their chunk's flag), this rank's rows never (they come from its shard).
+        let a = unsafe { stream.alloc::<TI>(elements) }.with_context(|| {
+            format!(
+                "allocating the gathered A ({} x {}) of the inter-SM AllGather",
+                shape.m, shape.k
+            )
+        })?;
+        let tile_rows = shape.m.div_ceil(WEFT_GEMM_TILE_M) as usize;
+        let chunk_flags = stream.alloc_zeros::<u64>(tile_rows)?;
+        stream.synchronize()?;
+        Ok(GatheredA { a, chunk_flags })
     }
 
     fn plan_gemm(
         ctx: &Arc<CudaContext>,
         shape: GemmShape,
         options: GemmOptions,
+        method: AllGatherMethod,
         world: u32,
         rank: u32,
     ) -> anyhow::Result<Gemm> {
@@ -96,10 +166,30 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
             <TI as GemmElement>::DTYPE,
             options.input
         );
-        ensure!(
-            options.comm_ctas == 0,
-            "the fused AllGather has no communicator CTAs (comm_ctas must be 0)"
-        );
+        let options = match method {
+            AllGatherMethod::Intra => {
+                ensure!(
+                    options.comm_ctas == 0,
+                    "the intra-SM fused AllGather has no communicator CTAs (comm_ctas must be 0)"
+                );
+                options
+            }
+            AllGatherMethod::Inter { comm_ctas } => {
+                ensure!(
+                    comm_ctas > 0,
+                    "fused-inter AllGather: at least one communicator CTA is needed"
+                );
+                ensure!(
+                    options.comm_ctas == 0 || options.comm_ctas == comm_ctas,
+                    "fused-inter sets comm_ctas itself ({comm_ctas}); GemmOptions::comm_ctas is {}",
+                    options.comm_ctas
+                );
+                GemmOptions {
+                    comm_ctas,
+                    ..options
+                }
+            }
+        };
         let tile_rows = WEFT_GEMM_TILE_M * options.cluster_m;
         ensure!(
             shape.m % world == 0 && (shape.m / world) % tile_rows == 0,
@@ -133,6 +223,10 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
 
     pub fn gemm(&self) -> &Gemm {
         &self.gemm
+    }
+
+    pub fn method(&self) -> AllGatherMethod {
+        self.method
     }
 
     pub fn plan(&self) -> &GemmPlan {
@@ -189,11 +283,27 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
             Arc::ptr_eq(stream.context(), self.shard.context()),
             "the fused AllGather was made on another context than the stream's"
         );
+        let epoch = self.bar.epoch() + 1;
+        // Inter-SM: the launch's A is the gathered copy; a chunk's flag reaches the epoch.
+        let (a, copy) = match &self.gathered {
+            None => ((self.shard.local_ptr(), self.shard.len()), None),
+            Some(g) => {
+                let copy = weft_gemm_ag_copy {
+                    shards: self.shard.view(),
+                    chunk_flags: g.chunk_flags.device_ptr(stream).0,
+                    flag_target: epoch,
+                    row_bytes: self.plan().shape.k * <TI as GemmElement>::DTYPE.bytes() as u32,
+                    ..Default::default()
+                };
+                ((g.a.device_ptr(stream).0, g.a.len()), Some(copy))
+            }
+        };
         let source = AllGatherSource {
             maps: self.maps.device_ptr(stream).0,
             rows: self.rows,
             bar: self.bar.device()?,
-            epoch: self.bar.epoch() + 1,
+            epoch,
+            copy,
         };
         let extras = LaunchExtras::<TO> {
             all_gather: Some(source),
@@ -201,18 +311,9 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
         };
         let d_len = d.len();
         let (d_ptr, _rd) = cudarc::driver::DevicePtrMut::device_ptr_mut(d, stream);
-        // SAFETY: the shard PGL holds rows × k elements of TI, `d` d_len of TO, both alive past
-        // the launch (the caller orders its later use of them on the stream).
-        unsafe {
-            self.gemm.launch_into(
-                stream,
-                (self.shard.local_ptr(), self.shard.len()),
-                b,
-                d_ptr,
-                d_len,
-                extras,
-            )?
-        };
+        // SAFETY: A (the shard PGL, rows × k, or the gathered copy, m × k) and `d` (d_len of TO)
+        // are alive past the launch (the caller orders its later use of them on the stream).
+        unsafe { self.gemm.launch_into(stream, a, b, d_ptr, d_len, extras)? };
         // Counted only once enqueued: a refused launch leaves the epoch where the device is.
         self.bar.begin(1);
         Ok(())

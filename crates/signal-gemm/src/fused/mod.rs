@@ -7,14 +7,21 @@
 //!   partial with peer loads and writes the sum to every rank, in the GEMM's communicator CTAs
 //!   ([`AllReduceMethod::Inter`], ParallelKittens' inter-SM method) or in a kernel of its own on
 //!   a second stream ([`AllReduceMethod::DistFuse`]).
-//! - [`FusedAllGatherGemm`]: AllGather + GEMM, the loader reading each A tile by TMA from the
-//!   rank that holds it, each rank starting on its own shard.
+//! - [`FusedAllGatherGemm`]: AllGather + GEMM, each rank starting on its own shard, the loader
+//!   reading each peer's A tile by TMA from the rank that holds it ([`AllGatherMethod::Intra`]),
+//!   or from a local copy the GEMM's communicator CTAs gather chunk by chunk
+//!   ([`AllGatherMethod::Inter`]).
+//! - [`first_use`]: a method's communicator or worker count, or the fastest method per op and
+//!   shape, measured at first use and kept in a [`ChoiceCache`] file.
 
 mod all_gather;
 mod all_reduce;
+mod choice_cache;
 mod collective_plan;
+pub mod first_use;
 mod reduce_scatter;
 
-pub use all_gather::FusedAllGatherGemm;
+pub use all_gather::{AllGatherMethod, FusedAllGatherGemm};
 pub use all_reduce::{AllReduceMethod, FusedAllReduce};
+pub use choice_cache::{Candidate, Choice, ChoiceCache, ChoiceKey};
 pub use reduce_scatter::FusedReduceScatter;

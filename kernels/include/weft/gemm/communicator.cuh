@@ -9,6 +9,7 @@
 // result is checked against D by the harness: a missing or early signal shows as a wrong copy.
 #pragma once
 #include "weft/gemm.h"
+#include "weft/gemm/ag_copy.cuh"
 #include "weft/gemm/loader.cuh"
 #include "weft/gemm/tile_allreduce.cuh"
 #include "weft/sync/wait.cuh"
@@ -60,6 +61,8 @@ struct LaunchCommunicator {
   __device__ __forceinline__ static void run(const weft_gemm_params& p, const SharedTiles<Cfg>& sm) {
     if (p.comm_op == WEFT_GEMM_COMM_ALLREDUCE) {
       run_tile_allreduce(p.allreduce, blockIdx.x - p.sched.ctas);
+    } else if (p.comm_op == WEFT_GEMM_COMM_ALLGATHER) {
+      run_ag_copy<Cfg>(p);
     } else {
       TileCopyCommunicator::run<Cfg>(p, sm);
     }

@@ -67,7 +67,8 @@ struct GemmConfig {
   static constexpr int kSignalSlots = WEFT_GEMM_SIGNAL_SLOTS;
   static constexpr uint32_t kOffSignals = kOffOrders + ((kStages * 4 + 15) & ~15);
   static constexpr uint32_t kSignalBytes = kConsumers * kSignalSlots * 32;
-  // PEER_REDUCE (peer_reduce.cuh): the consumers-drained mbarrier and the START-stall flag.
+  // PEER_REDUCE (peer_reduce.cuh): the consumers-drained mbarrier, the START-stall flag and the
+  // inter-SM AllGather's chunk-stall row (ag_copy.cuh).
   static constexpr uint32_t kOffPeer = kOffSignals + kSignalBytes;
   static constexpr uint32_t kPeerBytes = 16;
   static constexpr uint32_t kSmemBytes = 1024 + kOffPeer + kPeerBytes;  // + alignment slack
@@ -111,6 +112,10 @@ struct SharedTiles {
   __device__ __forceinline__ uint64_t* peer_done() const { return reinterpret_cast<uint64_t*>(base + Cfg::kOffPeer); }
   __device__ __forceinline__ volatile uint32_t* peer_flag() const {
     return reinterpret_cast<volatile uint32_t*>(base + Cfg::kOffPeer + 8);
+  }
+  // Inter-SM AllGather: 0, or 1 + the tile row whose chunk the loader gave up waiting for.
+  __device__ __forceinline__ volatile uint32_t* ag_stall() const {
+    return reinterpret_cast<volatile uint32_t*>(base + Cfg::kOffPeer + 12);
   }
   __device__ __forceinline__ uint64_t* signal_slot(int consumer, int slot) const {
     return reinterpret_cast<uint64_t*>(base + Cfg::kOffSignals) + 2 * Cfg::kConsumers * Cfg::kSignalSlots +

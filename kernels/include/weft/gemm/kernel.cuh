@@ -69,6 +69,7 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
     }
     mbar_init(sm.peer_done(), Cfg::kConsumers);  // PEER_REDUCE: each consumer's leader, drained
     *sm.peer_flag() = 0;
+    *sm.ag_stall() = 0;
     mbar_fence_init();
     if (p.timeline != 0) atomicMin(reinterpret_cast<unsigned long long*>(p.timeline), weft::sync::globaltimer_ns());
     tensor_map_prefetch(&p.a);

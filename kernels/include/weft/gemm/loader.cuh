@@ -5,6 +5,7 @@
 #pragma once
 #include "weft/gemm.h"
 #include "weft/cluster.cuh"
+#include "weft/gemm/ag_chunk.cuh"
 #include "weft/gemm/config.cuh"
 #include "weft/gemm/peer_reduce.cuh"
 #include "weft/sync/mbarrier.cuh"
@@ -35,20 +36,25 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
     const int32_t m0 = static_cast<int32_t>(t.tm * Cfg::kBM), n0 = static_cast<int32_t>(t.tn * Cfg::kBN);
     // Where the A tile comes from: `a`, or (AllGather) its owner's shard, local or peer. A peer's
     // shard only after START (acquire, system scope), then a proxy fence: its generic writes
-    // before this thread's TMA reads.
+    // before this thread's TMA reads. Inter-SM (ag_copy.cuh): a peer's rows from `a`, the
+    // gathered copy, once the communicators flagged their chunk.
     const void* a_map = &p.a;
     int32_t a_row = m0;
     if (all_gather_a(p)) {
       const uint32_t owner = t.tm * Cfg::kBM / p.ag_rows;
-      if (static_cast<int32_t>(owner) != p.peer_bar.view.rank && !peers_ready) {
-        // A poll only (a report inline spills the loader's 40 registers): a give-up raises the
-        // START-stall flag, which the peer-barrier thread reports once the consumers drained.
-        if (!peer_bar_poll(p, WEFT_GEMM_PEER_BAR_START)) *sm.peer_flag() = 1;
-        weft::sync::mo::fence_proxy_async_global();
-        peers_ready = true;
+      if (static_cast<int32_t>(owner) == p.peer_bar.view.rank || !ag_inter(p)) {
+        if (static_cast<int32_t>(owner) != p.peer_bar.view.rank && !peers_ready) {
+          // A poll only (a report inline spills the loader's 40 registers): a give-up raises the
+          // START-stall flag, which the peer-barrier thread reports once the consumers drained.
+          if (!peer_bar_poll(p, WEFT_GEMM_PEER_BAR_START)) *sm.peer_flag() = 1;
+          weft::sync::mo::fence_proxy_async_global();
+          peers_ready = true;
+        }
+        a_map = ag_map(p, owner);
+        a_row = m0 - static_cast<int32_t>(owner * p.ag_rows);
+      } else if (!ag_chunk_poll(p, t.tm)) {
+        *sm.ag_stall() = t.tm + 1;  // reported by the peer-barrier thread, as above
       }
-      a_map = ag_map(p, owner);
-      a_row = m0 - static_cast<int32_t>(owner * p.ag_rows);
     }
     for (uint32_t kb = 0; kb < k_blocks; ++kb) {
       // Parity phase ^ 1: a fresh barrier counts as having completed the phase before phase 0.

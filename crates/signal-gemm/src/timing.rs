@@ -1,0 +1,59 @@
+//! CUDA-event timing of repeated operations, and the statistics weft reports.
+
+use cudarc::driver::{sys, CudaStream};
+
+/// Runs `op` `warmup` times untimed, then `iters` times each between its own pair of events;
+/// returns each timed iteration in milliseconds.
+pub fn time_iterations(
+    stream: &std::sync::Arc<CudaStream>,
+    warmup: usize,
+    iters: usize,
+    mut op: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<f64>> {
+    for _ in 0..warmup {
+        op()?;
+    }
+    let ctx = stream.context();
+    let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let mut events = Vec::with_capacity(2 * iters);
+    for _ in 0..2 * iters {
+        events.push(ctx.new_event(flags)?);
+    }
+    stream.synchronize()?;
+    for i in 0..iters {
+        events[2 * i].record(stream)?;
+        op()?;
+        events[2 * i + 1].record(stream)?;
+    }
+    stream.synchronize()?;
+    let mut ms = Vec::with_capacity(iters);
+    for i in 0..iters {
+        ms.push(events[2 * i].elapsed_ms(&events[2 * i + 1])? as f64);
+    }
+    Ok(ms)
+}
+
+/// The median (mean of the two middle values for an even count).
+pub fn median(values: &[f64]) -> f64 {
+    assert!(!values.is_empty(), "median of no values");
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&[7.0]), 7.0);
+    }
+}
