@@ -2,6 +2,7 @@
 
 mod all_to_all;
 mod barrier;
+mod first_use;
 mod fused_all_gather;
 mod fused_all_reduce;
 mod fused_reduce_scatter;
@@ -49,5 +50,6 @@ pub fn all() -> Vec<Case> {
     cases.extend(fused_reduce_scatter::cases());
     cases.extend(fused_all_reduce::cases());
     cases.extend(fused_all_gather::cases());
+    cases.extend(first_use::cases());
     cases
 }

@@ -77,15 +77,21 @@ impl ChoiceCache {
 
     /// The file `WEFT_CHOICES` names, else `weft-choices.txt` in the working directory.
     pub fn default_path() -> PathBuf {
-        std::env::var_os("WEFT_CHOICES").map_or_else(|| PathBuf::from("weft-choices.txt"), PathBuf::from)
+        std::env::var_os("WEFT_CHOICES")
+            .map_or_else(|| PathBuf::from("weft-choices.txt"), PathBuf::from)
     }
 
     /// The choices in `path` (none if it does not exist yet); new ones are written back there.
     pub fn open(path: &Path) -> anyhow::Result<Self> {
         let choices = match std::fs::read_to_string(path) {
-            Ok(text) => Self::parse(&text).with_context(|| format!("choice file {}", path.display()))?,
+            Ok(text) => {
+                Self::parse(&text).with_context(|| format!("choice file {}", path.display()))?
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(e).with_context(|| format!("reading the choice file {}", path.display())),
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("reading the choice file {}", path.display()))
+            }
         };
         Ok(Self {
             path: Some(path.to_path_buf()),
@@ -108,7 +114,8 @@ impl ChoiceCache {
     /// Keeps `choice` (replacing one for the same key) and rewrites the file, if any.
     pub fn record(&mut self, choice: Choice) -> anyhow::Result<()> {
         ensure!(
-            !choice.key.question.contains(char::is_whitespace) && !choice.answer.method.contains(char::is_whitespace),
+            !choice.key.question.contains(char::is_whitespace)
+                && !choice.answer.method.contains(char::is_whitespace),
             "a choice's question and method are single words: {:?} / {:?}",
             choice.key.question,
             choice.answer.method
@@ -116,7 +123,8 @@ impl ChoiceCache {
         self.choices.retain(|c| c.key != choice.key);
         self.choices.push(choice);
         if let Some(path) = &self.path {
-            std::fs::write(path, self.to_text()).with_context(|| format!("writing the choice file {}", path.display()))?;
+            std::fs::write(path, self.to_text())
+                .with_context(|| format!("writing the choice file {}", path.display()))?;
         }
         Ok(())
     }
@@ -128,7 +136,16 @@ impl ChoiceCache {
             let _ = writeln!(
                 s,
                 "{} {} {} {} {} {} {} {} {:.6} {}",
-                k.question, k.shape.m, k.shape.n, k.shape.k, k.world, k.sms, c.answer.method, c.answer.count, c.ms, k.device
+                k.question,
+                k.shape.m,
+                k.shape.n,
+                k.shape.k,
+                k.world,
+                k.sms,
+                c.answer.method,
+                c.answer.count,
+                c.ms,
+                k.device
             );
         }
         s
@@ -146,12 +163,25 @@ impl ChoiceCache {
                 continue;
             }
             let f: Vec<&str> = line.split_whitespace().collect();
-            ensure!(f.len() >= 10, "line {}: {} fields, a choice has 10 (the device name may have more)", i + 1, f.len());
+            ensure!(
+                f.len() >= 10,
+                "line {}: {} fields, a choice has 10 (the device name may have more)",
+                i + 1,
+                f.len()
+            );
             let int = |j: usize, what: &str| -> anyhow::Result<u32> {
-                f[j].parse().with_context(|| format!("line {}: {what} {:?} is not a whole number", i + 1, f[j]))
+                f[j].parse().with_context(|| {
+                    format!("line {}: {what} {:?} is not a whole number", i + 1, f[j])
+                })
             };
-            let ms: f64 = f[8].parse().with_context(|| format!("line {}: time {:?}", i + 1, f[8]))?;
-            ensure!(ms > 0.0 && ms.is_finite(), "line {}: time {ms} is not positive", i + 1);
+            let ms: f64 = f[8]
+                .parse()
+                .with_context(|| format!("line {}: time {:?}", i + 1, f[8]))?;
+            ensure!(
+                ms > 0.0 && ms.is_finite(),
+                "line {}: time {ms} is not positive",
+                i + 1
+            );
             choices.push(Choice {
                 key: ChoiceKey {
                     question: f[0].to_string(),
@@ -194,9 +224,13 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         let mut cache = ChoiceCache::open(&path).unwrap();
         assert!(cache.choices().is_empty());
-        cache.record(choice("all_gather.fused-inter.comm_ctas", 16)).unwrap();
+        cache
+            .record(choice("all_gather.fused-inter.comm_ctas", 16))
+            .unwrap();
         cache.record(choice("all_reduce.method", 8)).unwrap();
-        cache.record(choice("all_gather.fused-inter.comm_ctas", 32)).unwrap();
+        cache
+            .record(choice("all_gather.fused-inter.comm_ctas", 32))
+            .unwrap();
         let again = ChoiceCache::open(&path).unwrap();
         assert_eq!(again.choices().len(), 2);
         let key = choice("all_gather.fused-inter.comm_ctas", 0).key;
@@ -209,11 +243,20 @@ mod tests {
 
     #[test]
     fn bad_files_are_named() {
-        assert!(ChoiceCache::parse("hello").unwrap_err().to_string().contains("not a weft choice file"));
+        assert!(ChoiceCache::parse("hello")
+            .unwrap_err()
+            .to_string()
+            .contains("not a weft choice file"));
         let short = format!("{HEADER}\nq 1 2 3 4 5 m 1 0.5\n");
-        assert!(ChoiceCache::parse(&short).unwrap_err().to_string().contains("9 fields"));
+        assert!(ChoiceCache::parse(&short)
+            .unwrap_err()
+            .to_string()
+            .contains("9 fields"));
         let neg = format!("{HEADER}\nq 1 2 3 4 5 m 1 -0.5 dev\n");
-        assert!(ChoiceCache::parse(&neg).unwrap_err().to_string().contains("not positive"));
+        assert!(ChoiceCache::parse(&neg)
+            .unwrap_err()
+            .to_string()
+            .contains("not positive"));
         let word = format!("{HEADER}\nq 1 x 3 4 5 m 1 0.5 dev\n");
         assert!(format!("{:#}", ChoiceCache::parse(&word).unwrap_err()).contains("n \"x\""));
         let mut cache = ChoiceCache::in_memory();

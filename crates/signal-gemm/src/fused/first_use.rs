@@ -84,7 +84,10 @@ pub fn choose(
         }
     }
     let Some((ms, answer)) = best else {
-        bail!("{question} at {shape}: no candidate could be measured ({})", skipped.join("; "));
+        bail!(
+            "{question} at {shape}: no candidate could be measured ({})",
+            skipped.join("; ")
+        );
     };
     let choice = Choice {
         key,
@@ -104,11 +107,16 @@ fn random_device<T: GemmElement>(
     count: usize,
 ) -> anyhow::Result<CudaSlice<T>> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let host: Vec<T> = (0..count).map(|_| T::from_f64(rng.random_range(-1.0..=1.0))).collect();
+    let host: Vec<T> = (0..count)
+        .map(|_| T::from_f64(rng.random_range(-1.0..=1.0)))
+        .collect();
     Ok(stream.clone_htod(&host)?)
 }
 
-fn median_ms(stream: &Arc<CudaStream>, op: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+fn median_ms(
+    stream: &Arc<CudaStream>,
+    op: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<f64> {
     Ok(median(&time_iterations(stream, WARMUP, ITERS, op)?))
 }
 
@@ -142,17 +150,26 @@ pub fn all_reduce_method(
     candidates.iter().try_for_each(|c| make(c).map(|_| ()))?;
     let question = format!("all_reduce.{}", methods.join("+"));
     let seed = 0xA11 ^ rdzv.rank() as u64;
-    let choice = choose(rdzv, ctx, cache, &question, shape, &candidates, |rdzv, c| {
-        let (options, method) = make(c)?;
-        let a = random_device::<bf16>(stream, seed, (shape.m * shape.k) as usize)?;
-        let b = random_device::<bf16>(stream, seed ^ 1, (shape.k * shape.n) as usize)?;
-        let mut op = FusedAllReduce::new(rdzv, ctx, stream, shape, options, method)?;
-        let timed = median_ms(stream, || op.run(stream, &a, &b)).and_then(|t| op.synchronize(stream).map(|()| t));
-        let freed = op.free(rdzv);
-        let t = timed?;
-        freed?;
-        Ok(t)
-    })?;
+    let choice = choose(
+        rdzv,
+        ctx,
+        cache,
+        &question,
+        shape,
+        &candidates,
+        |rdzv, c| {
+            let (options, method) = make(c)?;
+            let a = random_device::<bf16>(stream, seed, (shape.m * shape.k) as usize)?;
+            let b = random_device::<bf16>(stream, seed ^ 1, (shape.k * shape.n) as usize)?;
+            let mut op = FusedAllReduce::new(rdzv, ctx, stream, shape, options, method)?;
+            let timed = median_ms(stream, || op.run(stream, &a, &b))
+                .and_then(|t| op.synchronize(stream).map(|()| t));
+            let freed = op.free(rdzv);
+            let t = timed?;
+            freed?;
+            Ok(t)
+        },
+    )?;
     make(&choice.answer)
 }
 
@@ -172,20 +189,32 @@ pub fn all_gather_method<TI: GemmElement + PglElement>(
         match c.method.as_str() {
             "fused-intra" => Ok(AllGatherMethod::Intra),
             "fused-inter" => Ok(AllGatherMethod::Inter { comm_ctas: c.count }),
-            other => bail!("the fused AllGather has no method {other:?} (fused-intra, fused-inter)"),
+            other => {
+                bail!("the fused AllGather has no method {other:?} (fused-intra, fused-inter)")
+            }
         }
     };
     let candidates = counted(methods);
     candidates.iter().try_for_each(|c| make(c).map(|_| ()))?;
     let question = format!("all_gather.{}", methods.join("+"));
     let seed = 0xA6 ^ rdzv.rank() as u64;
-    let choice = choose(rdzv, ctx, cache, &question, shape, &candidates, |rdzv, c| {
-        let method = make(c)?;
-        match options.output {
-            Dtype::F32 => time_all_gather::<TI, f32>(rdzv, ctx, stream, shape, options, method, seed),
-            _ => time_all_gather::<TI, bf16>(rdzv, ctx, stream, shape, options, method, seed),
-        }
-    })?;
+    let choice = choose(
+        rdzv,
+        ctx,
+        cache,
+        &question,
+        shape,
+        &candidates,
+        |rdzv, c| {
+            let method = make(c)?;
+            match options.output {
+                Dtype::F32 => {
+                    time_all_gather::<TI, f32>(rdzv, ctx, stream, shape, options, method, seed)
+                }
+                _ => time_all_gather::<TI, bf16>(rdzv, ctx, stream, shape, options, method, seed),
+            }
+        },
+    )?;
     make(&choice.answer)
 }
 
@@ -220,7 +249,10 @@ fn counted(methods: &[&str]) -> Vec<Candidate> {
         .iter()
         .flat_map(|&m| match m {
             "fused-intra" => vec![Candidate::new(m, 0)],
-            _ => COUNT_CANDIDATES.iter().map(|&c| Candidate::new(m, c)).collect(),
+            _ => COUNT_CANDIDATES
+                .iter()
+                .map(|&c| Candidate::new(m, c))
+                .collect(),
         })
         .collect()
 }
