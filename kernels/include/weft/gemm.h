@@ -243,8 +243,11 @@ typedef struct weft_tile_allreduce_params {
   weft_gemm_schedule sched;// the GEMM's schedule: tiles in execution order
   uint64_t flag_target;    // a tile's flag in this launch (epochs rise)
   uint64_t epoch;          // this launch's END barrier epoch, from 1
+  uint64_t owned_orders;   // uint32_t per tile this rank owns (tile index % world == rank), its
+                           // order, ascending: listed once by the host with weft_gemm_tile_at
+                           // (a walk of every order per worker costs more than the reduction)
+  uint32_t owned_count;    // entries of owned_orders
   uint32_t workers;        // CTAs running the reduction
-  uint32_t reserved;
 } weft_tile_allreduce_params;
 
 // Inter-SM AllGather + GEMM (kernels/include/weft/gemm/ag_copy.cuh): the communicator CTAs copy

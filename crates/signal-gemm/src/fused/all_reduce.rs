@@ -62,6 +62,8 @@ pub struct FusedAllReduce {
     out: Pgl<bf16>,
     flags: Pgl<u64>,
     bar: Counters,
+    /// The orders of the tiles this rank owns (tile index % world == rank), ascending.
+    owned_orders: CudaSlice<u32>,
     /// Launches enqueued (tile flags reach SIGNALS_PER_TILE × launches).
     launches: u64,
     /// Set when a run enqueued the GEMM but not its workers: the flags and the END epoch then
@@ -131,6 +133,9 @@ impl FusedAllReduce {
             Shape::new(1, 1, 1, 1),
             WaitBudget::default_for(ctx)?,
         )?;
+        let owned_orders = stream
+            .clone_htod(&owned_orders(plan, rdzv.rank(), world))
+            .context("copying the fused AllReduce's owned tile list")?;
         let distfuse = match method {
             AllReduceMethod::Inter { .. } => None,
             AllReduceMethod::DistFuse { .. } => {
@@ -150,6 +155,7 @@ impl FusedAllReduce {
             out,
             flags,
             bar,
+            owned_orders,
             launches: 0,
             broken: None,
             distfuse,
@@ -249,6 +255,7 @@ impl FusedAllReduce {
             anyhow::bail!("this fused AllReduce is out of step with its peers since an earlier run failed half-enqueued ({why}); make a new one on every rank");
         }
         let flag_target = (self.launches + 1) * SIGNALS_PER_TILE;
+        let (owned_ptr, _owned_read) = self.owned_orders.device_ptr(stream);
         let params = weft_tile_allreduce_params {
             partial: self.partial.view(),
             out: self.out.view(),
@@ -257,8 +264,9 @@ impl FusedAllReduce {
             sched: self.plan().sched,
             flag_target,
             epoch: self.bar.epoch() + 1,
+            owned_orders: owned_ptr,
+            owned_count: self.owned_orders.len() as u32,
             workers: self.method.workers(),
-            reserved: 0,
         };
         let inter = matches!(self.method, AllReduceMethod::Inter { .. });
         let target = AllReduceTarget {
@@ -345,5 +353,66 @@ impl FusedAllReduce {
             .into_iter()
             .collect::<anyhow::Result<Vec<()>>>()
             .map(|_| ())
+    }
+}
+
+/// The orders of the tiles `rank` owns (tile index % world == rank) in the schedule's order:
+/// the workers' list (owned_orders in weft_tile_allreduce_params).
+fn owned_orders(plan: &GemmPlan, rank: usize, world: usize) -> Vec<u32> {
+    let tiles_n = plan.tiles_n();
+    plan.schedule()
+        .iter()
+        .filter(|t| (t.tm * tiles_n + t.tn) as usize % world == rank)
+        .map(|t| t.order)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::owned_orders;
+    use crate::{GemmOptions, GemmPlan, GemmShape};
+
+    /// Over shapes and worlds: the ranks' lists cover every tile once, each in ascending order,
+    /// each tile on the rank its row-major index names.
+    #[test]
+    fn owned_orders_partition_the_tiles() {
+        for (m, n, world) in [
+            (8192, 8192, 1),
+            (1008, 3008, 3),
+            (4096, 1024, 4),
+            (640, 8448, 8),
+        ] {
+            let opts = GemmOptions {
+                sm_margin: 16,
+                ..GemmOptions::default()
+            };
+            let plan = GemmPlan::new(132, GemmShape::new(m, n, 256), opts).unwrap();
+            let schedule = plan.schedule();
+            let mut owner = vec![usize::MAX; schedule.len() + 64];
+            let orders = schedule.iter().map(|t| t.order).max().unwrap() as usize + 1;
+            let mut tile_of_order = vec![None; orders];
+            for t in &schedule {
+                tile_of_order[t.order as usize] = Some(*t);
+            }
+            for rank in 0..world {
+                let list = owned_orders(&plan, rank, world);
+                assert!(
+                    list.windows(2).all(|w| w[0] < w[1]),
+                    "rank {rank}: orders not ascending"
+                );
+                for order in list {
+                    let t = tile_of_order[order as usize].expect("a phantom order listed");
+                    let index = (t.tm * plan.tiles_n() + t.tn) as usize;
+                    assert_eq!(index % world, rank, "tile {index} listed on rank {rank}");
+                    assert_eq!(owner[index], usize::MAX, "tile {index} listed twice");
+                    owner[index] = rank;
+                }
+            }
+            let tiles = (plan.tiles_m() * plan.tiles_n()) as usize;
+            assert!(
+                owner[..tiles].iter().all(|&r| r < world),
+                "{m}x{n} world {world}: a tile owned by none"
+            );
+        }
     }
 }

@@ -3,7 +3,7 @@
 // weft_gemm_tile_allreduce (DistFuse). Device-only C++.
 //
 // The tiles this rank owns (tile index % world == rank), in the GEMM's order (the order they
-// finish), are dealt round-robin to the workers. Per tile: thread 0 waits until every rank's
+// finish; the host's list owned_orders), are dealt round-robin to the workers. Per tile: thread 0 waits until every rank's
 // flag reaches the target (acquire, system scope: the peers' signallers released them after their
 // TMA stores completed), __syncthreads extends that to the block; the threads sum the world
 // partials (16-byte peer loads, fp32, rank order 0..world-1) and store the bf16 sum to every
@@ -49,7 +49,6 @@ __device__ __forceinline__ int4 to_bf16x8(const float* acc) {
 __device__ __forceinline__ void run_tile_allreduce(const weft_tile_allreduce_params& p, uint32_t worker) {
   const weft_gemm_schedule& s = p.sched;
   const int32_t world = p.partial.world, rank = p.partial.rank;
-  const uint32_t orders = weft_gemm_order_count(s);
   const uint32_t row_bytes = s.n * 2;
   const uint32_t tile_row_bytes = s.tile_n * 2;
   weft_sync_counters flag_bound{};
@@ -57,13 +56,11 @@ __device__ __forceinline__ void run_tile_allreduce(const weft_tile_allreduce_par
   flag_bound.view.rank = rank;
   // The owned tiles in order, dealt round-robin to the workers (dealing orders instead would
   // leave workers idle whenever workers and world share a factor).
-  uint32_t owned = 0;
-  for (uint32_t order = 0; order < orders; ++order) {
+  const uint32_t* owned = reinterpret_cast<const uint32_t*>(p.owned_orders);
+  for (uint32_t j = worker; j < p.owned_count; j += p.workers) {
+    const uint32_t order = owned[j];
     const weft_gemm_tile t = weft_gemm_tile_at(s, order);
-    if (!t.valid) continue;
     const uint32_t index = weft_gemm_tile_index(s, t);
-    if (static_cast<int32_t>(index % static_cast<uint32_t>(world)) != rank) continue;
-    if (owned++ % p.workers != worker) continue;
     if (threadIdx.x == 0) {
       for (int32_t r = 0; r < world; ++r) {
         const uint64_t* flag = reinterpret_cast<const uint64_t*>(p.flags.base[r]) + index;
