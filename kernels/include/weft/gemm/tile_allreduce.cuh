@@ -24,7 +24,9 @@ namespace weft::gemm {
 constexpr uint32_t kRoleAllReduce = 5;  // error reports: coord.b (loader.cuh, signaller.cuh have the others)
 
 // kVectors 16-byte vectors per thread in flight: a peer load takes NVLink latency, so one at a
-// time leaves a worker CTA far below its bandwidth.
+// time leaves a worker CTA far below its bandwidth. Measured on one H100 (8192 x 8192, 32
+// workers, the worker kernel alone under ncu): 4 vectors 380 us, 8 vectors 361 us; staging
+// chunks in shared memory by bulk copies instead (a stager warp, 4 x 32 KB in flight) 485 us.
 constexpr int kVectors = 4;
 
 // Adds the 8 bf16 of `v` to acc[0..8).
