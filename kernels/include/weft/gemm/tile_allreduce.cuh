@@ -3,11 +3,12 @@
 // weft_gemm_tile_allreduce (DistFuse). Device-only C++.
 //
 // The tiles this rank owns (tile index % world == rank), in the GEMM's order (the order they
-// finish; the host's list owned_orders), are dealt round-robin to the workers. Per tile: thread 0 waits until every rank's
-// flag reaches the target (acquire, system scope: the peers' signallers released them after their
-// TMA stores completed), __syncthreads extends that to the block; the threads sum the world
-// partials (16-byte peer loads, fp32, rank order 0..world-1) and store the bf16 sum to every
-// rank's output (16-byte peer stores); __syncthreads before thread 0 polls the next tile.
+// finish; the host's list owned_orders), are dealt round-robin to the workers. Per tile: thread 0
+// waits until every rank's flag reaches the target (acquire, system scope: the peers' signallers
+// released them after their TMA stores completed), __syncthreads extends that to the block; the
+// threads sum the world partials (16-byte peer loads, fp32, rank order 0..world-1) and store the
+// bf16 sum to every rank's output (16-byte peer stores); __syncthreads before thread 0 polls the
+// next tile.
 // After the last tile: __syncthreads, thread 0 arrives on every rank's END counter (signal_all:
 // fence.acq_rel.sys, then the adds, ordering the block's stores before them); worker 0 waits for
 // world x workers arrivals of this epoch, so when its kernel ends every rank's sums of this rank's
@@ -22,12 +23,6 @@
 namespace weft::gemm {
 
 constexpr uint32_t kRoleAllReduce = 5;  // error reports: coord.b (loader.cuh, signaller.cuh have the others)
-
-// kVectors 16-byte vectors per thread in flight: a peer load takes NVLink latency, so one at a
-// time leaves a worker CTA far below its bandwidth. Measured on one H100 (8192 x 8192, 32
-// workers, the worker kernel alone under ncu): 4 vectors 380 us, 8 vectors 361 us; staging
-// chunks in shared memory by bulk copies instead (a stager warp, 4 x 32 KB in flight) 485 us.
-constexpr int kVectors = 4;
 
 // Adds the 8 bf16 of `v` to acc[0..8).
 __device__ __forceinline__ void add_bf16x8(float* acc, const int4& v) {
@@ -48,9 +43,33 @@ __device__ __forceinline__ int4 to_bf16x8(const float* acc) {
   return out;
 }
 
-__device__ __forceinline__ void run_tile_allreduce(const weft_tile_allreduce_params& p, uint32_t worker) {
+// A thread's walk over the 16-byte vectors of a tile (row-major, vec_per_row per row), from
+// vector `first`, blockDim.x at a time: one division per tile, none per vector.
+struct ArVectorWalk {
+  uint32_t row, col, step_rows, step_cols, vec_per_row;
+  __device__ __forceinline__ ArVectorWalk(uint32_t first, uint32_t stride, uint32_t vpr)
+      : row(first / vpr), col(first % vpr), step_rows(stride / vpr), step_cols(stride % vpr), vec_per_row(vpr) {}
+  __device__ __forceinline__ void advance() {
+    row += step_rows;
+    col += step_cols;
+    if (col >= vec_per_row) {
+      col -= vec_per_row;
+      ++row;
+    }
+  }
+};
+
+// The worker for a world of W ranks: the ranks' base addresses sit in registers (loops over
+// ranks are unrolled), and each thread keeps kVectors x W 16-byte loads in flight (8 or more):
+// per iteration every load is issued before any is summed. Measured on one H100 (8192 x 8192,
+// 32 workers, the worker kernel alone under ncu): the earlier loop, with a division and a
+// rank-indexed parameter load per vector, ran at about 126 instructions per vector, IPC-bound
+// (380 us); staging chunks in shared memory by bulk copies instead was slower (485 us).
+template <int W>
+__device__ __forceinline__ void run_tile_allreduce_world(const weft_tile_allreduce_params& p, uint32_t worker) {
+  constexpr int kVectors = W >= 8 ? 1 : 8 / W;
   const weft_gemm_schedule& s = p.sched;
-  const int32_t world = p.partial.world, rank = p.partial.rank;
+  const int32_t rank = p.partial.rank;
   const uint32_t row_bytes = s.n * 2;
   const uint32_t tile_row_bytes = s.tile_n * 2;
   weft_sync_counters flag_bound{};
@@ -64,45 +83,49 @@ __device__ __forceinline__ void run_tile_allreduce(const weft_tile_allreduce_par
     const weft_gemm_tile t = weft_gemm_tile_at(s, order);
     const uint32_t index = weft_gemm_tile_index(s, t);
     if (threadIdx.x == 0) {
-      for (int32_t r = 0; r < world; ++r) {
+      for (int32_t r = 0; r < W; ++r) {
         const uint64_t* flag = reinterpret_cast<const uint64_t*>(p.flags.base[r]) + index;
         weft::sync::detail::spin_until(flag, p.flag_target, flag_bound, WEFT_SYNC_PRIM_WAIT, r,
                                        weft_tile_coord{kRoleAllReduce, order, t.tm, t.tn}, weft::sync::detail::AcquireSys{});
       }
     }
     __syncthreads();  // extends thread 0's acquires to the block
+    uint64_t in[W], out[W];  // out: peers first, this rank last (spreads the stores)
+#pragma unroll
+    for (int r = 0; r < W; ++r) {
+      in[r] = p.partial.base[r];
+      out[r] = p.out.base[(rank + 1 + r) % W];
+    }
     const uint32_t rows = min(s.m - t.tm * s.tile_m, s.tile_m);
     const uint32_t bytes = min(row_bytes - t.tn * tile_row_bytes, tile_row_bytes);  // a multiple of 32
     const uint64_t origin = uint64_t(t.tm) * s.tile_m * row_bytes + uint64_t(t.tn) * tile_row_bytes;
-    const uint32_t vec_per_row = bytes / 16;
-    const uint32_t vectors = rows * vec_per_row;
-    for (uint32_t first = threadIdx.x; first < vectors; first += blockDim.x * kVectors) {
-      // Vectors first + u * blockDim.x: per rank, every load issued before any is summed; the
-      // sum runs in rank order 0..world-1 on every owner.
+    ArVectorWalk walk(threadIdx.x, blockDim.x, bytes / 16);
+    while (walk.row < rows) {
+      // Vectors of rows past the tile's end repeat the tile's first row (loaded, not stored).
       uint64_t off[kVectors];
-      float acc[kVectors][8];
+      uint32_t live = 0;  // bit u: vector u is inside the tile
 #pragma unroll
       for (int u = 0; u < kVectors; ++u) {
-        const uint32_t i = min(first + u * blockDim.x, vectors - 1);  // a repeat past the end: not stored
-        off[u] = origin + uint64_t(i / vec_per_row) * row_bytes + (i % vec_per_row) * 16;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[u][e] = 0.0f;
+        const bool inside = walk.row < rows;
+        live |= uint32_t(inside) << u;
+        off[u] = origin + (inside ? uint64_t(walk.row) * row_bytes + walk.col * 16 : 0);
+        walk.advance();
       }
-      for (int32_t r = 0; r < world; ++r) {
-        int4 v[kVectors];
+      int4 v[kVectors][W];
 #pragma unroll
-        for (int u = 0; u < kVectors; ++u) v[u] = *reinterpret_cast<const int4*>(p.partial.base[r] + off[u]);
+      for (int u = 0; u < kVectors; ++u) {
 #pragma unroll
-        for (int u = 0; u < kVectors; ++u) add_bf16x8(acc[u], v[u]);
+        for (int r = 0; r < W; ++r) v[u][r] = __ldcg(reinterpret_cast<const int4*>(in[r] + off[u]));
       }
 #pragma unroll
       for (int u = 0; u < kVectors; ++u) {
-        if (first + u * blockDim.x >= vectors) break;
-        const int4 sum = to_bf16x8(acc[u]);
-        for (int32_t j = 1; j <= world; ++j) {
-          const int32_t r = (rank + j) % world;  // peers first, this rank last: spread the stores
-          *reinterpret_cast<int4*>(p.out.base[r] + off[u]) = sum;
-        }
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int r = 0; r < W; ++r) add_bf16x8(acc, v[u][r]);  // rank order 0..W-1 on every owner
+        if (!((live >> u) & 1u)) continue;
+        const int4 sum = to_bf16x8(acc);
+#pragma unroll
+        for (int r = 0; r < W; ++r) __stcg(reinterpret_cast<int4*>(out[r] + off[u]), sum);
       }
     }
     __syncthreads();  // thread 0 polls the next tile only after this one's loads were issued
@@ -111,7 +134,26 @@ __device__ __forceinline__ void run_tile_allreduce(const weft_tile_allreduce_par
   if (threadIdx.x == 0) {
     const weft_tile_coord end = weft::sync::coord4(0, 0, 0, 0);
     weft::sync::signal_all(p.bar, end, 1);
-    if (worker == 0) weft::sync::wait(p.bar, end, rank, uint64_t(world) * p.workers * p.epoch);
+    if (worker == 0) weft::sync::wait(p.bar, end, rank, uint64_t(W) * p.workers * p.epoch);
+  }
+}
+
+// The host refuses worlds outside 1..8 (FusedAllReduce::plan_gemm). Out of line: inlined, the
+// eight worlds' loops went into each of the GEMM kernels (twice the cubins' size and build
+// time). ptxas still spills 4-8 bytes in the GEMM kernels with a k x n B (none with one world);
+// their speed was unchanged in the same run (weft bench gemm, one H100). The call is made
+// before any setmaxnreg, by communicator CTAs only.
+inline __device__ __noinline__ void run_tile_allreduce(const weft_tile_allreduce_params& p, uint32_t worker) {
+  switch (p.partial.world) {
+    case 1: run_tile_allreduce_world<1>(p, worker); break;
+    case 2: run_tile_allreduce_world<2>(p, worker); break;
+    case 3: run_tile_allreduce_world<3>(p, worker); break;
+    case 4: run_tile_allreduce_world<4>(p, worker); break;
+    case 5: run_tile_allreduce_world<5>(p, worker); break;
+    case 6: run_tile_allreduce_world<6>(p, worker); break;
+    case 7: run_tile_allreduce_world<7>(p, worker); break;
+    case 8: run_tile_allreduce_world<8>(p, worker); break;
+    default: __trap();
   }
 }
 
