@@ -60,12 +60,12 @@ struct ArVectorWalk {
 };
 
 // The worker for a world of W ranks: the ranks' base addresses sit in registers (loops over
-// ranks are unrolled), and each thread keeps kVectors = 8 / W (at least 1) 16-byte loads of each
-// rank in flight: per iteration every load is issued before any is summed. Measured on one H100 (the worker
-// kernel alone under ncu, 8192 x 8192, 8 workers): 1.05 ms against 1.43 for the loop before it
-// (a division and a rank-indexed parameter load per vector, loads summed rank by rank: about 126
-// instructions per vector, issue-bound). Staging chunks in shared memory by bulk copies instead
-// was slower (32 workers: 485 against 380 us).
+// ranks are unrolled), and each thread keeps kVectors = 8 / W (at least 1) 16-byte loads of
+// each rank in flight: per iteration every load is issued before any is summed. Measured on one
+// H100 (the worker kernel alone under ncu, 8192 x 8192, 8 workers): 1.05 ms against 1.43 for the
+// loop before it (a division and a rank-indexed parameter load per vector, loads summed rank by
+// rank: about 126 instructions per vector, issue-bound). Staging chunks in shared memory by bulk
+// copies instead was slower (32 workers: 485 against 380 us).
 template <int W>
 __device__ __forceinline__ void run_tile_allreduce_world(const weft_tile_allreduce_params& p, uint32_t worker) {
   constexpr int kVectors = W >= 8 ? 1 : 8 / W;
@@ -142,8 +142,9 @@ __device__ __forceinline__ void run_tile_allreduce_world(const weft_tile_allredu
 // The host refuses worlds outside 1..8 (FusedAllReduce::plan_gemm). Out of line: inlined, the
 // eight worlds' loops went into each of the GEMM kernels (twice the cubins' size and build
 // time). ptxas still spills 4-8 bytes in the GEMM kernels with a k x n B (none with one world);
-// their speed was unchanged in the same run (weft bench gemm, one H100). The call is made
-// before any setmaxnreg, by communicator CTAs only.
+// such a GEMM ran at 0.98 of cuBLAS, as the n x k one did, in the same run (weft bench gemm
+// --quick, one H100; not compared with a build before this change). The call is made before any
+// setmaxnreg, by communicator CTAs only.
 inline __device__ __noinline__ void run_tile_allreduce(const weft_tile_allreduce_params& p, uint32_t worker) {
   switch (p.partial.world) {
     case 1: run_tile_allreduce_world<1>(p, worker); break;
