@@ -4,5 +4,5 @@
 #include "weft/gemm/tile_allreduce.cuh"
 
 extern "C" __global__ void __launch_bounds__(512, 1) weft_gemm_tile_allreduce(const __grid_constant__ weft_tile_allreduce_params p) {
-  weft::gemm::run_tile_allreduce(p, blockIdx.x);
+  weft::gemm::run_tile_allreduce_per_world(p, blockIdx.x);
 }

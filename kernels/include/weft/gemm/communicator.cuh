@@ -60,7 +60,7 @@ struct LaunchCommunicator {
   template <class Cfg>
   __device__ __forceinline__ static void run(const weft_gemm_params& p, const SharedTiles<Cfg>& sm) {
     if (p.comm_op == WEFT_GEMM_COMM_ALLREDUCE) {
-      run_tile_allreduce(p.allreduce, blockIdx.x - p.sched.ctas);
+      run_tile_allreduce_any_world(p.allreduce, blockIdx.x - p.sched.ctas);
     } else if (p.comm_op == WEFT_GEMM_COMM_ALLGATHER) {
       run_ag_copy<Cfg>(p);
     } else {

@@ -139,13 +139,10 @@ __device__ __forceinline__ void run_tile_allreduce_world(const weft_tile_allredu
   }
 }
 
-// The host refuses worlds outside 1..8 (FusedAllReduce::plan_gemm). Out of line: inlined, the
-// eight worlds' loops went into each of the GEMM kernels (twice the cubins' size and build
-// time). ptxas still spills 4-8 bytes in the GEMM kernels with a k x n B (none with one world);
-// such a GEMM ran at 0.98 of cuBLAS, as the n x k one did, in the same run (weft bench gemm
-// --quick, one H100; not compared with a build before this change). The call is made before any
-// setmaxnreg, by communicator CTAs only.
-inline __device__ __noinline__ void run_tile_allreduce(const weft_tile_allreduce_params& p, uint32_t worker) {
+// The host refuses worlds outside 1..8 (FusedAllReduce::plan_gemm).
+//
+// Specialised per world, for DistFuse's kernel (a translation unit of its own).
+__device__ __forceinline__ void run_tile_allreduce_per_world(const weft_tile_allreduce_params& p, uint32_t worker) {
   switch (p.partial.world) {
     case 1: run_tile_allreduce_world<1>(p, worker); break;
     case 2: run_tile_allreduce_world<2>(p, worker); break;
@@ -156,6 +153,80 @@ inline __device__ __noinline__ void run_tile_allreduce(const weft_tile_allreduce
     case 7: run_tile_allreduce_world<7>(p, worker); break;
     case 8: run_tile_allreduce_world<8>(p, worker); break;
     default: __trap();
+  }
+}
+
+// Any world up to 8 in one loop, for the GEMM kernels' communicator CTAs: with
+// run_tile_allreduce_world's eight specialisations in them (inlined or not), or one generic
+// instantiation of it with more than one vector per rank, ptxas spilled in the GEMM kernels with a
+// k x n B (crates/kernels' spill test refuses that). Per iteration 4 vectors of one rank at a
+// time are in flight; a division and a rank-indexed parameter load per vector (the slower loop
+// measured above).
+__device__ __forceinline__ void run_tile_allreduce_any_world(const weft_tile_allreduce_params& p, uint32_t worker) {
+  constexpr int kVectors = 4;  // per rank, summed rank by rank
+  const weft_gemm_schedule& s = p.sched;
+  const int32_t world = p.partial.world, rank = p.partial.rank;
+  const uint32_t row_bytes = s.n * 2;
+  const uint32_t tile_row_bytes = s.tile_n * 2;
+  weft_sync_counters flag_bound{};
+  flag_bound.bound = p.bar.bound;
+  flag_bound.view.rank = rank;
+  // The owned tiles in order, dealt round-robin to the workers (dealing orders instead would
+  // leave workers idle whenever workers and world share a factor).
+  const uint32_t* owned = reinterpret_cast<const uint32_t*>(p.owned_orders);
+  for (uint32_t j = worker; j < p.owned_count; j += p.workers) {
+    const uint32_t order = owned[j];
+    const weft_gemm_tile t = weft_gemm_tile_at(s, order);
+    const uint32_t index = weft_gemm_tile_index(s, t);
+    if (threadIdx.x == 0) {
+      for (int32_t r = 0; r < world; ++r) {
+        const uint64_t* flag = reinterpret_cast<const uint64_t*>(p.flags.base[r]) + index;
+        weft::sync::detail::spin_until(flag, p.flag_target, flag_bound, WEFT_SYNC_PRIM_WAIT, r,
+                                       weft_tile_coord{kRoleAllReduce, order, t.tm, t.tn}, weft::sync::detail::AcquireSys{});
+      }
+    }
+    __syncthreads();  // extends thread 0's acquires to the block
+    const uint32_t rows = min(s.m - t.tm * s.tile_m, s.tile_m);
+    const uint32_t bytes = min(row_bytes - t.tn * tile_row_bytes, tile_row_bytes);  // a multiple of 32
+    const uint64_t origin = uint64_t(t.tm) * s.tile_m * row_bytes + uint64_t(t.tn) * tile_row_bytes;
+    const uint32_t vec_per_row = bytes / 16;
+    const uint32_t vectors = rows * vec_per_row;
+    for (uint32_t first = threadIdx.x; first < vectors; first += blockDim.x * kVectors) {
+      // Vectors first + u * blockDim.x: per rank, every load issued before any is summed; the
+      // sum runs in rank order 0..world-1 on every owner.
+      uint64_t off[kVectors];
+      float acc[kVectors][8];
+#pragma unroll
+      for (int u = 0; u < kVectors; ++u) {
+        const uint32_t i = min(first + u * blockDim.x, vectors - 1);  // a repeat past the end: not stored
+        off[u] = origin + uint64_t(i / vec_per_row) * row_bytes + (i % vec_per_row) * 16;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[u][e] = 0.0f;
+      }
+      for (int32_t r = 0; r < world; ++r) {
+        int4 v[kVectors];
+#pragma unroll
+        for (int u = 0; u < kVectors; ++u) v[u] = *reinterpret_cast<const int4*>(p.partial.base[r] + off[u]);
+#pragma unroll
+        for (int u = 0; u < kVectors; ++u) add_bf16x8(acc[u], v[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kVectors; ++u) {
+        if (first + u * blockDim.x >= vectors) break;
+        const int4 sum = to_bf16x8(acc[u]);
+        for (int32_t j = 1; j <= world; ++j) {
+          const int32_t r = (rank + j) % world;  // peers first, this rank last: spread the stores
+          *reinterpret_cast<int4*>(p.out.base[r] + off[u]) = sum;
+        }
+      }
+    }
+    __syncthreads();  // thread 0 polls the next tile only after this one's loads were issued
+  }
+  __syncthreads();  // every thread's stores before thread 0's arrival
+  if (threadIdx.x == 0) {
+    const weft_tile_coord end = weft::sync::coord4(0, 0, 0, 0);
+    weft::sync::signal_all(p.bar, end, 1);
+    if (worker == 0) weft::sync::wait(p.bar, end, rank, uint64_t(world) * p.workers * p.epoch);
   }
 }
 
