@@ -59,48 +59,81 @@ struct ArVectorWalk {
   }
 };
 
+// One of this rank's owned tiles: entry j of owned_orders.
+struct OwnedTile {
+  uint32_t order, index;
+  weft_gemm_tile t;
+  uint32_t rows;    // rows inside D (fewer in the last tile row)
+  uint32_t bytes;   // bytes of a row inside D (fewer in the last tile column); a multiple of 32
+  uint64_t origin;  // byte offset of the tile's first element in D
+};
+
+__device__ __forceinline__ OwnedTile owned_tile(const weft_tile_allreduce_params& p, uint32_t j) {
+  const weft_gemm_schedule& s = p.sched;
+  const uint32_t row_bytes = s.n * 2, tile_row_bytes = s.tile_n * 2;
+  OwnedTile a;
+  a.order = reinterpret_cast<const uint32_t*>(p.owned_orders)[j];
+  a.t = weft_gemm_tile_at(s, a.order);
+  a.index = weft_gemm_tile_index(s, a.t);
+  a.rows = min(s.m - a.t.tm * s.tile_m, s.tile_m);
+  a.bytes = min(row_bytes - a.t.tn * tile_row_bytes, tile_row_bytes);
+  a.origin = uint64_t(a.t.tm) * s.tile_m * row_bytes + uint64_t(a.t.tn) * tile_row_bytes;
+  return a;
+}
+
+// Thread 0 waits until every rank's flag of tile `a` reaches the launch's target (acquire, system
+// scope); the __syncthreads extends its acquires to the block.
+__device__ __forceinline__ void await_tile(const weft_tile_allreduce_params& p, int32_t world, const OwnedTile& a) {
+  if (threadIdx.x == 0) {
+    weft_sync_counters flag_bound{};
+    flag_bound.bound = p.bar.bound;
+    flag_bound.view.rank = p.partial.rank;
+    for (int32_t r = 0; r < world; ++r) {
+      const uint64_t* flag = reinterpret_cast<const uint64_t*>(p.flags.base[r]) + a.index;
+      weft::sync::detail::spin_until(flag, p.flag_target, flag_bound, WEFT_SYNC_PRIM_WAIT, r,
+                                     weft_tile_coord{kRoleAllReduce, a.order, a.t.tm, a.t.tn}, weft::sync::detail::AcquireSys{});
+    }
+  }
+  __syncthreads();
+}
+
+// After a worker's last tile: every thread's stores before thread 0's arrival on every rank's END
+// counter; worker 0 waits for world x workers arrivals of this epoch.
+__device__ __forceinline__ void arrive_end(const weft_tile_allreduce_params& p, uint32_t worker, int32_t world) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const weft_tile_coord end = weft::sync::coord4(0, 0, 0, 0);
+    weft::sync::signal_all(p.bar, end, 1);
+    if (worker == 0) weft::sync::wait(p.bar, end, p.partial.rank, uint64_t(world) * p.workers * p.epoch);
+  }
+}
+
 // The worker for a world of W ranks: the ranks' base addresses sit in registers (loops over
 // ranks are unrolled), and each thread keeps kVectors = 8 / W (at least 1) 16-byte loads of
 // each rank in flight: per iteration every load is issued before any is summed. Measured on one
 // H100 (the worker kernel alone under ncu, 8192 x 8192, 8 workers): 1.05 ms against 1.43 for
 // run_tile_allreduce_any_world below (a division and a rank-indexed parameter load per vector,
-// loads summed rank by rank: about 126 instructions per vector, issue-bound). Staging chunks in shared memory by bulk
-// copies instead was slower (32 workers: 485 against 380 us).
+// loads summed rank by rank: about 126 instructions per vector, issue-bound). Staging chunks in
+// shared memory by bulk copies instead was slower (32 workers: 485 against 380 us).
 template <int W>
 __device__ __forceinline__ void run_tile_allreduce_world(const weft_tile_allreduce_params& p, uint32_t worker) {
   constexpr int kVectors = W >= 8 ? 1 : 8 / W;
-  const weft_gemm_schedule& s = p.sched;
   const int32_t rank = p.partial.rank;
-  const uint32_t row_bytes = s.n * 2;
-  const uint32_t tile_row_bytes = s.tile_n * 2;
-  weft_sync_counters flag_bound{};
-  flag_bound.bound = p.bar.bound;
-  flag_bound.view.rank = rank;
+  const uint32_t row_bytes = p.sched.n * 2;
   // The owned tiles in order, dealt round-robin to the workers (dealing orders instead would
   // leave workers idle whenever workers and world share a factor).
-  const uint32_t* owned = reinterpret_cast<const uint32_t*>(p.owned_orders);
   for (uint32_t j = worker; j < p.owned_count; j += p.workers) {
-    const uint32_t order = owned[j];
-    const weft_gemm_tile t = weft_gemm_tile_at(s, order);
-    const uint32_t index = weft_gemm_tile_index(s, t);
-    if (threadIdx.x == 0) {
-      for (int32_t r = 0; r < W; ++r) {
-        const uint64_t* flag = reinterpret_cast<const uint64_t*>(p.flags.base[r]) + index;
-        weft::sync::detail::spin_until(flag, p.flag_target, flag_bound, WEFT_SYNC_PRIM_WAIT, r,
-                                       weft_tile_coord{kRoleAllReduce, order, t.tm, t.tn}, weft::sync::detail::AcquireSys{});
-      }
-    }
-    __syncthreads();  // extends thread 0's acquires to the block
+    const OwnedTile a = owned_tile(p, j);
+    await_tile(p, W, a);
     uint64_t in[W], out[W];  // out: peers first, this rank last (spreads the stores)
 #pragma unroll
     for (int r = 0; r < W; ++r) {
       in[r] = p.partial.base[r];
       out[r] = p.out.base[(rank + 1 + r) % W];
     }
-    const uint32_t rows = min(s.m - t.tm * s.tile_m, s.tile_m);
-    const uint32_t bytes = min(row_bytes - t.tn * tile_row_bytes, tile_row_bytes);  // a multiple of 32
-    const uint64_t origin = uint64_t(t.tm) * s.tile_m * row_bytes + uint64_t(t.tn) * tile_row_bytes;
-    ArVectorWalk walk(threadIdx.x, blockDim.x, bytes / 16);
+    const uint32_t rows = a.rows;
+    const uint64_t origin = a.origin;
+    ArVectorWalk walk(threadIdx.x, blockDim.x, a.bytes / 16);
     while (walk.row < rows) {
       // Vectors of rows past the tile's end repeat the tile's first row (loaded, not stored).
       uint64_t off[kVectors];
@@ -131,12 +164,7 @@ __device__ __forceinline__ void run_tile_allreduce_world(const weft_tile_allredu
     }
     __syncthreads();  // thread 0 polls the next tile only after this one's loads were issued
   }
-  __syncthreads();  // every thread's stores before thread 0's arrival
-  if (threadIdx.x == 0) {
-    const weft_tile_coord end = weft::sync::coord4(0, 0, 0, 0);
-    weft::sync::signal_all(p.bar, end, 1);
-    if (worker == 0) weft::sync::wait(p.bar, end, rank, uint64_t(W) * p.workers * p.epoch);
-  }
+  arrive_end(p, worker, W);
 }
 
 // The host refuses worlds outside 1..8 (FusedAllReduce::plan_gemm).
@@ -164,32 +192,16 @@ __device__ __forceinline__ void run_tile_allreduce_per_world(const weft_tile_all
 // measured against above).
 __device__ __forceinline__ void run_tile_allreduce_any_world(const weft_tile_allreduce_params& p, uint32_t worker) {
   constexpr int kVectors = 4;  // per rank, summed rank by rank
-  const weft_gemm_schedule& s = p.sched;
   const int32_t world = p.partial.world, rank = p.partial.rank;
-  const uint32_t row_bytes = s.n * 2;
-  const uint32_t tile_row_bytes = s.tile_n * 2;
-  weft_sync_counters flag_bound{};
-  flag_bound.bound = p.bar.bound;
-  flag_bound.view.rank = rank;
+  const uint32_t row_bytes = p.sched.n * 2;
   // The owned tiles in order, dealt round-robin to the workers (dealing orders instead would
   // leave workers idle whenever workers and world share a factor).
-  const uint32_t* owned = reinterpret_cast<const uint32_t*>(p.owned_orders);
   for (uint32_t j = worker; j < p.owned_count; j += p.workers) {
-    const uint32_t order = owned[j];
-    const weft_gemm_tile t = weft_gemm_tile_at(s, order);
-    const uint32_t index = weft_gemm_tile_index(s, t);
-    if (threadIdx.x == 0) {
-      for (int32_t r = 0; r < world; ++r) {
-        const uint64_t* flag = reinterpret_cast<const uint64_t*>(p.flags.base[r]) + index;
-        weft::sync::detail::spin_until(flag, p.flag_target, flag_bound, WEFT_SYNC_PRIM_WAIT, r,
-                                       weft_tile_coord{kRoleAllReduce, order, t.tm, t.tn}, weft::sync::detail::AcquireSys{});
-      }
-    }
-    __syncthreads();  // extends thread 0's acquires to the block
-    const uint32_t rows = min(s.m - t.tm * s.tile_m, s.tile_m);
-    const uint32_t bytes = min(row_bytes - t.tn * tile_row_bytes, tile_row_bytes);  // a multiple of 32
-    const uint64_t origin = uint64_t(t.tm) * s.tile_m * row_bytes + uint64_t(t.tn) * tile_row_bytes;
-    const uint32_t vec_per_row = bytes / 16;
+    const OwnedTile a = owned_tile(p, j);
+    await_tile(p, world, a);
+    const uint32_t rows = a.rows;
+    const uint64_t origin = a.origin;
+    const uint32_t vec_per_row = a.bytes / 16;
     const uint32_t vectors = rows * vec_per_row;
     for (uint32_t first = threadIdx.x; first < vectors; first += blockDim.x * kVectors) {
       // Vectors first + u * blockDim.x: per rank, every load issued before any is summed; the
@@ -214,20 +226,15 @@ __device__ __forceinline__ void run_tile_allreduce_any_world(const weft_tile_all
       for (int u = 0; u < kVectors; ++u) {
         if (first + u * blockDim.x >= vectors) break;
         const int4 sum = to_bf16x8(acc[u]);
-        for (int32_t j = 1; j <= world; ++j) {
-          const int32_t r = (rank + j) % world;  // peers first, this rank last: spread the stores
+        for (int32_t q = 1; q <= world; ++q) {
+          const int32_t r = (rank + q) % world;  // peers first, this rank last: spread the stores
           *reinterpret_cast<int4*>(p.out.base[r] + off[u]) = sum;
         }
       }
     }
     __syncthreads();  // thread 0 polls the next tile only after this one's loads were issued
   }
-  __syncthreads();  // every thread's stores before thread 0's arrival
-  if (threadIdx.x == 0) {
-    const weft_tile_coord end = weft::sync::coord4(0, 0, 0, 0);
-    weft::sync::signal_all(p.bar, end, 1);
-    if (worker == 0) weft::sync::wait(p.bar, end, rank, uint64_t(world) * p.workers * p.epoch);
-  }
+  arrive_end(p, worker, world);
 }
 
 }  // namespace weft::gemm
