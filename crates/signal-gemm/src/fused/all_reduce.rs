@@ -388,7 +388,7 @@ mod tests {
             };
             let plan = GemmPlan::new(132, GemmShape::new(m, n, 256), opts).unwrap();
             let schedule = plan.schedule();
-            let mut owner = vec![usize::MAX; schedule.len() + 64];
+            let mut owner = vec![usize::MAX; schedule.len()];
             let orders = schedule.iter().map(|t| t.order).max().unwrap() as usize + 1;
             let mut tile_of_order = vec![None; orders];
             for t in &schedule {
