@@ -3,7 +3,7 @@
 use crate::dtype::{Dtype, GemmElement};
 use crate::plan::{BLayout, GemmOptions, GemmPlan, GemmShape, Scheduling};
 use crate::reorder::OutputLayout;
-use crate::tensor_map::{encode_2d, encode_3d};
+use crate::tensor_map::{encode_2d, encode_3d, encode_wide};
 use crate::wave_groups::GroupCounters;
 use anyhow::{ensure, Context};
 use cudarc::driver::sys::{self, CUfunction_attribute};
@@ -404,7 +404,27 @@ impl Gemm {
             BLayout::KxN => encode_2d("B (k x n)", b_ptr, o.input, k, n, 64, 64)?,
         };
         let chunk_cols = (128 / o.output.bytes()) as u32;
+        // Wide stores (kernels/include/weft/gemm.h): with the whole-tile epilogue, one TMA box per run
+        // of a warpgroup's rows across the tile's width instead of one per 128-byte chunk.
+        let wide = plan.whole_tile_epilogue()
+            && match layout {
+                OutputLayout::Standard => n % u64::from(chunk_cols) == 0,
+                OutputLayout::TileOrder | OutputLayout::RankBands { .. } => true,
+                OutputLayout::RowSlots { .. } | OutputLayout::PeerReduce { .. } => false,
+            };
+        let tile_chunks = tile_n / chunk_cols;
         let map_d = match layout {
+            OutputLayout::Standard if wide => encode_wide("D", d_ptr, o.output, 1, m, n, 64, tile_chunks)?,
+            OutputLayout::TileOrder if wide => {
+                let rows = u64::from(plan.orders()) * u64::from(plan.tile_m());
+                encode_wide("D (tile order)", d_ptr, o.output, 1, rows, u64::from(tile_n), 64, tile_chunks)?
+            }
+            OutputLayout::RankBands { ranks } if wide => {
+                let (slots, rows) = (u64::from(plan.orders()) * u64::from(ranks), u64::from(layout.band_rows(plan)));
+                // SAFETY: a pure function.
+                let box_rows = unsafe { weft_gemm_band_box_rows(ranks) };
+                encode_wide("D (rank bands)", d_ptr, o.output, slots, rows, u64::from(tile_n), box_rows, tile_chunks)?
+            }
             OutputLayout::Standard => encode_2d("D", d_ptr, o.output, m, n, 64, chunk_cols)?,
             OutputLayout::TileOrder => {
                 let rows = u64::from(plan.orders()) * u64::from(plan.tile_m());
@@ -434,6 +454,7 @@ impl Gemm {
             comm_ctas: o.comm_ctas,
             bound: self.bound,
             layout: layout.abi(),
+            d_wide: u32::from(wide),
             ..Default::default()
         };
         if let OutputLayout::RankBands { ranks } = layout {

@@ -54,12 +54,45 @@ pub(crate) fn encode_3d(
     encode(what, ptr, dtype, &[cols, rows, slots], &[box_cols, box_rows, 1])
 }
 
+/// The wide view of D for the whole-tile epilogue's stores (kernels/include/weft/gemm.h,
+/// "Wide stores"): `slots` row-major matrices of `rows` × `cols` elements (one after the other)
+/// as (128 bytes of columns, row, 128-byte column chunk, slot), stored in boxes of 128 bytes ×
+/// `box_rows` × `box_chunks` × 1. The chunk dimension's stride (128 bytes) is smaller than the
+/// row's: a box takes a run of rows across `box_chunks` chunks, chunk-major in shared memory.
+pub(crate) fn encode_wide(
+    what: &str,
+    ptr: u64,
+    dtype: Dtype,
+    slots: u64,
+    rows: u64,
+    cols: u64,
+    box_rows: u32,
+    box_chunks: u32,
+) -> anyhow::Result<weft_tensor_map> {
+    let elem = dtype.bytes() as u64;
+    let chunk_cols = 128 / elem;
+    ensure!(ptr % 16 == 0, "{what}: device address {ptr:#x} is not 16-byte aligned (TMA needs it)");
+    ensure!(cols % chunk_cols == 0, "{what}: {cols} columns are not whole 128-byte chunks (the wide view needs them)");
+    let row_bytes = cols * elem;
+    let dims = [chunk_cols, rows, cols / chunk_cols, slots];
+    let strides = [row_bytes, 128, rows * row_bytes];
+    encode_strided(what, ptr, dtype, &dims, &strides, &[chunk_cols as u32, box_rows, box_chunks, 1])
+}
+
 /// cuTensorMapEncodeTiled of a dense row-major tensor, innermost dimension first.
 fn encode(what: &str, ptr: u64, dtype: Dtype, dims: &[u64], boxes: &[u32]) -> anyhow::Result<weft_tensor_map> {
     let elem = dtype.bytes() as u64;
     let rank = dims.len();
     // Byte strides of dimensions 1.. (dimension 0 is contiguous).
     let strides: Vec<u64> = (1..rank).map(|d| dims[..d].iter().product::<u64>() * elem).collect();
+    encode_strided(what, ptr, dtype, dims, &strides, boxes)
+}
+
+/// cuTensorMapEncodeTiled with the byte strides of dimensions 1.. given (dimension 0 is
+/// contiguous), 128-byte swizzle.
+fn encode_strided(what: &str, ptr: u64, dtype: Dtype, dims: &[u64], strides: &[u64], boxes: &[u32]) -> anyhow::Result<weft_tensor_map> {
+    let rank = dims.len();
+    assert!(strides.len() + 1 == rank && boxes.len() == rank, "{what}: {rank} dimensions need {} strides and {rank} box sizes", rank - 1);
     let elem_strides = vec![1u32; rank];
     let mut map = weft_tensor_map::default();
     // SAFETY: `map` is 128 bytes, 64-byte aligned (weft_tensor_map); the arrays have rank and
@@ -81,6 +114,6 @@ fn encode(what: &str, ptr: u64, dtype: Dtype, dims: &[u64], boxes: &[u32]) -> an
         )
     }
     .result()
-    .with_context(|| format!("cuTensorMapEncodeTiled for {what} (dims {dims:?} of {dtype}, innermost first; box {boxes:?})"))?;
+    .with_context(|| format!("cuTensorMapEncodeTiled for {what} (dims {dims:?} of {dtype}, innermost first; byte strides {strides:?}; box {boxes:?})"))?;
     Ok(map)
 }

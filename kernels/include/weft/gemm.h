@@ -150,6 +150,15 @@ WEFT_HD uint32_t weft_gemm_group_of(const weft_gemm_wave_groups* g, uint32_t ord
 // per-group, per-destination pools from a row -> rank routing. Rows scatter, so no TMA box fits:
 // the warpgroup's threads copy the shared chunk with 16-byte stores, then meet at a barrier before
 // the leader's release (the generic-proxy stores are ordered by it).
+//
+// Wide stores (whole-tile epilogue, d_wide = 1; STANDARD when n is a multiple of 128 bytes of
+// columns, TILE_ORDER, RANK_BANDS): `d` views D as 4-D, innermost first (128 bytes of columns,
+// row, 128-byte column chunk, slot), the chunk dimension's stride 128 bytes, so one box (128
+// bytes, box rows, every chunk of the tile's width, 1) stores a run of a warpgroup's rows across
+// the whole tile from shared memory laid out [run][chunk][run's rows][128 bytes] (storer.cuh,
+// wide_offset). Box rows: 64 (STANDARD, TILE_ORDER: one box per warpgroup and tile) or
+// weft_gemm_band_box_rows (RANK_BANDS); slot 0 except for RANK_BANDS. Every store is one box
+// instead of one per chunk: fewer TMA instructions in the epilogue, the same bytes written.
 #define WEFT_GEMM_LAYOUT_STANDARD 0
 #define WEFT_GEMM_LAYOUT_TILE_ORDER 1
 #define WEFT_GEMM_LAYOUT_RANK_BANDS 2
@@ -294,6 +303,7 @@ typedef struct weft_gemm_params {
   uint32_t layout;     // WEFT_GEMM_LAYOUT_*: where D's tiles are stored
   uint32_t bands;      // RANK_BANDS: bands per tile (the world size, 1..=8)
   uint32_t band_box_shift;  // RANK_BANDS: log2 of weft_gemm_band_box_rows(bands)
+  uint32_t d_wide;     // whole-tile epilogue only, 0 or 1: `d` is the wide view of D ("Wide stores", above the layouts)
   uint8_t band_of_box[16];  // RANK_BANDS: store box i (tile rows [i << shift, + box rows)) -> its band
   uint8_t row_of_box[16];   //             and its first row within that band (the host fills both
                             //             from the functions above: no divisions in the epilogue)

@@ -65,4 +65,12 @@ __device__ __forceinline__ void tensor_store_3d(const void* map, const void* sme
                : "memory");
 }
 
+// The same for a 4-D tensor at (c0, c1, c2, c3); the same rules as tensor_store_3d.
+__device__ __forceinline__ void tensor_store_4d(const void* map, const void* smem_src, int32_t c0, int32_t c1, int32_t c2,
+                                                int32_t c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];"
+               ::"l"(map), "r"(smem_addr(smem_src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+
 }  // namespace weft

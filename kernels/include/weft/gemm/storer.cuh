@@ -1,6 +1,8 @@
 // The storer role (run by each consumer warpgroup on its own 64 rows): accumulators -> alpha/beta
 // -> output dtype -> a 128-byte-swizzled shared chunk -> TMA store, chunk by chunk with two
-// buffers per warpgroup; then, when the launch asks for tile signals, the per-tile flag.
+// buffers per warpgroup, or with the whole-tile epilogue all chunks first, then their stores (one
+// wide box per run of rows where D's map allows: gemm.h, "Wide stores"); then, when the launch
+// asks for tile signals, the per-tile flag.
 //
 // Signal ordering (DESIGN.md §2): every thread that issued a tile's TMA stores waits for its
 // bulk groups to COMPLETE (bulk_wait_group<0>, not .read) and orders the async-proxy writes before
@@ -146,6 +148,42 @@ __device__ __forceinline__ bool store_bands(const weft_gemm_params& p, const uin
   return issued;
 }
 
+// Whole-tile epilogue: where row r (of the warpgroup's 64), byte `byte` of chunk c lives in the
+// warpgroup's buffers, which are laid out [run of 2^shift rows][chunk][run's rows][128 bytes],
+// each run's chunk a 128-byte-swizzled box (shift >= 3: runs keep the 1024-byte alignment and the
+// swizzle's row % 8). shift = 6 is one run: chunk c is buffer c, as the pipelined epilogue and
+// the narrow stores expect. Smaller runs (wide stores of bands) keep each run's chunks adjacent,
+// as one wide box reads them (gemm.h, "Wide stores").
+template <class Cfg>
+__device__ __forceinline__ uint32_t wide_offset(uint32_t r, uint32_t c, uint32_t byte, uint32_t shift) {
+  const uint32_t run_bytes = 128u << shift;
+  return (r >> shift) * Cfg::kEpiChunks * run_bytes + c * run_bytes + swizzle128(r & ((1u << shift) - 1u), byte);
+}
+
+// Wide stores (p.d_wide): the warpgroup's 64 rows from `wg_buf` (wide_offset with `shift`) in
+// boxes of 2^shift rows across every chunk: one at (row `row`, chunk `chunk`) of slot 0, or with
+// bands one per band box, to (its row within the band, its band's slot). Box k is issued by the
+// issuer with k % issuers == share; returns whether this thread issued any.
+template <class Cfg>
+__device__ __forceinline__ bool store_wide(const weft_gemm_params& p, const uint8_t* wg_buf, uint32_t shift, bool bands,
+                                          int32_t row, int32_t chunk, uint32_t consumer, weft_gemm_band_slots slots,
+                                          uint32_t share, uint32_t issuers) {
+  if (!bands) {
+    if (share != 0) return false;
+    tensor_store_4d(&p.d, wg_buf, 0, row, chunk, 0);
+    return true;
+  }
+  bool issued = false;
+  const uint32_t boxes = 64u >> shift, first = (consumer * 64u) >> shift;
+  for (uint32_t k = share; k < boxes; k += issuers) {
+    const uint32_t i = first + k;
+    tensor_store_4d(&p.d, wg_buf + k * Cfg::kEpiChunks * (128u << shift), 0, static_cast<int32_t>(p.row_of_box[i]), 0,
+                    static_cast<int32_t>(slots.first + p.band_of_box[i] * slots.stride));
+    issued = true;
+  }
+  return issued;
+}
+
 // ROW_SLOTS: the warpgroup's threads copy chunk `c` (64 rows x 128 bytes, swizzled) of tile `t`
 // rows [row, row + 64) to each row's slot with 16-byte stores (the table gives the slot).
 __device__ __forceinline__ void store_row_slots(const weft_gemm_params& p, const uint8_t* buf, uint32_t chunk_byte,
@@ -173,8 +211,9 @@ struct TmaStorer {
     const bool leader = thread_in_warpgroup() == 0;
     // Who issues the TMA stores: with the whole-tile epilogue lane 0 of each of the 4 warps, a
     // share each (one thread issuing them all held the warpgroup about 1 % of a short-K tile per
-    // box and chunk: weft bench interference, bands-3/4/8); pipelined, the leader alone (its
-    // buffers are reused two chunks later, which one issuer's wait_group_read<1> covers).
+    // box and chunk: weft bench interference, bands-3/4/8), and with wide stores (p.d_wide) one
+    // box per run of rows across all chunks; pipelined, the leader alone (its buffers are reused
+    // two chunks later, which one issuer's wait_group_read<1> covers).
     constexpr bool kWhole = Cfg::kEpiBufs >= Cfg::kEpiChunks;
     constexpr uint32_t kIssuers = kWhole ? 4u : 1u;
     const bool issuer = kWhole ? lane == 0 : leader;
@@ -204,7 +243,11 @@ struct TmaStorer {
     // ends at once); without them there is one group.
     if (bands && issuer) slots = weft_gemm_band_slots_from(p.sched, &p.groups, p.bands, order, st.group);
     const bool with_beta = p.beta != 0.0f;
-    // Chunk c of this warpgroup's accumulators -> `buf` (alpha, beta, conversion, swizzle).
+    // Whole tile: the buffers' runs of rows (wide_offset); 6 (one run) unless wide band stores.
+    const bool wide = kWhole && p.d_wide != 0;
+    const uint32_t run_shift = wide && bands ? p.band_box_shift : 6u;
+    // Chunk c of this warpgroup's accumulators -> `buf` (alpha, beta, conversion, swizzle), or
+    // with the whole tile -> the warpgroup's buffers from `buf` = sm.epi(consumer, 0).
     auto write_chunk = [&](int c, uint8_t* buf) {
 #pragma unroll
       for (int jj = 0; jj < Cfg::kEpiCols / 8; ++jj) {
@@ -222,7 +265,8 @@ struct TmaStorer {
               v1 += p.beta * old.y;
             }
           }
-          store_pair(reinterpret_cast<Out*>(buf + swizzle128(r, lc * sizeof(Out))), v0, v1);
+          const uint32_t at = kWhole ? wide_offset<Cfg>(r, c, lc * sizeof(Out), run_shift) : swizzle128(r, lc * sizeof(Out));
+          store_pair(reinterpret_cast<Out*>(buf + at), v0, v1);
         }
       }
     };
@@ -251,8 +295,9 @@ struct TmaStorer {
       named_barrier_sync(bar_id, kWarpgroupThreads);
       // Every issuer completed the covered stores before the barrier.
       if (leader) post_due(p, sm, consumer, st, due);
+      // The buffers are contiguous: chunk c at sm.epi(consumer, c) when run_shift is 6.
 #pragma unroll
-      for (int c = 0; c < Cfg::kEpiChunks; ++c) write_chunk(c, sm.epi(consumer, c));
+      for (int c = 0; c < Cfg::kEpiChunks; ++c) write_chunk(c, sm.epi(consumer, 0));
       fence_proxy_async_smem();  // each writer: its generic stores before the TMA stores read them
       named_barrier_sync(bar_id, kWarpgroupThreads);
       if (row_slots) {
@@ -260,8 +305,13 @@ struct TmaStorer {
         for (int c = 0; c < Cfg::kEpiChunks; ++c) store_row_slots(p, sm.epi(consumer, c), c * 128, t, consumer * 64, sizeof(Out));
       } else if (issuer) {
         bool issued = false;
+        if (wide) {
+          issued = store_wide<Cfg>(p, sm.epi(consumer, 0), run_shift, bands, store_row, store_col / Cfg::kEpiCols,
+                                   consumer, slots, share, kIssuers);
+        } else {
 #pragma unroll
-        for (int c = 0; c < Cfg::kEpiChunks; ++c) issued |= store_chunk(c, sm.epi(consumer, c));
+          for (int c = 0; c < Cfg::kEpiChunks; ++c) issued |= store_chunk(c, sm.epi(consumer, c));
+        }
         if (issued) bulk_commit_group();
       }
       epi_count += Cfg::kEpiChunks;
