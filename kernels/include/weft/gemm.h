@@ -281,7 +281,9 @@ typedef struct weft_gemm_ag_copy {
 typedef struct weft_gemm_params {
   weft_tensor_map a; // A, m x k row-major, box tile_k x tile_m, 128-byte swizzle
   weft_tensor_map b; // B, n x k (box tile_k x tile_n / cluster_m) or k x n (box 64 x tile_k), 128-byte swizzle
-  weft_tensor_map d; // D, m x n row-major, box (128 bytes of columns) x 64 rows, 128-byte swizzle
+  weft_tensor_map d; // D as `layout` places it, 128-byte swizzle: STANDARD m x n row-major, box (128 bytes
+                    // of columns) x 64 rows; TILE_ORDER likewise over its tile column; RANK_BANDS 3-D
+                    // (columns, band rows, slots); with d_wide the 4-D view of "Wide stores" (above)
   weft_gemm_schedule sched;
   float alpha, beta;
   uint64_t d_ptr;      // D's device address (for beta and the communicator)

@@ -151,9 +151,10 @@ __device__ __forceinline__ bool store_bands(const weft_gemm_params& p, const uin
 // Whole-tile epilogue: where row r (of the warpgroup's 64), byte `byte` of chunk c lives in the
 // warpgroup's buffers, which are laid out [run of 2^shift rows][chunk][run's rows][128 bytes],
 // each run's chunk a 128-byte-swizzled box (shift >= 3: runs keep the 1024-byte alignment and the
-// swizzle's row % 8). shift = 6 is one run: chunk c is buffer c, as the pipelined epilogue and
-// the narrow stores expect. Smaller runs (wide stores of bands) keep each run's chunks adjacent,
-// as one wide box reads them (gemm.h, "Wide stores").
+// swizzle's row % 8). shift = 6 is one run: chunk c is buffer c (sm.epi(consumer, c)), as the
+// narrow whole-tile stores, ROW_SLOTS and PEER_REDUCE read them (the pipelined epilogue does not
+// use this: it rotates two buffers). Smaller runs (wide stores of bands) keep each run's chunks
+// adjacent, as one wide box reads them (gemm.h, "Wide stores").
 template <class Cfg>
 __device__ __forceinline__ uint32_t wide_offset(uint32_t r, uint32_t c, uint32_t byte, uint32_t shift) {
   const uint32_t run_bytes = 128u << shift;
