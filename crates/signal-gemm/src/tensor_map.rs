@@ -19,10 +19,6 @@ pub(crate) fn encode_2d(
 ) -> anyhow::Result<weft_tensor_map> {
     let elem = dtype.bytes() as u64;
     ensure!(
-        ptr % 16 == 0,
-        "{what}: device address {ptr:#x} is not 16-byte aligned (TMA needs it)"
-    );
-    ensure!(
         (cols * elem) % 16 == 0,
         "{what}: row pitch {} bytes is not a multiple of 16",
         cols * elem
@@ -48,7 +44,6 @@ pub(crate) fn encode_3d(
     box_cols: u32,
 ) -> anyhow::Result<weft_tensor_map> {
     let elem = dtype.bytes() as u64;
-    ensure!(ptr % 16 == 0, "{what}: device address {ptr:#x} is not 16-byte aligned (TMA needs it)");
     ensure!((cols * elem) % 16 == 0, "{what}: row pitch {} bytes is not a multiple of 16", cols * elem);
     ensure!(box_cols as u64 * elem <= 128, "{what}: box row of {} bytes exceeds the 128-byte swizzle", box_cols as u64 * elem);
     encode(what, ptr, dtype, &[cols, rows, slots], &[box_cols, box_rows, 1])
@@ -71,7 +66,6 @@ pub(crate) fn encode_wide(
 ) -> anyhow::Result<weft_tensor_map> {
     let elem = dtype.bytes() as u64;
     let chunk_cols = 128 / elem;
-    ensure!(ptr % 16 == 0, "{what}: device address {ptr:#x} is not 16-byte aligned (TMA needs it)");
     ensure!(cols % chunk_cols == 0, "{what}: {cols} columns are not whole 128-byte chunks (the wide view needs them)");
     let row_bytes = cols * elem;
     let dims = [chunk_cols, rows, cols / chunk_cols, slots];
@@ -91,6 +85,7 @@ fn encode(what: &str, ptr: u64, dtype: Dtype, dims: &[u64], boxes: &[u32]) -> an
 /// cuTensorMapEncodeTiled with the byte strides of dimensions 1.. given (dimension 0 is
 /// contiguous), 128-byte swizzle.
 fn encode_strided(what: &str, ptr: u64, dtype: Dtype, dims: &[u64], strides: &[u64], boxes: &[u32]) -> anyhow::Result<weft_tensor_map> {
+    ensure!(ptr % 16 == 0, "{what}: device address {ptr:#x} is not 16-byte aligned (TMA needs it)");
     let rank = dims.len();
     assert!(strides.len() + 1 == rank && boxes.len() == rank, "{what}: {rank} dimensions need {} strides and {rank} box sizes", rank - 1);
     let elem_strides = vec![1u32; rank];
