@@ -412,35 +412,25 @@ impl Gemm {
                 OutputLayout::TileOrder | OutputLayout::RankBands { .. } => true,
                 OutputLayout::RowSlots { .. } | OutputLayout::PeerReduce { .. } => false,
             };
-        let tile_chunks = tile_n / chunk_cols;
-        let map_d = match layout {
-            OutputLayout::Standard if wide => encode_wide("D", d_ptr, o.output, 1, m, n, 64, tile_chunks)?,
-            OutputLayout::TileOrder if wide => {
-                let rows = u64::from(plan.orders()) * u64::from(plan.tile_m());
-                encode_wide("D (tile order)", d_ptr, o.output, 1, rows, u64::from(tile_n), 64, tile_chunks)?
-            }
-            OutputLayout::RankBands { ranks } if wide => {
-                let (slots, rows) = (u64::from(plan.orders()) * u64::from(ranks), u64::from(layout.band_rows(plan)));
-                // SAFETY: a pure function.
-                let box_rows = unsafe { weft_gemm_band_box_rows(ranks) };
-                encode_wide("D (rank bands)", d_ptr, o.output, slots, rows, u64::from(tile_n), box_rows, tile_chunks)?
-            }
-            OutputLayout::Standard => encode_2d("D", d_ptr, o.output, m, n, 64, chunk_cols)?,
-            OutputLayout::TileOrder => {
-                let rows = u64::from(plan.orders()) * u64::from(plan.tile_m());
-                encode_2d("D (tile order)", d_ptr, o.output, rows, u64::from(tile_n), 64, chunk_cols)?
-            }
+        // D as `slots` row-major matrices of `rows` x `cols`, stored in boxes of `box_rows` rows.
+        let (what, slots, rows, cols, box_rows) = match layout {
+            OutputLayout::Standard => ("D", 1, m, n, 64),
+            OutputLayout::TileOrder => ("D (tile order)", 1, u64::from(plan.orders()) * u64::from(plan.tile_m()), u64::from(tile_n), 64),
             // Not read by the kernel (the threads store the rows), encoded for a uniform launch.
-            OutputLayout::RowSlots { slots } => {
-                encode_2d("D (row slots)", d_ptr, o.output, u64::from(slots.max(1)), u64::from(tile_n), 64, chunk_cols)?
-            }
-            OutputLayout::PeerReduce { ranks } => encode_2d("D (this rank's rows)", d_ptr, o.output, m / u64::from(ranks), n, 64, chunk_cols)?,
+            OutputLayout::RowSlots { slots } => ("D (row slots)", 1, u64::from(slots.max(1)), u64::from(tile_n), 64),
+            OutputLayout::PeerReduce { ranks } => ("D (this rank's rows)", 1, m / u64::from(ranks), n, 64),
             OutputLayout::RankBands { ranks } => {
-                let (slots, rows) = (u64::from(plan.orders()) * u64::from(ranks), u64::from(layout.band_rows(plan)));
                 // SAFETY: a pure function.
                 let box_rows = unsafe { weft_gemm_band_box_rows(ranks) };
-                encode_3d("D (rank bands)", d_ptr, o.output, slots, rows, u64::from(tile_n), box_rows, chunk_cols)?
+                ("D (rank bands)", u64::from(plan.orders()) * u64::from(ranks), u64::from(layout.band_rows(plan)), u64::from(tile_n), box_rows)
             }
+        };
+        let map_d = if wide {
+            encode_wide(what, d_ptr, o.output, slots, rows, cols, box_rows, tile_n / chunk_cols)?
+        } else if matches!(layout, OutputLayout::RankBands { .. }) {
+            encode_3d(what, d_ptr, o.output, slots, rows, cols, box_rows, chunk_cols)?
+        } else {
+            encode_2d(what, d_ptr, o.output, rows, cols, box_rows, chunk_cols)?
         };
 
         let mut p = weft_gemm_params {
