@@ -11,8 +11,12 @@
 //! - `… +signals (G groups)`: the map plus the wave-group signals and, on the communication
 //!   stream, one wait kernel per group between the joins — exactly `run_gemm_only` of the
 //!   overlaps; the most groups a launch may have (1 wave each, up to 32 groups) and 2 groups;
-//! - `tile-order+signals (N groups, no waits)`: the signals without the wait kernels (what the
-//!   chain of waits on the other stream costs; the counters are never rearmed, so not a pipeline).
+//! - `… +signals (N groups, no waits)`: the signals without the wait kernels (what the chain of
+//!   waits on the other stream costs; the counters are never rearmed, so not a pipeline);
+//! - `tile-order+signals (N groups, last wait only)`: one wait kernel, on the last group, that
+//!   polls through the whole GEMM (what polling costs, without N − 1 kernel launches and exits);
+//! - `plain+side kernels (N)`: the plain GEMM between the joins with N one-tile GEMMs on the
+//!   communication stream (what N short kernels beside it cost, with no signal or poll at all).
 //!
 //! Two times each: the median of CUDA events on the compute stream (what the overlap benches
 //! call the GEMM's time), and the median kernel span from `LaunchExtras::timeline` (first compute
@@ -45,11 +49,21 @@ struct Variant {
     layout: OutputLayout,
     /// Wave-group signals (waves per group).
     groups: Option<Vec<u32>>,
-    /// One wait kernel per group on the communication stream (else the counters only grow:
-    /// a diagnostic of what the waits cost, not a usable pipeline).
-    waits: bool,
+    /// Which groups get a wait kernel on the communication stream.
+    waits: Waits,
     /// The pipeline's stream joins around the launch.
     joins: bool,
+    /// One-tile GEMMs launched on the communication stream after the GEMM (diagnostic).
+    side_kernels: usize,
+}
+
+/// The wait kernels of a variant with group signals. Anything but `All` is a diagnostic: the
+/// counters of unwaited groups are never rearmed and only grow, so it is not a usable pipeline.
+#[derive(Clone, Copy, PartialEq)]
+enum Waits {
+    None,
+    All,
+    LastOnly,
 }
 
 pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
@@ -89,16 +103,28 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 layout: OutputLayout::Standard,
                 groups: None,
                 joins: false,
-                waits: false,
+                waits: Waits::None,
+                side_kernels: 0,
             },
             Variant {
                 name: "plain+joins".into(),
                 layout: OutputLayout::Standard,
                 groups: None,
                 joins: true,
-                waits: false,
+                waits: Waits::None,
+                side_kernels: 0,
             },
         ];
+        // As many short kernels beside it as the most groups have waits.
+        let most_groups = waves.div_ceil(waves.div_ceil(WEFT_GEMM_MAX_WAVE_GROUPS)) as usize;
+        variants.push(Variant {
+            name: format!("plain+side kernels ({most_groups})"),
+            layout: OutputLayout::Standard,
+            groups: None,
+            joins: true,
+            waits: Waits::None,
+            side_kernels: most_groups,
+        });
         // The band map alone at other world sizes: one box per 64-row chunk at 2 ranks (as
         // tile-order stores), two at 4, four at 8, eight at 3 (8-row boxes).
         for ranks in [2, 3, 8] {
@@ -107,7 +133,8 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 layout: OutputLayout::RankBands { ranks },
                 groups: None,
                 joins: false,
-                waits: false,
+                waits: Waits::None,
+                side_kernels: 0,
             });
         }
         let bands = OutputLayout::RankBands { ranks: BAND_RANKS };
@@ -117,7 +144,8 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 layout,
                 groups: None,
                 joins: false,
-                waits: false,
+                waits: Waits::None,
+                side_kernels: 0,
             });
             // The most groups a launch may have (one wave each, or as few waves as fit).
             let per_group = waves.div_ceil(WEFT_GEMM_MAX_WAVE_GROUPS);
@@ -126,14 +154,21 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 groupings.push(vec![waves.div_ceil(2), waves / 2]);
             }
             for (i, g) in groupings.into_iter().enumerate() {
-                if i == 0 && layout == OutputLayout::TileOrder {
-                    variants.push(Variant {
-                        name: format!("{label}+signals ({} groups, no waits)", g.len()),
-                        layout,
-                        groups: Some(g.clone()),
-                        joins: true,
-                        waits: false,
-                    });
+                if i == 0 {
+                    let mut diagnostics = vec![("no waits", Waits::None)];
+                    if layout == OutputLayout::TileOrder {
+                        diagnostics.push(("last wait only", Waits::LastOnly));
+                    }
+                    for (what, waits) in diagnostics {
+                        variants.push(Variant {
+                            name: format!("{label}+signals ({} groups, {what})", g.len()),
+                            layout,
+                            groups: Some(g.clone()),
+                            joins: true,
+                            waits,
+                            side_kernels: 0,
+                        });
+                    }
                 }
                 let name = format!("{label}+signals ({} groups)", g.len());
                 variants.push(Variant {
@@ -141,7 +176,8 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                     layout,
                     groups: Some(g),
                     joins: true,
-                    waits: true,
+                    waits: Waits::All,
+                    side_kernels: 0,
                 });
             }
         }
@@ -149,6 +185,12 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         let mut d = poisoned::<bf16>(&compute, mu * nu)?;
         gemm.launch(&compute, &a, &b, &mut d)?;
         let reference = download(&compute, &d)?;
+        // The side kernel: a one-tile GEMM into its own output, on free SMs.
+        let side_shape = GemmShape::new(128, 128, 64);
+        let side = Gemm::new(&ctx, side_shape, GemmOptions::default())?;
+        let side_a = upload(&compute, &uniform::<bf16>(0x3f, 128 * 64))?;
+        let side_b = upload(&compute, &uniform::<bf16>(0x4f, 64 * 128))?;
+        let mut side_d = compute.alloc_zeros::<bf16>(128 * 128)?;
         let mut timeline = compute.alloc_zeros::<u64>(2)?;
         let mut times = Vec::new();
         for v in &variants {
@@ -159,8 +201,8 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             let len = v.layout.elements(&plan) as usize;
             let mut out = poisoned::<bf16>(&compute, len)?;
             let x = rig.comm_stream.clone();
-            let launch = |out: &mut CudaSlice<bf16>,
-                          tl: Option<&mut CudaSlice<u64>>|
+            let mut launch = |out: &mut CudaSlice<bf16>,
+                              tl: Option<&mut CudaSlice<u64>>|
              -> anyhow::Result<()> {
                 if v.joins {
                     x.join(&compute)?;
@@ -172,10 +214,16 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                     ..Default::default()
                 };
                 gemm.launch_with(&compute, &a, &b, out, extras)?;
-                if let Some(c) = counters.as_ref().filter(|_| v.waits) {
-                    for g in 0..c.groups().count() {
-                        c.wait(&x, g)?;
+                if let Some(c) = &counters {
+                    let n = c.groups().count();
+                    match v.waits {
+                        Waits::None => {}
+                        Waits::All => (0..n).try_for_each(|g| c.wait(&x, g))?,
+                        Waits::LastOnly => c.wait(&x, n - 1)?,
                     }
+                }
+                for _ in 0..v.side_kernels {
+                    side.launch(&x, &side_a, &side_b, &mut side_d)?;
                 }
                 if v.joins {
                     compute.join(&x)?;
