@@ -16,7 +16,9 @@
 //! - `tile-order+signals (N groups, last wait only)`: one wait kernel, on the last group, that
 //!   polls through the whole GEMM (what polling costs, without N − 1 kernel launches and exits);
 //! - `plain+side kernels (N)`: the plain GEMM between the joins with N one-tile GEMMs on the
-//!   communication stream (what N short kernels beside it cost, with no signal or poll at all).
+//!   communication stream (what N short kernels beside it cost, with no signal or poll at all);
+//! - `…, normal priority`: the same with a communication stream of default priority instead of
+//!   the pipeline's greatest.
 //!
 //! Two times each: the median of CUDA events on the compute stream (what the overlap benches
 //! call the GEMM's time), and the median kernel span from `LaunchExtras::timeline` (first compute
@@ -55,6 +57,8 @@ struct Variant {
     joins: bool,
     /// One-tile GEMMs launched on the communication stream after the GEMM (diagnostic).
     side_kernels: usize,
+    /// A communication stream of default priority instead of the pipeline's (diagnostic).
+    normal_priority: bool,
 }
 
 /// The wait kernels of a variant with group signals. Anything but `All` is a diagnostic: the
@@ -105,6 +109,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 joins: false,
                 waits: Waits::None,
                 side_kernels: 0,
+                normal_priority: false,
             },
             Variant {
                 name: "plain+joins".into(),
@@ -113,6 +118,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 joins: true,
                 waits: Waits::None,
                 side_kernels: 0,
+                normal_priority: false,
             },
         ];
         // As many short kernels beside it as the most groups have waits.
@@ -124,6 +130,16 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             joins: true,
             waits: Waits::None,
             side_kernels: most_groups,
+            normal_priority: false,
+        });
+        variants.push(Variant {
+            name: format!("plain+side kernels ({most_groups}, normal priority)"),
+            layout: OutputLayout::Standard,
+            groups: None,
+            joins: true,
+            waits: Waits::None,
+            side_kernels: most_groups,
+            normal_priority: true,
         });
         // The band map alone at other world sizes: one box per 64-row chunk at 2 ranks (as
         // tile-order stores), two at 4, four at 8, eight at 3 (8-row boxes).
@@ -135,6 +151,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 joins: false,
                 waits: Waits::None,
                 side_kernels: 0,
+                normal_priority: false,
             });
         }
         let bands = OutputLayout::RankBands { ranks: BAND_RANKS };
@@ -146,6 +163,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 joins: false,
                 waits: Waits::None,
                 side_kernels: 0,
+                normal_priority: false,
             });
             // The most groups a launch may have (one wave each, or as few waves as fit).
             let per_group = waves.div_ceil(WEFT_GEMM_MAX_WAVE_GROUPS);
@@ -155,11 +173,12 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             }
             for (i, g) in groupings.into_iter().enumerate() {
                 if i == 0 {
-                    let mut diagnostics = vec![("no waits", Waits::None)];
+                    let mut diagnostics = vec![("no waits", Waits::None, false)];
                     if layout == OutputLayout::TileOrder {
-                        diagnostics.push(("last wait only", Waits::LastOnly));
+                        diagnostics.push(("last wait only", Waits::LastOnly, false));
+                        diagnostics.push(("waits at normal priority", Waits::All, true));
                     }
-                    for (what, waits) in diagnostics {
+                    for (what, waits, normal_priority) in diagnostics {
                         variants.push(Variant {
                             name: format!("{label}+signals ({} groups, {what})", g.len()),
                             layout,
@@ -167,6 +186,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                             joins: true,
                             waits,
                             side_kernels: 0,
+                            normal_priority,
                         });
                     }
                 }
@@ -178,6 +198,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                     joins: true,
                     waits: Waits::All,
                     side_kernels: 0,
+                    normal_priority: false,
                 });
             }
         }
@@ -191,6 +212,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         let side_a = upload(&compute, &uniform::<bf16>(0x3f, 128 * 64))?;
         let side_b = upload(&compute, &uniform::<bf16>(0x4f, 64 * 128))?;
         let mut side_d = compute.alloc_zeros::<bf16>(128 * 128)?;
+        let normal = ctx.new_stream()?;
         let mut timeline = compute.alloc_zeros::<u64>(2)?;
         let mut times = Vec::new();
         for v in &variants {
@@ -200,7 +222,11 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             };
             let len = v.layout.elements(&plan) as usize;
             let mut out = poisoned::<bf16>(&compute, len)?;
-            let x = rig.comm_stream.clone();
+            let x = if v.normal_priority {
+                normal.clone()
+            } else {
+                rig.comm_stream.clone()
+            };
             let mut launch = |out: &mut CudaSlice<bf16>,
                               tl: Option<&mut CudaSlice<u64>>|
              -> anyhow::Result<()> {
@@ -348,7 +374,11 @@ fn check_variant(
             }
         }
         OutputLayout::RowSlots { .. } | OutputLayout::PeerReduce { .. } => {
-            anyhow::bail!("{}: the {} layout is not measured here", v.name, v.layout.name())
+            anyhow::bail!(
+                "{}: the {} layout is not measured here",
+                v.name,
+                v.layout.name()
+            )
         }
     }
     Ok(())
