@@ -144,13 +144,6 @@ impl GroupCounters {
         self.counters.device_ptr(stream).0
     }
 
-    /// Group `g`'s counter's device address (a u64), for diagnostics that wait on it by other
-    /// means (`weft bench interference`); they must keep the rule above and rearm it to 0.
-    pub fn counter_address(&self, stream: &CudaStream, g: usize) -> anyhow::Result<u64> {
-        ensure!(g < self.groups.count(), "wave group {g} of {}", self.groups.count());
-        Ok(self.device_ptr(stream) + 8 * g as u64)
-    }
-
     /// The count group `g`'s counter reaches when its tiles are stored.
     pub fn target(&self, g: usize) -> u64 {
         u64::from(WEFT_GEMM_CONSUMERS) * u64::from(self.groups.orders(g).len() as u32)
@@ -159,8 +152,9 @@ impl GroupCounters {
     /// Enqueues on `stream` the wait for group `g` of the launch in flight: work enqueued after it
     /// reads the group's finished output.
     pub fn wait(&self, stream: &Arc<CudaStream>, g: usize) -> anyhow::Result<()> {
+        ensure!(g < self.groups.count(), "wave group {g} of {}", self.groups.count());
         let p = weft_gemm_group_wait_params {
-            counter: self.counter_address(stream, g)?,
+            counter: self.device_ptr(stream) + 8 * g as u64,
             target: self.target(g),
             group: g as u32,
             rank: self.rank,

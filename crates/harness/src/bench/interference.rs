@@ -17,9 +17,6 @@
 //!   polls through the whole GEMM (what polling costs, without N − 1 kernel launches and exits);
 //! - `plain+side kernels (N)`: the plain GEMM between the joins with N one-tile GEMMs on the
 //!   communication stream (what N short kernels beside it cost, with no signal or poll at all);
-//! - `tile-order+signals (N groups, stream-memory waits)`: the wait kernels replaced by
-//!   `cuStreamWaitValue64` (≥ target) and `cuStreamWriteValue64` (rearm to 0) on the
-//!   communication stream: the same ordering with no kernel, but unbounded (a diagnostic only);
 //! - `…, normal priority`: the same with a communication stream of default priority instead of
 //!   the pipeline's greatest.
 //!
@@ -36,7 +33,7 @@ use crate::job::Job;
 use crate::json::Json;
 use crate::results::Table;
 use crate::timing::median;
-use cudarc::driver::{sys, CudaSlice, CudaStream};
+use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
 use std::sync::Arc;
 use weft_kernels::abi::WEFT_GEMM_MAX_WAVE_GROUPS;
@@ -71,8 +68,6 @@ enum Waits {
     None,
     All,
     LastOnly,
-    /// Stream memory operations instead of wait kernels (unbounded: a diagnostic only).
-    StreamMemory,
 }
 
 pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
@@ -182,7 +177,6 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                     if layout == OutputLayout::TileOrder {
                         diagnostics.push(("last wait only", Waits::LastOnly, false));
                         diagnostics.push(("waits at normal priority", Waits::All, true));
-                        diagnostics.push(("stream-memory waits", Waits::StreamMemory, false));
                     }
                     for (what, waits, normal_priority) in diagnostics {
                         variants.push(Variant {
@@ -252,24 +246,6 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                         Waits::None => {}
                         Waits::All => (0..n).try_for_each(|g| c.wait(&x, g))?,
                         Waits::LastOnly => c.wait(&x, n - 1)?,
-                        Waits::StreamMemory => {
-                            for g in 0..n {
-                                // The counter's low 32 bits (little-endian; counts stay far below
-                                // 2^32, so the high word is always 0).
-                                let at = c.counter_address(&x, g)?;
-                                let target = u32::try_from(c.target(g))?;
-                                // SAFETY: a live u64 counter of this context; the GEMM enqueued
-                                // before brings it to the target (checked by the variant's first run).
-                                unsafe {
-                                    sys::cuStreamWaitValue32_v2(x.cu_stream(), at, target, 0)
-                                        .result()
-                                        .map_err(|e| anyhow::anyhow!("cuStreamWaitValue32 (group {g}): {e:?}"))?;
-                                    sys::cuStreamWriteValue32_v2(x.cu_stream(), at, 0, 0)
-                                        .result()
-                                        .map_err(|e| anyhow::anyhow!("cuStreamWriteValue32 (group {g}): {e:?}"))?;
-                                }
-                            }
-                        }
                     }
                 }
                 for _ in 0..v.side_kernels {
@@ -280,14 +256,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 }
                 Ok(())
             };
-            if let Err(e) = launch(&mut out, None) {
-                // A driver without stream memory operations: that diagnostic is left out.
-                anyhow::ensure!(v.waits == Waits::StreamMemory, e);
-                eprintln!("{m}x{n}x{k} {}: not measured: {e:#}", v.name);
-                compute.synchronize()?;
-                times.extend([f64::NAN, f64::NAN]);
-                continue;
-            }
+            launch(&mut out, None)?;
             compute.synchronize()?;
             gemm.check()?;
             if let Some(c) = &counters {
