@@ -17,6 +17,8 @@
 //!   polls through the whole GEMM (what polling costs, without N − 1 kernel launches and exits);
 //! - `plain+side kernels (N)`: the plain GEMM between the joins with N one-tile GEMMs on the
 //!   communication stream (what N short kernels beside it cost, with no signal or poll at all);
+//! - `… (graph)`: the same launch sequence captured once in a CUDA graph and replayed (the
+//!   overlaps are capturable; whether replay makes the kernels beside the GEMM cheaper);
 //! - `…, normal priority`: the same with a communication stream of default priority instead of
 //!   the pipeline's greatest.
 //!
@@ -33,7 +35,7 @@ use crate::job::Job;
 use crate::json::Json;
 use crate::results::Table;
 use crate::timing::median;
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::{sys, CudaSlice, CudaStream};
 use half::bf16;
 use std::sync::Arc;
 use weft_kernels::abi::WEFT_GEMM_MAX_WAVE_GROUPS;
@@ -59,6 +61,8 @@ struct Variant {
     side_kernels: usize,
     /// A communication stream of default priority instead of the pipeline's (diagnostic).
     normal_priority: bool,
+    /// Captured once in a CUDA graph and timed as graph replays (with the timeline).
+    graph: bool,
 }
 
 /// The wait kernels of a variant with group signals. Anything but `All` is a diagnostic: the
@@ -110,6 +114,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 waits: Waits::None,
                 side_kernels: 0,
                 normal_priority: false,
+                graph: false,
             },
             Variant {
                 name: "plain+joins".into(),
@@ -119,8 +124,19 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 waits: Waits::None,
                 side_kernels: 0,
                 normal_priority: false,
+                graph: false,
             },
         ];
+        variants.push(Variant {
+            name: "plain (graph)".into(),
+            layout: OutputLayout::Standard,
+            groups: None,
+            joins: true,
+            waits: Waits::None,
+            side_kernels: 0,
+            normal_priority: false,
+            graph: true,
+        });
         // As many short kernels beside it as the most groups have waits.
         let most_groups = waves.div_ceil(waves.div_ceil(WEFT_GEMM_MAX_WAVE_GROUPS)) as usize;
         variants.push(Variant {
@@ -131,6 +147,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             waits: Waits::None,
             side_kernels: most_groups,
             normal_priority: false,
+            graph: false,
         });
         variants.push(Variant {
             name: format!("plain+side kernels ({most_groups}, normal priority)"),
@@ -140,6 +157,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             waits: Waits::None,
             side_kernels: most_groups,
             normal_priority: true,
+            graph: false,
         });
         // The band map alone at other world sizes: one box per 64-row chunk at 2 ranks (as
         // tile-order stores), two at 4, four at 8, eight at 3 (8-row boxes).
@@ -152,6 +170,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 waits: Waits::None,
                 side_kernels: 0,
                 normal_priority: false,
+                graph: false,
             });
         }
         let bands = OutputLayout::RankBands { ranks: BAND_RANKS };
@@ -164,6 +183,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 waits: Waits::None,
                 side_kernels: 0,
                 normal_priority: false,
+                graph: false,
             });
             // The most groups a launch may have (one wave each, or as few waves as fit).
             let per_group = waves.div_ceil(WEFT_GEMM_MAX_WAVE_GROUPS);
@@ -187,8 +207,21 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                             waits,
                             side_kernels: 0,
                             normal_priority,
+                            graph: false,
                         });
                     }
+                }
+                if layout == OutputLayout::TileOrder {
+                    variants.push(Variant {
+                        name: format!("{label}+signals ({} groups, graph)", g.len()),
+                        layout,
+                        groups: Some(g.clone()),
+                        joins: true,
+                        waits: Waits::All,
+                        side_kernels: 0,
+                        normal_priority: false,
+                        graph: true,
+                    });
                 }
                 let name = format!("{label}+signals ({} groups)", g.len());
                 variants.push(Variant {
@@ -199,6 +232,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                     waits: Waits::All,
                     side_kernels: 0,
                     normal_priority: false,
+                    graph: false,
                 });
             }
         }
@@ -263,8 +297,26 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 c.check()?;
             }
             check_variant(&compute, v, &plan, &out, &reference)?;
-            let event_ms = rig.time(|| launch(&mut out, None))?;
-            let span_ms = span(&mut rig, &mut timeline, |tl| launch(&mut out, Some(tl)))?;
+            let (event_ms, span_ms) = if v.graph {
+                // Captured with the timeline, which span() resets and reads around each replay.
+                compute.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+                let captured = launch(&mut out, Some(&mut timeline));
+                let graph = compute.end_capture(sys::CUgraphInstantiate_flags(0));
+                captured?;
+                let graph = graph?
+                    .ok_or_else(|| anyhow::anyhow!("{}: the capture produced no graph", v.name))?;
+                let event_ms = rig.time(|| Ok(graph.launch()?))?;
+                (
+                    event_ms,
+                    span(&mut rig, &mut timeline, |_| Ok(graph.launch()?))?,
+                )
+            } else {
+                let event_ms = rig.time(|| launch(&mut out, None))?;
+                (
+                    event_ms,
+                    span(&mut rig, &mut timeline, |tl| launch(&mut out, Some(tl)))?,
+                )
+            };
             times.push(event_ms);
             times.push(span_ms);
         }
