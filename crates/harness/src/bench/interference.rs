@@ -18,7 +18,8 @@
 //! - `plain+side kernels (N)`: the plain GEMM between the joins with N one-tile GEMMs on the
 //!   communication stream (what N short kernels beside it cost, with no signal or poll at all);
 //! - `… (graph)`: the same launch sequence captured once in a CUDA graph and replayed (the
-//!   overlaps are capturable; whether replay makes the kernels beside the GEMM cheaper);
+//!   overlaps are capturable; whether replay makes the kernels beside the GEMM cheaper); the
+//!   first replay runs alone and its output is checked like the eager run's;
 //! - `…, normal priority`: the same with a communication stream of default priority instead of
 //!   the pipeline's greatest.
 //!
@@ -30,7 +31,7 @@
 
 use super::rig::{slowest, Rig};
 use super::SuiteResult;
-use crate::gemm_data::{band_receive, download, poisoned, uniform, upload};
+use crate::gemm_data::{band_receive, download, poison, poisoned, uniform, upload};
 use crate::job::Job;
 use crate::json::Json;
 use crate::results::Table;
@@ -305,6 +306,16 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 captured?;
                 let graph = graph?
                     .ok_or_else(|| anyhow::anyhow!("{}: the capture produced no graph", v.name))?;
+                // One replay alone first, its output checked like the eager run's.
+                poison(&compute, &mut out)?;
+                graph.launch()?;
+                compute.synchronize()?;
+                gemm.check()?;
+                if let Some(c) = &counters {
+                    c.check()?;
+                }
+                check_variant(&compute, v, &plan, &out, &reference)
+                    .map_err(|e| e.context("after a graph replay"))?;
                 let event_ms = rig.time(|| Ok(graph.launch()?))?;
                 (
                     event_ms,
