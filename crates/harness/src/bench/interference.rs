@@ -66,6 +66,30 @@ struct Variant {
     graph: bool,
 }
 
+impl Variant {
+    /// The GEMM launched alone in `layout`: no joins, signals, waits or side kernels.
+    fn alone(name: impl Into<String>, layout: OutputLayout) -> Self {
+        Variant {
+            name: name.into(),
+            layout,
+            groups: None,
+            waits: Waits::None,
+            joins: false,
+            side_kernels: 0,
+            normal_priority: false,
+            graph: false,
+        }
+    }
+
+    /// The same between the pipeline's stream joins.
+    fn joined(name: impl Into<String>, layout: OutputLayout) -> Self {
+        Variant {
+            joins: true,
+            ..Self::alone(name, layout)
+        }
+    }
+}
+
 /// The wait kernels of a variant with group signals. Anything but `All` is a diagnostic: the
 /// counters of unwaited groups are never rearmed and only grow, so it is not a usable pipeline.
 #[derive(Clone, Copy, PartialEq)]
@@ -106,135 +130,74 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         let gemm = Gemm::new(&ctx, shape, options)?;
         let plan = gemm.plan().clone();
         let waves = plan.waves();
+        let plain = |name: String| Variant::joined(name, OutputLayout::Standard);
         let mut variants = vec![
+            Variant::alone("plain", OutputLayout::Standard),
+            plain("plain+joins".into()),
             Variant {
-                name: "plain".into(),
-                layout: OutputLayout::Standard,
-                groups: None,
-                joins: false,
-                waits: Waits::None,
-                side_kernels: 0,
-                normal_priority: false,
-                graph: false,
-            },
-            Variant {
-                name: "plain+joins".into(),
-                layout: OutputLayout::Standard,
-                groups: None,
-                joins: true,
-                waits: Waits::None,
-                side_kernels: 0,
-                normal_priority: false,
-                graph: false,
+                graph: true,
+                ..plain("plain (graph)".into())
             },
         ];
-        variants.push(Variant {
-            name: "plain (graph)".into(),
-            layout: OutputLayout::Standard,
-            groups: None,
-            joins: true,
-            waits: Waits::None,
-            side_kernels: 0,
-            normal_priority: false,
-            graph: true,
-        });
         // As many short kernels beside it as the most groups have waits.
         let most_groups = waves.div_ceil(waves.div_ceil(WEFT_GEMM_MAX_WAVE_GROUPS)) as usize;
-        variants.push(Variant {
-            name: format!("plain+side kernels ({most_groups})"),
-            layout: OutputLayout::Standard,
-            groups: None,
-            joins: true,
-            waits: Waits::None,
-            side_kernels: most_groups,
-            normal_priority: false,
-            graph: false,
-        });
-        variants.push(Variant {
-            name: format!("plain+side kernels ({most_groups}, normal priority)"),
-            layout: OutputLayout::Standard,
-            groups: None,
-            joins: true,
-            waits: Waits::None,
-            side_kernels: most_groups,
-            normal_priority: true,
-            graph: false,
-        });
+        for (what, normal_priority) in [("", false), (", normal priority", true)] {
+            variants.push(Variant {
+                side_kernels: most_groups,
+                normal_priority,
+                ..plain(format!("plain+side kernels ({most_groups}{what})"))
+            });
+        }
         // The band map alone at other world sizes: one box per 64-row chunk at 2 ranks (as
         // tile-order stores), two at 4, four at 8, eight at 3 (8-row boxes).
         for ranks in [2, 3, 8] {
-            variants.push(Variant {
-                name: format!("bands-{ranks}"),
-                layout: OutputLayout::RankBands { ranks },
-                groups: None,
-                joins: false,
-                waits: Waits::None,
-                side_kernels: 0,
-                normal_priority: false,
-                graph: false,
-            });
+            variants.push(Variant::alone(
+                format!("bands-{ranks}"),
+                OutputLayout::RankBands { ranks },
+            ));
         }
         let bands = OutputLayout::RankBands { ranks: BAND_RANKS };
         for (label, layout) in [("tile-order", OutputLayout::TileOrder), ("bands-4", bands)] {
-            variants.push(Variant {
-                name: label.into(),
-                layout,
-                groups: None,
-                joins: false,
-                waits: Waits::None,
-                side_kernels: 0,
-                normal_priority: false,
-                graph: false,
-            });
+            variants.push(Variant::alone(label, layout));
             // The most groups a launch may have (one wave each, or as few waves as fit).
             let per_group = waves.div_ceil(WEFT_GEMM_MAX_WAVE_GROUPS);
             let mut groupings = vec![WaveGroups::uniform(&plan, per_group)?.waves().to_vec()];
             if waves > 1 {
                 groupings.push(vec![waves.div_ceil(2), waves / 2]);
             }
+            let tile_order = layout == OutputLayout::TileOrder;
             for (i, g) in groupings.into_iter().enumerate() {
-                if i == 0 {
-                    let mut diagnostics = vec![("no waits", Waits::None, false)];
-                    if layout == OutputLayout::TileOrder {
-                        diagnostics.push(("last wait only", Waits::LastOnly, false));
-                        diagnostics.push(("waits at normal priority", Waits::All, true));
-                    }
-                    for (what, waits, normal_priority) in diagnostics {
-                        variants.push(Variant {
-                            name: format!("{label}+signals ({} groups, {what})", g.len()),
-                            layout,
-                            groups: Some(g.clone()),
-                            joins: true,
-                            waits,
-                            side_kernels: 0,
-                            normal_priority,
-                            graph: false,
-                        });
-                    }
-                }
-                if layout == OutputLayout::TileOrder {
-                    variants.push(Variant {
-                        name: format!("{label}+signals ({} groups, graph)", g.len()),
-                        layout,
+                let signals = |what: &str| {
+                    let name = format!("{label}+signals ({} groups{what})", g.len());
+                    Variant {
                         groups: Some(g.clone()),
-                        joins: true,
                         waits: Waits::All,
-                        side_kernels: 0,
-                        normal_priority: false,
-                        graph: true,
+                        ..Variant::joined(name, layout)
+                    }
+                };
+                if i == 0 {
+                    variants.push(Variant {
+                        waits: Waits::None,
+                        ..signals(", no waits")
                     });
                 }
-                let name = format!("{label}+signals ({} groups)", g.len());
-                variants.push(Variant {
-                    name,
-                    layout,
-                    groups: Some(g),
-                    joins: true,
-                    waits: Waits::All,
-                    side_kernels: 0,
-                    normal_priority: false,
-                    graph: false,
-                });
+                if i == 0 && tile_order {
+                    variants.push(Variant {
+                        waits: Waits::LastOnly,
+                        ..signals(", last wait only")
+                    });
+                    variants.push(Variant {
+                        normal_priority: true,
+                        ..signals(", waits at normal priority")
+                    });
+                }
+                if tile_order {
+                    variants.push(Variant {
+                        graph: true,
+                        ..signals(", graph")
+                    });
+                }
+                variants.push(signals(""));
             }
         }
         // The reference output, and the maps that restore the others to it.
