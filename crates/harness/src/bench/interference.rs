@@ -6,10 +6,8 @@
 //! - `plain`: standard layout, nothing else (the reference);
 //! - `plain+joins`: the same between the pipeline's stream joins (the communication stream joins
 //!   the compute stream before, the compute stream joins it after) with nothing on the other side;
-//! - `tile-order`, `bands-4`, `slots-4`: the AllReduce / ReduceScatter / All-to-All (4 ranks)
-//!   reorder maps, no signals (and `bands-2`, `-3`, `-8`: the band map at other world sizes, its
-//!   TMA boxes per chunk 1 to 8); the All-to-All's rows routed uniformly at random, the same
-//!   routing on every rank;
+//! - `tile-order`, `bands-4`: the AllReduce / ReduceScatter (4 ranks) reorder maps, no signals
+//!   (and `bands-2`, `-3`, `-8`: the band map at other world sizes, its TMA boxes per chunk 1 to 8);
 //! - `… +signals (G groups)`: the map plus the wave-group signals and, on the communication
 //!   stream, one wait kernel per group between the joins — exactly `run_gemm_only` of the
 //!   overlaps; the most groups a launch may have (1 wave each, up to 32 groups) and 2 groups;
@@ -29,8 +27,7 @@
 //! call the GEMM's time), and the median kernel span from `LaunchExtras::timeline` (first compute
 //! CTA start to last CTA end, %globaltimer), which leaves out launch and join latencies. Each
 //! iteration after a 256 MiB L2-evicting write; every variant's output is checked once against
-//! the plain launch (tile order and bands through their restore, row slots through simulated
-//! receives and the scatter, bit for bit).
+//! the plain launch (tile order and bands through their restore, bit for bit).
 
 use super::rig::{slowest, Rig};
 use super::SuiteResult;
@@ -39,15 +36,12 @@ use crate::job::Job;
 use crate::json::Json;
 use crate::results::Table;
 use crate::timing::median;
-use anyhow::Context;
 use cudarc::driver::{sys, CudaSlice, CudaStream};
 use half::bf16;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use weft_kernels::abi::WEFT_GEMM_MAX_WAVE_GROUPS;
 use weft_signal_gemm::{
-    AllToAllMap, Gemm, GemmOptions, GemmPlan, GemmShape, GroupCounters, LaunchExtras, OutputLayout, RankBandMap,
+    Gemm, GemmOptions, GemmPlan, GemmShape, GroupCounters, LaunchExtras, OutputLayout, RankBandMap,
     Restore, TileOrderMap, WaveGroups,
 };
 
@@ -70,8 +64,6 @@ struct Variant {
     normal_priority: bool,
     /// Captured once in a CUDA graph and timed as graph replays (with the timeline).
     graph: bool,
-    /// The All-to-All map of a row-slots layout (made for this variant's groups).
-    a2a: Option<AllToAllMap>,
 }
 
 impl Variant {
@@ -86,7 +78,6 @@ impl Variant {
             side_kernels: 0,
             normal_priority: false,
             graph: false,
-            a2a: None,
         }
     }
 
@@ -209,36 +200,6 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 variants.push(signals(""));
             }
         }
-        // The All-to-All's row slots: the map depends on the grouping, so each variant has its own.
-        let routes = vec![uniform_route(m as usize, BAND_RANKS, u64::from(m) ^ 0xa2a); BAND_RANKS as usize];
-        let slots = |name: String, grouping: &[u32]| -> anyhow::Result<Variant> {
-            let map = AllToAllMap::new(&compute, &plan, &WaveGroups::new(&plan, grouping)?, &routes, 0)?;
-            Ok(Variant {
-                layout: map.layout(),
-                a2a: Some(map),
-                ..Variant::alone(name, OutputLayout::Standard)
-            })
-        };
-        variants.push(slots("slots-4".into(), &[waves])?);
-        let most = WaveGroups::uniform(&plan, waves.div_ceil(WEFT_GEMM_MAX_WAVE_GROUPS))?.waves().to_vec();
-        let mut groupings = vec![most];
-        if waves > 1 {
-            groupings.push(vec![waves.div_ceil(2), waves / 2]);
-        }
-        for (i, g) in groupings.into_iter().enumerate() {
-            let signals = |what: &str, waits: Waits| -> anyhow::Result<Variant> {
-                Ok(Variant {
-                    groups: Some(g.clone()),
-                    waits,
-                    joins: true,
-                    ..slots(format!("slots-4+signals ({} groups{what})", g.len()), &g)?
-                })
-            };
-            if i == 0 {
-                variants.push(signals(", no waits", Waits::None)?);
-            }
-            variants.push(signals("", Waits::All)?);
-        }
         // The reference output, and the maps that restore the others to it.
         let mut d = poisoned::<bf16>(&compute, mu * nu)?;
         gemm.launch(&compute, &a, &b, &mut d)?;
@@ -273,7 +234,6 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 let extras = LaunchExtras {
                     layout: v.layout,
                     groups: counters.as_ref(),
-                    row_slots: v.a2a.as_ref().map(AllToAllMap::row_slots),
                     timeline: tl,
                     ..Default::default()
                 };
@@ -300,7 +260,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             if let Some(c) = &counters {
                 c.check()?;
             }
-            check_variant(&compute, v, &plan, &out, &reference, &routes)?;
+            check_variant(&compute, v, &plan, &out, &reference)?;
             let (event_ms, span_ms) = if v.graph {
                 // Captured with the timeline, which span() resets and reads around each replay.
                 compute.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
@@ -317,7 +277,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 if let Some(c) = &counters {
                     c.check()?;
                 }
-                check_variant(&compute, v, &plan, &out, &reference, &routes)
+                check_variant(&compute, v, &plan, &out, &reference)
                     .map_err(|e| e.context("after a graph replay"))?;
                 let event_ms = rig.time(|| Ok(graph.launch()?))?;
                 (
@@ -391,24 +351,15 @@ fn span(
     Ok(median(&ms))
 }
 
-/// A routing of m rows to `ranks` destinations, uniformly at random.
-fn uniform_route(m: usize, ranks: u32, seed: u64) -> Vec<u32> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    (0..m).map(|_| rng.random_range(0..ranks)).collect()
-}
-
 /// The variant's output, restored to the standard layout where it has another, equals the plain
 /// launch's bit for bit (bands: each rank's receive simulated by copies of its part of every
-/// group's range, then its restore; together they cover every row. Row slots: every rank runs
-/// this GEMM with the same `routes`, so what rank r receives from each source is this rank's
-/// pool for r; copied so, scattered, each row must be the plain launch's row it came from).
+/// group's range, then its restore; together they cover every row).
 fn check_variant(
     stream: &Arc<CudaStream>,
     v: &Variant,
     plan: &GemmPlan,
     out: &CudaSlice<bf16>,
     reference: &[bf16],
-    routes: &[Vec<u32>],
 ) -> anyhow::Result<()> {
     let n = plan.shape.n as usize;
     match v.layout {
@@ -448,33 +399,7 @@ fn check_variant(
                 }
             }
         }
-        OutputLayout::RowSlots { .. } => {
-            let mine = v.a2a.as_ref().context("a row-slots variant without its map")?;
-            let groups = WaveGroups::new(plan, v.groups.as_deref().unwrap_or(&[plan.waves()]))?;
-            let staging = download(stream, out)?;
-            for rank in 0..mine.world() {
-                let map = AllToAllMap::new(stream, plan, &groups, routes, rank)?;
-                let mut received = vec![bf16::NAN; map.received_len()];
-                for g in 0..groups.count() {
-                    let pool = mine.group_ranges(g).0[rank].clone();
-                    for from in map.group_ranges(g).1 {
-                        received[from.clone()].copy_from_slice(&staging[pool.clone()]);
-                    }
-                }
-                let mut rows = poisoned::<bf16>(stream, map.rows() * n)?;
-                map.scatter(stream, &upload(stream, &received)?, &mut rows)?;
-                let rows = download(stream, &rows)?;
-                for i in 0..map.rows() {
-                    let row = map.source_row(i).1 as usize;
-                    anyhow::ensure!(
-                        rows[i * n..(i + 1) * n] == reference[row * n..(row + 1) * n],
-                        "{}: row {row} received by rank {rank} differs from the plain launch",
-                        v.name
-                    );
-                }
-            }
-        }
-        OutputLayout::PeerReduce { .. } => {
+        OutputLayout::RowSlots { .. } | OutputLayout::PeerReduce { .. } => {
             anyhow::bail!(
                 "{}: the {} layout is not measured here",
                 v.name,
