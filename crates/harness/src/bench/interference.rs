@@ -115,6 +115,13 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         rows: Vec::new(),
     };
     let mut rows = Vec::new();
+    // The side kernel: a one-tile GEMM into its own output, on free SMs.
+    let side = Gemm::new(&ctx, GemmShape::new(128, 128, 64), GemmOptions::default())?;
+    let side_a = upload(&compute, &uniform::<bf16>(0x3f, 128 * 64))?;
+    let side_b = upload(&compute, &uniform::<bf16>(0x4f, 64 * 128))?;
+    let mut side_d = compute.alloc_zeros::<bf16>(128 * 128)?;
+    // The communication stream at default priority (the diagnostics' other stream).
+    let normal = ctx.new_stream()?;
     for shape in super::overlap::shapes(quick) {
         let GemmShape { m, n, k } = shape;
         let (mu, nu, ku) = (m as usize, n as usize, k as usize);
@@ -139,8 +146,10 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 ..plain("plain (graph)".into())
             },
         ];
+        // The most groups a launch may have (one wave each, or as few waves as fit).
+        let most = WaveGroups::uniform(&plan, waves.div_ceil(WEFT_GEMM_MAX_WAVE_GROUPS))?.waves().to_vec();
         // As many short kernels beside it as the most groups have waits.
-        let most_groups = waves.div_ceil(waves.div_ceil(WEFT_GEMM_MAX_WAVE_GROUPS)) as usize;
+        let most_groups = most.len();
         for (what, normal_priority) in [("", false), (", normal priority", true)] {
             variants.push(Variant {
                 side_kernels: most_groups,
@@ -159,9 +168,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         let bands = OutputLayout::RankBands { ranks: BAND_RANKS };
         for (label, layout) in [("tile-order", OutputLayout::TileOrder), ("bands-4", bands)] {
             variants.push(Variant::alone(label, layout));
-            // The most groups a launch may have (one wave each, or as few waves as fit).
-            let per_group = waves.div_ceil(WEFT_GEMM_MAX_WAVE_GROUPS);
-            let mut groupings = vec![WaveGroups::uniform(&plan, per_group)?.waves().to_vec()];
+            let mut groupings = vec![most.clone()];
             if waves > 1 {
                 groupings.push(vec![waves.div_ceil(2), waves / 2]);
             }
@@ -204,13 +211,6 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         let mut d = poisoned::<bf16>(&compute, mu * nu)?;
         gemm.launch(&compute, &a, &b, &mut d)?;
         let reference = download(&compute, &d)?;
-        // The side kernel: a one-tile GEMM into its own output, on free SMs.
-        let side_shape = GemmShape::new(128, 128, 64);
-        let side = Gemm::new(&ctx, side_shape, GemmOptions::default())?;
-        let side_a = upload(&compute, &uniform::<bf16>(0x3f, 128 * 64))?;
-        let side_b = upload(&compute, &uniform::<bf16>(0x4f, 64 * 128))?;
-        let mut side_d = compute.alloc_zeros::<bf16>(128 * 128)?;
-        let normal = ctx.new_stream()?;
         let mut timeline = compute.alloc_zeros::<u64>(2)?;
         let mut times = Vec::new();
         for v in &variants {
