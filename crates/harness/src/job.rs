@@ -10,6 +10,7 @@ use weft_pgl::gpu::{self, GpuAvailability};
 use weft_pgl::nccl::Communicator;
 use weft_pgl::rank_env::RankEnv;
 use weft_pgl::rendezvous::Rendezvous;
+use weft_signal_gemm::ops::OverlapEnv;
 
 /// How long ranks wait for each other at start-up.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -27,6 +28,8 @@ pub struct Job {
     pub rdzv: Rendezvous,
     gpu: Result<Gpu, String>,
     comm: Option<Communicator>,
+    /// The overlapped ops' environment (its own communicator, the choice cache), made on first use.
+    overlap: Option<OverlapEnv>,
     /// Set when some ranks drive the same GPU (`WEFT_SHARED_GPU=1`): what it rules out.
     shared_gpu: Option<String>,
 }
@@ -46,6 +49,7 @@ impl Job {
             rdzv,
             gpu,
             comm: None,
+            overlap: None,
             shared_gpu: None,
         };
         job.shared_gpu = job.find_shared_gpus()?;
@@ -110,6 +114,19 @@ impl Job {
             self.comm = Some(Communicator::new(&mut self.rdzv, &gpu.ctx)?);
         }
         Ok(self.comm.as_ref().unwrap())
+    }
+
+    /// The rendezvous and the overlapped ops' environment (collective on first call: it makes a
+    /// communicator and reads the default choice cache). A [`Skip`] when ranks share a GPU.
+    pub fn overlap(&mut self) -> anyhow::Result<(&mut Rendezvous, &mut OverlapEnv)> {
+        if let Some(why) = &self.shared_gpu {
+            return Err(Skip(why.clone()).into());
+        }
+        if self.overlap.is_none() {
+            let gpu = self.gpu.as_ref().map_err(|r| anyhow::anyhow!("no GPU: {r}"))?;
+            self.overlap = Some(OverlapEnv::new(&mut self.rdzv, &gpu.ctx)?);
+        }
+        Ok((&mut self.rdzv, self.overlap.as_mut().unwrap()))
     }
 
     /// The communicator together with the GPU (both borrowed at once).

@@ -1,7 +1,7 @@
 //! `weft`: runs weft's correctness and timing suites on every rank of a job.
 //!
 //! ```text
-//! weft                         info, the correctness suite, then a quick benchmark, on all local GPUs
+//! weft                         info, the correctness suite, then seq-cublas against Auto per overlapped op, on all local GPUs
 //! weft info                    GPUs, SMs, memory, peer access, NVLink, driver/CUDA/NCCL versions
 //! weft test [FILTER] [FLAGS]   correctness trials (libtest flags: --list, --exact, --ignored, …)
 //! weft bench [SUITE] [--quick] [--json PATH] [--csv PATH] [--method M]
@@ -12,6 +12,7 @@
 //! rank 0 prints.
 
 mod bench;
+mod bound_compare;
 mod data;
 mod gemm_data;
 mod info;
@@ -35,10 +36,10 @@ use weft_pgl::rank_env::{Launcher, RankEnv};
 
 const USAGE: &str = "\
 usage:
-  weft                          info, correctness suite and a quick benchmark on all local GPUs
+  weft                          info, correctness suite, then cuBLAS+NCCL against Auto per overlapped op, on all local GPUs
   weft info                     describe the GPUs, links and library versions
   weft test [FILTER] [FLAGS]    correctness trials (libtest flags: --list, --exact, --skip, …)
-  weft bench [SUITE] [--quick] [--json PATH] [--csv PATH] [--method M]   timing suites (see `weft bench --list`)
+  weft bench [SUITE] [--quick] [--json PATH] [--csv PATH] [--method M] [--shape MxNxK,…]   timing suites (see `weft bench --list`)
   weft tune [--quick] [--out PATH] [--json PATH]   profile NCCL and the GEMM, write the overlap tuning file, check its predictions
   weft launch -n N -- CMD [ARGS…]   start N local ranks of CMD
 Under mpirun / srun / torchrun / weft launch every rank runs the same command; rank 0 prints.";
@@ -130,6 +131,22 @@ fn tune_command(args: &[String]) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The main job's point: per op, a few shapes of cuBLAS then NCCL against `Auto` (its choice
+/// measured at first use, or taken from the choice cache), with the method chosen and the speedup.
+fn overlap_tables(job: &mut Job) -> anyhow::Result<()> {
+    use weft_signal_gemm::ops::OpKind;
+    use weft_signal_gemm::GemmShape as S;
+    let methods = vec!["auto".to_string()];
+    for (op, shapes) in [
+        (OpKind::AllReduce, vec![S::new(16, 8192, 4096), S::new(8192, 8192, 2048)]),
+        (OpKind::ReduceScatter, vec![S::new(128, 8192, 4096), S::new(8192, 8192, 2048)]),
+        (OpKind::AllGather, vec![S::new(128, 4096, 8192), S::new(8192, 2048, 8192)]),
+    ] {
+        bench::overlap::run(job, &bench::overlap::OverlapRun { op, quick: true, shapes, methods: &methods })?;
+    }
+    Ok(())
+}
+
 /// Plain `weft`: the main job on every local GPU. Not under a launcher, it starts one rank per
 /// GPU itself (after printing the host description once).
 fn default_run(print_info: bool) -> anyhow::Result<ExitCode> {
@@ -176,12 +193,7 @@ fn default_run(print_info: bool) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let opts = bench::BenchOptions {
-        suites: vec!["nccl".into()],
-        quick: true,
-        ..Default::default()
-    };
-    if let Err(e) = bench::run(&mut job, &opts) {
+    if let Err(e) = overlap_tables(&mut job) {
         job.rdzv.abort(&format!("{e:#}"));
         return Err(e);
     }

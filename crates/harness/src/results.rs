@@ -86,6 +86,23 @@ impl Table {
         out
     }
 
+    /// The header line of a table printed row by row (each column at least as wide as its
+    /// header and 9 characters, so rows printed before the widest cell is known line up mostly).
+    pub fn render_header(&self) -> String {
+        let cells: Vec<String> = self.headers.iter().map(|h| h.to_string()).collect();
+        self.render_row(&cells)
+    }
+
+    /// One row at the widths of [`render_header`](Self::render_header).
+    pub fn render_row(&self, cells: &[String]) -> String {
+        cells
+            .iter()
+            .zip(&self.headers)
+            .map(|(c, h)| format!("{c:>w$}", w = h.len().max(9)))
+            .collect::<Vec<_>>()
+            .join("  ")
+    }
+
     pub fn csv(&self) -> String {
         let mut out = self.headers.join(",");
         out.push('\n');

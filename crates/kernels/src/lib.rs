@@ -45,6 +45,8 @@ pub mod abi {
 // the same header the kernels include; they are passed to kernels by value.
 unsafe impl DeviceRepr for abi::weft_roundtrip_params {}
 unsafe impl DeviceRepr for abi::weft_word_compare_params {}
+unsafe impl DeviceRepr for abi::weft_bound_compare_params {}
+unsafe impl DeviceRepr for abi::weft_abs_to_f32_params {}
 unsafe impl DeviceRepr for abi::weft_pgl_view {}
 unsafe impl DeviceRepr for abi::weft_pgl_shape {}
 unsafe impl DeviceRepr for abi::weft_tile_coord {}

@@ -12,6 +12,8 @@
 //!   [`Scheduling::Dynamic`] CTAs claim tiles from a counter the `Gemm` owns.
 //! - [`fused::FusedReduceScatter`]: GEMM + ReduceScatter in one kernel, tiles reduce-added by
 //!   TMA into their owners' memory (signal-gemm III).
+//! - [`ops`]: overlap as one call — GEMM + AllReduce, GEMM + ReduceScatter and AllGather + GEMM,
+//!   each with every method behind it and `Auto` choosing per shape (measured at first use, cached).
 //! - [`CublasGemm`]: the cuBLAS baseline of the same operation; [`reference`]: float64 CPU
 //!   reference and tolerances.
 
@@ -21,6 +23,7 @@ mod cublas;
 mod dtype;
 pub mod fused;
 mod gemm;
+pub mod ops;
 pub mod overlap;
 mod plan;
 pub mod reference;

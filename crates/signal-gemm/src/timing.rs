@@ -33,6 +33,45 @@ pub fn time_iterations(
     Ok(ms)
 }
 
+/// Bytes an L2 flush writes: twice the device's L2, so nothing an earlier run left there survives.
+pub fn l2_flush_bytes(ctx: &std::sync::Arc<cudarc::driver::CudaContext>) -> anyhow::Result<usize> {
+    let l2 = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?;
+    Ok(2 * (l2.max(1 << 20) as usize))
+}
+
+/// As [`time_iterations`], with `flush` overwritten before each timed iteration (outside its
+/// events), so no iteration finds its inputs in L2 from the one before.
+pub fn time_flushed(
+    stream: &std::sync::Arc<CudaStream>,
+    warmup: usize,
+    iters: usize,
+    flush: &mut cudarc::driver::CudaSlice<u8>,
+    mut op: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<f64>> {
+    for _ in 0..warmup {
+        op()?;
+    }
+    let ctx = stream.context();
+    let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let mut events = Vec::with_capacity(2 * iters);
+    for _ in 0..2 * iters {
+        events.push(ctx.new_event(flags)?);
+    }
+    stream.synchronize()?;
+    for i in 0..iters {
+        stream.memset_zeros(flush)?;
+        events[2 * i].record(stream)?;
+        op()?;
+        events[2 * i + 1].record(stream)?;
+    }
+    stream.synchronize()?;
+    let mut ms = Vec::with_capacity(iters);
+    for i in 0..iters {
+        ms.push(events[2 * i].elapsed_ms(&events[2 * i + 1])? as f64);
+    }
+    Ok(ms)
+}
+
 /// The median (mean of the two middle values for an even count).
 pub fn median(values: &[f64]) -> f64 {
     assert!(!values.is_empty(), "median of no values");

@@ -2,6 +2,7 @@
 // the WEFT_HD functions over them (compiled for the host through bindgen's wrappers).
 // Rules: C only, fixed-width types; one concept per header.
 #pragma once
+#include "weft/bound_compare.h"
 #include "weft/gemm.h"
 #include "weft/grpcoll.h"
 #include "weft/kernel_barrier.h"

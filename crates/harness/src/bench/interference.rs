@@ -122,7 +122,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
     let mut side_d = compute.alloc_zeros::<bf16>(128 * 128)?;
     // The communication stream at default priority (the diagnostics' other stream).
     let normal = ctx.new_stream()?;
-    for shape in super::overlap::shapes(quick) {
+    for shape in super::grid::large_shapes(quick) {
         let GemmShape { m, n, k } = shape;
         let (mu, nu, ku) = (m as usize, n as usize, k as usize);
         let a = upload(

@@ -3,12 +3,12 @@
 //! prints the table and writes the files.
 
 mod gemm;
+pub mod grid;
 mod grpcoll;
 mod interference;
 mod nccl;
 pub mod overlap;
 mod overlap_a2a;
-mod overlap_ag;
 pub mod overlap_ops;
 pub mod rig;
 pub mod tune;
@@ -21,6 +21,7 @@ use crate::json::Json;
 use crate::results::{today, RunMeta, Table};
 use anyhow::{bail, Context};
 use std::path::PathBuf;
+use weft_signal_gemm::ops::OpKind;
 
 pub const SUITES: &[&str] = &["nccl", "pgl", "sync", "overlap-order", "grpcoll", "gemm", "overlap", "overlap-reduce-scatter", "overlap-all-to-all", "overlap-all-gather", "interference"];
 
@@ -32,6 +33,8 @@ pub struct BenchOptions {
     pub quick: bool,
     /// `--method M` (repeatable): the overlap suite's methods to run (all when none is named).
     pub methods: Vec<String>,
+    /// `--shape MxNxK[,…]` (repeatable): the overlap suites' shapes instead of their grid.
+    pub shapes: Vec<weft_signal_gemm::GemmShape>,
 }
 
 /// What one suite measured: the table rank 0 prints and the rows of its results file.
@@ -49,8 +52,9 @@ pub fn parse(args: &[String]) -> anyhow::Result<BenchOptions> {
             "--json" => o.json = Some(it.next().context("--json needs a file path")?.into()),
             "--csv" => o.csv = Some(it.next().context("--csv needs a file path")?.into()),
             "--method" => o.methods.push(it.next().context("--method needs a name (see `weft bench --list`)")?.clone()),
+            "--shape" => o.shapes.extend(grid::parse_shapes(it.next().context("--shape needs MxNxK[,MxNxK…]")?)?),
             s if s.starts_with('-') => bail!(
-                "weft bench: unknown option {s:?} (options: --quick, --json PATH, --csv PATH, --method M)"
+                "weft bench: unknown option {s:?} (options: --quick, --json PATH, --csv PATH, --method M, --shape MxNxK[,…])"
             ),
             s if SUITES.contains(&s) => o.suites.push(s.to_string()),
             s => bail!(
@@ -61,6 +65,10 @@ pub fn parse(args: &[String]) -> anyhow::Result<BenchOptions> {
     }
     if o.suites.is_empty() {
         o.suites = SUITES.iter().map(|s| s.to_string()).collect();
+    }
+    let shaped = ["overlap", "overlap-reduce-scatter", "overlap-all-gather"];
+    if !o.shapes.is_empty() && !o.suites.iter().all(|s| shaped.contains(&s.as_str())) {
+        bail!("weft bench: --shape applies to {} only: name the suite", shaped.join(", "));
     }
     if (o.json.is_some() || o.csv.is_some()) && o.suites.len() > 1 {
         bail!(
@@ -84,10 +92,16 @@ pub fn run(job: &mut Job, opts: &BenchOptions) -> anyhow::Result<()> {
             "pgl" => pgl::run(job, opts.quick)?,
             "sync" => sync::run(job, opts.quick)?,
             "overlap-order" => overlap_order::run(job, opts.quick)?,
-            "overlap" => overlap::run(job, weft_signal_gemm::tuner::Op::AllReduce, opts.quick, &opts.methods)?,
-            "overlap-reduce-scatter" => overlap::run(job, weft_signal_gemm::tuner::Op::ReduceScatter, opts.quick, &opts.methods)?,
+            "overlap" | "overlap-reduce-scatter" | "overlap-all-gather" => {
+                let op = match suite.as_str() {
+                    "overlap" => OpKind::AllReduce,
+                    "overlap-reduce-scatter" => OpKind::ReduceScatter,
+                    _ => OpKind::AllGather,
+                };
+                let shapes = if opts.shapes.is_empty() { grid::shapes(op, opts.quick) } else { opts.shapes.clone() };
+                overlap::run(job, &overlap::OverlapRun { op, quick: opts.quick, shapes, methods: &opts.methods })?
+            }
             "overlap-all-to-all" => overlap_a2a::run(job, opts.quick, &opts.methods)?,
-            "overlap-all-gather" => overlap_ag::run(job, opts.quick, &opts.methods)?,
             "interference" => interference::run(job, opts.quick)?,
             other => bail!("unknown suite {other}"),
         };
@@ -117,6 +131,7 @@ pub fn report(job: &Job, suite: &str, device: &str, result: SuiteResult, json: O
         ),
     };
     if let Some(path) = json {
+        // Rows were printed as they were measured; the whole table again for the record.
         write_file(path, &meta.to_json(result.rows).render())?;
         println!("wrote {}", path.display());
     }

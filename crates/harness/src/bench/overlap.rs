@@ -1,405 +1,466 @@
-//! `weft bench overlap` (GEMM + AllReduce) and `weft bench overlap-reduce-scatter` (GEMM +
-//! ReduceScatter) `[--method M]…`: each rank's local GEMM M × N × K, its output summed over ranks
-//! (and, for ReduceScatter, scattered by rows), by method, in the same run:
+//! `weft bench overlap` (GEMM + AllReduce), `overlap-reduce-scatter` (GEMM + ReduceScatter) and
+//! `overlap-all-gather` (AllGather + GEMM) `[--shape MxNxK,…] [--method M]…`: the ops of
+//! `weft_signal_gemm::ops`, every family of the op and `Auto`, in the same run, per shape:
 //!
-//! - `seq-cublas`: cuBLAS, then the NCCL collective (NCCL's default CTAs) — the ratios' baseline;
-//! - `seq-weft`: weft's GEMM, then the NCCL collective;
-//! - `decomposition`: M split into 2 or 4 row bands, cuBLAS per band on the compute stream and
-//!   the band's collective on a high-priority stream as soon as it is computed (best count);
-//! - `signal`: signal-gemm II (`AllReduceOverlap` / `ReduceScatterOverlap`): wave-group signals,
-//!   the collective's reorder map, one NCCL call per group on a high-priority stream with NCCL
-//!   limited to the SMs the GEMM leaves free, then the restore to the standard layout (included
-//!   in the time). Each (sm_margin, grouping) candidate is measured and the fastest reported;
-//! - `fused-intra` (ReduceScatter only): signal-gemm III's `FusedReduceScatter`, one kernel on
-//!   every SM whose epilogue reduce-adds each tile by TMA into its owner's memory (no NCCL); its
-//!   output is checked like `signal`'s (the rows m / world each rank owns, NCCL's row split);
-//! - `fused-inter`, `distfuse` (AllReduce only): signal-gemm III's `FusedAllReduce`, the tiles'
-//!   owners summing every rank's partial by peer loads and writing it to every rank, in the GEMM's
-//!   communicator CTAs or in a kernel of their own on a second stream; the worker count measured
-//!   at first use and cached (`fused::first_use`, file `WEFT_CHOICES` or weft-choices.txt);
-//!   checked like `signal`'s;
-//! - `auto` (AllReduce only): the fused method and count `fused::first_use` picks for the shape,
-//!   reported with its time from this run. Every row also names the fastest method measured.
+//! - `seq-cublas` (cuBLAS then NCCL; for AllGather NCCL then cuBLAS): always, the baseline;
+//! - each family asked for (default: all the op has), with the parameters its first use found
+//!   fastest — `--method` takes family names, exact methods (`signal:32:1+3`) or `auto`;
+//! - `auto`: planned first, so its first use (every candidate measured, or none if the choice
+//!   cache — `WEFT_CHOICES`, else the per-user cache directory — already holds them) is its own;
+//!   the time it took and the method chosen are columns.
 //!
-//! Per shape also: the GEMM and the collective alone (T_gemm = cuBLAS, T_comm), the theoretical
-//! best max(T_gemm, T_comm) and the share of it reached, and the signalling GEMM alone against
-//! the plain weft GEMM with the same SMs (interference). Timing: each iteration between its own
-//! events on the compute stream, after a 256 MiB scratch write that evicts L2; median per rank,
-//! slowest rank reported. The signal output is checked element by element, before timing,
-//! against weft's GEMM summed over ranks by ncclAllReduce (ReduceScatter: the rows the rank owns;
-//! bound world · 2⁻⁷ · Σ_r |partial_r|, see reduce_check.rs).
+//! Also the GEMM alone (cuBLAS) and the collective alone (NCCL), the ideal max(T_gemm, T_comm)
+//! and the share of it `auto` reaches, auto ÷ seq-cublas and auto against the fastest method of
+//! the row. Every op's result is poisoned, then checked element by element on the GPU against
+//! seq-cublas's before it is timed (sums: world · 2⁻⁷ · Σ_r |partial_r|; AllGather: 2⁻⁷ relative
+//! plus k · 2⁻¹⁸). Timing: bench/rig.rs (events, L2 evicted before each run, median per rank,
+//! the slowest rank's). Rank 0 prints each row as soon as it is measured and its progress on
+//! stderr.
 
 use super::rig::{slowest, Rig};
 use super::SuiteResult;
-use crate::gemm_data::{download, poisoned, uniform, upload};
+use crate::bound_compare::{Bound, BoundCompare};
+use crate::gemm_data::{poisoned, uniform, upload};
 use crate::job::Job;
-use crate::reduce_check::{check_within, pick_rows, sum_bound};
 use crate::json::Json;
 use crate::results::Table;
+use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, DeviceSlice};
 use half::bf16;
-use weft_kernels::abi::WEFT_GEMM_MAX_WAVE_GROUPS;
-use weft_pgl::nccl::{Communicator, ReduceOp};
-use super::overlap_ops::{collective, out_len, Signal};
-use weft_signal_gemm::tuner::Op;
-use weft_signal_gemm::fused::{first_use, AllReduceMethod, ChoiceCache, FusedAllReduce, FusedReduceScatter};
-use weft_signal_gemm::{CublasGemm, Gemm, GemmOptions, GemmPlan, GemmShape, WaveGroups};
+use std::sync::Arc;
+use std::time::Instant;
+use weft_pgl::nccl::ReduceOp;
+use weft_pgl::rendezvous::Rendezvous;
+use weft_signal_gemm::ops::{AllGatherGemm, Family, GemmAllReduce, GemmReduceScatter, Method, MethodChoice, OpKind, OverlapEnv};
+use weft_signal_gemm::{CublasGemm, GemmOptions, GemmShape};
 
-pub const METHODS: &[&str] = &["seq-cublas", "seq-weft", "decomposition", "signal", "fused-intra", "fused-inter", "distfuse", "auto"];
-
-pub fn shapes(quick: bool) -> Vec<GemmShape> {
-    let s = GemmShape::new;
-    if quick {
-        return vec![s(8192, 8192, 2048), s(16384, 8192, 1024)];
+/// The families each op's bench shows (seq-cublas, the baseline, is always run).
+pub fn families(op: OpKind) -> &'static [Family] {
+    use Family::*;
+    match op {
+        OpKind::AllReduce => &[SeqWeft, Decomposition, Signal, FusedInter, DistFuse],
+        OpKind::ReduceScatter => &[SeqWeft, Decomposition, FusedIntra],
+        OpKind::AllGather => &[SeqWeft, Decomposition, FusedIntra, FusedInter],
     }
-    let mut v = Vec::new();
-    for m in [4096, 8192, 16384] {
-        for k in [1024, 2048, 7168] {
-            v.push(s(m, 8192, k));
-        }
-    }
-    v.push(s(16384, 16384, 2048));
-    v
 }
 
-/// Wave groupings tried for `plan`.
-pub fn groupings(plan: &GemmPlan) -> anyhow::Result<Vec<Vec<u32>>> {
-    let waves = plan.waves();
+pub fn suite_name(op: OpKind) -> &'static str {
+    match op {
+        OpKind::AllReduce => "overlap",
+        OpKind::ReduceScatter => "overlap-reduce-scatter",
+        OpKind::AllGather => "overlap-all-gather",
+    }
+}
+
+/// What to run: the op, its shapes, and the choices of `--method` (empty: every family and auto).
+pub struct OverlapRun<'a> {
+    pub op: OpKind,
+    pub quick: bool,
+    pub shapes: Vec<GemmShape>,
+    pub methods: &'a [String],
+}
+
+/// The columns a run measures besides seq-cublas: the choices asked for, auto last.
+fn choices(op: OpKind, methods: &[String]) -> anyhow::Result<(Vec<MethodChoice>, bool)> {
+    if methods.is_empty() {
+        return Ok((families(op).iter().map(|&f| family_choice(f)).collect(), true));
+    }
     let mut out = Vec::new();
-    for w in [1, 2, 4] {
-        if waves.div_ceil(w) <= WEFT_GEMM_MAX_WAVE_GROUPS {
-            out.push(WaveGroups::uniform(plan, w)?.waves().to_vec());
+    let mut auto = false;
+    for m in methods {
+        let c: MethodChoice = m.parse().map_err(|e| anyhow::anyhow!("weft bench {}: --method {m:?}: {e:#}", suite_name(op)))?;
+        let family = match &c {
+            MethodChoice::Auto => {
+                auto = true;
+                continue;
+            }
+            MethodChoice::Family(f) => *f,
+            MethodChoice::Exact(x) => x.family(),
+        };
+        anyhow::ensure!(
+            family == Family::SeqCublas || families(op).contains(&family),
+            "weft bench {}: {family} is not a method of {} (methods: seq-cublas, {}, auto)",
+            suite_name(op),
+            op.title(),
+            families(op).iter().map(|f| f.name()).collect::<Vec<_>>().join(", ")
+        );
+        if family != Family::SeqCublas {
+            out.push(c);
         }
     }
-    if waves > 1 {
-        out.push(vec![1, waves - 1]);
-        out.push(vec![waves.div_ceil(2), waves / 2]);
-    }
-    out.sort();
-    out.dedup();
-    Ok(out)
+    Ok((out, auto))
 }
 
-pub fn run(job: &mut Job, op: Op, quick: bool, methods: &[String]) -> anyhow::Result<SuiteResult> {
-    let want = |m: &str| methods.is_empty() || methods.iter().any(|x| x == m);
-    for m in methods {
-        anyhow::ensure!(METHODS.contains(&m.as_str()), "weft bench overlap: unknown method {m:?} (methods: {})", METHODS.join(", "));
+/// A family as a choice: parameterless families are their one exact method.
+fn family_choice(f: Family) -> MethodChoice {
+    match f {
+        Family::SeqCublas => MethodChoice::Exact(Method::SeqCublas),
+        Family::SeqWeft => MethodChoice::Exact(Method::SeqWeft),
+        Family::FusedIntra => MethodChoice::Exact(Method::FusedIntra),
+        f => MethodChoice::Family(f),
     }
-    anyhow::ensure!(
-        op == Op::ReduceScatter || !methods.iter().any(|m| m == "fused-intra"),
-        "weft bench overlap: fused-intra exists for ReduceScatter only (weft bench overlap-reduce-scatter)"
-    );
-    anyhow::ensure!(
-        op == Op::AllReduce || !methods.iter().any(|m| m == "fused-inter" || m == "distfuse" || m == "auto"),
-        "weft bench overlap-reduce-scatter: fused-inter, distfuse and auto exist for AllReduce only (weft bench overlap)"
-    );
-    let fused_wanted = op == Op::ReduceScatter && want("fused-intra");
-    let auto_wanted = op == Op::AllReduce && want("auto");
-    let ar_methods: Vec<&str> = ["fused-inter", "distfuse"]
-        .into_iter()
-        .filter(|name| op == Op::AllReduce && (want(name) || auto_wanted))
-        .collect();
-    let mut cache = ChoiceCache::open(&ChoiceCache::default_path())?;
-    let rank = job.rank();
-    let world = job.world();
-    let gpu = job.gpu().map_err(|w| anyhow::anyhow!("no GPU: {w}"))?;
-    let (ctx, compute) = (gpu.ctx.clone(), gpu.stream.clone());
-    let sms = weft_signal_gemm::device_sms(&ctx)?;
-    let mut rig = Rig::with_comm_stream(&compute, if quick { 8 } else { 15 }, 3)?;
-    let margins: Vec<u32> = if quick { vec![16, 32] } else { vec![16, 32, 48] };
-    // One communicator per margin, NCCL limited to that many CTAs (collective: every rank).
-    let mut limited: Vec<(u32, Communicator)> = Vec::new();
-    if want("signal") {
-        for &m in &margins {
-            limited.push((m, Communicator::with_max_ctas(&mut job.rdzv, &ctx, Some(m))?));
+}
+
+/// One shape's operands (this rank's) and the sequential path's result to check against.
+struct Operands {
+    /// AllReduce / ReduceScatter: A (m × k); AllGather: this rank's shard (m/world × k).
+    a: CudaSlice<bf16>,
+    b: CudaSlice<bf16>,
+    /// AllGather's D (the caller's buffer).
+    d: Option<CudaSlice<bf16>>,
+}
+
+/// Any of the three ops.
+enum AnyOp {
+    Ar(GemmAllReduce<bf16>),
+    Rs(GemmReduceScatter<bf16>),
+    Ag(AllGatherGemm<bf16>),
+}
+
+impl AnyOp {
+    fn plan(op: OpKind, rdzv: &mut Rendezvous, env: &mut OverlapEnv, stream: &Arc<CudaStream>, shape: GemmShape, choice: &MethodChoice) -> anyhow::Result<Self> {
+        let o = GemmOptions::default();
+        Ok(match op {
+            OpKind::AllReduce => AnyOp::Ar(GemmAllReduce::plan(rdzv, env, stream, shape, o, choice, false)?),
+            OpKind::ReduceScatter => AnyOp::Rs(GemmReduceScatter::plan(rdzv, env, stream, shape, o, choice, false)?),
+            OpKind::AllGather => AnyOp::Ag(AllGatherGemm::plan(rdzv, env, stream, shape, o, choice, false)?),
+        })
+    }
+
+    fn report(&self) -> &weft_signal_gemm::ops::ChoiceReport {
+        match self {
+            AnyOp::Ar(x) => x.report(),
+            AnyOp::Rs(x) => x.report(),
+            AnyOp::Ag(x) => x.report(),
         }
     }
-    job.comm()?;
-    let mut table = Table {
-        headers: vec![
-            "M x N x K", "T_gemm", "T_comm", "seq-cublas", "seq-weft", "decomp", "signal", "speedup", "of theory", "interf.",
-            "signal config", "fused-intra", "fused speedup", "fused / weft GEMM", "fused-inter", "distfuse", "auto", "fastest",
-        ],
-        rows: Vec::new(),
-    };
+
+    /// Readies the inputs the op owns (the AllGather shard).
+    fn prepare(&self, stream: &Arc<CudaStream>, x: &Operands) -> anyhow::Result<()> {
+        if let AnyOp::Ag(op) = self {
+            op.copy_shard(stream, &x.a)?;
+        }
+        Ok(())
+    }
+
+    fn launch(&mut self, stream: &Arc<CudaStream>, x: &mut Operands) -> anyhow::Result<()> {
+        match self {
+            AnyOp::Ar(op) => op.launch(stream, &x.a, &x.b),
+            AnyOp::Rs(op) => op.launch(stream, &x.a, &x.b),
+            AnyOp::Ag(op) => op.launch(stream, &x.b, x.d.as_mut().expect("AllGather operands have a D")),
+        }
+    }
+
+    /// Overwrites the result with NaN.
+    fn poison(&self, stream: &Arc<CudaStream>, x: &Operands) -> anyhow::Result<()> {
+        let (ptr, len) = match self {
+            AnyOp::Ar(op) => (op.output().device_address(), op.output().len()),
+            AnyOp::Rs(op) => (op.output().device_address(), op.output().len()),
+            AnyOp::Ag(_) => {
+                let d = x.d.as_ref().expect("AllGather operands have a D");
+                (d.device_ptr(stream).0, d.len())
+            }
+        };
+        stream.context().bind_to_thread()?;
+        // SAFETY: `len` bf16 elements at `ptr` on this context; stream-ordered.
+        unsafe { sys::cuMemsetD16Async(ptr, 0xFFFF, len, stream.cu_stream()) }.result()?;
+        Ok(())
+    }
+
+    fn check(&self, cmp: &mut BoundCompare, stream: &Arc<CudaStream>, what: &str, x: &Operands, want: &CudaSlice<bf16>, bound: &Bound<'_>, n: usize) -> anyhow::Result<()> {
+        match self {
+            AnyOp::Ar(op) => cmp.check(stream, what, &op.output(), want, bound, n),
+            AnyOp::Rs(op) => cmp.check(stream, what, &op.output(), want, bound, n),
+            AnyOp::Ag(_) => cmp.check(stream, what, x.d.as_ref().expect("AllGather operands have a D"), want, bound, n),
+        }
+    }
+
+    /// A device copy of the result.
+    fn result_copy(&self, stream: &Arc<CudaStream>, x: &Operands) -> anyhow::Result<CudaSlice<bf16>> {
+        let (ptr, len) = match self {
+            AnyOp::Ar(op) => (op.output().device_address(), op.output().len()),
+            AnyOp::Rs(op) => (op.output().device_address(), op.output().len()),
+            AnyOp::Ag(_) => {
+                let d = x.d.as_ref().expect("AllGather operands have a D");
+                (d.device_ptr(stream).0, d.len())
+            }
+        };
+        let mut dst = stream.alloc_zeros::<bf16>(len)?;
+        let (pd, _g) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut dst, stream);
+        // SAFETY: both hold `len` bf16; stream-ordered.
+        unsafe { sys::cuMemcpyDtoDAsync_v2(pd, ptr, 2 * len, stream.cu_stream()) }.result()?;
+        drop(_g);
+        stream.synchronize()?;
+        Ok(dst)
+    }
+
+    fn synchronize(&self) -> anyhow::Result<()> {
+        match self {
+            AnyOp::Ar(x) => x.synchronize(),
+            AnyOp::Rs(x) => x.synchronize(),
+            AnyOp::Ag(x) => x.synchronize(),
+        }
+    }
+
+    fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+        match self {
+            AnyOp::Ar(x) => x.free(rdzv),
+            AnyOp::Rs(x) => x.free(rdzv),
+            AnyOp::Ag(x) => x.free(rdzv),
+        }
+    }
+}
+
+/// One measured column of a row.
+struct Measured {
+    choice: MethodChoice,
+    method: String,
+    ms: f64,
+}
+
+/// Rank 0's progress line on stderr.
+fn progress(job: &Job, text: &str) {
+    if job.rank() == 0 {
+        eprintln!("weft bench: {text}");
+    }
+}
+
+pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
+    let op = run.op;
+    let (columns, auto_wanted) = choices(op, run.methods)?;
+    let (rank, world) = (job.rank(), job.world());
+    let gpu = job.gpu().map_err(|w| anyhow::anyhow!("no GPU: {w}"))?;
+    let compute = gpu.stream.clone();
+    let mut rig = Rig::with_comm_stream(&compute, if run.quick { 8 } else { 15 }, 3)?;
+    let mut cmp = BoundCompare::load(&compute)?;
+    {
+        let (_, env) = job.overlap()?;
+        if rank == 0 {
+            if let Some(p) = env.cache().path() {
+                eprintln!("weft bench: choices cached in {} ({} entries)", p.display(), env.cache().entries().len());
+            }
+            for problem in env.cache().problems() {
+                eprintln!("weft bench: choice cache: {problem}");
+            }
+        }
+    }
+    let mut headers = vec!["M x N x K", "T_gemm", "T_comm", "ideal", "seq-cublas"];
+    let labels: Vec<String> = columns.iter().map(|c| c.to_string()).collect();
+    let leaked: Vec<&'static str> = labels.iter().map(|l| &*Box::leak(l.clone().into_boxed_str())).collect();
+    headers.extend(leaked);
+    if auto_wanted {
+        headers.extend(["auto", "auto method", "auto/seq", "auto/fastest", "of ideal", "first use s"]);
+    }
+    headers.push("fastest");
+    let mut table = Table { headers, rows: Vec::new() };
+    if rank == 0 {
+        println!("\n# weft {}: {} ranks (rows as measured; times in ms, slowest rank's median)", suite_name(op), world);
+        println!("{}", table.render_header());
+    }
     let mut rows = Vec::new();
-    for shape in shapes(quick) {
+    let total = run.shapes.len();
+    for (i, &shape) in run.shapes.iter().enumerate() {
+        let started = Instant::now();
         let GemmShape { m, n, k } = shape;
         let (mu, nu, ku) = (m as usize, n as usize, k as usize);
-        let seed = 0x5eed ^ (u64::from(m) << 32) ^ (u64::from(k) << 8) ^ ((rank as u64) << 56);
-        let a = upload(&compute, &uniform::<bf16>(seed, mu * ku))?;
-        let b = upload(&compute, &uniform::<bf16>(seed ^ 1, ku * nu))?;
-        let base = GemmOptions::default();
-        let cublas = CublasGemm::new(&compute, shape, base)?;
-        let weft = Gemm::new(&ctx, shape, base)?;
-        anyhow::ensure!(
-            op == Op::AllReduce || (mu * nu) % world == 0 && mu % world == 0,
-            "{shape}: the ReduceScatter baselines split m x n and m evenly over {world} ranks"
-        );
-        let mut d = poisoned::<bf16>(&compute, mu * nu)?;
-        let mut out = poisoned::<bf16>(&compute, out_len(op, mu * nu, world))?;
-        let comm = job.comm()?;
-
-        // Alone.
-        let t_gemm = rig.time(|| cublas.launch(&a, &b, &mut d))?;
-        let t_comm = rig.time(|| collective(op, comm, &d, &mut out, &compute))?;
-        let t_weft_gemm = rig.time(|| weft.launch(&compute, &a, &b, &mut d))?;
-        // Sequential.
-        let seq_cublas = if want("seq-cublas") {
-            rig.time(|| {
-                cublas.launch(&a, &b, &mut d)?;
-                collective(op, comm, &d, &mut out, &compute)
-            })?
-        } else {
-            f64::NAN
+        anyhow::ensure!(mu % world == 0, "{shape}: M does not split over {world} ranks");
+        progress(job, &format!("[{}/{total}] {} {shape}: operands and the sequential path", i + 1, op.title()));
+        let seed = 0x0e7a ^ (u64::from(m) << 40) ^ (u64::from(n) << 20) ^ u64::from(k) ^ ((rank as u64) << 60);
+        let a_len = if op == OpKind::AllGather { mu / world * ku } else { mu * ku };
+        let mut x = Operands {
+            a: upload(&compute, &uniform::<bf16>(seed, a_len))?,
+            b: upload(&compute, &uniform::<bf16>(seed ^ 1, ku * nu))?,
+            d: if op == OpKind::AllGather { Some(poisoned::<bf16>(&compute, mu * nu)?) } else { None },
         };
-        let seq_weft = if want("seq-weft") {
-            rig.time(|| {
-                weft.launch(&compute, &a, &b, &mut d)?;
-                collective(op, comm, &d, &mut out, &compute)
-            })?
-        } else {
-            f64::NAN
+        // The GEMM and the collective alone, and the bound of the checks.
+        let cublas = CublasGemm::new(&compute, shape, GemmOptions::default())?;
+        let (t_gemm, t_comm, bound_buf) = alone(job, &mut rig, &mut cmp, op, &cublas, shape, &x)?;
+        let bound = match &bound_buf {
+            Some(b) => Bound { per_element: Some((b, world as f32 / 128.0)), rel: 0.0, abs: 1e-6 },
+            None => Bound { per_element: None, rel: 1.0 / 128.0, abs: k as f32 / 262_144.0 },
         };
-        // Decomposition: bands of rows on two streams; band c's result at its share of `out`.
-        let mut decomp = (f64::NAN, 0usize);
-        if want("decomposition") {
-            for chunks in [2usize, 4] {
-                let rows = mu / chunks;
-                let band = CublasGemm::new(&compute, GemmShape::new(rows as u32, n, k), base)?;
-                let part = out_len(op, rows * nu, world);
-                let x = &rig.comm_stream.clone();
-                let t = rig.time(|| {
-                    x.join(&compute)?;
-                    for c in 0..chunks {
-                        let av = a.slice(c * rows * ku..(c + 1) * rows * ku);
-                        let mut dv = d.slice_mut(c * rows * nu..(c + 1) * rows * nu);
-                        band.launch(&av, &b, &mut dv)?;
-                        x.join(&compute)?;
-                        let dv = d.slice(c * rows * nu..(c + 1) * rows * nu);
-                        collective(op, comm, &dv, &mut out.slice_mut(c * part..(c + 1) * part), x)?;
-                    }
-                    compute.join(x)?;
-                    Ok(())
-                })?;
-                if !(t >= decomp.0) {
-                    decomp = (t, chunks);
-                }
-            }
+        // The sequential path's result: every other's reference.
+        progress(job, &format!("[{}/{total}] {shape}: seq-cublas", i + 1));
+        let (seq_op, reference) = {
+            let (rdzv, env) = job.overlap()?;
+            let mut seq_op = AnyOp::plan(op, rdzv, env, &compute, shape, &MethodChoice::Exact(Method::SeqCublas))?;
+            seq_op.prepare(&compute, &x)?;
+            seq_op.poison(&compute, &x)?;
+            seq_op.launch(&compute, &mut x)?;
+            seq_op.synchronize()?;
+            let reference = seq_op.result_copy(&compute, &x)?;
+            (seq_op, reference)
+        };
+        // Auto before the families: its first use (if the cache lacks the shape) is its own.
+        let mut auto: Option<(Measured, f64, usize)> = None;
+        if auto_wanted {
+            progress(job, &format!("[{}/{total}] {shape}: auto (first use)", i + 1));
+            let (rdzv, env) = job.overlap()?;
+            let anyop = AnyOp::plan(op, rdzv, env, &compute, shape, &MethodChoice::Auto)?;
+            let report = anyop.report().clone();
+            let measured = report.ranking.as_ref().map_or(0, |r| r.measured);
+            let t = check_and_time(job, &mut rig, &mut cmp, op, anyop, &mut x, Some(&reference), &bound, shape)?;
+            auto = Some((Measured { choice: MethodChoice::Auto, method: report.method.to_string(), ms: t }, report.first_use_s(), measured));
         }
-        // Signal: check once against weft's GEMM summed by NCCL, then every candidate timed.
-        let mut best: Option<(f64, u32, String, f64, f64, f64)> = None; // (ms, margin, groups, gemm-only, plain same margin, restore)
-        let mut candidates = Vec::new();
-        let mut margin_rows = Vec::new();
-        if want("signal") {
-            weft.launch(&compute, &a, &b, &mut d)?;
-            let bound = sum_bound(job, &compute, &d)?;
-            let mut summed = poisoned::<bf16>(&compute, mu * nu)?;
-            job.comm()?.all_reduce(&d, &mut summed, ReduceOp::Sum, &compute)?;
-            let summed = download(&compute, &summed)?;
-            for (margin, lcomm) in &limited {
-                let options = GemmOptions { sm_margin: *margin, ..base };
-                let plan = GemmPlan::new(sms, shape, options)?;
-                // What the overlap works with: the GEMM on the SMs left, NCCL on the rest.
-                let plain = Gemm::new(&ctx, shape, options)?;
-                let parts_alone = [
-                    rig.time(|| plain.launch(&compute, &a, &b, &mut d))?,
-                    rig.time(|| collective(op, lcomm, &d, &mut out, &compute))?,
-                ];
-                let parts_alone = slowest(job, &parts_alone)?;
-                margin_rows.push(Json::obj([
-                    ("sm_margin", Json::Num(f64::from(*margin))),
-                    ("gemm_alone_ms", Json::Num(parts_alone[0])),
-                    ("nccl_max_ctas_alone_ms", Json::Num(parts_alone[1])),
-                ]));
-                for parts in groupings(&plan)? {
-                    let mut sig = Signal::new(op, &compute, shape, options, &parts, world, rank)?;
-                    let rows = sig.rows(m);
-                    let mut sig_out = poisoned::<bf16>(&compute, rows.len() * nu)?;
-                    sig.run(&compute, lcomm, &a, &b, &mut sig_out)?;
-                    compute.synchronize()?;
-                    sig.check()?;
-                    let what = format!("{shape} margin {margin} groups {} against weft GEMM + ncclAllReduce", sig.groups());
-                    check_within(&what, &download(&compute, &sig_out)?, &pick_rows(&summed, &rows, nu), &pick_rows(&bound, &rows, nu), nu)?;
-                    let t = rig.time(|| sig.run(&compute, lcomm, &a, &b, &mut sig_out))?;
-                    let t = slowest(job, &[t])?[0];
-                    candidates.push(Json::obj([
-                        ("sm_margin", Json::Num(f64::from(*margin))),
-                        ("groups", Json::Str(sig.groups())),
-                        ("ms", Json::Num(t)),
-                    ]));
-                    if best.as_ref().is_none_or(|b| t < b.0) {
-                        let gemm_only = rig.time(|| sig.run_gemm_only(&compute, &a, &b))?;
-                        let plain_t = rig.time(|| plain.launch(&compute, &a, &b, &mut d))?;
-                        let restore_t = rig.time(|| sig.restore(&compute, &mut sig_out))?;
-                        best = Some((t, *margin, sig.groups(), gemm_only, plain_t, restore_t));
-                    }
-                }
-            }
-        }
-        // Fused: checked once against weft's GEMM summed by NCCL (this rank's m / world rows),
-        // then timed. Collective (every rank makes it).
-        let fused_t = if fused_wanted {
-            let mut fused = FusedReduceScatter::<bf16>::new(&mut job.rdzv, &ctx, &compute, shape, base)?;
-            let timed = (|| -> anyhow::Result<f64> {
-                weft.launch(&compute, &a, &b, &mut d)?;
-                let bound = sum_bound(job, &compute, &d)?;
-                let mut summed = poisoned::<bf16>(&compute, mu * nu)?;
-                job.comm()?.all_reduce(&d, &mut summed, ReduceOp::Sum, &compute)?;
-                let summed = download(&compute, &summed)?;
-                let (first, rows) = fused.rows();
-                let rows: Vec<u32> = (first..first + rows).collect();
-                let mut got = poisoned::<bf16>(&compute, rows.len() * nu)?;
-                fused.run(&compute, &a, &b)?;
-                fused.copy_output(&compute, &mut got)?;
-                fused.synchronize(&compute)?;
-                let what = format!("{shape} fused-intra against weft GEMM + ncclAllReduce");
-                check_within(&what, &download(&compute, &got)?, &pick_rows(&summed, &rows, nu), &pick_rows(&bound, &rows, nu), nu)?;
-                let t = rig.time(|| fused.run(&compute, &a, &b))?;
-                fused.synchronize(&compute)?;
-                Ok(t)
-            })();
-            let freed = fused.free(&mut job.rdzv);
-            let t = timed?;
-            freed?;
-            t
-        } else {
-            f64::NAN
-        };
-        // Fused AllReduce: per method, its worker count measured at first use (or cached), the op
-        // checked once against weft's GEMM summed by NCCL (every row), then timed. Collective.
-        let mut ar_times = [(f64::NAN, 0u32); 2]; // (ms, workers): fused-inter, distfuse
-        let mut auto = (String::new(), f64::NAN);
-        if !ar_methods.is_empty() {
-            weft.launch(&compute, &a, &b, &mut d)?;
-            let bound = sum_bound(job, &compute, &d)?;
-            let mut summed = poisoned::<bf16>(&compute, mu * nu)?;
-            job.comm()?.all_reduce(&d, &mut summed, ReduceOp::Sum, &compute)?;
-            let summed = download(&compute, &summed)?;
-            let mut time_ar = |job: &mut Job, options: GemmOptions, method: AllReduceMethod| -> anyhow::Result<f64> {
-                let mut fused = FusedAllReduce::new(&mut job.rdzv, &ctx, &compute, shape, options, method)?;
-                let timed = (|| -> anyhow::Result<f64> {
-                    let mut got = poisoned::<bf16>(&compute, mu * nu)?;
-                    fused.run(&compute, &a, &b)?;
-                    fused.copy_output(&compute, &mut got)?;
-                    fused.synchronize(&compute)?;
-                    let what = format!("{shape} {method:?} against weft GEMM + ncclAllReduce");
-                    check_within(&what, &download(&compute, &got)?, &summed, &bound, nu)?;
-                    let t = rig.time(|| fused.run(&compute, &a, &b))?;
-                    fused.synchronize(&compute)?;
-                    Ok(t)
-                })();
-                let freed = fused.free(&mut job.rdzv);
-                let t = slowest(job, &[timed?])?[0];
-                freed?;
-                Ok(t)
+        let seq_ms = check_and_time(job, &mut rig, &mut cmp, op, seq_op, &mut x, None, &bound, shape)?;
+        let mut measured = Vec::new();
+        for c in &columns {
+            progress(job, &format!("[{}/{total}] {shape}: {c}", i + 1));
+            let planned = {
+                let (rdzv, env) = job.overlap()?;
+                AnyOp::plan(op, rdzv, env, &compute, shape, c)
             };
-            let mut chosen = Vec::new();
-            for (slot, name) in ["fused-inter", "distfuse"].into_iter().enumerate() {
-                if !ar_methods.contains(&name) {
+            let anyop = match planned {
+                Ok(x) => x,
+                Err(e) => {
+                    // Refused on every rank alike (the plan is collective): a column with a reason.
+                    progress(job, &format!("[{}/{total}] {shape}: {c} cannot run: {e:#}", i + 1));
+                    measured.push(Measured { choice: c.clone(), method: "-".into(), ms: f64::NAN });
                     continue;
                 }
-                let (options, method) = first_use::all_reduce_method(&mut job.rdzv, &ctx, &compute, &mut cache, shape, base, &[name])?;
-                let t = time_ar(job, options, method)?;
-                let workers = match method {
-                    AllReduceMethod::Inter { comm_ctas } => comm_ctas,
-                    AllReduceMethod::DistFuse { workers } => workers,
-                };
-                ar_times[slot] = (t, workers);
-                chosen.push((method, t));
-            }
-            if auto_wanted {
-                let (options, method) = first_use::all_reduce_method(&mut job.rdzv, &ctx, &compute, &mut cache, shape, base, &["fused-inter", "distfuse"])?;
-                // The same op as measured above, or (another count) timed now.
-                let t = match chosen.iter().find(|c| c.0 == method) {
-                    Some(c) => c.1,
-                    None => time_ar(job, options, method)?,
-                };
-                auto = (format!("{method:?}"), t);
-            }
+            };
+            let method = anyop.report().method.to_string();
+            let t = check_and_time(job, &mut rig, &mut cmp, op, anyop, &mut x, Some(&reference), &bound, shape)?;
+            measured.push(Measured { choice: c.clone(), method, ms: t });
         }
-        let mine = [t_gemm, t_comm, t_weft_gemm, seq_cublas, seq_weft, decomp.0, fused_t];
-        let v = slowest(job, &mine)?;
-        let (t_gemm, t_comm, t_weft_gemm, seq_cublas, seq_weft, decomp_t, fused_t) = (v[0], v[1], v[2], v[3], v[4], v[5], v[6]);
-        let (sig_t, margin, groups, gemm_only, plain_t, restore_t) = match &best {
-            Some((t, mg, g, go, p, r)) => {
-                let w = slowest(job, &[*go, *p, *r])?;
-                (*t, *mg, g.clone(), w[0], w[1], w[2])
-            }
-            None => (f64::NAN, 0, String::new(), f64::NAN, f64::NAN, f64::NAN),
-        };
-        let measured = [
-            ("seq-cublas", seq_cublas),
-            ("seq-weft", seq_weft),
-            ("decomposition", decomp_t),
-            ("signal", sig_t),
-            ("fused-intra", fused_t),
-            ("fused-inter", ar_times[0].0),
-            ("distfuse", ar_times[1].0),
-        ];
-        let fastest = measured.iter().filter(|m| m.1.is_finite()).min_by(|x, y| x.1.total_cmp(&y.1)).map_or("", |m| m.0);
-        let theory = t_gemm.max(t_comm);
-        let speedup = seq_cublas / sig_t;
-        let of_theory = theory / sig_t; // (T_seq / T_signal) / (T_seq / max)
-        let interference = gemm_only / plain_t;
-        table.rows.push(vec![
-            format!("{m}x{n}x{k}"),
-            format!("{t_gemm:.3}"),
-            format!("{t_comm:.3}"),
-            format!("{seq_cublas:.3}"),
-            format!("{seq_weft:.3}"),
-            format!("{decomp_t:.3} ({}x)", decomp.1),
-            format!("{sig_t:.3}"),
-            format!("{speedup:.3}"),
-            format!("{:.1}%", 100.0 * of_theory),
-            format!("{interference:.3}"),
-            format!("margin {margin} groups {groups}"),
-            format!("{fused_t:.3}"),
-            format!("{:.3}", seq_cublas / fused_t),
-            format!("{:.3}", fused_t / t_weft_gemm),
-            format!("{:.3} ({})", ar_times[0].0, ar_times[0].1),
-            format!("{:.3} ({})", ar_times[1].0, ar_times[1].1),
-            format!("{:.3} {}", auto.1, auto.0),
-            fastest.to_string(),
-        ]);
-        rows.push(Json::obj([
+        // Slowest rank's values (the times from check_and_time are already the slowest rank's).
+        let v = slowest(job, &[t_gemm, t_comm])?;
+        let (t_gemm, t_comm) = (v[0], v[1]);
+        let ideal = t_gemm.max(t_comm);
+        let mut all: Vec<(&str, f64)> = vec![("seq-cublas", seq_ms)];
+        for c in &measured {
+            all.push((c.method.as_str(), c.ms));
+        }
+        let fastest = all.iter().filter(|x| x.1.is_finite()).min_by(|p, q| p.1.total_cmp(&q.1)).copied().unwrap_or(("", f64::NAN));
+        let mut cells = vec![shape.to_string(), f3(t_gemm), f3(t_comm), f3(ideal), f3(seq_ms)];
+        for c in &measured {
+            cells.push(if c.ms.is_finite() { format!("{} {}", f3(c.ms), params(&c.method)) } else { "-".into() });
+        }
+        let mut json = vec![
+            ("case", Json::Str(format!("{} {shape}", op.name()))),
             ("op", Json::Str(op.name().into())),
             ("m", Json::Num(f64::from(m))),
             ("n", Json::Num(f64::from(n))),
             ("k", Json::Num(f64::from(k))),
             ("world", Json::Num(world as f64)),
+            ("baseline", Json::Str("seq-cublas".into())),
+            ("baseline_ms", Json::Num(seq_ms)),
             ("t_gemm_cublas_ms", Json::Num(t_gemm)),
-            ("t_gemm_weft_ms", Json::Num(t_weft_gemm)),
-            ("t_comm_ms", Json::Num(t_comm)),
-            ("comm_over_gemm", Json::Num(t_comm / t_gemm)),
-            ("seq_cublas_ms", Json::Num(seq_cublas)),
-            ("seq_weft_ms", Json::Num(seq_weft)),
-            ("decomposition_ms", Json::Num(decomp_t)),
-            ("decomposition_chunks", Json::Num(decomp.1 as f64)),
-            ("signal_ms", Json::Num(sig_t)),
-            ("signal_sm_margin", Json::Num(f64::from(margin))),
-            ("signal_groups", Json::Str(groups)),
-            ("signal_gemm_only_ms", Json::Num(gemm_only)),
-            ("plain_gemm_same_margin_ms", Json::Num(plain_t)),
-            ("interference", Json::Num(interference)),
-            ("restore_ms", Json::Num(restore_t)),
-            ("speedup_vs_seq_cublas", Json::Num(speedup)),
-            ("theoretical_speedup", Json::Num(seq_cublas / theory)),
-            ("fraction_of_theoretical", Json::Num(of_theory)),
-            ("signal_margins", Json::Arr(margin_rows)),
-            ("signal_candidates", Json::Arr(candidates)),
-            ("fused_intra_ms", Json::Num(fused_t)),
-            ("fused_intra_speedup_vs_seq_cublas", Json::Num(seq_cublas / fused_t)),
-            ("fused_intra_over_weft_gemm", Json::Num(fused_t / t_weft_gemm)),
-            ("fused_inter_ms", Json::Num(ar_times[0].0)),
-            ("fused_inter_workers", Json::Num(f64::from(ar_times[0].1))),
-            ("distfuse_ms", Json::Num(ar_times[1].0)),
-            ("distfuse_workers", Json::Num(f64::from(ar_times[1].1))),
-            ("fused_inter_speedup_vs_seq_cublas", Json::Num(seq_cublas / ar_times[0].0)),
-            ("distfuse_speedup_vs_seq_cublas", Json::Num(seq_cublas / ar_times[1].0)),
-            ("auto_method", Json::Str(auto.0)),
-            ("auto_ms", Json::Num(auto.1)),
-            ("fastest_method", Json::Str(fastest.into())),
-        ]));
+            ("t_comm_nccl_ms", Json::Num(t_comm)),
+            ("ideal_ms", Json::Num(ideal)),
+        ];
+        let methods_json: Vec<Json> = measured
+            .iter()
+            .map(|c| Json::obj([("asked", Json::Str(c.choice.to_string())), ("method", Json::Str(c.method.clone())), ("ms", Json::Num(c.ms)), ("speedup_vs_seq_cublas", Json::Num(seq_ms / c.ms))]))
+            .collect();
+        if let Some((a, first_use, count)) = &auto {
+            cells.extend([
+                f3(a.ms),
+                a.method.clone(),
+                format!("{:.3}", seq_ms / a.ms),
+                format!("{:.3}", a.ms / fastest.1),
+                format!("{:.1}%", 100.0 * ideal / a.ms),
+                format!("{first_use:.1}"),
+            ]);
+            json.extend([
+                ("weft_ms", Json::Num(a.ms)),
+                ("ratio", Json::Num(seq_ms / a.ms)),
+                ("auto_method", Json::Str(a.method.clone())),
+                ("auto_over_fastest", Json::Num(a.ms / fastest.1)),
+                ("fraction_of_ideal", Json::Num(ideal / a.ms)),
+                ("auto_first_use_s", Json::Num(*first_use)),
+                ("auto_candidates_measured", Json::Num(*count as f64)),
+            ]);
+        }
+        cells.push(fastest.0.to_string());
+        json.extend([
+            ("fastest_method", Json::Str(fastest.0.to_string())),
+            ("fastest_ms", Json::Num(fastest.1)),
+            ("methods", Json::Arr(methods_json)),
+            ("row_seconds", Json::Num(started.elapsed().as_secs_f64())),
+        ]);
+        if rank == 0 {
+            println!("{}", table.render_row(&cells));
+        }
+        table.rows.push(cells);
+        rows.push(Json::obj(json));
     }
     Ok(SuiteResult { table, rows })
+}
+
+fn f3(v: f64) -> String {
+    format!("{v:.3}")
+}
+
+/// A method's parameters for a table cell ("(16)", "(32:1+3)"), empty without any.
+fn params(method: &str) -> String {
+    match method.split_once(':') {
+        Some((_, p)) => format!("({p})"),
+        None => String::new(),
+    }
+}
+
+/// The GEMM alone (cuBLAS), the collective alone (NCCL, the env's communicator) and, for the sums,
+/// Σ_r |partial_r| (f32, this rank's rows) for the checks' bound.
+fn alone(job: &mut Job, rig: &mut Rig, cmp: &mut BoundCompare, op: OpKind, cublas: &CublasGemm, shape: GemmShape, x: &Operands) -> anyhow::Result<(f64, f64, Option<CudaSlice<f32>>)> {
+    let world = job.world();
+    let rank = job.rank();
+    let (mu, nu, ku) = (shape.m as usize, shape.n as usize, shape.k as usize);
+    let compute = rig.compute.clone();
+    let (_, env) = job.overlap()?;
+    let comm = env.comm().clone();
+    let comm = comm.lock().map_err(|_| anyhow::anyhow!("poisoned communicator"))?;
+    Ok(match op {
+        OpKind::AllReduce | OpKind::ReduceScatter => {
+            let mut d = poisoned::<bf16>(&compute, mu * nu)?;
+            let t_gemm = rig.time(|| cublas.launch(&x.a, &x.b, &mut d))?;
+            let out_len = if op == OpKind::AllReduce { mu * nu } else { mu * nu / world };
+            let mut out = poisoned::<bf16>(&compute, out_len)?;
+            let t_comm = if op == OpKind::AllReduce {
+                rig.time(|| comm.all_reduce(&d, &mut out, ReduceOp::Sum, &compute))?
+            } else {
+                rig.time(|| comm.reduce_scatter(&d, &mut out, ReduceOp::Sum, &compute))?
+            };
+            cublas.launch(&x.a, &x.b, &mut d)?;
+            let mut abs = cmp.abs_f32(&compute, &d)?;
+            comm.all_reduce_in_place(&mut abs, ReduceOp::Sum, &compute)?;
+            compute.synchronize()?;
+            let rows = if op == OpKind::AllReduce { 0..mu } else { rank * mu / world..(rank + 1) * mu / world };
+            let mut mine = compute.alloc_zeros::<f32>(rows.len() * nu)?;
+            compute.memcpy_dtod(&abs.slice(rows.start * nu..rows.end * nu), &mut mine)?;
+            compute.synchronize()?;
+            (t_gemm, t_comm, Some(mine))
+        }
+        OpKind::AllGather => {
+            let mut a = poisoned::<bf16>(&compute, mu * ku)?;
+            let mut d = poisoned::<bf16>(&compute, mu * nu)?;
+            let t_comm = rig.time(|| comm.all_gather(&x.a, &mut a, &compute))?;
+            let t_gemm = rig.time(|| cublas.launch(&a, &x.b, &mut d))?;
+            (t_gemm, t_comm, None)
+        }
+    })
+}
+
+/// Checks `anyop` (when there is a reference), times it, frees it; the slowest rank's median.
+#[allow(clippy::too_many_arguments)]
+fn check_and_time(job: &mut Job, rig: &mut Rig, cmp: &mut BoundCompare, op: OpKind, mut anyop: AnyOp, x: &mut Operands, reference: Option<&CudaSlice<bf16>>, bound: &Bound<'_>, shape: GemmShape) -> anyhow::Result<f64> {
+    let compute = rig.compute.clone();
+    let method = anyop.report().method.to_string();
+    let timed = (|| -> anyhow::Result<f64> {
+        anyop.prepare(&compute, x)?;
+        if let Some(want) = reference {
+            anyop.poison(&compute, x)?;
+            anyop.launch(&compute, x)?;
+            anyop.synchronize()?;
+            let what = format!("{} {shape} {method} against seq-cublas", op.title());
+            anyop.check(cmp, &compute, &what, x, want, bound, shape.n as usize)?;
+        }
+        let t = rig.time(|| anyop.launch(&compute, x))?;
+        anyop.synchronize()?;
+        Ok(t)
+    })();
+    let timed = weft_pgl::agree(&mut job.rdzv, &format!("timing {method} at {shape}"), timed);
+    let freed = anyop.free(&mut job.rdzv);
+    let t = timed?;
+    freed?;
+    Ok(slowest(job, &[t])?[0])
 }

@@ -15,7 +15,8 @@
 //! weft's standard-layout GEMM all-gathered by NCCL and routed on the host. Timing as in
 //! bench/rig.rs (events, L2 flush, median per rank, slowest rank).
 
-use super::overlap::{groupings, shapes};
+use super::grid::large_shapes as shapes;
+use weft_signal_gemm::ops::groupings;
 use super::rig::{slowest, Rig};
 use super::SuiteResult;
 use crate::gemm_data::{download, poisoned, uniform, upload};

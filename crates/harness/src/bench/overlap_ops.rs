@@ -49,13 +49,6 @@ impl Signal {
         })
     }
 
-    pub fn groups(&self) -> String {
-        match self {
-            Signal::AllReduce { ov, .. } => ov.groups().to_string(),
-            Signal::ReduceScatter { ov, .. } => ov.groups().to_string(),
-        }
-    }
-
     /// The standard rows of the output, in its order.
     pub fn rows(&self, m: u32) -> Vec<u32> {
         match self {
@@ -68,13 +61,6 @@ impl Signal {
         match self {
             Signal::AllReduce { ov, staging } => ov.run(compute, comm, a, b, staging, out, Restore::Copy),
             Signal::ReduceScatter { ov, staging, received } => ov.run(compute, comm, a, b, staging, received, out, Restore::Copy),
-        }
-    }
-
-    pub fn run_gemm_only(&mut self, compute: &Arc<CudaStream>, a: &CudaSlice<bf16>, b: &CudaSlice<bf16>) -> anyhow::Result<()> {
-        match self {
-            Signal::AllReduce { ov, staging } => ov.run_gemm_only(compute, a, b, staging),
-            Signal::ReduceScatter { ov, staging, .. } => ov.run_gemm_only(compute, a, b, staging),
         }
     }
 

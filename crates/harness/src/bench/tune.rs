@@ -19,7 +19,7 @@
 //!
 //! Times are the slowest rank's medians (bench/rig.rs). Rank 0 draws a progress bar on stderr.
 
-use super::overlap::shapes;
+use super::grid::large_shapes as shapes;
 use super::overlap_ops::{collective, out_len, Signal};
 use super::rig::{slowest, Rig};
 use super::SuiteResult;

@@ -3,6 +3,7 @@
 mod all_to_all;
 mod barrier;
 mod first_use;
+mod ops;
 mod fused_all_gather;
 mod fused_all_reduce;
 mod fused_reduce_scatter;
@@ -51,5 +52,6 @@ pub fn all() -> Vec<Case> {
     cases.extend(fused_all_reduce::cases());
     cases.extend(fused_all_gather::cases());
     cases.extend(first_use::cases());
+    cases.extend(ops::cases());
     cases
 }

@@ -11,17 +11,15 @@
 //!   reading each peer's A tile by TMA from the rank that holds it ([`AllGatherMethod::Intra`]),
 //!   or from a local copy the GEMM's communicator CTAs gather chunk by chunk
 //!   ([`AllGatherMethod::Inter`]).
-//! - [`first_use`]: a method's communicator or worker count, or the fastest method per op and
-//!   shape, measured at first use and kept in a [`ChoiceCache`] file.
+//!
+//! Their CTA counts, and whether they beat the other methods at a shape, are chosen by the ops of
+//! [`crate::ops`] (`Auto`).
 
 mod all_gather;
 mod all_reduce;
-mod choice_cache;
 mod collective_plan;
-pub mod first_use;
 mod reduce_scatter;
 
 pub use all_gather::{AllGatherMethod, FusedAllGatherGemm};
 pub use all_reduce::{AllReduceMethod, FusedAllReduce};
-pub use choice_cache::{Candidate, Choice, ChoiceCache, ChoiceKey};
 pub use reduce_scatter::FusedReduceScatter;

@@ -1,0 +1,216 @@
+//! GEMM + AllReduce as one op: out = Σ over ranks of A_rank · B_rank on every rank, by any method
+//! ([`Method`]): `seq-cublas`, `seq-weft`, `decomposition:<chunks>`, `signal:<margin>:<waves>`
+//! (FlashOverlap), `fused-inter:<ctas>` (ParallelKittens inter-SM), `distfuse:<workers>`
+//! (DistFuse), or `Auto`.
+//!
+//! The result lands in the op's own output buffer ([`GemmAllReduce::output`], m × n): the fused
+//! methods write it through peer memory, so it must be memory every peer has mapped; every method
+//! writes the same buffer, so they are interchangeable. It holds the last launch's sum until the
+//! next launch.
+
+use super::buffer::OpBuffer;
+use super::candidates::OpKind;
+use super::choice::{choose_and_plan, Bench, ChoiceReport, PlanRequest};
+use super::common::{agree_on_request, check_capture, check_dtype, check_launch, OpElement};
+use super::env::{lock, OverlapEnv, SharedComm};
+use super::inputs::{with_operands, Operands};
+use super::method::{Method, MethodChoice};
+use crate::cublas::CublasGemm;
+use crate::dtype::{Dtype, GemmElement};
+use crate::fused::{AllReduceMethod, FusedAllReduce};
+use crate::gemm::Gemm;
+use crate::overlap::{high_priority_stream, AllReduceOverlap};
+use crate::plan::{GemmOptions, GemmShape};
+use crate::reorder::Restore;
+use anyhow::{bail, ensure};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use std::sync::Arc;
+use weft_pgl::agree;
+use weft_pgl::nccl::ReduceOp;
+use weft_pgl::rendezvous::Rendezvous;
+
+enum Imp<TO: OpElement> {
+    SeqCublas { gemm: CublasGemm, comm: SharedComm, out: CudaSlice<TO> },
+    SeqWeft { gemm: Gemm, comm: SharedComm, out: CudaSlice<TO> },
+    Decomposition { band: CublasGemm, chunks: u32, comm: SharedComm, side: Arc<CudaStream>, out: CudaSlice<TO> },
+    Signal { ov: AllReduceOverlap, comm: SharedComm, staging: CudaSlice<TO>, out: CudaSlice<TO> },
+    Fused(FusedAllReduce),
+}
+
+/// One rank's GEMM + AllReduce for a fixed shape, GEMM options and world.
+pub struct GemmAllReduce<TO: OpElement> {
+    shape: GemmShape,
+    options: GemmOptions,
+    stream: Arc<CudaStream>,
+    report: ChoiceReport,
+    imp: Imp<TO>,
+}
+
+impl<TO: OpElement> GemmAllReduce<TO> {
+    /// Collective over `rdzv`'s ranks, with the same arguments on every rank: plans `choice` for
+    /// A (m × k) · B (`options.b_layout`) summed over ranks, output dtype TO (= options.output),
+    /// launched on `stream`. `capturable` keeps to methods a CUDA graph can replay. `Auto` and
+    /// families measure their candidates at first use (or take them from the cache).
+    pub fn plan(
+        rdzv: &mut Rendezvous,
+        env: &mut OverlapEnv,
+        stream: &Arc<CudaStream>,
+        shape: GemmShape,
+        options: GemmOptions,
+        choice: &MethodChoice,
+        capturable: bool,
+    ) -> anyhow::Result<Self> {
+        let kind = OpKind::AllReduce;
+        let checks = check_dtype::<TO>(kind, shape, "output", options.output);
+        agree_on_request(rdzv, env, stream, kind, shape, &options, choice, capturable, checks)?;
+        let mut operands: Option<(Operands, Bench)> = None;
+        let seed = 0xA11 ^ ((rdzv.rank() as u64) << 40);
+        let (imp, report) = choose_and_plan(
+            rdzv,
+            env,
+            PlanRequest { kind, shape, options, choice, capturable },
+            |rdzv, env, m| plan_imp::<TO>(rdzv, env, stream, shape, options, m),
+            |rdzv, env, m| {
+                if operands.is_none() {
+                    let (mk, kn) = ((shape.m * shape.k) as usize, (shape.k * shape.n) as usize);
+                    operands = Some((Operands::random(stream, &options, seed, mk, kn)?, Bench::new(stream)?));
+                }
+                let (ops, bench) = operands.as_mut().expect("made above");
+                let planned = plan_imp::<TO>(rdzv, env, stream, shape, options, m);
+                let imp = agree(rdzv, &format!("planning {m}"), planned)?;
+                let report = ChoiceReport { asked: MethodChoice::Exact(m.clone()), method: m.clone(), ranking: None, refused: Vec::new() };
+                let mut op = Self { shape, options, stream: stream.clone(), report, imp };
+                let timed = with_operands!(&*ops, |a, b| bench.time(env, stream, || op.launch(stream, a, b)));
+                let timed = timed.and_then(|t| op.synchronize().map(|()| t));
+                let freed = op.free(rdzv);
+                let t = timed?;
+                freed?;
+                Ok(t)
+            },
+        )?;
+        Ok(Self { shape, options, stream: stream.clone(), report, imp })
+    }
+
+    /// The method this op runs, and how it was chosen.
+    pub fn method(&self) -> &Method {
+        &self.report.method
+    }
+
+    pub fn report(&self) -> &ChoiceReport {
+        &self.report
+    }
+
+    pub fn shape(&self) -> GemmShape {
+        self.shape
+    }
+
+    /// Enqueues out = Σ over ranks of A_rank · B_rank on the stream the op was planned with
+    /// (passed again, and checked, so the call site says where it runs). Every rank must launch
+    /// the same number of times. Read the previous result (stream-ordered) before this launch.
+    pub fn launch<TI: GemmElement>(&mut self, stream: &Arc<CudaStream>, a: &CudaSlice<TI>, b: &CudaSlice<TI>) -> anyhow::Result<()> {
+        let GemmShape { m, n, k } = self.shape;
+        check_launch::<TI>(OpKind::AllReduce, &self.stream, stream, &self.options, &[("A", a.len(), (m * k) as usize), ("B", b.len(), (k * n) as usize)])?;
+        check_capture(stream, &self.report.method)?;
+        match &mut self.imp {
+            Imp::SeqCublas { gemm, comm, out } => {
+                gemm.launch(a, b, out)?;
+                lock(comm)?.all_reduce_in_place(out, ReduceOp::Sum, stream)
+            }
+            Imp::SeqWeft { gemm, comm, out } => {
+                gemm.launch(stream, a, b, out)?;
+                lock(comm)?.all_reduce_in_place(out, ReduceOp::Sum, stream)
+            }
+            Imp::Decomposition { band, chunks, comm, side, out } => {
+                let rows = (m / *chunks) as usize;
+                let (n, k) = (n as usize, k as usize);
+                // The side stream starts after everything before (the output's earlier readers).
+                side.join(stream)?;
+                for c in 0..*chunks as usize {
+                    let a_band = a.slice(c * rows * k..(c + 1) * rows * k);
+                    band.launch(&a_band, b, &mut out.slice_mut(c * rows * n..(c + 1) * rows * n))?;
+                    side.join(stream)?;
+                    lock(comm)?.all_reduce_in_place(&mut out.slice_mut(c * rows * n..(c + 1) * rows * n), ReduceOp::Sum, side)?;
+                }
+                stream.join(side)?;
+                Ok(())
+            }
+            Imp::Signal { ov, comm, staging, out } => ov.run(stream, &*lock(comm)?, a, b, staging, out, Restore::Copy),
+            Imp::Fused(f) => f.run(stream, a, b),
+        }
+    }
+
+    /// The op's result (m × n of TO): the sum of the last launch once it has run.
+    pub fn output(&self) -> OpBuffer<'_, TO> {
+        let (ptr, len) = match &self.imp {
+            Imp::SeqCublas { out, .. } | Imp::SeqWeft { out, .. } | Imp::Decomposition { out, .. } | Imp::Signal { out, .. } => {
+                (out.device_ptr(&self.stream).0, out.len())
+            }
+            Imp::Fused(f) => (f.output().local_ptr(), f.output().len()),
+        };
+        // SAFETY: the buffer holds `len` elements of TO (the fused AllReduce is planned only for
+        // bf16 outputs, so TO is bf16 there) and lives as long as self.
+        unsafe { OpBuffer::new(ptr, len, &self.stream) }
+    }
+
+    /// Waits for the op's stream; an error names any device wait of the op that ran past its
+    /// bound (fused and signal methods), else the driver's error, if any.
+    pub fn synchronize(&self) -> anyhow::Result<()> {
+        match &self.imp {
+            Imp::Fused(f) => f.synchronize(&self.stream),
+            Imp::Signal { ov, .. } => {
+                self.stream.synchronize()?;
+                ov.check()
+            }
+            _ => Ok(self.stream.synchronize()?),
+        }
+    }
+
+    /// Collective: frees the op's peer memory (fused methods) on every rank.
+    pub fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+        match self.imp {
+            Imp::Fused(f) => f.free(rdzv),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// This rank's part of planning `method` (collective for the fused methods and for a signal
+/// method's first communicator of its margin).
+fn plan_imp<TO: OpElement>(
+    rdzv: &mut Rendezvous,
+    env: &mut OverlapEnv,
+    stream: &Arc<CudaStream>,
+    shape: GemmShape,
+    options: GemmOptions,
+    method: &Method,
+) -> anyhow::Result<Imp<TO>> {
+    let ctx = env.context().clone();
+    let out = |len: u32| -> anyhow::Result<CudaSlice<TO>> { Ok(stream.alloc_zeros::<TO>(len as usize)?) };
+    let mn = shape.m * shape.n;
+    Ok(match method {
+        Method::SeqCublas => Imp::SeqCublas { gemm: CublasGemm::new(stream, shape, options)?, comm: env.comm().clone(), out: out(mn)? },
+        Method::SeqWeft => Imp::SeqWeft { gemm: Gemm::new(&ctx, shape, options)?, comm: env.comm().clone(), out: out(mn)? },
+        Method::Decomposition { chunks } => {
+            ensure!(shape.m % chunks == 0, "decomposition: M = {} does not split into {chunks} bands", shape.m);
+            let band = CublasGemm::new(stream, GemmShape::new(shape.m / chunks, shape.n, shape.k), options)?;
+            Imp::Decomposition { band, chunks: *chunks, comm: env.comm().clone(), side: high_priority_stream(&ctx)?, out: out(mn)? }
+        }
+        Method::Signal { sm_margin, waves } => {
+            let local = AllReduceOverlap::new(stream, shape, GemmOptions { sm_margin: *sm_margin, ..options }, Some(waves), rdzv.rank() as u32);
+            let ov = agree(rdzv, "planning the signal GEMM", local)?;
+            let comm = env.limited_comm(rdzv, *sm_margin)?;
+            let staging = stream.alloc_zeros::<TO>(ov.staging_len())?;
+            Imp::Signal { ov, comm, staging, out: out(mn)? }
+        }
+        Method::FusedInter { ctas } => {
+            ensure!(<TO as GemmElement>::DTYPE == Dtype::Bf16, "fused-inter sums bf16 partials; the output is {}", <TO as GemmElement>::DTYPE);
+            Imp::Fused(FusedAllReduce::new(rdzv, &ctx, stream, shape, options, AllReduceMethod::Inter { comm_ctas: *ctas })?)
+        }
+        Method::DistFuse { workers } => {
+            ensure!(<TO as GemmElement>::DTYPE == Dtype::Bf16, "distfuse sums bf16 partials; the output is {}", <TO as GemmElement>::DTYPE);
+            let options = GemmOptions { sm_margin: options.sm_margin + workers, ..options };
+            Imp::Fused(FusedAllReduce::new(rdzv, &ctx, stream, shape, options, AllReduceMethod::DistFuse { workers: *workers })?)
+        }
+        Method::FusedIntra => bail!("fused-intra is not a method of GEMM + AllReduce (fused-inter, distfuse)"),
+    })
+}

@@ -1,0 +1,194 @@
+//! Which methods can run an op at a shape: the candidates `Auto` measures, sequential ones first
+//! (so a measurement cut short by its budget always has the baseline to fall back on).
+
+use super::method::Method;
+use crate::plan::{GemmOptions, GemmPlan, GemmShape};
+use crate::wave_groups::WaveGroups;
+use std::fmt;
+use weft_kernels::abi::{WEFT_GEMM_MAX_WAVE_GROUPS, WEFT_GEMM_TILE_M};
+
+/// The collective an op overlaps with its GEMM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    /// D = Σ_ranks A_r · B_r on every rank.
+    AllReduce,
+    /// Rank r gets rows [r·m/world, (r + 1)·m/world) of Σ_ranks A_r · B_r.
+    ReduceScatter,
+    /// D = AllGather_rows(A shards) · B on every rank (each with its own B).
+    AllGather,
+}
+
+impl OpKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            OpKind::AllReduce => "all_reduce",
+            OpKind::ReduceScatter => "reduce_scatter",
+            OpKind::AllGather => "all_gather",
+        }
+    }
+
+    /// For messages: "GEMM + AllReduce".
+    pub fn title(self) -> &'static str {
+        match self {
+            OpKind::AllReduce => "GEMM + AllReduce",
+            OpKind::ReduceScatter => "GEMM + ReduceScatter",
+            OpKind::AllGather => "AllGather + GEMM",
+        }
+    }
+}
+
+impl fmt::Display for OpKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// SM margins (NCCL's CTA limit) the signal method tries.
+pub const SIGNAL_MARGINS: [u32; 2] = [16, 32];
+/// Communicator / worker CTA counts the fused methods try.
+pub const FUSED_COUNTS: [u32; 3] = [8, 16, 32];
+/// Row bands the decomposition of AllReduce and ReduceScatter tries.
+pub const DECOMPOSITION_CHUNKS: [u32; 2] = [2, 4];
+
+/// Wave groupings the signal method tries for `plan`: 1, 2 or 4 waves a group, the first wave
+/// alone, and two halves (deduplicated).
+pub fn groupings(plan: &GemmPlan) -> anyhow::Result<Vec<Vec<u32>>> {
+    let waves = plan.waves();
+    let mut out = Vec::new();
+    for w in [1, 2, 4] {
+        if waves.div_ceil(w) <= WEFT_GEMM_MAX_WAVE_GROUPS {
+            out.push(WaveGroups::uniform(plan, w)?.waves().to_vec());
+        }
+    }
+    if waves > 1 {
+        out.push(vec![1, waves - 1]);
+        out.push(vec![waves.div_ceil(2), waves / 2]);
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// The methods `Auto` considers for `op` at `shape` on `world` ranks of `sms` SMs, sequential
+/// ones first. `capturable` keeps only methods whose launches can be replayed from a CUDA graph.
+/// A listed method may still be refused when it is planned (its kernel does not fit, say);
+/// `Auto` then excludes it on every rank.
+pub fn candidates(
+    op: OpKind,
+    shape: GemmShape,
+    options: GemmOptions,
+    world: u32,
+    sms: u32,
+    capturable: bool,
+) -> Vec<Method> {
+    let mut out = vec![Method::SeqCublas, Method::SeqWeft];
+    let m = shape.m;
+    match op {
+        OpKind::AllReduce | OpKind::ReduceScatter => {
+            // Each band (and, for ReduceScatter, each rank's part of it) a whole number of rows.
+            let split = if op == OpKind::ReduceScatter { world } else { 1 };
+            for chunks in DECOMPOSITION_CHUNKS {
+                if m % (chunks * split) == 0 {
+                    out.push(Method::Decomposition { chunks });
+                }
+            }
+        }
+        OpKind::AllGather => {
+            if world > 1 {
+                out.push(Method::Decomposition { chunks: world });
+            }
+        }
+    }
+    if op == OpKind::AllReduce {
+        // The signal ReduceScatter's bands give rank r the r-th band of every tile's rows, not
+        // NCCL's contiguous rows: it is not this op (overlap::ReduceScatterOverlap keeps it).
+        for sm_margin in SIGNAL_MARGINS {
+            let Ok(plan) = GemmPlan::new(sms, shape, GemmOptions { sm_margin, ..options }) else {
+                continue;
+            };
+            for waves in groupings(&plan).unwrap_or_default() {
+                out.push(Method::Signal { sm_margin, waves });
+            }
+        }
+    }
+    let rows_per_rank = m / world.max(1);
+    match op {
+        OpKind::ReduceScatter => out.push(Method::FusedIntra),
+        OpKind::AllGather => {
+            if m % world == 0 && rows_per_rank % WEFT_GEMM_TILE_M == 0 {
+                out.push(Method::FusedIntra);
+                out.extend(FUSED_COUNTS.map(|ctas| Method::FusedInter { ctas }));
+            }
+        }
+        OpKind::AllReduce => {
+            out.extend(FUSED_COUNTS.map(|ctas| Method::FusedInter { ctas }));
+            out.extend(FUSED_COUNTS.map(|workers| Method::DistFuse { workers }));
+        }
+    }
+    if capturable {
+        out.retain(|m| m.family().capturable());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::method::Family;
+
+    fn families(list: &[Method]) -> Vec<Family> {
+        let mut f: Vec<Family> = list.iter().map(Method::family).collect();
+        f.dedup();
+        f
+    }
+
+    #[test]
+    fn every_op_starts_with_the_sequential_paths() {
+        let o = GemmOptions::default();
+        for op in [OpKind::AllReduce, OpKind::ReduceScatter, OpKind::AllGather] {
+            for shape in [GemmShape::new(16, 8192, 4096), GemmShape::new(8192, 8192, 2048)] {
+                let c = candidates(op, shape, o, 2, 132, false);
+                assert_eq!(c[..2], [Method::SeqCublas, Method::SeqWeft], "{op} {shape}");
+                let c = candidates(op, shape, o, 2, 132, true);
+                assert!(c.iter().all(|m| m.family().capturable()), "{op} {shape}: {c:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn families_per_op() {
+        let o = GemmOptions::default();
+        let s = GemmShape::new(8192, 8192, 2048);
+        use Family::*;
+        assert_eq!(
+            families(&candidates(OpKind::AllReduce, s, o, 2, 132, false)),
+            [SeqCublas, SeqWeft, Decomposition, Signal, FusedInter, DistFuse]
+        );
+        assert_eq!(
+            families(&candidates(OpKind::ReduceScatter, s, o, 2, 132, false)),
+            [SeqCublas, SeqWeft, Decomposition, FusedIntra]
+        );
+        assert_eq!(
+            families(&candidates(OpKind::AllGather, s, o, 2, 132, false)),
+            [SeqCublas, SeqWeft, Decomposition, FusedIntra, FusedInter]
+        );
+        // Shards of 8 rows: no fused AllGather; one rank: nothing to decompose.
+        assert_eq!(
+            families(&candidates(OpKind::AllGather, GemmShape::new(16, 8192, 4096), o, 2, 132, false)),
+            [SeqCublas, SeqWeft, Decomposition]
+        );
+        assert_eq!(families(&candidates(OpKind::AllGather, s, o, 1, 132, false))[..3], [SeqCublas, SeqWeft, FusedIntra]);
+    }
+
+    #[test]
+    fn groupings_cover_the_waves() {
+        let plan = GemmPlan::new(132, GemmShape::new(8192, 8192, 2048), GemmOptions { sm_margin: 32, ..GemmOptions::default() }).unwrap();
+        let g = groupings(&plan).unwrap();
+        assert!(!g.is_empty());
+        for w in &g {
+            assert_eq!(w.iter().sum::<u32>(), plan.waves(), "{w:?}");
+        }
+        let small = GemmPlan::new(132, GemmShape::new(16, 8192, 4096), GemmOptions { sm_margin: 32, ..GemmOptions::default() }).unwrap();
+        assert_eq!(groupings(&small).unwrap(), vec![vec![1]]);
+    }
+}

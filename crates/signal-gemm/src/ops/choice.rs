@@ -1,0 +1,140 @@
+//! How every op turns a [`MethodChoice`] into a planned method: an exact method is planned as
+//! asked; `Auto` or a family ranks its candidates ([`rank_candidates`]: cached, or measured at
+//! first use) and plans the fastest that every rank can plan at this exact shape.
+
+use super::candidates::{candidates, OpKind};
+use super::choose::{rank_candidates, Ranking};
+use super::env::OverlapEnv;
+use super::key::ChoiceKey;
+use super::method::{Method, MethodChoice};
+use crate::dtype::GemmElement;
+use crate::gemm::device_sms;
+use crate::plan::{GemmOptions, GemmShape};
+use crate::timing::{l2_flush_bytes, median, time_flushed};
+use anyhow::{bail, ensure};
+use cudarc::driver::{CudaSlice, CudaStream};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+use weft_pgl::agree;
+use weft_pgl::rendezvous::Rendezvous;
+
+/// What an op was asked for and what it runs.
+#[derive(Clone, Debug)]
+pub struct ChoiceReport {
+    pub asked: MethodChoice,
+    pub method: Method,
+    /// The ranking behind an `Auto` or family choice (None for an exact method).
+    pub ranking: Option<Ranking>,
+    /// Faster candidates that could not be planned at this exact shape, with why.
+    pub refused: Vec<(Method, String)>,
+}
+
+impl ChoiceReport {
+    /// The time the ranking expects of the chosen method (ms), if it was ranked.
+    pub fn expected_ms(&self) -> Option<f64> {
+        self.ranking.as_ref()?.times.iter().find(|(m, _)| *m == self.method).map(|t| t.1)
+    }
+
+    /// Seconds this plan spent measuring candidates (0 when the cache knew them).
+    pub fn first_use_s(&self) -> f64 {
+        self.ranking.as_ref().map_or(0.0, |r| r.first_use_s)
+    }
+}
+
+/// What an op's planning needs besides its own buffers.
+pub(crate) struct PlanRequest<'a> {
+    pub kind: OpKind,
+    pub shape: GemmShape,
+    pub options: GemmOptions,
+    pub choice: &'a MethodChoice,
+    pub capturable: bool,
+}
+
+/// Collective: plans `req.choice` (see the module). `plan_exact` plans one method on this rank
+/// (it may itself be collective); `measure` makes, times and frees one (collective).
+pub(crate) fn choose_and_plan<T>(
+    rdzv: &mut Rendezvous,
+    env: &mut OverlapEnv,
+    req: PlanRequest<'_>,
+    mut plan_exact: impl FnMut(&mut Rendezvous, &mut OverlapEnv, &Method) -> anyhow::Result<T>,
+    mut measure: impl FnMut(&mut Rendezvous, &mut OverlapEnv, &Method) -> anyhow::Result<f64>,
+) -> anyhow::Result<(T, ChoiceReport)> {
+    let PlanRequest { kind, shape, options, choice, capturable } = req;
+    let title = kind.title();
+    if let MethodChoice::Exact(m) = choice {
+        ensure!(
+            !capturable || m.family().capturable(),
+            "{title} {shape}: {m} cannot be replayed from a CUDA graph (its kernels carry host-side epochs), and the op was asked to be capturable"
+        );
+        let planned = plan_exact(rdzv, env, m);
+        let op = agree(rdzv, &format!("planning {title} {shape} with {m}"), planned)?;
+        let report = ChoiceReport { asked: choice.clone(), method: m.clone(), ranking: None, refused: Vec::new() };
+        return Ok((op, report));
+    }
+    let world = rdzv.world() as u32;
+    let sms = device_sms(env.context())?;
+    let allowed: Vec<Method> = candidates(kind, shape, options, world, sms, capturable).into_iter().filter(|m| choice.allows(m)).collect();
+    ensure!(!allowed.is_empty(), "{title} {shape}: no {choice} method can run this shape on {world} ranks{}", if capturable { " capturably" } else { "" });
+    let key = ChoiceKey::new(kind, shape, &options, capturable, world, env.machine());
+    let mut cache = std::mem::take(env.cache_mut());
+    let policy = *env.policy();
+    let ranked = rank_candidates(rdzv, &mut cache, &key, shape.m, &allowed, &policy, |rdzv, m| measure(rdzv, env, m));
+    *env.cache_mut() = cache;
+    let ranking = ranked?;
+    let mut refused = Vec::new();
+    for (m, _) in ranking.ordered(|m| choice.allows(m)) {
+        let planned = plan_exact(rdzv, env, m);
+        match agree(rdzv, &format!("planning {title} {shape} with {m}"), planned) {
+            Ok(op) => {
+                let report = ChoiceReport { asked: choice.clone(), method: m.clone(), ranking: Some(ranking.clone()), refused };
+                return Ok((op, report));
+            }
+            Err(e) => refused.push((m.clone(), format!("{e:#}"))),
+        }
+    }
+    let refused: Vec<String> = refused.iter().map(|(m, e)| format!("{m}: {e}")).collect();
+    bail!(
+        "{title} {shape}: no {choice} method could be planned ({}{}{})",
+        ranking.why_none(|m| choice.allows(m)),
+        if refused.is_empty() { "" } else { "; refused at this shape: " },
+        refused.join("; ")
+    )
+}
+
+/// The inputs and L2 flush a first use times its candidates with.
+pub(crate) struct Bench {
+    pub flush: CudaSlice<u8>,
+}
+
+impl Bench {
+    pub fn new(stream: &Arc<CudaStream>) -> anyhow::Result<Self> {
+        let flush = stream.alloc_zeros::<u8>(l2_flush_bytes(stream.context())?)?;
+        Ok(Self { flush })
+    }
+
+    /// This rank's median ms of `op` (warm-up and iterations as `env`'s policy says, L2 flushed
+    /// before each timed run).
+    pub fn time(&mut self, env: &OverlapEnv, stream: &Arc<CudaStream>, op: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+        let p = env.policy();
+        Ok(median(&time_flushed(stream, p.warmup, p.iters.max(1), &mut self.flush, op)?))
+    }
+}
+
+/// `count` values in [-1, 1] on the device: a random block of up to 2^20 values repeated (enough
+/// for timing: not zeros, and no cheaper to multiply than fully random data).
+pub(crate) fn random_device<T: GemmElement>(stream: &Arc<CudaStream>, seed: u64, count: usize) -> anyhow::Result<CudaSlice<T>> {
+    let block_len = count.clamp(1, 1 << 20);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let block: Vec<T> = (0..block_len).map(|_| T::from_f64(rng.random_range(-1.0..=1.0))).collect();
+    // SAFETY: every element is written below before the buffer is read.
+    let mut d = unsafe { stream.alloc::<T>(count.max(1)) }?;
+    let mut at = 0;
+    while at < count {
+        let len = block_len.min(count - at);
+        stream.memcpy_htod(&block[..len], &mut d.slice_mut(at..at + len))?;
+        at += len;
+    }
+    stream.synchronize()?;
+    Ok(d)
+}

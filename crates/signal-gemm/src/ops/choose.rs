@@ -1,0 +1,154 @@
+//! `Auto`'s choice, collective over the ranks: the candidates' times come from rank 0's cache, or
+//! are measured at first use on every rank, candidate by candidate, and cached by rank 0.
+//!
+//! - The slowest rank's time counts for each candidate.
+//! - A candidate that fails or is refused on any rank is excluded on every rank (with the reasons).
+//! - Sequential candidates are measured first and always; the others only while the first-use
+//!   budget lasts (every rank stops at the same candidate: they decide on the slowest rank's
+//!   elapsed time, which all of them see).
+//! - Only candidates the cache does not hold are measured, so a family asked for after `Auto`
+//!   (or the reverse) reuses what was measured.
+
+use super::cache::{ChoiceCache, Entry, Outcome};
+use super::key::ChoiceKey;
+use super::method::Method;
+use anyhow::Context;
+use std::time::{Duration, Instant};
+use weft_pgl::agree;
+use weft_pgl::rendezvous::Rendezvous;
+
+/// How a first use measures.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AutoPolicy {
+    /// Untimed runs, then timed runs (median) per candidate.
+    pub warmup: usize,
+    pub iters: usize,
+    /// Once this much time has gone into measuring (the slowest rank's), the remaining
+    /// non-sequential candidates are skipped.
+    pub budget: Duration,
+}
+
+/// Seconds of first-use measurement per choice, unless `WEFT_AUTO_BUDGET_S` says otherwise.
+pub const DEFAULT_BUDGET_S: f64 = 30.0;
+
+impl Default for AutoPolicy {
+    fn default() -> Self {
+        let budget = std::env::var("WEFT_AUTO_BUDGET_S")
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .unwrap_or(DEFAULT_BUDGET_S);
+        Self { warmup: 2, iters: 7, budget: Duration::from_secs_f64(budget) }
+    }
+}
+
+/// The candidates' times for one key, fastest first, as every rank sees them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ranking {
+    pub key: ChoiceKey,
+    pub measured_m: u32,
+    /// (method, the slowest rank's median ms), fastest first.
+    pub times: Vec<(Method, f64)>,
+    /// Candidates that cannot be used, with why (failed or refused on a rank, or left unmeasured
+    /// when the budget ran out).
+    pub excluded: Vec<(Method, String)>,
+    /// Candidates measured by this call (0: every time came from the cache).
+    pub measured: usize,
+    /// Wall time this call spent measuring (the slowest rank's), seconds.
+    pub first_use_s: f64,
+}
+
+impl Ranking {
+    /// The methods `allow` accepts, fastest first.
+    pub fn ordered<'a>(&'a self, allow: impl Fn(&Method) -> bool + 'a) -> impl Iterator<Item = &'a (Method, f64)> + 'a {
+        self.times.iter().filter(move |(m, _)| allow(m))
+    }
+
+    /// Why no allowed candidate is usable, for an error.
+    pub fn why_none(&self, allow: impl Fn(&Method) -> bool) -> String {
+        let reasons: Vec<String> = self.excluded.iter().filter(|(m, _)| allow(m)).map(|(m, why)| format!("{m}: {why}")).collect();
+        if reasons.is_empty() {
+            "no candidate of that kind can run this shape".into()
+        } else {
+            reasons.join("; ")
+        }
+    }
+}
+
+/// Collective: the ranking of `candidates` for `key` at `m`. `measure` makes, runs and frees one
+/// candidate (collectively) and returns this rank's median ms.
+pub fn rank_candidates(
+    rdzv: &mut Rendezvous,
+    cache: &mut ChoiceCache,
+    key: &ChoiceKey,
+    m: u32,
+    candidates: &[Method],
+    policy: &AutoPolicy,
+    mut measure: impl FnMut(&mut Rendezvous, &Method) -> anyhow::Result<f64>,
+) -> anyhow::Result<Ranking> {
+    // Rank 0's entry, as JSON, or nothing.
+    let cached = match cache.lookup(key) {
+        Some(e) if rdzv.rank() == 0 => serde_json::to_string(e).context("encoding a cached choice")?,
+        _ => String::new(),
+    };
+    let cached = rdzv.broadcast(0, cached.as_bytes()).context("broadcasting rank 0's cached choice")?;
+    let mut entry: Entry = if cached.is_empty() {
+        Entry { key: key.clone(), measured_m: m, results: Vec::new() }
+    } else {
+        serde_json::from_slice(&cached).context("decoding rank 0's cached choice")?
+    };
+    let known = |entry: &Entry, c: &Method| entry.results.iter().any(|r| r.method == c.to_string());
+    let missing: Vec<&Method> = candidates.iter().filter(|c| !known(&entry, c)).collect();
+    let start = Instant::now();
+    let mut elapsed_s = 0.0f64;
+    let mut measured = 0;
+    let mut unmeasured = Vec::new();
+    for c in missing {
+        if !c.is_sequential() && elapsed_s > policy.budget.as_secs_f64() {
+            unmeasured.push((c.clone(), format!("not measured: the first-use budget of {:.0} s was spent", policy.budget.as_secs_f64())));
+            continue;
+        }
+        let step = format!("measuring {c} for {key}");
+        let mine = measure(rdzv, c);
+        let outcome = match agree(rdzv, &step, mine) {
+            Ok(ms) => {
+                // Every rank's (ms, elapsed): the slowest rank's of each.
+                let mut bytes = ms.to_le_bytes().to_vec();
+                bytes.extend_from_slice(&start.elapsed().as_secs_f64().to_le_bytes());
+                let all = rdzv.all_gather(&bytes)?;
+                let field = |b: &Vec<u8>, i: usize| f64::from_le_bytes(b.get(8 * i..8 * i + 8).and_then(|s| s.try_into().ok()).unwrap_or([0; 8]));
+                let slowest = all.iter().map(|b| field(b, 0)).fold(0.0f64, f64::max);
+                elapsed_s = all.iter().map(|b| field(b, 1)).fold(elapsed_s, f64::max);
+                if slowest.is_finite() && slowest > 0.0 {
+                    Outcome { method: c.to_string(), ms: Some(slowest), error: None }
+                } else {
+                    Outcome { method: c.to_string(), ms: None, error: Some(format!("measured {slowest} ms")) }
+                }
+            }
+            Err(e) => {
+                let all = rdzv.all_gather(&start.elapsed().as_secs_f64().to_le_bytes())?;
+                elapsed_s = all.iter().map(|b| f64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8]))).fold(elapsed_s, f64::max);
+                Outcome { method: c.to_string(), ms: None, error: Some(format!("{e:#}")) }
+            }
+        };
+        entry.results.push(outcome);
+        measured += 1;
+    }
+    if measured > 0 {
+        entry.measured_m = m;
+        if rdzv.rank() == 0 {
+            cache.record(entry.clone()).context("recording the first-use choice")?;
+        }
+    }
+    let mut times = Vec::new();
+    let mut excluded = unmeasured;
+    for c in candidates {
+        let Some(r) = entry.results.iter().find(|r| r.method == c.to_string()) else { continue };
+        match (r.ms, &r.error) {
+            (Some(ms), _) => times.push((c.clone(), ms)),
+            (None, why) => excluded.push((c.clone(), why.clone().unwrap_or_default())),
+        }
+    }
+    times.sort_by(|a, b| a.1.total_cmp(&b.1));
+    Ok(Ranking { key: key.clone(), measured_m: entry.measured_m, times, excluded, measured, first_use_s: elapsed_s })
+}

@@ -1,0 +1,113 @@
+//! Checks every op makes the same way: the request is the same on every rank, the GEMM options
+//! leave the methods their SMs, a launch matches its plan, and a CUDA graph capture only records
+//! methods a replay can run.
+
+use super::candidates::OpKind;
+use super::env::OverlapEnv;
+use super::method::{Method, MethodChoice};
+use crate::dtype::GemmElement;
+use crate::plan::{GemmOptions, GemmShape};
+use anyhow::{ensure, Context};
+use cudarc::driver::{sys, CudaStream, ValidAsZeroBits};
+use cudarc::nccl::NcclType;
+use std::sync::Arc;
+use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::PglElement;
+
+/// An element type an op can produce: a GEMM output NCCL can reduce and a PGL can hold.
+pub trait OpElement: GemmElement + NcclType + PglElement + ValidAsZeroBits {}
+impl<T: GemmElement + NcclType + PglElement + ValidAsZeroBits> OpElement for T {}
+
+/// Collective: the options suit an op (checked on every rank alike), and every rank asks for the
+/// same op; the error names the ranks that differ.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn agree_on_request(
+    rdzv: &mut Rendezvous,
+    env: &OverlapEnv,
+    stream: &Arc<CudaStream>,
+    kind: OpKind,
+    shape: GemmShape,
+    options: &GemmOptions,
+    choice: &MethodChoice,
+    capturable: bool,
+    op_checks: anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let local = op_checks.and_then(|()| check_options(env, stream, kind, options));
+    weft_pgl::agree(rdzv, &format!("checking the {} request", kind.title()), local)?;
+    let describe = format!("{} {shape} {options:?} {choice} capturable={capturable}", kind.title());
+    let all = rdzv.all_gather(describe.as_bytes()).context("comparing the ranks' requests")?;
+    let differing: Vec<String> = all
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| d.as_slice() != describe.as_bytes())
+        .map(|(r, d)| format!("rank {r} asked for {}", String::from_utf8_lossy(d)))
+        .collect();
+    ensure!(differing.is_empty(), "ranks asked for different ops: this rank asked for {describe}; {}", differing.join("; "));
+    ensure!(rdzv.world() == env.world(), "{}: the rendezvous has {} ranks, the environment {}", kind.title(), rdzv.world(), env.world());
+    Ok(())
+}
+
+fn check_options(env: &OverlapEnv, stream: &Arc<CudaStream>, kind: OpKind, options: &GemmOptions) -> anyhow::Result<()> {
+    let title = kind.title();
+    ensure!(options.beta == 0.0, "{title}: beta must be 0 (the op's output is its own buffer), have {}", options.beta);
+    ensure!(
+        options.sm_margin == 0 && options.comm_ctas == 0,
+        "{title}: sm_margin and comm_ctas must be 0 (the methods set them), have {} and {}",
+        options.sm_margin,
+        options.comm_ctas
+    );
+    ensure!(
+        stream.context().cu_ctx() == env.context().cu_ctx(),
+        "{title}: the stream is on another context than the op's environment"
+    );
+    Ok(())
+}
+
+/// The op's element type is the options' dtype (`what`: "output", "input").
+pub(crate) fn check_dtype<T: GemmElement>(kind: OpKind, shape: GemmShape, what: &str, options_dtype: crate::Dtype) -> anyhow::Result<()> {
+    ensure!(
+        options_dtype == T::DTYPE,
+        "{} {shape}: the op's {what} is {} but GemmOptions::{what} is {options_dtype}",
+        kind.title(),
+        T::DTYPE
+    );
+    Ok(())
+}
+
+/// A launch's stream is the plan's, its input dtype the plan's, and each input (name, given
+/// elements, needed elements) large enough.
+pub(crate) fn check_launch<TI: GemmElement>(
+    kind: OpKind,
+    planned: &Arc<CudaStream>,
+    stream: &Arc<CudaStream>,
+    options: &GemmOptions,
+    inputs: &[(&str, usize, usize)],
+) -> anyhow::Result<()> {
+    let title = kind.title();
+    ensure!(
+        stream.cu_stream() == planned.cu_stream(),
+        "{title}: launched on another stream than the one it was planned with (plan one op per stream)"
+    );
+    ensure!(TI::DTYPE == options.input, "{title}: planned for {} inputs, given {}", options.input, TI::DTYPE);
+    for &(name, have, need) in inputs {
+        ensure!(have >= need, "{title}: {name} holds {have} elements, needs {need}");
+    }
+    Ok(())
+}
+
+/// Refuses to record `method` into a CUDA graph capture when a replay could not run it.
+pub(crate) fn check_capture(stream: &Arc<CudaStream>, method: &Method) -> anyhow::Result<()> {
+    if method.family().capturable() {
+        return Ok(());
+    }
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: an out-parameter for a live stream.
+    unsafe { sys::cuStreamIsCapturing(stream.cu_stream(), &mut status) }
+        .result()
+        .context("cuStreamIsCapturing")?;
+    ensure!(
+        status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE,
+        "{method} cannot be captured into a CUDA graph (its kernels carry host-side epochs a replay would repeat): plan the op with capturable = true"
+    );
+    Ok(())
+}

@@ -1,0 +1,128 @@
+//! What the ops of one rank share: the GPU's context, the NCCL communicator over every rank,
+//! communicators limited to a few CTAs (the signal method's, made on first need), the choice
+//! cache, how `Auto` measures, and the machine's description that keys the cache.
+
+use super::cache::ChoiceCache;
+use super::choose::AutoPolicy;
+use super::key::machine_fingerprint;
+use anyhow::{ensure, Context};
+use cudarc::driver::CudaContext;
+use std::sync::{Arc, Mutex};
+use weft_pgl::nccl::Communicator;
+use weft_pgl::rendezvous::Rendezvous;
+
+/// A communicator the ops of one rank share (NCCL communicators are used by one thread at a
+/// time: each launch holds the lock while it enqueues).
+pub type SharedComm = Arc<Mutex<Communicator>>;
+
+pub struct OverlapEnv {
+    ctx: Arc<CudaContext>,
+    comm: SharedComm,
+    limited: Vec<(u32, SharedComm)>,
+    cache: ChoiceCache,
+    policy: AutoPolicy,
+    machine: String,
+    rank: usize,
+    world: usize,
+}
+
+impl OverlapEnv {
+    /// Collective over `rdzv`'s ranks: creates an NCCL communicator over them, describes the
+    /// machine and, on rank 0, opens the choice cache at [`ChoiceCache::default_path`] (the other
+    /// ranks hear its answers). The context must have cudarc's event tracking off (weft orders
+    /// its streams itself).
+    pub fn new(rdzv: &mut Rendezvous, ctx: &Arc<CudaContext>) -> anyhow::Result<Self> {
+        let comm = Communicator::new(rdzv, ctx)?;
+        let cache = if rdzv.rank() == 0 {
+            let path = ChoiceCache::default_path()?;
+            ChoiceCache::open(&path).with_context(|| format!("opening the choice cache {}", path.display()))
+        } else {
+            Ok(ChoiceCache::in_memory())
+        };
+        let cache = weft_pgl::agree(rdzv, "opening the choice cache", cache)?;
+        Self::with_communicator(rdzv, ctx, comm, cache)
+    }
+
+    /// Collective: as [`OverlapEnv::new`] with a communicator of the caller's (over the same ranks
+    /// in the same order) and a cache of the caller's (only rank 0's is read and written).
+    pub fn with_communicator(rdzv: &mut Rendezvous, ctx: &Arc<CudaContext>, comm: Communicator, cache: ChoiceCache) -> anyhow::Result<Self> {
+        ensure!(
+            comm.world() == rdzv.world() && comm.rank() == rdzv.rank(),
+            "the communicator is rank {} of {}, the rendezvous rank {} of {}",
+            comm.rank(),
+            comm.world(),
+            rdzv.rank(),
+            rdzv.world()
+        );
+        ensure!(comm.context().cu_ctx() == ctx.cu_ctx(), "the communicator is on another GPU's context than the ops'");
+        ensure!(
+            !ctx.is_event_tracking(),
+            "the overlapped ops need the context's event tracking off (CudaContext::disable_event_tracking): with it on, a buffer handed to a second stream waits for everything before it"
+        );
+        // Collective; a rank that fails before its first exchange makes the others' wait end
+        // at the rendezvous timeout.
+        let machine = machine_fingerprint(rdzv, ctx).context("describing the machine for the choice cache")?;
+        Ok(Self {
+            ctx: ctx.clone(),
+            comm: Arc::new(Mutex::new(comm)),
+            limited: Vec::new(),
+            cache,
+            policy: AutoPolicy::default(),
+            machine,
+            rank: rdzv.rank(),
+            world: rdzv.world(),
+        })
+    }
+
+    pub fn set_policy(&mut self, policy: AutoPolicy) {
+        self.policy = policy;
+    }
+
+    pub fn policy(&self) -> &AutoPolicy {
+        &self.policy
+    }
+
+    pub fn cache(&self) -> &ChoiceCache {
+        &self.cache
+    }
+
+    pub(crate) fn cache_mut(&mut self) -> &mut ChoiceCache {
+        &mut self.cache
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    pub fn comm(&self) -> &SharedComm {
+        &self.comm
+    }
+
+    pub fn machine(&self) -> &str {
+        &self.machine
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    /// Collective on first use of `max_ctas`: a communicator whose kernels use at most that many
+    /// CTAs (NCCL beside a GEMM that leaves as many SMs free).
+    pub(crate) fn limited_comm(&mut self, rdzv: &mut Rendezvous, max_ctas: u32) -> anyhow::Result<SharedComm> {
+        if let Some((_, c)) = self.limited.iter().find(|(m, _)| *m == max_ctas) {
+            return Ok(c.clone());
+        }
+        let c = Arc::new(Mutex::new(Communicator::with_max_ctas(rdzv, &self.ctx, Some(max_ctas))?));
+        self.limited.push((max_ctas, c.clone()));
+        Ok(c)
+    }
+}
+
+/// The communicator behind `comm`, for one launch's enqueues.
+pub(crate) fn lock(comm: &SharedComm) -> anyhow::Result<std::sync::MutexGuard<'_, Communicator>> {
+    comm.lock().map_err(|_| anyhow::anyhow!("the ops' NCCL communicator is unusable: a thread panicked while enqueueing on it"))
+}

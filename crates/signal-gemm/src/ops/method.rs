@@ -1,0 +1,284 @@
+//! The methods behind every overlapped op, as values: a [`Method`] is one way to run an op with
+//! all its parameters fixed (what the choice cache stores and `--method` can name exactly); a
+//! [`Family`] is a method without its parameters; a [`MethodChoice`] is what a caller asks for.
+//!
+//! Text forms (round-trip through `Display` / `FromStr`):
+//!
+//! ```text
+//! seq-cublas  seq-weft  decomposition:<chunks>  signal:<sm_margin>:<waves per group, '+'-joined>
+//! fused-intra  fused-inter:<ctas>  distfuse:<workers>
+//! ```
+
+use anyhow::{bail, ensure, Context};
+use std::fmt;
+use std::str::FromStr;
+
+/// One way to run an op, every parameter fixed.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Method {
+    /// cuBLAS, then the NCCL collective (or, for AllGather, the NCCL gather then cuBLAS): the
+    /// baseline every other method must beat.
+    SeqCublas,
+    /// weft's GEMM and NCCL, one after the other.
+    SeqWeft,
+    /// The GEMM cut into `chunks` row bands; each band's collective on a second stream as soon
+    /// as the band is computed (AllGather: each shard's GEMM as soon as it has arrived).
+    Decomposition { chunks: u32 },
+    /// FlashOverlap's design: the GEMM stores tiles in the collective's layout and signals each
+    /// wave group; one NCCL call per group on the SMs `sm_margin` leaves.
+    Signal { sm_margin: u32, waves: Vec<u32> },
+    /// ParallelKittens' intra-SM design: the GEMM's own epilogue (ReduceScatter: TMA reduce-add
+    /// into the owner) or loader (AllGather: TMA loads from the owner) talks to the peers.
+    FusedIntra,
+    /// ParallelKittens' inter-SM design: `ctas` communicator CTAs of the GEMM kernel move the
+    /// data (AllReduce: tile owners sum and broadcast; AllGather: chunked copies).
+    FusedInter { ctas: u32 },
+    /// DistFuse: per-tile flags, `workers` CTAs of a second kernel all-reduce each tile as soon
+    /// as it is ready.
+    DistFuse { workers: u32 },
+}
+
+/// A method without its parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    SeqCublas,
+    SeqWeft,
+    Decomposition,
+    Signal,
+    FusedIntra,
+    FusedInter,
+    DistFuse,
+}
+
+impl Family {
+    pub const ALL: [Family; 7] = [
+        Family::SeqCublas,
+        Family::SeqWeft,
+        Family::Decomposition,
+        Family::Signal,
+        Family::FusedIntra,
+        Family::FusedInter,
+        Family::DistFuse,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::SeqCublas => "seq-cublas",
+            Family::SeqWeft => "seq-weft",
+            Family::Decomposition => "decomposition",
+            Family::Signal => "signal",
+            Family::FusedIntra => "fused-intra",
+            Family::FusedInter => "fused-inter",
+            Family::DistFuse => "distfuse",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Family> {
+        Family::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    /// Whether the family's launches can be captured into a CUDA graph and replayed: the fused
+    /// methods keep host-side epochs in their kernels' parameters, so a replay would wait for
+    /// targets that were already reached.
+    pub fn capturable(self) -> bool {
+        !matches!(self, Family::FusedIntra | Family::FusedInter | Family::DistFuse)
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Method {
+    pub fn family(&self) -> Family {
+        match self {
+            Method::SeqCublas => Family::SeqCublas,
+            Method::SeqWeft => Family::SeqWeft,
+            Method::Decomposition { .. } => Family::Decomposition,
+            Method::Signal { .. } => Family::Signal,
+            Method::FusedIntra => Family::FusedIntra,
+            Method::FusedInter { .. } => Family::FusedInter,
+            Method::DistFuse { .. } => Family::DistFuse,
+        }
+    }
+
+    /// Whether it is one of the sequential paths (always candidates, measured first).
+    pub fn is_sequential(&self) -> bool {
+        matches!(self, Method::SeqCublas | Method::SeqWeft)
+    }
+}
+
+impl fmt::Display for Method {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = self.family().name();
+        match self {
+            Method::SeqCublas | Method::SeqWeft | Method::FusedIntra => f.write_str(name),
+            Method::Decomposition { chunks } => write!(f, "{name}:{chunks}"),
+            Method::FusedInter { ctas } => write!(f, "{name}:{ctas}"),
+            Method::DistFuse { workers } => write!(f, "{name}:{workers}"),
+            Method::Signal { sm_margin, waves } => {
+                let w: Vec<String> = waves.iter().map(u32::to_string).collect();
+                write!(f, "{name}:{sm_margin}:{}", w.join("+"))
+            }
+        }
+    }
+}
+
+fn count(text: &str, what: &str, method: &str) -> anyhow::Result<u32> {
+    let v: u32 = text
+        .parse()
+        .with_context(|| format!("method {method:?}: {what} {text:?} is not a whole number"))?;
+    ensure!(v > 0, "method {method:?}: {what} must be at least 1");
+    Ok(v)
+}
+
+impl FromStr for Method {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        let parts: Vec<&str> = s.split(':').collect();
+        let Some(family) = Family::from_name(parts[0]) else {
+            bail!(
+                "unknown method {s:?} (methods: {})",
+                Family::ALL.map(Family::name).join(", ")
+            );
+        };
+        let args = &parts[1..];
+        let want = |n: usize, form: &str| -> anyhow::Result<()> {
+            ensure!(args.len() == n, "method {s:?}: expected the form {form}");
+            Ok(())
+        };
+        Ok(match family {
+            Family::SeqCublas => want(0, "seq-cublas").map(|()| Method::SeqCublas)?,
+            Family::SeqWeft => want(0, "seq-weft").map(|()| Method::SeqWeft)?,
+            Family::FusedIntra => want(0, "fused-intra").map(|()| Method::FusedIntra)?,
+            Family::Decomposition => {
+                want(1, "decomposition:<chunks>")?;
+                Method::Decomposition { chunks: count(args[0], "chunks", s)? }
+            }
+            Family::FusedInter => {
+                want(1, "fused-inter:<ctas>")?;
+                Method::FusedInter { ctas: count(args[0], "CTA count", s)? }
+            }
+            Family::DistFuse => {
+                want(1, "distfuse:<workers>")?;
+                Method::DistFuse { workers: count(args[0], "worker count", s)? }
+            }
+            Family::Signal => {
+                want(2, "signal:<sm_margin>:<waves>+<waves>…")?;
+                let sm_margin: u32 = args[0]
+                    .parse()
+                    .with_context(|| format!("method {s:?}: sm_margin {:?} is not a whole number", args[0]))?;
+                let waves = args[1]
+                    .split('+')
+                    .map(|w| count(w, "waves per group", s))
+                    .collect::<anyhow::Result<Vec<u32>>>()?;
+                Method::Signal { sm_margin, waves }
+            }
+        })
+    }
+}
+
+/// What a caller asks an op for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MethodChoice {
+    /// The fastest method that can run the shape (measured at first use, or cached).
+    Auto,
+    /// The fastest parameters of one family.
+    Family(Family),
+    /// Exactly this method.
+    Exact(Method),
+}
+
+impl MethodChoice {
+    /// Whether `method` is one this choice allows.
+    pub fn allows(&self, method: &Method) -> bool {
+        match self {
+            MethodChoice::Auto => true,
+            MethodChoice::Family(f) => method.family() == *f,
+            MethodChoice::Exact(m) => m == method,
+        }
+    }
+}
+
+impl fmt::Display for MethodChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MethodChoice::Auto => f.write_str("auto"),
+            MethodChoice::Family(x) => write!(f, "{x}"),
+            MethodChoice::Exact(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+impl FromStr for MethodChoice {
+    type Err = anyhow::Error;
+
+    /// `auto`, a family name (`signal`), or an exact method (`signal:32:1+3`).
+    fn from_str(s: &str) -> anyhow::Result<Self> {
+        if s == "auto" {
+            return Ok(MethodChoice::Auto);
+        }
+        if let Some(f) = Family::from_name(s) {
+            if !s.contains(':') && !matches!(f, Family::SeqCublas | Family::SeqWeft | Family::FusedIntra) {
+                return Ok(MethodChoice::Family(f));
+            }
+        }
+        Ok(MethodChoice::Exact(s.parse()?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_forms_round_trip() {
+        let methods = [
+            Method::SeqCublas,
+            Method::SeqWeft,
+            Method::Decomposition { chunks: 4 },
+            Method::Signal { sm_margin: 32, waves: vec![1, 3] },
+            Method::FusedIntra,
+            Method::FusedInter { ctas: 16 },
+            Method::DistFuse { workers: 8 },
+        ];
+        for m in methods {
+            let text = m.to_string();
+            assert_eq!(text.parse::<Method>().unwrap(), m, "{text}");
+            assert_eq!(text.parse::<MethodChoice>().unwrap(), MethodChoice::Exact(m.clone()));
+        }
+        assert_eq!("signal:16:2".parse::<Method>().unwrap(), Method::Signal { sm_margin: 16, waves: vec![2] });
+    }
+
+    #[test]
+    fn choices_parse_auto_families_and_exact_methods() {
+        assert_eq!("auto".parse::<MethodChoice>().unwrap(), MethodChoice::Auto);
+        assert_eq!("distfuse".parse::<MethodChoice>().unwrap(), MethodChoice::Family(Family::DistFuse));
+        assert_eq!("signal".parse::<MethodChoice>().unwrap(), MethodChoice::Family(Family::Signal));
+        // Methods without parameters are exact methods and their own family.
+        assert_eq!("seq-cublas".parse::<MethodChoice>().unwrap(), MethodChoice::Exact(Method::SeqCublas));
+        assert!(MethodChoice::Family(Family::FusedInter).allows(&Method::FusedInter { ctas: 8 }));
+        assert!(!MethodChoice::Family(Family::FusedInter).allows(&Method::DistFuse { workers: 8 }));
+    }
+
+    #[test]
+    fn bad_text_names_the_problem() {
+        let err = |s: &str| format!("{:#}", s.parse::<Method>().unwrap_err());
+        assert!(err("magic").contains("unknown method \"magic\""));
+        assert!(err("distfuse").contains("distfuse:<workers>"));
+        assert!(err("fused-inter:x").contains("CTA count \"x\""));
+        assert!(err("fused-inter:0").contains("at least 1"));
+        assert!(err("signal:32").contains("signal:<sm_margin>"));
+        assert!(err("signal:32:1+0").contains("at least 1"));
+        assert!(err("seq-weft:3").contains("the form seq-weft"));
+    }
+
+    #[test]
+    fn fused_families_are_not_capturable() {
+        assert!(Family::SeqCublas.capturable() && Family::Signal.capturable() && Family::Decomposition.capturable());
+        assert!(!Family::FusedIntra.capturable() && !Family::FusedInter.capturable() && !Family::DistFuse.capturable());
+    }
+}
