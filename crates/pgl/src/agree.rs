@@ -12,18 +12,30 @@ pub fn agree<T>(rdzv: &mut Rendezvous, step: &str, local: anyhow::Result<T>) -> 
         Err(e) => format!("error: {e:#}").into_bytes(),
     };
     let all = rdzv.all_gather(&mine)?;
-    let failures: Vec<String> = all
+    // Ranks that failed with the same text are named together, so an error every rank shares
+    // (as a collective refusal is) reads once.
+    let mut failures: Vec<(Vec<usize>, String)> = Vec::new();
+    for (r, m) in all.iter().enumerate().filter(|(_, m)| !m.is_empty()) {
+        let text = String::from_utf8_lossy(m).into_owned();
+        match failures.iter_mut().find(|(_, t)| *t == text) {
+            Some((ranks, _)) => ranks.push(r),
+            None => failures.push((vec![r], text)),
+        }
+    }
+    let failed: usize = failures.iter().map(|(r, _)| r.len()).sum();
+    let failures: Vec<String> = failures
         .iter()
-        .enumerate()
-        .filter(|(_, m)| !m.is_empty())
-        .map(|(r, m)| format!("rank {r}: {}", String::from_utf8_lossy(m)))
+        .map(|(ranks, text)| {
+            let names: Vec<String> = ranks.iter().map(usize::to_string).collect();
+            format!("{} {}: {text}", if ranks.len() == 1 { "rank" } else { "ranks" }, names.join(", "))
+        })
         .collect();
     if failures.is_empty() {
         local
     } else {
         Err(anyhow::anyhow!(
             "{step} failed on {} of {} ranks: {}",
-            failures.len(),
+            failed,
             all.len(),
             failures.join("; ")
         ))

@@ -280,7 +280,8 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
         };
         // The sequential path's result: every other's reference.
         progress(job, &format!("[{}/{total}] {shape}: seq-cublas", i + 1));
-        let (seq_op, reference) = {
+        let mut planned: Vec<(MethodChoice, AnyOp)> = Vec::new();
+        let reference = {
             let (rdzv, env) = job.overlap()?;
             let mut seq_op = AnyOp::plan(op, rdzv, env, &compute, shape, &MethodChoice::Exact(Method::SeqCublas))?;
             seq_op.prepare(&compute, &x)?;
@@ -288,40 +289,55 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
             seq_op.launch(&compute, &mut x)?;
             seq_op.synchronize()?;
             let reference = seq_op.result_copy(&compute, &x)?;
-            (seq_op, reference)
+            planned.push((MethodChoice::Exact(Method::SeqCublas), seq_op));
+            reference
         };
         // Auto before the families: its first use (if the cache lacks the shape) is its own.
-        let mut auto: Option<(Measured, f64, usize)> = None;
+        let mut auto_first_use = (0.0, 0usize);
         if auto_wanted {
             progress(job, &format!("[{}/{total}] {shape}: auto (first use)", i + 1));
             let (rdzv, env) = job.overlap()?;
             let anyop = AnyOp::plan(op, rdzv, env, &compute, shape, &MethodChoice::Auto)?;
-            let report = anyop.report().clone();
-            let measured = report.ranking.as_ref().map_or(0, |r| r.measured);
-            let t = check_and_time(job, &mut rig, &mut cmp, op, anyop, &mut x, Some(&reference), &bound, shape)?;
-            auto = Some((Measured { choice: MethodChoice::Auto, method: report.method.to_string(), ms: t }, report.first_use_s(), measured));
+            let report = anyop.report();
+            auto_first_use = (report.first_use_s(), report.ranking.as_ref().map_or(0, |r| r.measured));
+            planned.push((MethodChoice::Auto, anyop));
         }
-        let seq_ms = check_and_time(job, &mut rig, &mut cmp, op, seq_op, &mut x, None, &bound, shape)?;
-        let mut measured = Vec::new();
+        let mut refused = Vec::new();
         for c in &columns {
             progress(job, &format!("[{}/{total}] {shape}: {c}", i + 1));
-            let planned = {
-                let (rdzv, env) = job.overlap()?;
-                AnyOp::plan(op, rdzv, env, &compute, shape, c)
-            };
-            let anyop = match planned {
-                Ok(x) => x,
+            let (rdzv, env) = job.overlap()?;
+            match AnyOp::plan(op, rdzv, env, &compute, shape, c) {
+                Ok(anyop) => planned.push((c.clone(), anyop)),
+                // Refused on every rank alike (planning is collective): a column with a reason.
                 Err(e) => {
-                    // Refused on every rank alike (the plan is collective): a column with a reason.
-                    progress(job, &format!("[{}/{total}] {shape}: {c} cannot run: {e:#}", i + 1));
-                    measured.push(Measured { choice: c.clone(), method: "-".into(), ms: f64::NAN });
-                    continue;
+                    progress(job, &format!("[{}/{total}] {shape}: {c} cannot run: {}", i + 1, first_line(&e)));
+                    refused.push(c.clone());
                 }
-            };
-            let method = anyop.report().method.to_string();
-            let t = check_and_time(job, &mut rig, &mut cmp, op, anyop, &mut x, Some(&reference), &bound, shape)?;
-            measured.push(Measured { choice: c.clone(), method, ms: t });
+            }
         }
+        // Every op checked against the reference, then all timed interleaved, then freed.
+        progress(job, &format!("[{}/{total}] {shape}: checking and timing {} ops", i + 1, planned.len()));
+        let timed = check_and_time_all(job, &mut rig, &mut cmp, op, &mut planned, &mut x, &reference, &bound, shape);
+        let mut freed = Ok(());
+        for (_, anyop) in planned.drain(..).rev().collect::<Vec<_>>() {
+            freed = freed.and(anyop.free(&mut job.rdzv));
+        }
+        let (labels, times) = timed?;
+        freed?;
+        let seq_ms = times[0];
+        let mut auto = None;
+        let mut measured = Vec::new();
+        for ((c, method), ms) in labels.into_iter().zip(times).skip(1) {
+            if c == MethodChoice::Auto {
+                auto = Some((Measured { choice: c, method, ms }, auto_first_use.0, auto_first_use.1));
+            } else {
+                measured.push(Measured { choice: c, method, ms });
+            }
+        }
+        for c in refused {
+            measured.push(Measured { choice: c, method: "-".into(), ms: f64::NAN });
+        }
+        measured.sort_by_key(|m| columns.iter().position(|c| *c == m.choice));
         // Slowest rank's values (the times from check_and_time are already the slowest rank's).
         let v = slowest(job, &[t_gemm, t_comm])?;
         let (t_gemm, t_comm) = (v[0], v[1]);
@@ -440,27 +456,55 @@ fn alone(job: &mut Job, rig: &mut Rig, cmp: &mut BoundCompare, op: OpKind, cubla
     })
 }
 
-/// Checks `anyop` (when there is a reference), times it, frees it; the slowest rank's median.
+/// Checks every op against `reference` (result poisoned, one launch), then times them all
+/// interleaved; (choice, method) and the slowest rank's median per op, in `ops`' order.
 #[allow(clippy::too_many_arguments)]
-fn check_and_time(job: &mut Job, rig: &mut Rig, cmp: &mut BoundCompare, op: OpKind, mut anyop: AnyOp, x: &mut Operands, reference: Option<&CudaSlice<bf16>>, bound: &Bound<'_>, shape: GemmShape) -> anyhow::Result<f64> {
+fn check_and_time_all(
+    job: &mut Job,
+    rig: &mut Rig,
+    cmp: &mut BoundCompare,
+    op: OpKind,
+    ops: &mut [(MethodChoice, AnyOp)],
+    x: &mut Operands,
+    reference: &CudaSlice<bf16>,
+    bound: &Bound<'_>,
+    shape: GemmShape,
+) -> anyhow::Result<(Vec<(MethodChoice, String)>, Vec<f64>)> {
     let compute = rig.compute.clone();
-    let method = anyop.report().method.to_string();
-    let timed = (|| -> anyhow::Result<f64> {
-        anyop.prepare(&compute, x)?;
-        if let Some(want) = reference {
+    let labels: Vec<(MethodChoice, String)> = ops.iter().map(|(c, o)| (c.clone(), o.report().method.to_string())).collect();
+    for (c, anyop) in ops.iter_mut() {
+        let method = anyop.report().method.to_string();
+        let checked = (|| -> anyhow::Result<()> {
+            anyop.prepare(&compute, x)?;
             anyop.poison(&compute, x)?;
             anyop.launch(&compute, x)?;
             anyop.synchronize()?;
-            let what = format!("{} {shape} {method} against seq-cublas", op.title());
-            anyop.check(cmp, &compute, &what, x, want, bound, shape.n as usize)?;
+            let what = format!("{} {shape} {c} ({method}) against seq-cublas", op.title());
+            anyop.check(cmp, &compute, &what, x, reference, bound, shape.n as usize)
+        })();
+        weft_pgl::agree(&mut job.rdzv, &format!("checking {method} at {shape}"), checked)?;
+    }
+    let timed = (|| -> anyhow::Result<Vec<f64>> {
+        for (_, anyop) in ops.iter() {
+            anyop.prepare(&compute, x)?;
         }
-        let t = rig.time(|| anyop.launch(&compute, x))?;
-        anyop.synchronize()?;
+        let t = rig.time_each(ops.len(), |i| ops[i].1.launch(&compute, x))?;
+        for (_, anyop) in ops.iter() {
+            anyop.synchronize()?;
+        }
         Ok(t)
     })();
-    let timed = weft_pgl::agree(&mut job.rdzv, &format!("timing {method} at {shape}"), timed);
-    let freed = anyop.free(&mut job.rdzv);
-    let t = timed?;
-    freed?;
-    Ok(slowest(job, &[t])?[0])
+    let times = weft_pgl::agree(&mut job.rdzv, &format!("timing {} ops at {shape}", ops.len()), timed)?;
+    Ok((labels, slowest(job, &times)?))
+}
+
+/// An error's first line (progress lines stay short; the full text is in the refusal).
+fn first_line(e: &anyhow::Error) -> String {
+    let text = format!("{e:#}");
+    let short: String = text.chars().take(240).collect();
+    if short.len() < text.len() {
+        format!("{short}…")
+    } else {
+        short
+    }
 }

@@ -56,6 +56,44 @@ impl Rig {
     }
 }
 
+impl Rig {
+    /// Median ms of each of `count` ops, timed interleaved: every iteration runs op 0, 1, …, each
+    /// after an L2 flush and between its own events, so a drift of the GPU's clocks or
+    /// temperature during the measurement weighs on every op alike.
+    pub fn time_each(&mut self, count: usize, mut launch: impl FnMut(usize) -> anyhow::Result<()>) -> anyhow::Result<Vec<f64>> {
+        for _ in 0..self.warmup {
+            for i in 0..count {
+                launch(i)?;
+            }
+        }
+        let ctx = self.compute.context();
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let events: Vec<_> = (0..2 * self.iters * count).map(|_| ctx.new_event(flags)).collect::<Result<_, _>>()?;
+        self.compute.synchronize()?;
+        for it in 0..self.iters {
+            for i in 0..count {
+                let e = 2 * (it * count + i);
+                self.compute.memset_zeros(&mut self.flush)?;
+                events[e].record(&self.compute)?;
+                launch(i)?;
+                events[e + 1].record(&self.compute)?;
+            }
+        }
+        self.compute.synchronize()?;
+        let mut out = Vec::with_capacity(count);
+        for i in 0..count {
+            let ms: Vec<f64> = (0..self.iters)
+                .map(|it| {
+                    let e = 2 * (it * count + i);
+                    events[e].elapsed_ms(&events[e + 1]).map(f64::from)
+                })
+                .collect::<Result<_, _>>()?;
+            out.push(median(&ms));
+        }
+        Ok(out)
+    }
+}
+
 /// The slowest rank's value of each entry.
 pub fn slowest(job: &mut Job, mine: &[f64]) -> anyhow::Result<Vec<f64>> {
     let all = gather_f64(job, mine)?;

@@ -25,6 +25,22 @@ use weft_pgl::rendezvous::Rendezvous;
 use weft_pgl::{agree, Backend, Pgl, PglElement, Shape};
 use weft_sync::{Counters, WaitBudget};
 
+/// The plan's order rotated so that rank r starts on rank r + 1's rows and ends on its own: at
+/// any time the ranks add into different owners (no owner takes every rank's adds at once, and at
+/// two ranks both directions of the link carry adds), and the last tiles, whose adds end the
+/// kernel, are local. Order only: the adds commute and the barriers cover the whole kernel. With
+/// clusters of 2 the rotation is rounded down to whole clusters (kept at 0 where the tile rows
+/// are not whole clusters).
+fn rotate_to_next_owner(plan: GemmPlan, ranks: u32, rank: u32) -> anyhow::Result<GemmPlan> {
+    let cm = plan.cluster_m();
+    if ranks < 2 || plan.tiles_m() % cm != 0 {
+        return Ok(plan);
+    }
+    let first_row = u64::from((rank + 1) % ranks) * u64::from(plan.shape.m / ranks);
+    let tiles = (first_row / u64::from(plan.tile_m())) as u32 / cm * cm;
+    plan.with_tm_offset(tiles)
+}
+
 /// One rank's fused GEMM + ReduceScatter for a fixed shape and world.
 pub struct FusedReduceScatter<T: GemmElement + PglElement> {
     gemm: Gemm,
@@ -48,10 +64,11 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
     ) -> anyhow::Result<Self> {
         let world = rdzv.world();
         let ranks = u32::try_from(world).unwrap_or(u32::MAX);
+        let rank = rdzv.rank() as u32;
         let gemm = agree(
             rdzv,
             "fused GEMM + ReduceScatter plan",
-            Self::plan_gemm(ctx, shape, options, ranks),
+            Self::plan_gemm(ctx, shape, options, ranks, rank),
         )?;
         let what = "fused GEMM + ReduceScatter";
         agree_on_plan(rdzv, what, &gemm.plan().describe())?;
@@ -85,6 +102,7 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
         shape: GemmShape,
         options: GemmOptions,
         ranks: u32,
+        rank: u32,
     ) -> anyhow::Result<Gemm> {
         ensure!(
             (1..=MAX_BAND_RANKS).contains(&ranks),
@@ -107,7 +125,7 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
         );
         let plan = GemmPlan::new(device_sms(ctx)?, shape, options)?;
         OutputLayout::PeerReduce { ranks }.check(&plan)?;
-        Gemm::from_plan(ctx, plan)
+        Gemm::from_plan(ctx, rotate_to_next_owner(plan, ranks, rank)?)
     }
 
     /// A tensor map per rank's output, as this process maps it, in device memory.

@@ -3,6 +3,7 @@
 
 use super::method::Method;
 use crate::plan::{GemmOptions, GemmPlan, GemmShape};
+use crate::reorder::MAX_BAND_RANKS;
 use crate::wave_groups::WaveGroups;
 use std::fmt;
 use weft_kernels::abi::{WEFT_GEMM_MAX_WAVE_GROUPS, WEFT_GEMM_TILE_M};
@@ -111,18 +112,28 @@ pub fn candidates(
             }
         }
     }
+    // The fused methods' own limits (refused by their plans too): at most 8 ranks, and whole
+    // blocks of rows per rank — 64 for the ReduceScatter's owners, a 128-row tile for the
+    // AllGather's shards.
     let rows_per_rank = m / world.max(1);
+    let fused_world = world <= MAX_BAND_RANKS;
     match op {
-        OpKind::ReduceScatter => out.push(Method::FusedIntra),
+        OpKind::ReduceScatter => {
+            if fused_world && m % world == 0 && rows_per_rank % 64 == 0 {
+                out.push(Method::FusedIntra);
+            }
+        }
         OpKind::AllGather => {
-            if m % world == 0 && rows_per_rank % WEFT_GEMM_TILE_M == 0 {
+            if fused_world && m % world == 0 && rows_per_rank % WEFT_GEMM_TILE_M == 0 {
                 out.push(Method::FusedIntra);
                 out.extend(FUSED_COUNTS.map(|ctas| Method::FusedInter { ctas }));
             }
         }
         OpKind::AllReduce => {
-            out.extend(FUSED_COUNTS.map(|ctas| Method::FusedInter { ctas }));
-            out.extend(FUSED_COUNTS.map(|workers| Method::DistFuse { workers }));
+            if fused_world {
+                out.extend(FUSED_COUNTS.map(|ctas| Method::FusedInter { ctas }));
+                out.extend(FUSED_COUNTS.map(|workers| Method::DistFuse { workers }));
+            }
         }
     }
     if capturable {
@@ -172,7 +183,11 @@ mod tests {
             families(&candidates(OpKind::AllGather, s, o, 2, 132, false)),
             [SeqCublas, SeqWeft, Decomposition, FusedIntra, FusedInter]
         );
-        // Shards of 8 rows: no fused AllGather; one rank: nothing to decompose.
+        // 8 rows per rank: no fused ReduceScatter or AllGather; one rank: nothing to decompose.
+        assert_eq!(
+            families(&candidates(OpKind::ReduceScatter, GemmShape::new(16, 8192, 4096), o, 2, 132, false)),
+            [SeqCublas, SeqWeft, Decomposition]
+        );
         assert_eq!(
             families(&candidates(OpKind::AllGather, GemmShape::new(16, 8192, 4096), o, 2, 132, false)),
             [SeqCublas, SeqWeft, Decomposition]
