@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs `weft ARGS…` on every local GPU under mpirun (one rank per GPU) with a prebuilt binary:
 #   bash ci/gpu-run.sh ARGS…
+#   bash ci/gpu-run.sh --plain [ARGS…]   weft itself, no launcher (plain `weft` starts its ranks)
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0); cuBLAS (loaded at run time) is found as in
 # ci/gpu-gemm.sh; WEFT_CHOICES, WEFT_SEED and WEFT_AUTO_BUDGET_S reach every rank when set.
 set -uo pipefail
@@ -14,6 +15,10 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libcublas\.so'; then
       break
     fi
   done
+fi
+if [ "${1:-}" = "--plain" ]; then
+  shift
+  exec "$weft" "$@"
 fi
 n=${RANKS:-$(nvidia-smi -L | wc -l)}
 pass=(-x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH)
