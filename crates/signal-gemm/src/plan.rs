@@ -203,6 +203,7 @@ impl GemmPlan {
             group_m: 1,
             ctas,
             tm_offset: 0,
+            tm_blocks: 0,
         };
         // SAFETY (all weft_gemm_* calls): pure functions of the struct, from the C header.
         let units_m = unsafe { weft_gemm_tiles_m(sched) }.div_ceil(sched.cluster_m);
@@ -270,6 +271,23 @@ impl GemmPlan {
         );
         let mut p = self.clone();
         p.sched.tm_offset = tiles % self.tiles_m();
+        Ok(p)
+    }
+    /// The same plan visiting its tile rows as `blocks` equal blocks in turn (cluster row u of
+    /// the order in block u % blocks): every wave then holds rows of every block (the fused
+    /// ReduceScatter's owners), instead of one block after another. The blocks must be whole
+    /// cluster rows.
+    pub fn with_tm_blocks(&self, blocks: u32) -> anyhow::Result<Self> {
+        let cm = self.sched.cluster_m;
+        let units = self.tiles_m() / cm;
+        ensure!(
+            blocks >= 1 && self.tiles_m() % cm == 0 && units % blocks == 0,
+            "visiting {} as {blocks} blocks of tile rows: its {} tile rows (clusters of {cm}) do not split into {blocks} equal blocks of whole clusters",
+            self.describe(),
+            self.tiles_m()
+        );
+        let mut p = self.clone();
+        p.sched.tm_blocks = blocks;
         Ok(p)
     }
     pub fn tiles_m(&self) -> u32 {
@@ -468,6 +486,31 @@ mod tests {
         }
         let p = GemmPlan::new(132, GemmShape::new(384, 1024, 256), GemmOptions { cluster_m: 2, ..opts() }).unwrap();
         assert!(p.with_tm_offset(2).unwrap_err().to_string().contains("whole clusters"), "3 tile rows with clusters of 2");
+    }
+
+    /// Blocks visited in turn: every tile once, consecutive cluster rows of the order in
+    /// consecutive blocks, the blocks' own rows in order; with a rotation on top as well.
+    #[test]
+    fn blocks_in_turn_keep_every_tile_once_and_alternate_owners() {
+        for (cluster_m, blocks, offset) in [(1, 2, 0), (1, 4, 0), (2, 2, 0), (2, 4, 0), (1, 2, 8), (2, 4, 4)] {
+            let p = GemmPlan::new(132, GemmShape::new(4096, 1024, 256), GemmOptions { cluster_m, tile: TileChoice::N256, group_m: Some(1), ..opts() }).unwrap();
+            let b = p.with_tm_blocks(blocks).unwrap().with_tm_offset(offset).unwrap();
+            let mut sched = b.schedule();
+            sched.sort_by_key(|t| t.order);
+            let mut seen: Vec<(u32, u32)> = sched.iter().map(|t| (t.tm, t.tn)).collect();
+            seen.sort();
+            let all: Vec<(u32, u32)> = (0..32).flat_map(|tm| (0..4).map(move |tn| (tm, tn))).collect();
+            assert_eq!(seen, all, "cluster {cluster_m} blocks {blocks}");
+            // group_m 1: the order walks one cluster row at a time, across the columns.
+            let rows: Vec<u32> = sched.iter().step_by(4 * cluster_m as usize).map(|t| t.tm / cluster_m * cluster_m).collect();
+            let per_block = 32 / blocks;
+            for (u, &tm) in rows.iter().enumerate() {
+                let unrotated = (tm + 32 - offset) % 32;
+                assert_eq!(unrotated / per_block, u as u32 % blocks, "cluster {cluster_m} blocks {blocks}: row {u} of the order is tile row {tm}");
+            }
+        }
+        let p = GemmPlan::new(132, GemmShape::new(384, 1024, 256), opts()).unwrap();
+        assert!(p.with_tm_blocks(2).unwrap_err().to_string().contains("equal blocks"), "3 tile rows in 2 blocks");
     }
 
     #[test]

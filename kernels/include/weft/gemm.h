@@ -65,6 +65,10 @@ typedef struct weft_gemm_schedule {
   uint32_t tm_offset;      // tile rows the order is rotated by (0; the fused AllGather + GEMM
                            // starts each rank at its own shard): a multiple of cluster_m, and
                            // then tiles_m is one too (no phantoms)
+  uint32_t tm_blocks;      // 0 or 1: none; B > 1: the tile rows are B equal blocks (the fused
+                           // ReduceScatter's owners) visited in turn, cluster row u of the order
+                           // landing in block u % B (units_m a multiple of B, no phantoms);
+                           // applied before the rotation
 } weft_gemm_schedule;
 
 typedef struct weft_gemm_tile {
@@ -97,6 +101,11 @@ WEFT_HD weft_gemm_tile weft_gemm_tile_at(weft_gemm_schedule s, uint32_t order) {
   t.tm = (first + in_group % rows) * s.cluster_m + rank;
   t.tn = in_group / rows;
   t.valid = t.tm < weft_gemm_tiles_m(s) ? 1u : 0u;
+  if (s.tm_blocks > 1 && t.valid) {
+    // Cluster row u -> block u % B, row u / B of that block (units_m / B cluster rows a block).
+    const uint32_t u = t.tm / s.cluster_m, per_block = units_m / s.tm_blocks;
+    t.tm = ((u % s.tm_blocks) * per_block + u / s.tm_blocks) * s.cluster_m + rank;
+  }
   if (s.tm_offset != 0 && t.valid) t.tm = (t.tm + s.tm_offset) % weft_gemm_tiles_m(s);
   return t;
 }

@@ -11,7 +11,7 @@
 //!
 //! Also the GEMM alone (cuBLAS) and the collective alone (NCCL), the ideal max(T_gemm, T_comm)
 //! and the share of it `auto` reaches, auto ÷ seq-cublas and auto against the fastest method of
-//! the row. Every op's result is poisoned, then checked element by element on the GPU against
+//! the row (auto's own op included). Every op's result is poisoned, then checked element by element on the GPU against
 //! seq-cublas's before it is timed (sums: world · 2⁻⁷ · Σ_r |partial_r|; AllGather: 2⁻⁷ relative
 //! plus k · 2⁻¹⁸). Timing: bench/rig.rs (events, L2 evicted before each run, median per rank,
 //! the slowest rank's). Rank 0 prints each row as soon as it is measured and its progress on
@@ -342,8 +342,10 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
         let v = slowest(job, &[t_gemm, t_comm])?;
         let (t_gemm, t_comm) = (v[0], v[1]);
         let ideal = t_gemm.max(t_comm);
+        // Every op of the row, auto's too (named by its method): auto/fastest is 1 when auto's
+        // own op was the fastest, and above 1 by how much a column beat it.
         let mut all: Vec<(&str, f64)> = vec![("seq-cublas", seq_ms)];
-        for c in &measured {
+        for c in measured.iter().chain(auto.as_ref().map(|a| &a.0)) {
             all.push((c.method.as_str(), c.ms));
         }
         let fastest = all.iter().filter(|x| x.1.is_finite()).min_by(|p, q| p.1.total_cmp(&q.1)).copied().unwrap_or(("", f64::NAN));

@@ -25,17 +25,21 @@ use weft_pgl::rendezvous::Rendezvous;
 use weft_pgl::{agree, Backend, Pgl, PglElement, Shape};
 use weft_sync::{Counters, WaitBudget};
 
-/// The plan's order rotated so that rank r starts on rank r + 1's rows and ends on its own: at
-/// any time the ranks add into different owners (no owner takes every rank's adds at once, and at
-/// two ranks both directions of the link carry adds), and the last tiles, whose adds end the
-/// kernel, are local. Order only: the adds commute and the barriers cover the whole kernel. With
-/// clusters of 2 the rotation is rounded down to whole clusters (kept at 0 where the tile rows
-/// are not whole clusters).
-fn rotate_to_next_owner(plan: GemmPlan, ranks: u32, rank: u32) -> anyhow::Result<GemmPlan> {
+/// The order the ranks' adds travel best in: the owners' row blocks visited in turn (every wave
+/// adds into every owner, so each link carries adds the whole kernel long instead of one owner's
+/// block after another), and rotated so that rank r starts on rank r + 1's block and ends on its
+/// own (no owner takes every rank's adds at once; the adds that end the kernel are local). Order
+/// only: the adds commute and the barriers cover the whole kernel. Either is skipped where the
+/// blocks are not whole cluster rows.
+fn order_for_owners(plan: GemmPlan, ranks: u32, rank: u32) -> anyhow::Result<GemmPlan> {
     let cm = plan.cluster_m();
     if ranks < 2 || plan.tiles_m() % cm != 0 {
         return Ok(plan);
     }
+    let plan = match plan.with_tm_blocks(ranks) {
+        Ok(p) if (plan.shape.m / ranks) % (plan.tile_m() * cm) == 0 => p,
+        _ => plan,
+    };
     let first_row = u64::from((rank + 1) % ranks) * u64::from(plan.shape.m / ranks);
     let tiles = (first_row / u64::from(plan.tile_m())) as u32 / cm * cm;
     plan.with_tm_offset(tiles)
@@ -125,7 +129,7 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
         );
         let plan = GemmPlan::new(device_sms(ctx)?, shape, options)?;
         OutputLayout::PeerReduce { ranks }.check(&plan)?;
-        Gemm::from_plan(ctx, rotate_to_next_owner(plan, ranks, rank)?)
+        Gemm::from_plan(ctx, order_for_owners(plan, ranks, rank)?)
     }
 
     /// A tensor map per rank's output, as this process maps it, in device memory.
