@@ -8,29 +8,9 @@ pub fn time_iterations(
     stream: &std::sync::Arc<CudaStream>,
     warmup: usize,
     iters: usize,
-    mut op: impl FnMut() -> anyhow::Result<()>,
+    op: impl FnMut() -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<f64>> {
-    for _ in 0..warmup {
-        op()?;
-    }
-    let ctx = stream.context();
-    let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-    let mut events = Vec::with_capacity(2 * iters);
-    for _ in 0..2 * iters {
-        events.push(ctx.new_event(flags)?);
-    }
-    stream.synchronize()?;
-    for i in 0..iters {
-        events[2 * i].record(stream)?;
-        op()?;
-        events[2 * i + 1].record(stream)?;
-    }
-    stream.synchronize()?;
-    let mut ms = Vec::with_capacity(iters);
-    for i in 0..iters {
-        ms.push(events[2 * i].elapsed_ms(&events[2 * i + 1])? as f64);
-    }
-    Ok(ms)
+    time_runs(stream, warmup, iters, None, op)
 }
 
 /// Bytes an L2 flush writes: twice the device's L2, so nothing an earlier run left there survives.
@@ -46,6 +26,16 @@ pub fn time_flushed(
     warmup: usize,
     iters: usize,
     flush: &mut cudarc::driver::CudaSlice<u8>,
+    op: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<f64>> {
+    time_runs(stream, warmup, iters, Some(flush), op)
+}
+
+fn time_runs(
+    stream: &std::sync::Arc<CudaStream>,
+    warmup: usize,
+    iters: usize,
+    mut flush: Option<&mut cudarc::driver::CudaSlice<u8>>,
     mut op: impl FnMut() -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<f64>> {
     for _ in 0..warmup {
@@ -59,7 +49,9 @@ pub fn time_flushed(
     }
     stream.synchronize()?;
     for i in 0..iters {
-        stream.memset_zeros(flush)?;
+        if let Some(f) = flush.as_deref_mut() {
+            stream.memset_zeros(f)?;
+        }
         events[2 * i].record(stream)?;
         op()?;
         events[2 * i + 1].record(stream)?;

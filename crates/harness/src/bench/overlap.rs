@@ -150,16 +150,21 @@ impl AnyOp {
         }
     }
 
-    /// Overwrites the result with NaN.
-    fn poison(&self, stream: &Arc<CudaStream>, x: &Operands) -> anyhow::Result<()> {
-        let (ptr, len) = match self {
+    /// Where the result lies: the op's output, or the caller's D (AllGather).
+    fn result_region(&self, stream: &Arc<CudaStream>, x: &Operands) -> (u64, usize) {
+        match self {
             AnyOp::Ar(op) => (op.output().device_address(), op.output().len()),
             AnyOp::Rs(op) => (op.output().device_address(), op.output().len()),
             AnyOp::Ag(_) => {
                 let d = x.d.as_ref().expect("AllGather operands have a D");
                 (d.device_ptr(stream).0, d.len())
             }
-        };
+        }
+    }
+
+    /// Overwrites the result with NaN.
+    fn poison(&self, stream: &Arc<CudaStream>, x: &Operands) -> anyhow::Result<()> {
+        let (ptr, len) = self.result_region(stream, x);
         stream.context().bind_to_thread()?;
         // SAFETY: `len` bf16 elements at `ptr` on this context; stream-ordered.
         unsafe { sys::cuMemsetD16Async(ptr, 0xFFFF, len, stream.cu_stream()) }.result()?;
@@ -176,14 +181,7 @@ impl AnyOp {
 
     /// A device copy of the result.
     fn result_copy(&self, stream: &Arc<CudaStream>, x: &Operands) -> anyhow::Result<CudaSlice<bf16>> {
-        let (ptr, len) = match self {
-            AnyOp::Ar(op) => (op.output().device_address(), op.output().len()),
-            AnyOp::Rs(op) => (op.output().device_address(), op.output().len()),
-            AnyOp::Ag(_) => {
-                let d = x.d.as_ref().expect("AllGather operands have a D");
-                (d.device_ptr(stream).0, d.len())
-            }
-        };
+        let (ptr, len) = self.result_region(stream, x);
         let mut dst = stream.alloc_zeros::<bf16>(len)?;
         let (pd, _g) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut dst, stream);
         // SAFETY: both hold `len` bf16; stream-ordered.

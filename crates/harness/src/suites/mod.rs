@@ -2,7 +2,7 @@
 
 mod all_to_all;
 mod barrier;
-mod first_use;
+mod auto_choice;
 mod ops;
 mod fused_all_gather;
 mod fused_all_reduce;
@@ -51,7 +51,7 @@ pub fn all() -> Vec<Case> {
     cases.extend(fused_reduce_scatter::cases());
     cases.extend(fused_all_reduce::cases());
     cases.extend(fused_all_gather::cases());
-    cases.extend(first_use::cases());
+    cases.extend(auto_choice::cases());
     cases.extend(ops::cases());
     cases
 }

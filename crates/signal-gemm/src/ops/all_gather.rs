@@ -11,7 +11,7 @@
 
 use super::buffer::OpBuffer;
 use super::candidates::OpKind;
-use super::choice::{choose_and_plan, random_device, Bench, ChoiceReport, PlanRequest};
+use super::choice::{choose_and_plan, exact_report, random_device, time_candidate, Bench, Candidate, ChoiceReport, PlanRequest};
 use super::common::{agree_on_request, check_capture, check_dtype, check_launch, OpElement};
 use super::env::{lock, OverlapEnv, SharedComm};
 use super::method::{Method, MethodChoice};
@@ -79,18 +79,15 @@ impl<TI: OpElement> AllGatherGemm<TI> {
                 let (b, timer) = bench.as_mut().expect("made above");
                 let planned = plan_imp::<TI>(rdzv, env, stream, shape, options, m);
                 let imp = agree(rdzv, &format!("planning {m}"), planned)?;
-                let report = ChoiceReport { asked: MethodChoice::Exact(m.clone()), method: m.clone(), ranking: None, refused: Vec::new() };
-                let mut op = Self { shape, options, world, rank, stream: stream.clone(), report, imp };
-                let timed = op.fill_shard_randomly(seed).and_then(|()| match options.output {
-                    Dtype::Bf16 => op.time_into::<bf16>(env, timer, b),
-                    Dtype::F16 => op.time_into::<f16>(env, timer, b),
-                    Dtype::F32 => op.time_into::<f32>(env, timer, b),
-                });
-                let timed = timed.and_then(|t| op.synchronize().map(|()| t));
-                let freed = op.free(rdzv);
-                let t = timed?;
-                freed?;
-                Ok(t)
+                let op = Self { shape, options, world, rank, stream: stream.clone(), report: exact_report(m), imp };
+                time_candidate(rdzv, op, |op| {
+                    op.fill_shard_randomly(seed)?;
+                    match options.output {
+                        Dtype::Bf16 => op.time_into::<bf16>(env, timer, b),
+                        Dtype::F16 => op.time_into::<f16>(env, timer, b),
+                        Dtype::F32 => op.time_into::<f32>(env, timer, b),
+                    }
+                })
             },
         )?;
         Ok(Self { shape, options, world, rank, stream: stream.clone(), report, imp })
@@ -226,4 +223,13 @@ fn plan_imp<TI: OpElement>(
         Method::FusedInter { ctas } => Imp::Fused(FusedAllGatherGemm::<TI>::new(rdzv, &ctx, stream, shape, options, AllGatherMethod::Inter { comm_ctas: *ctas })?),
         other => bail!("{other} is not a method of AllGather + GEMM (seq-cublas, seq-weft, decomposition, fused-intra, fused-inter)"),
     })
+}
+
+impl<TI: OpElement> Candidate for AllGatherGemm<TI> {
+    fn synchronize(&self) -> anyhow::Result<()> {
+        Self::synchronize(self)
+    }
+    fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+        Self::free(self, rdzv)
+    }
 }

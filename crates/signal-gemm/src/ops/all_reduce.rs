@@ -10,7 +10,7 @@
 
 use super::buffer::OpBuffer;
 use super::candidates::OpKind;
-use super::choice::{choose_and_plan, Bench, ChoiceReport, PlanRequest};
+use super::choice::{choose_and_plan, exact_report, time_candidate, Bench, Candidate, ChoiceReport, PlanRequest};
 use super::common::{agree_on_request, check_capture, check_dtype, check_launch, OpElement};
 use super::env::{lock, OverlapEnv, SharedComm};
 use super::inputs::{with_operands, Operands};
@@ -78,14 +78,8 @@ impl<TO: OpElement> GemmAllReduce<TO> {
                 let (ops, bench) = operands.as_mut().expect("made above");
                 let planned = plan_imp::<TO>(rdzv, env, stream, shape, options, m);
                 let imp = agree(rdzv, &format!("planning {m}"), planned)?;
-                let report = ChoiceReport { asked: MethodChoice::Exact(m.clone()), method: m.clone(), ranking: None, refused: Vec::new() };
-                let mut op = Self { shape, options, stream: stream.clone(), report, imp };
-                let timed = with_operands!(&*ops, |a, b| bench.time(env, stream, || op.launch(stream, a, b)));
-                let timed = timed.and_then(|t| op.synchronize().map(|()| t));
-                let freed = op.free(rdzv);
-                let t = timed?;
-                freed?;
-                Ok(t)
+                let op = Self { shape, options, stream: stream.clone(), report: exact_report(m), imp };
+                time_candidate(rdzv, op, |op| with_operands!(&*ops, |a, b| bench.time(env, stream, || op.launch(stream, a, b))))
             },
         )?;
         Ok(Self { shape, options, stream: stream.clone(), report, imp })
@@ -213,4 +207,13 @@ fn plan_imp<TO: OpElement>(
         }
         Method::FusedIntra => bail!("fused-intra is not a method of GEMM + AllReduce (fused-inter, distfuse)"),
     })
+}
+
+impl<TO: OpElement> Candidate for GemmAllReduce<TO> {
+    fn synchronize(&self) -> anyhow::Result<()> {
+        Self::synchronize(self)
+    }
+    fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+        Self::free(self, rdzv)
+    }
 }

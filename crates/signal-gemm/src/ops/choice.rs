@@ -102,6 +102,29 @@ pub(crate) fn choose_and_plan<T>(
     )
 }
 
+/// What a first use needs of a planned op besides launching it.
+pub(crate) trait Candidate: Sized {
+    /// Waits for the op's stream, naming any wait of the op that ran past its bound.
+    fn synchronize(&self) -> anyhow::Result<()>;
+    /// Collective: frees the op's peer memory.
+    fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()>;
+}
+
+/// The report of a candidate planned exactly, to be measured.
+pub(crate) fn exact_report(method: &Method) -> ChoiceReport {
+    ChoiceReport { asked: MethodChoice::Exact(method.clone()), method: method.clone(), ranking: None, refused: Vec::new() }
+}
+
+/// Collective: `time`s a candidate planned on every rank, waits for it and frees it (freed even
+/// when the timing failed, so every rank takes part); this rank's median ms.
+pub(crate) fn time_candidate<O: Candidate>(rdzv: &mut Rendezvous, mut op: O, time: impl FnOnce(&mut O) -> anyhow::Result<f64>) -> anyhow::Result<f64> {
+    let timed = time(&mut op).and_then(|t| op.synchronize().map(|()| t));
+    let freed = op.free(rdzv);
+    let t = timed?;
+    freed?;
+    Ok(t)
+}
+
 /// The inputs and L2 flush a first use times its candidates with.
 pub(crate) struct Bench {
     pub flush: CudaSlice<u8>,
