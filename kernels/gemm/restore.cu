@@ -121,3 +121,18 @@ extern "C" __global__ void __launch_bounds__(kThreads) weft_gemm_slot_scatter(co
     *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(p.dst) + (row * p.n + col) * p.elem_bytes) = x;
   }
 }
+
+// All-to-All, sequential path: rows gathered by a list (weft_gemm_row_gather_params). A
+// grid-stride loop over the 16-byte vectors of the output.
+extern "C" __global__ void __launch_bounds__(kThreads) weft_gemm_row_gather(const __grid_constant__ weft_gemm_row_gather_params p) {
+  const uint32_t per_vec = 16 / p.elem_bytes;
+  const uint32_t vec_per_row = p.n / per_vec;
+  const uint64_t total = uint64_t(p.rows) * vec_per_row;
+  const uint32_t* rows = reinterpret_cast<const uint32_t*>(p.src_rows);
+  for (uint64_t i = blockIdx.x * uint64_t(kThreads) + threadIdx.x; i < total; i += uint64_t(gridDim.x) * kThreads) {
+    const uint32_t out_row = static_cast<uint32_t>(i / vec_per_row), v = static_cast<uint32_t>(i % vec_per_row);
+    const uint64_t row_bytes = uint64_t(p.n) * p.elem_bytes;
+    const uint4 x = *reinterpret_cast<const uint4*>(reinterpret_cast<const uint8_t*>(p.src) + rows[out_row] * row_bytes + v * 16ull);
+    *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(p.dst) + out_row * row_bytes + v * 16ull) = x;
+  }
+}

@@ -141,6 +141,7 @@ fn overlap_tables(job: &mut Job) -> anyhow::Result<()> {
         (OpKind::AllReduce, vec![S::new(16, 8192, 4096), S::new(8192, 8192, 2048)]),
         (OpKind::ReduceScatter, vec![S::new(128, 8192, 4096), S::new(8192, 8192, 2048)]),
         (OpKind::AllGather, vec![S::new(128, 4096, 8192), S::new(8192, 2048, 8192)]),
+        (OpKind::AllToAll, vec![S::new(8192, 8192, 2048)]),
     ] {
         bench::overlap::run(job, &bench::overlap::OverlapRun { op, quick: true, shapes, methods: &methods })?;
     }

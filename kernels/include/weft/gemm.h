@@ -387,6 +387,16 @@ typedef struct weft_gemm_slot_scatter_params {
   uint32_t slots, n, tile_n, elem_bytes;
 } weft_gemm_slot_scatter_params;
 
+// The All-to-All's sequential path (kernels/gemm/restore.cu, weft_gemm_row_gather): output row i
+// is row src_rows[i] of src, as raw 16-byte vectors (n x elem_bytes is a multiple of 16: n is a
+// multiple of 16 elements). Gathers each destination's rows into one contiguous send range.
+typedef struct weft_gemm_row_gather_params {
+  uint64_t src;       // m x n, row-major
+  uint64_t dst;       // rows x n, row-major
+  uint64_t src_rows;  // uint32_t per output row, each below m
+  uint32_t rows, n, elem_bytes, reserved;
+} weft_gemm_row_gather_params;
+
 // The wave-group wait kernel (kernels/gemm/group_wait.cu): 1 thread on the communication stream
 // spins (acquire, GPU scope, bounded) until a group's counter reaches `target`, then rearms it to
 // 0 for the next launch. It is the counter's only reader; the next GEMM launch must be ordered

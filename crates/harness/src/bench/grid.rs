@@ -29,6 +29,8 @@ pub fn small_m_shapes(op: OpKind) -> Vec<GemmShape> {
         OpKind::AllReduce | OpKind::ReduceScatter => vec![s(16, 8192, 4096), s(128, 8192, 4096), s(512, 8192, 4096)],
         // Column-parallel: gathered tokens, N = the rank's columns, K = hidden.
         OpKind::AllGather => vec![s(32, 4096, 8192), s(128, 4096, 8192), s(512, 4096, 8192)],
+        // MoE dispatch of a projection's rows: a decoding step's tokens.
+        OpKind::AllToAll => vec![s(128, 8192, 4096)],
     }
 }
 
@@ -46,6 +48,11 @@ pub fn shapes(op: OpKind, quick: bool) -> Vec<GemmShape> {
         } else {
             // async-TP's AllGather + matmul shapes first.
             vec![s(8192, 2048, 8192), s(16384, 2048, 8192), s(8192, 8192, 2048), s(16384, 8192, 2048), s(4096, 8192, 8192)]
+        }),
+        OpKind::AllToAll => v.extend(if quick {
+            vec![s(8192, 8192, 2048)]
+        } else {
+            vec![s(4096, 8192, 1024), s(8192, 8192, 2048), s(16384, 8192, 1024), s(8192, 8192, 7168)]
         }),
     }
     v
@@ -82,7 +89,7 @@ mod tests {
 
     #[test]
     fn default_grids_start_with_small_m() {
-        for op in [OpKind::AllReduce, OpKind::ReduceScatter, OpKind::AllGather] {
+        for op in [OpKind::AllReduce, OpKind::ReduceScatter, OpKind::AllGather, OpKind::AllToAll] {
             let g = shapes(op, false);
             assert!(g[0].m <= 512 && g.iter().any(|s| s.m >= 8192), "{op}: {g:?}");
         }

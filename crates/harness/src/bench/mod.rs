@@ -8,7 +8,6 @@ mod grpcoll;
 mod interference;
 mod nccl;
 pub mod overlap;
-mod overlap_a2a;
 pub mod overlap_ops;
 pub mod rig;
 pub mod tune;
@@ -66,7 +65,7 @@ pub fn parse(args: &[String]) -> anyhow::Result<BenchOptions> {
     if o.suites.is_empty() {
         o.suites = SUITES.iter().map(|s| s.to_string()).collect();
     }
-    let shaped = ["overlap", "overlap-reduce-scatter", "overlap-all-gather"];
+    let shaped = ["overlap", "overlap-reduce-scatter", "overlap-all-gather", "overlap-all-to-all"];
     if !o.shapes.is_empty() && !o.suites.iter().all(|s| shaped.contains(&s.as_str())) {
         bail!("weft bench: --shape applies to {} only: name the suite", shaped.join(", "));
     }
@@ -92,16 +91,16 @@ pub fn run(job: &mut Job, opts: &BenchOptions) -> anyhow::Result<()> {
             "pgl" => pgl::run(job, opts.quick)?,
             "sync" => sync::run(job, opts.quick)?,
             "overlap-order" => overlap_order::run(job, opts.quick)?,
-            "overlap" | "overlap-reduce-scatter" | "overlap-all-gather" => {
+            "overlap" | "overlap-reduce-scatter" | "overlap-all-gather" | "overlap-all-to-all" => {
                 let op = match suite.as_str() {
                     "overlap" => OpKind::AllReduce,
                     "overlap-reduce-scatter" => OpKind::ReduceScatter,
-                    _ => OpKind::AllGather,
+                    "overlap-all-gather" => OpKind::AllGather,
+                    _ => OpKind::AllToAll,
                 };
                 let shapes = if opts.shapes.is_empty() { grid::shapes(op, opts.quick) } else { opts.shapes.clone() };
                 overlap::run(job, &overlap::OverlapRun { op, quick: opts.quick, shapes, methods: &opts.methods })?
             }
-            "overlap-all-to-all" => overlap_a2a::run(job, opts.quick, &opts.methods)?,
             "interference" => interference::run(job, opts.quick)?,
             other => bail!("unknown suite {other}"),
         };

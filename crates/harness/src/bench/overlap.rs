@@ -1,5 +1,6 @@
-//! `weft bench overlap` (GEMM + AllReduce), `overlap-reduce-scatter` (GEMM + ReduceScatter) and
-//! `overlap-all-gather` (AllGather + GEMM) `[--shape MxNxK,…] [--method M]…`: the ops of
+//! `weft bench overlap` (GEMM + AllReduce), `overlap-reduce-scatter` (GEMM + ReduceScatter),
+//! `overlap-all-gather` (AllGather + GEMM) and `overlap-all-to-all` (GEMM + All-to-All, each shape
+//! with a uniform and a skewed routing) `[--shape MxNxK,…] [--method M]…`: the ops of
 //! `weft_signal_gemm::ops`, every family of the op and `Auto`, in the same run, per shape:
 //!
 //! - `seq-cublas` (cuBLAS then NCCL; for AllGather NCCL then cuBLAS): always, the baseline;
@@ -12,8 +13,8 @@
 //! Also the GEMM alone (cuBLAS) and the collective alone (NCCL), the ideal max(T_gemm, T_comm)
 //! and the share of it `auto` reaches, auto ÷ seq-cublas and auto against the fastest method of
 //! the row (auto's own op included). Every op's result is poisoned, then checked element by element on the GPU against
-//! seq-cublas's before it is timed (sums: world · 2⁻⁷ · Σ_r |partial_r|; AllGather: 2⁻⁷ relative
-//! plus k · 2⁻¹⁸). Timing: bench/rig.rs (events, L2 evicted before each run, median per rank,
+//! seq-cublas's before it is timed (sums: world · 2⁻⁷ · Σ_r |partial_r|; AllGather and
+//! All-to-All: 2⁻⁷ relative plus k · 2⁻¹⁸). Timing: bench/rig.rs (events, L2 evicted before each run, median per rank,
 //! the slowest rank's). Rank 0 prints each row as soon as it is measured and its progress on
 //! stderr.
 
@@ -30,8 +31,10 @@ use std::sync::Arc;
 use std::time::Instant;
 use weft_pgl::nccl::ReduceOp;
 use weft_pgl::rendezvous::Rendezvous;
-use weft_signal_gemm::ops::{AllGatherGemm, Family, GemmAllReduce, GemmReduceScatter, Method, MethodChoice, OpKind, OverlapEnv};
-use weft_signal_gemm::{CublasGemm, GemmOptions, GemmShape};
+use weft_signal_gemm::ops::{AllGatherGemm, Family, GemmAllReduce, GemmAllToAll, GemmReduceScatter, Method, MethodChoice, OpKind, OverlapEnv};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use weft_signal_gemm::{CublasGemm, GemmOptions, GemmShape, RowGather};
 
 /// The families each op's bench shows (seq-cublas, the baseline, is always run).
 pub fn families(op: OpKind) -> &'static [Family] {
@@ -40,6 +43,7 @@ pub fn families(op: OpKind) -> &'static [Family] {
         OpKind::AllReduce => &[SeqWeft, Decomposition, Signal, FusedInter, DistFuse],
         OpKind::ReduceScatter => &[SeqWeft, Decomposition, FusedIntra],
         OpKind::AllGather => &[SeqWeft, Decomposition, FusedIntra, FusedInter],
+        OpKind::AllToAll => &[SeqWeft, Signal],
     }
 }
 
@@ -48,6 +52,7 @@ pub fn suite_name(op: OpKind) -> &'static str {
         OpKind::AllReduce => "overlap",
         OpKind::ReduceScatter => "overlap-reduce-scatter",
         OpKind::AllGather => "overlap-all-gather",
+        OpKind::AllToAll => "overlap-all-to-all",
     }
 }
 
@@ -107,6 +112,8 @@ struct Operands {
     b: CudaSlice<bf16>,
     /// AllGather's D (the caller's buffer).
     d: Option<CudaSlice<bf16>>,
+    /// All-to-All: every rank's routing (the same on every rank).
+    routes: Vec<Vec<u32>>,
 }
 
 /// Any of the three ops.
@@ -114,15 +121,17 @@ enum AnyOp {
     Ar(GemmAllReduce<bf16>),
     Rs(GemmReduceScatter<bf16>),
     Ag(AllGatherGemm<bf16>),
+    A2a(GemmAllToAll<bf16>),
 }
 
 impl AnyOp {
-    fn plan(op: OpKind, rdzv: &mut Rendezvous, env: &mut OverlapEnv, stream: &Arc<CudaStream>, shape: GemmShape, choice: &MethodChoice) -> anyhow::Result<Self> {
+    fn plan(op: OpKind, rdzv: &mut Rendezvous, env: &mut OverlapEnv, stream: &Arc<CudaStream>, shape: GemmShape, x: &Operands, choice: &MethodChoice) -> anyhow::Result<Self> {
         let o = GemmOptions::default();
         Ok(match op {
             OpKind::AllReduce => AnyOp::Ar(GemmAllReduce::plan(rdzv, env, stream, shape, o, choice, false)?),
             OpKind::ReduceScatter => AnyOp::Rs(GemmReduceScatter::plan(rdzv, env, stream, shape, o, choice, false)?),
             OpKind::AllGather => AnyOp::Ag(AllGatherGemm::plan(rdzv, env, stream, shape, o, choice, false)?),
+            OpKind::AllToAll => AnyOp::A2a(GemmAllToAll::plan(rdzv, env, stream, shape, o, &x.routes, choice, false)?),
         })
     }
 
@@ -131,6 +140,7 @@ impl AnyOp {
             AnyOp::Ar(x) => x.report(),
             AnyOp::Rs(x) => x.report(),
             AnyOp::Ag(x) => x.report(),
+            AnyOp::A2a(x) => x.report(),
         }
     }
 
@@ -147,6 +157,7 @@ impl AnyOp {
             AnyOp::Ar(op) => op.launch(stream, &x.a, &x.b),
             AnyOp::Rs(op) => op.launch(stream, &x.a, &x.b),
             AnyOp::Ag(op) => op.launch(stream, &x.b, x.d.as_mut().expect("AllGather operands have a D")),
+            AnyOp::A2a(op) => op.launch(stream, &x.a, &x.b),
         }
     }
 
@@ -155,6 +166,7 @@ impl AnyOp {
         match self {
             AnyOp::Ar(op) => (op.output().device_address(), op.output().len()),
             AnyOp::Rs(op) => (op.output().device_address(), op.output().len()),
+            AnyOp::A2a(op) => (op.output().device_address(), op.output().len()),
             AnyOp::Ag(_) => {
                 let d = x.d.as_ref().expect("AllGather operands have a D");
                 (d.device_ptr(stream).0, d.len())
@@ -175,6 +187,7 @@ impl AnyOp {
         match self {
             AnyOp::Ar(op) => cmp.check(stream, what, &op.output(), want, bound, n),
             AnyOp::Rs(op) => cmp.check(stream, what, &op.output(), want, bound, n),
+            AnyOp::A2a(op) => cmp.check(stream, what, &op.output(), want, bound, n),
             AnyOp::Ag(_) => cmp.check(stream, what, x.d.as_ref().expect("AllGather operands have a D"), want, bound, n),
         }
     }
@@ -196,6 +209,7 @@ impl AnyOp {
             AnyOp::Ar(x) => x.synchronize(),
             AnyOp::Rs(x) => x.synchronize(),
             AnyOp::Ag(x) => x.synchronize(),
+            AnyOp::A2a(x) => x.synchronize(),
         }
     }
 
@@ -204,6 +218,7 @@ impl AnyOp {
             AnyOp::Ar(x) => x.free(rdzv),
             AnyOp::Rs(x) => x.free(rdzv),
             AnyOp::Ag(x) => x.free(rdzv),
+            AnyOp::A2a(x) => x.free(rdzv),
         }
     }
 }
@@ -255,8 +270,17 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
         println!("{}", table.render_header());
     }
     let mut rows = Vec::new();
-    let total = run.shapes.len();
-    for (i, &shape) in run.shapes.iter().enumerate() {
+    // All-to-All: every shape with each routing.
+    let cases: Vec<(GemmShape, Option<&str>)> = run
+        .shapes
+        .iter()
+        .flat_map(|&s| {
+            let routings: &[Option<&str>] = if op == OpKind::AllToAll { &[Some("uniform"), Some("skewed")] } else { &[None] };
+            routings.iter().map(move |r| (s, *r))
+        })
+        .collect();
+    let total = cases.len();
+    for (i, &(shape, routing)) in cases.iter().enumerate() {
         let started = Instant::now();
         let GemmShape { m, n, k } = shape;
         let (mu, nu, ku) = (m as usize, n as usize, k as usize);
@@ -268,6 +292,12 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
             a: upload(&compute, &uniform::<bf16>(seed, a_len))?,
             b: upload(&compute, &uniform::<bf16>(seed ^ 1, ku * nu))?,
             d: if op == OpKind::AllGather { Some(poisoned::<bf16>(&compute, mu * nu)?) } else { None },
+            // The same on every rank: drawn from the shape alone.
+            routes: routing.map_or_else(Vec::new, |r| routes(r, world, mu, 0xa2a ^ (u64::from(m) << 32) ^ u64::from(k))),
+        };
+        let label = match routing {
+            Some(r) => format!("{shape} {r}"),
+            None => shape.to_string(),
         };
         // The GEMM and the collective alone, and the bound of the checks.
         let cublas = CublasGemm::new(&compute, shape, GemmOptions::default())?;
@@ -281,7 +311,7 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
         let mut planned: Vec<(MethodChoice, AnyOp)> = Vec::new();
         let reference = {
             let (rdzv, env) = job.overlap()?;
-            let mut seq_op = AnyOp::plan(op, rdzv, env, &compute, shape, &MethodChoice::Exact(Method::SeqCublas))?;
+            let mut seq_op = AnyOp::plan(op, rdzv, env, &compute, shape, &x, &MethodChoice::Exact(Method::SeqCublas))?;
             seq_op.prepare(&compute, &x)?;
             seq_op.poison(&compute, &x)?;
             seq_op.launch(&compute, &mut x)?;
@@ -295,7 +325,7 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
         if auto_wanted {
             progress(job, &format!("[{}/{total}] {shape}: auto (first use)", i + 1));
             let (rdzv, env) = job.overlap()?;
-            let anyop = AnyOp::plan(op, rdzv, env, &compute, shape, &MethodChoice::Auto)?;
+            let anyop = AnyOp::plan(op, rdzv, env, &compute, shape, &x, &MethodChoice::Auto)?;
             let report = anyop.report();
             auto_first_use = (report.first_use_s(), report.ranking.as_ref().map_or(0, |r| r.measured));
             planned.push((MethodChoice::Auto, anyop));
@@ -304,7 +334,7 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
         for c in &columns {
             progress(job, &format!("[{}/{total}] {shape}: {c}", i + 1));
             let (rdzv, env) = job.overlap()?;
-            match AnyOp::plan(op, rdzv, env, &compute, shape, c) {
+            match AnyOp::plan(op, rdzv, env, &compute, shape, &x, c) {
                 Ok(anyop) => planned.push((c.clone(), anyop)),
                 // Refused on every rank alike (planning is collective): a column with a reason.
                 Err(e) => {
@@ -347,12 +377,13 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
             all.push((c.method.as_str(), c.ms));
         }
         let fastest = all.iter().filter(|x| x.1.is_finite()).min_by(|p, q| p.1.total_cmp(&q.1)).copied().unwrap_or(("", f64::NAN));
-        let mut cells = vec![shape.to_string(), f3(t_gemm), f3(t_comm), f3(ideal), f3(seq_ms)];
+        let mut cells = vec![label.clone(), f3(t_gemm), f3(t_comm), f3(ideal), f3(seq_ms)];
         for c in &measured {
             cells.push(if c.ms.is_finite() { format!("{} {}", f3(c.ms), params(&c.method)) } else { "-".into() });
         }
         let mut json = vec![
-            ("case", Json::Str(format!("{} {shape}", op.name()))),
+            ("case", Json::Str(format!("{} {label}", op.name()))),
+            ("routing", Json::Str(routing.unwrap_or("").into())),
             ("op", Json::Str(op.name().into())),
             ("m", Json::Num(f64::from(m))),
             ("n", Json::Num(f64::from(n))),
@@ -446,6 +477,17 @@ fn alone(job: &mut Job, rig: &mut Rig, cmp: &mut BoundCompare, op: OpKind, cubla
             compute.synchronize()?;
             (t_gemm, t_comm, Some(mine))
         }
+        OpKind::AllToAll => {
+            let mut d = poisoned::<bf16>(&compute, mu * nu)?;
+            let t_gemm = rig.time(|| cublas.launch(&x.a, &x.b, &mut d))?;
+            let gather = RowGather::new(&compute, &x.routes, rank, shape.m, shape.n)?;
+            let mut send = poisoned::<bf16>(&compute, gather.send_len().max(1))?;
+            gather.gather(&compute, &d, &mut send)?;
+            let mut out = poisoned::<bf16>(&compute, gather.recv_len().max(1))?;
+            let (sends, recvs) = gather.ranges();
+            let t_comm = rig.time(|| comm.all_to_all_v(&send, sends, &mut out, recvs, &compute))?;
+            (t_gemm, t_comm, None)
+        }
         OpKind::AllGather => {
             let mut a = poisoned::<bf16>(&compute, mu * ku)?;
             let mut d = poisoned::<bf16>(&compute, mu * nu)?;
@@ -507,4 +549,13 @@ fn first_line(e: &anyhow::Error) -> String {
     } else {
         short
     }
+}
+
+/// Every rank's routing of `m` rows over `world` ranks: `uniform` (each row to a random rank) or
+/// `skewed` (half of the rows to rank 0, the rest uniform), the same on every rank for a seed.
+fn routes(kind: &str, world: usize, m: usize, seed: u64) -> Vec<Vec<u32>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..world)
+        .map(|_| (0..m).map(|_| if kind == "skewed" && rng.random_bool(0.5) { 0 } else { rng.random_range(0..world) as u32 }).collect())
+        .collect()
 }

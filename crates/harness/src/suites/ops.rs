@@ -1,5 +1,5 @@
 //! The overlapped ops (`weft_signal_gemm::ops`): every family of each op, and `Auto`, on random
-//! shapes and fresh random inputs, each result (poisoned before the launch, launched twice) checked
+//! shapes, fresh random inputs (and, for the All-to-All, a random routing), each result (poisoned before the launch, launched twice) checked
 //! element by element on the GPU against the sequential path (cuBLAS, then NCCL) within the bound
 //! its dtype allows; a capturable `Auto` op captured into a CUDA graph and replayed; misuse
 //! refused with a message naming the problem. Needs NCCL: one rank per GPU.
@@ -17,7 +17,7 @@ use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use std::time::Duration;
 use weft_pgl::nccl::{Communicator, ReduceOp};
-use weft_signal_gemm::ops::{candidates, AllGatherGemm, AutoPolicy, ChoiceCache, GemmAllReduce, GemmReduceScatter, Method, MethodChoice, OpKind, OverlapEnv};
+use weft_signal_gemm::ops::{candidates, AllGatherGemm, AutoPolicy, ChoiceCache, GemmAllReduce, GemmAllToAll, GemmReduceScatter, Method, MethodChoice, OpKind, OverlapEnv};
 use weft_signal_gemm::{device_sms, CublasGemm, Dtype, GemmOptions, GemmShape};
 
 pub fn cases() -> Vec<Case> {
@@ -25,6 +25,7 @@ pub fn cases() -> Vec<Case> {
         Case::gpu("ops::all_reduce_every_family_and_auto_match_the_sequential_path", |j| every_family(j, OpKind::AllReduce)),
         Case::gpu("ops::reduce_scatter_every_family_and_auto_match_the_sequential_path", |j| every_family(j, OpKind::ReduceScatter)),
         Case::gpu("ops::all_gather_every_family_and_auto_match_the_sequential_path", |j| every_family(j, OpKind::AllGather)),
+        Case::gpu("ops::all_to_all_every_family_and_auto_match_the_sequential_path", |j| every_family(j, OpKind::AllToAll)),
         Case::gpu("ops::capturable_auto_replays_from_a_graph", capturable_replays),
         Case::gpu("ops::misuse_is_refused", misuse),
     ]
@@ -168,6 +169,37 @@ fn every_family(job: &mut Job, kind: OpKind) -> anyhow::Result<()> {
                         r.and(freed)
                     };
                     weft_pgl::agree(&mut job.rdzv, &format!("{} {c}", kind.title()), checked)?;
+                }
+            }
+            OpKind::AllToAll => {
+                let a = upload(&stream, &uniform::<bf16>(mine, mu * ku))?;
+                let b = upload(&stream, &uniform::<bf16>(mine ^ 1, ku * nu))?;
+                // Every rank's routing, the same on every rank (drawn from the shared seed).
+                let mut routing = StdRng::seed_from_u64(seed ^ 0xa2a ^ case);
+                let routes: Vec<Vec<u32>> = (0..world).map(|_| (0..m).map(|_| routing.random_range(0..world)).collect()).collect();
+                let bound = Bound { per_element: None, rel: 1.0 / 128.0, abs: k as f32 / 262_144.0 };
+                let reference = {
+                    let mut op = GemmAllToAll::<bf16>::plan(&mut job.rdzv, &mut env, &stream, shape, base, &routes, &MethodChoice::Exact(Method::SeqCublas), false)?;
+                    op.launch(&stream, &a, &b)?;
+                    op.synchronize()?;
+                    let r = copy_of(&stream, &op.output())?;
+                    op.free(&mut job.rdzv)?;
+                    r
+                };
+                for c in &list {
+                    let mut op = GemmAllToAll::<bf16>::plan(&mut job.rdzv, &mut env, &stream, shape, base, &routes, c, false)?;
+                    let r = (|| {
+                        let rows = routes.iter().flatten().filter(|&&d| d as usize == rank).count();
+                        anyhow::ensure!(op.rows() == rows, "{} rows received, {rows} routed here", op.rows());
+                        for _ in 0..2 {
+                            poison_raw(&stream, op.output().device_address(), op.output().len())?;
+                            op.launch(&stream, &a, &b)?;
+                        }
+                        op.synchronize()?;
+                        cmp.check(&stream, &what(c, op.method()), &op.output(), &reference, &bound, nu)
+                    })();
+                    let freed = op.free(&mut job.rdzv);
+                    weft_pgl::agree(&mut job.rdzv, &format!("{} {c}", kind.title()), r.and(freed))?;
                 }
             }
             OpKind::AllGather => {

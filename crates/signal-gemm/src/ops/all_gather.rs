@@ -62,7 +62,7 @@ impl<TI: OpElement> AllGatherGemm<TI> {
         let (world, rank) = (rdzv.world() as u32, rdzv.rank() as u32);
         let checks = check_dtype::<TI>(kind, shape, "input", options.input).and_then(|()| {
             ensure!(shape.m % world == 0, "AllGather + GEMM {shape}: M = {} does not split into {world} equal shards", shape.m);
-            Ok(())
+            Ok(String::new())
         });
         agree_on_request(rdzv, env, stream, kind, shape, &options, choice, capturable, checks)?;
         let mut bench: Option<(CudaSlice<TI>, Bench)> = None;

@@ -61,7 +61,7 @@ impl<TO: OpElement> GemmAllReduce<TO> {
         capturable: bool,
     ) -> anyhow::Result<Self> {
         let kind = OpKind::AllReduce;
-        let checks = check_dtype::<TO>(kind, shape, "output", options.output);
+        let checks = check_dtype::<TO>(kind, shape, "output", options.output).map(|()| String::new());
         agree_on_request(rdzv, env, stream, kind, shape, &options, choice, capturable, checks)?;
         let mut operands: Option<(Operands, Bench)> = None;
         let seed = 0xA11 ^ ((rdzv.rank() as u64) << 40);

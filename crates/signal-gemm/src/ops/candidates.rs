@@ -17,6 +17,9 @@ pub enum OpKind {
     ReduceScatter,
     /// D = AllGather_rows(A shards) · B on every rank (each with its own B).
     AllGather,
+    /// Each row of A_rank · B_rank goes to the rank its routing names (MoE dispatch); rank r gets
+    /// the rows routed to it, source rank by source rank, each source's rows in order.
+    AllToAll,
 }
 
 impl OpKind {
@@ -25,6 +28,7 @@ impl OpKind {
             OpKind::AllReduce => "all_reduce",
             OpKind::ReduceScatter => "reduce_scatter",
             OpKind::AllGather => "all_gather",
+            OpKind::AllToAll => "all_to_all",
         }
     }
 
@@ -34,6 +38,7 @@ impl OpKind {
             OpKind::AllReduce => "GEMM + AllReduce",
             OpKind::ReduceScatter => "GEMM + ReduceScatter",
             OpKind::AllGather => "AllGather + GEMM",
+            OpKind::AllToAll => "GEMM + All-to-All",
         }
     }
 }
@@ -99,8 +104,9 @@ pub fn candidates(
                 out.push(Method::Decomposition { chunks: world });
             }
         }
+        OpKind::AllToAll => {}
     }
-    if op == OpKind::AllReduce {
+    if matches!(op, OpKind::AllReduce | OpKind::AllToAll) {
         // The signal ReduceScatter's bands give rank r the r-th band of every tile's rows, not
         // NCCL's contiguous rows: it is not this op (overlap::ReduceScatterOverlap keeps it).
         for sm_margin in SIGNAL_MARGINS {
@@ -129,6 +135,7 @@ pub fn candidates(
                 out.extend(FUSED_COUNTS.map(|ctas| Method::FusedInter { ctas }));
             }
         }
+        OpKind::AllToAll => {}
         OpKind::AllReduce => {
             if fused_world {
                 out.extend(FUSED_COUNTS.map(|ctas| Method::FusedInter { ctas }));
@@ -156,7 +163,7 @@ mod tests {
     #[test]
     fn every_op_starts_with_the_sequential_paths() {
         let o = GemmOptions::default();
-        for op in [OpKind::AllReduce, OpKind::ReduceScatter, OpKind::AllGather] {
+        for op in [OpKind::AllReduce, OpKind::ReduceScatter, OpKind::AllGather, OpKind::AllToAll] {
             for shape in [GemmShape::new(16, 8192, 4096), GemmShape::new(8192, 8192, 2048)] {
                 let c = candidates(op, shape, o, 2, 132, false);
                 assert_eq!(c[..2], [Method::SeqCublas, Method::SeqWeft], "{op} {shape}");
@@ -193,6 +200,7 @@ mod tests {
             [SeqCublas, SeqWeft, Decomposition]
         );
         assert_eq!(families(&candidates(OpKind::AllGather, s, o, 1, 132, false))[..3], [SeqCublas, SeqWeft, FusedIntra]);
+        assert_eq!(families(&candidates(OpKind::AllToAll, s, o, 2, 132, false)), [SeqCublas, SeqWeft, Signal]);
     }
 
     #[test]

@@ -19,7 +19,8 @@ pub trait OpElement: GemmElement + NcclType + PglElement + ValidAsZeroBits {}
 impl<T: GemmElement + NcclType + PglElement + ValidAsZeroBits> OpElement for T {}
 
 /// Collective: the options suit an op (checked on every rank alike), and every rank asks for the
-/// same op; the error names the ranks that differ.
+/// same op; the error names the ranks that differ. `op_checks` is the op's own checks' outcome,
+/// with anything more every rank must agree on (e.g. a digest of the routing) as text.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn agree_on_request(
     rdzv: &mut Rendezvous,
@@ -30,11 +31,11 @@ pub(crate) fn agree_on_request(
     options: &GemmOptions,
     choice: &MethodChoice,
     capturable: bool,
-    op_checks: anyhow::Result<()>,
+    op_checks: anyhow::Result<String>,
 ) -> anyhow::Result<()> {
-    let local = op_checks.and_then(|()| check_options(env, stream, kind, options));
-    weft_pgl::agree(rdzv, &format!("checking the {} request", kind.title()), local)?;
-    let describe = format!("{} {shape} {options:?} {choice} capturable={capturable}", kind.title());
+    let local = op_checks.and_then(|extra| check_options(env, stream, kind, options).map(|()| extra));
+    let extra = weft_pgl::agree(rdzv, &format!("checking the {} request", kind.title()), local)?;
+    let describe = format!("{} {shape} {options:?} {choice} capturable={capturable}{extra}", kind.title());
     let all = rdzv.all_gather(describe.as_bytes()).context("comparing the ranks' requests")?;
     let differing: Vec<String> = all
         .iter()

@@ -1,5 +1,5 @@
 //! Overlap as one call: one op per collective — [`GemmAllReduce`], [`GemmReduceScatter`],
-//! [`AllGatherGemm`] — each planned once per (shape, dtypes, layouts, world) and launched many
+//! [`AllGatherGemm`], [`GemmAllToAll`] — each planned once per (shape, dtypes, layouts, world) and launched many
 //! times, with every method of the workspace behind it ([`Method`]) and [`MethodChoice::Auto`]
 //! choosing the fastest for the shape.
 //!
@@ -24,6 +24,7 @@
 
 mod all_gather;
 mod all_reduce;
+mod all_to_all;
 mod buffer;
 mod cache;
 mod candidates;
@@ -38,6 +39,7 @@ mod reduce_scatter;
 
 pub use all_gather::AllGatherGemm;
 pub use all_reduce::GemmAllReduce;
+pub use all_to_all::GemmAllToAll;
 pub use buffer::OpBuffer;
 pub use cache::{ChoiceCache, Entry, Outcome, CACHE_VAR};
 pub use candidates::{candidates, groupings, OpKind, DECOMPOSITION_CHUNKS, FUSED_COUNTS, SIGNAL_MARGINS};

@@ -65,7 +65,7 @@ impl<TO: OpElement> GemmReduceScatter<TO> {
         let (world, rank) = (rdzv.world() as u32, rdzv.rank() as u32);
         let checks = check_dtype::<TO>(kind, shape, "output", options.output).and_then(|()| {
             ensure!(shape.m % world == 0, "GEMM + ReduceScatter {shape}: M = {} does not split into {world} equal row blocks", shape.m);
-            Ok(())
+            Ok(String::new())
         });
         agree_on_request(rdzv, env, stream, kind, shape, &options, choice, capturable, checks)?;
         let mut operands: Option<(Operands, Bench)> = None;
