@@ -12,13 +12,12 @@
 use super::buffer::OpBuffer;
 use super::candidates::OpKind;
 use super::choice::{choose_and_plan, exact_report, random_device, time_candidate, Bench, Candidate, ChoiceReport, PlanRequest};
-use super::common::{agree_on_request, check_capture, check_dtype, check_launch, OpElement};
+use super::common::{agree_on_request, check_capture, check_dtype, check_launch, OpElement, SeqGemm};
 use super::env::{lock, OverlapEnv, SharedComm};
 use super::method::{Method, MethodChoice};
 use crate::cublas::CublasGemm;
 use crate::dtype::{Dtype, GemmElement};
 use crate::fused::{AllGatherMethod, FusedAllGatherGemm};
-use crate::gemm::Gemm;
 use crate::overlap::high_priority_stream;
 use crate::plan::{GemmOptions, GemmShape};
 use anyhow::{bail, ensure, Context};
@@ -29,8 +28,8 @@ use weft_pgl::agree;
 use weft_pgl::rendezvous::Rendezvous;
 
 enum Imp<TI: OpElement> {
-    SeqCublas { gemm: CublasGemm, comm: SharedComm, shard: CudaSlice<TI>, a: CudaSlice<TI> },
-    SeqWeft { gemm: Gemm, comm: SharedComm, shard: CudaSlice<TI>, a: CudaSlice<TI> },
+    /// seq-cublas, seq-weft: ncclAllGather of the shards into `a`, then the GEMM.
+    Seq { gemm: SeqGemm, comm: SharedComm, shard: CudaSlice<TI>, a: CudaSlice<TI> },
     Decomposition { band: CublasGemm, comm: SharedComm, side: Arc<CudaStream>, shard: CudaSlice<TI>, a: CudaSlice<TI> },
     Fused(FusedAllGatherGemm<TI>),
 }
@@ -127,7 +126,7 @@ impl<TI: OpElement> AllGatherGemm<TI> {
     /// a launch, and not again until that launch has finished.
     pub fn shard(&self) -> OpBuffer<'_, TI> {
         let (ptr, len) = match &self.imp {
-            Imp::SeqCublas { shard, .. } | Imp::SeqWeft { shard, .. } | Imp::Decomposition { shard, .. } => (shard.device_ptr(&self.stream).0, shard.len()),
+            Imp::Seq { shard, .. } | Imp::Decomposition { shard, .. } => (shard.device_ptr(&self.stream).0, shard.len()),
             Imp::Fused(f) => (f.shard().local_ptr(), f.shard().len()),
         };
         // SAFETY: the buffer holds `len` elements of TI and lives as long as self.
@@ -158,11 +157,7 @@ impl<TI: OpElement> AllGatherGemm<TI> {
         let (rows, rank) = ((m / self.world) as usize, self.rank as usize);
         let (n, k) = (n as usize, k as usize);
         match &mut self.imp {
-            Imp::SeqCublas { gemm, comm, shard, a } => {
-                lock(comm)?.all_gather(&*shard, a, stream)?;
-                gemm.launch(a, b, d)
-            }
-            Imp::SeqWeft { gemm, comm, shard, a } => {
+            Imp::Seq { gemm, comm, shard, a } => {
                 lock(comm)?.all_gather(&*shard, a, stream)?;
                 gemm.launch(stream, a, b, d)
             }
@@ -212,8 +207,7 @@ fn plan_imp<TI: OpElement>(
     let alloc = |len: u32| -> anyhow::Result<CudaSlice<TI>> { Ok(stream.alloc_zeros::<TI>(len as usize)?) };
     let (mk, shard_len) = (shape.m * shape.k, shape.m / world * shape.k);
     Ok(match method {
-        Method::SeqCublas => Imp::SeqCublas { gemm: CublasGemm::new(stream, shape, options)?, comm: env.comm().clone(), shard: alloc(shard_len)?, a: alloc(mk)? },
-        Method::SeqWeft => Imp::SeqWeft { gemm: Gemm::new(&ctx, shape, options)?, comm: env.comm().clone(), shard: alloc(shard_len)?, a: alloc(mk)? },
+        Method::SeqCublas | Method::SeqWeft => Imp::Seq { gemm: SeqGemm::new(method, stream, shape, options)?, comm: env.comm().clone(), shard: alloc(shard_len)?, a: alloc(mk)? },
         Method::Decomposition { chunks } => {
             ensure!(*chunks == world, "the AllGather decomposition has one chunk per rank ({world}), asked for {chunks}");
             let band = CublasGemm::new(stream, GemmShape::new(shape.m / world, shape.n, shape.k), options)?;

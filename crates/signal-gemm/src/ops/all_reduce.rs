@@ -11,14 +11,13 @@
 use super::buffer::OpBuffer;
 use super::candidates::OpKind;
 use super::choice::{choose_and_plan, exact_report, time_candidate, Bench, Candidate, ChoiceReport, PlanRequest};
-use super::common::{agree_on_request, check_capture, check_dtype, check_launch, OpElement};
+use super::common::{agree_on_request, check_capture, check_dtype, check_launch, OpElement, SeqGemm};
 use super::env::{lock, OverlapEnv, SharedComm};
 use super::inputs::{with_operands, Operands};
 use super::method::{Method, MethodChoice};
 use crate::cublas::CublasGemm;
 use crate::dtype::{Dtype, GemmElement};
 use crate::fused::{AllReduceMethod, FusedAllReduce};
-use crate::gemm::Gemm;
 use crate::overlap::{high_priority_stream, AllReduceOverlap};
 use crate::plan::{GemmOptions, GemmShape};
 use crate::reorder::Restore;
@@ -30,8 +29,8 @@ use weft_pgl::nccl::ReduceOp;
 use weft_pgl::rendezvous::Rendezvous;
 
 enum Imp<TO: OpElement> {
-    SeqCublas { gemm: CublasGemm, comm: SharedComm, out: CudaSlice<TO> },
-    SeqWeft { gemm: Gemm, comm: SharedComm, out: CudaSlice<TO> },
+    /// seq-cublas, seq-weft: the GEMM into the output, then an in-place ncclAllReduce.
+    Seq { gemm: SeqGemm, comm: SharedComm, out: CudaSlice<TO> },
     Decomposition { band: CublasGemm, chunks: u32, comm: SharedComm, side: Arc<CudaStream>, out: CudaSlice<TO> },
     Signal { ov: AllReduceOverlap, comm: SharedComm, staging: CudaSlice<TO>, out: CudaSlice<TO> },
     Fused(FusedAllReduce),
@@ -106,11 +105,7 @@ impl<TO: OpElement> GemmAllReduce<TO> {
         check_launch::<TI>(OpKind::AllReduce, &self.stream, stream, &self.options, &[("A", a.len(), (m * k) as usize), ("B", b.len(), (k * n) as usize)])?;
         check_capture(stream, &self.report.method)?;
         match &mut self.imp {
-            Imp::SeqCublas { gemm, comm, out } => {
-                gemm.launch(a, b, out)?;
-                lock(comm)?.all_reduce_in_place(out, ReduceOp::Sum, stream)
-            }
-            Imp::SeqWeft { gemm, comm, out } => {
+            Imp::Seq { gemm, comm, out } => {
                 gemm.launch(stream, a, b, out)?;
                 lock(comm)?.all_reduce_in_place(out, ReduceOp::Sum, stream)
             }
@@ -136,7 +131,7 @@ impl<TO: OpElement> GemmAllReduce<TO> {
     /// The op's result (m × n of TO): the sum of the last launch once it has run.
     pub fn output(&self) -> OpBuffer<'_, TO> {
         let (ptr, len) = match &self.imp {
-            Imp::SeqCublas { out, .. } | Imp::SeqWeft { out, .. } | Imp::Decomposition { out, .. } | Imp::Signal { out, .. } => {
+            Imp::Seq { out, .. } | Imp::Decomposition { out, .. } | Imp::Signal { out, .. } => {
                 (out.device_ptr(&self.stream).0, out.len())
             }
             Imp::Fused(f) => (f.output().local_ptr(), f.output().len()),
@@ -182,8 +177,7 @@ fn plan_imp<TO: OpElement>(
     let out = |len: u32| -> anyhow::Result<CudaSlice<TO>> { Ok(stream.alloc_zeros::<TO>(len as usize)?) };
     let mn = shape.m * shape.n;
     Ok(match method {
-        Method::SeqCublas => Imp::SeqCublas { gemm: CublasGemm::new(stream, shape, options)?, comm: env.comm().clone(), out: out(mn)? },
-        Method::SeqWeft => Imp::SeqWeft { gemm: Gemm::new(&ctx, shape, options)?, comm: env.comm().clone(), out: out(mn)? },
+        Method::SeqCublas | Method::SeqWeft => Imp::Seq { gemm: SeqGemm::new(method, stream, shape, options)?, comm: env.comm().clone(), out: out(mn)? },
         Method::Decomposition { chunks } => {
             ensure!(shape.m % chunks == 0, "decomposition: M = {} does not split into {chunks} bands", shape.m);
             let band = CublasGemm::new(stream, GemmShape::new(shape.m / chunks, shape.n, shape.k), options)?;

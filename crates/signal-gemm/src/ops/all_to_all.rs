@@ -13,13 +13,11 @@
 use super::buffer::OpBuffer;
 use super::candidates::OpKind;
 use super::choice::{choose_and_plan, exact_report, time_candidate, Bench, Candidate, ChoiceReport, PlanRequest};
-use super::common::{agree_on_request, check_capture, check_dtype, check_launch, OpElement};
+use super::common::{agree_on_request, check_capture, check_dtype, check_launch, OpElement, SeqGemm};
 use super::env::{lock, OverlapEnv, SharedComm};
 use super::inputs::{with_operands, Operands};
 use super::method::{Method, MethodChoice};
-use crate::cublas::CublasGemm;
 use crate::dtype::GemmElement;
-use crate::gemm::Gemm;
 use crate::overlap::AllToAllOverlap;
 use crate::plan::{GemmOptions, GemmShape};
 use crate::row_gather::RowGather;
@@ -30,8 +28,9 @@ use weft_pgl::agree;
 use weft_pgl::rendezvous::Rendezvous;
 
 enum Imp<TO: OpElement> {
-    SeqCublas { gemm: CublasGemm, comm: SharedComm, gather: RowGather, d: CudaSlice<TO>, send: CudaSlice<TO> },
-    SeqWeft { gemm: Gemm, comm: SharedComm, gather: RowGather, d: CudaSlice<TO>, send: CudaSlice<TO> },
+    /// seq-cublas, seq-weft: the GEMM into `d`, its rows gathered into `send` destination by
+    /// destination, one ncclSend / ncclRecv per peer into the output.
+    Seq { gemm: SeqGemm, comm: SharedComm, gather: RowGather, d: CudaSlice<TO>, send: CudaSlice<TO> },
     Signal { ov: AllToAllOverlap, comm: SharedComm, staging: CudaSlice<TO>, received: CudaSlice<TO> },
 }
 
@@ -146,13 +145,7 @@ impl<TO: OpElement> GemmAllToAll<TO> {
         check_capture(stream, &self.report.method)?;
         let out = &mut self.out;
         match &mut self.imp {
-            Imp::SeqCublas { gemm, comm, gather, d, send } => {
-                gemm.launch(a, b, d)?;
-                gather.gather(stream, d, send)?;
-                let (sends, recvs) = gather.ranges();
-                lock(comm)?.all_to_all_v(&*send, sends, out, recvs, stream)
-            }
-            Imp::SeqWeft { gemm, comm, gather, d, send } => {
+            Imp::Seq { gemm, comm, gather, d, send } => {
                 gemm.launch(stream, a, b, d)?;
                 gather.gather(stream, d, send)?;
                 let (sends, recvs) = gather.ranges();
@@ -199,11 +192,7 @@ fn plan_imp<TO: OpElement>(
         Method::SeqCublas | Method::SeqWeft => {
             let gather = RowGather::new(stream, routes, rank, shape.m, shape.n)?;
             let (comm, d, send) = (env.comm().clone(), alloc(mn)?, alloc(gather.send_len())?);
-            if *method == Method::SeqCublas {
-                Imp::SeqCublas { gemm: CublasGemm::new(stream, shape, options)?, comm, gather, d, send }
-            } else {
-                Imp::SeqWeft { gemm: Gemm::new(env.context(), shape, options)?, comm, gather, d, send }
-            }
+            Imp::Seq { gemm: SeqGemm::new(method, stream, shape, options)?, comm, gather, d, send }
         }
         Method::Signal { sm_margin, waves } => {
             let local = AllToAllOverlap::new(stream, shape, GemmOptions { sm_margin: *sm_margin, ..options }, Some(waves), routes, rank);

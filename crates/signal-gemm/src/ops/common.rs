@@ -112,3 +112,28 @@ pub(crate) fn check_capture(stream: &Arc<CudaStream>, method: &Method) -> anyhow
     );
     Ok(())
 }
+
+/// The GEMM of a sequential method: cuBLAS (`seq-cublas`) or weft's (`seq-weft`).
+pub(crate) enum SeqGemm {
+    Cublas(crate::cublas::CublasGemm),
+    Weft(crate::gemm::Gemm),
+}
+
+impl SeqGemm {
+    /// `method`'s GEMM (SeqCublas or SeqWeft) for `shape` on `stream`'s device.
+    pub fn new(method: &Method, stream: &Arc<CudaStream>, shape: GemmShape, options: GemmOptions) -> anyhow::Result<Self> {
+        Ok(match method {
+            Method::SeqCublas => SeqGemm::Cublas(crate::cublas::CublasGemm::new(stream, shape, options)?),
+            Method::SeqWeft => SeqGemm::Weft(crate::gemm::Gemm::new(stream.context(), shape, options)?),
+            other => anyhow::bail!("{other} is not a sequential method"),
+        })
+    }
+
+    /// D = A · B on `stream` (cuBLAS: on the stream it was made with, the op's planned one).
+    pub fn launch<TI: GemmElement, TO: GemmElement>(&self, stream: &Arc<CudaStream>, a: &cudarc::driver::CudaSlice<TI>, b: &cudarc::driver::CudaSlice<TI>, d: &mut cudarc::driver::CudaSlice<TO>) -> anyhow::Result<()> {
+        match self {
+            SeqGemm::Cublas(g) => g.launch(a, b, d),
+            SeqGemm::Weft(g) => g.launch(stream, a, b, d),
+        }
+    }
+}

@@ -12,14 +12,13 @@
 use super::buffer::OpBuffer;
 use super::candidates::OpKind;
 use super::choice::{choose_and_plan, exact_report, time_candidate, Bench, Candidate, ChoiceReport, PlanRequest};
-use super::common::{agree_on_request, check_capture, check_dtype, check_launch, OpElement};
+use super::common::{agree_on_request, check_capture, check_dtype, check_launch, OpElement, SeqGemm};
 use super::env::{lock, OverlapEnv, SharedComm};
 use super::inputs::{with_operands, Operands};
 use super::method::{Method, MethodChoice};
 use crate::cublas::CublasGemm;
 use crate::dtype::GemmElement;
 use crate::fused::FusedReduceScatter;
-use crate::gemm::Gemm;
 use crate::overlap::high_priority_stream;
 use crate::plan::{GemmOptions, GemmShape};
 use anyhow::{bail, ensure};
@@ -30,8 +29,8 @@ use weft_pgl::nccl::ReduceOp;
 use weft_pgl::rendezvous::Rendezvous;
 
 enum Imp<TO: OpElement> {
-    SeqCublas { gemm: CublasGemm, comm: SharedComm, d: CudaSlice<TO>, out: CudaSlice<TO> },
-    SeqWeft { gemm: Gemm, comm: SharedComm, d: CudaSlice<TO>, out: CudaSlice<TO> },
+    /// seq-cublas, seq-weft: the GEMM into `d`, then ncclReduceScatter into the output.
+    Seq { gemm: SeqGemm, comm: SharedComm, d: CudaSlice<TO>, out: CudaSlice<TO> },
     /// Chunk c is, for every rank r, rows [r·m/world + c·q, … + q) (q = m / (world · chunks)),
     /// computed into staging rows [(c·world + r)·q, … + q) and reduce-scattered as one call, so
     /// each rank receives its c-th q rows.
@@ -116,11 +115,7 @@ impl<TO: OpElement> GemmReduceScatter<TO> {
         check_capture(stream, &self.report.method)?;
         let world = self.world as usize;
         match &mut self.imp {
-            Imp::SeqCublas { gemm, comm, d, out } => {
-                gemm.launch(a, b, d)?;
-                lock(comm)?.reduce_scatter(&*d, out, ReduceOp::Sum, stream)
-            }
-            Imp::SeqWeft { gemm, comm, d, out } => {
+            Imp::Seq { gemm, comm, d, out } => {
                 gemm.launch(stream, a, b, d)?;
                 lock(comm)?.reduce_scatter(&*d, out, ReduceOp::Sum, stream)
             }
@@ -149,7 +144,7 @@ impl<TO: OpElement> GemmReduceScatter<TO> {
     /// The op's result: this rank's m/world × n rows of the last launch, once it has run.
     pub fn output(&self) -> OpBuffer<'_, TO> {
         let (ptr, len) = match &self.imp {
-            Imp::SeqCublas { out, .. } | Imp::SeqWeft { out, .. } | Imp::Decomposition { out, .. } => (out.device_ptr(&self.stream).0, out.len()),
+            Imp::Seq { out, .. } | Imp::Decomposition { out, .. } => (out.device_ptr(&self.stream).0, out.len()),
             Imp::Fused(f) => (f.output().local_ptr(), f.output().len()),
         };
         // SAFETY: the buffer holds `len` elements of TO and lives as long as self.
@@ -186,8 +181,7 @@ fn plan_imp<TO: OpElement>(
     let alloc = |len: u32| -> anyhow::Result<CudaSlice<TO>> { Ok(stream.alloc_zeros::<TO>(len as usize)?) };
     let (mn, out_len) = (shape.m * shape.n, shape.m / world * shape.n);
     Ok(match method {
-        Method::SeqCublas => Imp::SeqCublas { gemm: CublasGemm::new(stream, shape, options)?, comm: env.comm().clone(), d: alloc(mn)?, out: alloc(out_len)? },
-        Method::SeqWeft => Imp::SeqWeft { gemm: Gemm::new(&ctx, shape, options)?, comm: env.comm().clone(), d: alloc(mn)?, out: alloc(out_len)? },
+        Method::SeqCublas | Method::SeqWeft => Imp::Seq { gemm: SeqGemm::new(method, stream, shape, options)?, comm: env.comm().clone(), d: alloc(mn)?, out: alloc(out_len)? },
         Method::Decomposition { chunks } => {
             ensure!(
                 shape.m % (world * chunks) == 0,
