@@ -14,8 +14,9 @@
 //! and the share of it `auto` reaches, auto ÷ seq-cublas and auto against the fastest method of
 //! the row (auto's own op included). Every op's result is poisoned, then checked element by element on the GPU against
 //! seq-cublas's before it is timed (sums: world · 2⁻⁷ · Σ_r |partial_r|; AllGather and
-//! All-to-All: 2⁻⁷ relative plus k · 2⁻¹⁸). Timing: bench/rig.rs (events, L2 evicted before each run, median per rank,
-//! the slowest rank's). Rank 0 prints each row as soon as it is measured and its progress on
+//! All-to-All: 2⁻⁷ relative plus k · 2⁻¹⁸). Timing: bench/rig.rs (events; before each run
+//! L2 evicted and the ranks lined up by a one-element ncclAllReduce; the row's ops interleaved;
+//! median per rank, the slowest rank's). Rank 0 prints each row as soon as it is measured and its progress on
 //! stderr.
 
 use super::rig::{slowest, Rig};
@@ -526,11 +527,13 @@ fn check_and_time_all(
         })();
         weft_pgl::agree(&mut job.rdzv, &format!("checking {method} at {shape}"), checked)?;
     }
+    let comm = job.overlap()?.1.comm().clone();
+    let mut tiny = compute.alloc_zeros::<f32>(1)?;
     let timed = (|| -> anyhow::Result<Vec<f64>> {
         for (_, anyop) in ops.iter() {
             anyop.prepare(&compute, x)?;
         }
-        let t = rig.time_each(ops.len(), |i| ops[i].1.launch(&compute, x))?;
+        let t = rig.time_each(ops.len(), || align(&comm, &mut tiny, &compute), |i| ops[i].1.launch(&compute, x))?;
         for (_, anyop) in ops.iter() {
             anyop.synchronize()?;
         }
@@ -538,6 +541,13 @@ fn check_and_time_all(
     })();
     let times = weft_pgl::agree(&mut job.rdzv, &format!("timing {} ops at {shape}", ops.len()), timed)?;
     Ok((labels, slowest(job, &times)?))
+}
+
+/// Lines the ranks up on `stream`: a one-element ncclAllReduce, which ends on every rank once all
+/// have reached it (a few µs apart), so the next op starts together everywhere.
+fn align(comm: &weft_signal_gemm::ops::SharedComm, tiny: &mut CudaSlice<f32>, stream: &Arc<CudaStream>) -> anyhow::Result<()> {
+    let comm = comm.lock().map_err(|_| anyhow::anyhow!("the ops' communicator is unusable: a thread panicked while enqueueing on it"))?;
+    comm.all_reduce_in_place(tiny, ReduceOp::Sum, stream)
 }
 
 /// An error's first line (progress lines stay short; the full text is in the refusal).

@@ -58,9 +58,11 @@ impl Rig {
 
 impl Rig {
     /// Median ms of each of `count` ops, timed interleaved: every iteration runs op 0, 1, …, each
-    /// after an L2 flush and between its own events, so a drift of the GPU's clocks or
-    /// temperature during the measurement weighs on every op alike.
-    pub fn time_each(&mut self, count: usize, mut launch: impl FnMut(usize) -> anyhow::Result<()>) -> anyhow::Result<Vec<f64>> {
+    /// after an L2 flush and `align` (outside its events), between its own events, so a drift of
+    /// the GPU's clocks or temperature during the measurement weighs on every op alike. `align`
+    /// lines the ranks up on the stream (a tiny collective), so an op does not count, as its own,
+    /// the time its peers still spent on the op before.
+    pub fn time_each(&mut self, count: usize, mut align: impl FnMut() -> anyhow::Result<()>, mut launch: impl FnMut(usize) -> anyhow::Result<()>) -> anyhow::Result<Vec<f64>> {
         for _ in 0..self.warmup {
             for i in 0..count {
                 launch(i)?;
@@ -74,6 +76,7 @@ impl Rig {
             for i in 0..count {
                 let e = 2 * (it * count + i);
                 self.compute.memset_zeros(&mut self.flush)?;
+                align()?;
                 events[e].record(&self.compute)?;
                 launch(i)?;
                 events[e + 1].record(&self.compute)?;
