@@ -37,7 +37,7 @@ impl BoundCompare {
     }
 
     /// |src| as f32, on `stream`.
-    pub fn abs_f32(&self, stream: &Arc<CudaStream>, src: &impl DevicePtr<bf16>) -> anyhow::Result<CudaSlice<f32>> {
+    fn abs_f32(&self, stream: &Arc<CudaStream>, src: &impl DevicePtr<bf16>) -> anyhow::Result<CudaSlice<f32>> {
         let count = src.len();
         // SAFETY: every element is written by the kernel below before anything reads it.
         let mut dst = unsafe { stream.alloc::<f32>(count.max(1)) }?;
@@ -48,6 +48,16 @@ impl BoundCompare {
         unsafe { stream.launch_builder(&self.abs).arg(&p).launch(GRID) }.context("launching weft_abs_to_f32")?;
         drop((_gs, _gd));
         Ok(dst)
+    }
+
+    /// Σ over ranks of |partial_r| (f32) per element, every rank's `partial` summed by `comm`: the
+    /// base of the bound world · 2⁻⁷ · Σ_r |partial_r| of two bf16 paths to one sum (see
+    /// reduce_check.rs). Collective; synchronises `stream`.
+    pub fn abs_sum_over_ranks(&self, comm: &weft_pgl::nccl::Communicator, stream: &Arc<CudaStream>, partial: &impl DevicePtr<bf16>) -> anyhow::Result<CudaSlice<f32>> {
+        let mut abs = self.abs_f32(stream, partial)?;
+        comm.all_reduce_in_place(&mut abs, weft_pgl::nccl::ReduceOp::Sum, stream)?;
+        stream.synchronize()?;
+        Ok(abs)
     }
 
     /// Every element of `got` within `bound` of `want` (same length); the error names how many

@@ -469,9 +469,7 @@ fn alone(job: &mut Job, rig: &mut Rig, cmp: &mut BoundCompare, op: OpKind, cubla
                 rig.time(|| comm.reduce_scatter(&d, &mut out, ReduceOp::Sum, &compute))?
             };
             cublas.launch(&x.a, &x.b, &mut d)?;
-            let mut abs = cmp.abs_f32(&compute, &d)?;
-            comm.all_reduce_in_place(&mut abs, ReduceOp::Sum, &compute)?;
-            compute.synchronize()?;
+            let abs = cmp.abs_sum_over_ranks(&comm, &compute, &d)?;
             let rows = if op == OpKind::AllReduce { 0..mu } else { rank * mu / world..(rank + 1) * mu / world };
             let mut mine = compute.alloc_zeros::<f32>(rows.len() * nu)?;
             compute.memcpy_dtod(&abs.slice(rows.start * nu..rows.end * nu), &mut mine)?;

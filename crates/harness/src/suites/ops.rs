@@ -16,7 +16,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use std::time::Duration;
-use weft_pgl::nccl::{Communicator, ReduceOp};
+use weft_pgl::nccl::Communicator;
 use weft_signal_gemm::ops::{candidates, AllGatherGemm, AutoPolicy, ChoiceCache, GemmAllReduce, GemmAllToAll, GemmReduceScatter, Method, MethodChoice, OpKind, OverlapEnv};
 use weft_signal_gemm::{device_sms, CublasGemm, Dtype, GemmOptions, GemmShape};
 
@@ -75,10 +75,8 @@ fn copy_of(stream: &Arc<CudaStream>, src: &impl DevicePtr<bf16>) -> anyhow::Resu
 fn abs_sum(env: &OverlapEnv, stream: &Arc<CudaStream>, cmp: &BoundCompare, shape: GemmShape, a: &CudaSlice<bf16>, b: &CudaSlice<bf16>) -> anyhow::Result<CudaSlice<f32>> {
     let mut partial = poisoned::<bf16>(stream, (shape.m * shape.n) as usize)?;
     CublasGemm::new(stream, shape, GemmOptions::default())?.launch(a, b, &mut partial)?;
-    let mut abs = cmp.abs_f32(stream, &partial)?;
-    env.comm().lock().map_err(|_| anyhow::anyhow!("poisoned communicator"))?.all_reduce_in_place(&mut abs, ReduceOp::Sum, stream)?;
-    stream.synchronize()?;
-    Ok(abs)
+    let comm = env.comm().lock().map_err(|_| anyhow::anyhow!("poisoned communicator"))?;
+    cmp.abs_sum_over_ranks(&comm, stream, &partial)
 }
 
 /// The first candidate of every family `Auto` would consider at `shape`, then `Auto` itself.

@@ -31,11 +31,6 @@ pub struct ChoiceReport {
 }
 
 impl ChoiceReport {
-    /// The time the ranking expects of the chosen method (ms), if it was ranked.
-    pub fn expected_ms(&self) -> Option<f64> {
-        self.ranking.as_ref()?.times.iter().find(|(m, _)| *m == self.method).map(|t| t.1)
-    }
-
     /// Seconds this plan spent measuring candidates (0 when the cache knew them).
     pub fn first_use_s(&self) -> f64 {
         self.ranking.as_ref().map_or(0.0, |r| r.first_use_s)
@@ -69,8 +64,7 @@ pub(crate) fn choose_and_plan<T>(
         );
         let planned = plan_exact(rdzv, env, m);
         let op = agree(rdzv, &format!("planning {title} {shape} with {m}"), planned)?;
-        let report = ChoiceReport { asked: choice.clone(), method: m.clone(), ranking: None, refused: Vec::new() };
-        return Ok((op, report));
+        return Ok((op, exact_report(m)));
     }
     let world = rdzv.world() as u32;
     let sms = device_sms(env.context())?;

@@ -22,7 +22,6 @@ pub struct OverlapEnv {
     cache: ChoiceCache,
     policy: AutoPolicy,
     machine: String,
-    rank: usize,
     world: usize,
 }
 
@@ -69,7 +68,6 @@ impl OverlapEnv {
             cache,
             policy: AutoPolicy::default(),
             machine,
-            rank: rdzv.rank(),
             world: rdzv.world(),
         })
     }
@@ -100,10 +98,6 @@ impl OverlapEnv {
 
     pub fn machine(&self) -> &str {
         &self.machine
-    }
-
-    pub fn rank(&self) -> usize {
-        self.rank
     }
 
     pub fn world(&self) -> usize {
