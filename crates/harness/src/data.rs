@@ -59,6 +59,19 @@ impl Elem for bf16 {
     }
 }
 
+impl Elem for half::f16 {
+    const NAME: &'static str = "f16";
+    fn from_small_int(v: i32) -> Self {
+        half::f16::from_f32(v as f32)
+    }
+    fn poison() -> Self {
+        half::f16::NAN
+    }
+    fn is_poison(self) -> bool {
+        self.is_nan()
+    }
+}
+
 impl Elem for i32 {
     const NAME: &'static str = "i32";
     fn from_small_int(v: i32) -> Self {

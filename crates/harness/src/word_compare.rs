@@ -38,8 +38,8 @@ impl WordCompare {
     pub fn differ<T: cudarc::driver::DeviceRepr>(
         &mut self,
         stream: &Arc<CudaStream>,
-        a: &CudaSlice<T>,
-        b: &CudaSlice<T>,
+        a: &impl DevicePtr<T>,
+        b: &impl DevicePtr<T>,
     ) -> anyhow::Result<Option<Difference>> {
         self.reset(stream)?;
         self.enqueue(stream, a, b)?;
@@ -57,8 +57,8 @@ impl WordCompare {
     pub fn enqueue<T: cudarc::driver::DeviceRepr>(
         &mut self,
         stream: &Arc<CudaStream>,
-        a: &CudaSlice<T>,
-        b: &CudaSlice<T>,
+        a: &impl DevicePtr<T>,
+        b: &impl DevicePtr<T>,
     ) -> anyhow::Result<()> {
         ensure!(
             a.len() == b.len(),

@@ -67,6 +67,7 @@ unsafe impl DeviceRepr for abi::weft_gemm_group_wait_params {}
 unsafe impl DeviceRepr for abi::weft_gemm_restore_params {}
 unsafe impl DeviceRepr for abi::weft_gemm_slot_scatter_params {}
 unsafe impl DeviceRepr for abi::weft_gemm_row_gather_params {}
+unsafe impl DeviceRepr for abi::weft_collective_params {}
 
 #[cfg(test)]
 mod tests {

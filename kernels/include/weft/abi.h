@@ -3,6 +3,7 @@
 // Rules: C only, fixed-width types; one concept per header.
 #pragma once
 #include "weft/bound_compare.h"
+#include "weft/collectives.h"
 #include "weft/gemm.h"
 #include "weft/grpcoll.h"
 #include "weft/kernel_barrier.h"

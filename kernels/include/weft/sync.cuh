@@ -2,6 +2,7 @@
 //
 //   signal(bar, coord, dst_rank, val)   release add on dst_rank's counter      (signal.cuh)
 //   signal_all(bar, coord, val)         release add on every rank's counter    (signal.cuh)
+//   publish(bar, coord, dst_rank, v)    release store of a monotone value      (signal.cuh)
 //   wait(bar, coord, rank, expected)    bounded acquire poll until >= expected (wait.cuh)
 //   barrier(bar, coord, epoch)          all ranks, epoch-numbered              (barrier.cuh)
 //   signal_gpu / wait_gpu / barrier_gpu the same between SMs of one GPU (.gpu scope)

@@ -2,6 +2,7 @@
 //! results are combined across ranks (the slowest rank's median is the reported time), rank 0
 //! prints the table and writes the files.
 
+mod collectives;
 mod gemm;
 pub mod grid;
 mod grpcoll;
@@ -22,7 +23,7 @@ use anyhow::{bail, Context};
 use std::path::PathBuf;
 use weft_signal_gemm::ops::OpKind;
 
-pub const SUITES: &[&str] = &["nccl", "pgl", "sync", "overlap-order", "grpcoll", "gemm", "overlap", "overlap-reduce-scatter", "overlap-all-to-all", "overlap-all-gather", "interference"];
+pub const SUITES: &[&str] = &["nccl", "collectives", "pgl", "sync", "overlap-order", "grpcoll", "gemm", "overlap", "overlap-reduce-scatter", "overlap-all-to-all", "overlap-all-gather", "interference"];
 
 #[derive(Debug, Default, PartialEq)]
 pub struct BenchOptions {
@@ -86,6 +87,7 @@ pub fn run(job: &mut Job, opts: &BenchOptions) -> anyhow::Result<()> {
     for suite in &opts.suites {
         let result = match suite.as_str() {
             "nccl" => nccl::run(job, opts.quick)?,
+            "collectives" => collectives::run(job, opts.quick)?,
             "grpcoll" => grpcoll::run(job, opts.quick)?,
             "gemm" => gemm::run(job, opts.quick)?,
             "pgl" => pgl::run(job, opts.quick)?,

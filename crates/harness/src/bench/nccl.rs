@@ -18,7 +18,7 @@ use std::sync::Arc;
 use weft_pgl::nccl::{Communicator, ReduceOp};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Op {
+pub(super) enum Op {
     AllReduce,
     ReduceScatter,
     AllGather,
@@ -35,7 +35,7 @@ const OPS: [Op; 5] = [
 ];
 
 impl Op {
-    fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Op::AllReduce => "all_reduce",
             Op::ReduceScatter => "reduce_scatter",
@@ -46,7 +46,7 @@ impl Op {
     }
 
     /// nccl-tests' bus-bandwidth factor.
-    fn bus_factor(self, world: usize) -> f64 {
+    pub(super) fn bus_factor(self, world: usize) -> f64 {
         let n = world as f64;
         match self {
             Op::AllReduce => 2.0 * (n - 1.0) / n,
@@ -56,7 +56,7 @@ impl Op {
     }
 
     /// (send elements, receive elements) for a nominal size, rounded so blocks divide evenly.
-    fn counts(self, bytes: usize, world: usize) -> (usize, usize) {
+    pub(super) fn counts(self, bytes: usize, world: usize) -> (usize, usize) {
         let elems = (bytes / 4).max(1);
         let block = (elems / world).max(1);
         match self {
@@ -68,7 +68,7 @@ impl Op {
     }
 
     /// The size nccl-tests reports for these counts.
-    fn reported_bytes(self, send: usize, recv: usize) -> usize {
+    pub(super) fn reported_bytes(self, send: usize, recv: usize) -> usize {
         4 * match self {
             Op::AllGather => recv,
             _ => send,

@@ -2,6 +2,7 @@
 
 mod all_to_all;
 mod barrier;
+mod collectives;
 mod auto_choice;
 mod ops;
 mod fused_all_gather;
@@ -43,6 +44,7 @@ pub fn all() -> Vec<Case> {
     cases.extend(sync::cases());
     cases.extend(barrier::cases());
     cases.extend(grpcoll::cases());
+    cases.extend(collectives::cases());
     cases.extend(gemm::cases());
     cases.extend(overlap::cases());
     cases.extend(reduce_scatter::cases());

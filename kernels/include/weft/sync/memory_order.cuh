@@ -89,6 +89,12 @@ __device__ __forceinline__ uint64_t atom_add_release_gpu(uint64_t* p, uint64_t v
   return old;
 }
 
+__device__ __forceinline__ uint64_t atom_add_acq_rel_gpu(uint64_t* p, uint64_t v) {
+  uint64_t old;
+  asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], %2;" : "=l"(old) : "l"(p), "l"(v) : "memory");
+  return old;
+}
+
 // ---- fences ----
 
 // Orders all of the thread's earlier memory operations before all later ones at system scope.

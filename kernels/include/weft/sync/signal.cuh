@@ -37,6 +37,14 @@ __device__ __forceinline__ void signal_all(const weft_sync_counters& bar, weft_t
   }
 }
 
+// Stores `value` into `dst_rank`'s counter at `coord`, release at system scope (st.release.sys):
+// for flags that carry a monotone sequence number written by one producer only (a waiter asks for
+// >= its round's number, so a producer that is already a round ahead does not hold it back).
+__device__ __forceinline__ void publish(const weft_sync_counters& bar, weft_tile_coord coord, int32_t dst_rank,
+                                        uint64_t value) {
+  mo::st_release_sys(counter_or_trap(bar, coord, dst_rank, WEFT_SYNC_PRIM_SIGNAL), value);
+}
+
 // GPU scope: adds `val` to this rank's own counter at `coord` for a waiter on another SM of the
 // same GPU (wait_gpu). Orders the thread's earlier stores at GPU scope only.
 __device__ __forceinline__ void signal_gpu(const weft_sync_counters& bar, weft_tile_coord coord, uint64_t val = 1) {

@@ -1,0 +1,341 @@
+//! `Collectives`: one rank's staging PGL, round flags and kernels, and the three calls.
+
+use crate::element::CollectiveElement;
+use crate::error::CollectiveError;
+use crate::geometry::{all_reduce_algorithm, geometry, Algorithm, Geometry, Limits, THREADS};
+use crate::options::Options;
+use cudarc::driver::{
+    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig,
+    PushKernelArg,
+};
+use std::sync::Arc;
+use weft_kernels::abi::{self, weft_collective_params};
+use weft_kernels::cubins;
+use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::{agree, Backend, Pgl, Shape};
+use weft_sync::launch::{load, sync_checked};
+use weft_sync::{Counters, WaitBudget};
+
+/// AllReduce, ReduceScatter and AllGather of this rank's device buffers, on one stream, with every
+/// rank of the rendezvous. Every rank must make the same calls in the same order with the same
+/// lengths and element types (as with NCCL); a rank that does not is reported by the others'
+/// bounded waits ([`CollectiveError::Wait`] from [`Collectives::synchronize`] or `check`).
+pub struct Collectives {
+    stream: Arc<CudaStream>,
+    staging: Pgl<u8>,
+    flags: Counters,
+    kernels: [CudaFunction; 3],
+    options: Options,
+    max_blocks: u32,
+    /// weft_collective_state: the round numbers, kept on the device so graph replays advance them.
+    state: CudaSlice<u64>,
+    /// Every launch's params but the call's own (input, output, count, cut, algorithm).
+    base: weft_collective_params,
+}
+
+impl Collectives {
+    /// Collective: staging and flags on every rank of `rdzv` for launches on `stream`.
+    pub fn new(
+        rdzv: &mut Rendezvous,
+        stream: &Arc<CudaStream>,
+        options: Options,
+    ) -> Result<Self, CollectiveError> {
+        let ctx = stream.context().clone();
+        let world = rdzv.world();
+        let sms = sm_count(&ctx)?;
+        let sharing = weft_pgl::gpu::max_ranks_per_gpu(rdzv, &ctx)?;
+        let max_blocks = agree(
+            rdzv,
+            "collectives options",
+            options.validate(sms, sharing).map_err(anyhow::Error::from),
+        )?;
+        let kernels = agree(
+            rdzv,
+            "loading kernels/collectives/collectives.cu",
+            load_kernels(&ctx),
+        )?;
+        // [slot][phase][sender] rows of slot_bytes, then [slot][sender] LL rows
+        // (weft_collective_slot_offset, weft_collective_ll_slot_offset).
+        // SAFETY: a pure function of its argument (weft/collectives.h).
+        let rows = unsafe { abi::weft_collective_staging_rows(world as u32) };
+        let staging = Pgl::alloc(
+            rdzv,
+            &ctx,
+            Shape::new(1, 1, rows, options.slot_bytes as u32),
+            Backend::default(),
+        )
+        .map_err(|e| {
+            e.context(format!(
+                "allocating {} bytes of collective staging",
+                rows as u64 * options.slot_bytes
+            ))
+        })?;
+        let budget = agree(
+            rdzv,
+            "collectives wait budget",
+            WaitBudget::default_for(&ctx),
+        )?;
+        let flags = Counters::alloc(
+            rdzv,
+            &ctx,
+            Shape::new(
+                abi::WEFT_COLL_PHASES,
+                1,
+                world as u32,
+                abi::WEFT_COLL_MAX_BLOCKS,
+            ),
+            budget,
+        )?;
+        let state =
+            stream.alloc_zeros::<u64>(std::mem::size_of::<abi::weft_collective_state>() / 8)?;
+        let state_ptr = state.device_ptr(stream).0;
+        let base = weft_collective_params {
+            staging: staging.view(),
+            flags: flags.device()?,
+            slot_bytes: options.slot_bytes,
+            state: state_ptr,
+            ..Default::default()
+        };
+        stream.synchronize()?; // the zeroed state is in place before any rank's first launch
+        agree(rdzv, "collectives state", Ok(()))?;
+        Ok(Self {
+            stream: stream.clone(),
+            staging,
+            flags,
+            kernels,
+            options,
+            max_blocks,
+            state,
+            base,
+        })
+    }
+
+    pub fn options(&self) -> &Options {
+        &self.options
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// `output[i]` = sum over ranks of `input[i]`; equal lengths. Every rank gets the same bits.
+    pub fn all_reduce<T: CollectiveElement>(
+        &mut self,
+        input: &impl DevicePtr<T>,
+        output: &mut impl DevicePtrMut<T>,
+    ) -> Result<(), CollectiveError> {
+        const OP: &str = "all_reduce";
+        expect_len(
+            OP,
+            "output",
+            output.len(),
+            input.len(),
+            "the input's length",
+        )?;
+        let stream = self.stream.clone();
+        let (i, _gi) = input.device_ptr(&stream);
+        let (o, _go) = output.device_ptr_mut(&stream);
+        self.all_reduce_ptrs::<T>(i, o, input.len())
+    }
+
+    /// In place: `buf[i]` = sum over ranks of `buf[i]`.
+    pub fn all_reduce_in_place<T: CollectiveElement>(
+        &mut self,
+        buf: &mut impl DevicePtrMut<T>,
+    ) -> Result<(), CollectiveError> {
+        let n = buf.len();
+        let stream = self.stream.clone();
+        let (p, _g) = buf.device_ptr_mut(&stream);
+        self.all_reduce_ptrs::<T>(p, p, n)
+    }
+
+    fn all_reduce_ptrs<T: CollectiveElement>(
+        &mut self,
+        input: u64,
+        output: u64,
+        n: usize,
+    ) -> Result<(), CollectiveError> {
+        let world = self.staging.world();
+        let algo = all_reduce_algorithm(
+            self.options.all_reduce,
+            world,
+            (n * std::mem::size_of::<T>()) as u64,
+        );
+        self.launch::<T>(algo, input, output, n)
+    }
+
+    /// `output` (n elements) = sum over ranks of `input[rank·n .. (rank+1)·n]`; `input` holds world·n.
+    pub fn reduce_scatter<T: CollectiveElement>(
+        &mut self,
+        input: &impl DevicePtr<T>,
+        output: &mut impl DevicePtrMut<T>,
+    ) -> Result<(), CollectiveError> {
+        let n = output.len();
+        expect_len(
+            "reduce_scatter",
+            "input",
+            input.len(),
+            n * self.staging.world(),
+            "world × the output's length",
+        )?;
+        let stream = self.stream.clone();
+        let (i, _gi) = input.device_ptr(&stream);
+        let (o, _go) = output.device_ptr_mut(&stream);
+        self.launch::<T>(Algorithm::ReduceScatter, i, o, n)
+    }
+
+    /// `output[r·n .. (r+1)·n]` = rank r's `input` (n elements); `output` holds world·n.
+    pub fn all_gather<T: CollectiveElement>(
+        &mut self,
+        input: &impl DevicePtr<T>,
+        output: &mut impl DevicePtrMut<T>,
+    ) -> Result<(), CollectiveError> {
+        let n = input.len();
+        expect_len(
+            "all_gather",
+            "output",
+            output.len(),
+            n * self.staging.world(),
+            "world × the input's length",
+        )?;
+        let stream = self.stream.clone();
+        let (i, _gi) = input.device_ptr(&stream);
+        let (o, _go) = output.device_ptr_mut(&stream);
+        self.launch::<T>(Algorithm::AllGather, i, o, n)
+    }
+
+    /// The launch geometry a call of `count` elements of `T` gets (for reports and tests).
+    pub fn geometry<T: CollectiveElement>(&self, algo: Algorithm, count: usize) -> Geometry {
+        let limits = Limits {
+            slot_bytes: self.options.slot_bytes,
+            ll_max_bytes: self.options.ll_max_bytes,
+            blocks: self.options.blocks,
+            max_blocks: self.max_blocks,
+        };
+        geometry(
+            algo,
+            count as u64,
+            self.staging.world(),
+            std::mem::size_of::<T>(),
+            limits,
+        )
+    }
+
+    /// The AllReduce path a call of `count` elements of `T` takes.
+    pub fn all_reduce_path<T: CollectiveElement>(&self, count: usize) -> Algorithm {
+        all_reduce_algorithm(
+            self.options.all_reduce,
+            self.staging.world(),
+            (count * std::mem::size_of::<T>()) as u64,
+        )
+    }
+
+    fn launch<T: CollectiveElement>(
+        &mut self,
+        algo: Algorithm,
+        input: u64,
+        output: u64,
+        count: usize,
+    ) -> Result<(), CollectiveError> {
+        let op = algo.name();
+        for (buffer, addr) in [("input", input), ("output", output)] {
+            if addr % 16 != 0 {
+                return Err(CollectiveError::Misaligned { op, buffer, addr });
+            }
+        }
+        if count == 0 {
+            return Ok(()); // nothing to move (as NCCL: a zero count is a no-op)
+        }
+        let g = self.geometry::<T>(algo, count);
+        let params = weft_collective_params {
+            input,
+            output,
+            count: g.count,
+            shard: g.shard,
+            window: g.window,
+            rounds: g.rounds,
+            algo: algo.code(),
+            protocol: g.protocol.code(),
+            ..self.base
+        };
+        let func = &self.kernels[kernel_index::<T>()];
+        let cfg = LaunchConfig {
+            grid_dim: (g.blocks, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: input and output are this device's buffers of the lengths checked by the
+        // callers (count elements; world·count where the op says so), 16-byte aligned; the
+        // staging and flag views are this value's PGLs, alive while it is; the kernel writes the
+        // staging only inside slots of slot_bytes (window ≤ slot_bytes / size of T; LL: 8 bytes
+        // per 4-byte word, checked by geometry()); the state
+        // is this value's two words. Capturable: nothing here depends on earlier launches.
+        unsafe { self.stream.launch_builder(func).arg(&params).launch(cfg) }?;
+        Ok(())
+    }
+
+    /// Waits for the stream; a kernel stopped by an expired wait is reported with what it saw.
+    pub fn synchronize(&self) -> Result<(), CollectiveError> {
+        sync_checked(&self.stream, &[self.flags.slot()]).map_err(|e| {
+            if self.flags.slot().report().is_some() {
+                CollectiveError::Wait(format!("{e:#}"))
+            } else {
+                CollectiveError::Runtime(e)
+            }
+        })
+    }
+
+    /// Collective: frees staging and flags on every rank (after the stream drained).
+    pub fn free(self, rdzv: &mut Rendezvous) -> Result<(), CollectiveError> {
+        agree(
+            rdzv,
+            "collectives free (drain)",
+            self.synchronize().map_err(anyhow::Error::from),
+        )?;
+        drop(self.state);
+        self.staging.free(rdzv)?;
+        self.flags.free(rdzv)?;
+        Ok(())
+    }
+}
+
+fn expect_len(
+    op: &'static str,
+    buffer: &'static str,
+    len: usize,
+    expected: usize,
+    rule: &'static str,
+) -> Result<(), CollectiveError> {
+    if len == expected {
+        Ok(())
+    } else {
+        Err(CollectiveError::Length {
+            op,
+            buffer,
+            len,
+            expected,
+            rule,
+        })
+    }
+}
+
+fn kernel_index<T: CollectiveElement>() -> usize {
+    match T::KERNEL {
+        "weft_collective_f32" => 0,
+        "weft_collective_bf16" => 1,
+        _ => 2,
+    }
+}
+
+fn load_kernels(ctx: &Arc<CudaContext>) -> anyhow::Result<[CudaFunction; 3]> {
+    let f = |name| load(ctx, &cubins::COLLECTIVES_COLLECTIVES, name);
+    Ok([
+        f(<f32 as CollectiveElement>::KERNEL)?,
+        f(<half::bf16 as CollectiveElement>::KERNEL)?,
+        f(<half::f16 as CollectiveElement>::KERNEL)?,
+    ])
+}
+
+fn sm_count(ctx: &Arc<CudaContext>) -> anyhow::Result<u32> {
+    Ok(ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32)
+}

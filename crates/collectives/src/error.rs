@@ -1,0 +1,38 @@
+//! What a collective call can refuse or report.
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum CollectiveError {
+    /// A buffer whose length does not fit the collective's rule.
+    #[error("{op}: {buffer} holds {len} elements, expected {expected} ({rule})")]
+    Length {
+        op: &'static str,
+        buffer: &'static str,
+        len: usize,
+        expected: usize,
+        rule: &'static str,
+    },
+    /// A buffer not aligned to 16 bytes (the kernels move 16-byte vectors).
+    #[error("{op}: {buffer} at {addr:#x} is not 16-byte aligned")]
+    Misaligned {
+        op: &'static str,
+        buffer: &'static str,
+        addr: u64,
+    },
+    /// Options that cannot work on this job.
+    #[error("collectives options: {0}")]
+    Options(String),
+    /// A bounded wait inside a kernel expired (a peer never published its round): what it saw.
+    #[error("a collective's wait expired: {0} (ranks must make the same collective calls, in the same order, with the same lengths)")]
+    Wait(String),
+    /// Allocation, agreement between ranks, loading or launching failed.
+    #[error(transparent)]
+    Runtime(#[from] anyhow::Error),
+}
+
+impl From<cudarc::driver::DriverError> for CollectiveError {
+    fn from(e: cudarc::driver::DriverError) -> Self {
+        CollectiveError::Runtime(e.into())
+    }
+}

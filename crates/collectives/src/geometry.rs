@@ -1,0 +1,284 @@
+//! Which kernel path a call takes and how it is cut into rounds and blocks: pure functions of the
+//! call's size, the world and the options, the same on every rank.
+
+use weft_kernels::abi;
+
+/// The kernel's algorithm (`weft_collective_params.algo`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Algorithm {
+    /// Every rank pushes its whole input to every peer and sums locally: (world − 1) × size over
+    /// the links per rank, one round trip of latency.
+    AllReduceOneShot,
+    /// Reduce-scatter push, the owner sums its shard, all-gather push: 2 (world − 1) / world × size
+    /// per rank, two round trips.
+    AllReduceTwoShot,
+    ReduceScatter,
+    AllGather,
+}
+
+impl Algorithm {
+    pub fn code(self) -> i32 {
+        (match self {
+            Algorithm::AllReduceOneShot => abi::WEFT_COLL_ALL_REDUCE_ONE_SHOT,
+            Algorithm::AllReduceTwoShot => abi::WEFT_COLL_ALL_REDUCE_TWO_SHOT,
+            Algorithm::ReduceScatter => abi::WEFT_COLL_REDUCE_SCATTER,
+            Algorithm::AllGather => abi::WEFT_COLL_ALL_GATHER,
+        }) as i32
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::AllReduceOneShot => "all_reduce one-shot",
+            Algorithm::AllReduceTwoShot => "all_reduce two-shot",
+            Algorithm::ReduceScatter => "reduce_scatter",
+            Algorithm::AllGather => "all_gather",
+        }
+    }
+}
+
+/// How an AllReduce is done.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AllReduceChoice {
+    /// One-shot at two ranks (it moves as many bytes as two-shot there, with one round trip less)
+    /// and up to [`ONE_SHOT_MAX_BYTES`] beyond; two-shot above.
+    #[default]
+    Auto,
+    OneShot,
+    TwoShot,
+}
+
+/// Above this size, at more than two ranks, `Auto` takes two-shot.
+pub const ONE_SHOT_MAX_BYTES: u64 = 256 << 10;
+
+pub fn all_reduce_algorithm(choice: AllReduceChoice, world: usize, bytes: u64) -> Algorithm {
+    match choice {
+        AllReduceChoice::OneShot => Algorithm::AllReduceOneShot,
+        AllReduceChoice::TwoShot => Algorithm::AllReduceTwoShot,
+        AllReduceChoice::Auto if world <= 2 || bytes <= ONE_SHOT_MAX_BYTES => {
+            Algorithm::AllReduceOneShot
+        }
+        AllReduceChoice::Auto => Algorithm::AllReduceTwoShot,
+    }
+}
+
+/// How data travel (`weft_collective_params.protocol`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    /// Data into staging slots, then a release flag per block and round: full link bandwidth.
+    Simple,
+    /// Low latency, one round: each 4-byte word travels with its round number in one 8-byte
+    /// store and the receiver polls the words themselves (no flag, no fence); half the bandwidth.
+    LowLatency,
+}
+
+impl Protocol {
+    pub fn code(self) -> i32 {
+        (match self {
+            Protocol::Simple => abi::WEFT_COLL_PROTO_SIMPLE,
+            Protocol::LowLatency => abi::WEFT_COLL_PROTO_LL,
+        }) as i32
+    }
+}
+
+/// 4-byte words per thread an LL launch aims for before adding a block.
+pub const LL_WORDS_PER_THREAD: u64 = 4;
+/// Threads per block of the collective kernels (kThreads in collectives.cu).
+pub const THREADS: u32 = 512;
+
+/// Bytes one block pushes per round (per peer) before another block is added, when the caller
+/// does not fix the block count.
+pub const BYTES_PER_BLOCK: u64 = 32 << 10;
+
+/// A launch's cut: `weft_collective_params` fields and the grid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    pub protocol: Protocol,
+    pub count: u64,
+    pub shard: u64,
+    pub window: u64,
+    pub rounds: u32,
+    pub blocks: u32,
+}
+
+/// The limits a cut obeys (from [`crate::Options`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub slot_bytes: u64,
+    /// Largest payload per sender (bytes) sent with the LL protocol; 0 never.
+    pub ll_max_bytes: u64,
+    pub blocks: Option<u32>,
+    pub max_blocks: u32,
+}
+
+/// `count` as the kernel reads it (AllReduce: the buffer; ReduceScatter: the output per rank;
+/// AllGather: the input per rank). `count` > 0, `slot_bytes` a positive multiple of 16.
+/// LL where the algorithm allows it (not two-shot) and the payload per sender fits both
+/// `ll_max_bytes` and a slot at 8 bytes per 4-byte word; else the simple protocol in rounds.
+pub fn geometry(
+    algo: Algorithm,
+    count: u64,
+    world: usize,
+    elem_bytes: usize,
+    limits: Limits,
+) -> Geometry {
+    let Limits {
+        slot_bytes,
+        ll_max_bytes,
+        blocks,
+        max_blocks,
+    } = limits;
+    let payload = count * elem_bytes as u64;
+    let words = payload.div_ceil(4);
+    if algo != Algorithm::AllReduceTwoShot && payload <= ll_max_bytes && 8 * words <= slot_bytes {
+        let auto = words.div_ceil(THREADS as u64 * LL_WORDS_PER_THREAD) as u32;
+        return Geometry {
+            protocol: Protocol::LowLatency,
+            count,
+            shard: count,
+            window: count,
+            rounds: 1,
+            blocks: blocks.unwrap_or(auto).clamp(1, max_blocks),
+        };
+    }
+    let vec = (16 / elem_bytes) as u64;
+    let slot_elems = slot_bytes / elem_bytes as u64;
+    let shard = match algo {
+        Algorithm::AllReduceTwoShot => count.div_ceil(world as u64).div_ceil(vec) * vec,
+        _ => count,
+    };
+    let window = slot_elems.min(shard.div_ceil(vec) * vec);
+    let rounds = u32::try_from(shard.div_ceil(window))
+        .expect("rounds fit u32 for any size the staging can hold");
+    let auto = (window * elem_bytes as u64).div_ceil(BYTES_PER_BLOCK) as u32;
+    let blocks = blocks.unwrap_or(auto).clamp(1, max_blocks);
+    Geometry {
+        protocol: Protocol::Simple,
+        count,
+        shard,
+        window,
+        rounds,
+        blocks,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_takes_one_shot_at_two_ranks_and_for_small_sizes() {
+        assert_eq!(
+            all_reduce_algorithm(AllReduceChoice::Auto, 2, 1 << 30),
+            Algorithm::AllReduceOneShot
+        );
+        assert_eq!(
+            all_reduce_algorithm(AllReduceChoice::Auto, 8, 4096),
+            Algorithm::AllReduceOneShot
+        );
+        assert_eq!(
+            all_reduce_algorithm(AllReduceChoice::Auto, 8, 1 << 20),
+            Algorithm::AllReduceTwoShot
+        );
+        assert_eq!(
+            all_reduce_algorithm(AllReduceChoice::TwoShot, 2, 16),
+            Algorithm::AllReduceTwoShot
+        );
+    }
+
+    #[test]
+    fn rounds_cover_the_shard_in_whole_vectors() {
+        for (algo, count, world, eb) in [
+            (Algorithm::AllReduceOneShot, 1, 2, 4),
+            (Algorithm::AllReduceOneShot, 1_000_003, 2, 2),
+            (Algorithm::AllReduceTwoShot, 7, 3, 4),
+            (Algorithm::AllReduceTwoShot, (1 << 28) + 5, 8, 2),
+            (Algorithm::ReduceScatter, 12345, 4, 4),
+            (Algorithm::AllGather, 1 << 26, 2, 4),
+        ] {
+            let g = geometry(algo, count, world, eb, simple(32));
+            let vec = 16 / eb as u64;
+            assert_eq!(g.window % vec, 0, "{algo:?} {count}");
+            assert!(g.window * eb as u64 <= 4 << 20);
+            assert!(
+                g.window * g.rounds as u64 >= g.shard,
+                "{algo:?} {count}: rounds leave a gap"
+            );
+            assert!(
+                g.window * (g.rounds as u64 - 1) < g.shard,
+                "{algo:?} {count}: an empty round"
+            );
+            assert!((1..=32).contains(&g.blocks));
+            if algo == Algorithm::AllReduceTwoShot {
+                assert!(g.shard * world as u64 >= count && g.shard % vec == 0);
+            }
+        }
+    }
+
+    #[test]
+    fn blocks_grow_with_the_round_and_respect_the_cap() {
+        let small = geometry(Algorithm::AllReduceOneShot, 1024, 2, 4, simple(32));
+        assert_eq!((small.rounds, small.blocks), (1, 1));
+        let mid = geometry(Algorithm::AllReduceOneShot, 1 << 18, 2, 4, simple(32));
+        assert_eq!(mid.blocks, 32); // 1 MiB / 32 KiB
+        let fixed = geometry(
+            Algorithm::AllGather,
+            1 << 18,
+            2,
+            4,
+            Limits {
+                blocks: Some(200),
+                max_blocks: 16,
+                ..simple(32)
+            },
+        );
+        assert_eq!(fixed.blocks, 16);
+    }
+
+    fn simple(max_blocks: u32) -> Limits {
+        Limits {
+            slot_bytes: 4 << 20,
+            ll_max_bytes: 0,
+            blocks: None,
+            max_blocks,
+        }
+    }
+
+    #[test]
+    fn low_latency_up_to_its_limit_and_never_two_shot() {
+        let ll = Limits {
+            ll_max_bytes: 64 << 10,
+            ..simple(64)
+        };
+        let g = geometry(Algorithm::AllReduceOneShot, 16 << 10, 2, 4, ll); // 64 KiB
+        assert_eq!(
+            (g.protocol, g.rounds, g.blocks),
+            (Protocol::LowLatency, 1, 8)
+        ); // 16 Ki words / 2048
+        assert_eq!(
+            geometry(Algorithm::AllReduceOneShot, (16 << 10) + 1, 2, 4, ll).protocol,
+            Protocol::Simple
+        );
+        assert_eq!(
+            geometry(Algorithm::AllReduceTwoShot, 16, 8, 4, ll).protocol,
+            Protocol::Simple
+        );
+        assert_eq!(
+            geometry(Algorithm::ReduceScatter, 3, 4, 2, ll).protocol,
+            Protocol::LowLatency
+        );
+        // The slot bounds LL too: 8 bytes per word.
+        let tight = Limits {
+            slot_bytes: 4096,
+            ll_max_bytes: 1 << 20,
+            ..simple(64)
+        };
+        assert_eq!(
+            geometry(Algorithm::AllGather, 512, 2, 4, tight).protocol,
+            Protocol::LowLatency
+        );
+        assert_eq!(
+            geometry(Algorithm::AllGather, 513, 2, 4, tight).protocol,
+            Protocol::Simple
+        );
+    }
+}

@@ -1,0 +1,178 @@
+//! How a [`crate::Collectives`] is set up: staging slot size, block counts, the AllReduce path.
+
+use crate::error::CollectiveError;
+use crate::geometry::AllReduceChoice;
+use weft_kernels::abi;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// Bytes of one staging slot: a round moves at most this much per (sender, receiver) pair.
+    /// Staging per rank is 3 × 2 × world × slot_bytes. A positive multiple of 16, at most 1 GiB.
+    pub slot_bytes: u64,
+    /// Blocks per launch; `None` picks one per 32 KiB of a round, up to `max_blocks`.
+    pub blocks: Option<u32>,
+    /// Upper bound on blocks per launch (and on `blocks`); at most 128 and, with ranks sharing a
+    /// GPU, at most its SMs divided among them (every block of every rank must be resident).
+    pub max_blocks: u32,
+    pub all_reduce: AllReduceChoice,
+    /// Payloads per sender up to this many bytes go by the LL protocol (one round, latency of
+    /// one NVLink hop, half the bandwidth); 0 turns it off.
+    pub ll_max_bytes: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            slot_bytes: 4 << 20,
+            blocks: None,
+            max_blocks: 64,
+            all_reduce: AllReduceChoice::Auto,
+            ll_max_bytes: 256 << 10,
+        }
+    }
+}
+
+/// The variables [`Options::from_env`] reads.
+pub const ENV_VARS: [&str; 5] = [
+    "WEFT_COLL_SLOT_BYTES",
+    "WEFT_COLL_BLOCKS",
+    "WEFT_COLL_MAX_BLOCKS",
+    "WEFT_COLL_ALL_REDUCE",
+    "WEFT_COLL_LL_MAX_BYTES",
+];
+
+impl Options {
+    /// The defaults, overridden by `WEFT_COLL_SLOT_BYTES`, `WEFT_COLL_BLOCKS`,
+    /// `WEFT_COLL_MAX_BLOCKS`, `WEFT_COLL_ALL_REDUCE` (`auto`, `one-shot`, `two-shot`) and
+    /// `WEFT_COLL_LL_MAX_BYTES`.
+    pub fn from_env() -> Result<Self, CollectiveError> {
+        Self::from_vars(|k| std::env::var(k).ok())
+    }
+
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Self, CollectiveError> {
+        let mut o = Options::default();
+        let num = |k: &str, v: String| -> Result<u64, CollectiveError> {
+            v.trim()
+                .parse()
+                .map_err(|_| CollectiveError::Options(format!("{k}={v:?} is not a number")))
+        };
+        if let Some(v) = get(ENV_VARS[0]) {
+            o.slot_bytes = num(ENV_VARS[0], v)?;
+        }
+        if let Some(v) = get(ENV_VARS[1]) {
+            o.blocks = Some(u32::try_from(num(ENV_VARS[1], v)?).unwrap_or(u32::MAX));
+        }
+        if let Some(v) = get(ENV_VARS[2]) {
+            o.max_blocks = u32::try_from(num(ENV_VARS[2], v)?).unwrap_or(u32::MAX);
+        }
+        if let Some(v) = get(ENV_VARS[4]) {
+            o.ll_max_bytes = num(ENV_VARS[4], v)?;
+        }
+        if let Some(v) = get(ENV_VARS[3]) {
+            o.all_reduce = match v.trim() {
+                "auto" => AllReduceChoice::Auto,
+                "one-shot" => AllReduceChoice::OneShot,
+                "two-shot" => AllReduceChoice::TwoShot,
+                _ => {
+                    return Err(CollectiveError::Options(format!(
+                        "{}={v:?}: expected auto, one-shot or two-shot",
+                        ENV_VARS[3]
+                    )))
+                }
+            };
+        }
+        Ok(o)
+    }
+
+    /// Checks the options against a GPU of `sms` SMs shared by `ranks_per_gpu` ranks; returns the
+    /// block cap launches use.
+    pub fn validate(&self, sms: u32, ranks_per_gpu: usize) -> Result<u32, CollectiveError> {
+        if self.slot_bytes == 0 || self.slot_bytes % 16 != 0 || self.slot_bytes > 1 << 30 {
+            return Err(CollectiveError::Options(format!(
+                "slot_bytes {} must be a positive multiple of 16, at most 1 GiB",
+                self.slot_bytes
+            )));
+        }
+        let hard = abi::WEFT_COLL_MAX_BLOCKS;
+        let resident = (sms / ranks_per_gpu.max(1) as u32).max(1);
+        if self.max_blocks == 0 || self.max_blocks > hard {
+            return Err(CollectiveError::Options(format!(
+                "max_blocks {} must be in 1..={hard}",
+                self.max_blocks
+            )));
+        }
+        if let Some(b) = self.blocks {
+            if b == 0 || b > self.max_blocks {
+                return Err(CollectiveError::Options(format!(
+                    "blocks {b} must be in 1..={} (max_blocks)",
+                    self.max_blocks
+                )));
+            }
+            if b > resident {
+                return Err(CollectiveError::Options(format!(
+                    "blocks {b}: {ranks_per_gpu} ranks share a GPU of {sms} SMs, so at most {resident} blocks per rank can be resident at once"
+                )));
+            }
+        }
+        Ok(self.max_blocks.min(resident))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variables_override_defaults_and_bad_values_are_named() {
+        let o = Options::from_vars(|k| match k {
+            "WEFT_COLL_BLOCKS" => Some("8".into()),
+            "WEFT_COLL_ALL_REDUCE" => Some("two-shot".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(
+            (o.blocks, o.all_reduce, o.slot_bytes),
+            (Some(8), AllReduceChoice::TwoShot, 4 << 20)
+        );
+        let e = Options::from_vars(|k| (k == "WEFT_COLL_SLOT_BYTES").then(|| "lots".into()))
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("WEFT_COLL_SLOT_BYTES=\"lots\""),
+            "{e}"
+        );
+        let e = Options::from_vars(|k| (k == "WEFT_COLL_ALL_REDUCE").then(|| "ring".into()))
+            .unwrap_err();
+        assert!(e.to_string().contains("one-shot"), "{e}");
+    }
+
+    #[test]
+    fn validation_names_the_bad_option() {
+        let mut o = Options::default();
+        assert_eq!(o.validate(132, 1).unwrap(), 64);
+        assert_eq!(o.validate(132, 8).unwrap(), 16);
+        o.slot_bytes = 100;
+        assert!(o
+            .validate(132, 1)
+            .unwrap_err()
+            .to_string()
+            .contains("multiple of 16"));
+        o = Options {
+            blocks: Some(20),
+            ..Options::default()
+        };
+        assert!(o
+            .validate(132, 8)
+            .unwrap_err()
+            .to_string()
+            .contains("at most 16 blocks"));
+        o = Options {
+            max_blocks: 500,
+            ..Options::default()
+        };
+        assert!(o
+            .validate(132, 1)
+            .unwrap_err()
+            .to_string()
+            .contains("1..=128"));
+    }
+}

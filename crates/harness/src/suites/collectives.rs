@@ -1,0 +1,324 @@
+//! weft-collectives: AllReduce (one-shot, two-shot, in place), ReduceScatter and AllGather in f32,
+//! bf16 and f16, checked element by element against a CPU reference built from every rank's
+//! regenerated inputs (small integers: every sum is exact, so results compare bit for bit).
+//! One `Collectives` per trial runs a sequence of counts (1, 7, random small and large) twice
+//! with fresh inputs, so staging slots and round numbers are reused across calls of different
+//! grids; further setups make every large call many rounds (64 KiB slots, 3 blocks), keep to the
+//! simple protocol, or send everything up to 8 MiB per sender by the LL protocol.
+
+use crate::data::{check_equal, shared_seed, small_ints, Elem};
+use crate::job::Job;
+use crate::trials::Case;
+use cudarc::driver::{sys, CudaStream};
+use half::{bf16, f16};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+use weft_collectives::{AllReduceChoice, CollectiveElement, CollectiveError, Collectives, Options};
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    AllReduce(AllReduceChoice),
+    AllReduceInPlace,
+    ReduceScatter,
+    AllGather,
+}
+
+macro_rules! typed {
+    ($name:expr, $op:expr) => {
+        vec![
+            Case::gpu(format!("collectives::{}::f32", $name), |j| {
+                trial::<f32>(j, $op)
+            }),
+            Case::gpu(format!("collectives::{}::bf16", $name), |j| {
+                trial::<bf16>(j, $op)
+            }),
+            Case::gpu(format!("collectives::{}::f16", $name), |j| {
+                trial::<f16>(j, $op)
+            }),
+        ]
+    };
+}
+
+pub fn cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    v.extend(typed!(
+        "all_reduce::one_shot",
+        Op::AllReduce(AllReduceChoice::OneShot)
+    ));
+    v.extend(typed!(
+        "all_reduce::two_shot",
+        Op::AllReduce(AllReduceChoice::TwoShot)
+    ));
+    v.extend(typed!("all_reduce::in_place", Op::AllReduceInPlace));
+    v.extend(typed!("reduce_scatter", Op::ReduceScatter));
+    v.extend(typed!("all_gather", Op::AllGather));
+    v.push(Case::gpu("collectives::graph_replay::f32", graph_replay));
+    v.push(Case::gpu(
+        "collectives::errors::lengths_alignment_options",
+        errors,
+    ));
+    v
+}
+
+/// Per-rank counts (AllReduce: the buffer; ReduceScatter: the output; AllGather: the input).
+fn counts(seed: u64) -> Vec<usize> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    vec![
+        1,
+        7,
+        rng.random_range(8..5000),
+        rng.random_range(100_000..1_500_000),
+        4096,
+    ]
+}
+
+fn trial<T: Elem + CollectiveElement>(job: &mut Job, op: Op) -> anyhow::Result<()> {
+    let seed = shared_seed(job)?;
+    let stream = super::gpu(job)?.1;
+    // Default; small slots (many rounds, LL only below 32 KiB); the simple protocol only; LL up to
+    // 8 MiB per sender (many LL blocks).
+    let setups = [
+        Options::default(),
+        Options {
+            slot_bytes: 64 << 10,
+            blocks: Some(3),
+            ..Options::default()
+        },
+        Options {
+            ll_max_bytes: 0,
+            ..Options::default()
+        },
+        Options {
+            ll_max_bytes: u64::MAX,
+            slot_bytes: 16 << 20,
+            ..Options::default()
+        },
+    ];
+    for base in setups {
+        let options = match op {
+            Op::AllReduce(choice) => Options {
+                all_reduce: choice,
+                ..base
+            },
+            _ => base,
+        };
+        let mut coll = Collectives::new(&mut job.rdzv, &stream, options)?;
+        for pass in 0..2u64 {
+            for (k, n) in counts(seed).into_iter().enumerate() {
+                let s = seed.wrapping_add(100 * pass + k as u64);
+                run_and_check::<T>(job, &mut coll, &stream, op, n, s).map_err(|e| {
+                    e.context(format!(
+                        "{op:?} {} n={n} seed={s} options {options:?}",
+                        T::NAME
+                    ))
+                })?;
+            }
+        }
+        coll.free(&mut job.rdzv)?;
+    }
+    Ok(())
+}
+
+fn run_and_check<T: Elem + CollectiveElement>(
+    job: &Job,
+    coll: &mut Collectives,
+    stream: &Arc<CudaStream>,
+    op: Op,
+    n: usize,
+    seed: u64,
+) -> anyhow::Result<()> {
+    let (rank, world) = (job.rank(), job.world());
+    let input_len = match op {
+        Op::ReduceScatter => n * world,
+        _ => n,
+    };
+    let inputs: Vec<Vec<i32>> = (0..world).map(|r| small_ints(seed, r, input_len)).collect();
+    let sum = |i: usize| inputs.iter().map(|v| v[i]).sum::<i32>();
+    let want: Vec<T> = match op {
+        Op::AllReduce(_) | Op::AllReduceInPlace => {
+            (0..n).map(|i| T::from_small_int(sum(i))).collect()
+        }
+        Op::ReduceScatter => (0..n)
+            .map(|i| T::from_small_int(sum(rank * n + i)))
+            .collect(),
+        Op::AllGather => inputs
+            .iter()
+            .flatten()
+            .map(|&x| T::from_small_int(x))
+            .collect(),
+    };
+    let mine: Vec<T> = inputs[rank].iter().map(|&x| T::from_small_int(x)).collect();
+    let input = stream.clone_htod(&mine)?;
+    let got = match op {
+        Op::AllReduceInPlace => {
+            let mut buf = input;
+            coll.all_reduce_in_place(&mut buf)?;
+            coll.synchronize()?;
+            stream.clone_dtoh(&buf)?
+        }
+        _ => {
+            let mut output = stream.clone_htod(&vec![T::poison(); want.len()])?;
+            match op {
+                Op::AllReduce(_) => coll.all_reduce(&input, &mut output)?,
+                Op::ReduceScatter => coll.reduce_scatter(&input, &mut output)?,
+                _ => coll.all_gather(&input, &mut output)?,
+            }
+            coll.synchronize()?;
+            stream.clone_dtoh(&output)?
+        }
+    };
+    check_equal(&format!("rank {rank}"), &got, &want)
+}
+
+/// One CUDA graph holding an AllReduce, a ReduceScatter and an AllGather, replayed with fresh
+/// inputs each time: every replay must take new round numbers (they live on the device), or its
+/// waits would pass on the previous replay's flags and read stale staging.
+fn graph_replay(job: &mut Job) -> anyhow::Result<()> {
+    let seed = shared_seed(job)?;
+    let stream = super::gpu(job)?.1;
+    let (rank, world) = (job.rank(), job.world());
+    let n = 300_001;
+    let mut coll = Collectives::new(&mut job.rdzv, &stream, Options::default())?;
+    let mut ins = [
+        stream.alloc_zeros::<f32>(n)?,
+        stream.alloc_zeros::<f32>(n * world)?,
+        stream.alloc_zeros::<f32>(n)?,
+    ];
+    let mut outs = [
+        stream.alloc_zeros::<f32>(n)?,
+        stream.alloc_zeros::<f32>(n)?,
+        stream.alloc_zeros::<f32>(n * world)?,
+    ];
+    stream.synchronize()?;
+    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+    let captured = (|| -> Result<(), CollectiveError> {
+        let [o0, o1, o2] = &mut outs;
+        coll.all_reduce(&ins[0], o0)?;
+        coll.reduce_scatter(&ins[1], o1)?;
+        coll.all_gather(&ins[2], o2)
+    })();
+    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+    captured?;
+    let graph = graph?.ok_or_else(|| anyhow::anyhow!("the capture produced no graph"))?;
+    for replay in 0..4u64 {
+        let s = seed.wrapping_add(replay);
+        let inputs: Vec<[Vec<i32>; 3]> = (0..world)
+            .map(|r| {
+                [
+                    small_ints(s, r, n),
+                    small_ints(s ^ 1, r, n * world),
+                    small_ints(s ^ 2, r, n),
+                ]
+            })
+            .collect();
+        for k in 0..3 {
+            let v: Vec<f32> = inputs[rank][k].iter().map(|&x| x as f32).collect();
+            stream.memcpy_htod(&v, &mut ins[k])?;
+            let len = outs[k].len();
+            stream.memcpy_htod(&vec![f32::NAN; len], &mut outs[k])?;
+        }
+        graph.launch()?;
+        coll.synchronize()?;
+        let sum = |k: usize, i: usize| inputs.iter().map(|v| v[k][i]).sum::<i32>() as f32;
+        let want: [Vec<f32>; 3] = [
+            (0..n).map(|i| sum(0, i)).collect(),
+            (0..n).map(|i| sum(1, rank * n + i)).collect(),
+            inputs
+                .iter()
+                .flat_map(|v| v[2].iter().map(|&x| x as f32))
+                .collect(),
+        ];
+        for (k, what) in ["all_reduce", "reduce_scatter", "all_gather"]
+            .iter()
+            .enumerate()
+        {
+            check_equal(
+                &format!("replay {replay} {what} rank {rank} seed {s}"),
+                &stream.clone_dtoh(&outs[k])?,
+                &want[k],
+            )?;
+        }
+    }
+    drop(graph);
+    coll.free(&mut job.rdzv)?;
+    Ok(())
+}
+
+/// Wrong lengths, a misaligned buffer and bad options get their named errors, on every rank, and
+/// the `Collectives` still works afterwards (nothing was launched).
+fn errors(job: &mut Job) -> anyhow::Result<()> {
+    let stream = super::gpu(job)?.1;
+    let world = job.world();
+    let bad = Collectives::new(
+        &mut job.rdzv,
+        &stream,
+        Options {
+            blocks: Some(0),
+            ..Options::default()
+        },
+    );
+    let msg = bad.err().map(|e| format!("{e:#}")).unwrap_or_default();
+    anyhow::ensure!(
+        msg.contains("blocks 0 must be in"),
+        "blocks = 0 was not refused by name: {msg:?}"
+    );
+
+    let mut coll = Collectives::new(&mut job.rdzv, &stream, Options::default())?;
+    let a = stream.alloc_zeros::<f32>(64 * world)?;
+    let mut b = stream.alloc_zeros::<f32>(64 * world)?;
+    let e = coll
+        .all_reduce(&a.slice(..64), &mut b.slice_mut(..63))
+        .unwrap_err();
+    anyhow::ensure!(
+        matches!(
+            e,
+            CollectiveError::Length {
+                buffer: "output",
+                len: 63,
+                expected: 64,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    if world > 1 {
+        let e = coll
+            .reduce_scatter(&a.slice(..64), &mut b.slice_mut(..64))
+            .unwrap_err();
+        anyhow::ensure!(
+            matches!(
+                e,
+                CollectiveError::Length {
+                    buffer: "input",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+    let e = coll
+        .all_gather(&a.slice(1..65), &mut b.slice_mut(..64 * world))
+        .unwrap_err();
+    anyhow::ensure!(
+        matches!(
+            e,
+            CollectiveError::Misaligned {
+                buffer: "input",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // Still usable: a real call after the refusals.
+    run_and_check::<f32>(
+        job,
+        &mut coll,
+        &stream,
+        Op::AllReduce(AllReduceChoice::Auto),
+        1000,
+        7,
+    )?;
+    coll.free(&mut job.rdzv)?;
+    Ok(())
+}

@@ -1,0 +1,75 @@
+// Standalone collectives over PGLs (crates/collectives): AllReduce (one-shot and two-shot),
+// ReduceScatter and AllGather, pushed through a staging PGL with per-block round flags.
+// Plain C (bindgen reads it); the kernels are in kernels/collectives/collectives.cu.
+#pragma once
+#include <stdint.h>
+#include "weft/hd.h"
+#include "weft/pgl.h"
+#include "weft/sync.h"
+
+// weft_collective_params.algo
+#define WEFT_COLL_ALL_REDUCE_ONE_SHOT 1  // every rank pushes its whole input to every peer, sums locally
+#define WEFT_COLL_ALL_REDUCE_TWO_SHOT 2  // reduce-scatter push, owner sums its shard, all-gather push
+#define WEFT_COLL_REDUCE_SCATTER 3       // shard p of every rank's input pushed to rank p, summed there
+#define WEFT_COLL_ALL_GATHER 4           // every rank's input pushed to every peer, copied out
+
+// weft_collective_params.protocol
+#define WEFT_COLL_PROTO_SIMPLE 0  // data into slots, then a release flag per block and round
+#define WEFT_COLL_PROTO_LL 1      // low latency, one round: every 4-byte word travels with its round
+                                  // number in one 8-byte store (low half data, high half the round),
+                                  // the receiver polls the words themselves: no flag, no fence
+
+// Flag layout (a weft_sync_counters of shape (WEFT_COLL_PHASES, 1, world, WEFT_COLL_MAX_BLOCKS)):
+// the counter (phase, 0, sender, block) on the receiver holds the last round sequence number whose
+// staging data `sender`'s block `block` has pushed there in `phase` (release store; monotone).
+#define WEFT_COLL_PHASES 2
+#define WEFT_COLL_MAX_BLOCKS 128
+// Staging slots per (phase, sender): round `seq` uses slot seq % WEFT_COLL_DEPTH. Three, because a
+// block pushes round i + 1 as soon as its peers' round-i data arrived, while a peer may still be
+// reading round i - 1 (the slot of round i - 2 is free by then: see collectives.cu).
+#define WEFT_COLL_DEPTH 3
+
+typedef struct weft_collective_params {
+  uint64_t input;            // this rank's input (local device memory, 16-byte aligned)
+  uint64_t output;           // this rank's output (local device memory, 16-byte aligned)
+  weft_pgl_view staging;     // u8 PGL: [slot WEFT_COLL_DEPTH][phase 2][sender world][slot_bytes]
+  weft_sync_counters flags;  // round flags (layout above) and the bound of every wait
+  uint64_t count;            // elements: AllReduce the buffer, ReduceScatter the output (per rank),
+                             // AllGather the input (per rank)
+  uint64_t shard;            // elements per shard (two-shot AllReduce, ReduceScatter); else count
+  uint64_t window;           // elements of one round per slot (slot_bytes / element size)
+  uint64_t slot_bytes;       // bytes of one staging slot (multiple of 16)
+  uint64_t state;            // device address of this rank's weft_collective_state
+  uint32_t rounds;           // ceil(shard or count / window), at least 1 (LL: 1)
+  int32_t algo;              // WEFT_COLL_*
+  int32_t protocol;          // WEFT_COLL_PROTO_*
+  uint32_t reserved;
+} weft_collective_params;
+
+// Per rank, in device memory, zeroed at creation: where the round numbers stand. Kept on the
+// device (not passed by the host) so that a launch captured in a CUDA graph takes fresh round
+// numbers at every replay. A launch's blocks read `seq` at their start; the last block to finish
+// adds the launch's rounds to it and clears `blocks_done` (the next launch on the stream starts
+// after this one ended, so it reads the new value).
+typedef struct weft_collective_state {
+  uint64_t seq;          // rounds done so far by this rank's launches (a launch's first is seq + 1)
+  uint64_t blocks_done;  // blocks of the running launch that finished
+} weft_collective_state;
+
+// Byte offset of the staging slot of round `seq`, `phase` and `sender` in a rank's staging buffer.
+WEFT_HD uint64_t weft_collective_slot_offset(uint64_t seq, uint32_t phase, uint32_t sender, uint32_t world,
+                                             uint64_t slot_bytes) {
+  return ((uint64_t)((uint32_t)(seq % WEFT_COLL_DEPTH) * WEFT_COLL_PHASES + phase) * world + sender) * slot_bytes;
+}
+
+// Byte offset of the LL slot of round `seq` written by `sender`: an area of its own after the
+// simple protocol's slots, so that no word there ever carries anything but an LL round number.
+WEFT_HD uint64_t weft_collective_ll_slot_offset(uint64_t seq, uint32_t sender, uint32_t world, uint64_t slot_bytes) {
+  return ((uint64_t)WEFT_COLL_DEPTH * WEFT_COLL_PHASES * world + (uint32_t)(seq % WEFT_COLL_DEPTH) * world + sender) *
+         slot_bytes;
+}
+
+// Rows of `slot_bytes` in a rank's staging: the simple slots, then the LL slots.
+WEFT_HD uint32_t weft_collective_staging_rows(uint32_t world) {
+  return WEFT_COLL_DEPTH * WEFT_COLL_PHASES * world + WEFT_COLL_DEPTH * world;
+}
