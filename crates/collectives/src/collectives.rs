@@ -27,6 +27,8 @@ pub struct Collectives {
     kernels: [CudaFunction; 3],
     options: Options,
     max_blocks: u32,
+    /// Bytes of one staging slot (the options' or the default at this world).
+    slot_bytes: u64,
     /// weft_collective_state: the round numbers, kept on the device so graph replays advance them.
     state: CudaSlice<u64>,
     /// Every launch's params but the call's own (input, output, count, cut, algorithm).
@@ -47,7 +49,7 @@ impl Collectives {
         let max_blocks = agree(
             rdzv,
             "collectives options",
-            options.validate(sms, sharing).map_err(anyhow::Error::from),
+            options.validate(world, sms, sharing).map_err(anyhow::Error::from),
         )?;
         let kernels = agree(
             rdzv,
@@ -58,16 +60,17 @@ impl Collectives {
         // (weft_collective_slot_offset, weft_collective_ll_slot_offset).
         // SAFETY: a pure function of its argument (weft/collectives.h).
         let rows = unsafe { abi::weft_collective_staging_rows(world as u32) };
+        let slot_bytes = options.slot_bytes_at(world);
         let staging = Pgl::alloc(
             rdzv,
             &ctx,
-            Shape::new(1, 1, rows, options.slot_bytes as u32),
+            Shape::new(1, 1, rows, slot_bytes as u32),
             Backend::default(),
         )
         .map_err(|e| {
             e.context(format!(
                 "allocating {} bytes of collective staging",
-                rows as u64 * options.slot_bytes
+                rows as u64 * slot_bytes
             ))
         })?;
         let budget = agree(
@@ -92,7 +95,7 @@ impl Collectives {
         let base = weft_collective_params {
             staging: staging.view(),
             flags: flags.device()?,
-            slot_bytes: options.slot_bytes,
+            slot_bytes,
             state: state_ptr,
             ..Default::default()
         };
@@ -105,6 +108,7 @@ impl Collectives {
             kernels,
             options,
             max_blocks,
+            slot_bytes,
             state,
             base,
         })
@@ -112,6 +116,11 @@ impl Collectives {
 
     pub fn options(&self) -> &Options {
         &self.options
+    }
+
+    /// Bytes of one staging slot.
+    pub fn slot_bytes(&self) -> u64 {
+        self.slot_bytes
     }
 
     pub fn stream(&self) -> &Arc<CudaStream> {
@@ -207,7 +216,7 @@ impl Collectives {
     /// The launch geometry a call of `count` elements of `T` gets (for reports and tests).
     pub fn geometry<T: CollectiveElement>(&self, algo: Algorithm, count: usize) -> Geometry {
         let limits = Limits {
-            slot_bytes: self.options.slot_bytes,
+            slot_bytes: self.slot_bytes,
             ll_max_bytes: self.options.ll_max_bytes,
             blocks: self.options.blocks,
             max_blocks: self.max_blocks,

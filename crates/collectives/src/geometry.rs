@@ -85,6 +85,9 @@ pub const LL_WORDS_PER_THREAD: u64 = 4;
 /// Threads per block of the collective kernels (kThreads in collectives.cu).
 pub const THREADS: u32 = 512;
 
+/// Rounds up to this many bytes (per sender and receiver) get a block per [`BYTES_PER_BLOCK`].
+pub const SMALL_ROUND_BYTES: u64 = 4 << 20;
+
 /// Bytes one block pushes per round (per peer) before another block is added, when the caller
 /// does not fix the block count.
 pub const BYTES_PER_BLOCK: u64 = 32 << 10;
@@ -149,7 +152,14 @@ pub fn geometry(
     let window = slot_elems.min(shard.div_ceil(vec) * vec);
     let rounds = u32::try_from(shard.div_ceil(window))
         .expect("rounds fit u32 for any size the staging can hold");
-    let auto = (window * elem_bytes as u64).div_ceil(BYTES_PER_BLOCK) as u32;
+    let window_bytes = window * elem_bytes as u64;
+    // Up to 4 MiB a round: a block per 32 KiB, at most 64 (more blocks cost more than they move
+    // there); larger rounds: every block allowed (their release fences then overlap the most).
+    let auto = if window_bytes <= SMALL_ROUND_BYTES {
+        (window_bytes.div_ceil(BYTES_PER_BLOCK) as u32).min(64)
+    } else {
+        max_blocks
+    };
     let blocks = blocks.unwrap_or(auto).clamp(1, max_blocks);
     Geometry {
         protocol: Protocol::Simple,
@@ -220,6 +230,9 @@ mod tests {
         assert_eq!((small.rounds, small.blocks), (1, 1));
         let mid = geometry(Algorithm::AllReduceOneShot, 1 << 18, 2, 4, simple(32));
         assert_eq!(mid.blocks, 32); // 1 MiB / 32 KiB
+        let large = Limits { slot_bytes: 16 << 20, ..simple(128) };
+        let large = geometry(Algorithm::AllReduceOneShot, 1 << 22, 2, 4, large);
+        assert_eq!((large.rounds, large.blocks), (1, 128)); // a 16 MiB round: every block
         let fixed = geometry(
             Algorithm::AllGather,
             1 << 18,

@@ -7,9 +7,13 @@ use weft_kernels::abi;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Options {
     /// Bytes of one staging slot: a round moves at most this much per (sender, receiver) pair.
-    /// Staging per rank is 3 × 2 × world × slot_bytes. A positive multiple of 16, at most 1 GiB.
-    pub slot_bytes: u64,
-    /// Blocks per launch; `None` picks one per 32 KiB of a round, up to `max_blocks`.
+    /// Staging per rank is 9 × world × slot_bytes (three rounds in flight, two phases and the LL
+    /// area). A positive multiple of 16, at most 1 GiB; `None`:
+    /// [`DEFAULT_STAGING_PER_SLOT_SET`] / world (16 MiB at two ranks, 288 MiB of staging at any
+    /// world).
+    pub slot_bytes: Option<u64>,
+    /// Blocks per launch; `None`: one per 32 KiB of a round, at most 64, for rounds up to 4 MiB;
+    /// `max_blocks` for larger rounds (measured on two H100s: README.md).
     pub blocks: Option<u32>,
     /// Upper bound on blocks per launch (and on `blocks`); at most 128 and, with ranks sharing a
     /// GPU, at most its SMs divided among them (every block of every rank must be resident).
@@ -23,14 +27,17 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Self {
-            slot_bytes: 4 << 20,
+            slot_bytes: None,
             blocks: None,
-            max_blocks: 64,
+            max_blocks: 128,
             all_reduce: AllReduceChoice::Auto,
             ll_max_bytes: 256 << 10,
         }
     }
 }
+
+/// The default slots of all senders together: `slot_bytes` = this / world.
+pub const DEFAULT_STAGING_PER_SLOT_SET: u64 = 32 << 20;
 
 /// The variables [`Options::from_env`] reads.
 pub const ENV_VARS: [&str; 5] = [
@@ -57,16 +64,13 @@ impl Options {
                 .map_err(|_| CollectiveError::Options(format!("{k}={v:?} is not a number")))
         };
         if let Some(v) = get(ENV_VARS[0]) {
-            o.slot_bytes = num(ENV_VARS[0], v)?;
+            o.slot_bytes = Some(num(ENV_VARS[0], v)?);
         }
         if let Some(v) = get(ENV_VARS[1]) {
             o.blocks = Some(u32::try_from(num(ENV_VARS[1], v)?).unwrap_or(u32::MAX));
         }
         if let Some(v) = get(ENV_VARS[2]) {
             o.max_blocks = u32::try_from(num(ENV_VARS[2], v)?).unwrap_or(u32::MAX);
-        }
-        if let Some(v) = get(ENV_VARS[4]) {
-            o.ll_max_bytes = num(ENV_VARS[4], v)?;
         }
         if let Some(v) = get(ENV_VARS[3]) {
             o.all_reduce = match v.trim() {
@@ -81,16 +85,25 @@ impl Options {
                 }
             };
         }
+        if let Some(v) = get(ENV_VARS[4]) {
+            o.ll_max_bytes = num(ENV_VARS[4], v)?;
+        }
         Ok(o)
     }
 
-    /// Checks the options against a GPU of `sms` SMs shared by `ranks_per_gpu` ranks; returns the
-    /// block cap launches use.
-    pub fn validate(&self, sms: u32, ranks_per_gpu: usize) -> Result<u32, CollectiveError> {
-        if self.slot_bytes == 0 || self.slot_bytes % 16 != 0 || self.slot_bytes > 1 << 30 {
+    /// The slot size at `world` ranks.
+    pub fn slot_bytes_at(&self, world: usize) -> u64 {
+        self.slot_bytes
+            .unwrap_or((DEFAULT_STAGING_PER_SLOT_SET / world.max(1) as u64) / 16 * 16)
+    }
+
+    /// Checks the options against `world` ranks on GPUs of `sms` SMs, `ranks_per_gpu` of them
+    /// on one GPU; returns the block cap launches use.
+    pub fn validate(&self, world: usize, sms: u32, ranks_per_gpu: usize) -> Result<u32, CollectiveError> {
+        let slot = self.slot_bytes_at(world);
+        if slot == 0 || slot % 16 != 0 || slot > 1 << 30 {
             return Err(CollectiveError::Options(format!(
-                "slot_bytes {} must be a positive multiple of 16, at most 1 GiB",
-                self.slot_bytes
+                "slot_bytes {slot} must be a positive multiple of 16, at most 1 GiB"
             )));
         }
         let hard = abi::WEFT_COLL_MAX_BLOCKS;
@@ -132,47 +145,26 @@ mod tests {
         .unwrap();
         assert_eq!(
             (o.blocks, o.all_reduce, o.slot_bytes),
-            (Some(8), AllReduceChoice::TwoShot, 4 << 20)
+            (Some(8), AllReduceChoice::TwoShot, None)
         );
-        let e = Options::from_vars(|k| (k == "WEFT_COLL_SLOT_BYTES").then(|| "lots".into()))
-            .unwrap_err();
-        assert!(
-            e.to_string().contains("WEFT_COLL_SLOT_BYTES=\"lots\""),
-            "{e}"
-        );
-        let e = Options::from_vars(|k| (k == "WEFT_COLL_ALL_REDUCE").then(|| "ring".into()))
-            .unwrap_err();
+        assert_eq!(o.slot_bytes_at(2), 16 << 20);
+        assert_eq!(o.slot_bytes_at(3), 11184800); // 32 MiB / 3, down to a multiple of 16
+        let e = Options::from_vars(|k| (k == "WEFT_COLL_SLOT_BYTES").then(|| "lots".into())).unwrap_err();
+        assert!(e.to_string().contains("WEFT_COLL_SLOT_BYTES=\"lots\""), "{e}");
+        let e = Options::from_vars(|k| (k == "WEFT_COLL_ALL_REDUCE").then(|| "ring".into())).unwrap_err();
         assert!(e.to_string().contains("one-shot"), "{e}");
     }
 
     #[test]
     fn validation_names_the_bad_option() {
         let mut o = Options::default();
-        assert_eq!(o.validate(132, 1).unwrap(), 64);
-        assert_eq!(o.validate(132, 8).unwrap(), 16);
-        o.slot_bytes = 100;
-        assert!(o
-            .validate(132, 1)
-            .unwrap_err()
-            .to_string()
-            .contains("multiple of 16"));
-        o = Options {
-            blocks: Some(20),
-            ..Options::default()
-        };
-        assert!(o
-            .validate(132, 8)
-            .unwrap_err()
-            .to_string()
-            .contains("at most 16 blocks"));
-        o = Options {
-            max_blocks: 500,
-            ..Options::default()
-        };
-        assert!(o
-            .validate(132, 1)
-            .unwrap_err()
-            .to_string()
-            .contains("1..=128"));
+        assert_eq!(o.validate(2, 132, 1).unwrap(), 128);
+        assert_eq!(o.validate(8, 132, 8).unwrap(), 16);
+        o.slot_bytes = Some(100);
+        assert!(o.validate(2, 132, 1).unwrap_err().to_string().contains("multiple of 16"));
+        o = Options { blocks: Some(20), ..Options::default() };
+        assert!(o.validate(8, 132, 8).unwrap_err().to_string().contains("at most 16 blocks"));
+        o = Options { max_blocks: 500, ..Options::default() };
+        assert!(o.validate(2, 132, 1).unwrap_err().to_string().contains("1..=128"));
     }
 }

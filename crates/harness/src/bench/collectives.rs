@@ -228,6 +228,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             }
         }
     }
+    let slot_bytes = coll.slot_bytes();
     coll.free(&mut job.rdzv)?;
     let mine: Vec<f64> = measured
         .iter()
@@ -307,7 +308,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             ("path", Json::from(m.path.as_str())),
             ("blocks", Json::from(m.blocks as usize)),
             ("rounds", Json::from(m.rounds as usize)),
-            ("slot_bytes", Json::from(coll_slot(&options))),
+            ("slot_bytes", Json::from(slot_bytes as usize)),
             ("ll_max_bytes", Json::from(options.ll_max_bytes as usize)),
         ]));
     }
@@ -321,6 +322,3 @@ fn poison(stream: &Arc<CudaStream>, buf: &mut CudaSlice<f32>, n: usize) -> anyho
     Ok(())
 }
 
-fn coll_slot(o: &Options) -> usize {
-    o.slot_bytes as usize
-}

@@ -81,7 +81,7 @@ fn trial<T: Elem + CollectiveElement>(job: &mut Job, op: Op) -> anyhow::Result<(
     let setups = [
         Options::default(),
         Options {
-            slot_bytes: 64 << 10,
+            slot_bytes: Some(64 << 10),
             blocks: Some(3),
             ..Options::default()
         },
@@ -91,7 +91,7 @@ fn trial<T: Elem + CollectiveElement>(job: &mut Job, op: Op) -> anyhow::Result<(
         },
         Options {
             ll_max_bytes: u64::MAX,
-            slot_bytes: 16 << 20,
+            slot_bytes: Some(16 << 20),
             ..Options::default()
         },
     ];
