@@ -348,6 +348,12 @@ __device__ __forceinline__ void st_ll(uint64_t* p, uint32_t data, uint32_t tag) 
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"((uint64_t(tag) << 32) | data) : "memory");
 }
 
+__device__ __forceinline__ uint64_t ld_ll_once(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // Polls the word until it carries `tag`; bounded like every weft wait (reports into the flags'
 // error slot as an unordered wait on coordinate (0, 0, sender, word)).
 __device__ __forceinline__ uint32_t ld_ll(const uint64_t* p, uint32_t tag, const weft_collective_params& prm,
@@ -422,9 +428,11 @@ __device__ __forceinline__ void store_word(T* dst, uint64_t w, uint64_t n, uint3
   if (w * E + 1 < n) memcpy(e + 1, &hi, 2);
 }
 
+constexpr int kLLUnroll = 4;  // words per thread in flight (loads, stores and polls)
+
 template <typename T>
 __device__ void run_ll(const weft_collective_params& p, uint64_t seq) {
-  constexpr int E = Words<T>::E;
+  constexpr int E = Words<T>::E, U = kLLUnroll;
   const int32_t me = p.staging.rank, world = p.staging.world;
   const uint32_t tag = uint32_t(seq);
   const uint64_t n = p.count;  // elements per shard (one-shot, AllGather: the input; ReduceScatter: the output)
@@ -437,30 +445,61 @@ __device__ void run_ll(const weft_collective_params& p, uint64_t seq) {
   T* out = reinterpret_cast<T*>(p.output);
   const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
   const uint64_t first = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  // Send: every word this thread owns to every peer (ReduceScatter: peer p's shard to peer p).
-  for (uint64_t w = first; w < words; w += stride) {
+  // Words w0 + u * stride, u < U, of this thread: loads (and polls) issued together, then used.
+  for (uint64_t w0 = first; w0 < words; w0 += U * stride) {
+    // Send: to every peer (ReduceScatter: peer p's shard to peer p).
     for (int32_t k = 1; k < world; ++k) {
       const int32_t peer = (me + k) % world;
-      const uint32_t v = load_word(scatter ? in + uint64_t(peer) * n : in, w, n);
-      st_ll(slot(peer, me) + w, v, tag);
+      const T* src = scatter ? in + uint64_t(peer) * n : in;
+      uint32_t v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (w0 + u * stride < words) v[u] = load_word(src, w0 + u * stride, n);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (w0 + u * stride < words) st_ll(slot(peer, me) + w0 + u * stride, v[u], tag);
     }
   }
   // Receive the same words from every peer, then sum (rank order) or copy.
-  for (uint64_t w = first; w < words; w += stride) {
-    if (p.algo == WEFT_COLL_ALL_GATHER) {
-      for (int32_t r = 0; r < world; ++r) {
-        const uint32_t v = r == me ? load_word(in, w, n) : ld_ll(slot(me, r) + w, tag, p, r, w);
-        store_word(out + uint64_t(r) * n, w, n, v);
-      }
-    } else {
-      float acc[E], f[E];
-      for (int32_t r = 0; r < world; ++r) {
-        const uint32_t v = r == me ? load_word(scatter ? in + uint64_t(me) * n : in, w, n) : ld_ll(slot(me, r) + w, tag, p, r, w);
-        Words<T>::widen(v, f);
+  for (uint64_t w0 = first; w0 < words; w0 += U * stride) {
+    float acc[U][E];
+    for (int32_t r = 0; r < world; ++r) {
+      uint32_t v[U];
+      if (r == me) {
+        const T* src = scatter ? in + uint64_t(me) * n : in;
 #pragma unroll
-        for (int e = 0; e < E; ++e) acc[e] = r == 0 ? f[e] : acc[e] + f[e];
+        for (int u = 0; u < U; ++u)
+          if (w0 + u * stride < words) v[u] = load_word(src, w0 + u * stride, n);
+      } else {
+        const uint64_t* from = slot(me, r);
+        uint64_t x[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (w0 + u * stride < words) x[u] = ld_ll_once(from + w0 + u * stride);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const uint64_t w = w0 + u * stride;
+          if (w < words) v[u] = uint32_t(x[u] >> 32) == tag ? uint32_t(x[u]) : ld_ll(from + w, tag, p, r, w);
+        }
       }
-      store_word(out, w, n, Words<T>::narrow(acc));
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const uint64_t w = w0 + u * stride;
+        if (w >= words) continue;
+        if (p.algo == WEFT_COLL_ALL_GATHER) {
+          store_word(out + uint64_t(r) * n, w, n, v[u]);
+        } else {
+          float f[E];
+          Words<T>::widen(v[u], f);
+#pragma unroll
+          for (int e = 0; e < E; ++e) acc[u][e] = r == 0 ? f[e] : acc[u][e] + f[e];
+        }
+      }
+    }
+    if (p.algo != WEFT_COLL_ALL_GATHER) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (w0 + u * stride < words) store_word(out, w0 + u * stride, n, Words<T>::narrow(acc[u]));
     }
   }
 }
@@ -471,12 +510,16 @@ __device__ void run_ll(const weft_collective_params& p, uint64_t seq) {
 template <typename T>
 __device__ __forceinline__ void collective(const weft_collective_params& p) {
   weft_collective_state* state = reinterpret_cast<weft_collective_state*>(p.state);
-  __shared__ uint64_t first;
-  if (threadIdx.x == 0) first = *reinterpret_cast<volatile uint64_t*>(&state->seq) + 1;
-  __syncthreads();
+  uint64_t first;
   if (p.protocol == WEFT_COLL_PROTO_LL) {
+    // Every thread reads the round number itself: its first sends need not wait for a barrier.
+    first = *reinterpret_cast<volatile uint64_t*>(&state->seq) + 1;
     run_ll<T>(p, first);
   } else {
+    __shared__ uint64_t shared_first;
+    if (threadIdx.x == 0) shared_first = *reinterpret_cast<volatile uint64_t*>(&state->seq) + 1;
+    __syncthreads();
+    first = shared_first;
     Collective<T>(p, first).run();
   }
   __syncthreads();
