@@ -5,7 +5,10 @@
 //! bf16 against f32 sent as f32. Each iteration follows an L2-evicting scratch write; time is the
 //! median over iterations (CUDA events) of the slowest rank; ratio = baseline / native. GB/s per
 //! GPU: the bytes that cross NVLink into the busiest rank (rows from other ranks, in the
-//! communication dtype) per second of the slowest rank.
+//! communication dtype) per second of the slowest rank; "logical" GB/s count the way DeepEP does
+//! (every row a rank receives in a cast or sends in a reduce, its own included). Plus the
+//! expert-parallel case: MoE dispatch (cast) and combine (reduce) of DeepSeek-V3 shapes, 4096
+//! tokens per rank, hidden 7168, top-8 of 256 experts spread over the ranks.
 
 use super::rig::{slowest, Rig, FLUSH_BYTES};
 use super::SuiteResult;
@@ -31,9 +34,14 @@ struct Case {
     sms: u32,
     /// Bytes arriving at this rank from other ranks.
     nvlink_bytes: f64,
+    /// DeepEP's count: rows this rank receives (cast) or sends (reduce), its own included.
+    logical_bytes: f64,
     native_ms: f64,
     baseline_ms: f64,
 }
+
+/// DeepSeek-V3's routing: top-8 of 256 experts.
+const MOE: (&str, Workload) = ("moe top-8/256", Workload::Moe { experts: 256, top_k: 8, seed: 0x5eed });
 
 fn workloads(world: usize) -> [(&'static str, Workload); 3] {
     [
@@ -104,7 +112,7 @@ fn measure<T: PglElement>(
         comm_dtype: s.comm,
         ..Options::default()
     };
-    let (remote_rows, (native_ms, baseline_ms, sms, comm)) = if reduce {
+    let (remote_rows, logical_rows, (native_ms, baseline_ms, sms, comm)) = if reduce {
         let metas = reduce_metas(world, &s.workload.1.reduce_blocks(world, s.tokens));
         let plan = GroupReduce::<T>::new(
             &mut job.rdzv,
@@ -116,6 +124,7 @@ fn measure<T: PglElement>(
         )?;
         (
             reduce_remote_rows(&metas[rank], rank),
+            metas[rank].input_rows,
             time_plan(job, rig, plan)?,
         )
     } else {
@@ -129,6 +138,7 @@ fn measure<T: PglElement>(
         )?;
         (
             cast_remote_rows(&metas[rank], rank),
+            metas[rank].output_rows,
             time_plan(job, rig, plan)?,
         )
     };
@@ -142,6 +152,7 @@ fn measure<T: PglElement>(
         comm,
         sms,
         nvlink_bytes: (remote_rows * s.hidden * comm.size()) as f64,
+        logical_bytes: (logical_rows * s.hidden * comm.size()) as f64,
         native_ms,
         baseline_ms,
     })
@@ -184,6 +195,11 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             }
         }
     }
+    // Expert parallelism: MoE dispatch and combine, DeepSeek-V3 shapes.
+    for reduce in [false, true] {
+        let s = Shape { workload: MOE, tokens: 4096, hidden: 7168, comm: None };
+        cases.push(measure::<bf16>(job, &mut rig, &s, reduce)?);
+    }
     // The communication dtype: f32 data sent as f32 and as bf16.
     for comm in [None, Some(DType::Bf16)] {
         let s = Shape {
@@ -215,7 +231,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
     // Slowest rank per case and path; the busiest rank's bytes.
     let mine: Vec<f64> = cases
         .iter()
-        .flat_map(|c| [c.native_ms, c.baseline_ms, c.nvlink_bytes])
+        .flat_map(|c| [c.native_ms, c.baseline_ms, c.nvlink_bytes, c.logical_bytes])
         .collect();
     let worst = slowest(job, &mine)?;
     let mut table = Table {
@@ -227,12 +243,13 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             "ratio",
             "native GB/s per GPU",
             "AlltoAll-v GB/s per GPU",
+            "native logical GB/s",
         ],
         rows: Vec::new(),
     };
     let mut rows = Vec::new();
     for (i, c) in cases.iter().enumerate() {
-        let (native, baseline, bytes) = (worst[3 * i], worst[3 * i + 1], worst[3 * i + 2]);
+        let (native, baseline, bytes, logical) = (worst[4 * i], worst[4 * i + 1], worst[4 * i + 2], worst[4 * i + 3]);
         let gbs = |ms: f64| bytes / (ms * 1e-3) / 1e9;
         table.rows.push(vec![
             c.name.clone(),
@@ -242,6 +259,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             format!("{:.2}", baseline / native),
             format!("{:.1}", gbs(native)),
             format!("{:.1}", gbs(baseline)),
+            format!("{:.1}", logical / (native * 1e-3) / 1e9),
         ]);
         rows.push(Json::obj([
             ("case", Json::from(c.name.clone())),
@@ -259,6 +277,8 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             ("nvlink_bytes_busiest_gpu", Json::from(bytes as usize)),
             ("weft_gbs", Json::from(gbs(native))),
             ("baseline_gbs", Json::from(gbs(baseline))),
+            ("logical_bytes_busiest_gpu", Json::from(logical as usize)),
+            ("weft_logical_gbs", Json::from(logical / (native * 1e-3) / 1e9)),
         ]));
     }
     Ok(SuiteResult { table, rows })
