@@ -23,7 +23,7 @@ if [ "${1:-}" = "--plain" ]; then
 fi
 n=${RANKS:-$(nvidia-smi -L | wc -l)}
 pass=(-x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH)
-for v in WEFT_CHOICES WEFT_SEED WEFT_AUTO_BUDGET_S WEFT_TRIAL_TIMEOUT WEFT_COLL_SLOT_BYTES WEFT_COLL_BLOCKS WEFT_COLL_MAX_BLOCKS WEFT_COLL_ALL_REDUCE WEFT_COLL_LL_MAX_BYTES; do
+for v in WEFT_CHOICES WEFT_SEED WEFT_AUTO_BUDGET_S WEFT_TRIAL_TIMEOUT WEFT_COLL_SLOT_BYTES WEFT_COLL_BLOCKS WEFT_COLL_MAX_BLOCKS WEFT_COLL_ALL_REDUCE WEFT_COLL_LL_MAX_BYTES WEFT_GRPCOLL_SMS; do
   [ -n "${!v:-}" ] && pass+=(-x "$v")
 done
 exec mpirun --allow-run-as-root --bind-to none "${pass[@]}" -np "$n" "$weft" "$@"

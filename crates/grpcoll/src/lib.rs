@@ -40,7 +40,10 @@ use weft_sync::ErrorSlot;
 pub use weft_pgl::nccl::Communicator;
 
 /// Default number of SMs (one block each) the native kernels use, capped by the device's count.
-pub const DEFAULT_SMS: u32 = 24;
+/// 96: on two H100s over NVLink the pulling GroupReduce is latency-bound and reads 91–183 GB/s
+/// from 24 SMs, 287–324 GB/s from 96 (0.47–1.02× the AlltoAll-v path at 24, 1.55–2.12× at 96);
+/// GroupCast gains 8–15 % (README.md, "Measured"). Pass `Options::sms` to leave SMs to compute.
+pub const DEFAULT_SMS: u32 = 96;
 /// Tensors one plan moves together (packed transfer).
 pub const MAX_TENSORS: usize = WEFT_GRPCOLL_MAX_TENSORS as usize;
 

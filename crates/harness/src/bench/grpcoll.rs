@@ -110,6 +110,7 @@ fn measure<T: PglElement>(
     let (rank, world) = (job.rank(), job.world());
     let opts = Options {
         comm_dtype: s.comm,
+        sms: sms_override()?,
         ..Options::default()
     };
     let (remote_rows, logical_rows, (native_ms, baseline_ms, sms, comm)) = if reduce {
@@ -156,6 +157,14 @@ fn measure<T: PglElement>(
         native_ms,
         baseline_ms,
     })
+}
+
+/// `WEFT_GRPCOLL_SMS`: the native kernels' SM count for every case (default: the plan's).
+fn sms_override() -> anyhow::Result<Option<u32>> {
+    match std::env::var("WEFT_GRPCOLL_SMS") {
+        Ok(v) => Ok(Some(v.trim().parse().map_err(|_| anyhow::anyhow!("WEFT_GRPCOLL_SMS={v:?} is not a number"))?)),
+        Err(_) => Ok(None),
+    }
 }
 
 pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
