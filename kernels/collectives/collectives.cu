@@ -362,6 +362,7 @@ __device__ __forceinline__ uint32_t ld_ll(const uint64_t* p, uint32_t tag, const
   asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   if (uint32_t(v >> 32) == tag) return uint32_t(v);
   const long long c0 = clock64();
+  const uint64_t t0 = globaltimer_ns();
   for (;;) {
     asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     if (uint32_t(v >> 32) == tag) return uint32_t(v);
@@ -371,10 +372,12 @@ __device__ __forceinline__ uint32_t ld_ll(const uint64_t* p, uint32_t tag, const
       f.status = WEFT_SYNC_STATUS_TIMEOUT;
       f.primitive = WEFT_SYNC_PRIM_WAIT_UNORDERED;
       f.target_rank = sender;
+      // LL has no flag: the coordinate names the word polled (column) and its sender (row).
       f.coord = coord4(0, 0, uint32_t(sender), uint32_t(word));
       f.expected = tag;
       f.observed = v >> 32;
       f.elapsed_cycles = spent;
+      f.elapsed_ns = globaltimer_ns() - t0;
       fail(prm.flags.bound, prm.staging.rank, f);
     }
   }
@@ -434,7 +437,8 @@ template <typename T>
 __device__ void run_ll(const weft_collective_params& p, uint64_t seq) {
   constexpr int E = Words<T>::E, U = kLLUnroll;
   const int32_t me = p.staging.rank, world = p.staging.world;
-  const uint32_t tag = uint32_t(seq);
+  // Never 0 (the value of a word never written): seq counts from 1; the tag cycles 1..2^32-1.
+  const uint32_t tag = uint32_t((seq - 1) % 0xFFFFFFFFull) + 1;
   const uint64_t n = p.count;  // elements per shard (one-shot, AllGather: the input; ReduceScatter: the output)
   const uint64_t words = (n + E - 1) / E;
   const bool scatter = p.algo == WEFT_COLL_REDUCE_SCATTER;
@@ -502,6 +506,10 @@ __device__ void run_ll(const weft_collective_params& p, uint64_t seq) {
         if (w0 + u * stride < words) store_word(out, w0 + u * stride, n, Words<T>::narrow(acc[u]));
     }
   }
+  // The relaxed polls above saw every peer's round; make that an acquire (a fence after the
+  // reads), so the launches after this one may rely on the peers having reached this round (the
+  // slot-reuse rule), as they do after a simple-protocol launch.
+  mo::fence_acq_rel_sys();
 }
 
 // The launch's round numbers: every block reads the state's seq at its start; the last block to

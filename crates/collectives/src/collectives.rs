@@ -46,11 +46,32 @@ impl Collectives {
         let world = rdzv.world();
         let sms = sm_count(&ctx)?;
         let sharing = weft_pgl::gpu::max_ranks_per_gpu(rdzv, &ctx)?;
-        let max_blocks = agree(
-            rdzv,
-            "collectives options",
-            options.validate(world, sms, sharing).map_err(anyhow::Error::from),
-        )?;
+        // Every rank checks its options, then all compare what shapes a launch: a rank cutting
+        // calls differently would read slot parts its peers never wrote.
+        let checked = options.validate(world, sms, sharing);
+        let local = checked.as_ref().map(|_| ()).map_err(|e| anyhow::anyhow!("{e}"));
+        if let Err(e) = agree(rdzv, "collectives options", local) {
+            return Err(match checked {
+                Err(mine) => mine,
+                Ok(_) => CollectiveError::Options(format!("{e:#}")),
+            });
+        }
+        let max_blocks = checked?;
+        let cut = format!(
+            "slot_bytes {} blocks {:?} max_blocks {max_blocks} ll_max_bytes {} all_reduce {:?}",
+            options.slot_bytes_at(world),
+            options.blocks,
+            options.ll_max_bytes,
+            options.all_reduce
+        );
+        let all = rdzv.all_gather(cut.as_bytes())?;
+        if let Some((r, theirs)) = all.iter().enumerate().find(|(_, b)| b.as_slice() != cut.as_bytes()) {
+            return Err(CollectiveError::Options(format!(
+                "ranks disagree: rank {} has {cut}, rank {r} has {}",
+                rdzv.rank(),
+                String::from_utf8_lossy(theirs)
+            )));
+        }
         let kernels = agree(
             rdzv,
             "loading kernels/collectives/collectives.cu",
@@ -213,20 +234,21 @@ impl Collectives {
         self.launch::<T>(Algorithm::AllGather, i, o, n)
     }
 
-    /// The launch geometry a call of `count` elements of `T` gets (for reports and tests).
-    pub fn geometry<T: CollectiveElement>(&self, algo: Algorithm, count: usize) -> Geometry {
+    /// The launch geometry a call of `count` elements of `T` gets (for reports and tests); an
+    /// error when it would take more than u32::MAX rounds.
+    pub fn geometry<T: CollectiveElement>(&self, algo: Algorithm, count: usize) -> Result<Geometry, CollectiveError> {
         let limits = Limits {
             slot_bytes: self.slot_bytes,
             ll_max_bytes: self.options.ll_max_bytes,
             blocks: self.options.blocks,
             max_blocks: self.max_blocks,
         };
-        geometry(
-            algo,
-            count as u64,
-            self.staging.world(),
-            std::mem::size_of::<T>(),
-            limits,
+        geometry(algo, count as u64, self.staging.world(), std::mem::size_of::<T>(), limits).ok_or(
+            CollectiveError::TooLarge {
+                op: algo.name(),
+                count,
+                slot_bytes: self.slot_bytes,
+            },
         )
     }
 
@@ -237,6 +259,24 @@ impl Collectives {
             self.staging.world(),
             (count * std::mem::size_of::<T>()) as u64,
         )
+    }
+
+    /// Every buffer must be memory of the stream's device.
+    fn check_device(&self, op: &'static str, buffer: &'static str, addr: u64) -> Result<(), CollectiveError> {
+        let mut ordinal: i32 = -1;
+        // SAFETY: a query of the driver about an address; `ordinal` is the i32 it writes.
+        let r = unsafe {
+            sys::cuPointerGetAttribute(
+                &mut ordinal as *mut i32 as *mut std::ffi::c_void,
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                addr,
+            )
+        };
+        let expected = self.stream.context().ordinal() as i32;
+        if r != sys::CUresult::CUDA_SUCCESS || ordinal != expected {
+            return Err(CollectiveError::WrongDevice { op, buffer, addr, device: ordinal, expected });
+        }
+        Ok(())
     }
 
     fn launch<T: CollectiveElement>(
@@ -255,7 +295,9 @@ impl Collectives {
         if count == 0 {
             return Ok(()); // nothing to move (as NCCL: a zero count is a no-op)
         }
-        let g = self.geometry::<T>(algo, count);
+        self.check_device(op, "input", input)?;
+        self.check_device(op, "output", output)?;
+        let g = self.geometry::<T>(algo, count)?;
         let params = weft_collective_params {
             input,
             output,
@@ -267,7 +309,7 @@ impl Collectives {
             protocol: g.protocol.code(),
             ..self.base
         };
-        let func = &self.kernels[kernel_index::<T>()];
+        let func = &self.kernels[T::INDEX];
         let cfg = LaunchConfig {
             grid_dim: (g.blocks, 1, 1),
             block_dim: (THREADS, 1, 1),
@@ -328,13 +370,6 @@ fn expect_len(
     }
 }
 
-fn kernel_index<T: CollectiveElement>() -> usize {
-    match T::KERNEL {
-        "weft_collective_f32" => 0,
-        "weft_collective_bf16" => 1,
-        _ => 2,
-    }
-}
 
 fn load_kernels(ctx: &Arc<CudaContext>) -> anyhow::Result<[CudaFunction; 3]> {
     let f = |name| load(ctx, &cubins::COLLECTIVES_COLLECTIVES, name);

@@ -20,7 +20,23 @@ pub enum CollectiveError {
         buffer: &'static str,
         addr: u64,
     },
-    /// Options that cannot work on this job.
+    /// A buffer that is not memory of the collective's device.
+    #[error("{op}: {buffer} at {addr:#x} is memory of device {device}, not of the collective's device {expected} (-1: not device memory)")]
+    WrongDevice {
+        op: &'static str,
+        buffer: &'static str,
+        addr: u64,
+        device: i32,
+        expected: i32,
+    },
+    /// A call that would take more rounds than a launch counts (u32).
+    #[error("{op}: {count} elements need more than 2^32 rounds of {slot_bytes}-byte slots: use larger slots")]
+    TooLarge {
+        op: &'static str,
+        count: usize,
+        slot_bytes: u64,
+    },
+    /// Options that cannot work on this job, or that differ between ranks.
     #[error("collectives options: {0}")]
     Options(String),
     /// A bounded wait inside a kernel expired (a peer never published its round): what it saw.

@@ -117,13 +117,14 @@ pub struct Limits {
 /// AllGather: the input per rank). `count` > 0, `slot_bytes` a positive multiple of 16.
 /// LL where the algorithm allows it (not two-shot) and the payload per sender fits both
 /// `ll_max_bytes` and a slot at 8 bytes per 4-byte word; else the simple protocol in rounds.
+/// None when the call would take more than u32::MAX rounds.
 pub fn geometry(
     algo: Algorithm,
     count: u64,
     world: usize,
     elem_bytes: usize,
     limits: Limits,
-) -> Geometry {
+) -> Option<Geometry> {
     let Limits {
         slot_bytes,
         ll_max_bytes,
@@ -134,14 +135,14 @@ pub fn geometry(
     let words = payload.div_ceil(4);
     if algo != Algorithm::AllReduceTwoShot && payload <= ll_max_bytes && 8 * words <= slot_bytes {
         let auto = words.div_ceil(THREADS as u64 * LL_WORDS_PER_THREAD) as u32;
-        return Geometry {
+        return Some(Geometry {
             protocol: Protocol::LowLatency,
             count,
             shard: count,
             window: count,
             rounds: 1,
             blocks: blocks.unwrap_or(auto).clamp(1, max_blocks),
-        };
+        });
     }
     let vec = (16 / elem_bytes) as u64;
     let slot_elems = slot_bytes / elem_bytes as u64;
@@ -150,8 +151,7 @@ pub fn geometry(
         _ => count,
     };
     let window = slot_elems.min(shard.div_ceil(vec) * vec);
-    let rounds = u32::try_from(shard.div_ceil(window))
-        .expect("rounds fit u32 for any size the staging can hold");
+    let rounds = u32::try_from(shard.div_ceil(window)).ok()?;
     let window_bytes = window * elem_bytes as u64;
     // Up to 4 MiB a round: a block per 32 KiB, at most 64 (more blocks cost more than they move
     // there); larger rounds: every block allowed (their release fences then overlap the most).
@@ -161,14 +161,14 @@ pub fn geometry(
         max_blocks
     };
     let blocks = blocks.unwrap_or(auto).clamp(1, max_blocks);
-    Geometry {
+    Some(Geometry {
         protocol: Protocol::Simple,
         count,
         shard,
         window,
         rounds,
         blocks,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -205,7 +205,7 @@ mod tests {
             (Algorithm::ReduceScatter, 12345, 4, 4),
             (Algorithm::AllGather, 1 << 26, 2, 4),
         ] {
-            let g = geometry(algo, count, world, eb, simple(32));
+            let g = geometry(algo, count, world, eb, simple(32)).unwrap();
             let vec = 16 / eb as u64;
             assert_eq!(g.window % vec, 0, "{algo:?} {count}");
             assert!(g.window * eb as u64 <= 4 << 20);
@@ -226,12 +226,12 @@ mod tests {
 
     #[test]
     fn blocks_grow_with_the_round_and_respect_the_cap() {
-        let small = geometry(Algorithm::AllReduceOneShot, 1024, 2, 4, simple(32));
+        let small = geometry(Algorithm::AllReduceOneShot, 1024, 2, 4, simple(32)).unwrap();
         assert_eq!((small.rounds, small.blocks), (1, 1));
-        let mid = geometry(Algorithm::AllReduceOneShot, 1 << 18, 2, 4, simple(32));
+        let mid = geometry(Algorithm::AllReduceOneShot, 1 << 18, 2, 4, simple(32)).unwrap();
         assert_eq!(mid.blocks, 32); // 1 MiB / 32 KiB
         let large = Limits { slot_bytes: 16 << 20, ..simple(128) };
-        let large = geometry(Algorithm::AllReduceOneShot, 1 << 22, 2, 4, large);
+        let large = geometry(Algorithm::AllReduceOneShot, 1 << 22, 2, 4, large).unwrap();
         assert_eq!((large.rounds, large.blocks), (1, 128)); // a 16 MiB round: every block
         let fixed = geometry(
             Algorithm::AllGather,
@@ -243,8 +243,16 @@ mod tests {
                 max_blocks: 16,
                 ..simple(32)
             },
-        );
+        )
+        .unwrap();
         assert_eq!(fixed.blocks, 16);
+    }
+
+    #[test]
+    fn too_many_rounds_is_none() {
+        let tiny = Limits { slot_bytes: 16, ..simple(1) };
+        assert!(geometry(Algorithm::AllGather, 1 << 34, 2, 4, tiny).is_none());
+        assert!(geometry(Algorithm::AllGather, 1 << 30, 2, 4, tiny).is_some());
     }
 
     fn simple(max_blocks: u32) -> Limits {
@@ -262,21 +270,21 @@ mod tests {
             ll_max_bytes: 64 << 10,
             ..simple(64)
         };
-        let g = geometry(Algorithm::AllReduceOneShot, 16 << 10, 2, 4, ll); // 64 KiB
+        let g = geometry(Algorithm::AllReduceOneShot, 16 << 10, 2, 4, ll).unwrap(); // 64 KiB
         assert_eq!(
             (g.protocol, g.rounds, g.blocks),
             (Protocol::LowLatency, 1, 8)
         ); // 16 Ki words / 2048
         assert_eq!(
-            geometry(Algorithm::AllReduceOneShot, (16 << 10) + 1, 2, 4, ll).protocol,
+            geometry(Algorithm::AllReduceOneShot, (16 << 10) + 1, 2, 4, ll).unwrap().protocol,
             Protocol::Simple
         );
         assert_eq!(
-            geometry(Algorithm::AllReduceTwoShot, 16, 8, 4, ll).protocol,
+            geometry(Algorithm::AllReduceTwoShot, 16, 8, 4, ll).unwrap().protocol,
             Protocol::Simple
         );
         assert_eq!(
-            geometry(Algorithm::ReduceScatter, 3, 4, 2, ll).protocol,
+            geometry(Algorithm::ReduceScatter, 3, 4, 2, ll).unwrap().protocol,
             Protocol::LowLatency
         );
         // The slot bounds LL too: 8 bytes per word.
@@ -286,11 +294,11 @@ mod tests {
             ..simple(64)
         };
         assert_eq!(
-            geometry(Algorithm::AllGather, 512, 2, 4, tight).protocol,
+            geometry(Algorithm::AllGather, 512, 2, 4, tight).unwrap().protocol,
             Protocol::LowLatency
         );
         assert_eq!(
-            geometry(Algorithm::AllGather, 513, 2, 4, tight).protocol,
+            geometry(Algorithm::AllGather, 513, 2, 4, tight).unwrap().protocol,
             Protocol::Simple
         );
     }

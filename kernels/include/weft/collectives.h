@@ -37,7 +37,8 @@ typedef struct weft_collective_params {
   uint64_t count;            // elements: AllReduce the buffer, ReduceScatter the output (per rank),
                              // AllGather the input (per rank)
   uint64_t shard;            // elements per shard (two-shot AllReduce, ReduceScatter); else count
-  uint64_t window;           // elements of one round per slot (slot_bytes / element size)
+  uint64_t window;           // elements of one round per shard: min(slot_bytes / element size, the
+                             // shard rounded up to whole 16-byte vectors)
   uint64_t slot_bytes;       // bytes of one staging slot (multiple of 16)
   uint64_t state;            // device address of this rank's weft_collective_state
   uint32_t rounds;           // ceil(shard or count / window), at least 1 (LL: 1)

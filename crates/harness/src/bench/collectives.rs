@@ -205,7 +205,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                     Op::ReduceScatter => (Algorithm::ReduceScatter, r),
                     _ => (Algorithm::AllGather, s),
                 };
-                let g = coll.geometry::<f32>(path, count);
+                let g = coll.geometry::<f32>(path, count)?;
                 measured.push(Measured {
                     op,
                     bytes: op.reported_bytes(s, r),

@@ -19,7 +19,7 @@ use weft_collectives::{AllReduceChoice, CollectiveElement, CollectiveError, Coll
 #[derive(Clone, Copy, Debug)]
 enum Op {
     AllReduce(AllReduceChoice),
-    AllReduceInPlace,
+    AllReduceInPlace(AllReduceChoice),
     ReduceScatter,
     AllGather,
 }
@@ -50,7 +50,8 @@ pub fn cases() -> Vec<Case> {
         "all_reduce::two_shot",
         Op::AllReduce(AllReduceChoice::TwoShot)
     ));
-    v.extend(typed!("all_reduce::in_place", Op::AllReduceInPlace));
+    v.extend(typed!("all_reduce::in_place", Op::AllReduceInPlace(AllReduceChoice::Auto)));
+    v.extend(typed!("all_reduce::in_place_two_shot", Op::AllReduceInPlace(AllReduceChoice::TwoShot)));
     v.extend(typed!("reduce_scatter", Op::ReduceScatter));
     v.extend(typed!("all_gather", Op::AllGather));
     v.push(Case::gpu("collectives::graph_replay::f32", graph_replay));
@@ -89,6 +90,12 @@ fn trial<T: Elem + CollectiveElement>(job: &mut Job, op: Op) -> anyhow::Result<(
             ll_max_bytes: 0,
             ..Options::default()
         },
+        // Many rounds with the grid changing from call to call (blocks by size).
+        Options {
+            slot_bytes: Some(64 << 10),
+            ll_max_bytes: 0,
+            ..Options::default()
+        },
         Options {
             ll_max_bytes: u64::MAX,
             slot_bytes: Some(16 << 20),
@@ -97,7 +104,7 @@ fn trial<T: Elem + CollectiveElement>(job: &mut Job, op: Op) -> anyhow::Result<(
     ];
     for base in setups {
         let options = match op {
-            Op::AllReduce(choice) => Options {
+            Op::AllReduce(choice) | Op::AllReduceInPlace(choice) => Options {
                 all_reduce: choice,
                 ..base
             },
@@ -136,7 +143,7 @@ fn run_and_check<T: Elem + CollectiveElement>(
     let inputs: Vec<Vec<i32>> = (0..world).map(|r| small_ints(seed, r, input_len)).collect();
     let sum = |i: usize| inputs.iter().map(|v| v[i]).sum::<i32>();
     let want: Vec<T> = match op {
-        Op::AllReduce(_) | Op::AllReduceInPlace => {
+        Op::AllReduce(_) | Op::AllReduceInPlace(_) => {
             (0..n).map(|i| T::from_small_int(sum(i))).collect()
         }
         Op::ReduceScatter => (0..n)
@@ -151,7 +158,7 @@ fn run_and_check<T: Elem + CollectiveElement>(
     let mine: Vec<T> = inputs[rank].iter().map(|&x| T::from_small_int(x)).collect();
     let input = stream.clone_htod(&mine)?;
     let got = match op {
-        Op::AllReduceInPlace => {
+        Op::AllReduceInPlace(_) => {
             let mut buf = input;
             coll.all_reduce_in_place(&mut buf)?;
             coll.synchronize()?;
@@ -178,41 +185,46 @@ fn graph_replay(job: &mut Job) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
     let stream = super::gpu(job)?.1;
     let (rank, world) = (job.rank(), job.world());
-    let n = 300_001;
+    // Three simple-protocol calls and a small (LL) AllReduce.
+    let (n, m) = (300_001, 1000);
     let mut coll = Collectives::new(&mut job.rdzv, &stream, Options::default())?;
     let mut ins = [
         stream.alloc_zeros::<f32>(n)?,
         stream.alloc_zeros::<f32>(n * world)?,
         stream.alloc_zeros::<f32>(n)?,
+        stream.alloc_zeros::<f32>(m)?,
     ];
     let mut outs = [
         stream.alloc_zeros::<f32>(n)?,
         stream.alloc_zeros::<f32>(n)?,
         stream.alloc_zeros::<f32>(n * world)?,
+        stream.alloc_zeros::<f32>(m)?,
     ];
     stream.synchronize()?;
     stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
     let captured = (|| -> Result<(), CollectiveError> {
-        let [o0, o1, o2] = &mut outs;
+        let [o0, o1, o2, o3] = &mut outs;
         coll.all_reduce(&ins[0], o0)?;
         coll.reduce_scatter(&ins[1], o1)?;
-        coll.all_gather(&ins[2], o2)
+        coll.all_gather(&ins[2], o2)?;
+        coll.all_reduce(&ins[3], o3)
     })();
     let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
     captured?;
     let graph = graph?.ok_or_else(|| anyhow::anyhow!("the capture produced no graph"))?;
     for replay in 0..4u64 {
         let s = seed.wrapping_add(replay);
-        let inputs: Vec<[Vec<i32>; 3]> = (0..world)
+        let inputs: Vec<[Vec<i32>; 4]> = (0..world)
             .map(|r| {
                 [
                     small_ints(s, r, n),
                     small_ints(s ^ 1, r, n * world),
                     small_ints(s ^ 2, r, n),
+                    small_ints(s ^ 3, r, m),
                 ]
             })
             .collect();
-        for k in 0..3 {
+        for k in 0..4 {
             let v: Vec<f32> = inputs[rank][k].iter().map(|&x| x as f32).collect();
             stream.memcpy_htod(&v, &mut ins[k])?;
             let len = outs[k].len();
@@ -221,15 +233,16 @@ fn graph_replay(job: &mut Job) -> anyhow::Result<()> {
         graph.launch()?;
         coll.synchronize()?;
         let sum = |k: usize, i: usize| inputs.iter().map(|v| v[k][i]).sum::<i32>() as f32;
-        let want: [Vec<f32>; 3] = [
+        let want: [Vec<f32>; 4] = [
             (0..n).map(|i| sum(0, i)).collect(),
             (0..n).map(|i| sum(1, rank * n + i)).collect(),
             inputs
                 .iter()
                 .flat_map(|v| v[2].iter().map(|&x| x as f32))
                 .collect(),
+            (0..m).map(|i| sum(3, i)).collect(),
         ];
-        for (k, what) in ["all_reduce", "reduce_scatter", "all_gather"]
+        for (k, what) in ["all_reduce", "reduce_scatter", "all_gather", "all_reduce LL"]
             .iter()
             .enumerate()
         {
@@ -245,8 +258,32 @@ fn graph_replay(job: &mut Job) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Wrong lengths, a misaligned buffer and bad options get their named errors, on every rank, and
-/// the `Collectives` still works afterwards (nothing was launched).
+/// A buffer at an address that is not device memory (a stand-in for another device's buffer):
+/// the driver says so, and the call is refused before a kernel could fault on it.
+struct HostAddress {
+    addr: u64,
+    len: usize,
+    stream: Arc<CudaStream>,
+}
+
+impl cudarc::driver::DeviceSlice<f32> for HostAddress {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+impl cudarc::driver::DevicePtr<f32> for HostAddress {
+    fn device_ptr<'a>(&'a self, _stream: &'a CudaStream) -> (u64, cudarc::driver::SyncOnDrop<'a>) {
+        (self.addr, cudarc::driver::SyncOnDrop::Record(None))
+    }
+}
+
+/// Wrong lengths, a misaligned buffer, a buffer that is not the device's, bad options and options
+/// that differ between ranks get their named errors, on every rank, and the `Collectives` still
+/// works afterwards (nothing was launched).
 fn errors(job: &mut Job) -> anyhow::Result<()> {
     let stream = super::gpu(job)?.1;
     let world = job.world();
@@ -258,11 +295,21 @@ fn errors(job: &mut Job) -> anyhow::Result<()> {
             ..Options::default()
         },
     );
-    let msg = bad.err().map(|e| format!("{e:#}")).unwrap_or_default();
-    anyhow::ensure!(
-        msg.contains("blocks 0 must be in"),
-        "blocks = 0 was not refused by name: {msg:?}"
-    );
+    match bad {
+        Err(CollectiveError::Options(msg)) if msg.contains("blocks 0 must be in") => {}
+        Err(e) => anyhow::bail!("blocks = 0 was refused, but not as CollectiveError::Options naming it: {e}"),
+        Ok(_) => anyhow::bail!("blocks = 0 was accepted"),
+    }
+    if world > 1 {
+        // Every rank's options are valid, but rank 0 cuts calls into other blocks.
+        let blocks = Some(if job.rank() == 0 { 4 } else { 8 });
+        let differ = Collectives::new(&mut job.rdzv, &stream, Options { blocks, ..Options::default() });
+        match differ {
+            Err(CollectiveError::Options(msg)) if msg.contains("ranks disagree") => {}
+            Err(e) => anyhow::bail!("differing options were refused, but not as Options(ranks disagree): {e}"),
+            Ok(_) => anyhow::bail!("ranks with different block counts were accepted"),
+        }
+    }
 
     let mut coll = Collectives::new(&mut job.rdzv, &stream, Options::default())?;
     let a = stream.alloc_zeros::<f32>(64 * world)?;
@@ -310,6 +357,10 @@ fn errors(job: &mut Job) -> anyhow::Result<()> {
         ),
         "{e}"
     );
+    let host = vec![0u128; 16]; // 256 bytes, 16-byte aligned: only the device check can refuse it
+    let not_device = HostAddress { addr: host.as_ptr() as u64, len: 64, stream: stream.clone() };
+    let e = coll.all_reduce(&not_device, &mut b.slice_mut(..64)).unwrap_err();
+    anyhow::ensure!(matches!(e, CollectiveError::WrongDevice { buffer: "input", .. }), "{e}");
     // Still usable: a real call after the refusals.
     run_and_check::<f32>(
         job,
