@@ -18,7 +18,7 @@ use crate::timing::{median, time_iterations};
 use crate::word_compare::WordCompare;
 use anyhow::Context;
 use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtrMut};
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use std::sync::Arc;
 use weft_collectives::{Algorithm, Collectives, Options, Protocol};
 use weft_pgl::nccl::{Communicator, ReduceOp};
@@ -36,21 +36,9 @@ fn sizes(quick: bool) -> Vec<usize> {
     }
 }
 
-/// `n` small integers as f32 (exact sums), from a 1 Mi-element random block copied repeatedly.
+/// `n` small integers as f32 (exact sums in any order).
 fn int_buffer(stream: &Arc<CudaStream>, n: usize, seed: u64) -> anyhow::Result<CudaSlice<f32>> {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let block: Vec<f32> = (0..(1 << 20).min(n))
-        .map(|_| rng.random_range(-64..=64) as f32)
-        .collect();
-    // SAFETY: every element is written by the copies below before any use.
-    let mut buf = unsafe { stream.alloc::<f32>(n) }?;
-    let mut at = 0;
-    while at < n {
-        let len = block.len().min(n - at);
-        stream.memcpy_htod(&block[..len], &mut buf.slice_mut(at..at + len))?;
-        at += len;
-    }
-    Ok(buf)
+    super::nccl::random_buffer_of(stream, n, seed, |rng| rng.random_range(-64..=64) as f32)
 }
 
 fn weft_call(

@@ -123,10 +123,18 @@ fn enqueue(
 
 /// A device buffer of `n` random f32 (filled from a 16 MiB random block, copied repeatedly).
 fn random_buffer(stream: &Arc<CudaStream>, n: usize, seed: u64) -> anyhow::Result<CudaSlice<f32>> {
+    random_buffer_of(stream, n, seed, |rng| rng.random_range(-1.0..1.0))
+}
+
+/// A device buffer of `n` f32 drawn by `draw` (a 16 MiB block of them, copied repeatedly).
+pub(super) fn random_buffer_of(
+    stream: &Arc<CudaStream>,
+    n: usize,
+    seed: u64,
+    mut draw: impl FnMut(&mut rand::rngs::StdRng) -> f32,
+) -> anyhow::Result<CudaSlice<f32>> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let block: Vec<f32> = (0..(1 << 22).min(n))
-        .map(|_| rng.random_range(-1.0..1.0))
-        .collect();
+    let block: Vec<f32> = (0..(1 << 22).min(n)).map(|_| draw(&mut rng)).collect();
     // SAFETY: every element is written by the copies below before any use.
     let mut buf = unsafe { stream.alloc::<f32>(n) }?;
     let mut at = 0;
