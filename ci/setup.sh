@@ -19,6 +19,12 @@ if [ -x "$nvcc" ] && [ -f "$target/.weft-wheels" ] && [ "$(cat "$target/.weft-wh
   echo "ci/setup.sh: CUDA compiler already in $target"
 else
   echo "ci/setup.sh: installing ${wheels[*]} into $target"
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    echo "ci/setup.sh: the CUDA compiler comes from PyPI wheels and needs pip: python3 -m pip is missing." >&2
+    echo "  Install it (Debian/Ubuntu: apt-get install python3-pip; elsewhere: python3 -m ensurepip --user)," >&2
+    echo "  or skip this step by pointing NVCC at a CUDA 13.0 nvcc (or CUDA_HOME at a CUDA 13.0 toolkit)." >&2
+    exit 1
+  fi
   rm -rf "$target"
   python3 -m pip install --quiet --disable-pip-version-check --no-deps --target "$target" "${wheels[@]}"
   echo "${wheels[*]}" > "$target/.weft-wheels"

@@ -2,8 +2,10 @@
 # weft's test command (the README's, and what .ci/run calls). On a machine with nothing but the
 # Rust toolchain: installs the CUDA compiler and libclang (ci/setup.sh), builds every crate and
 # compiles every kernels/**/*.cu for sm_90a, runs the CPU unit and process tests, then the `weft`
-# harness trials on 1 rank and on 3 local ranks. Without a GPU the GPU trials are reported as
-# ignored with the reason; on a GPU machine they run.
+# harness trials on 1 rank and on several local ranks: 3 without a GPU (the GPU trials are then
+# reported as ignored with the reason) or with 3 GPUs or more; one per GPU on a 2-GPU machine (3
+# ranks there would share a GPU, which needs MPS: ci/gpu-shared.sh); on a 1-GPU machine only the
+# 1-rank run.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -13,5 +15,19 @@ cargo build --release --locked --workspace
 cargo test --release --locked --workspace
 echo "== weft test (1 rank)"
 target/release/weft test
-echo "== weft launch -n 3 -- weft test (3 local ranks)"
-target/release/weft launch -n 3 -- target/release/weft test
+gpus=0
+if command -v nvidia-smi >/dev/null 2>&1; then
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+fi
+case "$gpus" in
+  0) ranks=3 ;;  # no GPU: the multi-rank CPU trials; the GPU ones show as ignored
+  1) ranks=0 ;;
+  2) ranks=2 ;;
+  *) ranks=3 ;;
+esac
+if [ "$ranks" -gt 0 ]; then
+  echo "== weft launch -n $ranks -- weft test ($ranks local ranks, $gpus GPUs)"
+  target/release/weft launch -n "$ranks" -- target/release/weft test
+else
+  echo "== one GPU: multi-rank trials need ranks sharing it under MPS: bash ci/gpu-shared.sh LOGS"
+fi

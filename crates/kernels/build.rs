@@ -2,8 +2,9 @@
 //! binds the plain-old-data structs and WEFT_HD functions of `kernels/include/weft/abi.h` with
 //! bindgen (the functions' host copies compiled with cc from bindgen's wrappers).
 //!
-//! This is the one place weft finds nvcc: `NVCC`, then `CUDA_HOME`/`CUDA_PATH`, then `PATH`,
-//! then `.toolchain/cuda` where `ci/setup.sh` installs the CUDA 13.0 wheels. ptxas resource usage
+//! This is the one place weft finds nvcc: `NVCC`, then `.toolchain/cuda` where `ci/setup.sh`
+//! installs the CUDA 13.0 wheels, then `CUDA_HOME`/`CUDA_PATH`, then `PATH`. The nvcc used and
+//! its version are printed as a cargo warning (a warning too when it is not CUDA 13.0). ptxas resource usage
 //! (registers, shared memory, stack, spills) is kept in `$OUT_DIR/ptxas.log` and in this build
 //! script's output; any spill is raised as a cargo warning.
 
@@ -36,6 +37,12 @@ fn main() {
              or point NVCC at an nvcc binary (or CUDA_HOME at a CUDA 13 toolkit).\n"
         )
     });
+
+    let release = nvcc_release(&nvcc);
+    println!("cargo:warning=weft-kernels: compiling with {} ({release})", nvcc.display());
+    if !release.starts_with("release 13.0") {
+        println!("cargo:warning=weft-kernels: weft is built and tested with CUDA 13.0; this nvcc is {release} (bash ci/setup.sh installs 13.0; NVCC picks another)");
+    }
 
     let mut sources = Vec::new();
     collect_sources(&kernels, &mut sources);
@@ -208,6 +215,12 @@ fn find_nvcc(root: &Path) -> Result<PathBuf, String> {
         }
         searched.push(format!("NVCC={}", p.display()));
     }
+    // What ci/setup.sh installed wins over whatever else the machine has.
+    let p = root.join(".toolchain/cuda/nvidia/cu13/bin/nvcc");
+    if p.is_file() {
+        return Ok(p);
+    }
+    searched.push(p.display().to_string());
     for var in ["CUDA_HOME", "CUDA_PATH"] {
         if let Ok(home) = std::env::var(var) {
             let p = Path::new(&home).join("bin/nvcc");
@@ -226,10 +239,16 @@ fn find_nvcc(root: &Path) -> Result<PathBuf, String> {
         }
         searched.push("PATH".into());
     }
-    let p = root.join(".toolchain/cuda/nvidia/cu13/bin/nvcc");
-    if p.is_file() {
-        return Ok(p);
-    }
-    searched.push(p.display().to_string());
     Err(searched.join(", "))
+}
+
+/// "release 13.0" from `nvcc --version`, or why it could not be read.
+fn nvcc_release(nvcc: &Path) -> String {
+    match Command::new(nvcc).arg("--version").output() {
+        Ok(o) => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .find_map(|l| l.split(", ").find(|w| w.starts_with("release ")).map(str::to_string))
+            .unwrap_or_else(|| "version not reported".into()),
+        Err(e) => format!("did not run: {e}"),
+    }
 }
