@@ -103,14 +103,14 @@ impl Table {
             .join("  ")
     }
 
-    pub fn csv(&self) -> String {
-        let mut out = self.headers.join(",");
-        out.push('\n');
+    /// RFC 4180 CSV (the `csv` crate): cells holding commas, quotes or newlines are quoted.
+    pub fn csv(&self) -> anyhow::Result<String> {
+        let mut w = csv::Writer::from_writer(Vec::new());
+        w.write_record(&self.headers)?;
         for r in &self.rows {
-            out.push_str(&r.join(","));
-            out.push('\n');
+            w.write_record(r)?;
         }
-        out
+        Ok(String::from_utf8(w.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?)?)
     }
 }
 
@@ -132,6 +132,20 @@ mod tests {
             rows: vec![vec!["all_reduce".into(), "1.5".into()]],
         };
         assert_eq!(t.render(), "        op   ms\nall_reduce  1.5\n");
-        assert_eq!(t.csv(), "op,ms\nall_reduce,1.5\n");
+        assert_eq!(t.csv().unwrap(), "op,ms\nall_reduce,1.5\n");
+    }
+
+    #[test]
+    fn csv_quotes_cells_with_commas_and_quotes() {
+        let t = Table {
+            headers: vec!["case", "groups"],
+            rows: vec![vec!["signal \"a\"".into(), "[1,10]".into()]],
+        };
+        let text = t.csv().unwrap();
+        assert_eq!(text, "case,groups\n\"signal \"\"a\"\"\",\"[1,10]\"\n");
+        // Read back with the same crate: two columns, the cells as written.
+        let mut r = csv::Reader::from_reader(text.as_bytes());
+        let row = r.records().next().unwrap().unwrap();
+        assert_eq!((row.len(), &row[0], &row[1]), (2, "signal \"a\"", "[1,10]"));
     }
 }

@@ -137,7 +137,7 @@ pub fn report(job: &Job, suite: &str, device: &str, result: SuiteResult, json: O
         println!("wrote {}", path.display());
     }
     if let Some(path) = csv {
-        write_file(path, &result.table.csv())?;
+        write_file(path, &result.table.csv()?)?;
         println!("wrote {}", path.display());
     }
     Ok(())
