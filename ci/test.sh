@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # weft's test command (the README's, and what .ci/run calls). On a machine with nothing but the
-# Rust toolchain: installs the CUDA compiler and libclang (ci/setup.sh), builds every crate and
+# Rust toolchain: installs the CUDA compiler and libclang (ci/setup.sh), checks formatting
+# (rustfmt) and lints (clippy -D warnings), builds every crate and
 # compiles every kernels/**/*.cu for sm_90a, runs the CPU unit and process tests, then the `weft`
 # harness trials on 1 rank and on several local ranks: 3 without a GPU (the GPU trials are then
 # reported as ignored with the reason) or with 3 GPUs or more; one per GPU on a 2-GPU machine (3
@@ -11,7 +12,12 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 bash ci/setup.sh
+for c in fmt clippy; do
+  cargo "$c" --version >/dev/null 2>&1 || { echo "ci/test.sh: cargo $c is missing: rustup component add rustfmt clippy" >&2; exit 1; }
+done
+cargo fmt --all -- --check
 cargo build --release --locked --workspace
+cargo clippy --release --locked --workspace --all-targets -- -D warnings
 cargo test --release --locked --workspace
 echo "== weft test (1 rank)"
 target/release/weft test

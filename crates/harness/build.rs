@@ -5,7 +5,15 @@ fn main() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     // The work tree's sources too (cargo scans a directory recursively): an uncommitted edit must
     // make the next build say "-dirty", not keep the clean commit of the last describe.
-    for p in [".git/HEAD", ".git/index", ".git/refs/heads", "crates", "kernels", "Cargo.toml", "Cargo.lock"] {
+    for p in [
+        ".git/HEAD",
+        ".git/index",
+        ".git/refs/heads",
+        "crates",
+        "kernels",
+        "Cargo.toml",
+        "Cargo.lock",
+    ] {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }
     println!("cargo:rerun-if-env-changed=WEFT_COMMIT");

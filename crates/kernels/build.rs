@@ -39,7 +39,10 @@ fn main() {
     });
 
     let release = nvcc_release(&nvcc);
-    println!("cargo:warning=weft-kernels: compiling with {} ({release})", nvcc.display());
+    println!(
+        "cargo:warning=weft-kernels: compiling with {} ({release})",
+        nvcc.display()
+    );
     if !release.starts_with("release 13.0") {
         println!("cargo:warning=weft-kernels: weft is built and tested with CUDA 13.0; this nvcc is {release} (bash ci/setup.sh installs 13.0; NVCC picks another)");
     }
@@ -247,7 +250,11 @@ fn nvcc_release(nvcc: &Path) -> String {
     match Command::new(nvcc).arg("--version").output() {
         Ok(o) => String::from_utf8_lossy(&o.stdout)
             .lines()
-            .find_map(|l| l.split(", ").find(|w| w.starts_with("release ")).map(str::to_string))
+            .find_map(|l| {
+                l.split(", ")
+                    .find(|w| w.starts_with("release "))
+                    .map(str::to_string)
+            })
             .unwrap_or_else(|| "version not reported".into()),
         Err(e) => format!("did not run: {e}"),
     }

@@ -168,7 +168,9 @@ impl Kernels {
         blocks: u32,
     ) -> anyhow::Result<()> {
         ensure!(
-            copy.src % 16 == 0 && copy.dst % 16 == 0 && copy.bytes % 16 == 0,
+            copy.src.is_multiple_of(16)
+                && copy.dst.is_multiple_of(16)
+                && copy.bytes.is_multiple_of(16),
             "comm copy needs 16-byte alignment: {copy:?}"
         );
         ensure!(blocks > 0, "the comm kernel needs at least one block");
@@ -349,7 +351,8 @@ impl Stamps {
     /// `LaunchExtras::timeline` lowers element 0 to its start and raises element 1 to its end,
     /// which are WEFT_STAMP_COMPUTE_START and _END).
     pub fn compute_timeline(&mut self) -> &mut CudaSlice<u64> {
-        const _: () = assert!(abi::WEFT_STAMP_COMPUTE_START == 0 && abi::WEFT_STAMP_COMPUTE_END == 1);
+        const _: () =
+            assert!(abi::WEFT_STAMP_COMPUTE_START == 0 && abi::WEFT_STAMP_COMPUTE_END == 1);
         &mut self.buf
     }
 

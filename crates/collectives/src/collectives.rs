@@ -49,7 +49,10 @@ impl Collectives {
         // Every rank checks its options, then all compare what shapes a launch: a rank cutting
         // calls differently would read slot parts its peers never wrote.
         let checked = options.validate(world, sms, sharing);
-        let local = checked.as_ref().map(|_| ()).map_err(|e| anyhow::anyhow!("{e}"));
+        let local = checked
+            .as_ref()
+            .map(|_| ())
+            .map_err(|e| anyhow::anyhow!("{e}"));
         if let Err(e) = agree(rdzv, "collectives options", local) {
             return Err(match checked {
                 Err(mine) => mine,
@@ -65,7 +68,11 @@ impl Collectives {
             options.all_reduce
         );
         let all = rdzv.all_gather(cut.as_bytes())?;
-        if let Some((r, theirs)) = all.iter().enumerate().find(|(_, b)| b.as_slice() != cut.as_bytes()) {
+        if let Some((r, theirs)) = all
+            .iter()
+            .enumerate()
+            .find(|(_, b)| b.as_slice() != cut.as_bytes())
+        {
             return Err(CollectiveError::Options(format!(
                 "ranks disagree: rank {} has {cut}, rank {r} has {}",
                 rdzv.rank(),
@@ -236,20 +243,29 @@ impl Collectives {
 
     /// The launch geometry a call of `count` elements of `T` gets (for reports and tests); an
     /// error when it would take more than u32::MAX rounds.
-    pub fn geometry<T: CollectiveElement>(&self, algo: Algorithm, count: usize) -> Result<Geometry, CollectiveError> {
+    pub fn geometry<T: CollectiveElement>(
+        &self,
+        algo: Algorithm,
+        count: usize,
+    ) -> Result<Geometry, CollectiveError> {
         let limits = Limits {
             slot_bytes: self.slot_bytes,
             ll_max_bytes: self.options.ll_max_bytes,
             blocks: self.options.blocks,
             max_blocks: self.max_blocks,
         };
-        geometry(algo, count as u64, self.staging.world(), std::mem::size_of::<T>(), limits).ok_or(
-            CollectiveError::TooLarge {
-                op: algo.name(),
-                count,
-                slot_bytes: self.slot_bytes,
-            },
+        geometry(
+            algo,
+            count as u64,
+            self.staging.world(),
+            std::mem::size_of::<T>(),
+            limits,
         )
+        .ok_or(CollectiveError::TooLarge {
+            op: algo.name(),
+            count,
+            slot_bytes: self.slot_bytes,
+        })
     }
 
     /// The AllReduce path a call of `count` elements of `T` takes.
@@ -262,7 +278,12 @@ impl Collectives {
     }
 
     /// Every buffer must be memory of the stream's device.
-    fn check_device(&self, op: &'static str, buffer: &'static str, addr: u64) -> Result<(), CollectiveError> {
+    fn check_device(
+        &self,
+        op: &'static str,
+        buffer: &'static str,
+        addr: u64,
+    ) -> Result<(), CollectiveError> {
         let mut ordinal: i32 = -1;
         // SAFETY: a query of the driver about an address; `ordinal` is the i32 it writes.
         let r = unsafe {
@@ -274,7 +295,13 @@ impl Collectives {
         };
         let expected = self.stream.context().ordinal() as i32;
         if r != sys::CUresult::CUDA_SUCCESS || ordinal != expected {
-            return Err(CollectiveError::WrongDevice { op, buffer, addr, device: ordinal, expected });
+            return Err(CollectiveError::WrongDevice {
+                op,
+                buffer,
+                addr,
+                device: ordinal,
+                expected,
+            });
         }
         Ok(())
     }
@@ -369,7 +396,6 @@ fn expect_len(
         })
     }
 }
-
 
 fn load_kernels(ctx: &Arc<CudaContext>) -> anyhow::Result<[CudaFunction; 3]> {
     let f = |name| load(ctx, &cubins::COLLECTIVES_COLLECTIVES, name);

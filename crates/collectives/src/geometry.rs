@@ -219,7 +219,7 @@ mod tests {
             );
             assert!((1..=32).contains(&g.blocks));
             if algo == Algorithm::AllReduceTwoShot {
-                assert!(g.shard * world as u64 >= count && g.shard % vec == 0);
+                assert!(g.shard * world as u64 >= count && g.shard.is_multiple_of(vec));
             }
         }
     }
@@ -230,7 +230,10 @@ mod tests {
         assert_eq!((small.rounds, small.blocks), (1, 1));
         let mid = geometry(Algorithm::AllReduceOneShot, 1 << 18, 2, 4, simple(32)).unwrap();
         assert_eq!(mid.blocks, 32); // 1 MiB / 32 KiB
-        let large = Limits { slot_bytes: 16 << 20, ..simple(128) };
+        let large = Limits {
+            slot_bytes: 16 << 20,
+            ..simple(128)
+        };
         let large = geometry(Algorithm::AllReduceOneShot, 1 << 22, 2, 4, large).unwrap();
         assert_eq!((large.rounds, large.blocks), (1, 128)); // a 16 MiB round: every block
         let fixed = geometry(
@@ -250,7 +253,10 @@ mod tests {
 
     #[test]
     fn too_many_rounds_is_none() {
-        let tiny = Limits { slot_bytes: 16, ..simple(1) };
+        let tiny = Limits {
+            slot_bytes: 16,
+            ..simple(1)
+        };
         assert!(geometry(Algorithm::AllGather, 1 << 34, 2, 4, tiny).is_none());
         assert!(geometry(Algorithm::AllGather, 1 << 30, 2, 4, tiny).is_some());
     }
@@ -276,15 +282,21 @@ mod tests {
             (Protocol::LowLatency, 1, 8)
         ); // 16 Ki words / 2048
         assert_eq!(
-            geometry(Algorithm::AllReduceOneShot, (16 << 10) + 1, 2, 4, ll).unwrap().protocol,
+            geometry(Algorithm::AllReduceOneShot, (16 << 10) + 1, 2, 4, ll)
+                .unwrap()
+                .protocol,
             Protocol::Simple
         );
         assert_eq!(
-            geometry(Algorithm::AllReduceTwoShot, 16, 8, 4, ll).unwrap().protocol,
+            geometry(Algorithm::AllReduceTwoShot, 16, 8, 4, ll)
+                .unwrap()
+                .protocol,
             Protocol::Simple
         );
         assert_eq!(
-            geometry(Algorithm::ReduceScatter, 3, 4, 2, ll).unwrap().protocol,
+            geometry(Algorithm::ReduceScatter, 3, 4, 2, ll)
+                .unwrap()
+                .protocol,
             Protocol::LowLatency
         );
         // The slot bounds LL too: 8 bytes per word.
@@ -294,11 +306,15 @@ mod tests {
             ..simple(64)
         };
         assert_eq!(
-            geometry(Algorithm::AllGather, 512, 2, 4, tight).unwrap().protocol,
+            geometry(Algorithm::AllGather, 512, 2, 4, tight)
+                .unwrap()
+                .protocol,
             Protocol::LowLatency
         );
         assert_eq!(
-            geometry(Algorithm::AllGather, 513, 2, 4, tight).unwrap().protocol,
+            geometry(Algorithm::AllGather, 513, 2, 4, tight)
+                .unwrap()
+                .protocol,
             Protocol::Simple
         );
     }

@@ -99,9 +99,14 @@ impl Options {
 
     /// Checks the options against `world` ranks on GPUs of `sms` SMs, `ranks_per_gpu` of them
     /// on one GPU; returns the block cap launches use.
-    pub fn validate(&self, world: usize, sms: u32, ranks_per_gpu: usize) -> Result<u32, CollectiveError> {
+    pub fn validate(
+        &self,
+        world: usize,
+        sms: u32,
+        ranks_per_gpu: usize,
+    ) -> Result<u32, CollectiveError> {
         let slot = self.slot_bytes_at(world);
-        if slot == 0 || slot % 16 != 0 || slot > 1 << 30 {
+        if slot == 0 || !slot.is_multiple_of(16) || slot > 1 << 30 {
             return Err(CollectiveError::Options(format!(
                 "slot_bytes {slot} must be a positive multiple of 16, at most 1 GiB"
             )));
@@ -149,9 +154,14 @@ mod tests {
         );
         assert_eq!(o.slot_bytes_at(2), 16 << 20);
         assert_eq!(o.slot_bytes_at(3), 11184800); // 32 MiB / 3, down to a multiple of 16
-        let e = Options::from_vars(|k| (k == "WEFT_COLL_SLOT_BYTES").then(|| "lots".into())).unwrap_err();
-        assert!(e.to_string().contains("WEFT_COLL_SLOT_BYTES=\"lots\""), "{e}");
-        let e = Options::from_vars(|k| (k == "WEFT_COLL_ALL_REDUCE").then(|| "ring".into())).unwrap_err();
+        let e = Options::from_vars(|k| (k == "WEFT_COLL_SLOT_BYTES").then(|| "lots".into()))
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("WEFT_COLL_SLOT_BYTES=\"lots\""),
+            "{e}"
+        );
+        let e = Options::from_vars(|k| (k == "WEFT_COLL_ALL_REDUCE").then(|| "ring".into()))
+            .unwrap_err();
         assert!(e.to_string().contains("one-shot"), "{e}");
     }
 
@@ -161,10 +171,28 @@ mod tests {
         assert_eq!(o.validate(2, 132, 1).unwrap(), 128);
         assert_eq!(o.validate(8, 132, 8).unwrap(), 16);
         o.slot_bytes = Some(100);
-        assert!(o.validate(2, 132, 1).unwrap_err().to_string().contains("multiple of 16"));
-        o = Options { blocks: Some(20), ..Options::default() };
-        assert!(o.validate(8, 132, 8).unwrap_err().to_string().contains("at most 16 blocks"));
-        o = Options { max_blocks: 500, ..Options::default() };
-        assert!(o.validate(2, 132, 1).unwrap_err().to_string().contains("1..=128"));
+        assert!(o
+            .validate(2, 132, 1)
+            .unwrap_err()
+            .to_string()
+            .contains("multiple of 16"));
+        o = Options {
+            blocks: Some(20),
+            ..Options::default()
+        };
+        assert!(o
+            .validate(8, 132, 8)
+            .unwrap_err()
+            .to_string()
+            .contains("at most 16 blocks"));
+        o = Options {
+            max_blocks: 500,
+            ..Options::default()
+        };
+        assert!(o
+            .validate(2, 132, 1)
+            .unwrap_err()
+            .to_string()
+            .contains("1..=128"));
     }
 }

@@ -243,7 +243,7 @@ pub(crate) fn encode(h: &Header, d: &Desc) -> Vec<u8> {
 
 pub(crate) fn decode(bytes: &[u8]) -> anyhow::Result<(Header, Desc)> {
     anyhow::ensure!(
-        bytes.len() % 8 == 0,
+        bytes.len().is_multiple_of(8),
         "grpcoll metadata of {} bytes is not a list of u64",
         bytes.len()
     );

@@ -102,7 +102,11 @@ pub enum Workload {
     /// it hosts one), once per rank. Dispatch is the cast, combine the reduce (the owner sums the
     /// partials of those ranks). A rank's tokens are grouped by destination set, the layout a
     /// sort by routing gives: one split per set.
-    Moe { experts: usize, top_k: usize, seed: u64 },
+    Moe {
+        experts: usize,
+        top_k: usize,
+        seed: u64,
+    },
 }
 
 /// SplitMix64: a small deterministic generator, the same on every rank.
@@ -147,10 +151,18 @@ impl Workload {
                     v.push((owner, tokens, (owner + 1..world).collect()));
                 }
             }
-            Workload::Moe { experts, top_k, seed } => {
-                assert!(top_k >= 1 && top_k <= experts && world <= 32, "Moe: top_k in 1..=experts, world <= 32");
+            Workload::Moe {
+                experts,
+                top_k,
+                seed,
+            } => {
+                assert!(
+                    top_k >= 1 && top_k <= experts && world <= 32,
+                    "Moe: top_k in 1..=experts, world <= 32"
+                );
                 for owner in 0..world {
-                    let mut rng = SplitMix(seed ^ (owner as u64).wrapping_mul(0xA24B_AED4_963E_E407));
+                    let mut rng =
+                        SplitMix(seed ^ (owner as u64).wrapping_mul(0xA24B_AED4_963E_E407));
                     let mut per_set = std::collections::BTreeMap::<u32, usize>::new();
                     let mut ids: Vec<usize> = (0..experts).collect();
                     for _ in 0..tokens {
@@ -163,7 +175,11 @@ impl Workload {
                         *per_set.entry(set).or_default() += 1;
                     }
                     for (set, rows) in per_set {
-                        v.push((owner, rows, (0..world).filter(|r| set >> r & 1 == 1).collect()));
+                        v.push((
+                            owner,
+                            rows,
+                            (0..world).filter(|r| set >> r & 1 == 1).collect(),
+                        ));
                     }
                 }
             }
@@ -225,8 +241,16 @@ mod tests {
             Workload::Uniform { splits: 3, seed: 7 },
             Workload::Causal,
             Workload::Varlen { seed: 9 },
-            Workload::Moe { experts: 256, top_k: 8, seed: 3 },
-            Workload::Moe { experts: 6, top_k: 1, seed: 4 },
+            Workload::Moe {
+                experts: 256,
+                top_k: 8,
+                seed: 3,
+            },
+            Workload::Moe {
+                experts: 6,
+                top_k: 1,
+                seed: 4,
+            },
         ] {
             for world in 1..=5 {
                 let cast = w.cast_blocks(world, 100);
@@ -251,10 +275,24 @@ mod tests {
         }
         // MoE, top-8 of 256 over 2 ranks: a token stays on one rank only when all 8 experts fall
         // there (probability 2·C(128,8)/C(256,8) ≈ 0.7 %); every set is non-empty and sorted.
-        let moe = Workload::Moe { experts: 256, top_k: 8, seed: 5 }.cast_blocks(2, 4096);
-        let both: usize = moe.iter().filter(|b| b.dsts == vec![0, 1]).map(|b| b.rows).sum();
-        assert!((8000..8192).contains(&both), "{both} of 8192 tokens to both ranks");
-        assert!(moe.iter().all(|b| !b.dsts.is_empty() && b.dsts.windows(2).all(|w| w[0] < w[1])));
+        let moe = Workload::Moe {
+            experts: 256,
+            top_k: 8,
+            seed: 5,
+        }
+        .cast_blocks(2, 4096);
+        let both: usize = moe
+            .iter()
+            .filter(|b| b.dsts == vec![0, 1])
+            .map(|b| b.rows)
+            .sum();
+        assert!(
+            (8000..8192).contains(&both),
+            "{both} of 8192 tokens to both ranks"
+        );
+        assert!(moe
+            .iter()
+            .all(|b| !b.dsts.is_empty() && b.dsts.windows(2).all(|w| w[0] < w[1])));
         // Causal over 3 ranks: rank 0's tokens go to 1 and 2, rank 2's nowhere.
         let c = Workload::Causal.cast_blocks(3, 10);
         assert_eq!((c[0].dsts.clone(), c[2].dsts.clone()), (vec![1, 2], vec![]));

@@ -174,7 +174,7 @@ pub(crate) fn validate_args(
                 row_elems.len()
             );
         }
-        if lse_per_row == 0 || row_elems[0] % lse_per_row != 0 {
+        if lse_per_row == 0 || !row_elems[0].is_multiple_of(lse_per_row) {
             bail!(
                 "group_reduce: lse_per_row {lse_per_row} must divide row_elems {}",
                 row_elems[0]

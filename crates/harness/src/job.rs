@@ -123,7 +123,10 @@ impl Job {
             return Err(Skip(why.clone()).into());
         }
         if self.overlap.is_none() {
-            let gpu = self.gpu.as_ref().map_err(|r| anyhow::anyhow!("no GPU: {r}"))?;
+            let gpu = self
+                .gpu
+                .as_ref()
+                .map_err(|r| anyhow::anyhow!("no GPU: {r}"))?;
             self.overlap = Some(OverlapEnv::new(&mut self.rdzv, &gpu.ctx)?);
         }
         Ok((&mut self.rdzv, self.overlap.as_mut().unwrap()))

@@ -138,12 +138,29 @@ fn overlap_tables(job: &mut Job) -> anyhow::Result<()> {
     use weft_signal_gemm::GemmShape as S;
     let methods = vec!["auto".to_string()];
     for (op, shapes) in [
-        (OpKind::AllReduce, vec![S::new(16, 8192, 4096), S::new(8192, 8192, 2048)]),
-        (OpKind::ReduceScatter, vec![S::new(128, 8192, 4096), S::new(8192, 8192, 2048)]),
-        (OpKind::AllGather, vec![S::new(128, 4096, 8192), S::new(8192, 2048, 8192)]),
+        (
+            OpKind::AllReduce,
+            vec![S::new(16, 8192, 4096), S::new(8192, 8192, 2048)],
+        ),
+        (
+            OpKind::ReduceScatter,
+            vec![S::new(128, 8192, 4096), S::new(8192, 8192, 2048)],
+        ),
+        (
+            OpKind::AllGather,
+            vec![S::new(128, 4096, 8192), S::new(8192, 2048, 8192)],
+        ),
         (OpKind::AllToAll, vec![S::new(8192, 8192, 2048)]),
     ] {
-        bench::overlap::run(job, &bench::overlap::OverlapRun { op, quick: true, shapes, methods: &methods })?;
+        bench::overlap::run(
+            job,
+            &bench::overlap::OverlapRun {
+                op,
+                quick: true,
+                shapes,
+                methods: &methods,
+            },
+        )?;
     }
     Ok(())
 }

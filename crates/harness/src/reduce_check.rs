@@ -12,20 +12,38 @@ use weft_pgl::nccl::ReduceOp;
 
 /// The per-element bound for sums of `partial` (this rank's GEMM output) over every rank.
 /// Collective: every rank calls it.
-pub fn sum_bound(job: &mut Job, stream: &Arc<CudaStream>, partial: &CudaSlice<bf16>) -> anyhow::Result<Vec<f32>> {
+pub fn sum_bound(
+    job: &mut Job,
+    stream: &Arc<CudaStream>,
+    partial: &CudaSlice<bf16>,
+) -> anyhow::Result<Vec<f32>> {
     let world = job.world() as f32;
-    let abs: Vec<f32> = download(stream, partial)?.iter().map(|v| v.to_f32().abs()).collect();
+    let abs: Vec<f32> = download(stream, partial)?
+        .iter()
+        .map(|v| v.to_f32().abs())
+        .collect();
     let mut s = stream.clone_htod(&abs)?;
-    job.comm()?.all_reduce_in_place(&mut s, ReduceOp::Sum, stream)?;
-    Ok(download(stream, &s)?.iter().map(|x| world * x / 128.0).collect())
+    job.comm()?
+        .all_reduce_in_place(&mut s, ReduceOp::Sum, stream)?;
+    Ok(download(stream, &s)?
+        .iter()
+        .map(|x| world * x / 128.0)
+        .collect())
 }
 
 /// Every element of `got` within `bound` of `want` (rows of `n` for the message).
-pub fn check_within(what: &str, got: &[bf16], want: &[bf16], bound: &[f32], n: usize) -> anyhow::Result<()> {
+pub fn check_within(
+    what: &str,
+    got: &[bf16],
+    want: &[bf16],
+    bound: &[f32],
+    n: usize,
+) -> anyhow::Result<()> {
     let mut bad = 0usize;
     let mut first = None;
     for (i, ((g, w), b)) in got.iter().zip(want).zip(bound).enumerate() {
         let (g, w) = (g.to_f32(), w.to_f32());
+        #[allow(clippy::neg_cmp_op_on_partial_ord)] // a NaN difference must fail the check too
         if !((g - w).abs() <= b + 1e-6) {
             bad += 1;
             first.get_or_insert((i, g, w, *b));
@@ -44,5 +62,7 @@ pub fn check_within(what: &str, got: &[bf16], want: &[bf16], bound: &[f32], n: u
 
 /// Rows `rows` (each of `n` elements) of a row-major matrix, in that order.
 pub fn pick_rows<T: Copy>(values: &[T], rows: &[u32], n: usize) -> Vec<T> {
-    rows.iter().flat_map(|&r| values[r as usize * n..(r as usize + 1) * n].iter().copied()).collect()
+    rows.iter()
+        .flat_map(|&r| values[r as usize * n..(r as usize + 1) * n].iter().copied())
+        .collect()
 }

@@ -110,7 +110,9 @@ impl Table {
         for r in &self.rows {
             w.write_record(r)?;
         }
-        Ok(String::from_utf8(w.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?)?)
+        Ok(String::from_utf8(
+            w.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?,
+        )?)
     }
 }
 

@@ -81,7 +81,7 @@ impl WordCompare {
         bytes: usize,
     ) -> anyhow::Result<()> {
         ensure!(
-            bytes % 4 == 0,
+            bytes.is_multiple_of(4),
             "comparing {bytes} bytes: not a whole number of 32-bit words"
         );
         let (pr, _gr) = self.result.device_ptr_mut(stream);

@@ -27,7 +27,11 @@ pub fn agree<T>(rdzv: &mut Rendezvous, step: &str, local: anyhow::Result<T>) -> 
         .iter()
         .map(|(ranks, text)| {
             let names: Vec<String> = ranks.iter().map(usize::to_string).collect();
-            format!("{} {}: {text}", if ranks.len() == 1 { "rank" } else { "ranks" }, names.join(", "))
+            format!(
+                "{} {}: {text}",
+                if ranks.len() == 1 { "rank" } else { "ranks" },
+                names.join(", ")
+            )
         })
         .collect();
     if failures.is_empty() {

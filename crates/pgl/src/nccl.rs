@@ -128,17 +128,37 @@ impl Communicator {
         match max_ctas {
             None => {
                 // SAFETY: out-parameter; the id is the one rank 0 created for this communicator.
-                let r = unsafe { nc::comm_init_rank(comm.as_mut_ptr(), world as i32, id, rank as i32) };
-                check(&format!("ncclCommInitRank(rank {rank} of {world})"), std::ptr::null_mut(), r)?;
+                let r =
+                    unsafe { nc::comm_init_rank(comm.as_mut_ptr(), world as i32, id, rank as i32) };
+                check(
+                    &format!("ncclCommInitRank(rank {rank} of {world})"),
+                    std::ptr::null_mut(),
+                    r,
+                )?;
             }
             Some(ctas) => {
-                anyhow::ensure!((1..=64).contains(&ctas), "NCCL maxCTAs must be 1..=64, got {ctas}");
+                anyhow::ensure!(
+                    (1..=64).contains(&ctas),
+                    "NCCL maxCTAs must be 1..=64, got {ctas}"
+                );
                 let mut config = default_config();
                 config.maxCTAs = ctas as i32;
                 config.minCTAs = 1;
                 // SAFETY: out-parameter; the config is NCCL_CONFIG_INITIALIZER's with two fields set.
-                let r = unsafe { sys::ncclCommInitRankConfig(comm.as_mut_ptr(), world as i32, id, rank as i32, &mut config) };
-                check(&format!("ncclCommInitRankConfig(rank {rank} of {world}, maxCTAs {ctas})"), std::ptr::null_mut(), r.result())?;
+                let r = unsafe {
+                    sys::ncclCommInitRankConfig(
+                        comm.as_mut_ptr(),
+                        world as i32,
+                        id,
+                        rank as i32,
+                        &mut config,
+                    )
+                };
+                check(
+                    &format!("ncclCommInitRankConfig(rank {rank} of {world}, maxCTAs {ctas})"),
+                    std::ptr::null_mut(),
+                    r.result(),
+                )?;
             }
         }
         // SAFETY: initialised by the successful call above.
@@ -208,7 +228,15 @@ impl Communicator {
         // SAFETY: the buffer holds n elements of T on this communicator's device; NCCL allows
         // sendbuff == recvbuff.
         let res = unsafe {
-            nc::all_reduce(p as _, p as _, n, T::as_nccl_type(), op.raw(), self.comm, stream.cu_stream() as _)
+            nc::all_reduce(
+                p as _,
+                p as _,
+                n,
+                T::as_nccl_type(),
+                op.raw(),
+                self.comm,
+                stream.cu_stream() as _,
+            )
         };
         check("ncclAllReduce (in place)", self.comm, res)
     }
@@ -339,10 +367,19 @@ impl Communicator {
         stream: &CudaStream,
     ) -> anyhow::Result<()> {
         if sends.len() != self.world || recvs.len() != self.world {
-            bail!("all_to_all_v: {} send and {} receive ranges, expected one per rank ({})", sends.len(), recvs.len(), self.world);
+            bail!(
+                "all_to_all_v: {} send and {} receive ranges, expected one per rank ({})",
+                sends.len(),
+                recvs.len(),
+                self.world
+            );
         }
         for (what, ranges, len) in [("send", sends, send.len()), ("receive", recvs, recv.len())] {
-            if let Some((p, r)) = ranges.iter().enumerate().find(|(_, r)| r.start > r.end || r.end > len) {
+            if let Some((p, r)) = ranges
+                .iter()
+                .enumerate()
+                .find(|(_, r)| r.start > r.end || r.end > len)
+            {
                 bail!("all_to_all_v: {what} range {r:?} for rank {p} is outside the {len}-element buffer");
             }
         }
@@ -355,14 +392,28 @@ impl Communicator {
             if !out.is_empty() {
                 // SAFETY: the range is inside `send` (checked above).
                 let rs = unsafe {
-                    nc::send((s + out.start as u64 * elem) as _, out.len(), T::as_nccl_type(), peer as i32, self.comm, stream.cu_stream() as _)
+                    nc::send(
+                        (s + out.start as u64 * elem) as _,
+                        out.len(),
+                        T::as_nccl_type(),
+                        peer as i32,
+                        self.comm,
+                        stream.cu_stream() as _,
+                    )
                 };
                 check("ncclSend", self.comm, rs)?;
             }
             if !inn.is_empty() {
                 // SAFETY: the range is inside `recv` (checked above).
                 let rr = unsafe {
-                    nc::recv((r + inn.start as u64 * elem) as _, inn.len(), T::as_nccl_type(), peer as i32, self.comm, stream.cu_stream() as _)
+                    nc::recv(
+                        (r + inn.start as u64 * elem) as _,
+                        inn.len(),
+                        T::as_nccl_type(),
+                        peer as i32,
+                        self.comm,
+                        stream.cu_stream() as _,
+                    )
                 };
                 check("ncclRecv", self.comm, rr)?;
             }

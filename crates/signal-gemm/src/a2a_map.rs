@@ -17,7 +17,9 @@ use crate::plan::GemmPlan;
 use crate::reorder::OutputLayout;
 use crate::wave_groups::WaveGroups;
 use anyhow::{ensure, Context};
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
 use std::ops::Range;
 use std::sync::Arc;
 use weft_kernels::abi::{weft_gemm_slot_scatter_params, WEFT_GEMM_NO_SLOT, WEFT_GEMM_TILE_M};
@@ -45,7 +47,13 @@ pub struct AllToAllMap {
 
 /// Subtokens per (group, destination) of one rank's routing, walking the schedule as the epilogue
 /// fills the pools: `visit(group, destination, index in the pool, tile index, row in tile, tile column)`.
-fn walk(plan: &GemmPlan, groups: &WaveGroups, route: &[u32], world: usize, mut visit: impl FnMut(usize, usize, u32, u32, u32, u32)) -> Vec<Vec<u32>> {
+fn walk(
+    plan: &GemmPlan,
+    groups: &WaveGroups,
+    route: &[u32],
+    world: usize,
+    mut visit: impl FnMut(usize, usize, u32, u32, u32, u32),
+) -> Vec<Vec<u32>> {
     let mut count = vec![vec![0u32; world]; groups.count()];
     let (m, tile_m) = (plan.shape.m, plan.tile_m());
     for t in plan.schedule() {
@@ -81,13 +89,30 @@ fn offsets(counts: &[Vec<u32>]) -> (Vec<Vec<u32>>, u32) {
 impl AllToAllMap {
     /// The map for rank `rank` given `routes[s][row]` = the destination of rank s's output row
     /// (every rank's routing, identical on every rank; each of m rows, each below routes.len()).
-    pub fn new(stream: &Arc<CudaStream>, plan: &GemmPlan, groups: &WaveGroups, routes: &[Vec<u32>], rank: usize) -> anyhow::Result<Self> {
+    pub fn new(
+        stream: &Arc<CudaStream>,
+        plan: &GemmPlan,
+        groups: &WaveGroups,
+        routes: &[Vec<u32>],
+        rank: usize,
+    ) -> anyhow::Result<Self> {
         let world = routes.len();
         let m = plan.shape.m as usize;
-        ensure!(world >= 1 && rank < world, "all-to-all map: rank {rank} of {world} routings");
-        ensure!(groups.fits(plan), "all-to-all map: wave groups {groups} were made for another plan than {}", plan.describe());
+        ensure!(
+            world >= 1 && rank < world,
+            "all-to-all map: rank {rank} of {world} routings"
+        );
+        ensure!(
+            groups.fits(plan),
+            "all-to-all map: wave groups {groups} were made for another plan than {}",
+            plan.describe()
+        );
         for (s, r) in routes.iter().enumerate() {
-            ensure!(r.len() == m, "all-to-all map: rank {s}'s routing has {} rows, the GEMM has m = {m}", r.len());
+            ensure!(
+                r.len() == m,
+                "all-to-all map: rank {s}'s routing has {} rows, the GEMM has m = {m}",
+                r.len()
+            );
             if let Some((row, d)) = r.iter().enumerate().find(|(_, &d)| d as usize >= world) {
                 anyhow::bail!("all-to-all map: rank {s} routes row {row} to rank {d}, but there are {world} ranks");
             }
@@ -95,22 +120,43 @@ impl AllToAllMap {
         let tile_n = plan.tile_n() as usize;
         // This rank's pools: the slot of every (tile, row).
         let mut mine = Vec::new();
-        let counts_mine = walk(plan, groups, &routes[rank], world, |g, d, i, tile, y, _| mine.push((g, d, i, tile, y)));
+        let counts_mine = walk(plan, groups, &routes[rank], world, |g, d, i, tile, y, _| {
+            mine.push((g, d, i, tile, y))
+        });
         let (send_off, send_slots) = offsets(&counts_mine);
         let mut table = vec![WEFT_GEMM_NO_SLOT; (plan.tiles() * WEFT_GEMM_TILE_M) as usize];
         for (g, d, i, tile, y) in mine {
             table[(tile * WEFT_GEMM_TILE_M + y) as usize] = send_off[g][d] + i;
         }
         let send = (0..groups.count())
-            .map(|g| (0..world).map(|d| send_off[g][d] as usize * tile_n..(send_off[g][d] + counts_mine[g][d]) as usize * tile_n).collect())
+            .map(|g| {
+                (0..world)
+                    .map(|d| {
+                        send_off[g][d] as usize * tile_n
+                            ..(send_off[g][d] + counts_mine[g][d]) as usize * tile_n
+                    })
+                    .collect()
+            })
             .collect();
         // What arrives: from each source s, its pool (g, rank), laid out group by group, source
         // by source; output rows source by source, each source's rows to this rank in order.
-        let counts_all: Vec<Vec<Vec<u32>>> = routes.iter().map(|r| walk(plan, groups, r, world, |_, _, _, _, _, _| {})).collect();
-        let recv_counts: Vec<Vec<u32>> = (0..groups.count()).map(|g| (0..world).map(|s| counts_all[s][g][rank]).collect()).collect();
+        let counts_all: Vec<Vec<Vec<u32>>> = routes
+            .iter()
+            .map(|r| walk(plan, groups, r, world, |_, _, _, _, _, _| {}))
+            .collect();
+        let recv_counts: Vec<Vec<u32>> = (0..groups.count())
+            .map(|g| (0..world).map(|s| counts_all[s][g][rank]).collect())
+            .collect();
         let (recv_off, recv_slots) = offsets(&recv_counts);
         let recv = (0..groups.count())
-            .map(|g| (0..world).map(|s| recv_off[g][s] as usize * tile_n..(recv_off[g][s] + recv_counts[g][s]) as usize * tile_n).collect())
+            .map(|g| {
+                (0..world)
+                    .map(|s| {
+                        recv_off[g][s] as usize * tile_n
+                            ..(recv_off[g][s] + recv_counts[g][s]) as usize * tile_n
+                    })
+                    .collect()
+            })
             .collect();
         let mut sources = Vec::new();
         let mut out_row_of = vec![Vec::new(); world]; // [s][row] -> output row (rows routed here)
@@ -134,23 +180,48 @@ impl AllToAllMap {
                 }
             });
         }
-        ensure!(!dst.contains(&u32::MAX), "all-to-all map: a received slot has no destination (internal error)");
-        let row_slots = stream.clone_htod(&table).context("uploading the row-slot table")?;
+        ensure!(
+            !dst.contains(&u32::MAX),
+            "all-to-all map: a received slot has no destination (internal error)"
+        );
+        let row_slots = stream
+            .clone_htod(&table)
+            .context("uploading the row-slot table")?;
         if dst.is_empty() {
             dst = vec![0, 0]; // nothing arrives: a placeholder (a device buffer cannot be empty)
         }
-        let dst_of_slot = stream.clone_htod(&dst).context("uploading the received-slot table")?;
+        let dst_of_slot = stream
+            .clone_htod(&dst)
+            .context("uploading the received-slot table")?;
         let ctx = stream.context();
-        let module = cubins::GEMM_RESTORE.load(ctx).with_context(|| format!("loading {}", cubins::GEMM_RESTORE.source))?;
-        let scatter = module.load_function("weft_gemm_slot_scatter").context("kernels/gemm/restore.cu: weft_gemm_slot_scatter")?;
+        let module = cubins::GEMM_RESTORE
+            .load(ctx)
+            .with_context(|| format!("loading {}", cubins::GEMM_RESTORE.source))?;
+        let scatter = module
+            .load_function("weft_gemm_slot_scatter")
+            .context("kernels/gemm/restore.cu: weft_gemm_slot_scatter")?;
         let blocks = 4 * crate::gemm::device_sms(ctx)?;
         stream.synchronize()?;
-        Ok(Self { plan: plan.clone(), world, row_slots, dst_of_slot, send, recv, send_slots, recv_slots, sources, scatter, blocks })
+        Ok(Self {
+            plan: plan.clone(),
+            world,
+            row_slots,
+            dst_of_slot,
+            send,
+            recv,
+            send_slots,
+            recv_slots,
+            sources,
+            scatter,
+            blocks,
+        })
     }
 
     /// The GEMM's layout for this map.
     pub fn layout(&self) -> OutputLayout {
-        OutputLayout::RowSlots { slots: self.send_slots }
+        OutputLayout::RowSlots {
+            slots: self.send_slots,
+        }
     }
 
     /// The (tile, row) → slot table the GEMM launch needs (`LaunchExtras::row_slots`).
@@ -188,7 +259,12 @@ impl AllToAllMap {
     }
 
     /// `out` (rows() × n) from the received subtokens.
-    pub fn scatter<T: GemmElement>(&self, stream: &Arc<CudaStream>, received: &CudaSlice<T>, out: &mut CudaSlice<T>) -> anyhow::Result<()> {
+    pub fn scatter<T: GemmElement>(
+        &self,
+        stream: &Arc<CudaStream>,
+        received: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+    ) -> anyhow::Result<()> {
         self.check::<T>(received.len(), out.len())?;
         if self.recv_slots == 0 {
             return Ok(());
@@ -205,19 +281,38 @@ impl AllToAllMap {
             tile_n: self.plan.tile_n(),
             elem_bytes: T::DTYPE.bytes() as u32,
         };
-        let cfg = LaunchConfig { grid_dim: (self.blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (self.blocks, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: the kernel takes exactly this struct; `check` made sure the buffers hold every
         // slot and output row the tables name.
-        unsafe { stream.launch_builder(&self.scatter).arg(&p).launch(cfg) }.context("launching the all-to-all scatter")?;
+        unsafe { stream.launch_builder(&self.scatter).arg(&p).launch(cfg) }
+            .context("launching the all-to-all scatter")?;
         Ok(())
     }
 
     /// Refuses what [`scatter`](Self::scatter) would refuse.
     pub fn check<T: GemmElement>(&self, received_len: usize, out_len: usize) -> anyhow::Result<()> {
-        ensure!(self.plan.options.output == T::DTYPE, "all-to-all scatter: the plan's output is {}, given {}", self.plan.options.output, T::DTYPE);
-        ensure!(received_len >= self.received_len(), "all-to-all scatter: received buffer has {received_len} elements, needs {}", self.received_len());
+        ensure!(
+            self.plan.options.output == T::DTYPE,
+            "all-to-all scatter: the plan's output is {}, given {}",
+            self.plan.options.output,
+            T::DTYPE
+        );
+        ensure!(
+            received_len >= self.received_len(),
+            "all-to-all scatter: received buffer has {received_len} elements, needs {}",
+            self.received_len()
+        );
         let need = self.rows() * self.plan.shape.n as usize;
-        ensure!(out_len >= need, "all-to-all scatter: output has {out_len} elements, needs {} rows x {}", self.rows(), self.plan.shape.n);
+        ensure!(
+            out_len >= need,
+            "all-to-all scatter: output has {out_len} elements, needs {} rows x {}",
+            self.rows(),
+            self.plan.shape.n
+        );
         Ok(())
     }
 }

@@ -37,10 +37,23 @@ impl BandGeometry {
         let (tile_m, m) = (plan.tile_m(), plan.shape.m);
         let band_rows = layout.band_rows(plan);
         // SAFETY: pure functions.
-        let (band_start, band_len) = unsafe { (weft_gemm_band_start(ranks, rank), weft_gemm_band_len(ranks, rank)) };
+        let (band_start, band_len) = unsafe {
+            (
+                weft_gemm_band_start(ranks, rank),
+                weft_gemm_band_len(ranks, rank),
+            )
+        };
         // Every tile row but a ragged last one gives band_len rows.
-        let rows = (0..plan.tiles_m()).map(|t| m.saturating_sub(t * tile_m + band_start).min(band_len)).sum();
-        Ok(Self { tile_m, band_rows, band_start, band_len, rows })
+        let rows = (0..plan.tiles_m())
+            .map(|t| m.saturating_sub(t * tile_m + band_start).min(band_len))
+            .sum();
+        Ok(Self {
+            tile_m,
+            band_rows,
+            band_start,
+            band_len,
+            rows,
+        })
     }
 
     fn global_row(&self, i: u32) -> u32 {
@@ -58,9 +71,19 @@ pub struct RankBandMap {
 
 impl RankBandMap {
     /// The map of `plan` for rank `rank` of `ranks` (the table uploaded on `stream`).
-    pub fn new(stream: &Arc<CudaStream>, plan: &GemmPlan, ranks: u32, rank: u32) -> anyhow::Result<Self> {
+    pub fn new(
+        stream: &Arc<CudaStream>,
+        plan: &GemmPlan,
+        ranks: u32,
+        rank: u32,
+    ) -> anyhow::Result<Self> {
         let geo = BandGeometry::new(plan, ranks, rank)?;
-        Ok(Self { slots: SlotRestore::new(stream, plan)?, plan: plan.clone(), ranks, geo })
+        Ok(Self {
+            slots: SlotRestore::new(stream, plan)?,
+            plan: plan.clone(),
+            ranks,
+            geo,
+        })
     }
 
     pub fn layout(&self) -> OutputLayout {
@@ -86,16 +109,36 @@ impl RankBandMap {
     /// its element range in the RANK_BANDS buffer (the ReduceScatter's send, `ranks` equal
     /// parts) and in the received buffer (the receive).
     pub fn group_ranges(&self, orders: Range<u32>) -> (Range<usize>, Range<usize>) {
-        group_ranges(orders, self.ranks, (self.geo.band_rows * self.plan.tile_n()) as usize)
+        group_ranges(
+            orders,
+            self.ranks,
+            (self.geo.band_rows * self.plan.tile_n()) as usize,
+        )
     }
 
     fn geometry(&self) -> SlotGeometry {
-        SlotGeometry { rows: self.geo.rows, tile_rows: self.geo.band_len, slot_rows: self.geo.band_rows }
+        SlotGeometry {
+            rows: self.geo.rows,
+            tile_rows: self.geo.band_len,
+            slot_rows: self.geo.band_rows,
+        }
     }
 
     /// Refuses what [`restore`](Self::restore) would refuse, given the buffers' lengths.
-    pub fn check<T: GemmElement>(&self, received_len: usize, dst_len: usize, step: &Restore<'_>) -> anyhow::Result<()> {
-        self.slots.check::<T>("rank-bands", self.geometry(), self.received_len() as u64, received_len, dst_len, step)
+    pub fn check<T: GemmElement>(
+        &self,
+        received_len: usize,
+        dst_len: usize,
+        step: &Restore<'_>,
+    ) -> anyhow::Result<()> {
+        self.slots.check::<T>(
+            "rank-bands",
+            self.geometry(),
+            self.received_len() as u64,
+            received_len,
+            dst_len,
+            step,
+        )
     }
 
     /// `dst` (rows() × n, standard row order) from `received`, with `step` fused.
@@ -107,7 +150,8 @@ impl RankBandMap {
         step: Restore<'_>,
     ) -> anyhow::Result<()> {
         self.check::<T>(received.len(), dst.len(), &step)?;
-        self.slots.launch(stream, self.geometry(), received, dst, step)
+        self.slots
+            .launch(stream, self.geometry(), received, dst, step)
     }
 }
 
@@ -129,7 +173,8 @@ mod tests {
     #[test]
     fn bands_partition_the_rows() {
         for m in [16u32, 112, 128, 208, 1008, 4096] {
-            let plan = GemmPlan::new(132, GemmShape::new(m, 256, 64), GemmOptions::default()).unwrap();
+            let plan =
+                GemmPlan::new(132, GemmShape::new(m, 256, 64), GemmOptions::default()).unwrap();
             for ranks in 1..=8u32 {
                 let mut owner = vec![u32::MAX; m as usize];
                 for rank in 0..ranks {
@@ -145,13 +190,21 @@ mod tests {
                         prev = Some(g);
                     }
                 }
-                assert!(!owner.contains(&u32::MAX), "m {m}, {ranks} ranks: a row has no owner");
+                assert!(
+                    !owner.contains(&u32::MAX),
+                    "m {m}, {ranks} ranks: a row has no owner"
+                );
             }
         }
-        let plan = GemmPlan::new(132, GemmShape::new(1024, 256, 64), GemmOptions::default()).unwrap();
+        let plan =
+            GemmPlan::new(132, GemmShape::new(1024, 256, 64), GemmOptions::default()).unwrap();
         for ranks in [1u32, 2, 4, 8] {
             for rank in 0..ranks {
-                assert_eq!(BandGeometry::new(&plan, ranks, rank).unwrap().rows, 1024 / ranks, "{ranks} ranks divide the rows evenly");
+                assert_eq!(
+                    BandGeometry::new(&plan, ranks, rank).unwrap().rows,
+                    1024 / ranks,
+                    "{ranks} ranks divide the rows evenly"
+                );
             }
         }
         assert!(BandGeometry::new(&plan, 9, 0).is_err());
@@ -164,10 +217,23 @@ mod tests {
     fn group_ranges_match_the_kernels_band_slots() {
         use crate::wave_groups::WaveGroups;
         use weft_kernels::abi::weft_gemm_band_slots_of;
-        let plan = GemmPlan::new(132, GemmShape::new(4096, 2048, 64), GemmOptions { sm_margin: 60, ..Default::default() }).unwrap();
+        let plan = GemmPlan::new(
+            132,
+            GemmShape::new(4096, 2048, 64),
+            GemmOptions {
+                sm_margin: 60,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let waves = plan.waves();
         assert!(waves >= 4, "{}", plan.describe());
-        for sizes in [vec![waves], vec![1, waves - 1], vec![1, 2, waves - 3], WaveGroups::uniform(&plan, 1).unwrap().waves().to_vec()] {
+        for sizes in [
+            vec![waves],
+            vec![1, waves - 1],
+            vec![1, 2, waves - 3],
+            WaveGroups::uniform(&plan, 1).unwrap().waves().to_vec(),
+        ] {
             let groups = WaveGroups::new(&plan, &sizes).unwrap();
             let abi = groups.abi();
             for ranks in 1..=crate::MAX_BAND_RANKS {
@@ -183,8 +249,15 @@ mod tests {
                         for r in 0..ranks {
                             let at = (s.first + r * s.stride) as usize * slot;
                             let in_part = at - send.start - r as usize * part;
-                            assert!(in_part < part, "{sizes:?} {ranks} ranks: band {r} of order {o} outside part {r}");
-                            assert_eq!(recv.start + in_part, o as usize * slot, "band {r} of order {o} lands elsewhere");
+                            assert!(
+                                in_part < part,
+                                "{sizes:?} {ranks} ranks: band {r} of order {o} outside part {r}"
+                            );
+                            assert_eq!(
+                                recv.start + in_part,
+                                o as usize * slot,
+                                "band {r} of order {o} lands elsewhere"
+                            );
                         }
                     }
                 }
@@ -200,18 +273,36 @@ mod tests {
         for ranks in 1..=crate::MAX_BAND_RANKS {
             // SAFETY: pure functions.
             let rows = unsafe { weft_gemm_band_box_rows(ranks) };
-            assert!(rows % 8 == 0 && 64 % rows == 0, "{ranks} ranks: box of {rows} rows");
+            assert!(
+                rows % 8 == 0 && 64 % rows == 0,
+                "{ranks} ranks: box of {rows} rows"
+            );
             for y in 0..128u32 {
                 // SAFETY: pure functions.
                 let (r, start, len) = unsafe {
                     let r = weft_gemm_band_of_row(ranks, y);
-                    (r, weft_gemm_band_start(ranks, r), weft_gemm_band_len(ranks, r))
+                    (
+                        r,
+                        weft_gemm_band_start(ranks, r),
+                        weft_gemm_band_len(ranks, r),
+                    )
                 };
-                assert!(r < ranks && start <= y && y < start + len, "{ranks} ranks: row {y} put in band {r} = [{start}, +{len})");
+                assert!(
+                    r < ranks && start <= y && y < start + len,
+                    "{ranks} ranks: row {y} put in band {r} = [{start}, +{len})"
+                );
             }
             for y in (0..128).step_by(rows as usize) {
-                let (first, last) = unsafe { (weft_gemm_band_of_row(ranks, y), weft_gemm_band_of_row(ranks, y + rows - 1)) };
-                assert_eq!(first, last, "{ranks} ranks: the box at row {y} crosses bands");
+                let (first, last) = unsafe {
+                    (
+                        weft_gemm_band_of_row(ranks, y),
+                        weft_gemm_band_of_row(ranks, y + rows - 1),
+                    )
+                };
+                assert_eq!(
+                    first, last,
+                    "{ranks} ranks: the box at row {y} crosses bands"
+                );
             }
         }
     }

@@ -8,12 +8,14 @@ use crate::wave_groups::GroupCounters;
 use anyhow::{ensure, Context};
 use cudarc::driver::sys::{self, CUfunction_attribute};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig,
+    PushKernelArg,
 };
 use std::sync::{Arc, Mutex};
 use weft_kernels::abi::{
-    weft_gemm_band_box_rows, weft_gemm_band_of_row, weft_gemm_band_start, weft_gemm_ag_copy, weft_gemm_params, weft_sync_bound, weft_sync_counters, weft_tile_allreduce_params, WEFT_GEMM_COMM_ALLGATHER, WEFT_GEMM_COMM_ALLREDUCE,
-    WEFT_GEMM_CONSUMERS, WEFT_GEMM_TILE_M,
+    weft_gemm_ag_copy, weft_gemm_band_box_rows, weft_gemm_band_of_row, weft_gemm_band_start,
+    weft_gemm_params, weft_sync_bound, weft_sync_counters, weft_tile_allreduce_params,
+    WEFT_GEMM_COMM_ALLGATHER, WEFT_GEMM_COMM_ALLREDUCE, WEFT_GEMM_CONSUMERS, WEFT_GEMM_TILE_M,
 };
 use weft_kernels::cubins;
 use weft_sync::{ErrorSlot, WaitBudget};
@@ -37,7 +39,11 @@ impl TileFlags {
         let flags = stream
             .alloc_zeros::<u64>(plan.tiles() as usize)
             .context("allocating GEMM tile flags")?;
-        Ok(Self { flags, launches: 0, tiles: plan.tiles() })
+        Ok(Self {
+            flags,
+            launches: 0,
+            tiles: plan.tiles(),
+        })
     }
     /// The value every flag reaches at the end of the next launch (and counts that launch).
     /// The target of the last launch (0 before the first).
@@ -167,7 +173,12 @@ fn cluster_attribute(cluster_m: u32) -> sys::CUlaunchAttribute {
     attr
 }
 
-fn launch_config(plan: &GemmPlan, grid: u32, stream: sys::CUstream, attrs: &mut [sys::CUlaunchAttribute]) -> sys::CUlaunchConfig {
+fn launch_config(
+    plan: &GemmPlan,
+    grid: u32,
+    stream: sys::CUstream,
+    attrs: &mut [sys::CUlaunchAttribute],
+) -> sys::CUlaunchConfig {
     sys::CUlaunchConfig {
         gridDimX: grid,
         gridDimY: 1,
@@ -177,7 +188,11 @@ fn launch_config(plan: &GemmPlan, grid: u32, stream: sys::CUstream, attrs: &mut 
         blockDimZ: 1,
         sharedMemBytes: plan.smem_bytes(),
         hStream: stream,
-        attrs: if attrs.is_empty() { std::ptr::null_mut() } else { attrs.as_mut_ptr() },
+        attrs: if attrs.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            attrs.as_mut_ptr()
+        },
         numAttrs: attrs.len() as u32,
     }
 }
@@ -188,7 +203,12 @@ fn launch_config(plan: &GemmPlan, grid: u32, stream: sys::CUstream, attrs: &mut 
 fn fit_resident_clusters(func: &CudaFunction, plan: GemmPlan) -> anyhow::Result<GemmPlan> {
     let cm = plan.cluster_m();
     let mut attr = [cluster_attribute(cm)];
-    let cfg = launch_config(&plan, plan.ctas() + plan.options.comm_ctas, std::ptr::null_mut(), &mut attr);
+    let cfg = launch_config(
+        &plan,
+        plan.ctas() + plan.options.comm_ctas,
+        std::ptr::null_mut(),
+        &mut attr,
+    );
     let mut clusters: i32 = 0;
     // SAFETY: a valid function and launch configuration; writes one int.
     unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, func.cu_function(), &cfg) }
@@ -197,7 +217,11 @@ fn fit_resident_clusters(func: &CudaFunction, plan: GemmPlan) -> anyhow::Result<
     let resident = clusters.max(0) as u32 * cm;
     let comm = plan.options.comm_ctas;
     ensure!(resident > comm, "only {clusters} clusters of {cm} CTAs can be resident: no room for the GEMM next to {comm} communicator CTAs");
-    if plan.ctas() + comm <= resident { Ok(plan) } else { plan.with_ctas(resident - comm) }
+    if plan.ctas() + comm <= resident {
+        Ok(plan)
+    } else {
+        plan.with_ctas(resident - comm)
+    }
 }
 
 /// The RANK_BANDS parameters: the band count and, per store box, its band and first row in it.
@@ -271,7 +295,11 @@ impl Gemm {
                 plan.smem_bytes()
             )
         })?;
-        let plan = if plan.cluster_m() > 1 { fit_resident_clusters(&func, plan)? } else { plan };
+        let plan = if plan.cluster_m() > 1 {
+            fit_resident_clusters(&func, plan)?
+        } else {
+            plan
+        };
         let slot = ErrorSlot::new(ctx)?;
         let budget = WaitBudget::default_for(ctx)?;
         let bound = weft_sync_bound {
@@ -282,9 +310,15 @@ impl Gemm {
             Scheduling::Static => None,
             Scheduling::Dynamic => {
                 let stream = ctx.default_stream();
-                let counter = stream.alloc_zeros::<u32>(1).context("allocating the GEMM's tile-claim counter")?;
+                let counter = stream
+                    .alloc_zeros::<u32>(1)
+                    .context("allocating the GEMM's tile-claim counter")?;
                 stream.synchronize()?;
-                Some(Mutex::new(TileClaims { counter, base: 0, stream: None }))
+                Some(Mutex::new(TileClaims {
+                    counter,
+                    base: 0,
+                    stream: None,
+                }))
             }
         };
         Ok(Self {
@@ -387,10 +421,18 @@ impl Gemm {
         layout.check(plan)?;
         match layout {
             OutputLayout::Standard => need("D", d_len, m * n, format!("{m} x {n}"))?,
-            OutputLayout::TileOrder | OutputLayout::RankBands { .. } | OutputLayout::RowSlots { .. } | OutputLayout::PeerReduce { .. } => {
+            OutputLayout::TileOrder
+            | OutputLayout::RankBands { .. }
+            | OutputLayout::RowSlots { .. }
+            | OutputLayout::PeerReduce { .. } => {
                 need("D", d_len, layout.elements(plan), layout.describe(plan))?;
                 ensure!(o.beta == 0.0, "GEMM {}: the {} layout needs beta = 0 (D is not in the standard layout to read)", plan.shape, layout.name());
-                ensure!(extras.copy_dst.is_none(), "GEMM {}: the tile-copy communicator reads the standard layout, not {}", plan.shape, layout.name());
+                ensure!(
+                    extras.copy_dst.is_none(),
+                    "GEMM {}: the tile-copy communicator reads the standard layout, not {}",
+                    plan.shape,
+                    layout.name()
+                );
             }
         }
 
@@ -400,7 +442,15 @@ impl Gemm {
         let map_a = encode_2d("A", a_ptr, o.input, a_rows, k, plan.tile_m(), 64)?;
         let map_b = match o.b_layout {
             // With clusters, each CTA loads 1/cluster_m of the B tile's rows and multicasts them.
-            BLayout::NxK => encode_2d("B (n x k)", b_ptr, o.input, n, k, tile_n / plan.cluster_m(), 64)?,
+            BLayout::NxK => encode_2d(
+                "B (n x k)",
+                b_ptr,
+                o.input,
+                n,
+                k,
+                tile_n / plan.cluster_m(),
+                64,
+            )?,
             BLayout::KxN => encode_2d("B (k x n)", b_ptr, o.input, k, n, 64, 64)?,
         };
         let chunk_cols = (128 / o.output.bytes()) as u32;
@@ -415,20 +465,51 @@ impl Gemm {
         // D as `slots` row-major matrices of `rows` x `cols`, stored in boxes of `box_rows` rows.
         let (what, slots, rows, cols, box_rows) = match layout {
             OutputLayout::Standard => ("D", 1, m, n, 64),
-            OutputLayout::TileOrder => ("D (tile order)", 1, u64::from(plan.orders()) * u64::from(plan.tile_m()), u64::from(tile_n), 64),
+            OutputLayout::TileOrder => (
+                "D (tile order)",
+                1,
+                u64::from(plan.orders()) * u64::from(plan.tile_m()),
+                u64::from(tile_n),
+                64,
+            ),
             // Not read by the kernel (the threads store the rows), encoded for a uniform launch.
-            OutputLayout::RowSlots { slots } => ("D (row slots)", 1, u64::from(slots.max(1)), u64::from(tile_n), 64),
-            OutputLayout::PeerReduce { ranks } => ("D (this rank's rows)", 1, m / u64::from(ranks), n, 64),
+            OutputLayout::RowSlots { slots } => (
+                "D (row slots)",
+                1,
+                u64::from(slots.max(1)),
+                u64::from(tile_n),
+                64,
+            ),
+            OutputLayout::PeerReduce { ranks } => {
+                ("D (this rank's rows)", 1, m / u64::from(ranks), n, 64)
+            }
             OutputLayout::RankBands { ranks } => {
                 // SAFETY: a pure function.
                 let box_rows = unsafe { weft_gemm_band_box_rows(ranks) };
-                ("D (rank bands)", u64::from(plan.orders()) * u64::from(ranks), u64::from(layout.band_rows(plan)), u64::from(tile_n), box_rows)
+                (
+                    "D (rank bands)",
+                    u64::from(plan.orders()) * u64::from(ranks),
+                    u64::from(layout.band_rows(plan)),
+                    u64::from(tile_n),
+                    box_rows,
+                )
             }
         };
         let map_d = if wide {
-            encode_wide(what, d_ptr, o.output, slots, rows, cols, box_rows, tile_n / chunk_cols)?
+            encode_wide(
+                what,
+                d_ptr,
+                o.output,
+                slots,
+                rows,
+                cols,
+                box_rows,
+                tile_n / chunk_cols,
+            )?
         } else if matches!(layout, OutputLayout::RankBands { .. }) {
-            encode_3d(what, d_ptr, o.output, slots, rows, cols, box_rows, chunk_cols)?
+            encode_3d(
+                what, d_ptr, o.output, slots, rows, cols, box_rows, chunk_cols,
+            )?
         } else {
             encode_2d(what, d_ptr, o.output, rows, cols, box_rows, chunk_cols)?
         };
@@ -464,7 +545,11 @@ impl Gemm {
             all_gather,
         } = extras;
         if let Some(g) = all_gather {
-            ensure!(peer.is_none() && all_reduce.is_none(), "GEMM {}: the fused AllGather combines with no other fused collective", plan.shape);
+            ensure!(
+                peer.is_none() && all_reduce.is_none(),
+                "GEMM {}: the fused AllGather combines with no other fused collective",
+                plan.shape
+            );
             ensure!(flags.is_none() && groups.is_none(), "GEMM {}: the fused AllGather signals through its barriers, not tile flags or wave groups", plan.shape);
             let ranks = g.bar.view.world as u32;
             ensure!(
@@ -488,11 +573,19 @@ impl Gemm {
                     k * o.input.bytes() as u64
                 );
                 p.comm_op = WEFT_GEMM_COMM_ALLGATHER;
-                p.ag_copy = weft_gemm_ag_copy { gathered: a_ptr, ..c };
+                p.ag_copy = weft_gemm_ag_copy {
+                    gathered: a_ptr,
+                    ..c
+                };
             }
         }
         if let Some(t) = all_reduce {
-            ensure!(layout == OutputLayout::Standard, "GEMM {}: the fused AllReduce reads the standard layout, not {}", plan.shape, layout.name());
+            ensure!(
+                layout == OutputLayout::Standard,
+                "GEMM {}: the fused AllReduce reads the standard layout, not {}",
+                plan.shape,
+                layout.name()
+            );
             ensure!(flags.is_none() && groups.is_none() && copy_dst.is_none(), "GEMM {}: the fused AllReduce owns the tile flags (no TileFlags, wave groups or tile copy)", plan.shape);
             p.tile_flags = t.flags;
             p.flag_target = t.flag_target;
@@ -524,11 +617,23 @@ impl Gemm {
         match (layout, row_slots) {
             (OutputLayout::RowSlots { .. }, Some(table)) => {
                 let need = u64::from(plan.tiles()) * u64::from(WEFT_GEMM_TILE_M);
-                ensure!(table.len() as u64 >= need, "GEMM {}: row-slot table has {} entries, needs {need} (128 per tile)", plan.shape, table.len());
+                ensure!(
+                    table.len() as u64 >= need,
+                    "GEMM {}: row-slot table has {} entries, needs {need} (128 per tile)",
+                    plan.shape,
+                    table.len()
+                );
                 p.row_slots = table.device_ptr(stream).0;
             }
-            (OutputLayout::RowSlots { .. }, None) => anyhow::bail!("GEMM {}: the row-slots layout needs its table (LaunchExtras::row_slots)", plan.shape),
-            (_, Some(_)) => anyhow::bail!("GEMM {}: a row-slot table was given for the {} layout", plan.shape, layout.name()),
+            (OutputLayout::RowSlots { .. }, None) => anyhow::bail!(
+                "GEMM {}: the row-slots layout needs its table (LaunchExtras::row_slots)",
+                plan.shape
+            ),
+            (_, Some(_)) => anyhow::bail!(
+                "GEMM {}: a row-slot table was given for the {} layout",
+                plan.shape,
+                layout.name()
+            ),
             (_, None) => {}
         }
         if let Some(g) = groups {
@@ -577,7 +682,12 @@ impl Gemm {
             _keep.push(r);
         }
         if let Some(t) = trace {
-            need("trace", t.len(), 2 * plan.tiles() as u64, "two per tile".into())?;
+            need(
+                "trace",
+                t.len(),
+                2 * plan.tiles() as u64,
+                "two per tile".into(),
+            )?;
             let (ptr, r) = t.device_ptr_mut(stream);
             p.trace = ptr;
             _keep.push(r);
@@ -591,7 +701,10 @@ impl Gemm {
         // Held to the end of the launch: the base is advanced only once the launch is enqueued.
         let mut claims = match &self.claims {
             None => None,
-            Some(c) => Some(c.lock().map_err(|_| anyhow::anyhow!("the GEMM's claim counter lock is poisoned"))?),
+            Some(c) => Some(
+                c.lock()
+                    .map_err(|_| anyhow::anyhow!("the GEMM's claim counter lock is poisoned"))?,
+            ),
         };
         if let Some(c) = claims.as_mut() {
             // A graph would replay this launch's claim base, not the counter's next one.
@@ -625,13 +738,25 @@ impl Gemm {
         // name buffers checked above to hold the shapes the schedule touches, alive until the
         // launch's work is done (stream order; callers keep them alive).
         if attrs.is_empty() {
-            let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (plan.block_threads(), 1, 1), shared_mem_bytes: plan.smem_bytes() };
+            let cfg = LaunchConfig {
+                grid_dim: (grid, 1, 1),
+                block_dim: (plan.block_threads(), 1, 1),
+                shared_mem_bytes: plan.smem_bytes(),
+            };
             unsafe { stream.launch_builder(&self.func).arg(&p).launch(cfg) }.map(|_| ())
         } else {
             stream.context().bind_to_thread()?;
             let cfg = launch_config(plan, grid, stream.cu_stream(), &mut attrs);
             let mut args = [&p as *const weft_gemm_params as *mut std::ffi::c_void];
-            unsafe { sys::cuLaunchKernelEx(&cfg, self.func.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }.result()
+            unsafe {
+                sys::cuLaunchKernelEx(
+                    &cfg,
+                    self.func.cu_function(),
+                    args.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            }
+            .result()
         }
         .with_context(|| format!("launching {} ({})", plan.kernel_name(), plan.describe()))?;
         drop(claim_keep);
@@ -647,8 +772,12 @@ impl Gemm {
     /// Dynamic scheduling only: (the claim counter's value on the device, the base the host will
     /// give the next launch). Equal once every launch has finished. Synchronises `stream`.
     pub fn claim_counter(&self, stream: &Arc<CudaStream>) -> anyhow::Result<Option<(u32, u32)>> {
-        let Some(c) = &self.claims else { return Ok(None) };
-        let c = c.lock().map_err(|_| anyhow::anyhow!("the GEMM's claim counter lock is poisoned"))?;
+        let Some(c) = &self.claims else {
+            return Ok(None);
+        };
+        let c = c
+            .lock()
+            .map_err(|_| anyhow::anyhow!("the GEMM's claim counter lock is poisoned"))?;
         let v = stream.clone_dtoh(&c.counter)?;
         stream.synchronize()?;
         Ok(Some((v[0], c.base)))

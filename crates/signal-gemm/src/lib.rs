@@ -39,7 +39,10 @@ pub use a2a_map::AllToAllMap;
 pub use band_map::RankBandMap;
 pub use cublas::CublasGemm;
 pub use dtype::{Dtype, GemmElement};
-pub use gemm::{device_sms, Gemm, AllGatherSource, AllReduceTarget, LaunchExtras, PeerReduceTarget, TileFlags, SIGNALS_PER_TILE};
+pub use gemm::{
+    device_sms, AllGatherSource, AllReduceTarget, Gemm, LaunchExtras, PeerReduceTarget, TileFlags,
+    SIGNALS_PER_TILE,
+};
 pub use plan::{BLayout, EpilogueChoice, GemmOptions, GemmPlan, GemmShape, Scheduling, TileChoice};
 pub use reorder::{OutputLayout, Restore, TileOrderMap, MAX_BAND_RANKS};
 pub use row_gather::RowGather;

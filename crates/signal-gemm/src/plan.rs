@@ -6,8 +6,8 @@ use crate::schedule::{list_schedule, ScheduledTile};
 use anyhow::{bail, ensure};
 use weft_kernels::abi::{
     weft_gemm_k_blocks, weft_gemm_order_count, weft_gemm_schedule, weft_gemm_smem_bytes,
-    weft_gemm_tiles_m, weft_gemm_tiles_n, WEFT_GEMM_EPI_PIPELINED, WEFT_GEMM_EPI_WHOLE_TILE, WEFT_GEMM_THREADS, WEFT_GEMM_TILE_K,
-    WEFT_GEMM_TILE_M,
+    weft_gemm_tiles_m, weft_gemm_tiles_n, WEFT_GEMM_EPI_PIPELINED, WEFT_GEMM_EPI_WHOLE_TILE,
+    WEFT_GEMM_THREADS, WEFT_GEMM_TILE_K, WEFT_GEMM_TILE_M,
 };
 
 /// D (m × n) = alpha · A (m × k) · B + beta · D.
@@ -172,21 +172,30 @@ impl GemmPlan {
             options.sm_margin,
             options.comm_ctas
         );
-        ensure!(matches!(options.cluster_m, 1 | 2), "cluster_m = {} is not supported (1 or 2)", options.cluster_m);
+        ensure!(
+            matches!(options.cluster_m, 1 | 2),
+            "cluster_m = {} is not supported (1 or 2)",
+            options.cluster_m
+        );
         ensure!(
             options.scheduling == Scheduling::Static || options.cluster_m == 1,
             "dynamic scheduling needs cluster_m 1 (the CTAs of a cluster run their tiles in lockstep), have {}",
             options.cluster_m
         );
         ensure!(
-            options.comm_ctas % options.cluster_m == 0,
+            options.comm_ctas.is_multiple_of(options.cluster_m),
             "comm_ctas = {} is not a multiple of cluster_m = {} (communicator CTAs come in whole clusters)",
             options.comm_ctas,
             options.cluster_m
         );
         // Whole clusters only.
-        let ctas = (sms - options.sm_margin - options.comm_ctas) / options.cluster_m * options.cluster_m;
-        ensure!(ctas > 0, "no whole cluster of {} CTAs fits the SMs left ({sms} - sm_margin - comm_ctas)", options.cluster_m);
+        let ctas =
+            (sms - options.sm_margin - options.comm_ctas) / options.cluster_m * options.cluster_m;
+        ensure!(
+            ctas > 0,
+            "no whole cluster of {} CTAs fits the SMs left ({sms} - sm_margin - comm_ctas)",
+            options.cluster_m
+        );
         let tile_n = match options.tile {
             TileChoice::N256 => 256,
             TileChoice::N128 => 128,
@@ -227,7 +236,13 @@ impl GemmPlan {
                 }
             }
         };
-        Ok(Self { shape, options, sms, sched, epilogue })
+        Ok(Self {
+            shape,
+            options,
+            sms,
+            sched,
+            epilogue,
+        })
     }
 
     /// Output tile width (128 or 256); tiles are 128 rows.
@@ -253,7 +268,11 @@ impl GemmPlan {
     /// The same plan on fewer compute CTAs (whole clusters), e.g. when fewer clusters than SMs
     /// allow can be resident at once.
     pub fn with_ctas(&self, ctas: u32) -> anyhow::Result<Self> {
-        ensure!(ctas > 0 && ctas % self.sched.cluster_m == 0 && ctas <= self.sched.ctas, "{ctas} CTAs for {}", self.describe());
+        ensure!(
+            ctas > 0 && ctas.is_multiple_of(self.sched.cluster_m) && ctas <= self.sched.ctas,
+            "{ctas} CTAs for {}",
+            self.describe()
+        );
         let mut p = self.clone();
         p.sched.ctas = ctas;
         Ok(p)
@@ -264,7 +283,7 @@ impl GemmPlan {
     pub fn with_tm_offset(&self, tiles: u32) -> anyhow::Result<Self> {
         let cm = self.sched.cluster_m;
         ensure!(
-            tiles % cm == 0 && self.tiles_m() % cm == 0,
+            tiles.is_multiple_of(cm) && self.tiles_m().is_multiple_of(cm),
             "rotating {} by {tiles} tile rows: with clusters of {cm} both the rotation and the {} tile rows must be whole clusters",
             self.describe(),
             self.tiles_m()
@@ -281,7 +300,7 @@ impl GemmPlan {
         let cm = self.sched.cluster_m;
         let units = self.tiles_m() / cm;
         ensure!(
-            blocks >= 1 && self.tiles_m() % cm == 0 && units % blocks == 0,
+            blocks >= 1 && self.tiles_m().is_multiple_of(cm) && units.is_multiple_of(blocks),
             "visiting {} as {blocks} blocks of tile rows: its {} tile rows (clusters of {cm}) do not split into {blocks} equal blocks of whole clusters",
             self.describe(),
             self.tiles_m()
@@ -348,9 +367,17 @@ impl GemmPlan {
             self.options.b_layout.name(),
             self.sched.tile_n,
             self.sched.cluster_m,
-            if self.whole_tile_epilogue() { "whole" } else { "pipelined" },
+            if self.whole_tile_epilogue() {
+                "whole"
+            } else {
+                "pipelined"
+            },
             self.sched.ctas,
-            if self.options.scheduling == Scheduling::Dynamic { " (dynamic)" } else { "" },
+            if self.options.scheduling == Scheduling::Dynamic {
+                " (dynamic)"
+            } else {
+                ""
+            },
             self.sched.group_m,
             self.waves()
         )
@@ -389,29 +416,17 @@ mod tests {
 
     #[test]
     fn rejects_shapes_that_are_not_multiples_of_16() {
-        let e = GemmPlan::new(
-            132,
-            GemmShape::new(1000, 512, 256),
-            opts(),
-        )
-        .unwrap_err()
-        .to_string();
+        let e = GemmPlan::new(132, GemmShape::new(1000, 512, 256), opts())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("m = 1000 is not a multiple of 16"), "{e}");
-        let e = GemmPlan::new(
-            132,
-            GemmShape::new(1024, 512, 24),
-            opts(),
-        )
-        .unwrap_err()
-        .to_string();
+        let e = GemmPlan::new(132, GemmShape::new(1024, 512, 24), opts())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("k = 24"), "{e}");
-        let e = GemmPlan::new(
-            132,
-            GemmShape::new(0, 512, 256),
-            opts(),
-        )
-        .unwrap_err()
-        .to_string();
+        let e = GemmPlan::new(132, GemmShape::new(0, 512, 256), opts())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("m is 0"), "{e}");
     }
 
@@ -458,14 +473,49 @@ mod tests {
         assert_eq!(p.ctas(), 124);
         assert_eq!(p.tile_n(), 256);
         assert_eq!(p.kernel_name(), "weft_gemm_bf16_f32_kn_256_c1");
-        let p = GemmPlan::new(132, GemmShape::new(8192, 8192, 8192), GemmOptions { sm_margin: 7, cluster_m: 2, ..opts() }).unwrap();
+        let p = GemmPlan::new(
+            132,
+            GemmShape::new(8192, 8192, 8192),
+            GemmOptions {
+                sm_margin: 7,
+                cluster_m: 2,
+                ..opts()
+            },
+        )
+        .unwrap();
         assert_eq!(p.ctas(), 124, "whole clusters");
-        assert_eq!(p.kernel_name(), "weft_gemm_bf16_bf16_nk_256_c2", "K = 8192: pipelined epilogue");
+        assert_eq!(
+            p.kernel_name(),
+            "weft_gemm_bf16_bf16_nk_256_c2",
+            "K = 8192: pipelined epilogue"
+        );
         let short_k = GemmPlan::new(132, GemmShape::new(8192, 8192, 1024), opts()).unwrap();
-        assert_eq!(short_k.kernel_name(), "weft_gemm_bf16_bf16_nk_256_c1_w", "short K: whole-tile epilogue");
+        assert_eq!(
+            short_k.kernel_name(),
+            "weft_gemm_bf16_bf16_nk_256_c1_w",
+            "short K: whole-tile epilogue"
+        );
         assert!(short_k.smem_bytes() <= 232448);
-        assert!(GemmPlan::new(132, GemmShape::new(256, 256, 256), GemmOptions { output: Dtype::F32, epilogue: EpilogueChoice::WholeTile, ..opts() }).is_err());
-        assert!(GemmPlan::new(132, GemmShape::new(256, 256, 256), GemmOptions { cluster_m: 2, comm_ctas: 3, ..opts() }).is_err());
+        assert!(GemmPlan::new(
+            132,
+            GemmShape::new(256, 256, 256),
+            GemmOptions {
+                output: Dtype::F32,
+                epilogue: EpilogueChoice::WholeTile,
+                ..opts()
+            }
+        )
+        .is_err());
+        assert!(GemmPlan::new(
+            132,
+            GemmShape::new(256, 256, 256),
+            GemmOptions {
+                cluster_m: 2,
+                comm_ctas: 3,
+                ..opts()
+            }
+        )
+        .is_err());
         assert_eq!(p.tiles(), 64 * 32);
         assert_eq!(p.k_blocks(), 128);
         assert!(p.smem_bytes() <= 232448);
@@ -475,61 +525,118 @@ mod tests {
     #[test]
     fn rotation_keeps_every_tile_once_and_starts_at_the_offset() {
         for cluster_m in [1, 2] {
-            let p = GemmPlan::new(132, GemmShape::new(2048, 1024, 256), GemmOptions { cluster_m, tile: TileChoice::N256, ..opts() }).unwrap();
+            let p = GemmPlan::new(
+                132,
+                GemmShape::new(2048, 1024, 256),
+                GemmOptions {
+                    cluster_m,
+                    tile: TileChoice::N256,
+                    ..opts()
+                },
+            )
+            .unwrap();
             let r = p.with_tm_offset(8).unwrap();
             let mut seen: Vec<(u32, u32)> = r.schedule().iter().map(|t| (t.tm, t.tn)).collect();
-            let first = r.schedule().iter().min_by_key(|t| t.order).map(|t| t.tm).unwrap();
+            let first = r
+                .schedule()
+                .iter()
+                .min_by_key(|t| t.order)
+                .map(|t| t.tm)
+                .unwrap();
             assert_eq!(first, 8);
             seen.sort();
-            let all: Vec<(u32, u32)> = (0..16).flat_map(|tm| (0..4).map(move |tn| (tm, tn))).collect();
+            let all: Vec<(u32, u32)> = (0..16)
+                .flat_map(|tm| (0..4).map(move |tn| (tm, tn)))
+                .collect();
             assert_eq!(seen, all);
         }
-        let p = GemmPlan::new(132, GemmShape::new(384, 1024, 256), GemmOptions { cluster_m: 2, ..opts() }).unwrap();
-        assert!(p.with_tm_offset(2).unwrap_err().to_string().contains("whole clusters"), "3 tile rows with clusters of 2");
+        let p = GemmPlan::new(
+            132,
+            GemmShape::new(384, 1024, 256),
+            GemmOptions {
+                cluster_m: 2,
+                ..opts()
+            },
+        )
+        .unwrap();
+        assert!(
+            p.with_tm_offset(2)
+                .unwrap_err()
+                .to_string()
+                .contains("whole clusters"),
+            "3 tile rows with clusters of 2"
+        );
     }
 
     /// Blocks visited in turn: every tile once, consecutive cluster rows of the order in
     /// consecutive blocks, the blocks' own rows in order; with a rotation on top as well.
     #[test]
     fn blocks_in_turn_keep_every_tile_once_and_alternate_owners() {
-        for (cluster_m, blocks, offset) in [(1, 2, 0), (1, 4, 0), (2, 2, 0), (2, 4, 0), (1, 2, 8), (2, 4, 4)] {
-            let p = GemmPlan::new(132, GemmShape::new(4096, 1024, 256), GemmOptions { cluster_m, tile: TileChoice::N256, group_m: Some(1), ..opts() }).unwrap();
-            let b = p.with_tm_blocks(blocks).unwrap().with_tm_offset(offset).unwrap();
+        for (cluster_m, blocks, offset) in [
+            (1, 2, 0),
+            (1, 4, 0),
+            (2, 2, 0),
+            (2, 4, 0),
+            (1, 2, 8),
+            (2, 4, 4),
+        ] {
+            let p = GemmPlan::new(
+                132,
+                GemmShape::new(4096, 1024, 256),
+                GemmOptions {
+                    cluster_m,
+                    tile: TileChoice::N256,
+                    group_m: Some(1),
+                    ..opts()
+                },
+            )
+            .unwrap();
+            let b = p
+                .with_tm_blocks(blocks)
+                .unwrap()
+                .with_tm_offset(offset)
+                .unwrap();
             let mut sched = b.schedule();
             sched.sort_by_key(|t| t.order);
             let mut seen: Vec<(u32, u32)> = sched.iter().map(|t| (t.tm, t.tn)).collect();
             seen.sort();
-            let all: Vec<(u32, u32)> = (0..32).flat_map(|tm| (0..4).map(move |tn| (tm, tn))).collect();
+            let all: Vec<(u32, u32)> = (0..32)
+                .flat_map(|tm| (0..4).map(move |tn| (tm, tn)))
+                .collect();
             assert_eq!(seen, all, "cluster {cluster_m} blocks {blocks}");
             // group_m 1: the order walks one cluster row at a time, across the columns.
-            let rows: Vec<u32> = sched.iter().step_by(4 * cluster_m as usize).map(|t| t.tm / cluster_m * cluster_m).collect();
+            let rows: Vec<u32> = sched
+                .iter()
+                .step_by(4 * cluster_m as usize)
+                .map(|t| t.tm / cluster_m * cluster_m)
+                .collect();
             let per_block = 32 / blocks;
             for (u, &tm) in rows.iter().enumerate() {
                 let unrotated = (tm + 32 - offset) % 32;
-                assert_eq!(unrotated / per_block, u as u32 % blocks, "cluster {cluster_m} blocks {blocks}: row {u} of the order is tile row {tm}");
+                assert_eq!(
+                    unrotated / per_block,
+                    u as u32 % blocks,
+                    "cluster {cluster_m} blocks {blocks}: row {u} of the order is tile row {tm}"
+                );
             }
         }
         let p = GemmPlan::new(132, GemmShape::new(384, 1024, 256), opts()).unwrap();
-        assert!(p.with_tm_blocks(2).unwrap_err().to_string().contains("equal blocks"), "3 tile rows in 2 blocks");
+        assert!(
+            p.with_tm_blocks(2)
+                .unwrap_err()
+                .to_string()
+                .contains("equal blocks"),
+            "3 tile rows in 2 blocks"
+        );
     }
 
     #[test]
     fn auto_tile_prefers_fewer_waves() {
         // 2048x1024: 16x4 = 64 tiles of 128x256 (one partial wave of 132) vs 128 tiles of 128x128
         // (also one wave): same waves, half the tile area -> 128 wins.
-        let p = GemmPlan::new(
-            132,
-            GemmShape::new(2048, 1024, 1024),
-            opts(),
-        )
-        .unwrap();
+        let p = GemmPlan::new(132, GemmShape::new(2048, 1024, 1024), opts()).unwrap();
         assert_eq!(p.tile_n(), 128);
-        let p = GemmPlan::new(
-            132,
-            GemmShape::new(8192, 8192, 1024),
-            opts(),
-        )
-        .unwrap();
+        let p = GemmPlan::new(132, GemmShape::new(8192, 8192, 1024), opts()).unwrap();
         assert_eq!(p.tile_n(), 256);
     }
 }

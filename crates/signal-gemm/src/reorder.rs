@@ -8,12 +8,16 @@
 use crate::dtype::{Dtype, GemmElement};
 use crate::plan::GemmPlan;
 use anyhow::{ensure, Context};
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
 use half::bf16;
 use std::sync::Arc;
 use weft_kernels::abi::{
-    weft_gemm_band_rows, weft_gemm_restore_params, WEFT_GEMM_LAYOUT_RANK_BANDS, WEFT_GEMM_LAYOUT_PEER_REDUCE, WEFT_GEMM_LAYOUT_ROW_SLOTS, WEFT_GEMM_LAYOUT_STANDARD,
-    WEFT_GEMM_LAYOUT_TILE_ORDER, WEFT_GEMM_RESTORE_ADD, WEFT_GEMM_RESTORE_COPY, WEFT_GEMM_RESTORE_RMSNORM,
+    weft_gemm_band_rows, weft_gemm_restore_params, WEFT_GEMM_LAYOUT_PEER_REDUCE,
+    WEFT_GEMM_LAYOUT_RANK_BANDS, WEFT_GEMM_LAYOUT_ROW_SLOTS, WEFT_GEMM_LAYOUT_STANDARD,
+    WEFT_GEMM_LAYOUT_TILE_ORDER, WEFT_GEMM_RESTORE_ADD, WEFT_GEMM_RESTORE_COPY,
+    WEFT_GEMM_RESTORE_RMSNORM,
 };
 use weft_kernels::cubins;
 
@@ -70,7 +74,7 @@ impl OutputLayout {
                 plan.describe()
             );
             ensure!(
-                m % ranks == 0 && (m / ranks) % 64 == 0,
+                m.is_multiple_of(ranks) && (m / ranks).is_multiple_of(64),
                 "GEMM {}: the fused ReduceScatter gives each of {ranks} ranks m / {ranks} rows, which must be a whole multiple of 64 (m = {m} gives {})",
                 plan.shape,
                 f64::from(m) / f64::from(ranks)
@@ -83,12 +87,19 @@ impl OutputLayout {
     pub fn elements(self, plan: &GemmPlan) -> u64 {
         match self {
             OutputLayout::Standard => u64::from(plan.shape.m) * u64::from(plan.shape.n),
-            OutputLayout::TileOrder => u64::from(plan.orders()) * u64::from(plan.tile_m()) * u64::from(plan.tile_n()),
+            OutputLayout::TileOrder => {
+                u64::from(plan.orders()) * u64::from(plan.tile_m()) * u64::from(plan.tile_n())
+            }
             OutputLayout::RankBands { ranks } => {
-                u64::from(plan.orders()) * u64::from(ranks) * u64::from(self.band_rows(plan)) * u64::from(plan.tile_n())
+                u64::from(plan.orders())
+                    * u64::from(ranks)
+                    * u64::from(self.band_rows(plan))
+                    * u64::from(plan.tile_n())
             }
             OutputLayout::RowSlots { slots } => u64::from(slots) * u64::from(plan.tile_n()),
-            OutputLayout::PeerReduce { ranks } => u64::from(plan.shape.m / ranks.max(1)) * u64::from(plan.shape.n),
+            OutputLayout::PeerReduce { ranks } => {
+                u64::from(plan.shape.m / ranks.max(1)) * u64::from(plan.shape.n)
+            }
         }
     }
 
@@ -96,7 +107,9 @@ impl OutputLayout {
     pub fn band_rows(self, plan: &GemmPlan) -> u32 {
         match self {
             // SAFETY: a pure function.
-            OutputLayout::RankBands { ranks } => unsafe { weft_gemm_band_rows(ranks.clamp(1, MAX_BAND_RANKS)) },
+            OutputLayout::RankBands { ranks } => unsafe {
+                weft_gemm_band_rows(ranks.clamp(1, MAX_BAND_RANKS))
+            },
             _ => plan.tile_m(),
         }
     }
@@ -115,7 +128,12 @@ impl OutputLayout {
     pub fn describe(self, plan: &GemmPlan) -> String {
         match self {
             OutputLayout::Standard => format!("{} x {}", plan.shape.m, plan.shape.n),
-            OutputLayout::TileOrder => format!("{} tiles of {} x {} in execution order", plan.orders(), plan.tile_m(), plan.tile_n()),
+            OutputLayout::TileOrder => format!(
+                "{} tiles of {} x {} in execution order",
+                plan.orders(),
+                plan.tile_m(),
+                plan.tile_n()
+            ),
             OutputLayout::RankBands { ranks } => format!(
                 "{} tiles x {ranks} band slots of {} x {}",
                 plan.orders(),
@@ -123,7 +141,11 @@ impl OutputLayout {
                 plan.tile_n()
             ),
             OutputLayout::RowSlots { slots } => format!("{slots} row slots of {}", plan.tile_n()),
-            OutputLayout::PeerReduce { ranks } => format!("this rank's {} x {} of {ranks} ranks", plan.shape.m / ranks.max(1), plan.shape.n),
+            OutputLayout::PeerReduce { ranks } => format!(
+                "this rank's {} x {} of {ranks} ranks",
+                plan.shape.m / ranks.max(1),
+                plan.shape.n
+            ),
         }
     }
 
@@ -145,7 +167,11 @@ pub enum Restore<'a> {
     /// dst = bf16(src + residual) (bf16 output only).
     ResidualAdd { residual: &'a CudaSlice<bf16> },
     /// x = src (+ residual); dst = bf16(x · rsqrt(mean(x²) + eps) · gamma), per row (bf16 only).
-    RmsNorm { residual: Option<&'a CudaSlice<bf16>>, gamma: &'a CudaSlice<bf16>, eps: f32 },
+    RmsNorm {
+        residual: Option<&'a CudaSlice<bf16>>,
+        gamma: &'a CudaSlice<bf16>,
+        eps: f32,
+    },
 }
 
 /// The geometry of one restore: a buffer of slots in execution order → `rows` × n row-major,
@@ -174,15 +200,33 @@ impl SlotRestore {
         for t in plan.schedule() {
             table[(t.tm * plan.tiles_n() + t.tn) as usize] = t.order;
         }
-        ensure!(!table.contains(&u32::MAX), "the schedule of {} misses a tile", plan.describe());
-        let slot_of_tile = stream.clone_htod(&table).context("uploading the tile -> slot table")?;
+        ensure!(
+            !table.contains(&u32::MAX),
+            "the schedule of {} misses a tile",
+            plan.describe()
+        );
+        let slot_of_tile = stream
+            .clone_htod(&table)
+            .context("uploading the tile -> slot table")?;
         let ctx = stream.context();
-        let module = cubins::GEMM_RESTORE.load(ctx).with_context(|| format!("loading {}", cubins::GEMM_RESTORE.source))?;
-        let restore = module.load_function("weft_gemm_restore").context("kernels/gemm/restore.cu: weft_gemm_restore")?;
-        let rmsnorm = module.load_function("weft_gemm_restore_rmsnorm").context("kernels/gemm/restore.cu: weft_gemm_restore_rmsnorm")?;
+        let module = cubins::GEMM_RESTORE
+            .load(ctx)
+            .with_context(|| format!("loading {}", cubins::GEMM_RESTORE.source))?;
+        let restore = module
+            .load_function("weft_gemm_restore")
+            .context("kernels/gemm/restore.cu: weft_gemm_restore")?;
+        let rmsnorm = module
+            .load_function("weft_gemm_restore_rmsnorm")
+            .context("kernels/gemm/restore.cu: weft_gemm_restore_rmsnorm")?;
         let sms = crate::gemm::device_sms(ctx)?;
         stream.synchronize()?;
-        Ok(Self { plan: plan.clone(), slot_of_tile, restore, rmsnorm, blocks: 4 * sms })
+        Ok(Self {
+            plan: plan.clone(),
+            slot_of_tile,
+            restore,
+            rmsnorm,
+            blocks: 4 * sms,
+        })
     }
 
     /// Refuses what [`launch`](Self::launch) would refuse, given the buffers' lengths
@@ -198,24 +242,59 @@ impl SlotRestore {
     ) -> anyhow::Result<()> {
         let plan = &self.plan;
         let (rows, n) = (geo.rows, plan.shape.n);
-        ensure!(src_len as u64 >= src_need, "{what} restore: the slot buffer has {src_len} elements, {} needs {src_need}", plan.describe());
+        ensure!(
+            src_len as u64 >= src_need,
+            "{what} restore: the slot buffer has {src_len} elements, {} needs {src_need}",
+            plan.describe()
+        );
         let out = u64::from(rows) * u64::from(n);
-        ensure!(dst_len as u64 >= out, "{what} restore: output has {dst_len} elements, needs {rows} x {n}");
-        ensure!(plan.options.output == T::DTYPE, "{what} restore: the plan's output is {}, given {}", plan.options.output, T::DTYPE);
+        ensure!(
+            dst_len as u64 >= out,
+            "{what} restore: output has {dst_len} elements, needs {rows} x {n}"
+        );
+        ensure!(
+            plan.options.output == T::DTYPE,
+            "{what} restore: the plan's output is {}, given {}",
+            plan.options.output,
+            T::DTYPE
+        );
         let residual_ok = |r: &CudaSlice<bf16>| {
-            ensure!(r.len() as u64 >= out, "{what} restore: residual has {} elements, needs {rows} x {n}", r.len());
+            ensure!(
+                r.len() as u64 >= out,
+                "{what} restore: residual has {} elements, needs {rows} x {n}",
+                r.len()
+            );
             Ok(())
         };
         match step {
             Restore::Copy => {}
             Restore::ResidualAdd { residual } => {
-                ensure!(T::DTYPE == Dtype::Bf16, "{what} restore with a residual add needs bf16 output, the plan's is {}", T::DTYPE);
+                ensure!(
+                    T::DTYPE == Dtype::Bf16,
+                    "{what} restore with a residual add needs bf16 output, the plan's is {}",
+                    T::DTYPE
+                );
                 residual_ok(residual)?;
             }
-            Restore::RmsNorm { residual, gamma, eps } => {
-                ensure!(T::DTYPE == Dtype::Bf16, "{what} restore with RMSNorm needs bf16 output, the plan's is {}", T::DTYPE);
-                ensure!(gamma.len() >= n as usize, "{what} restore: RMSNorm gamma has {} elements, needs n = {n}", gamma.len());
-                ensure!(eps.is_finite() && *eps >= 0.0, "{what} restore: RMSNorm eps must be finite and >= 0, got {eps}");
+            Restore::RmsNorm {
+                residual,
+                gamma,
+                eps,
+            } => {
+                ensure!(
+                    T::DTYPE == Dtype::Bf16,
+                    "{what} restore with RMSNorm needs bf16 output, the plan's is {}",
+                    T::DTYPE
+                );
+                ensure!(
+                    gamma.len() >= n as usize,
+                    "{what} restore: RMSNorm gamma has {} elements, needs n = {n}",
+                    gamma.len()
+                );
+                ensure!(
+                    eps.is_finite() && *eps >= 0.0,
+                    "{what} restore: RMSNorm eps must be finite and >= 0, got {eps}"
+                );
                 if let Some(r) = residual {
                     residual_ok(r)?;
                 }
@@ -266,7 +345,11 @@ impl SlotRestore {
                 keep.push(g);
                 &self.restore
             }
-            Restore::RmsNorm { residual, gamma, eps } => {
+            Restore::RmsNorm {
+                residual,
+                gamma,
+                eps,
+            } => {
                 p.op = WEFT_GEMM_RESTORE_RMSNORM;
                 let (ptr, g) = gamma.device_ptr(stream);
                 p.gamma = ptr;
@@ -280,11 +363,20 @@ impl SlotRestore {
                 &self.rmsnorm
             }
         };
-        let grid = if p.op == WEFT_GEMM_RESTORE_RMSNORM { geo.rows.min(self.blocks * 2) } else { self.blocks };
-        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let grid = if p.op == WEFT_GEMM_RESTORE_RMSNORM {
+            geo.rows.min(self.blocks * 2)
+        } else {
+            self.blocks
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: the kernels take exactly this struct; every buffer was checked (by `check`) to
         // hold what the geometry makes them read or write and lives until the stream has run it.
-        unsafe { stream.launch_builder(func).arg(&p).launch(cfg) }.context("launching the restore kernel")?;
+        unsafe { stream.launch_builder(func).arg(&p).launch(cfg) }
+            .context("launching the restore kernel")?;
         drop(keep);
         Ok(())
     }
@@ -299,18 +391,31 @@ pub struct TileOrderMap {
 impl TileOrderMap {
     /// The table for `plan`, uploaded on `stream`.
     pub fn new(stream: &Arc<CudaStream>, plan: &GemmPlan) -> anyhow::Result<Self> {
-        Ok(Self { slots: SlotRestore::new(stream, plan)?, plan: plan.clone() })
+        Ok(Self {
+            slots: SlotRestore::new(stream, plan)?,
+            plan: plan.clone(),
+        })
     }
 
     fn geometry(&self) -> SlotGeometry {
         let tm = self.plan.tile_m();
-        SlotGeometry { rows: self.plan.shape.m, tile_rows: tm, slot_rows: tm }
+        SlotGeometry {
+            rows: self.plan.shape.m,
+            tile_rows: tm,
+            slot_rows: tm,
+        }
     }
 
     /// Refuses what [`restore`](Self::restore) would refuse, given the buffers' lengths.
-    pub fn check<T: GemmElement>(&self, src_len: usize, dst_len: usize, step: &Restore<'_>) -> anyhow::Result<()> {
+    pub fn check<T: GemmElement>(
+        &self,
+        src_len: usize,
+        dst_len: usize,
+        step: &Restore<'_>,
+    ) -> anyhow::Result<()> {
         let need = OutputLayout::TileOrder.elements(&self.plan);
-        self.slots.check::<T>("tile-order", self.geometry(), need, src_len, dst_len, step)
+        self.slots
+            .check::<T>("tile-order", self.geometry(), need, src_len, dst_len, step)
     }
 
     /// `dst` (m × n, standard) from `src` (the TILE_ORDER buffer), with `step` fused.

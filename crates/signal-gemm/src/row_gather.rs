@@ -5,7 +5,9 @@
 
 use crate::dtype::GemmElement;
 use anyhow::{ensure, Context};
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+};
 use std::ops::Range;
 use std::sync::Arc;
 use weft_kernels::abi::weft_gemm_row_gather_params;
@@ -27,11 +29,21 @@ pub struct RowGather {
 impl RowGather {
     /// `routes[s][row]` = the destination of rank s's output row (every rank's routing, the same
     /// on every rank, each of `m` rows below routes.len()).
-    pub fn new(stream: &Arc<CudaStream>, routes: &[Vec<u32>], rank: usize, m: u32, n: u32) -> anyhow::Result<Self> {
+    pub fn new(
+        stream: &Arc<CudaStream>,
+        routes: &[Vec<u32>],
+        rank: usize,
+        m: u32,
+        n: u32,
+    ) -> anyhow::Result<Self> {
         let world = routes.len();
         ensure!(rank < world, "row gather: rank {rank} of {world} routings");
         for (s, r) in routes.iter().enumerate() {
-            ensure!(r.len() == m as usize, "row gather: rank {s}'s routing has {} rows, the GEMM has m = {m}", r.len());
+            ensure!(
+                r.len() == m as usize,
+                "row gather: rank {s}'s routing has {} rows, the GEMM has m = {m}",
+                r.len()
+            );
             if let Some((row, d)) = r.iter().enumerate().find(|(_, &d)| d as usize >= world) {
                 anyhow::bail!("row gather: rank {s} routes row {row} to rank {d}, but there are {world} ranks");
             }
@@ -52,13 +64,32 @@ impl RowGather {
             at += count;
         }
         let rows = src_rows.len() as u32;
-        let src_rows = stream.clone_htod(if src_rows.is_empty() { &[0u32][..] } else { &src_rows[..] }).context("uploading the row gather's list")?;
+        let src_rows = stream
+            .clone_htod(if src_rows.is_empty() {
+                &[0u32][..]
+            } else {
+                &src_rows[..]
+            })
+            .context("uploading the row gather's list")?;
         let ctx = stream.context();
-        let module = cubins::GEMM_RESTORE.load(ctx).with_context(|| format!("loading {}", cubins::GEMM_RESTORE.source))?;
-        let func = module.load_function("weft_gemm_row_gather").context("kernels/gemm/restore.cu: weft_gemm_row_gather")?;
+        let module = cubins::GEMM_RESTORE
+            .load(ctx)
+            .with_context(|| format!("loading {}", cubins::GEMM_RESTORE.source))?;
+        let func = module
+            .load_function("weft_gemm_row_gather")
+            .context("kernels/gemm/restore.cu: weft_gemm_row_gather")?;
         let blocks = 4 * crate::gemm::device_sms(ctx)?;
         stream.synchronize()?;
-        Ok(Self { src_rows, rows, m, n, sends, recvs, func, blocks })
+        Ok(Self {
+            src_rows,
+            rows,
+            m,
+            n,
+            sends,
+            recvs,
+            func,
+            blocks,
+        })
     }
 
     /// Elements of the gathered (send) buffer: every row of this rank's GEMM, m × n.
@@ -77,20 +108,44 @@ impl RowGather {
     }
 
     /// `dst` (m × n) = `src`'s rows, destination by destination, on `stream`.
-    pub fn gather<T: GemmElement>(&self, stream: &Arc<CudaStream>, src: &CudaSlice<T>, dst: &mut CudaSlice<T>) -> anyhow::Result<()> {
+    pub fn gather<T: GemmElement>(
+        &self,
+        stream: &Arc<CudaStream>,
+        src: &CudaSlice<T>,
+        dst: &mut CudaSlice<T>,
+    ) -> anyhow::Result<()> {
         let need = self.m as usize * self.n as usize;
-        ensure!(src.len() >= need && dst.len() >= self.send_len(), "row gather: buffers of {} and {} elements, need {need} and {}", src.len(), dst.len(), self.send_len());
+        ensure!(
+            src.len() >= need && dst.len() >= self.send_len(),
+            "row gather: buffers of {} and {} elements, need {need} and {}",
+            src.len(),
+            dst.len(),
+            self.send_len()
+        );
         if self.rows == 0 {
             return Ok(());
         }
         let (ps, _gs) = src.device_ptr(stream);
         let (pd, _gd) = dst.device_ptr_mut(stream);
         let (pr, _gr) = self.src_rows.device_ptr(stream);
-        let p = weft_gemm_row_gather_params { src: ps, dst: pd, src_rows: pr, rows: self.rows, n: self.n, elem_bytes: T::DTYPE.bytes() as u32, reserved: 0 };
-        let cfg = LaunchConfig { grid_dim: (self.blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let p = weft_gemm_row_gather_params {
+            src: ps,
+            dst: pd,
+            src_rows: pr,
+            rows: self.rows,
+            n: self.n,
+            elem_bytes: T::DTYPE.bytes() as u32,
+            reserved: 0,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (self.blocks, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: the kernel takes exactly this struct; `src` holds m rows (each listed row < m,
         // checked when the list was made) and `dst` the listed rows.
-        unsafe { stream.launch_builder(&self.func).arg(&p).launch(cfg) }.context("launching the row gather")?;
+        unsafe { stream.launch_builder(&self.func).arg(&p).launch(cfg) }
+            .context("launching the row gather")?;
         Ok(())
     }
 }

@@ -24,7 +24,9 @@ pub(crate) fn list_schedule(s: weft_gemm_schedule) -> Vec<ScheduledTile> {
     (0..orders)
         .filter_map(|order| {
             let t = unsafe { weft_gemm_tile_at(s, order) };
-            debug_assert!(t.tm < unsafe { weft_kernels::abi::weft_gemm_tiles_m(s) } || t.valid == 0);
+            debug_assert!(
+                t.tm < unsafe { weft_kernels::abi::weft_gemm_tiles_m(s) } || t.valid == 0
+            );
             (t.valid != 0).then(|| ScheduledTile {
                 tm: t.tm,
                 tn: t.tn,
@@ -48,7 +50,11 @@ mod tests {
     fn every_tile_once_in_grouped_order() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(5);
         for _ in 0..300 {
-            let shape = GemmShape::new(16 * rng.random_range(1..200), 16 * rng.random_range(1..200), 64);
+            let shape = GemmShape::new(
+                16 * rng.random_range(1..200),
+                16 * rng.random_range(1..200),
+                64,
+            );
             let opts = GemmOptions {
                 cluster_m: rng.random_range(1..=2),
                 sm_margin: rng.random_range(0..20),
@@ -73,7 +79,11 @@ mod tests {
             for t in &sched {
                 assert!(t.tm < tm && t.tn < tn);
                 // The CTAs of a cluster run vertically adjacent tiles of one column together.
-                assert_eq!(t.tm % cm, t.order % cm, "cluster rank = tile row within the cluster");
+                assert_eq!(
+                    t.tm % cm,
+                    t.order % cm,
+                    "cluster rank = tile row within the cluster"
+                );
                 let idx = (t.tm * tn + t.tn) as usize;
                 assert!(!seen[idx], "tile ({}, {}) scheduled twice", t.tm, t.tn);
                 seen[idx] = true;
@@ -84,7 +94,12 @@ mod tests {
                 let g = plan.group_m();
                 let per_group = g * tn;
                 let band = unit / per_group;
-                assert_eq!(t.tm / cm / g, band, "order {} leaves its group band", t.order);
+                assert_eq!(
+                    t.tm / cm / g,
+                    band,
+                    "order {} leaves its group band",
+                    t.order
+                );
                 let rows = (units_m - band * g).min(g);
                 let in_group = unit % per_group;
                 assert_eq!(t.tn, in_group / rows, "column-by-column inside a group");

@@ -19,7 +19,7 @@ pub(crate) fn encode_2d(
 ) -> anyhow::Result<weft_tensor_map> {
     let elem = dtype.bytes() as u64;
     ensure!(
-        (cols * elem) % 16 == 0,
+        (cols * elem).is_multiple_of(16),
         "{what}: row pitch {} bytes is not a multiple of 16",
         cols * elem
     );
@@ -44,9 +44,23 @@ pub(crate) fn encode_3d(
     box_cols: u32,
 ) -> anyhow::Result<weft_tensor_map> {
     let elem = dtype.bytes() as u64;
-    ensure!((cols * elem) % 16 == 0, "{what}: row pitch {} bytes is not a multiple of 16", cols * elem);
-    ensure!(box_cols as u64 * elem <= 128, "{what}: box row of {} bytes exceeds the 128-byte swizzle", box_cols as u64 * elem);
-    encode(what, ptr, dtype, &[cols, rows, slots], &[box_cols, box_rows, 1])
+    ensure!(
+        (cols * elem).is_multiple_of(16),
+        "{what}: row pitch {} bytes is not a multiple of 16",
+        cols * elem
+    );
+    ensure!(
+        box_cols as u64 * elem <= 128,
+        "{what}: box row of {} bytes exceeds the 128-byte swizzle",
+        box_cols as u64 * elem
+    );
+    encode(
+        what,
+        ptr,
+        dtype,
+        &[cols, rows, slots],
+        &[box_cols, box_rows, 1],
+    )
 }
 
 /// The wide view of D for the whole-tile epilogue's stores (kernels/include/weft/gemm.h,
@@ -66,28 +80,60 @@ pub(crate) fn encode_wide(
 ) -> anyhow::Result<weft_tensor_map> {
     let elem = dtype.bytes() as u64;
     let chunk_cols = 128 / elem;
-    ensure!(cols % chunk_cols == 0, "{what}: {cols} columns are not whole 128-byte chunks (the wide view needs them)");
+    ensure!(
+        cols.is_multiple_of(chunk_cols),
+        "{what}: {cols} columns are not whole 128-byte chunks (the wide view needs them)"
+    );
     let row_bytes = cols * elem;
     let dims = [chunk_cols, rows, cols / chunk_cols, slots];
     let strides = [row_bytes, 128, rows * row_bytes];
-    encode_strided(what, ptr, dtype, &dims, &strides, &[chunk_cols as u32, box_rows, box_chunks, 1])
+    encode_strided(
+        what,
+        ptr,
+        dtype,
+        &dims,
+        &strides,
+        &[chunk_cols as u32, box_rows, box_chunks, 1],
+    )
 }
 
 /// cuTensorMapEncodeTiled of a dense row-major tensor, innermost dimension first.
-fn encode(what: &str, ptr: u64, dtype: Dtype, dims: &[u64], boxes: &[u32]) -> anyhow::Result<weft_tensor_map> {
+fn encode(
+    what: &str,
+    ptr: u64,
+    dtype: Dtype,
+    dims: &[u64],
+    boxes: &[u32],
+) -> anyhow::Result<weft_tensor_map> {
     let elem = dtype.bytes() as u64;
     let rank = dims.len();
     // Byte strides of dimensions 1.. (dimension 0 is contiguous).
-    let strides: Vec<u64> = (1..rank).map(|d| dims[..d].iter().product::<u64>() * elem).collect();
+    let strides: Vec<u64> = (1..rank)
+        .map(|d| dims[..d].iter().product::<u64>() * elem)
+        .collect();
     encode_strided(what, ptr, dtype, dims, &strides, boxes)
 }
 
 /// cuTensorMapEncodeTiled with the byte strides of dimensions 1.. given (dimension 0 is
 /// contiguous), 128-byte swizzle.
-fn encode_strided(what: &str, ptr: u64, dtype: Dtype, dims: &[u64], strides: &[u64], boxes: &[u32]) -> anyhow::Result<weft_tensor_map> {
-    ensure!(ptr % 16 == 0, "{what}: device address {ptr:#x} is not 16-byte aligned (TMA needs it)");
+fn encode_strided(
+    what: &str,
+    ptr: u64,
+    dtype: Dtype,
+    dims: &[u64],
+    strides: &[u64],
+    boxes: &[u32],
+) -> anyhow::Result<weft_tensor_map> {
+    ensure!(
+        ptr.is_multiple_of(16),
+        "{what}: device address {ptr:#x} is not 16-byte aligned (TMA needs it)"
+    );
     let rank = dims.len();
-    assert!(strides.len() + 1 == rank && boxes.len() == rank, "{what}: {rank} dimensions need {} strides and {rank} box sizes", rank - 1);
+    assert!(
+        strides.len() + 1 == rank && boxes.len() == rank,
+        "{what}: {rank} dimensions need {} strides and {rank} box sizes",
+        rank - 1
+    );
     let elem_strides = vec![1u32; rank];
     let mut map = weft_tensor_map::default();
     // SAFETY: `map` is 128 bytes, 64-byte aligned (weft_tensor_map); the arrays have rank and

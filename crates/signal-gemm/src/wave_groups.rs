@@ -6,12 +6,14 @@
 
 use crate::plan::GemmPlan;
 use anyhow::{ensure, Context};
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
 use std::ops::Range;
 use std::sync::Arc;
 use weft_kernels::abi::{
-    weft_gemm_group_of, weft_gemm_group_wait_params, weft_gemm_wave_groups, weft_sync_bound, WEFT_GEMM_CONSUMERS,
-    WEFT_GEMM_MAX_WAVE_GROUPS,
+    weft_gemm_group_of, weft_gemm_group_wait_params, weft_gemm_wave_groups, weft_sync_bound,
+    WEFT_GEMM_CONSUMERS, WEFT_GEMM_MAX_WAVE_GROUPS,
 };
 use weft_kernels::cubins;
 use weft_sync::{ErrorSlot, WaitBudget};
@@ -30,13 +32,20 @@ impl WaveGroups {
     /// Groups of `waves[g]` waves each, in order. They must cover the plan's waves exactly.
     pub fn new(plan: &GemmPlan, waves: &[u32]) -> anyhow::Result<Self> {
         let total = plan.waves();
-        ensure!(!waves.is_empty(), "wave groups: no group given ({} has {total} waves)", plan.describe());
+        ensure!(
+            !waves.is_empty(),
+            "wave groups: no group given ({} has {total} waves)",
+            plan.describe()
+        );
         ensure!(
             waves.len() <= WEFT_GEMM_MAX_WAVE_GROUPS as usize,
             "wave groups: {} groups, at most {WEFT_GEMM_MAX_WAVE_GROUPS}",
             waves.len()
         );
-        ensure!(waves.iter().all(|&w| w >= 1), "wave groups: a group of 0 waves in {waves:?}");
+        ensure!(
+            waves.iter().all(|&w| w >= 1),
+            "wave groups: a group of 0 waves in {waves:?}"
+        );
         let sum: u64 = waves.iter().map(|&w| u64::from(w)).sum();
         ensure!(
             sum == u64::from(total),
@@ -44,13 +53,21 @@ impl WaveGroups {
             plan.describe()
         );
         let (orders, ctas) = (plan.orders(), plan.ctas());
-        let mut abi = weft_gemm_wave_groups { count: waves.len() as u32, ..Default::default() };
+        let mut abi = weft_gemm_wave_groups {
+            count: waves.len() as u32,
+            ..Default::default()
+        };
         let mut end_wave = 0u32;
         for (g, &w) in waves.iter().enumerate() {
             end_wave += w;
             abi.end_order[g] = (end_wave * ctas).min(orders);
         }
-        Ok(Self { waves: waves.to_vec(), abi, orders, ctas })
+        Ok(Self {
+            waves: waves.to_vec(),
+            abi,
+            orders,
+            ctas,
+        })
     }
 
     /// Groups of `per_group` waves (the last one takes what is left).
@@ -58,7 +75,7 @@ impl WaveGroups {
         ensure!(per_group >= 1, "wave groups: 0 waves per group");
         let total = plan.waves();
         let mut sizes = vec![per_group; (total / per_group) as usize];
-        if total % per_group != 0 {
+        if !total.is_multiple_of(per_group) {
             sizes.push(total % per_group);
         }
         Self::new(plan, &sizes)
@@ -126,13 +143,29 @@ impl GroupCounters {
     /// Zeroed counters for `groups` on `stream`'s device; `rank` names this process in reports.
     pub fn new(stream: &Arc<CudaStream>, groups: WaveGroups, rank: u32) -> anyhow::Result<Self> {
         let ctx: &Arc<CudaContext> = stream.context();
-        let module = cubins::GEMM_GROUP_WAIT.load(ctx).with_context(|| format!("loading {}", cubins::GEMM_GROUP_WAIT.source))?;
-        let wait = module.load_function("weft_gemm_group_wait").context("kernels/gemm/group_wait.cu has no weft_gemm_group_wait")?;
-        let counters = stream.alloc_zeros::<u64>(groups.count()).context("allocating wave-group counters")?;
+        let module = cubins::GEMM_GROUP_WAIT
+            .load(ctx)
+            .with_context(|| format!("loading {}", cubins::GEMM_GROUP_WAIT.source))?;
+        let wait = module
+            .load_function("weft_gemm_group_wait")
+            .context("kernels/gemm/group_wait.cu has no weft_gemm_group_wait")?;
+        let counters = stream
+            .alloc_zeros::<u64>(groups.count())
+            .context("allocating wave-group counters")?;
         stream.synchronize()?;
         let slot = ErrorSlot::new(ctx)?;
-        let bound = weft_sync_bound { error_slot: slot.device_ptr(ctx)?, budget_cycles: WaitBudget::default_for(ctx)?.cycles };
-        Ok(Self { groups, counters, wait, slot, bound, rank })
+        let bound = weft_sync_bound {
+            error_slot: slot.device_ptr(ctx)?,
+            budget_cycles: WaitBudget::default_for(ctx)?.cycles,
+        };
+        Ok(Self {
+            groups,
+            counters,
+            wait,
+            slot,
+            bound,
+            rank,
+        })
     }
 
     pub fn groups(&self) -> &WaveGroups {
@@ -152,7 +185,11 @@ impl GroupCounters {
     /// Enqueues on `stream` the wait for group `g` of the launch in flight: work enqueued after it
     /// reads the group's finished output.
     pub fn wait(&self, stream: &Arc<CudaStream>, g: usize) -> anyhow::Result<()> {
-        ensure!(g < self.groups.count(), "wave group {g} of {}", self.groups.count());
+        ensure!(
+            g < self.groups.count(),
+            "wave group {g} of {}",
+            self.groups.count()
+        );
         let p = weft_gemm_group_wait_params {
             counter: self.device_ptr(stream) + 8 * g as u64,
             target: self.target(g),
@@ -160,10 +197,15 @@ impl GroupCounters {
             rank: self.rank,
             bound: self.bound,
         };
-        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: the kernel takes exactly this struct; the counters outlive the launch (the
         // owner synchronises before dropping them).
-        unsafe { stream.launch_builder(&self.wait).arg(&p).launch(cfg) }.context("launching the wave-group wait")?;
+        unsafe { stream.launch_builder(&self.wait).arg(&p).launch(cfg) }
+            .context("launching the wave-group wait")?;
         Ok(())
     }
 
@@ -185,7 +227,15 @@ mod tests {
 
     #[test]
     fn groups_cut_at_wave_boundaries_and_cover_every_order() {
-        let plan = GemmPlan::new(132, GemmShape::new(4096, 8192, 1024), GemmOptions { sm_margin: 20, ..Default::default() }).unwrap();
+        let plan = GemmPlan::new(
+            132,
+            GemmShape::new(4096, 8192, 1024),
+            GemmOptions {
+                sm_margin: 20,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let waves = plan.waves();
         assert!(waves >= 3, "{}", plan.describe());
         let g = WaveGroups::new(&plan, &[1, waves - 2, 1]).unwrap();
@@ -193,15 +243,24 @@ mod tests {
         assert_eq!(g.orders(2).end, plan.orders());
         for order in 0..plan.orders() {
             let wave = order / plan.ctas();
-            let want = if wave == 0 { 0 } else if wave == waves - 1 { 2 } else { 1 };
+            let want = if wave == 0 {
+                0
+            } else if wave == waves - 1 {
+                2
+            } else {
+                1
+            };
             assert_eq!(g.group_of(order), want, "order {order}");
             assert!(g.orders(want).contains(&order));
         }
         let u = WaveGroups::uniform(&plan, 2).unwrap();
         assert_eq!(u.waves().iter().sum::<u32>(), waves);
-        assert!(WaveGroups::new(&plan, &[waves + 1]).unwrap_err().to_string().contains("cover"));
+        assert!(WaveGroups::new(&plan, &[waves + 1])
+            .unwrap_err()
+            .to_string()
+            .contains("cover"));
         assert!(WaveGroups::new(&plan, &[0, waves]).is_err());
         assert!(WaveGroups::new(&plan, &[]).is_err());
-        assert!(WaveGroups::new(&plan, &vec![1; 40]).is_err());
+        assert!(WaveGroups::new(&plan, &[1; 40]).is_err());
     }
 }

@@ -67,7 +67,11 @@ pub fn timeout_from_env(var: &str, default: Duration) -> anyhow::Result<Duration
 }
 
 /// `text` (the value of `var`, if set) as a bound.
-pub fn timeout_from_text(var: &str, text: Option<&str>, default: Duration) -> anyhow::Result<Duration> {
+pub fn timeout_from_text(
+    var: &str,
+    text: Option<&str>,
+    default: Duration,
+) -> anyhow::Result<Duration> {
     let Some(text) = text else {
         return Ok(default);
     };

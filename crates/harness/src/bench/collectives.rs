@@ -309,4 +309,3 @@ fn poison(stream: &Arc<CudaStream>, buf: &mut CudaSlice<f32>, n: usize) -> anyho
     unsafe { cudarc::driver::result::memset_d8_async(p, 0xff, n * 4, stream.cu_stream()) }?;
     Ok(())
 }
-

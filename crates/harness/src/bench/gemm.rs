@@ -59,17 +59,45 @@ fn cases(quick: bool) -> Vec<Case> {
         v.truncate(2);
     }
     // The other epilogue on each named shape (Auto: whole-tile for K <= 2048, else pipelined).
-    let pipelined = GemmOptions { epilogue: EpilogueChoice::Pipelined, ..base };
-    let whole = GemmOptions { epilogue: EpilogueChoice::WholeTile, ..base };
-    for shape in [s(8192, 8192, 2048), s(16384, 8192, 1024), s(4096, 8192, 2048)] {
-        v.push(Case { shape, options: pipelined, named: false, margin_of: None });
+    let pipelined = GemmOptions {
+        epilogue: EpilogueChoice::Pipelined,
+        ..base
+    };
+    let whole = GemmOptions {
+        epilogue: EpilogueChoice::WholeTile,
+        ..base
+    };
+    for shape in [
+        s(8192, 8192, 2048),
+        s(16384, 8192, 1024),
+        s(4096, 8192, 2048),
+    ] {
+        v.push(Case {
+            shape,
+            options: pipelined,
+            named: false,
+            margin_of: None,
+        });
     }
     for shape in [s(8192, 8192, 8192), s(4096, 4096, 4096)] {
-        v.push(Case { shape, options: whole, named: false, margin_of: None });
+        v.push(Case {
+            shape,
+            options: whole,
+            named: false,
+            margin_of: None,
+        });
     }
-    let c2 = GemmOptions { cluster_m: 2, ..base };
+    let c2 = GemmOptions {
+        cluster_m: 2,
+        ..base
+    };
     for shape in [s(8192, 8192, 8192), s(16384, 8192, 1024)] {
-        v.push(Case { shape, options: c2, named: false, margin_of: None });
+        v.push(Case {
+            shape,
+            options: c2,
+            named: false,
+            margin_of: None,
+        });
     }
     v.push(Case {
         shape: s(8192, 8192, 8192),
@@ -271,12 +299,15 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             } else {
                 String::new()
             }
-        ) + if case.options.cluster_m > 1 { " cluster 2" } else { "" }
-            + match case.options.epilogue {
-                EpilogueChoice::Auto => "",
-                EpilogueChoice::Pipelined => " pipelined epilogue",
-                EpilogueChoice::WholeTile => " whole-tile epilogue",
-            };
+        ) + if case.options.cluster_m > 1 {
+            " cluster 2"
+        } else {
+            ""
+        } + match case.options.epilogue {
+            EpilogueChoice::Auto => "",
+            EpilogueChoice::Pipelined => " pipelined epilogue",
+            EpilogueChoice::WholeTile => " whole-tile epilogue",
+        };
         let (goal, notes, margin_json) = if let Some(j) = case.margin_of {
             let base_ms = slowest(2 * j);
             let share = m.sms as f64 / m.ctas as f64; // slowdown if time scaled with SMs given up

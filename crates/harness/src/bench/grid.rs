@@ -26,7 +26,9 @@ pub fn small_m_shapes(op: OpKind) -> Vec<GemmShape> {
     let s = GemmShape::new;
     match op {
         // Row-parallel projections: N = hidden 8192, K = the rank's part of the inner size.
-        OpKind::AllReduce | OpKind::ReduceScatter => vec![s(16, 8192, 4096), s(128, 8192, 4096), s(512, 8192, 4096)],
+        OpKind::AllReduce | OpKind::ReduceScatter => {
+            vec![s(16, 8192, 4096), s(128, 8192, 4096), s(512, 8192, 4096)]
+        }
         // Column-parallel: gathered tokens, N = the rank's columns, K = hidden.
         OpKind::AllGather => vec![s(32, 4096, 8192), s(128, 4096, 8192), s(512, 4096, 8192)],
         // MoE dispatch of a projection's rows: a decoding step's tokens.
@@ -47,12 +49,23 @@ pub fn shapes(op: OpKind, quick: bool) -> Vec<GemmShape> {
             vec![s(8192, 2048, 8192)]
         } else {
             // async-TP's AllGather + matmul shapes first.
-            vec![s(8192, 2048, 8192), s(16384, 2048, 8192), s(8192, 8192, 2048), s(16384, 8192, 2048), s(4096, 8192, 8192)]
+            vec![
+                s(8192, 2048, 8192),
+                s(16384, 2048, 8192),
+                s(8192, 8192, 2048),
+                s(16384, 8192, 2048),
+                s(4096, 8192, 8192),
+            ]
         }),
         OpKind::AllToAll => v.extend(if quick {
             vec![s(8192, 8192, 2048)]
         } else {
-            vec![s(4096, 8192, 1024), s(8192, 8192, 2048), s(16384, 8192, 1024), s(8192, 8192, 7168)]
+            vec![
+                s(4096, 8192, 1024),
+                s(8192, 8192, 2048),
+                s(16384, 8192, 1024),
+                s(8192, 8192, 7168),
+            ]
         }),
     }
     v
@@ -63,9 +76,17 @@ pub fn parse_shapes(text: &str) -> anyhow::Result<Vec<GemmShape>> {
     text.split(',')
         .map(|one| {
             let dims: Vec<&str> = one.trim().split(['x', 'X']).collect();
-            ensure!(dims.len() == 3, "--shape {one:?}: expected MxNxK, e.g. 6144x8192x4096");
+            ensure!(
+                dims.len() == 3,
+                "--shape {one:?}: expected MxNxK, e.g. 6144x8192x4096"
+            );
             let d = |i: usize, name: &str| -> anyhow::Result<u32> {
-                let v: u32 = dims[i].parse().with_context(|| format!("--shape {one:?}: {name} {:?} is not a whole number", dims[i]))?;
+                let v: u32 = dims[i].parse().with_context(|| {
+                    format!(
+                        "--shape {one:?}: {name} {:?} is not a whole number",
+                        dims[i]
+                    )
+                })?;
                 ensure!(v > 0, "--shape {one:?}: {name} is 0");
                 Ok(v)
             };
@@ -80,7 +101,10 @@ mod tests {
 
     #[test]
     fn shapes_parse_and_bad_ones_are_named() {
-        assert_eq!(parse_shapes("6144x8192x4096").unwrap(), vec![GemmShape::new(6144, 8192, 4096)]);
+        assert_eq!(
+            parse_shapes("6144x8192x4096").unwrap(),
+            vec![GemmShape::new(6144, 8192, 4096)]
+        );
         assert_eq!(parse_shapes("16x8x32, 32X16x8").unwrap().len(), 2);
         assert!(format!("{:#}", parse_shapes("6144x8192").unwrap_err()).contains("expected MxNxK"));
         assert!(format!("{:#}", parse_shapes("6144x8192xk").unwrap_err()).contains("K \"k\""));
@@ -89,9 +113,17 @@ mod tests {
 
     #[test]
     fn default_grids_start_with_small_m() {
-        for op in [OpKind::AllReduce, OpKind::ReduceScatter, OpKind::AllGather, OpKind::AllToAll] {
+        for op in [
+            OpKind::AllReduce,
+            OpKind::ReduceScatter,
+            OpKind::AllGather,
+            OpKind::AllToAll,
+        ] {
             let g = shapes(op, false);
-            assert!(g[0].m <= 512 && g.iter().any(|s| s.m >= 8192), "{op}: {g:?}");
+            assert!(
+                g[0].m <= 512 && g.iter().any(|s| s.m >= 8192),
+                "{op}: {g:?}"
+            );
         }
     }
 }

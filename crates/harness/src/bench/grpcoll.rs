@@ -41,7 +41,14 @@ struct Case {
 }
 
 /// DeepSeek-V3's routing: top-8 of 256 experts.
-const MOE: (&str, Workload) = ("moe top-8/256", Workload::Moe { experts: 256, top_k: 8, seed: 0x5eed });
+const MOE: (&str, Workload) = (
+    "moe top-8/256",
+    Workload::Moe {
+        experts: 256,
+        top_k: 8,
+        seed: 0x5eed,
+    },
+);
 
 fn workloads(world: usize) -> [(&'static str, Workload); 3] {
     [
@@ -162,7 +169,9 @@ fn measure<T: PglElement>(
 /// `WEFT_GRPCOLL_SMS`: the native kernels' SM count for every case (default: the plan's).
 fn sms_override() -> anyhow::Result<Option<u32>> {
     match std::env::var("WEFT_GRPCOLL_SMS") {
-        Ok(v) => Ok(Some(v.trim().parse().map_err(|_| anyhow::anyhow!("WEFT_GRPCOLL_SMS={v:?} is not a number"))?)),
+        Ok(v) => Ok(Some(v.trim().parse().map_err(|_| {
+            anyhow::anyhow!("WEFT_GRPCOLL_SMS={v:?} is not a number")
+        })?)),
         Err(_) => Ok(None),
     }
 }
@@ -206,7 +215,12 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
     }
     // Expert parallelism: MoE dispatch and combine, DeepSeek-V3 shapes.
     for reduce in [false, true] {
-        let s = Shape { workload: MOE, tokens: 4096, hidden: 7168, comm: None };
+        let s = Shape {
+            workload: MOE,
+            tokens: 4096,
+            hidden: 7168,
+            comm: None,
+        };
         cases.push(measure::<bf16>(job, &mut rig, &s, reduce)?);
     }
     // The communication dtype: f32 data sent as f32 and as bf16.
@@ -258,7 +272,12 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
     };
     let mut rows = Vec::new();
     for (i, c) in cases.iter().enumerate() {
-        let (native, baseline, bytes, logical) = (worst[4 * i], worst[4 * i + 1], worst[4 * i + 2], worst[4 * i + 3]);
+        let (native, baseline, bytes, logical) = (
+            worst[4 * i],
+            worst[4 * i + 1],
+            worst[4 * i + 2],
+            worst[4 * i + 3],
+        );
         let gbs = |ms: f64| bytes / (ms * 1e-3) / 1e9;
         table.rows.push(vec![
             c.name.clone(),

@@ -147,7 +147,9 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             },
         ];
         // The most groups a launch may have (one wave each, or as few waves as fit).
-        let most = WaveGroups::uniform(&plan, waves.div_ceil(WEFT_GEMM_MAX_WAVE_GROUPS))?.waves().to_vec();
+        let most = WaveGroups::uniform(&plan, waves.div_ceil(WEFT_GEMM_MAX_WAVE_GROUPS))?
+            .waves()
+            .to_vec();
         // As many short kernels beside it as the most groups have waits.
         let most_groups = most.len();
         for (what, normal_priority) in [("", false), (", normal priority", true)] {

@@ -10,11 +10,11 @@ mod interference;
 mod nccl;
 pub mod overlap;
 pub mod overlap_ops;
-pub mod rig;
-pub mod tune;
 pub mod overlap_order;
 mod pgl;
+pub mod rig;
 mod sync;
+pub mod tune;
 
 use crate::job::Job;
 use crate::json::Json;
@@ -23,7 +23,20 @@ use anyhow::{bail, Context};
 use std::path::PathBuf;
 use weft_signal_gemm::ops::OpKind;
 
-pub const SUITES: &[&str] = &["nccl", "collectives", "pgl", "sync", "overlap-order", "grpcoll", "gemm", "overlap", "overlap-reduce-scatter", "overlap-all-to-all", "overlap-all-gather", "interference"];
+pub const SUITES: &[&str] = &[
+    "nccl",
+    "collectives",
+    "pgl",
+    "sync",
+    "overlap-order",
+    "grpcoll",
+    "gemm",
+    "overlap",
+    "overlap-reduce-scatter",
+    "overlap-all-to-all",
+    "overlap-all-gather",
+    "interference",
+];
 
 #[derive(Debug, Default, PartialEq)]
 pub struct BenchOptions {
@@ -66,9 +79,17 @@ pub fn parse(args: &[String]) -> anyhow::Result<BenchOptions> {
     if o.suites.is_empty() {
         o.suites = SUITES.iter().map(|s| s.to_string()).collect();
     }
-    let shaped = ["overlap", "overlap-reduce-scatter", "overlap-all-gather", "overlap-all-to-all"];
+    let shaped = [
+        "overlap",
+        "overlap-reduce-scatter",
+        "overlap-all-gather",
+        "overlap-all-to-all",
+    ];
     if !o.shapes.is_empty() && !o.suites.iter().all(|s| shaped.contains(&s.as_str())) {
-        bail!("weft bench: --shape applies to {} only: name the suite", shaped.join(", "));
+        bail!(
+            "weft bench: --shape applies to {} only: name the suite",
+            shaped.join(", ")
+        );
     }
     if (o.json.is_some() || o.csv.is_some()) && o.suites.len() > 1 {
         bail!(
@@ -100,23 +121,53 @@ pub fn run(job: &mut Job, opts: &BenchOptions) -> anyhow::Result<()> {
                     "overlap-all-gather" => OpKind::AllGather,
                     _ => OpKind::AllToAll,
                 };
-                let shapes = if opts.shapes.is_empty() { grid::shapes(op, opts.quick) } else { opts.shapes.clone() };
-                overlap::run(job, &overlap::OverlapRun { op, quick: opts.quick, shapes, methods: &opts.methods })?
+                let shapes = if opts.shapes.is_empty() {
+                    grid::shapes(op, opts.quick)
+                } else {
+                    opts.shapes.clone()
+                };
+                overlap::run(
+                    job,
+                    &overlap::OverlapRun {
+                        op,
+                        quick: opts.quick,
+                        shapes,
+                        methods: &opts.methods,
+                    },
+                )?
             }
             "interference" => interference::run(job, opts.quick)?,
             other => bail!("unknown suite {other}"),
         };
-        report(job, suite, &device, result, opts.json.as_ref(), opts.csv.as_ref())?;
+        report(
+            job,
+            suite,
+            &device,
+            result,
+            opts.json.as_ref(),
+            opts.csv.as_ref(),
+        )?;
     }
     Ok(())
 }
 
 /// Rank 0 prints a suite's table and writes its results file (and CSV) with the run's metadata.
-pub fn report(job: &Job, suite: &str, device: &str, result: SuiteResult, json: Option<&PathBuf>, csv: Option<&PathBuf>) -> anyhow::Result<()> {
+pub fn report(
+    job: &Job,
+    suite: &str,
+    device: &str,
+    result: SuiteResult,
+    json: Option<&PathBuf>,
+    csv: Option<&PathBuf>,
+) -> anyhow::Result<()> {
     if job.rank() != 0 {
         return Ok(());
     }
-    println!("\n# weft {suite}: {} ranks, {device}\n{}", job.world(), result.table.render());
+    println!(
+        "\n# weft {suite}: {} ranks, {device}\n{}",
+        job.world(),
+        result.table.render()
+    );
     let meta = RunMeta {
         suite: suite.to_string(),
         device: device.to_string(),
@@ -151,7 +202,11 @@ pub fn gather_f64(job: &mut Job, values: &[f64]) -> anyhow::Result<Vec<Vec<f64>>
         .rdzv
         .all_gather(&mine)?
         .iter()
-        .map(|b| b.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect())
+        .map(|b| {
+            b.chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+                .collect()
+        })
         .collect())
 }
 

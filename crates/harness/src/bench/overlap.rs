@@ -28,13 +28,16 @@ use crate::json::Json;
 use crate::results::Table;
 use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, DeviceSlice};
 use half::bf16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use std::time::Instant;
 use weft_pgl::nccl::ReduceOp;
 use weft_pgl::rendezvous::Rendezvous;
-use weft_signal_gemm::ops::{AllGatherGemm, Family, GemmAllReduce, GemmAllToAll, GemmReduceScatter, Method, MethodChoice, OpKind, OverlapEnv};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use weft_signal_gemm::ops::{
+    AllGatherGemm, Family, GemmAllReduce, GemmAllToAll, GemmReduceScatter, Method, MethodChoice,
+    OpKind, OverlapEnv,
+};
 use weft_signal_gemm::{CublasGemm, GemmOptions, GemmShape, RowGather};
 
 /// The families each op's bench shows (seq-cublas, the baseline, is always run).
@@ -68,12 +71,17 @@ pub struct OverlapRun<'a> {
 /// The columns a run measures besides seq-cublas: the choices asked for, auto last.
 fn choices(op: OpKind, methods: &[String]) -> anyhow::Result<(Vec<MethodChoice>, bool)> {
     if methods.is_empty() {
-        return Ok((families(op).iter().map(|&f| family_choice(f)).collect(), true));
+        return Ok((
+            families(op).iter().map(|&f| family_choice(f)).collect(),
+            true,
+        ));
     }
     let mut out = Vec::new();
     let mut auto = false;
     for m in methods {
-        let c: MethodChoice = m.parse().map_err(|e| anyhow::anyhow!("weft bench {}: --method {m:?}: {e:#}", suite_name(op)))?;
+        let c: MethodChoice = m
+            .parse()
+            .map_err(|e| anyhow::anyhow!("weft bench {}: --method {m:?}: {e:#}", suite_name(op)))?;
         let family = match &c {
             MethodChoice::Auto => {
                 auto = true;
@@ -87,7 +95,11 @@ fn choices(op: OpKind, methods: &[String]) -> anyhow::Result<(Vec<MethodChoice>,
             "weft bench {}: {family} is not a method of {} (methods: seq-cublas, {}, auto)",
             suite_name(op),
             op.title(),
-            families(op).iter().map(|f| f.name()).collect::<Vec<_>>().join(", ")
+            families(op)
+                .iter()
+                .map(|f| f.name())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         if family != Family::SeqCublas {
             out.push(c);
@@ -126,13 +138,29 @@ enum AnyOp {
 }
 
 impl AnyOp {
-    fn plan(op: OpKind, rdzv: &mut Rendezvous, env: &mut OverlapEnv, stream: &Arc<CudaStream>, shape: GemmShape, x: &Operands, choice: &MethodChoice) -> anyhow::Result<Self> {
+    fn plan(
+        op: OpKind,
+        rdzv: &mut Rendezvous,
+        env: &mut OverlapEnv,
+        stream: &Arc<CudaStream>,
+        shape: GemmShape,
+        x: &Operands,
+        choice: &MethodChoice,
+    ) -> anyhow::Result<Self> {
         let o = GemmOptions::default();
         Ok(match op {
-            OpKind::AllReduce => AnyOp::Ar(GemmAllReduce::plan(rdzv, env, stream, shape, o, choice, false)?),
-            OpKind::ReduceScatter => AnyOp::Rs(GemmReduceScatter::plan(rdzv, env, stream, shape, o, choice, false)?),
-            OpKind::AllGather => AnyOp::Ag(AllGatherGemm::plan(rdzv, env, stream, shape, o, choice, false)?),
-            OpKind::AllToAll => AnyOp::A2a(GemmAllToAll::plan(rdzv, env, stream, shape, o, &x.routes, choice, false)?),
+            OpKind::AllReduce => AnyOp::Ar(GemmAllReduce::plan(
+                rdzv, env, stream, shape, o, choice, false,
+            )?),
+            OpKind::ReduceScatter => AnyOp::Rs(GemmReduceScatter::plan(
+                rdzv, env, stream, shape, o, choice, false,
+            )?),
+            OpKind::AllGather => AnyOp::Ag(AllGatherGemm::plan(
+                rdzv, env, stream, shape, o, choice, false,
+            )?),
+            OpKind::AllToAll => AnyOp::A2a(GemmAllToAll::plan(
+                rdzv, env, stream, shape, o, &x.routes, choice, false,
+            )?),
         })
     }
 
@@ -157,7 +185,11 @@ impl AnyOp {
         match self {
             AnyOp::Ar(op) => op.launch(stream, &x.a, &x.b),
             AnyOp::Rs(op) => op.launch(stream, &x.a, &x.b),
-            AnyOp::Ag(op) => op.launch(stream, &x.b, x.d.as_mut().expect("AllGather operands have a D")),
+            AnyOp::Ag(op) => op.launch(
+                stream,
+                &x.b,
+                x.d.as_mut().expect("AllGather operands have a D"),
+            ),
             AnyOp::A2a(op) => op.launch(stream, &x.a, &x.b),
         }
     }
@@ -184,17 +216,37 @@ impl AnyOp {
         Ok(())
     }
 
-    fn check(&self, cmp: &mut BoundCompare, stream: &Arc<CudaStream>, what: &str, x: &Operands, want: &CudaSlice<bf16>, bound: &Bound<'_>, n: usize) -> anyhow::Result<()> {
+    fn check(
+        &self,
+        cmp: &mut BoundCompare,
+        stream: &Arc<CudaStream>,
+        what: &str,
+        x: &Operands,
+        want: &CudaSlice<bf16>,
+        bound: &Bound<'_>,
+        n: usize,
+    ) -> anyhow::Result<()> {
         match self {
             AnyOp::Ar(op) => cmp.check(stream, what, &op.output(), want, bound, n),
             AnyOp::Rs(op) => cmp.check(stream, what, &op.output(), want, bound, n),
             AnyOp::A2a(op) => cmp.check(stream, what, &op.output(), want, bound, n),
-            AnyOp::Ag(_) => cmp.check(stream, what, x.d.as_ref().expect("AllGather operands have a D"), want, bound, n),
+            AnyOp::Ag(_) => cmp.check(
+                stream,
+                what,
+                x.d.as_ref().expect("AllGather operands have a D"),
+                want,
+                bound,
+                n,
+            ),
         }
     }
 
     /// A device copy of the result.
-    fn result_copy(&self, stream: &Arc<CudaStream>, x: &Operands) -> anyhow::Result<CudaSlice<bf16>> {
+    fn result_copy(
+        &self,
+        stream: &Arc<CudaStream>,
+        x: &Operands,
+    ) -> anyhow::Result<CudaSlice<bf16>> {
         let (ptr, len) = self.result_region(stream, x);
         let mut dst = stream.alloc_zeros::<bf16>(len)?;
         let (pd, _g) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut dst, stream);
@@ -250,7 +302,11 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
         let (_, env) = job.overlap()?;
         if rank == 0 {
             if let Some(p) = env.cache().path() {
-                eprintln!("weft bench: choices cached in {} ({} entries)", p.display(), env.cache().entries().len());
+                eprintln!(
+                    "weft bench: choices cached in {} ({} entries)",
+                    p.display(),
+                    env.cache().entries().len()
+                );
             }
             for problem in env.cache().problems() {
                 eprintln!("weft bench: choice cache: {problem}");
@@ -259,15 +315,32 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
     }
     let mut headers = vec!["M x N x K", "T_gemm", "T_comm", "ideal", "seq-cublas"];
     let labels: Vec<String> = columns.iter().map(|c| c.to_string()).collect();
-    let leaked: Vec<&'static str> = labels.iter().map(|l| &*Box::leak(l.clone().into_boxed_str())).collect();
+    let leaked: Vec<&'static str> = labels
+        .iter()
+        .map(|l| &*Box::leak(l.clone().into_boxed_str()))
+        .collect();
     headers.extend(leaked);
     if auto_wanted {
-        headers.extend(["auto", "auto method", "auto/seq", "auto/fastest", "of ideal", "first use s"]);
+        headers.extend([
+            "auto",
+            "auto method",
+            "auto/seq",
+            "auto/fastest",
+            "of ideal",
+            "first use s",
+        ]);
     }
     headers.push("fastest");
-    let mut table = Table { headers, rows: Vec::new() };
+    let mut table = Table {
+        headers,
+        rows: Vec::new(),
+    };
     if rank == 0 {
-        println!("\n# weft {}: {} ranks (rows as measured; times in ms, slowest rank's median)", suite_name(op), world);
+        println!(
+            "\n# weft {}: {} ranks (rows as measured; times in ms, slowest rank's median)",
+            suite_name(op),
+            world
+        );
         println!("{}", table.render_header());
     }
     let mut rows = Vec::new();
@@ -276,7 +349,11 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
         .shapes
         .iter()
         .flat_map(|&s| {
-            let routings: &[Option<&str>] = if op == OpKind::AllToAll { &[Some("uniform"), Some("skewed")] } else { &[None] };
+            let routings: &[Option<&str>] = if op == OpKind::AllToAll {
+                &[Some("uniform"), Some("skewed")]
+            } else {
+                &[None]
+            };
             routings.iter().map(move |r| (s, *r))
         })
         .collect();
@@ -285,16 +362,40 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
         let started = Instant::now();
         let GemmShape { m, n, k } = shape;
         let (mu, nu, ku) = (m as usize, n as usize, k as usize);
-        anyhow::ensure!(mu % world == 0, "{shape}: M does not split over {world} ranks");
-        progress(job, &format!("[{}/{total}] {} {shape}: operands and the sequential path", i + 1, op.title()));
-        let seed = 0x0e7a ^ (u64::from(m) << 40) ^ (u64::from(n) << 20) ^ u64::from(k) ^ ((rank as u64) << 60);
-        let a_len = if op == OpKind::AllGather { mu / world * ku } else { mu * ku };
+        anyhow::ensure!(
+            mu % world == 0,
+            "{shape}: M does not split over {world} ranks"
+        );
+        progress(
+            job,
+            &format!(
+                "[{}/{total}] {} {shape}: operands and the sequential path",
+                i + 1,
+                op.title()
+            ),
+        );
+        let seed = 0x0e7a
+            ^ (u64::from(m) << 40)
+            ^ (u64::from(n) << 20)
+            ^ u64::from(k)
+            ^ ((rank as u64) << 60);
+        let a_len = if op == OpKind::AllGather {
+            mu / world * ku
+        } else {
+            mu * ku
+        };
         let mut x = Operands {
             a: upload(&compute, &uniform::<bf16>(seed, a_len))?,
             b: upload(&compute, &uniform::<bf16>(seed ^ 1, ku * nu))?,
-            d: if op == OpKind::AllGather { Some(poisoned::<bf16>(&compute, mu * nu)?) } else { None },
+            d: if op == OpKind::AllGather {
+                Some(poisoned::<bf16>(&compute, mu * nu)?)
+            } else {
+                None
+            },
             // The same on every rank: drawn from the shape alone.
-            routes: routing.map_or_else(Vec::new, |r| routes(r, world, mu, 0xa2a ^ (u64::from(m) << 32) ^ u64::from(k))),
+            routes: routing.map_or_else(Vec::new, |r| {
+                routes(r, world, mu, 0xa2a ^ (u64::from(m) << 32) ^ u64::from(k))
+            }),
         };
         let label = match routing {
             Some(r) => format!("{shape} {r}"),
@@ -304,15 +405,31 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
         let cublas = CublasGemm::new(&compute, shape, GemmOptions::default())?;
         let (t_gemm, t_comm, bound_buf) = alone(job, &mut rig, &mut cmp, op, &cublas, shape, &x)?;
         let bound = match &bound_buf {
-            Some(b) => Bound { per_element: Some((b, world as f32 / 128.0)), rel: 0.0, abs: 1e-6 },
-            None => Bound { per_element: None, rel: 1.0 / 128.0, abs: k as f32 / 262_144.0 },
+            Some(b) => Bound {
+                per_element: Some((b, world as f32 / 128.0)),
+                rel: 0.0,
+                abs: 1e-6,
+            },
+            None => Bound {
+                per_element: None,
+                rel: 1.0 / 128.0,
+                abs: k as f32 / 262_144.0,
+            },
         };
         // The sequential path's result: every other's reference.
         progress(job, &format!("[{}/{total}] {shape}: seq-cublas", i + 1));
         let mut planned: Vec<(MethodChoice, AnyOp)> = Vec::new();
         let reference = {
             let (rdzv, env) = job.overlap()?;
-            let mut seq_op = AnyOp::plan(op, rdzv, env, &compute, shape, &x, &MethodChoice::Exact(Method::SeqCublas))?;
+            let mut seq_op = AnyOp::plan(
+                op,
+                rdzv,
+                env,
+                &compute,
+                shape,
+                &x,
+                &MethodChoice::Exact(Method::SeqCublas),
+            )?;
             seq_op.prepare(&compute, &x)?;
             seq_op.poison(&compute, &x)?;
             seq_op.launch(&compute, &mut x)?;
@@ -324,11 +441,17 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
         // Auto before the families: its first use (if the cache lacks the shape) is its own.
         let mut auto_first_use = (0.0, 0usize);
         if auto_wanted {
-            progress(job, &format!("[{}/{total}] {shape}: auto (first use)", i + 1));
+            progress(
+                job,
+                &format!("[{}/{total}] {shape}: auto (first use)", i + 1),
+            );
             let (rdzv, env) = job.overlap()?;
             let anyop = AnyOp::plan(op, rdzv, env, &compute, shape, &x, &MethodChoice::Auto)?;
             let report = anyop.report();
-            auto_first_use = (report.first_use_s(), report.ranking.as_ref().map_or(0, |r| r.measured));
+            auto_first_use = (
+                report.first_use_s(),
+                report.ranking.as_ref().map_or(0, |r| r.measured),
+            );
             planned.push((MethodChoice::Auto, anyop));
         }
         let mut refused = Vec::new();
@@ -339,14 +462,38 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
                 Ok(anyop) => planned.push((c.clone(), anyop)),
                 // Refused on every rank alike (planning is collective): a column with a reason.
                 Err(e) => {
-                    progress(job, &format!("[{}/{total}] {shape}: {c} cannot run: {}", i + 1, first_line(&e)));
+                    progress(
+                        job,
+                        &format!(
+                            "[{}/{total}] {shape}: {c} cannot run: {}",
+                            i + 1,
+                            first_line(&e)
+                        ),
+                    );
                     refused.push(c.clone());
                 }
             }
         }
         // Every op checked against the reference, then all timed interleaved, then freed.
-        progress(job, &format!("[{}/{total}] {shape}: checking and timing {} ops", i + 1, planned.len()));
-        let timed = check_and_time_all(job, &mut rig, &mut cmp, op, &mut planned, &mut x, &reference, &bound, shape);
+        progress(
+            job,
+            &format!(
+                "[{}/{total}] {shape}: checking and timing {} ops",
+                i + 1,
+                planned.len()
+            ),
+        );
+        let timed = check_and_time_all(
+            job,
+            &mut rig,
+            &mut cmp,
+            op,
+            &mut planned,
+            &mut x,
+            &reference,
+            &bound,
+            shape,
+        );
         let mut freed = Ok(());
         for (_, anyop) in planned.drain(..).rev().collect::<Vec<_>>() {
             freed = freed.and(anyop.free(&mut job.rdzv));
@@ -358,13 +505,29 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
         let mut measured = Vec::new();
         for ((c, method), ms) in labels.into_iter().zip(times).skip(1) {
             if c == MethodChoice::Auto {
-                auto = Some((Measured { choice: c, method, ms }, auto_first_use.0, auto_first_use.1));
+                auto = Some((
+                    Measured {
+                        choice: c,
+                        method,
+                        ms,
+                    },
+                    auto_first_use.0,
+                    auto_first_use.1,
+                ));
             } else {
-                measured.push(Measured { choice: c, method, ms });
+                measured.push(Measured {
+                    choice: c,
+                    method,
+                    ms,
+                });
             }
         }
         for c in refused {
-            measured.push(Measured { choice: c, method: "-".into(), ms: f64::NAN });
+            measured.push(Measured {
+                choice: c,
+                method: "-".into(),
+                ms: f64::NAN,
+            });
         }
         measured.sort_by_key(|m| columns.iter().position(|c| *c == m.choice));
         // Slowest rank's values (the times from check_and_time are already the slowest rank's).
@@ -377,10 +540,19 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
         for c in measured.iter().chain(auto.as_ref().map(|a| &a.0)) {
             all.push((c.method.as_str(), c.ms));
         }
-        let fastest = all.iter().filter(|x| x.1.is_finite()).min_by(|p, q| p.1.total_cmp(&q.1)).copied().unwrap_or(("", f64::NAN));
+        let fastest = all
+            .iter()
+            .filter(|x| x.1.is_finite())
+            .min_by(|p, q| p.1.total_cmp(&q.1))
+            .copied()
+            .unwrap_or(("", f64::NAN));
         let mut cells = vec![label.clone(), f3(t_gemm), f3(t_comm), f3(ideal), f3(seq_ms)];
         for c in &measured {
-            cells.push(if c.ms.is_finite() { format!("{} {}", f3(c.ms), params(&c.method)) } else { "-".into() });
+            cells.push(if c.ms.is_finite() {
+                format!("{} {}", f3(c.ms), params(&c.method))
+            } else {
+                "-".into()
+            });
         }
         let mut json = vec![
             ("case", Json::Str(format!("{} {label}", op.name()))),
@@ -398,7 +570,14 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
         ];
         let methods_json: Vec<Json> = measured
             .iter()
-            .map(|c| Json::obj([("asked", Json::Str(c.choice.to_string())), ("method", Json::Str(c.method.clone())), ("ms", Json::Num(c.ms)), ("speedup_vs_seq_cublas", Json::Num(seq_ms / c.ms))]))
+            .map(|c| {
+                Json::obj([
+                    ("asked", Json::Str(c.choice.to_string())),
+                    ("method", Json::Str(c.method.clone())),
+                    ("ms", Json::Num(c.ms)),
+                    ("speedup_vs_seq_cublas", Json::Num(seq_ms / c.ms)),
+                ])
+            })
             .collect();
         if let Some((a, first_use, count)) = &auto {
             cells.extend([
@@ -449,19 +628,33 @@ fn params(method: &str) -> String {
 
 /// The GEMM alone (cuBLAS), the collective alone (NCCL, the env's communicator) and, for the sums,
 /// Σ_r |partial_r| (f32, this rank's rows) for the checks' bound.
-fn alone(job: &mut Job, rig: &mut Rig, cmp: &mut BoundCompare, op: OpKind, cublas: &CublasGemm, shape: GemmShape, x: &Operands) -> anyhow::Result<(f64, f64, Option<CudaSlice<f32>>)> {
+fn alone(
+    job: &mut Job,
+    rig: &mut Rig,
+    cmp: &mut BoundCompare,
+    op: OpKind,
+    cublas: &CublasGemm,
+    shape: GemmShape,
+    x: &Operands,
+) -> anyhow::Result<(f64, f64, Option<CudaSlice<f32>>)> {
     let world = job.world();
     let rank = job.rank();
     let (mu, nu, ku) = (shape.m as usize, shape.n as usize, shape.k as usize);
     let compute = rig.compute.clone();
     let (_, env) = job.overlap()?;
     let comm = env.comm().clone();
-    let comm = comm.lock().map_err(|_| anyhow::anyhow!("poisoned communicator"))?;
+    let comm = comm
+        .lock()
+        .map_err(|_| anyhow::anyhow!("poisoned communicator"))?;
     Ok(match op {
         OpKind::AllReduce | OpKind::ReduceScatter => {
             let mut d = poisoned::<bf16>(&compute, mu * nu)?;
             let t_gemm = rig.time(|| cublas.launch(&x.a, &x.b, &mut d))?;
-            let out_len = if op == OpKind::AllReduce { mu * nu } else { mu * nu / world };
+            let out_len = if op == OpKind::AllReduce {
+                mu * nu
+            } else {
+                mu * nu / world
+            };
             let mut out = poisoned::<bf16>(&compute, out_len)?;
             let t_comm = if op == OpKind::AllReduce {
                 rig.time(|| comm.all_reduce(&d, &mut out, ReduceOp::Sum, &compute))?
@@ -470,7 +663,11 @@ fn alone(job: &mut Job, rig: &mut Rig, cmp: &mut BoundCompare, op: OpKind, cubla
             };
             cublas.launch(&x.a, &x.b, &mut d)?;
             let abs = cmp.abs_sum_over_ranks(&comm, &compute, &d)?;
-            let rows = if op == OpKind::AllReduce { 0..mu } else { rank * mu / world..(rank + 1) * mu / world };
+            let rows = if op == OpKind::AllReduce {
+                0..mu
+            } else {
+                rank * mu / world..(rank + 1) * mu / world
+            };
             let mut mine = compute.alloc_zeros::<f32>(rows.len() * nu)?;
             compute.memcpy_dtod(&abs.slice(rows.start * nu..rows.end * nu), &mut mine)?;
             compute.synchronize()?;
@@ -512,7 +709,10 @@ fn check_and_time_all(
     shape: GemmShape,
 ) -> anyhow::Result<(Vec<(MethodChoice, String)>, Vec<f64>)> {
     let compute = rig.compute.clone();
-    let labels: Vec<(MethodChoice, String)> = ops.iter().map(|(c, o)| (c.clone(), o.report().method.to_string())).collect();
+    let labels: Vec<(MethodChoice, String)> = ops
+        .iter()
+        .map(|(c, o)| (c.clone(), o.report().method.to_string()))
+        .collect();
     for (c, anyop) in ops.iter_mut() {
         let method = anyop.report().method.to_string();
         let checked = (|| -> anyhow::Result<()> {
@@ -523,7 +723,11 @@ fn check_and_time_all(
             let what = format!("{} {shape} {c} ({method}) against seq-cublas", op.title());
             anyop.check(cmp, &compute, &what, x, reference, bound, shape.n as usize)
         })();
-        weft_pgl::agree(&mut job.rdzv, &format!("checking {method} at {shape}"), checked)?;
+        weft_pgl::agree(
+            &mut job.rdzv,
+            &format!("checking {method} at {shape}"),
+            checked,
+        )?;
     }
     let comm = job.overlap()?.1.comm().clone();
     let mut tiny = compute.alloc_zeros::<f32>(1)?;
@@ -531,20 +735,36 @@ fn check_and_time_all(
         for (_, anyop) in ops.iter() {
             anyop.prepare(&compute, x)?;
         }
-        let t = rig.time_each(ops.len(), || align(&comm, &mut tiny, &compute), |i| ops[i].1.launch(&compute, x))?;
+        let t = rig.time_each(
+            ops.len(),
+            || align(&comm, &mut tiny, &compute),
+            |i| ops[i].1.launch(&compute, x),
+        )?;
         for (_, anyop) in ops.iter() {
             anyop.synchronize()?;
         }
         Ok(t)
     })();
-    let times = weft_pgl::agree(&mut job.rdzv, &format!("timing {} ops at {shape}", ops.len()), timed)?;
+    let times = weft_pgl::agree(
+        &mut job.rdzv,
+        &format!("timing {} ops at {shape}", ops.len()),
+        timed,
+    )?;
     Ok((labels, slowest(job, &times)?))
 }
 
 /// Lines the ranks up on `stream`: a one-element ncclAllReduce, which ends on every rank once all
 /// have reached it (a few µs apart), so the next op starts together everywhere.
-fn align(comm: &weft_signal_gemm::ops::SharedComm, tiny: &mut CudaSlice<f32>, stream: &Arc<CudaStream>) -> anyhow::Result<()> {
-    let comm = comm.lock().map_err(|_| anyhow::anyhow!("the ops' communicator is unusable: a thread panicked while enqueueing on it"))?;
+fn align(
+    comm: &weft_signal_gemm::ops::SharedComm,
+    tiny: &mut CudaSlice<f32>,
+    stream: &Arc<CudaStream>,
+) -> anyhow::Result<()> {
+    let comm = comm.lock().map_err(|_| {
+        anyhow::anyhow!(
+            "the ops' communicator is unusable: a thread panicked while enqueueing on it"
+        )
+    })?;
     comm.all_reduce_in_place(tiny, ReduceOp::Sum, stream)
 }
 
@@ -564,6 +784,16 @@ fn first_line(e: &anyhow::Error) -> String {
 fn routes(kind: &str, world: usize, m: usize, seed: u64) -> Vec<Vec<u32>> {
     let mut rng = StdRng::seed_from_u64(seed);
     (0..world)
-        .map(|_| (0..m).map(|_| if kind == "skewed" && rng.random_bool(0.5) { 0 } else { rng.random_range(0..world) as u32 }).collect())
+        .map(|_| {
+            (0..m)
+                .map(|_| {
+                    if kind == "skewed" && rng.random_bool(0.5) {
+                        0
+                    } else {
+                        rng.random_range(0..world) as u32
+                    }
+                })
+                .collect()
+        })
         .collect()
 }

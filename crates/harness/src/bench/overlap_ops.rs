@@ -19,7 +19,13 @@ pub fn out_len(op: Op, send_len: usize, world: usize) -> usize {
 }
 
 /// `out` = the collective of `send` (NCCL, out of place), on `stream`.
-pub fn collective<S: DevicePtr<bf16>, R: DevicePtrMut<bf16>>(op: Op, comm: &Communicator, send: &S, out: &mut R, stream: &CudaStream) -> anyhow::Result<()> {
+pub fn collective<S: DevicePtr<bf16>, R: DevicePtrMut<bf16>>(
+    op: Op,
+    comm: &Communicator,
+    send: &S,
+    out: &mut R,
+    stream: &CudaStream,
+) -> anyhow::Result<()> {
     match op {
         Op::AllReduce => comm.all_reduce(send, out, ReduceOp::Sum, stream),
         Op::ReduceScatter => comm.reduce_scatter(send, out, ReduceOp::Sum, stream),
@@ -28,12 +34,27 @@ pub fn collective<S: DevicePtr<bf16>, R: DevicePtrMut<bf16>>(op: Op, comm: &Comm
 
 /// One signal-gemm overlap and its staging buffers.
 pub enum Signal {
-    AllReduce { ov: AllReduceOverlap, staging: CudaSlice<bf16> },
-    ReduceScatter { ov: ReduceScatterOverlap, staging: CudaSlice<bf16>, received: CudaSlice<bf16> },
+    AllReduce {
+        ov: AllReduceOverlap,
+        staging: CudaSlice<bf16>,
+    },
+    ReduceScatter {
+        ov: ReduceScatterOverlap,
+        staging: CudaSlice<bf16>,
+        received: CudaSlice<bf16>,
+    },
 }
 
 impl Signal {
-    pub fn new(op: Op, compute: &Arc<CudaStream>, shape: GemmShape, options: GemmOptions, parts: &[u32], world: usize, rank: usize) -> anyhow::Result<Self> {
+    pub fn new(
+        op: Op,
+        compute: &Arc<CudaStream>,
+        shape: GemmShape,
+        options: GemmOptions,
+        parts: &[u32],
+        world: usize,
+        rank: usize,
+    ) -> anyhow::Result<Self> {
         Ok(match op {
             Op::AllReduce => {
                 let ov = AllReduceOverlap::new(compute, shape, options, Some(parts), rank as u32)?;
@@ -41,10 +62,21 @@ impl Signal {
                 Signal::AllReduce { ov, staging }
             }
             Op::ReduceScatter => {
-                let ov = ReduceScatterOverlap::new(compute, shape, options, Some(parts), world as u32, rank as u32)?;
+                let ov = ReduceScatterOverlap::new(
+                    compute,
+                    shape,
+                    options,
+                    Some(parts),
+                    world as u32,
+                    rank as u32,
+                )?;
                 let staging = poisoned::<bf16>(compute, ov.staging_len())?;
                 let received = poisoned::<bf16>(compute, ov.received_len())?;
-                Signal::ReduceScatter { ov, staging, received }
+                Signal::ReduceScatter {
+                    ov,
+                    staging,
+                    received,
+                }
             }
         })
     }
@@ -53,21 +85,42 @@ impl Signal {
     pub fn rows(&self, m: u32) -> Vec<u32> {
         match self {
             Signal::AllReduce { .. } => (0..m).collect(),
-            Signal::ReduceScatter { ov, .. } => (0..ov.map().rows()).map(|i| ov.map().global_row(i)).collect(),
+            Signal::ReduceScatter { ov, .. } => (0..ov.map().rows())
+                .map(|i| ov.map().global_row(i))
+                .collect(),
         }
     }
 
-    pub fn run(&mut self, compute: &Arc<CudaStream>, comm: &Communicator, a: &CudaSlice<bf16>, b: &CudaSlice<bf16>, out: &mut CudaSlice<bf16>) -> anyhow::Result<()> {
+    pub fn run(
+        &mut self,
+        compute: &Arc<CudaStream>,
+        comm: &Communicator,
+        a: &CudaSlice<bf16>,
+        b: &CudaSlice<bf16>,
+        out: &mut CudaSlice<bf16>,
+    ) -> anyhow::Result<()> {
         match self {
-            Signal::AllReduce { ov, staging } => ov.run(compute, comm, a, b, staging, out, Restore::Copy),
-            Signal::ReduceScatter { ov, staging, received } => ov.run(compute, comm, a, b, staging, received, out, Restore::Copy),
+            Signal::AllReduce { ov, staging } => {
+                ov.run(compute, comm, a, b, staging, out, Restore::Copy)
+            }
+            Signal::ReduceScatter {
+                ov,
+                staging,
+                received,
+            } => ov.run(compute, comm, a, b, staging, received, out, Restore::Copy),
         }
     }
 
-    pub fn restore(&self, compute: &Arc<CudaStream>, out: &mut CudaSlice<bf16>) -> anyhow::Result<()> {
+    pub fn restore(
+        &self,
+        compute: &Arc<CudaStream>,
+        out: &mut CudaSlice<bf16>,
+    ) -> anyhow::Result<()> {
         match self {
             Signal::AllReduce { ov, staging } => ov.restore(compute, staging, out, Restore::Copy),
-            Signal::ReduceScatter { ov, received, .. } => ov.restore(compute, received, out, Restore::Copy),
+            Signal::ReduceScatter { ov, received, .. } => {
+                ov.restore(compute, received, out, Restore::Copy)
+            }
         }
     }
 
@@ -78,4 +131,3 @@ impl Signal {
         }
     }
 }
-

@@ -73,8 +73,12 @@ impl Compute {
     pub fn name(self) -> String {
         match self {
             Compute::Synthetic => "synthetic persistent kernel".into(),
-            Compute::Gemm(Scheduling::Dynamic) => format!("weft GEMM {} bf16, dynamic schedule", gemm_load::SHAPE),
-            Compute::Gemm(Scheduling::Static) => format!("weft GEMM {} bf16, static schedule", gemm_load::SHAPE),
+            Compute::Gemm(Scheduling::Dynamic) => {
+                format!("weft GEMM {} bf16, dynamic schedule", gemm_load::SHAPE)
+            }
+            Compute::Gemm(Scheduling::Static) => {
+                format!("weft GEMM {} bf16, static schedule", gemm_load::SHAPE)
+            }
         }
     }
 }
@@ -179,7 +183,9 @@ pub fn child(args: &[String]) -> anyhow::Result<()> {
 fn run_child(mode: Mode, cfg: &Config) -> anyhow::Result<String> {
     let exe = std::env::current_exe()?;
     let mut cmd = std::process::Command::new(exe);
-    cmd.arg(CHILD_COMMAND).arg(mode.arg()).arg(cfg.compute.arg());
+    cmd.arg(CHILD_COMMAND)
+        .arg(mode.arg())
+        .arg(cfg.compute.arg());
     for v in [
         cfg.compute_gpu as u64,
         cfg.peer_gpu as u64,
@@ -303,14 +309,21 @@ fn measure_all(job: &Job, quick: bool) -> anyhow::Result<SuiteResult> {
     let runs = [
         (Compute::Synthetic, modes.clone()),
         (Compute::Gemm(Scheduling::Dynamic), modes),
-        (Compute::Gemm(Scheduling::Static), vec![Mode::Nothing, Mode::BarrierEarly]),
+        (
+            Compute::Gemm(Scheduling::Static),
+            vec![Mode::Nothing, Mode::BarrierEarly],
+        ),
     ];
     let mut measured = Vec::new();
     for (compute, modes) in runs {
         let cfg = Config { compute, ..cfg };
         for m in modes {
             let what = || format!("{} ({})", m.name(), compute.name());
-            measured.push((compute, m, Measured::parse(&run_child(m, &cfg)?).with_context(what)?));
+            measured.push((
+                compute,
+                m,
+                Measured::parse(&run_child(m, &cfg)?).with_context(what)?,
+            ));
         }
     }
     Ok(report(&cfg, &measured))
@@ -362,7 +375,10 @@ fn report(cfg: &Config, measured: &[(Compute, Mode, Measured)]) -> SuiteResult {
             r.checked.to_string(),
         ]);
         let mut row = vec![
-            ("case", Json::from(format!("{}: {}", compute.name(), mode.name()))),
+            (
+                "case",
+                Json::from(format!("{}: {}", compute.name(), mode.name())),
+            ),
             ("compute", Json::from(compute.name())),
             ("mode", Json::from(mode.name())),
             ("weft_ms", Json::from(r.t_total_ms)),
@@ -411,7 +427,10 @@ fn report(cfg: &Config, measured: &[(Compute, Mode, Measured)]) -> SuiteResult {
         }
         rows.push(Json::obj(row));
     }
-    if let Some((_, _, b)) = measured.iter().find(|(c, m, _)| *c == Compute::Synthetic && *m == Mode::Barrier) {
+    if let Some((_, _, b)) = measured
+        .iter()
+        .find(|(c, m, _)| *c == Compute::Synthetic && *m == Mode::Barrier)
+    {
         // The wait's own cost: the events around it minus the same events around nothing.
         let overhead_us = b.wait_us - b.empty_events_us;
         let mut cells = padded_row(
@@ -465,7 +484,10 @@ fn report(cfg: &Config, measured: &[(Compute, Mode, Measured)]) -> SuiteResult {
     let gemm = weft_signal_gemm::GemmPlan::new(sms, gemm_load::SHAPE, Default::default())
         .map(|p| p.describe())
         .unwrap_or_else(|e| format!("{e:#}"));
-    table.rows.push(padded_row(&table, format!("GEMM: {gemm}; sm_margin modes plan it on SMs - margin CTAs")));
+    table.rows.push(padded_row(
+        &table,
+        format!("GEMM: {gemm}; sm_margin modes plan it on SMs - margin CTAs"),
+    ));
     SuiteResult { table, rows }
 }
 

@@ -214,7 +214,7 @@ impl BulkConfig {
     fn validate(&self) -> anyhow::Result<()> {
         // One bulk transaction moves at most 2^20 - 1 bytes; the stages must fit shared memory
         // (checked against the device's opt-in limit at launch).
-        if self.chunk < 16 || self.chunk % 16 != 0 || self.chunk >= 1 << 20 {
+        if self.chunk < 16 || !self.chunk.is_multiple_of(16) || self.chunk >= 1 << 20 {
             bail!(
                 "chunk {} must be a multiple of 16 bytes below 1 MiB",
                 self.chunk
@@ -450,7 +450,7 @@ impl Transfer<'_> {
         } else {
             (self.src_local, self.dst_next)
         };
-        if bytes % 16 != 0 || src % 16 != 0 || dst % 16 != 0 {
+        if !bytes.is_multiple_of(16) || src % 16 != 0 || dst % 16 != 0 {
             bail!("peer copy of {bytes} B from {src:#x} to {dst:#x}: sizes and addresses must be multiples of 16");
         }
         let stream = self.stream;

@@ -22,7 +22,11 @@ pub struct Rig {
 impl Rig {
     /// A rig on `compute` whose communication stream is a new high-priority one (the overlap
     /// benches' and the tuner's).
-    pub fn with_comm_stream(compute: &Arc<CudaStream>, iters: usize, warmup: usize) -> anyhow::Result<Self> {
+    pub fn with_comm_stream(
+        compute: &Arc<CudaStream>,
+        iters: usize,
+        warmup: usize,
+    ) -> anyhow::Result<Self> {
         Ok(Rig {
             comm_stream: weft_signal_gemm::overlap::high_priority_stream(compute.context())?,
             flush: compute.alloc_zeros::<u8>(FLUSH_BYTES)?,
@@ -40,7 +44,9 @@ impl Rig {
         let ctx = self.compute.context();
         let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
         let mut ms = Vec::with_capacity(self.iters);
-        let events: Vec<_> = (0..2 * self.iters).map(|_| ctx.new_event(flags)).collect::<Result<_, _>>()?;
+        let events: Vec<_> = (0..2 * self.iters)
+            .map(|_| ctx.new_event(flags))
+            .collect::<Result<_, _>>()?;
         self.compute.synchronize()?;
         for i in 0..self.iters {
             self.compute.memset_zeros(&mut self.flush)?;
@@ -62,7 +68,12 @@ impl Rig {
     /// the GPU's clocks or temperature during the measurement weighs on every op alike. `align`
     /// lines the ranks up on the stream (a tiny collective), so an op does not count, as its own,
     /// the time its peers still spent on the op before.
-    pub fn time_each(&mut self, count: usize, mut align: impl FnMut() -> anyhow::Result<()>, mut launch: impl FnMut(usize) -> anyhow::Result<()>) -> anyhow::Result<Vec<f64>> {
+    pub fn time_each(
+        &mut self,
+        count: usize,
+        mut align: impl FnMut() -> anyhow::Result<()>,
+        mut launch: impl FnMut(usize) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Vec<f64>> {
         for _ in 0..self.warmup {
             for i in 0..count {
                 launch(i)?;
@@ -70,7 +81,9 @@ impl Rig {
         }
         let ctx = self.compute.context();
         let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let events: Vec<_> = (0..2 * self.iters * count).map(|_| ctx.new_event(flags)).collect::<Result<_, _>>()?;
+        let events: Vec<_> = (0..2 * self.iters * count)
+            .map(|_| ctx.new_event(flags))
+            .collect::<Result<_, _>>()?;
         self.compute.synchronize()?;
         for it in 0..self.iters {
             for i in 0..count {
@@ -101,6 +114,7 @@ impl Rig {
 pub fn slowest(job: &mut Job, mine: &[f64]) -> anyhow::Result<Vec<f64>> {
     let all = gather_f64(job, mine)?;
     // Folding from NaN keeps a method that was not run NaN (f64::max ignores a NaN operand).
-    Ok((0..mine.len()).map(|i| all.iter().map(|r| r[i]).fold(f64::NAN, f64::max)).collect())
+    Ok((0..mine.len())
+        .map(|i| all.iter().map(|r| r[i]).fold(f64::NAN, f64::max))
+        .collect())
 }
-

@@ -32,7 +32,9 @@ use half::bf16;
 use std::io::Write;
 use std::path::PathBuf;
 use weft_pgl::nccl::Communicator;
-use weft_signal_gemm::tuner::{best_overlap, predict_overlap, tune, Choice, CommCurve, GemmSample, Op, TuningProfile};
+use weft_signal_gemm::tuner::{
+    best_overlap, predict_overlap, tune, Choice, CommCurve, GemmSample, Op, TuningProfile,
+};
 use weft_signal_gemm::{CublasGemm, Gemm, GemmOptions, GemmPlan, GemmShape, WaveGroups};
 
 const OPS: [Op; 2] = [Op::AllReduce, Op::ReduceScatter];
@@ -52,7 +54,9 @@ pub fn parse(args: &[String]) -> anyhow::Result<TuneOptions> {
             "--quick" => o.quick = true,
             "--out" => o.out = Some(it.next().context("--out needs a file path")?.into()),
             "--json" => o.json = Some(it.next().context("--json needs a file path")?.into()),
-            s => anyhow::bail!("weft tune: unknown argument {s:?} (options: --quick, --out PATH, --json PATH)"),
+            s => anyhow::bail!(
+                "weft tune: unknown argument {s:?} (options: --quick, --out PATH, --json PATH)"
+            ),
         }
     }
     Ok(o)
@@ -71,7 +75,13 @@ impl Progress {
         if self.show {
             let width = 30;
             let filled = width * self.done / self.total.max(1);
-            eprint!("\rweft tune [{}{}] {:>3}/{} {what:<60}", "#".repeat(filled), ".".repeat(width - filled), self.done, self.total);
+            eprint!(
+                "\rweft tune [{}{}] {:>3}/{} {what:<60}",
+                "#".repeat(filled),
+                ".".repeat(width - filled),
+                self.done,
+                self.total
+            );
             let _ = std::io::stderr().flush();
             if self.done == self.total {
                 eprintln!();
@@ -97,12 +107,18 @@ fn sizes(quick: bool, world: usize) -> Vec<u64> {
 
 pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
     let (rank, world) = (job.rank(), job.world());
-    let gpu = job.gpu().map_err(|w| anyhow::anyhow!("weft tune needs a GPU: {w}"))?;
+    let gpu = job
+        .gpu()
+        .map_err(|w| anyhow::anyhow!("weft tune needs a GPU: {w}"))?;
     let (ctx, compute) = (gpu.ctx.clone(), gpu.stream.clone());
     let sms = weft_signal_gemm::device_sms(&ctx)?;
     let device = crate::info::gpu_info(gpu.ordinal)?.name;
     let mut rig = Rig::with_comm_stream(&compute, if opts.quick { 8 } else { 15 }, 3)?;
-    let margins: Vec<u32> = if opts.quick { vec![32] } else { vec![16, 32, 48] };
+    let margins: Vec<u32> = if opts.quick {
+        vec![32]
+    } else {
+        vec![16, 32, 48]
+    };
     // Calibration: the quick set (K = 2048 and 1024) and a long-K shape; NCCL's slowdown beside
     // the GEMM grows with the GEMM's K (measured: a factor fitted at short K under-predicted
     // K = 7168 by 18-30 %).
@@ -114,14 +130,26 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
     let mut progress = Progress {
         show: rank == 0,
         done: 0,
-        total: OPS.len() * (margins.len() + 1) + shapes.len() * (margins.len() + 1) + 2 + OPS.len() * margins.len() * calibration.len() + OPS.len() * shapes.len(),
+        total: OPS.len() * (margins.len() + 1)
+            + shapes.len() * (margins.len() + 1)
+            + 2
+            + OPS.len() * margins.len() * calibration.len()
+            + OPS.len() * shapes.len(),
     };
     let mut limited: Vec<(u32, Communicator)> = Vec::new();
     for &m in &margins {
-        limited.push((m, Communicator::with_max_ctas(&mut job.rdzv, &ctx, Some(m))?));
+        limited.push((
+            m,
+            Communicator::with_max_ctas(&mut job.rdzv, &ctx, Some(m))?,
+        ));
     }
     job.comm()?;
-    let mut profile = TuningProfile { device: device.clone(), world: world as u32, sms, ..Default::default() };
+    let mut profile = TuningProfile {
+        device: device.clone(),
+        world: world as u32,
+        sms,
+        ..Default::default()
+    };
 
     // 1. Curves.
     let largest = *sizes.last().unwrap() as usize / 2;
@@ -146,7 +174,11 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
         }
         for (max_ctas, times) in measured {
             let worst = slowest(job, &times)?;
-            profile.comm.push(CommCurve { op, max_ctas, points: sizes.iter().copied().zip(worst).collect() });
+            profile.comm.push(CommCurve {
+                op,
+                max_ctas,
+                points: sizes.iter().copied().zip(worst).collect(),
+            });
         }
     }
     drop((send, recv));
@@ -162,10 +194,23 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
         profile.cublas.push((shape, slowest(job, &[t])?[0]));
         progress.step(&format!("cuBLAS {shape}"));
         for &margin in &margins {
-            let gemm = Gemm::new(&ctx, shape, GemmOptions { sm_margin: margin, ..base })?;
+            let gemm = Gemm::new(
+                &ctx,
+                shape,
+                GemmOptions {
+                    sm_margin: margin,
+                    ..base
+                },
+            )?;
             let t = slowest(job, &[rig.time(|| gemm.launch(&compute, &a, &b, &mut d))?])?[0];
             let plan = gemm.plan();
-            profile.gemm.push(GemmSample { shape, sm_margin: margin, tile_n: plan.tile_n(), ms: t, waves: plan.waves() });
+            profile.gemm.push(GemmSample {
+                shape,
+                sm_margin: margin,
+                tile_n: plan.tile_n(),
+                ms: t,
+                waves: plan.waves(),
+            });
             progress.step(&format!("weft GEMM {shape} margin {margin}"));
         }
     }
@@ -173,7 +218,14 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
     // The restore per MiB of output, from a large shape.
     let big = GemmShape::new(8192, 8192, 1024);
     for op in OPS {
-        let plan = GemmPlan::new(sms, big, GemmOptions { sm_margin: margins[0], ..base })?;
+        let plan = GemmPlan::new(
+            sms,
+            big,
+            GemmOptions {
+                sm_margin: margins[0],
+                ..base
+            },
+        )?;
         let waves = vec![plan.waves()];
         let sig = Signal::new(op, &compute, big, plan.options, &waves, world, rank)?;
         let mut out = poisoned::<bf16>(&compute, sig.rows(big.m).len() * big.n as usize)?;
@@ -184,14 +236,27 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
     }
 
     // Measures one overlap of `shape` (margin, partition), slowest rank.
-    let measure = |job: &mut Job, rig: &mut Rig, op: Op, shape: GemmShape, margin: u32, waves: &[u32]| -> anyhow::Result<f64> {
+    let measure = |job: &mut Job,
+                   rig: &mut Rig,
+                   op: Op,
+                   shape: GemmShape,
+                   margin: u32,
+                   waves: &[u32]|
+     -> anyhow::Result<f64> {
         let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
         let a = upload(&compute, &uniform::<bf16>(17 + rank as u64, m * k))?;
         let b = upload(&compute, &uniform::<bf16>(19 + rank as u64, k * n))?;
-        let options = GemmOptions { sm_margin: margin, ..base };
+        let options = GemmOptions {
+            sm_margin: margin,
+            ..base
+        };
         let mut sig = Signal::new(op, &compute, shape, options, waves, world, rank)?;
         let mut out = poisoned::<bf16>(&compute, sig.rows(shape.m).len() * n)?;
-        let lcomm = &limited.iter().find(|l| l.0 == margin).context("no communicator for this margin")?.1;
+        let lcomm = &limited
+            .iter()
+            .find(|l| l.0 == margin)
+            .context("no communicator for this margin")?
+            .1;
         let t = rig.time(|| sig.run(&compute, lcomm, &a, &b, &mut out))?;
         compute.synchronize()?;
         sig.check()?;
@@ -206,12 +271,19 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
                 let (plan, waves, _) = best_overlap(&profile, op, shape, base, Some(margin))?;
                 let measured = measure(job, &mut rig, op, shape, margin, &waves)?;
                 factors.push(fit_contention(&profile, op, &plan, &waves, measured)?);
-                progress.step(&format!("{} contention, margin {margin}, on {shape}", op.name()));
+                progress.step(&format!(
+                    "{} contention, margin {margin}, on {shape}",
+                    op.name()
+                ));
             }
             // The largest, and at least 1: an over-predicted overlap falls back to the
             // sequential path, an under-predicted one runs slower than it.
             let worst = factors.iter().copied().fold(1.0f64, f64::max);
-            if rank == 0 && factors.iter().any(|&f| f <= CONTENTION_RANGE.0 || f >= CONTENTION_RANGE.1) {
+            if rank == 0
+                && factors
+                    .iter()
+                    .any(|&f| f <= CONTENTION_RANGE.0 || f >= CONTENTION_RANGE.1)
+            {
                 eprintln!("\nweft tune: a {} contention fit at margin {margin} hit the bound of {CONTENTION_RANGE:?}: {factors:?}", op.name());
             }
             profile.contention.push((op, margin, worst));
@@ -219,14 +291,27 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
     }
 
     // 4. The tuning file.
-    let out = opts.out.clone().unwrap_or_else(|| PathBuf::from("weft-tuning.txt"));
+    let out = opts
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("weft-tuning.txt"));
     if rank == 0 {
         super::write_file(&out, &profile.to_text())?;
     }
 
     // 5. Check the predictions.
     let mut table = Table {
-        headers: vec!["op", "M x N x K", "choice", "predicted", "measured", "error", "seq-cublas", "speedup", "other partitions (pred/meas)"],
+        headers: vec![
+            "op",
+            "M x N x K",
+            "choice",
+            "predicted",
+            "measured",
+            "error",
+            "seq-cublas",
+            "speedup",
+            "other partitions (pred/meas)",
+        ],
         rows: Vec::new(),
     };
     let mut rows = Vec::new();
@@ -257,10 +342,28 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
                     let (plan, waves, _) = best_overlap(&profile, op, shape, base, None)?;
                     ("sequential".to_string(), *predicted_ms, seq, plan, waves)
                 }
-                Choice::Overlap { sm_margin, waves, predicted_ms, .. } => {
-                    let plan = GemmPlan::new(sms, shape, GemmOptions { sm_margin: *sm_margin, ..base })?;
+                Choice::Overlap {
+                    sm_margin,
+                    waves,
+                    predicted_ms,
+                    ..
+                } => {
+                    let plan = GemmPlan::new(
+                        sms,
+                        shape,
+                        GemmOptions {
+                            sm_margin: *sm_margin,
+                            ..base
+                        },
+                    )?;
                     let t = measure(job, &mut rig, op, shape, *sm_margin, waves)?;
-                    (format!("margin {sm_margin} groups {}", fmt_waves(waves)), *predicted_ms, t, plan, waves.clone())
+                    (
+                        format!("margin {sm_margin} groups {}", fmt_waves(waves)),
+                        *predicted_ms,
+                        t,
+                        plan,
+                        waves.clone(),
+                    )
                 }
             };
             // (predicted, measured, is an overlap prediction)
@@ -275,7 +378,11 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
             if matches!(choice, Choice::Sequential { .. }) {
                 others.push(best_waves.clone());
             } else {
-                others.push(WaveGroups::uniform(&plan, w.div_ceil(32).max(1))?.waves().to_vec());
+                others.push(
+                    WaveGroups::uniform(&plan, w.div_ceil(32).max(1))?
+                        .waves()
+                        .to_vec(),
+                );
             }
             if w > 1 {
                 others.push(vec![1, w - 1]);
@@ -316,7 +423,10 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
                 ("m", Json::Num(f64::from(shape.m))),
                 ("n", Json::Num(f64::from(shape.n))),
                 ("k", Json::Num(f64::from(shape.k))),
-                ("calibration_shape", Json::Num(if calibrated { 1.0 } else { 0.0 })),
+                (
+                    "calibration_shape",
+                    Json::Num(if calibrated { 1.0 } else { 0.0 }),
+                ),
                 ("choice", Json::Str(label)),
                 ("predicted_ms", Json::Num(chosen_pred)),
                 ("measured_ms", Json::Num(chosen_meas)),
@@ -333,7 +443,11 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
     // (mean, max, count) of the errors whose (calibrated, overlap) flags pass `f`.
     let stats = |f: &dyn Fn(bool, bool) -> bool| {
         let v: Vec<f64> = errors.iter().filter(|e| f(e.1, e.2)).map(|e| e.0).collect();
-        (v.iter().sum::<f64>() / v.len().max(1) as f64, v.iter().copied().fold(0.0, f64::max), v.len())
+        (
+            v.iter().sum::<f64>() / v.len().max(1) as f64,
+            v.iter().copied().fold(0.0, f64::max),
+            v.len(),
+        )
     };
     let (all, _, n_all) = stats(&|_, _| true);
     let (held_out, _, n_held) = stats(&|c, _| !c);
@@ -375,7 +489,10 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
 }
 
 fn fmt_waves(w: &[u32]) -> String {
-    format!("[{}]", w.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
+    format!(
+        "[{}]",
+        w.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+    )
 }
 
 /// The range the contention fit searches.
@@ -383,7 +500,13 @@ const CONTENTION_RANGE: (f64, f64) = (0.25, 8.0);
 
 /// The contention factor that makes the model predict `measured` for this partition (bisection
 /// on CONTENTION_RANGE, clamped to it; the prediction grows with the factor).
-fn fit_contention(profile: &TuningProfile, op: Op, plan: &GemmPlan, waves: &[u32], measured: f64) -> anyhow::Result<f64> {
+fn fit_contention(
+    profile: &TuningProfile,
+    op: Op,
+    plan: &GemmPlan,
+    waves: &[u32],
+    measured: f64,
+) -> anyhow::Result<f64> {
     let groups = WaveGroups::new(plan, waves)?;
     let mut p = profile.clone();
     let mut predict = |f: f64| -> anyhow::Result<f64> {

@@ -19,7 +19,10 @@ use weft_signal_gemm::{Dtype, Gemm, GemmOptions, GemmPlan, GemmShape, TileChoice
 
 pub fn cases() -> Vec<Case> {
     vec![
-        Case::gpu("all_to_all::matches_weft_gemm_then_nccl_all_gather", all_to_all_vs_gathered),
+        Case::gpu(
+            "all_to_all::matches_weft_gemm_then_nccl_all_gather",
+            all_to_all_vs_gathered,
+        ),
         Case::gpu("all_to_all::stress_back_to_back", all_to_all_stress),
         Case::gpu("all_to_all::bad_inputs_are_rejected", bad_inputs),
     ]
@@ -37,13 +40,22 @@ fn random_routes(rng: &mut StdRng, world: usize, m: usize) -> (Vec<Vec<u32>>, &'
                 .map(|row| match pattern {
                     0 => rng.random_range(0..world) as u32,
                     1 => target,
-                    2 => if rng.random_bool(0.5) { 0 } else { rng.random_range(0..world) as u32 },
+                    2 => {
+                        if rng.random_bool(0.5) {
+                            0
+                        } else {
+                            rng.random_range(0..world) as u32
+                        }
+                    }
                     _ => ((row / run) % world) as u32,
                 })
                 .collect()
         })
         .collect();
-    (routes, ["uniform", "all to one rank", "skewed", "contiguous runs"][pattern])
+    (
+        routes,
+        ["uniform", "all to one rank", "skewed", "contiguous runs"][pattern],
+    )
 }
 
 /// The independent path: this rank's standard-layout GEMM, all-gathered by NCCL, the rows routed
@@ -68,7 +80,13 @@ fn gathered_expectation(
 
 /// The rows routed to `rank`, source by source, each source's in increasing row order (the
 /// order the map documents), from every rank's standard output (`gathered`, world × m × n).
-fn expected(gathered: &[bf16], routes: &[Vec<u32>], rank: usize, m: usize, n: usize) -> (Vec<bf16>, Vec<(u32, u32)>) {
+fn expected(
+    gathered: &[bf16],
+    routes: &[Vec<u32>],
+    rank: usize,
+    m: usize,
+    n: usize,
+) -> (Vec<bf16>, Vec<(u32, u32)>) {
     let mut rows = Vec::new();
     let mut sources = Vec::new();
     for (s, r) in routes.iter().enumerate() {
@@ -102,7 +120,8 @@ fn all_to_all_vs_gathered(job: &mut Job) -> anyhow::Result<()> {
             let s = seed ^ (i << 20) ^ (round << 40) ^ ((rank as u64) << 50);
             let a = upload(&stream, &uniform::<bf16>(s, m * k))?;
             let b = upload(&stream, &uniform::<bf16>(s ^ 1, k * n))?;
-            let (want, sources) = gathered_expectation(job, &stream, &reference, (&a, &b), &routes)?;
+            let (want, sources) =
+                gathered_expectation(job, &stream, &reference, (&a, &b), &routes)?;
             let (comm, _) = job.comm_and_gpu()?;
             // At least one element: a rank may send or receive nothing (device buffers cannot be empty).
             let mut staging = poisoned::<bf16>(&stream, ov.staging_len().max(1))?;
@@ -112,12 +131,25 @@ fn all_to_all_vs_gathered(job: &mut Job) -> anyhow::Result<()> {
             stream.synchronize()?;
             ov.check()?;
             let what = format!("case {i} round {round}: {} groups {} routing {pattern} rank {rank} of {world} seed {seed}", ov.gemm().plan().describe(), ov.groups());
-            anyhow::ensure!(ov.map().rows() == sources.len(), "{what}: {} rows received, {} routed here", ov.map().rows(), sources.len());
+            anyhow::ensure!(
+                ov.map().rows() == sources.len(),
+                "{what}: {} rows received, {} routed here",
+                ov.map().rows(),
+                sources.len()
+            );
             for (i, src) in sources.iter().enumerate() {
-                anyhow::ensure!(ov.map().source_row(i) == *src, "{what}: output row {i} named as {:?}, expected {src:?}", ov.map().source_row(i));
+                anyhow::ensure!(
+                    ov.map().source_row(i) == *src,
+                    "{what}: output row {i} named as {:?}, expected {src:?}",
+                    ov.map().source_row(i)
+                );
             }
             let got = download(&stream, &out)?[..want.len()].to_vec();
-            if let Some(e) = got.iter().zip(&want).position(|(g, w)| g.to_bits() != w.to_bits()) {
+            if let Some(e) = got
+                .iter()
+                .zip(&want)
+                .position(|(g, w)| g.to_bits() != w.to_bits())
+            {
                 anyhow::bail!(
                     "{what}: output ({}, {}) (source {:?}) is {}, the gathered GEMM's {}",
                     e / n,
@@ -140,12 +172,23 @@ fn all_to_all_stress(job: &mut Job) -> anyhow::Result<()> {
     let (rank, world) = (job.rank(), job.world());
     let (ctx, stream) = gpu(job)?;
     let shape = GemmShape::new(2048, 1024, 128);
-    let options = GemmOptions { tile: TileChoice::N128, sm_margin: 100, ..GemmOptions::default() };
+    let options = GemmOptions {
+        tile: TileChoice::N128,
+        sm_margin: 100,
+        ..GemmOptions::default()
+    };
     let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
     let mut rng = StdRng::seed_from_u64(seed);
-    let routes: Vec<Vec<u32>> = (0..world).map(|_| (0..m).map(|_| rng.random_range(0..world) as u32).collect()).collect();
+    let routes: Vec<Vec<u32>> = (0..world)
+        .map(|_| (0..m).map(|_| rng.random_range(0..world) as u32).collect())
+        .collect();
     let ov = AllToAllOverlap::new(&stream, shape, options, None, &routes, rank)?;
-    anyhow::ensure!(ov.groups().count() >= 3, "stress plan {} has {} groups", ov.gemm().plan().describe(), ov.groups().count());
+    anyhow::ensure!(
+        ov.groups().count() >= 3,
+        "stress plan {} has {} groups",
+        ov.gemm().plan().describe(),
+        ov.groups().count()
+    );
     let reference = Gemm::new(&ctx, shape, options)?;
     let mut staging = poisoned::<bf16>(&stream, ov.staging_len())?;
     let mut received = poisoned::<bf16>(&stream, ov.received_len())?;
@@ -162,7 +205,13 @@ fn all_to_all_stress(job: &mut Job) -> anyhow::Result<()> {
         ov.run(&stream, comm, &a, &b, &mut staging, &mut received, &mut out)?;
         stream.synchronize()?;
         ov.check()?;
-        anyhow::ensure!(download(&stream, &out)? .iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()), "stress input set {set}: differs from the gathered GEMM");
+        anyhow::ensure!(
+            download(&stream, &out)?
+                .iter()
+                .zip(&want)
+                .all(|(g, w)| g.to_bits() == w.to_bits()),
+            "stress input set {set}: differs from the gathered GEMM"
+        );
         inputs.push((a, b));
         verified.push(out);
     }
@@ -181,7 +230,10 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
     let (rank, world) = (job.rank(), job.world());
     let (_ctx, stream): (_, Arc<CudaStream>) = gpu(job)?;
     let shape = GemmShape::new(1024, 1024, 256);
-    let options = GemmOptions { sm_margin: 100, ..GemmOptions::default() };
+    let options = GemmOptions {
+        sm_margin: 100,
+        ..GemmOptions::default()
+    };
     let expect = |r: anyhow::Result<()>, needle: &str| -> anyhow::Result<()> {
         match r {
             Ok(()) => anyhow::bail!("accepted; expected an error containing {needle:?}"),
@@ -189,14 +241,25 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
             Err(e) => anyhow::bail!("error {e:#} does not mention {needle:?}"),
         }
     };
-    let good: Vec<Vec<u32>> = (0..world).map(|s| (0..1024).map(|row| ((row + s) % world) as u32).collect()).collect();
+    let good: Vec<Vec<u32>> = (0..world)
+        .map(|s| (0..1024).map(|row| ((row + s) % world) as u32).collect())
+        .collect();
     let mut short = good.clone();
     short[0].pop();
-    expect(AllToAllOverlap::new(&stream, shape, options, None, &short, rank).map(|_| ()), "has 1023 rows")?;
+    expect(
+        AllToAllOverlap::new(&stream, shape, options, None, &short, rank).map(|_| ()),
+        "has 1023 rows",
+    )?;
     let mut far = good.clone();
     far[world - 1][7] = world as u32;
-    expect(AllToAllOverlap::new(&stream, shape, options, None, &far, rank).map(|_| ()), &format!("routes row 7 to rank {world}"))?;
-    expect(AllToAllOverlap::new(&stream, shape, options, None, &good, world).map(|_| ()), &format!("rank {world} of {world}"))?;
+    expect(
+        AllToAllOverlap::new(&stream, shape, options, None, &far, rank).map(|_| ()),
+        &format!("routes row 7 to rank {world}"),
+    )?;
+    expect(
+        AllToAllOverlap::new(&stream, shape, options, None, &good, world).map(|_| ()),
+        &format!("rank {world} of {world}"),
+    )?;
     let ov = AllToAllOverlap::new(&stream, shape, options, None, &good, rank)?;
     let a = poisoned::<bf16>(&stream, 1024 * 256)?;
     let b = poisoned::<bf16>(&stream, 1024 * 256)?;
@@ -206,8 +269,30 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
     let mut short_staging = poisoned::<bf16>(&stream, ov.staging_len() - 1)?;
     let mut short_out = poisoned::<bf16>(&stream, ov.map().rows() * 1024 - 1)?;
     let (comm, _) = job.comm_and_gpu()?;
-    expect(ov.run(&stream, comm, &a, &b, &mut short_staging, &mut received, &mut out), "staging buffer")?;
-    expect(ov.run(&stream, comm, &a, &b, &mut staging, &mut received, &mut short_out), "output has")?;
+    expect(
+        ov.run(
+            &stream,
+            comm,
+            &a,
+            &b,
+            &mut short_staging,
+            &mut received,
+            &mut out,
+        ),
+        "staging buffer",
+    )?;
+    expect(
+        ov.run(
+            &stream,
+            comm,
+            &a,
+            &b,
+            &mut staging,
+            &mut received,
+            &mut short_out,
+        ),
+        "output has",
+    )?;
     // Refused before anything is enqueued: the next run still works.
     ov.run(&stream, comm, &a, &b, &mut staging, &mut received, &mut out)?;
     stream.synchronize()?;

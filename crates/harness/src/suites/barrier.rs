@@ -173,7 +173,10 @@ fn orders_compute_after_comm_start(job: &mut Job) -> anyhow::Result<()> {
         round.enqueue(&r.kernels, &bar, target, &r.compute, &r.comm, early)?;
         synchronize(&r)?;
         bar.check()?;
-        round.verify(&r.compute, &format!("repetition {rep} (early release {early}), seed {seed}"))?;
+        round.verify(
+            &r.compute,
+            &format!("repetition {rep} (early release {early}), seed {seed}"),
+        )?;
     }
     Ok(())
 }
@@ -230,20 +233,36 @@ fn orders_weft_gemm(job: &mut Job) -> anyhow::Result<()> {
     use crate::gemm_data::{download, poison, poisoned, uniform, upload};
     use half::bf16;
     use weft_signal_gemm::reference::{check_all, Tolerance};
-    use weft_signal_gemm::{CublasGemm, Dtype, Gemm, GemmOptions, GemmShape, LaunchExtras, Scheduling};
+    use weft_signal_gemm::{
+        CublasGemm, Dtype, Gemm, GemmOptions, GemmShape, LaunchExtras, Scheduling,
+    };
     let seed = shared_seed(job)? ^ job.rank() as u64;
     let r = rig(job)?;
     let mut rng = StdRng::seed_from_u64(seed);
     let mut bar = KernelBarrier::new(r.compute.context())?;
     let shape = GemmShape::new(4096, 4096, 2048);
-    let options = GemmOptions { scheduling: Scheduling::Dynamic, ..GemmOptions::default() };
+    let options = GemmOptions {
+        scheduling: Scheduling::Dynamic,
+        ..GemmOptions::default()
+    };
     let gemm = Gemm::new(r.compute.context(), shape, options)?;
     let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
     let a = upload(&r.compute, &uniform::<bf16>(rng.random(), m * k))?;
     let b = upload(&r.compute, &uniform::<bf16>(rng.random(), n * k))?;
     let mut want = poisoned::<f32>(&r.compute, m * n)?;
-    CublasGemm::new(&r.compute, shape, GemmOptions { output: Dtype::F32, ..options })?.launch(&a, &b, &mut want)?;
-    let want: Vec<f64> = download(&r.compute, &want)?.iter().map(|&x| x as f64).collect();
+    CublasGemm::new(
+        &r.compute,
+        shape,
+        GemmOptions {
+            output: Dtype::F32,
+            ..options
+        },
+    )?
+    .launch(&a, &b, &mut want)?;
+    let want: Vec<f64> = download(&r.compute, &want)?
+        .iter()
+        .map(|&x| x as f64)
+        .collect();
     let mut d = poisoned::<bf16>(&r.compute, m * n)?;
     // The copy and the stamps of a round; its synthetic compute work is not launched here.
     let mut round = Round::new(&r.compute, 1, 4 << 20, &mut rng)?;
@@ -255,14 +274,30 @@ fn orders_weft_gemm(job: &mut Job) -> anyhow::Result<()> {
         r.compute.synchronize()?;
         let target = bar.expect(1)?;
         bar.wait(&r.compute, target)?;
-        let extras = LaunchExtras { timeline: Some(round.stamps.compute_timeline()), early_release: early, ..Default::default() };
+        let extras = LaunchExtras {
+            timeline: Some(round.stamps.compute_timeline()),
+            early_release: early,
+            ..Default::default()
+        };
         gemm.launch_with(&r.compute, &a, &b, &mut d, extras)?;
-        r.kernels.launch_comm(&r.comm, &round.copy(&r.comm), &round.stamps, Some(bar.view()), COMM_BLOCKS)?;
+        r.kernels.launch_comm(
+            &r.comm,
+            &round.copy(&r.comm),
+            &round.stamps,
+            Some(bar.view()),
+            COMM_BLOCKS,
+        )?;
         synchronize(&r)?;
         bar.check()?;
         gemm.check()?;
         round.verify_order_and_copy(&r.compute, &what)?;
-        check_all(&what, shape, &download(&r.compute, &d)?, &want, Tolerance::for_output(Dtype::Bf16))?;
+        check_all(
+            &what,
+            shape,
+            &download(&r.compute, &d)?,
+            &want,
+            Tolerance::for_output(Dtype::Bf16),
+        )?;
     }
     Ok(())
 }

@@ -50,8 +50,14 @@ pub fn cases() -> Vec<Case> {
         "all_reduce::two_shot",
         Op::AllReduce(AllReduceChoice::TwoShot)
     ));
-    v.extend(typed!("all_reduce::in_place", Op::AllReduceInPlace(AllReduceChoice::Auto)));
-    v.extend(typed!("all_reduce::in_place_two_shot", Op::AllReduceInPlace(AllReduceChoice::TwoShot)));
+    v.extend(typed!(
+        "all_reduce::in_place",
+        Op::AllReduceInPlace(AllReduceChoice::Auto)
+    ));
+    v.extend(typed!(
+        "all_reduce::in_place_two_shot",
+        Op::AllReduceInPlace(AllReduceChoice::TwoShot)
+    ));
     v.extend(typed!("reduce_scatter", Op::ReduceScatter));
     v.extend(typed!("all_gather", Op::AllGather));
     v.push(Case::gpu("collectives::graph_replay::f32", graph_replay));
@@ -242,9 +248,14 @@ fn graph_replay(job: &mut Job) -> anyhow::Result<()> {
                 .collect(),
             (0..m).map(|i| sum(3, i)).collect(),
         ];
-        for (k, what) in ["all_reduce", "reduce_scatter", "all_gather", "all_reduce LL"]
-            .iter()
-            .enumerate()
+        for (k, what) in [
+            "all_reduce",
+            "reduce_scatter",
+            "all_gather",
+            "all_reduce LL",
+        ]
+        .iter()
+        .enumerate()
         {
             check_equal(
                 &format!("replay {replay} {what} rank {rank} seed {s}"),
@@ -297,16 +308,27 @@ fn errors(job: &mut Job) -> anyhow::Result<()> {
     );
     match bad {
         Err(CollectiveError::Options(msg)) if msg.contains("blocks 0 must be in") => {}
-        Err(e) => anyhow::bail!("blocks = 0 was refused, but not as CollectiveError::Options naming it: {e}"),
+        Err(e) => anyhow::bail!(
+            "blocks = 0 was refused, but not as CollectiveError::Options naming it: {e}"
+        ),
         Ok(_) => anyhow::bail!("blocks = 0 was accepted"),
     }
     if world > 1 {
         // Every rank's options are valid, but rank 0 cuts calls into other blocks.
         let blocks = Some(if job.rank() == 0 { 4 } else { 8 });
-        let differ = Collectives::new(&mut job.rdzv, &stream, Options { blocks, ..Options::default() });
+        let differ = Collectives::new(
+            &mut job.rdzv,
+            &stream,
+            Options {
+                blocks,
+                ..Options::default()
+            },
+        );
         match differ {
             Err(CollectiveError::Options(msg)) if msg.contains("ranks disagree") => {}
-            Err(e) => anyhow::bail!("differing options were refused, but not as Options(ranks disagree): {e}"),
+            Err(e) => anyhow::bail!(
+                "differing options were refused, but not as Options(ranks disagree): {e}"
+            ),
             Ok(_) => anyhow::bail!("ranks with different block counts were accepted"),
         }
     }
@@ -358,9 +380,24 @@ fn errors(job: &mut Job) -> anyhow::Result<()> {
         "{e}"
     );
     let host = vec![0u128; 16]; // 256 bytes, 16-byte aligned: only the device check can refuse it
-    let not_device = HostAddress { addr: host.as_ptr() as u64, len: 64, stream: stream.clone() };
-    let e = coll.all_reduce(&not_device, &mut b.slice_mut(..64)).unwrap_err();
-    anyhow::ensure!(matches!(e, CollectiveError::WrongDevice { buffer: "input", .. }), "{e}");
+    let not_device = HostAddress {
+        addr: host.as_ptr() as u64,
+        len: 64,
+        stream: stream.clone(),
+    };
+    let e = coll
+        .all_reduce(&not_device, &mut b.slice_mut(..64))
+        .unwrap_err();
+    anyhow::ensure!(
+        matches!(
+            e,
+            CollectiveError::WrongDevice {
+                buffer: "input",
+                ..
+            }
+        ),
+        "{e}"
+    );
     // Still usable: a real call after the refusals.
     run_and_check::<f32>(
         job,

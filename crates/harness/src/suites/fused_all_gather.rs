@@ -70,7 +70,13 @@ fn gathered_a(
 }
 
 /// Options for a GEMM of `ctas` compute CTAs (and, inter-SM, `comm` communicator CTAs).
-fn configure(sms: u32, ctas: u32, comm: u32, inter: bool, base: GemmOptions) -> (GemmOptions, AllGatherMethod) {
+fn configure(
+    sms: u32,
+    ctas: u32,
+    comm: u32,
+    inter: bool,
+    base: GemmOptions,
+) -> (GemmOptions, AllGatherMethod) {
     if inter {
         (
             GemmOptions {
@@ -118,7 +124,9 @@ fn matches_reference(job: &mut Job) -> anyhow::Result<()> {
             0
         }
         .max(if inter { cluster_m } else { 0 });
-        let ctas = rng.random_range(2..=(budget - comm).max(2)).min(budget - comm);
+        let ctas = rng
+            .random_range(2..=(budget - comm).max(2))
+            .min(budget - comm);
         let output = if case % 2 == 0 {
             Dtype::Bf16
         } else {
@@ -134,7 +142,9 @@ fn matches_reference(job: &mut Job) -> anyhow::Result<()> {
             method.name()
         );
         match output {
-            Dtype::Bf16 => check_case::<bf16>(job, &ctx, &stream, seed + case, shape, options, method),
+            Dtype::Bf16 => {
+                check_case::<bf16>(job, &ctx, &stream, seed + case, shape, options, method)
+            }
             _ => check_case::<f32>(job, &ctx, &stream, seed + case, shape, options, method),
         }
         .map_err(|e| e.context(what))?;
@@ -299,7 +309,8 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
                   needle: &str|
      -> anyhow::Result<()> {
         // Accepted: freed (collectively, every rank accepted the same plan), then reported.
-        let made = FusedAllGatherGemm::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, options, method);
+        let made =
+            FusedAllGatherGemm::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, options, method);
         refused(
             &format!("{} {shape} {options:?}", method.name()),
             made.and_then(|op| op.free(&mut job.rdzv)),

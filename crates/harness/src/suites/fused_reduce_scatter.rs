@@ -218,6 +218,8 @@ fn check_case<T: GemmElement + PglElement>(
                 let g = g.to_f64();
                 let bound =
                     (world as f64 + 1.0) * unit * mag[i] + 2e-6 * f64::from(shape.k) * world as f64;
+                #[allow(clippy::neg_cmp_op_on_partial_ord)]
+                // a NaN difference must fail the check too
                 if !((g - want[i]).abs() <= bound) {
                     bad.push(format!(
                         "row {} col {}: got {g}, want {} (bound {bound:.3e})",
@@ -369,7 +371,7 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
     // Too small an operand, on a plan that is otherwise valid.
     let shape = GemmShape::new(128 * world, 256, 64);
     let mut op = FusedReduceScatter::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, fits)?;
-    let small = upload(&stream, &vec![bf16::ZERO; 16])?;
+    let small = upload(&stream, &[bf16::ZERO; 16])?;
     let b = upload(&stream, &vec![bf16::ZERO; 256 * 64])?;
     let outcome = refused(
         &format!("a 16-element A for {shape}"),

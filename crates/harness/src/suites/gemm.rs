@@ -33,8 +33,8 @@ use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use weft_signal_gemm::reference::{check_all, gemm_f64, Tolerance};
 use weft_signal_gemm::{
-    BLayout, CublasGemm, Dtype, EpilogueChoice, Gemm, GemmElement, GemmOptions, GemmShape, LaunchExtras,
-    Scheduling, TileChoice, TileFlags,
+    BLayout, CublasGemm, Dtype, EpilogueChoice, Gemm, GemmElement, GemmOptions, GemmShape,
+    LaunchExtras, Scheduling, TileChoice, TileFlags,
 };
 
 const RANDOM_SHAPES: usize = 60;
@@ -49,7 +49,10 @@ pub fn cases() -> Vec<Case> {
             "gemm::communicator_copies_finished_tiles",
             communicator_copies_finished_tiles,
         ),
-        Case::gpu("gemm::dynamic_schedule_claims_every_tile", dynamic_schedule_claims_every_tile),
+        Case::gpu(
+            "gemm::dynamic_schedule_claims_every_tile",
+            dynamic_schedule_claims_every_tile,
+        ),
         Case::gpu("gemm::bad_inputs_are_rejected", bad_inputs_are_rejected),
     ]
 }
@@ -79,7 +82,11 @@ fn random_shape(rng: &mut StdRng, max: u32) -> GemmShape {
 
 fn random_options(rng: &mut StdRng, i: usize) -> GemmOptions {
     let cluster_m = rng.random_range(1..=2);
-    let scheduling = if cluster_m == 1 && rng.random_bool(0.5) { Scheduling::Dynamic } else { Scheduling::Static };
+    let scheduling = if cluster_m == 1 && rng.random_bool(0.5) {
+        Scheduling::Dynamic
+    } else {
+        Scheduling::Static
+    };
     GemmOptions {
         input: [Dtype::Bf16, Dtype::F16][i % 2],
         output: [Dtype::Bf16, Dtype::F32, Dtype::F16][(i / 2) % 3],
@@ -97,7 +104,11 @@ fn random_options(rng: &mut StdRng, i: usize) -> GemmOptions {
         cluster_m,
         scheduling,
         // Auto picks the whole-tile epilogue for 16-bit outputs, 128x256 tiles and K <= 2048.
-        epilogue: if rng.random_bool(0.5) { EpilogueChoice::Auto } else { EpilogueChoice::Pipelined },
+        epilogue: if rng.random_bool(0.5) {
+            EpilogueChoice::Auto
+        } else {
+            EpilogueChoice::Pipelined
+        },
         alpha: if i % 7 == 3 { 0.5 } else { 1.0 },
         beta: if i % 7 == 3 { -1.25 } else { 0.0 },
         ..GemmOptions::default()
@@ -246,7 +257,12 @@ fn schedule_matches_kernel(job: &mut Job) -> anyhow::Result<()> {
     let (ctx, stream) = gpu(job)?;
     // (shape, sm_margin, tile, cluster_m); the last: 25 tile rows in clusters of 2, a phantom row.
     let cases = [
-        (GemmShape::new(4096, 4096, 256), 0u32, TileChoice::N256, 1u32),
+        (
+            GemmShape::new(4096, 4096, 256),
+            0u32,
+            TileChoice::N256,
+            1u32,
+        ),
         (GemmShape::new(3088, 2576, 128), 8, TileChoice::N128, 1),
         (GemmShape::new(8192, 1024, 64), 31, TileChoice::Auto, 1),
         (GemmShape::new(4096, 4096, 256), 0, TileChoice::N256, 2),
@@ -269,7 +285,16 @@ fn schedule_matches_kernel(job: &mut Job) -> anyhow::Result<()> {
         let b = upload(&stream, &uniform::<bf16>(2, k * n))?;
         let mut d = poisoned::<bf16>(&stream, m * n)?;
         let mut trace = stream.alloc_zeros::<u32>(2 * plan.tiles() as usize)?;
-        gemm.launch_with(&stream, &a, &b, &mut d, LaunchExtras { trace: Some(&mut trace), ..Default::default() })?;
+        gemm.launch_with(
+            &stream,
+            &a,
+            &b,
+            &mut d,
+            LaunchExtras {
+                trace: Some(&mut trace),
+                ..Default::default()
+            },
+        )?;
         stream.synchronize()?;
         gemm.check()?;
         // Per tile: (order + 1, CTA + 1) as the kernel stored it, against the host's listing.
@@ -297,7 +322,12 @@ fn schedule_matches_kernel(job: &mut Job) -> anyhow::Result<()> {
                 )
             })
             .collect();
-        ensure!(bad.is_empty(), "{}: kernel schedule differs from the host's: {}", plan.describe(), bad.join("; "));
+        ensure!(
+            bad.is_empty(),
+            "{}: kernel schedule differs from the host's: {}",
+            plan.describe(),
+            bad.join("; ")
+        );
     }
     Ok(())
 }
@@ -318,9 +348,20 @@ fn communicator_copies_finished_tiles(job: &mut Job) -> anyhow::Result<()> {
         (s(4096, 4096, 512), 0, Dtype::Bf16), // cluster_m 0 here: 1, dynamically scheduled
     ];
     for (shape, cluster_m, output) in cases {
-        let scheduling = if cluster_m == 0 { Scheduling::Dynamic } else { Scheduling::Static };
+        let scheduling = if cluster_m == 0 {
+            Scheduling::Dynamic
+        } else {
+            Scheduling::Static
+        };
         let cluster_m = cluster_m.max(1);
-        let options = GemmOptions { cluster_m, comm_ctas: 4, sm_margin: 0, output, scheduling, ..GemmOptions::default() };
+        let options = GemmOptions {
+            cluster_m,
+            comm_ctas: 4,
+            sm_margin: 0,
+            output,
+            scheduling,
+            ..GemmOptions::default()
+        };
         let case_seed: u64 = rng.random();
         match output {
             Dtype::F32 => communicator_case::<f32>(&ctx, &stream, shape, options, case_seed)?,
@@ -344,7 +385,12 @@ fn communicator_case<TO: GemmElement>(
     // the previous launch) differs from D.
     let inputs = [seed, seed ^ 0x77]
         .iter()
-        .map(|&s| Ok((upload(stream, &uniform::<bf16>(s, m * k))?, upload(stream, &uniform::<bf16>(s ^ 0xB, k * n))?)))
+        .map(|&s| {
+            Ok((
+                upload(stream, &uniform::<bf16>(s, m * k))?,
+                upload(stream, &uniform::<bf16>(s ^ 0xB, k * n))?,
+            ))
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut flags = TileFlags::new(stream, gemm.plan())?;
     let mut d = poisoned::<TO>(stream, m * n)?;
@@ -356,19 +402,44 @@ fn communicator_case<TO: GemmElement>(
         // Ten launches back to back: no synchronisation, flags never reset (epochs rise).
         for launch in 0..10 {
             let (a, b) = &inputs[(block + launch) % 2];
-            let extras = LaunchExtras { flags: Some(&mut flags), copy_dst: Some(&mut copy), ..Default::default() };
+            let extras = LaunchExtras {
+                flags: Some(&mut flags),
+                copy_dst: Some(&mut copy),
+                ..Default::default()
+            };
             gemm.launch_with(stream, a, b, &mut d, extras)?;
         }
         stream.synchronize()?;
         gemm.check()?;
         let (got_d, got_copy) = (download(stream, &d)?, download(stream, &copy)?);
-        let diff = got_d.iter().zip(&got_copy).position(|(x, y)| bits(x) != bits(y));
-        ensure!(diff.is_none(), "{what}, block {block}: copy differs from D at element {diff:?} (flag target {})", flags.target());
+        let diff = got_d
+            .iter()
+            .zip(&got_copy)
+            .position(|(x, y)| bits(x) != bits(y));
+        ensure!(
+            diff.is_none(),
+            "{what}, block {block}: copy differs from D at element {diff:?} (flag target {})",
+            flags.target()
+        );
         let (a, b) = &inputs[(block + 9) % 2];
         let mut want = poisoned::<f32>(stream, m * n)?;
-        CublasGemm::new(stream, shape, GemmOptions { output: Dtype::F32, ..options })?.launch(a, b, &mut want)?;
+        CublasGemm::new(
+            stream,
+            shape,
+            GemmOptions {
+                output: Dtype::F32,
+                ..options
+            },
+        )?
+        .launch(a, b, &mut want)?;
         let want: Vec<f64> = download(stream, &want)?.iter().map(|&x| x as f64).collect();
-        check_all(&format!("D with the communicator running, {what}"), shape, &got_d, &want, Tolerance::for_output(TO::DTYPE))?;
+        check_all(
+            &format!("D with the communicator running, {what}"),
+            shape,
+            &got_d,
+            &want,
+            Tolerance::for_output(TO::DTYPE),
+        )?;
     }
     Ok(())
 }
@@ -383,8 +454,19 @@ fn dynamic_schedule_claims_every_tile(job: &mut Job) -> anyhow::Result<()> {
         (GemmShape::new(8192, 1024, 64), 31, TileChoice::Auto),
     ];
     for (shape, sm_margin, tile) in cases {
-        let options = GemmOptions { sm_margin, tile, ..GemmOptions::default() };
-        let dynamic = Gemm::new(&ctx, shape, GemmOptions { scheduling: Scheduling::Dynamic, ..options })?;
+        let options = GemmOptions {
+            sm_margin,
+            tile,
+            ..GemmOptions::default()
+        };
+        let dynamic = Gemm::new(
+            &ctx,
+            shape,
+            GemmOptions {
+                scheduling: Scheduling::Dynamic,
+                ..options
+            },
+        )?;
         let fixed = Gemm::new(&ctx, shape, options)?;
         let plan = dynamic.plan().clone();
         let what = plan.describe();
@@ -400,14 +482,21 @@ fn dynamic_schedule_claims_every_tile(job: &mut Job) -> anyhow::Result<()> {
             let mut d = poisoned::<bf16>(&stream, m * n)?;
             let mut trace = stream.alloc_zeros::<u32>(2 * plan.tiles() as usize)?;
             let mut timeline = stream.clone_htod(&[u64::MAX, 0])?;
-            let extras = LaunchExtras { trace: Some(&mut trace), timeline: Some(&mut timeline), ..Default::default() };
+            let extras = LaunchExtras {
+                trace: Some(&mut trace),
+                timeline: Some(&mut timeline),
+                ..Default::default()
+            };
             dynamic.launch_with(&stream, &a, &b, &mut d, extras)?;
             runs.push((d, trace, timeline));
         }
         stream.synchronize()?;
         dynamic.check()?;
         fixed.check()?;
-        let want_bits: Vec<u16> = download(&stream, &want)?.iter().map(|x| x.to_bits()).collect();
+        let want_bits: Vec<u16> = download(&stream, &want)?
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
         let mut order_of = vec![0u32; plan.tiles() as usize];
         for t in plan.schedule() {
             order_of[(t.tm * plan.tiles_n() + t.tn) as usize] = t.order;
@@ -415,32 +504,63 @@ fn dynamic_schedule_claims_every_tile(job: &mut Job) -> anyhow::Result<()> {
         for (launch, (d, trace, timeline)) in runs.iter().enumerate() {
             let got = stream.clone_dtoh(trace)?;
             let bad: Vec<String> = (0..plan.tiles() as usize)
-                .filter(|&i| got[2 * i] != order_of[i] + 1 || got[2 * i + 1] == 0 || got[2 * i + 1] > plan.ctas())
+                .filter(|&i| {
+                    got[2 * i] != order_of[i] + 1
+                        || got[2 * i + 1] == 0
+                        || got[2 * i + 1] > plan.ctas()
+                })
                 .take(4)
-                .map(|i| format!("tile {i}: order {} by CTA {} (host lists order {})", got[2 * i] as i64 - 1, got[2 * i + 1] as i64 - 1, order_of[i]))
+                .map(|i| {
+                    format!(
+                        "tile {i}: order {} by CTA {} (host lists order {})",
+                        got[2 * i] as i64 - 1,
+                        got[2 * i + 1] as i64 - 1,
+                        order_of[i]
+                    )
+                })
                 .collect();
-            ensure!(bad.is_empty(), "{what}, launch {launch}: {}", bad.join("; "));
+            ensure!(
+                bad.is_empty(),
+                "{what}, launch {launch}: {}",
+                bad.join("; ")
+            );
             let ctas_used = {
                 let mut c: Vec<u32> = (0..plan.tiles() as usize).map(|i| got[2 * i + 1]).collect();
                 c.sort_unstable();
                 c.dedup();
                 c.len()
             };
-            ensure!(ctas_used > 1, "{what}, launch {launch}: one CTA stored every tile");
+            ensure!(
+                ctas_used > 1,
+                "{what}, launch {launch}: one CTA stored every tile"
+            );
             let got_bits: Vec<u16> = download(&stream, d)?.iter().map(|x| x.to_bits()).collect();
             let diff = got_bits.iter().zip(&want_bits).position(|(x, y)| x != y);
-            ensure!(diff.is_none(), "{what}, launch {launch}: D differs from the static schedule's at element {diff:?}");
+            ensure!(
+                diff.is_none(),
+                "{what}, launch {launch}: D differs from the static schedule's at element {diff:?}"
+            );
             let tl = stream.clone_dtoh(timeline)?;
-            ensure!(tl[0] != u64::MAX && tl[1] != 0 && tl[0] < tl[1], "{what}, launch {launch}: timeline start {} end {}", tl[0], tl[1]);
+            ensure!(
+                tl[0] != u64::MAX && tl[1] != 0 && tl[0] < tl[1],
+                "{what}, launch {launch}: timeline start {} end {}",
+                tl[0],
+                tl[1]
+            );
         }
         // The kernel really claimed: the device counter advanced by orders + CTAs per launch.
-        let claims = dynamic.claim_counter(&stream)?.context("a dynamic GEMM has a claim counter")?;
+        let claims = dynamic
+            .claim_counter(&stream)?
+            .context("a dynamic GEMM has a claim counter")?;
         let want = (LAUNCHES as u64 * (plan.orders() + plan.ctas()) as u64) as u32;
         ensure!(claims == (want, want), "{what}: claim counter (device, host base) = {claims:?} after {LAUNCHES} launches, expected {want}");
         // A second stream is refused (its launches could overlap the first stream's).
         let other = ctx.new_stream()?;
         let mut d = poisoned::<bf16>(&other, m * n)?;
-        let e = dynamic.launch(&other, &a, &b, &mut d).err().context("a launch on a second stream was accepted")?;
+        let e = dynamic
+            .launch(&other, &a, &b, &mut d)
+            .err()
+            .context("a launch on a second stream was accepted")?;
         ensure!(format!("{e:#}").contains("launches on one stream"), "{e:#}");
     }
     Ok(())
@@ -481,13 +601,9 @@ fn bad_inputs_are_rejected(job: &mut Job) -> anyhow::Result<()> {
         gemm.launch(&stream, &a, &b, &mut d32),
         "planned for bf16 output, given a f32",
     )?;
-    let e = Gemm::new(
-        &ctx,
-        GemmShape::new(256, 250, 128),
-        GemmOptions::default(),
-    )
-    .err()
-    .context("n = 250 accepted")?;
+    let e = Gemm::new(&ctx, GemmShape::new(256, 250, 128), GemmOptions::default())
+        .err()
+        .context("n = 250 accepted")?;
     ensure!(
         format!("{e:#}").contains("n = 250 is not a multiple of 16"),
         "{e:#}"
@@ -495,11 +611,18 @@ fn bad_inputs_are_rejected(job: &mut Job) -> anyhow::Result<()> {
     let e = Gemm::new(
         &ctx,
         shape,
-        GemmOptions { cluster_m: 2, scheduling: Scheduling::Dynamic, ..GemmOptions::default() },
+        GemmOptions {
+            cluster_m: 2,
+            scheduling: Scheduling::Dynamic,
+            ..GemmOptions::default()
+        },
     )
     .err()
     .context("dynamic scheduling with clusters of 2 accepted")?;
-    ensure!(format!("{e:#}").contains("dynamic scheduling needs cluster_m 1"), "{e:#}");
+    ensure!(
+        format!("{e:#}").contains("dynamic scheduling needs cluster_m 1"),
+        "{e:#}"
+    );
     // Nothing was launched by the rejected calls: D is still all poison.
     ensure!(
         download(&stream, &d)?.iter().all(|x| x.to_f64().is_nan()),

@@ -5,26 +5,34 @@
 
 use super::gpu;
 use super::overlap::{reference, Reference};
+use crate::bench::overlap_ops::Signal;
 use crate::data::shared_seed;
 use crate::gemm_data::{download, poisoned, uniform, upload};
 use crate::job::Job;
-use crate::bench::overlap_ops::Signal;
 use crate::reduce_check::{check_within, pick_rows};
 use crate::trials::Case;
 use crate::word_compare::WordCompare;
 use cudarc::driver::sys;
 use half::bf16;
 use weft_signal_gemm::tuner::Op;
-use weft_signal_gemm::{Gemm, GemmOptions, GemmPlan, GemmShape, Scheduling, TileChoice, WaveGroups};
+use weft_signal_gemm::{
+    Gemm, GemmOptions, GemmPlan, GemmShape, Scheduling, TileChoice, WaveGroups,
+};
 
 pub fn cases() -> Vec<Case> {
     vec![
-        Case::gpu("graph_capture::all_reduce_overlap_replays", |j| replays(j, Op::AllReduce)),
-        Case::gpu("graph_capture::reduce_scatter_overlap_replays", |j| replays(j, Op::ReduceScatter)),
-        Case::gpu("graph_capture::dynamic_schedule_is_refused", dynamic_refused),
+        Case::gpu("graph_capture::all_reduce_overlap_replays", |j| {
+            replays(j, Op::AllReduce)
+        }),
+        Case::gpu("graph_capture::reduce_scatter_overlap_replays", |j| {
+            replays(j, Op::ReduceScatter)
+        }),
+        Case::gpu(
+            "graph_capture::dynamic_schedule_is_refused",
+            dynamic_refused,
+        ),
     ]
 }
-
 
 const REPLAYS: usize = 200;
 
@@ -36,7 +44,12 @@ fn replays(job: &mut Job, op: Op) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
     let (ctx, stream) = gpu(job)?;
     let shape = GemmShape::new(2048, 1024, 256);
-    let options = GemmOptions { tile: TileChoice::N128, sm_margin: 100, scheduling: Scheduling::Static, ..GemmOptions::default() };
+    let options = GemmOptions {
+        tile: TileChoice::N128,
+        sm_margin: 100,
+        scheduling: Scheduling::Static,
+        ..GemmOptions::default()
+    };
     let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
     let (rank, world) = (job.rank(), job.world());
     let plan = GemmPlan::new(weft_signal_gemm::device_sms(&ctx)?, shape, options)?;
@@ -55,7 +68,13 @@ fn replays(job: &mut Job, op: Op) -> anyhow::Result<()> {
         stream.synchronize()?;
         ov.check()?;
         let (want, bound) = (pick_rows(&r.want, &rows, n), pick_rows(&r.bound, &rows, n));
-        check_within(&format!("eager run, input set {set} (against cuBLAS + NCCL)"), &download(&stream, &out)?, &want, &bound, n)?;
+        check_within(
+            &format!("eager run, input set {set} (against cuBLAS + NCCL)"),
+            &download(&stream, &out)?,
+            &want,
+            &bound,
+            n,
+        )?;
         verified.push(stream.clone_dtod(&out)?);
         sets.push((a, b));
     }
@@ -82,7 +101,11 @@ fn replays(job: &mut Job, op: Op) -> anyhow::Result<()> {
     let diff = cmp.take(&stream)?;
     ov.check()?;
     if let Some(d) = diff {
-        anyhow::bail!("{REPLAYS} graph replays: {} words differed from the eager results (first word {})", d.words, d.first_word);
+        anyhow::bail!(
+            "{REPLAYS} graph replays: {} words differed from the eager results (first word {})",
+            d.words,
+            d.first_word
+        );
     }
     Ok(())
 }
@@ -92,7 +115,11 @@ fn replays(job: &mut Job, op: Op) -> anyhow::Result<()> {
 fn dynamic_refused(job: &mut Job) -> anyhow::Result<()> {
     let (ctx, stream) = gpu(job)?;
     let shape = GemmShape::new(1024, 1024, 256);
-    let options = GemmOptions { sm_margin: 100, scheduling: Scheduling::Dynamic, ..GemmOptions::default() };
+    let options = GemmOptions {
+        sm_margin: 100,
+        scheduling: Scheduling::Dynamic,
+        ..GemmOptions::default()
+    };
     let gemm = Gemm::new(&ctx, shape, options)?;
     let a = poisoned::<bf16>(&stream, 1024 * 256)?;
     let b = poisoned::<bf16>(&stream, 1024 * 256)?;

@@ -18,10 +18,10 @@ use crate::data::shared_seed;
 use crate::job::Job;
 use crate::trials::Case;
 use cudarc::driver::{sys, CudaStream};
-use std::sync::Arc;
 use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use std::sync::Arc;
 use weft_grpcoll::pattern::{cast_metas, reduce_metas, CastBlock, ReduceBlock};
 use weft_grpcoll::{GroupCast, GroupCastMeta, GroupReduce, GroupReduceMeta, Options, ReduceOp};
 use weft_pgl::{DType, Pgl, PglElement};
@@ -356,8 +356,12 @@ fn trial_max_sms(job: &mut Job, stream: &Arc<CudaStream>) -> anyhow::Result<u32>
 /// (the device's SMs, the most ranks on one GPU). Collective.
 fn gpu_sharing(job: &mut Job, stream: &Arc<CudaStream>) -> anyhow::Result<(u32, u32)> {
     let ctx = stream.context();
-    let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
-    Ok((sms, weft_pgl::gpu::max_ranks_per_gpu(&mut job.rdzv, ctx)? as u32))
+    let sms =
+        ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+    Ok((
+        sms,
+        weft_pgl::gpu::max_ranks_per_gpu(&mut job.rdzv, ctx)? as u32,
+    ))
 }
 
 fn as_f64<T: GElem>(v: &[T]) -> Vec<f64> {
@@ -508,7 +512,7 @@ fn reduce_trial<T: GElem>(job: &mut Job, via: Via, op: Op, cfg: Cfg) -> anyhow::
             .map(|_| ROW_ELEMS[rng.random_range(0..ROW_ELEMS.len())])
             .collect();
         let divisors: Vec<usize> = (1..=widths[0].min(16))
-            .filter(|d| widths[0] % d == 0)
+            .filter(|d| widths[0].is_multiple_of(*d))
             .collect();
         let lse_per_row = if op == Op::Lse {
             divisors[rng.random_range(0..divisors.len())]
@@ -885,7 +889,13 @@ fn err_options(job: &mut Job) -> anyhow::Result<()> {
             sms: Some(device_sms / sharing + 1),
             ..Options::default()
         };
-        let r = GroupCast::<f32>::new(&mut job.rdzv, &stream, &ring_cast(rank, world, 2), 8, too_many);
+        let r = GroupCast::<f32>::new(
+            &mut job.rdzv,
+            &stream,
+            &ring_cast(rank, world, 2),
+            8,
+            too_many,
+        );
         expect_error(job, r, free_cast, "cannot all be resident at once")?;
     }
     Ok(())

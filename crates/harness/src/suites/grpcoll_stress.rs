@@ -281,7 +281,7 @@ fn run_loop<T: GElem, P: GroupCollective<T>>(
             .map(|_| stream.clone_htod(&vec![T::poison(); out_len]))
             .collect::<Result<_, _>>()?;
         anyhow::ensure!(
-            (out_len * elem) % 4 == 0,
+            (out_len * elem).is_multiple_of(4),
             "stress output of {} bytes is not whole 32-bit words",
             out_len * elem
         );

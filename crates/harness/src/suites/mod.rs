@@ -1,10 +1,9 @@
 //! Correctness suites, one libtest-mimic trial per (test × configuration).
 
 mod all_to_all;
+mod auto_choice;
 mod barrier;
 mod collectives;
-mod auto_choice;
-mod ops;
 mod fused_all_gather;
 mod fused_all_reduce;
 mod fused_reduce_scatter;
@@ -15,6 +14,7 @@ mod grpcoll_device_meta;
 mod grpcoll_reference;
 mod grpcoll_stress;
 mod nccl;
+mod ops;
 mod overlap;
 mod pgl;
 mod reduce_scatter;

@@ -2,12 +2,12 @@
 //! AllReduce overlapped with NCCL, checked against independent paths (the standard-layout GEMM
 //! bit for bit; cuBLAS then ncclAllReduce within a derived bf16 bound; CPU add / RMSNorm).
 
+use super::gpu;
 use crate::data::shared_seed;
 use crate::gemm_data::{download, poisoned, uniform, upload};
 use crate::job::Job;
 use crate::reduce_check::{check_within, sum_bound};
 use crate::trials::Case;
-use super::gpu;
 use crate::word_compare::WordCompare;
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtrMut};
 use half::{bf16, f16};
@@ -18,25 +18,56 @@ use std::time::Duration;
 use weft_pgl::nccl::ReduceOp;
 use weft_signal_gemm::overlap::AllReduceOverlap;
 use weft_signal_gemm::{
-    BLayout, CublasGemm, Dtype, Gemm, GemmElement, GemmOptions, GemmPlan, GemmShape, GroupCounters, LaunchExtras,
-    OutputLayout, Restore, Scheduling, TileChoice, TileOrderMap, WaveGroups,
+    BLayout, CublasGemm, Dtype, Gemm, GemmElement, GemmOptions, GemmPlan, GemmShape, GroupCounters,
+    LaunchExtras, OutputLayout, Restore, Scheduling, TileChoice, TileOrderMap, WaveGroups,
 };
 use weft_sync::WaitBudget;
 
 pub fn cases() -> Vec<Case> {
     vec![
-        Case::gpu("overlap::tile_order_round_trip_is_bitwise", tile_order_round_trip),
-        Case::gpu("overlap::restore_fused_add_and_rmsnorm_match_cpu", fused_restore),
-        Case::gpu("overlap::all_reduce_matches_cublas_then_nccl", all_reduce_vs_sequential),
+        Case::gpu(
+            "overlap::tile_order_round_trip_is_bitwise",
+            tile_order_round_trip,
+        ),
+        Case::gpu(
+            "overlap::restore_fused_add_and_rmsnorm_match_cpu",
+            fused_restore,
+        ),
+        Case::gpu(
+            "overlap::all_reduce_matches_cublas_then_nccl",
+            all_reduce_vs_sequential,
+        ),
         Case::gpu("overlap::all_reduce_stress_back_to_back", |j| {
-            all_reduce_stress(j, GemmOptions { tile: TileChoice::N128, sm_margin: 100, ..GemmOptions::default() })
+            all_reduce_stress(
+                j,
+                GemmOptions {
+                    tile: TileChoice::N128,
+                    sm_margin: 100,
+                    ..GemmOptions::default()
+                },
+            )
         }),
         Case::gpu("overlap::all_reduce_stress_whole_tile_epilogue", |j| {
-            all_reduce_stress(j, GemmOptions { tile: TileChoice::N256, sm_margin: 110, ..GemmOptions::default() })
+            all_reduce_stress(
+                j,
+                GemmOptions {
+                    tile: TileChoice::N256,
+                    sm_margin: 110,
+                    ..GemmOptions::default()
+                },
+            )
         }),
         Case::gpu("overlap::all_reduce_stress_dynamic_schedule", |j| {
             let dynamic = Scheduling::Dynamic;
-            all_reduce_stress(j, GemmOptions { tile: TileChoice::N128, sm_margin: 100, scheduling: dynamic, ..GemmOptions::default() })
+            all_reduce_stress(
+                j,
+                GemmOptions {
+                    tile: TileChoice::N128,
+                    sm_margin: 100,
+                    scheduling: dynamic,
+                    ..GemmOptions::default()
+                },
+            )
         }),
         Case::gpu("overlap::bad_inputs_are_rejected", bad_inputs),
     ]
@@ -53,11 +84,19 @@ pub(super) fn random_case(rng: &mut StdRng, max: u32, output: Dtype) -> (GemmSha
     let cluster_m = rng.random_range(1..=2);
     let options = GemmOptions {
         output,
-        b_layout: if rng.random_bool(0.5) { BLayout::NxK } else { BLayout::KxN },
+        b_layout: if rng.random_bool(0.5) {
+            BLayout::NxK
+        } else {
+            BLayout::KxN
+        },
         tile: [TileChoice::Auto, TileChoice::N128, TileChoice::N256][rng.random_range(0..3)],
         sm_margin: rng.random_range(8..=124),
         cluster_m,
-        scheduling: if cluster_m == 1 && rng.random_bool(0.5) { Scheduling::Dynamic } else { Scheduling::Static },
+        scheduling: if cluster_m == 1 && rng.random_bool(0.5) {
+            Scheduling::Dynamic
+        } else {
+            Scheduling::Static
+        },
         ..GemmOptions::default()
     };
     (shape, options)
@@ -77,7 +116,10 @@ pub(super) fn random_groups(rng: &mut StdRng, plan: &GemmPlan) -> Vec<u32> {
     sizes
 }
 
-pub(super) fn with_budget(mut counters: GroupCounters, ctx: &Arc<CudaContext>) -> anyhow::Result<GroupCounters> {
+pub(super) fn with_budget(
+    mut counters: GroupCounters,
+    ctx: &Arc<CudaContext>,
+) -> anyhow::Result<GroupCounters> {
     counters.set_budget(WaitBudget::for_device(ctx, TRIAL_WAIT)?);
     Ok(counters)
 }
@@ -95,9 +137,33 @@ fn tile_order_round_trip(job: &mut Job) -> anyhow::Result<()> {
         let output = [Dtype::Bf16, Dtype::F16, Dtype::F32][i % 3];
         let (shape, options) = random_case(&mut rng, 1024, output);
         match output {
-            Dtype::Bf16 => round_trip::<bf16>(&ctx, &stream, &mut cmp, &mut rng, shape, options, seed + i as u64),
-            Dtype::F16 => round_trip::<f16>(&ctx, &stream, &mut cmp, &mut rng, shape, options, seed + i as u64),
-            Dtype::F32 => round_trip::<f32>(&ctx, &stream, &mut cmp, &mut rng, shape, options, seed + i as u64),
+            Dtype::Bf16 => round_trip::<bf16>(
+                &ctx,
+                &stream,
+                &mut cmp,
+                &mut rng,
+                shape,
+                options,
+                seed + i as u64,
+            ),
+            Dtype::F16 => round_trip::<f16>(
+                &ctx,
+                &stream,
+                &mut cmp,
+                &mut rng,
+                shape,
+                options,
+                seed + i as u64,
+            ),
+            Dtype::F32 => round_trip::<f32>(
+                &ctx,
+                &stream,
+                &mut cmp,
+                &mut rng,
+                shape,
+                options,
+                seed + i as u64,
+            ),
         }
         .map_err(|e| e.context(format!("case {i}: {shape} {options:?} seed {seed}")))?;
     }
@@ -126,7 +192,11 @@ fn round_trip<TO: GemmElement>(
         let mut standard = poisoned::<TO>(stream, m * n)?;
         gemm.launch(stream, &a, &b, &mut standard)?;
         let mut staging = poisoned::<TO>(stream, OutputLayout::TileOrder.elements(&plan) as usize)?;
-        let extras = LaunchExtras { groups: Some(&counters), layout: OutputLayout::TileOrder, ..Default::default() };
+        let extras = LaunchExtras {
+            groups: Some(&counters),
+            layout: OutputLayout::TileOrder,
+            ..Default::default()
+        };
         gemm.launch_with(stream, &a, &b, &mut staging, extras)?;
         for g in 0..groups.count() {
             counters.wait(stream, g)?;
@@ -152,8 +222,11 @@ fn round_trip<TO: GemmElement>(
 fn check_slots<T: GemmElement>(staging: &[T], plan: &GemmPlan) -> anyhow::Result<()> {
     let (tm_, tn_) = (plan.tile_m() as usize, plan.tile_n() as usize);
     let (m, n) = (plan.shape.m as usize, plan.shape.n as usize);
-    let real: std::collections::HashMap<u32, (usize, usize)> =
-        plan.schedule().iter().map(|t| (t.order, (t.tm as usize, t.tn as usize))).collect();
+    let real: std::collections::HashMap<u32, (usize, usize)> = plan
+        .schedule()
+        .iter()
+        .map(|t| (t.order, (t.tm as usize, t.tn as usize)))
+        .collect();
     for order in 0..plan.orders() {
         let (rows, cols) = match real.get(&order) {
             Some(&(tm, tn)) => ((m - tm * tm_).min(tm_), (n - tn * tn_).min(tn_)),
@@ -193,15 +266,30 @@ fn fused_restore(job: &mut Job) -> anyhow::Result<()> {
         let (residual, gamma) = (upload(&stream, &residual_h)?, upload(&stream, &gamma_h)?);
         let mut standard = poisoned::<bf16>(&stream, m * n)?;
         gemm.launch(&stream, &a, &b, &mut standard)?;
-        let mut staging = poisoned::<bf16>(&stream, OutputLayout::TileOrder.elements(&plan) as usize)?;
-        let extras = LaunchExtras { layout: OutputLayout::TileOrder, ..Default::default() };
+        let mut staging =
+            poisoned::<bf16>(&stream, OutputLayout::TileOrder.elements(&plan) as usize)?;
+        let extras = LaunchExtras {
+            layout: OutputLayout::TileOrder,
+            ..Default::default()
+        };
         gemm.launch_with(&stream, &a, &b, &mut staging, extras)?;
         let mut added = poisoned::<bf16>(&stream, m * n)?;
-        map.restore(&stream, &staging, &mut added, Restore::ResidualAdd { residual: &residual })?;
+        map.restore(
+            &stream,
+            &staging,
+            &mut added,
+            Restore::ResidualAdd {
+                residual: &residual,
+            },
+        )?;
         let mut normed = poisoned::<bf16>(&stream, m * n)?;
         let eps = 1e-5f32;
         let with_residual = i % 2 == 0;
-        let step = Restore::RmsNorm { residual: with_residual.then_some(&residual), gamma: &gamma, eps };
+        let step = Restore::RmsNorm {
+            residual: with_residual.then_some(&residual),
+            gamma: &gamma,
+            eps,
+        };
         map.restore(&stream, &staging, &mut normed, step)?;
         let x = download(&stream, &standard)?;
         let (added, normed) = (download(&stream, &added)?, download(&stream, &normed)?);
@@ -221,7 +309,11 @@ fn fused_restore(job: &mut Job) -> anyhow::Result<()> {
             let v: Vec<f64> = (0..n)
                 .map(|c| {
                     let s = x[row * n + c].to_f32() as f64;
-                    if with_residual { (x[row * n + c].to_f32() + residual_h[row * n + c].to_f32()) as f64 } else { s }
+                    if with_residual {
+                        (x[row * n + c].to_f32() + residual_h[row * n + c].to_f32()) as f64
+                    } else {
+                        s
+                    }
                 })
                 .collect();
             let scale = 1.0 / (v.iter().map(|t| t * t).sum::<f64>() / n as f64 + eps as f64).sqrt();
@@ -258,13 +350,23 @@ pub(super) fn reference(
     let mut partial = poisoned::<bf16>(&stream, n_out)?;
     cublas.launch(a, b, &mut partial)?;
     let mut reduced = poisoned::<bf16>(&stream, n_out)?;
-    job.comm()?.all_reduce(&partial, &mut reduced, ReduceOp::Sum, &stream)?;
+    job.comm()?
+        .all_reduce(&partial, &mut reduced, ReduceOp::Sum, &stream)?;
     let bound = sum_bound(job, &stream, &partial)?;
-    Ok(Reference { want: download(&stream, &reduced)?, bound })
+    Ok(Reference {
+        want: download(&stream, &reduced)?,
+        bound,
+    })
 }
 
 fn check_reduced(what: &str, got: &[bf16], r: &Reference, n: usize) -> anyhow::Result<()> {
-    check_within(&format!("{what} (against cuBLAS + NCCL)"), got, &r.want, &r.bound, n)
+    check_within(
+        &format!("{what} (against cuBLAS + NCCL)"),
+        got,
+        &r.want,
+        &r.bound,
+        n,
+    )
 }
 
 /// GEMM + AllReduce through signals equals cuBLAS then ncclAllReduce on every element, for random
@@ -291,7 +393,11 @@ fn all_reduce_vs_sequential(job: &mut Job) -> anyhow::Result<()> {
             ov.run(&stream, comm, &a, &b, &mut staging, &mut out, Restore::Copy)?;
             stream.synchronize()?;
             ov.check()?;
-            let what = format!("case {i} round {round}: {} groups {} seed {seed}", ov.gemm().plan().describe(), ov.groups());
+            let what = format!(
+                "case {i} round {round}: {} groups {} seed {seed}",
+                ov.gemm().plan().describe(),
+                ov.groups()
+            );
             check_reduced(&what, &download(&stream, &out)?, &r, n)?;
         }
     }
@@ -310,7 +416,12 @@ fn all_reduce_stress(job: &mut Job, options: GemmOptions) -> anyhow::Result<()> 
     let (_ctx, stream) = gpu(job)?;
     let shape = GemmShape::new(2048, 1024, 128);
     let ov = AllReduceOverlap::new(&stream, shape, options, None, rank as u32)?;
-    anyhow::ensure!(ov.groups().count() >= 3, "stress plan {} has {} groups", ov.gemm().plan().describe(), ov.groups().count());
+    anyhow::ensure!(
+        ov.groups().count() >= 3,
+        "stress plan {} has {} groups",
+        ov.gemm().plan().describe(),
+        ov.groups().count()
+    );
     let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
     let mut inputs = Vec::new();
     let mut verified = Vec::new();
@@ -325,7 +436,12 @@ fn all_reduce_stress(job: &mut Job, options: GemmOptions) -> anyhow::Result<()> 
         ov.run(&stream, comm, &a, &b, &mut staging, &mut out, Restore::Copy)?;
         stream.synchronize()?;
         ov.check()?;
-        check_reduced(&format!("stress input set {set}"), &download(&stream, &out)?, &r, n)?;
+        check_reduced(
+            &format!("stress input set {set}"),
+            &download(&stream, &out)?,
+            &r,
+            n,
+        )?;
         inputs.push((a, b));
         verified.push(out);
     }
@@ -361,7 +477,10 @@ pub(super) fn back_to_back(
 }
 
 /// NaN (0x7FC0) into every element, in stream order.
-pub(super) fn poison_bf16(stream: &Arc<CudaStream>, buf: &mut CudaSlice<bf16>) -> anyhow::Result<()> {
+pub(super) fn poison_bf16(
+    stream: &Arc<CudaStream>,
+    buf: &mut CudaSlice<bf16>,
+) -> anyhow::Result<()> {
     let len = buf.len();
     let (ptr, _g) = buf.device_ptr_mut(stream);
     // SAFETY: `len` 16-bit elements at `ptr`, on the buffer's stream.
@@ -374,7 +493,10 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
     let rank = job.rank() as u32;
     let (ctx, stream) = gpu(job)?;
     let shape = GemmShape::new(1024, 1024, 256);
-    let options = GemmOptions { sm_margin: 100, ..GemmOptions::default() };
+    let options = GemmOptions {
+        sm_margin: 100,
+        ..GemmOptions::default()
+    };
     let expect = |r: anyhow::Result<()>, needle: &str| -> anyhow::Result<()> {
         match r {
             Ok(()) => anyhow::bail!("accepted; expected an error containing {needle:?}"),
@@ -383,45 +505,133 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
         }
     };
     expect(
-        AllReduceOverlap::new(&stream, shape, GemmOptions { beta: 1.0, ..options }, None, rank).map(|_| ()),
+        AllReduceOverlap::new(
+            &stream,
+            shape,
+            GemmOptions {
+                beta: 1.0,
+                ..options
+            },
+            None,
+            rank,
+        )
+        .map(|_| ()),
         "beta",
     )?;
     let gemm = Gemm::new(&ctx, shape, options)?;
     let plan = gemm.plan().clone();
-    expect(WaveGroups::new(&plan, &[plan.waves() + 1]).map(|_| ()), "cover")?;
+    expect(
+        WaveGroups::new(&plan, &[plan.waves() + 1]).map(|_| ()),
+        "cover",
+    )?;
     let a = poisoned::<bf16>(&stream, 1024 * 256)?;
     let b = poisoned::<bf16>(&stream, 1024 * 256)?;
     let mut standard = poisoned::<bf16>(&stream, 1024 * 1024)?;
     let tile_order_len = OutputLayout::TileOrder.elements(&plan) as usize;
     let mut too_small = poisoned::<bf16>(&stream, tile_order_len - 1)?;
     expect(
-        gemm.launch_with(&stream, &a, &b, &mut too_small, LaunchExtras { layout: OutputLayout::TileOrder, ..Default::default() }),
+        gemm.launch_with(
+            &stream,
+            &a,
+            &b,
+            &mut too_small,
+            LaunchExtras {
+                layout: OutputLayout::TileOrder,
+                ..Default::default()
+            },
+        ),
         "too small",
     )?;
     let other = GemmPlan::new(plan.sms, GemmShape::new(2048, 1024, 256), options)?;
     let foreign = GroupCounters::new(&stream, WaveGroups::uniform(&other, 1)?, rank)?;
     expect(
-        gemm.launch_with(&stream, &a, &b, &mut standard, LaunchExtras { groups: Some(&foreign), ..Default::default() }),
+        gemm.launch_with(
+            &stream,
+            &a,
+            &b,
+            &mut standard,
+            LaunchExtras {
+                groups: Some(&foreign),
+                ..Default::default()
+            },
+        ),
         "another plan",
     )?;
-    let beta_gemm = Gemm::new(&ctx, shape, GemmOptions { beta: 1.0, ..options })?;
+    let beta_gemm = Gemm::new(
+        &ctx,
+        shape,
+        GemmOptions {
+            beta: 1.0,
+            ..options
+        },
+    )?;
     let mut staging = poisoned::<bf16>(&stream, tile_order_len)?;
     expect(
-        beta_gemm.launch_with(&stream, &a, &b, &mut staging, LaunchExtras { layout: OutputLayout::TileOrder, ..Default::default() }),
+        beta_gemm.launch_with(
+            &stream,
+            &a,
+            &b,
+            &mut staging,
+            LaunchExtras {
+                layout: OutputLayout::TileOrder,
+                ..Default::default()
+            },
+        ),
         "beta = 0",
     )?;
     let map = TileOrderMap::new(&stream, &plan)?;
     let mut out16 = poisoned::<f16>(&stream, 1024 * 1024)?;
     let staging16 = poisoned::<f16>(&stream, tile_order_len)?;
-    expect(map.restore(&stream, &staging16, &mut out16, Restore::Copy), "output is bf16")?;
-    expect(map.restore(&stream, &staging, &mut standard, Restore::RmsNorm { residual: None, gamma: &a, eps: f32::NAN }), "eps")?;
+    expect(
+        map.restore(&stream, &staging16, &mut out16, Restore::Copy),
+        "output is bf16",
+    )?;
+    expect(
+        map.restore(
+            &stream,
+            &staging,
+            &mut standard,
+            Restore::RmsNorm {
+                residual: None,
+                gamma: &a,
+                eps: f32::NAN,
+            },
+        ),
+        "eps",
+    )?;
     let ov = AllReduceOverlap::new(&stream, shape, options, None, rank)?;
     let (comm, _) = job.comm_and_gpu()?;
-    expect(ov.run(&stream, comm, &a, &b, &mut too_small, &mut standard, Restore::Copy), "staging buffer")?;
+    expect(
+        ov.run(
+            &stream,
+            comm,
+            &a,
+            &b,
+            &mut too_small,
+            &mut standard,
+            Restore::Copy,
+        ),
+        "staging buffer",
+    )?;
     // Refused before anything is enqueued: the next run still works.
-    let bad_norm = Restore::RmsNorm { residual: None, gamma: &a, eps: -1.0 };
-    expect(ov.run(&stream, comm, &a, &b, &mut staging, &mut standard, bad_norm), "eps")?;
-    ov.run(&stream, comm, &a, &b, &mut staging, &mut standard, Restore::Copy)?;
+    let bad_norm = Restore::RmsNorm {
+        residual: None,
+        gamma: &a,
+        eps: -1.0,
+    };
+    expect(
+        ov.run(&stream, comm, &a, &b, &mut staging, &mut standard, bad_norm),
+        "eps",
+    )?;
+    ov.run(
+        &stream,
+        comm,
+        &a,
+        &b,
+        &mut staging,
+        &mut standard,
+        Restore::Copy,
+    )?;
     stream.synchronize()?;
     ov.check()?;
     Ok(())

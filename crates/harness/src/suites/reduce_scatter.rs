@@ -3,7 +3,9 @@
 //! GEMM bit for bit; cuBLAS then a sum over ranks by NCCL within the derived bf16 bound).
 
 use super::gpu;
-use super::overlap::{back_to_back, poison_bf16, random_case, random_groups, reference, with_budget, Reference};
+use super::overlap::{
+    back_to_back, poison_bf16, random_case, random_groups, reference, with_budget, Reference,
+};
 use crate::data::shared_seed;
 use crate::gemm_data::{band_receive, download, poisoned, uniform, upload};
 use crate::job::Job;
@@ -16,8 +18,8 @@ use rand::SeedableRng;
 use std::sync::Arc;
 use weft_signal_gemm::overlap::ReduceScatterOverlap;
 use weft_signal_gemm::{
-    Dtype, Gemm, GemmElement, GemmOptions, GemmPlan, GemmShape, GroupCounters, LaunchExtras, OutputLayout, RankBandMap,
-    Restore, TileChoice, WaveGroups, MAX_BAND_RANKS,
+    Dtype, Gemm, GemmElement, GemmOptions, GemmPlan, GemmShape, GroupCounters, LaunchExtras,
+    OutputLayout, RankBandMap, Restore, TileChoice, WaveGroups, MAX_BAND_RANKS,
 };
 
 pub fn cases() -> Vec<Case> {
@@ -33,10 +35,18 @@ pub fn cases() -> Vec<Case> {
     ];
     let mut cases: Vec<Case> = round_trips
         .into_iter()
-        .map(|(ranks, body)| Case::gpu(format!("reduce_scatter::rank_bands_round_trip_is_bitwise::ranks_{ranks}"), body))
+        .map(|(ranks, body)| {
+            Case::gpu(
+                format!("reduce_scatter::rank_bands_round_trip_is_bitwise::ranks_{ranks}"),
+                body,
+            )
+        })
         .collect();
     cases.extend([
-        Case::gpu("reduce_scatter::matches_cublas_then_nccl", reduce_scatter_vs_sequential),
+        Case::gpu(
+            "reduce_scatter::matches_cublas_then_nccl",
+            reduce_scatter_vs_sequential,
+        ),
         Case::gpu("reduce_scatter::stress_back_to_back", reduce_scatter_stress),
         Case::gpu("reduce_scatter::bad_inputs_are_rejected", bad_inputs),
     ]);
@@ -61,11 +71,39 @@ fn rank_bands_round_trip(job: &mut Job, ranks: u32) -> anyhow::Result<()> {
         let output = [Dtype::Bf16, Dtype::F16, Dtype::F32][i % 3];
         let (shape, options) = random_case(&mut rng, 1024, output);
         match output {
-            Dtype::Bf16 => band_round_trip::<bf16>(&ctx, &stream, &mut rng, shape, options, ranks, seed + i as u64),
-            Dtype::F16 => band_round_trip::<f16>(&ctx, &stream, &mut rng, shape, options, ranks, seed + i as u64),
-            Dtype::F32 => band_round_trip::<f32>(&ctx, &stream, &mut rng, shape, options, ranks, seed + i as u64),
+            Dtype::Bf16 => band_round_trip::<bf16>(
+                &ctx,
+                &stream,
+                &mut rng,
+                shape,
+                options,
+                ranks,
+                seed + i as u64,
+            ),
+            Dtype::F16 => band_round_trip::<f16>(
+                &ctx,
+                &stream,
+                &mut rng,
+                shape,
+                options,
+                ranks,
+                seed + i as u64,
+            ),
+            Dtype::F32 => band_round_trip::<f32>(
+                &ctx,
+                &stream,
+                &mut rng,
+                shape,
+                options,
+                ranks,
+                seed + i as u64,
+            ),
         }
-        .map_err(|e| e.context(format!("case {i}: {shape} {options:?} {ranks} ranks seed {seed}")))?;
+        .map_err(|e| {
+            e.context(format!(
+                "case {i}: {shape} {options:?} {ranks} ranks seed {seed}"
+            ))
+        })?;
     }
     Ok(())
 }
@@ -91,7 +129,17 @@ fn band_round_trip<TO: GemmElement>(
     let mut standard = poisoned::<TO>(stream, m * n)?;
     gemm.launch(stream, &a, &b, &mut standard)?;
     let mut staging = poisoned::<TO>(stream, layout.elements(&plan) as usize)?;
-    gemm.launch_with(stream, &a, &b, &mut staging, LaunchExtras { groups: Some(&counters), layout, ..Default::default() })?;
+    gemm.launch_with(
+        stream,
+        &a,
+        &b,
+        &mut staging,
+        LaunchExtras {
+            groups: Some(&counters),
+            layout,
+            ..Default::default()
+        },
+    )?;
     for g in 0..groups.count() {
         counters.wait(stream, g)?;
     }
@@ -102,7 +150,14 @@ fn band_round_trip<TO: GemmElement>(
     let bits = |v: TO| v.to_f64().to_bits(); // f16/bf16/f32 -> f64 is injective
     for rank in 0..ranks {
         let map = RankBandMap::new(stream, &plan, ranks, rank)?;
-        let received = band_receive(stream, &map, &groups, &staging, rank as usize, ranks as usize)?;
+        let received = band_receive(
+            stream,
+            &map,
+            &groups,
+            &staging,
+            rank as usize,
+            ranks as usize,
+        )?;
         let rows = map.rows() as usize;
         let mut out = poisoned::<TO>(stream, rows * n)?;
         map.restore(stream, &received, &mut out, Restore::Copy)?;
@@ -126,15 +181,23 @@ fn band_round_trip<TO: GemmElement>(
 /// 8 rows dealt in order, band r getting 16 / ranks atoms and one more if r < 16 % ranks; group
 /// g's range holds `ranks` parts of its order count slots each, part r holding band r of each
 /// of its tiles; a slot has the largest band's rows).
-fn check_band_slots<T: GemmElement>(staging: &[T], plan: &GemmPlan, groups: &WaveGroups, ranks: u32) -> anyhow::Result<()> {
+fn check_band_slots<T: GemmElement>(
+    staging: &[T],
+    plan: &GemmPlan,
+    groups: &WaveGroups,
+    ranks: u32,
+) -> anyhow::Result<()> {
     let (tile_m, tile_n) = (plan.tile_m() as usize, plan.tile_n() as usize);
     let (m, n) = (plan.shape.m as usize, plan.shape.n as usize);
     let world = ranks as usize;
     let atoms = |r: usize| 16 / world + usize::from(r < 16 % world);
     let band_start = |r: usize| 8 * (0..r).map(atoms).sum::<usize>();
     let band_rows = 8 * atoms(0);
-    let real: std::collections::HashMap<u32, (usize, usize)> =
-        plan.schedule().iter().map(|t| (t.order, (t.tm as usize, t.tn as usize))).collect();
+    let real: std::collections::HashMap<u32, (usize, usize)> = plan
+        .schedule()
+        .iter()
+        .map(|t| (t.order, (t.tm as usize, t.tn as usize)))
+        .collect();
     for g in 0..groups.count() {
         let orders = groups.orders(g);
         let count = orders.len();
@@ -144,7 +207,9 @@ fn check_band_slots<T: GemmElement>(staging: &[T], plan: &GemmPlan, groups: &Wav
                 None => (0, 0), // a phantom: zeros
             };
             for r in 0..ranks as usize {
-                let slot = orders.start as usize * ranks as usize + r * count + (order - orders.start) as usize;
+                let slot = orders.start as usize * ranks as usize
+                    + r * count
+                    + (order - orders.start) as usize;
                 let band_len = 8 * atoms(r);
                 for w in 0..band_rows {
                     let y = band_start(r) + w; // row in the tile
@@ -187,7 +252,14 @@ fn reduce_scatter_vs_sequential(job: &mut Job) -> anyhow::Result<()> {
         let (shape, options) = random_case(&mut rng, 2048, Dtype::Bf16);
         let plan = GemmPlan::new(weft_signal_gemm::device_sms(&ctx)?, shape, options)?;
         let parts = random_groups(&mut rng, &plan);
-        let ov = ReduceScatterOverlap::new(&stream, shape, options, Some(&parts), world as u32, rank as u32)?;
+        let ov = ReduceScatterOverlap::new(
+            &stream,
+            shape,
+            options,
+            Some(&parts),
+            world as u32,
+            rank as u32,
+        )?;
         let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
         for round in 0..2u64 {
             let s = seed ^ (i << 20) ^ (round << 40) ^ ((rank as u64) << 50);
@@ -198,7 +270,16 @@ fn reduce_scatter_vs_sequential(job: &mut Job) -> anyhow::Result<()> {
             let mut staging = poisoned::<bf16>(&stream, ov.staging_len())?;
             let mut received = poisoned::<bf16>(&stream, ov.received_len())?;
             let mut out = poisoned::<bf16>(&stream, ov.map().rows() as usize * n)?;
-            ov.run(&stream, comm, &a, &b, &mut staging, &mut received, &mut out, Restore::Copy)?;
+            ov.run(
+                &stream,
+                comm,
+                &a,
+                &b,
+                &mut staging,
+                &mut received,
+                &mut out,
+                Restore::Copy,
+            )?;
             stream.synchronize()?;
             ov.check()?;
             let (want, bound) = reference_rows(&r, ov.map(), n);
@@ -208,7 +289,13 @@ fn reduce_scatter_vs_sequential(job: &mut Job) -> anyhow::Result<()> {
                 ov.groups(),
                 ov.map().rows()
             );
-            check_within(&format!("{what} (against cuBLAS + NCCL)"), &download(&stream, &out)?, &want, &bound, n)?;
+            check_within(
+                &format!("{what} (against cuBLAS + NCCL)"),
+                &download(&stream, &out)?,
+                &want,
+                &bound,
+                n,
+            )?;
         }
     }
     Ok(())
@@ -222,9 +309,18 @@ fn reduce_scatter_stress(job: &mut Job) -> anyhow::Result<()> {
     let (rank, world) = (job.rank(), job.world());
     let (_ctx, stream) = gpu(job)?;
     let shape = GemmShape::new(2048, 1024, 128);
-    let options = GemmOptions { tile: TileChoice::N128, sm_margin: 100, ..GemmOptions::default() };
+    let options = GemmOptions {
+        tile: TileChoice::N128,
+        sm_margin: 100,
+        ..GemmOptions::default()
+    };
     let ov = ReduceScatterOverlap::new(&stream, shape, options, None, world as u32, rank as u32)?;
-    anyhow::ensure!(ov.groups().count() >= 3, "stress plan {} has {} groups", ov.gemm().plan().describe(), ov.groups().count());
+    anyhow::ensure!(
+        ov.groups().count() >= 3,
+        "stress plan {} has {} groups",
+        ov.gemm().plan().describe(),
+        ov.groups().count()
+    );
     let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
     let rows = ov.map().rows() as usize;
     let mut staging = poisoned::<bf16>(&stream, ov.staging_len())?;
@@ -238,11 +334,26 @@ fn reduce_scatter_stress(job: &mut Job) -> anyhow::Result<()> {
         let r = reference(job, shape, options, &a, &b)?;
         let (comm, _) = job.comm_and_gpu()?;
         let mut out = poisoned::<bf16>(&stream, rows * n)?;
-        ov.run(&stream, comm, &a, &b, &mut staging, &mut received, &mut out, Restore::Copy)?;
+        ov.run(
+            &stream,
+            comm,
+            &a,
+            &b,
+            &mut staging,
+            &mut received,
+            &mut out,
+            Restore::Copy,
+        )?;
         stream.synchronize()?;
         ov.check()?;
         let (want, bound) = reference_rows(&r, ov.map(), n);
-        check_within(&format!("stress input set {set} (against cuBLAS + NCCL)"), &download(&stream, &out)?, &want, &bound, n)?;
+        check_within(
+            &format!("stress input set {set} (against cuBLAS + NCCL)"),
+            &download(&stream, &out)?,
+            &want,
+            &bound,
+            n,
+        )?;
         inputs.push((a, b));
         verified.push(out);
     }
@@ -251,7 +362,16 @@ fn reduce_scatter_stress(job: &mut Job) -> anyhow::Result<()> {
         poison_bf16(&stream, &mut staging)?;
         poison_bf16(&stream, &mut received)?;
         let (a, b) = &inputs[it % 2];
-        ov.run(&stream, comm, a, b, &mut staging, &mut received, out, Restore::Copy)
+        ov.run(
+            &stream,
+            comm,
+            a,
+            b,
+            &mut staging,
+            &mut received,
+            out,
+            Restore::Copy,
+        )
     })?;
     ov.check()
 }
@@ -261,7 +381,10 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
     let (rank, world) = (job.rank() as u32, job.world() as u32);
     let (ctx, stream) = gpu(job)?;
     let shape = GemmShape::new(1024, 1024, 256);
-    let options = GemmOptions { sm_margin: 100, ..GemmOptions::default() };
+    let options = GemmOptions {
+        sm_margin: 100,
+        ..GemmOptions::default()
+    };
     let expect = |r: anyhow::Result<()>, needle: &str| -> anyhow::Result<()> {
         match r {
             Ok(()) => anyhow::bail!("accepted; expected an error containing {needle:?}"),
@@ -273,12 +396,40 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
     let plan = gemm.plan().clone();
     let a = poisoned::<bf16>(&stream, 1024 * 256)?;
     let b = poisoned::<bf16>(&stream, 1024 * 256)?;
-    let nine = OutputLayout::RankBands { ranks: MAX_BAND_RANKS + 1 };
+    let nine = OutputLayout::RankBands {
+        ranks: MAX_BAND_RANKS + 1,
+    };
     let mut big = poisoned::<bf16>(&stream, 4 * 1024 * 1024)?;
-    expect(gemm.launch_with(&stream, &a, &b, &mut big, LaunchExtras { layout: nine, ..Default::default() }), "1 to 8 ranks")?;
-    expect(RankBandMap::new(&stream, &plan, world, world).map(|_| ()), &format!("rank {world} of {world}"))?;
     expect(
-        ReduceScatterOverlap::new(&stream, shape, GemmOptions { beta: 1.0, ..options }, None, world, rank).map(|_| ()),
+        gemm.launch_with(
+            &stream,
+            &a,
+            &b,
+            &mut big,
+            LaunchExtras {
+                layout: nine,
+                ..Default::default()
+            },
+        ),
+        "1 to 8 ranks",
+    )?;
+    expect(
+        RankBandMap::new(&stream, &plan, world, world).map(|_| ()),
+        &format!("rank {world} of {world}"),
+    )?;
+    expect(
+        ReduceScatterOverlap::new(
+            &stream,
+            shape,
+            GemmOptions {
+                beta: 1.0,
+                ..options
+            },
+            None,
+            world,
+            rank,
+        )
+        .map(|_| ()),
         "beta",
     )?;
     let ov = ReduceScatterOverlap::new(&stream, shape, options, None, world, rank)?;
@@ -290,21 +441,75 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
     let mut short_out = poisoned::<bf16>(&stream, ov.map().rows() as usize * n - 1)?;
     let mut short_staging = poisoned::<bf16>(&stream, ov.staging_len() - 1)?;
     let (comm, _) = job.comm_and_gpu()?;
-    expect(ov.run(&stream, comm, &a, &b, &mut short_staging, &mut received, &mut out, Restore::Copy), "staging buffer")?;
-    expect(ov.run(&stream, comm, &a, &b, &mut staging, &mut short_received, &mut out, Restore::Copy), "slot buffer")?;
-    expect(ov.run(&stream, comm, &a, &b, &mut staging, &mut received, &mut short_out, Restore::Copy), "output has")?;
+    expect(
+        ov.run(
+            &stream,
+            comm,
+            &a,
+            &b,
+            &mut short_staging,
+            &mut received,
+            &mut out,
+            Restore::Copy,
+        ),
+        "staging buffer",
+    )?;
+    expect(
+        ov.run(
+            &stream,
+            comm,
+            &a,
+            &b,
+            &mut staging,
+            &mut short_received,
+            &mut out,
+            Restore::Copy,
+        ),
+        "slot buffer",
+    )?;
+    expect(
+        ov.run(
+            &stream,
+            comm,
+            &a,
+            &b,
+            &mut staging,
+            &mut received,
+            &mut short_out,
+            Restore::Copy,
+        ),
+        "output has",
+    )?;
     if world < MAX_BAND_RANKS {
         let other = ReduceScatterOverlap::new(&stream, shape, options, None, world + 1, rank)?;
         let mut other_staging = poisoned::<bf16>(&stream, other.staging_len())?;
         let mut other_received = poisoned::<bf16>(&stream, other.received_len())?;
         let mut other_out = poisoned::<bf16>(&stream, other.map().rows() as usize * n)?;
         expect(
-            other.run(&stream, comm, &a, &b, &mut other_staging, &mut other_received, &mut other_out, Restore::Copy),
+            other.run(
+                &stream,
+                comm,
+                &a,
+                &b,
+                &mut other_staging,
+                &mut other_received,
+                &mut other_out,
+                Restore::Copy,
+            ),
             "made for rank",
         )?;
     }
     // Refused before anything is enqueued: the next run still works.
-    ov.run(&stream, comm, &a, &b, &mut staging, &mut received, &mut out, Restore::Copy)?;
+    ov.run(
+        &stream,
+        comm,
+        &a,
+        &b,
+        &mut staging,
+        &mut received,
+        &mut out,
+        Restore::Copy,
+    )?;
     stream.synchronize()?;
     ov.check()?;
     Ok(())

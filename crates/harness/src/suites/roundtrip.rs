@@ -11,7 +11,10 @@ use weft_kernels::cubins;
 pub fn cases() -> Vec<Case> {
     vec![
         Case::gpu("kernels::roundtrip", roundtrip),
-        Case::gpu("kernels::word_compare_finds_differences", word_compare_finds_differences),
+        Case::gpu(
+            "kernels::word_compare_finds_differences",
+            word_compare_finds_differences,
+        ),
     ]
 }
 
@@ -26,15 +29,24 @@ fn word_compare_finds_differences(job: &mut Job) -> anyhow::Result<()> {
     let a: Vec<u32> = (0..n).map(|_| rng.random()).collect();
     let d_a = stream.clone_htod(&a)?;
     let same = cmp.differ(stream, &d_a, &stream.clone_htod(&a)?)?;
-    anyhow::ensure!(same.is_none(), "equal buffers reported as different: {same:?}");
+    anyhow::ensure!(
+        same.is_none(),
+        "equal buffers reported as different: {same:?}"
+    );
     let mut b = a.clone();
     let flips = [n - 1, 12_345, 2_999_000, 40];
     for &i in &flips {
         b[i] ^= 1 << rng.random_range(0..32);
     }
     let got = cmp.differ(stream, &d_a, &stream.clone_htod(&b)?)?;
-    let want = crate::word_compare::Difference { words: flips.len() as u64, first_word: 40 };
-    anyhow::ensure!(got == Some(want), "flipped words {flips:?}: reported {got:?}, expected {want:?}");
+    let want = crate::word_compare::Difference {
+        words: flips.len() as u64,
+        first_word: 40,
+    };
+    anyhow::ensure!(
+        got == Some(want),
+        "flipped words {flips:?}: reported {got:?}, expected {want:?}"
+    );
     Ok(())
 }
 

@@ -298,7 +298,7 @@ fn to_hex(bytes: &[u8]) -> String {
 }
 
 fn from_hex(s: &str) -> anyhow::Result<Vec<u8>> {
-    anyhow::ensure!(s.len() % 2 == 0, "odd-length hex");
+    anyhow::ensure!(s.len().is_multiple_of(2), "odd-length hex");
     (0..s.len())
         .step_by(2)
         .map(|i| Ok(u8::from_str_radix(&s[i..i + 2], 16)?))

@@ -129,10 +129,7 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
         })
     }
 
-    fn alloc_gathered(
-        stream: &Arc<CudaStream>,
-        shape: GemmShape,
-    ) -> anyhow::Result<GatheredA<TI>> {
+    fn alloc_gathered(stream: &Arc<CudaStream>, shape: GemmShape) -> anyhow::Result<GatheredA<TI>> {
         let elements = shape.m as usize * shape.k as usize;
         // SAFETY: uninitialised; a peer's rows are read only after the communicators copied
         // them (their chunk's flag), this rank's rows never (they come from its shard).
@@ -192,7 +189,7 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
         };
         let tile_rows = WEFT_GEMM_TILE_M * options.cluster_m;
         ensure!(
-            shape.m % world == 0 && (shape.m / world) % tile_rows == 0,
+            shape.m.is_multiple_of(world) && (shape.m / world).is_multiple_of(tile_rows),
             "GEMM {shape}: the fused AllGather gives each of {world} ranks m / {world} rows of A, which must be a whole multiple of {tile_rows} (tiles of 128 rows, clusters of {}); m = {} gives {}",
             options.cluster_m,
             shape.m,

@@ -33,11 +33,11 @@ use weft_sync::{Counters, WaitBudget};
 /// blocks are not whole cluster rows.
 fn order_for_owners(plan: GemmPlan, ranks: u32, rank: u32) -> anyhow::Result<GemmPlan> {
     let cm = plan.cluster_m();
-    if ranks < 2 || plan.tiles_m() % cm != 0 {
+    if ranks < 2 || !plan.tiles_m().is_multiple_of(cm) {
         return Ok(plan);
     }
     let plan = match plan.with_tm_blocks(ranks) {
-        Ok(p) if (plan.shape.m / ranks) % (plan.tile_m() * cm) == 0 => p,
+        Ok(p) if (plan.shape.m / ranks).is_multiple_of(plan.tile_m() * cm) => p,
         _ => plan,
     };
     let first_row = u64::from((rank + 1) % ranks) * u64::from(plan.shape.m / ranks);

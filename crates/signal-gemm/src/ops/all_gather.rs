@@ -11,8 +11,13 @@
 
 use super::buffer::OpBuffer;
 use super::candidates::OpKind;
-use super::choice::{choose_and_plan, exact_report, random_device, time_candidate, Bench, Candidate, ChoiceReport, PlanRequest};
-use super::common::{agree_on_request, check_capture, check_dtype, check_launch, OpElement, SeqGemm};
+use super::choice::{
+    choose_and_plan, exact_report, random_device, time_candidate, Bench, Candidate, ChoiceReport,
+    PlanRequest,
+};
+use super::common::{
+    agree_on_request, check_capture, check_dtype, check_launch, OpElement, SeqGemm,
+};
 use super::env::{lock, OverlapEnv, SharedComm};
 use super::method::{Method, MethodChoice};
 use crate::cublas::CublasGemm;
@@ -27,10 +32,23 @@ use std::sync::Arc;
 use weft_pgl::agree;
 use weft_pgl::rendezvous::Rendezvous;
 
+// One Imp per op, held for the op's life: the fused variant's size costs nothing worth a Box.
+#[allow(clippy::large_enum_variant)]
 enum Imp<TI: OpElement> {
     /// seq-cublas, seq-weft: ncclAllGather of the shards into `a`, then the GEMM.
-    Seq { gemm: SeqGemm, comm: SharedComm, shard: CudaSlice<TI>, a: CudaSlice<TI> },
-    Decomposition { band: CublasGemm, comm: SharedComm, side: Arc<CudaStream>, shard: CudaSlice<TI>, a: CudaSlice<TI> },
+    Seq {
+        gemm: SeqGemm,
+        comm: SharedComm,
+        shard: CudaSlice<TI>,
+        a: CudaSlice<TI>,
+    },
+    Decomposition {
+        band: CublasGemm,
+        comm: SharedComm,
+        side: Arc<CudaStream>,
+        shard: CudaSlice<TI>,
+        a: CudaSlice<TI>,
+    },
     Fused(FusedAllGatherGemm<TI>),
 }
 
@@ -60,25 +78,48 @@ impl<TI: OpElement> AllGatherGemm<TI> {
         let kind = OpKind::AllGather;
         let (world, rank) = (rdzv.world() as u32, rdzv.rank() as u32);
         let checks = check_dtype::<TI>(kind, shape, "input", options.input).and_then(|()| {
-            ensure!(shape.m % world == 0, "AllGather + GEMM {shape}: M = {} does not split into {world} equal shards", shape.m);
+            ensure!(
+                shape.m.is_multiple_of(world),
+                "AllGather + GEMM {shape}: M = {} does not split into {world} equal shards",
+                shape.m
+            );
             Ok(String::new())
         });
-        agree_on_request(rdzv, env, stream, kind, shape, &options, choice, capturable, checks)?;
+        agree_on_request(
+            rdzv, env, stream, kind, shape, &options, choice, capturable, checks,
+        )?;
         let mut bench: Option<(CudaSlice<TI>, Bench)> = None;
         let seed = 0xa6a6 ^ ((rank as u64) << 40);
         let (imp, report) = choose_and_plan(
             rdzv,
             env,
-            PlanRequest { kind, shape, options, choice, capturable },
+            PlanRequest {
+                kind,
+                shape,
+                options,
+                choice,
+                capturable,
+            },
             |rdzv, env, m| plan_imp::<TI>(rdzv, env, stream, shape, options, m),
             |rdzv, env, m| {
                 if bench.is_none() {
-                    bench = Some((random_device(stream, seed, (shape.k * shape.n) as usize)?, Bench::new(stream)?));
+                    bench = Some((
+                        random_device(stream, seed, (shape.k * shape.n) as usize)?,
+                        Bench::new(stream)?,
+                    ));
                 }
                 let (b, timer) = bench.as_mut().expect("made above");
                 let planned = plan_imp::<TI>(rdzv, env, stream, shape, options, m);
                 let imp = agree(rdzv, &format!("planning {m}"), planned)?;
-                let op = Self { shape, options, world, rank, stream: stream.clone(), report: exact_report(m), imp };
+                let op = Self {
+                    shape,
+                    options,
+                    world,
+                    rank,
+                    stream: stream.clone(),
+                    report: exact_report(m),
+                    imp,
+                };
                 time_candidate(rdzv, op, |op| {
                     op.fill_shard_randomly(seed)?;
                     match options.output {
@@ -89,7 +130,15 @@ impl<TI: OpElement> AllGatherGemm<TI> {
                 })
             },
         )?;
-        Ok(Self { shape, options, world, rank, stream: stream.clone(), report, imp })
+        Ok(Self {
+            shape,
+            options,
+            world,
+            rank,
+            stream: stream.clone(),
+            report,
+            imp,
+        })
     }
 
     fn fill_shard_randomly(&self, seed: u64) -> anyhow::Result<()> {
@@ -99,7 +148,12 @@ impl<TI: OpElement> AllGatherGemm<TI> {
         Ok(())
     }
 
-    fn time_into<TO: GemmElement + cudarc::driver::ValidAsZeroBits>(&mut self, env: &OverlapEnv, timer: &mut Bench, b: &CudaSlice<TI>) -> anyhow::Result<f64> {
+    fn time_into<TO: GemmElement + cudarc::driver::ValidAsZeroBits>(
+        &mut self,
+        env: &OverlapEnv,
+        timer: &mut Bench,
+        b: &CudaSlice<TI>,
+    ) -> anyhow::Result<f64> {
         let stream = self.stream.clone();
         let mut d = stream.alloc_zeros::<TO>((self.shape.m * self.shape.n) as usize)?;
         timer.time(env, &stream, || self.launch(&stream, b, &mut d))
@@ -126,7 +180,9 @@ impl<TI: OpElement> AllGatherGemm<TI> {
     /// a launch, and not again until that launch has finished.
     pub fn shard(&self) -> OpBuffer<'_, TI> {
         let (ptr, len) = match &self.imp {
-            Imp::Seq { shard, .. } | Imp::Decomposition { shard, .. } => (shard.device_ptr(&self.stream).0, shard.len()),
+            Imp::Seq { shard, .. } | Imp::Decomposition { shard, .. } => {
+                (shard.device_ptr(&self.stream).0, shard.len())
+            }
             Imp::Fused(f) => (f.shard().local_ptr(), f.shard().len()),
         };
         // SAFETY: the buffer holds `len` elements of TI and lives as long as self.
@@ -136,40 +192,89 @@ impl<TI: OpElement> AllGatherGemm<TI> {
     /// Copies `src` (at least m/world × k elements) into this rank's shard on `stream`.
     pub fn copy_shard(&self, stream: &Arc<CudaStream>, src: &CudaSlice<TI>) -> anyhow::Result<()> {
         let len = self.shard_len();
-        ensure!(src.len() >= len, "AllGather + GEMM: the shard needs {len} elements, given {}", src.len());
+        ensure!(
+            src.len() >= len,
+            "AllGather + GEMM: the shard needs {len} elements, given {}",
+            src.len()
+        );
         let dst = self.shard().device_address();
         let (ptr, _g) = src.device_ptr(stream);
         stream.context().bind_to_thread()?;
         // SAFETY: both hold `len` elements of TI on this context; stream-ordered.
-        unsafe { sys::cuMemcpyDtoDAsync_v2(dst, ptr, len * std::mem::size_of::<TI>(), stream.cu_stream()) }
-            .result()
-            .context("copying the AllGather shard")?;
+        unsafe {
+            sys::cuMemcpyDtoDAsync_v2(
+                dst,
+                ptr,
+                len * std::mem::size_of::<TI>(),
+                stream.cu_stream(),
+            )
+        }
+        .result()
+        .context("copying the AllGather shard")?;
         Ok(())
     }
 
     /// Enqueues D = AllGather(every rank's shard) · B on the planned stream. Every rank must
     /// launch the same number of times.
-    pub fn launch<TO: GemmElement>(&mut self, stream: &Arc<CudaStream>, b: &CudaSlice<TI>, d: &mut CudaSlice<TO>) -> anyhow::Result<()> {
+    pub fn launch<TO: GemmElement>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        b: &CudaSlice<TI>,
+        d: &mut CudaSlice<TO>,
+    ) -> anyhow::Result<()> {
         let GemmShape { m, n, k } = self.shape;
-        check_launch::<TI>(OpKind::AllGather, &self.stream, stream, &self.options, &[("B", b.len(), (k * n) as usize), ("D", d.len(), (m * n) as usize)])?;
-        ensure!(TO::DTYPE == self.options.output, "AllGather + GEMM: planned for a {} D, given {}", self.options.output, TO::DTYPE);
+        check_launch::<TI>(
+            OpKind::AllGather,
+            &self.stream,
+            stream,
+            &self.options,
+            &[
+                ("B", b.len(), (k * n) as usize),
+                ("D", d.len(), (m * n) as usize),
+            ],
+        )?;
+        ensure!(
+            TO::DTYPE == self.options.output,
+            "AllGather + GEMM: planned for a {} D, given {}",
+            self.options.output,
+            TO::DTYPE
+        );
         check_capture(stream, &self.report.method)?;
         let (rows, rank) = ((m / self.world) as usize, self.rank as usize);
         let (n, k) = (n as usize, k as usize);
         match &mut self.imp {
-            Imp::Seq { gemm, comm, shard, a } => {
+            Imp::Seq {
+                gemm,
+                comm,
+                shard,
+                a,
+            } => {
                 lock(comm)?.all_gather(&*shard, a, stream)?;
                 gemm.launch(stream, a, b, d)
             }
-            Imp::Decomposition { band, comm, side, shard, a } => {
+            Imp::Decomposition {
+                band,
+                comm,
+                side,
+                shard,
+                a,
+            } => {
                 // The gather starts after everything before (the shard written); this rank's rows
                 // are computed from its shard meanwhile, the peers' once the gather is done.
                 side.join(stream)?;
-                band.launch(&*shard, b, &mut d.slice_mut(rank * rows * n..(rank + 1) * rows * n))?;
+                band.launch(
+                    &*shard,
+                    b,
+                    &mut d.slice_mut(rank * rows * n..(rank + 1) * rows * n),
+                )?;
                 lock(comm)?.all_gather(&*shard, a, side)?;
                 stream.join(side)?;
                 for p in (0..self.world as usize).filter(|&p| p != rank) {
-                    band.launch(&a.slice(p * rows * k..(p + 1) * rows * k), b, &mut d.slice_mut(p * rows * n..(p + 1) * rows * n))?;
+                    band.launch(
+                        &a.slice(p * rows * k..(p + 1) * rows * k),
+                        b,
+                        &mut d.slice_mut(p * rows * n..(p + 1) * rows * n),
+                    )?;
                 }
                 Ok(())
             }
@@ -204,7 +309,8 @@ fn plan_imp<TI: OpElement>(
 ) -> anyhow::Result<Imp<TI>> {
     let ctx = env.context().clone();
     let world = rdzv.world() as u32;
-    let alloc = |len: u32| -> anyhow::Result<CudaSlice<TI>> { Ok(stream.alloc_zeros::<TI>(len as usize)?) };
+    let alloc =
+        |len: u32| -> anyhow::Result<CudaSlice<TI>> { Ok(stream.alloc_zeros::<TI>(len as usize)?) };
     let (mk, shard_len) = (shape.m * shape.k, shape.m / world * shape.k);
     Ok(match method {
         Method::SeqCublas | Method::SeqWeft => Imp::Seq { gemm: SeqGemm::new(method, stream, shape, options)?, comm: env.comm().clone(), shard: alloc(shard_len)?, a: alloc(mk)? },

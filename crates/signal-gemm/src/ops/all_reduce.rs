@@ -10,8 +10,12 @@
 
 use super::buffer::OpBuffer;
 use super::candidates::OpKind;
-use super::choice::{choose_and_plan, exact_report, time_candidate, Bench, Candidate, ChoiceReport, PlanRequest};
-use super::common::{agree_on_request, check_capture, check_dtype, check_launch, OpElement, SeqGemm};
+use super::choice::{
+    choose_and_plan, exact_report, time_candidate, Bench, Candidate, ChoiceReport, PlanRequest,
+};
+use super::common::{
+    agree_on_request, check_capture, check_dtype, check_launch, OpElement, SeqGemm,
+};
 use super::env::{lock, OverlapEnv, SharedComm};
 use super::inputs::{with_operands, Operands};
 use super::method::{Method, MethodChoice};
@@ -30,9 +34,24 @@ use weft_pgl::rendezvous::Rendezvous;
 
 enum Imp<TO: OpElement> {
     /// seq-cublas, seq-weft: the GEMM into the output, then an in-place ncclAllReduce.
-    Seq { gemm: SeqGemm, comm: SharedComm, out: CudaSlice<TO> },
-    Decomposition { band: CublasGemm, chunks: u32, comm: SharedComm, side: Arc<CudaStream>, out: CudaSlice<TO> },
-    Signal { ov: AllReduceOverlap, comm: SharedComm, staging: CudaSlice<TO>, out: CudaSlice<TO> },
+    Seq {
+        gemm: SeqGemm,
+        comm: SharedComm,
+        out: CudaSlice<TO>,
+    },
+    Decomposition {
+        band: CublasGemm,
+        chunks: u32,
+        comm: SharedComm,
+        side: Arc<CudaStream>,
+        out: CudaSlice<TO>,
+    },
+    Signal {
+        ov: AllReduceOverlap,
+        comm: SharedComm,
+        staging: CudaSlice<TO>,
+        out: CudaSlice<TO>,
+    },
     Fused(FusedAllReduce),
 }
 
@@ -60,28 +79,55 @@ impl<TO: OpElement> GemmAllReduce<TO> {
         capturable: bool,
     ) -> anyhow::Result<Self> {
         let kind = OpKind::AllReduce;
-        let checks = check_dtype::<TO>(kind, shape, "output", options.output).map(|()| String::new());
-        agree_on_request(rdzv, env, stream, kind, shape, &options, choice, capturable, checks)?;
+        let checks =
+            check_dtype::<TO>(kind, shape, "output", options.output).map(|()| String::new());
+        agree_on_request(
+            rdzv, env, stream, kind, shape, &options, choice, capturable, checks,
+        )?;
         let mut operands: Option<(Operands, Bench)> = None;
         let seed = 0xA11 ^ ((rdzv.rank() as u64) << 40);
         let (imp, report) = choose_and_plan(
             rdzv,
             env,
-            PlanRequest { kind, shape, options, choice, capturable },
+            PlanRequest {
+                kind,
+                shape,
+                options,
+                choice,
+                capturable,
+            },
             |rdzv, env, m| plan_imp::<TO>(rdzv, env, stream, shape, options, m),
             |rdzv, env, m| {
                 if operands.is_none() {
                     let (mk, kn) = ((shape.m * shape.k) as usize, (shape.k * shape.n) as usize);
-                    operands = Some((Operands::random(stream, &options, seed, mk, kn)?, Bench::new(stream)?));
+                    operands = Some((
+                        Operands::random(stream, &options, seed, mk, kn)?,
+                        Bench::new(stream)?,
+                    ));
                 }
                 let (ops, bench) = operands.as_mut().expect("made above");
                 let planned = plan_imp::<TO>(rdzv, env, stream, shape, options, m);
                 let imp = agree(rdzv, &format!("planning {m}"), planned)?;
-                let op = Self { shape, options, stream: stream.clone(), report: exact_report(m), imp };
-                time_candidate(rdzv, op, |op| with_operands!(&*ops, |a, b| bench.time(env, stream, || op.launch(stream, a, b))))
+                let op = Self {
+                    shape,
+                    options,
+                    stream: stream.clone(),
+                    report: exact_report(m),
+                    imp,
+                };
+                time_candidate(rdzv, op, |op| {
+                    with_operands!(&*ops, |a, b| bench
+                        .time(env, stream, || op.launch(stream, a, b)))
+                })
             },
         )?;
-        Ok(Self { shape, options, stream: stream.clone(), report, imp })
+        Ok(Self {
+            shape,
+            options,
+            stream: stream.clone(),
+            report,
+            imp,
+        })
     }
 
     /// The method this op runs, and how it was chosen.
@@ -100,30 +146,63 @@ impl<TO: OpElement> GemmAllReduce<TO> {
     /// Enqueues out = Σ over ranks of A_rank · B_rank on the stream the op was planned with
     /// (passed again, and checked, so the call site says where it runs). Every rank must launch
     /// the same number of times. Read the previous result (stream-ordered) before this launch.
-    pub fn launch<TI: GemmElement>(&mut self, stream: &Arc<CudaStream>, a: &CudaSlice<TI>, b: &CudaSlice<TI>) -> anyhow::Result<()> {
+    pub fn launch<TI: GemmElement>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        a: &CudaSlice<TI>,
+        b: &CudaSlice<TI>,
+    ) -> anyhow::Result<()> {
         let GemmShape { m, n, k } = self.shape;
-        check_launch::<TI>(OpKind::AllReduce, &self.stream, stream, &self.options, &[("A", a.len(), (m * k) as usize), ("B", b.len(), (k * n) as usize)])?;
+        check_launch::<TI>(
+            OpKind::AllReduce,
+            &self.stream,
+            stream,
+            &self.options,
+            &[
+                ("A", a.len(), (m * k) as usize),
+                ("B", b.len(), (k * n) as usize),
+            ],
+        )?;
         check_capture(stream, &self.report.method)?;
         match &mut self.imp {
             Imp::Seq { gemm, comm, out } => {
                 gemm.launch(stream, a, b, out)?;
                 lock(comm)?.all_reduce_in_place(out, ReduceOp::Sum, stream)
             }
-            Imp::Decomposition { band, chunks, comm, side, out } => {
+            Imp::Decomposition {
+                band,
+                chunks,
+                comm,
+                side,
+                out,
+            } => {
                 let rows = (m / *chunks) as usize;
                 let (n, k) = (n as usize, k as usize);
                 // The side stream starts after everything before (the output's earlier readers).
                 side.join(stream)?;
                 for c in 0..*chunks as usize {
                     let a_band = a.slice(c * rows * k..(c + 1) * rows * k);
-                    band.launch(&a_band, b, &mut out.slice_mut(c * rows * n..(c + 1) * rows * n))?;
+                    band.launch(
+                        &a_band,
+                        b,
+                        &mut out.slice_mut(c * rows * n..(c + 1) * rows * n),
+                    )?;
                     side.join(stream)?;
-                    lock(comm)?.all_reduce_in_place(&mut out.slice_mut(c * rows * n..(c + 1) * rows * n), ReduceOp::Sum, side)?;
+                    lock(comm)?.all_reduce_in_place(
+                        &mut out.slice_mut(c * rows * n..(c + 1) * rows * n),
+                        ReduceOp::Sum,
+                        side,
+                    )?;
                 }
                 stream.join(side)?;
                 Ok(())
             }
-            Imp::Signal { ov, comm, staging, out } => ov.run(stream, &*lock(comm)?, a, b, staging, out, Restore::Copy),
+            Imp::Signal {
+                ov,
+                comm,
+                staging,
+                out,
+            } => ov.run(stream, &*lock(comm)?, a, b, staging, out, Restore::Copy),
             Imp::Fused(f) => f.run(stream, a, b),
         }
     }
@@ -174,32 +253,92 @@ fn plan_imp<TO: OpElement>(
     method: &Method,
 ) -> anyhow::Result<Imp<TO>> {
     let ctx = env.context().clone();
-    let out = |len: u32| -> anyhow::Result<CudaSlice<TO>> { Ok(stream.alloc_zeros::<TO>(len as usize)?) };
+    let out =
+        |len: u32| -> anyhow::Result<CudaSlice<TO>> { Ok(stream.alloc_zeros::<TO>(len as usize)?) };
     let mn = shape.m * shape.n;
     Ok(match method {
-        Method::SeqCublas | Method::SeqWeft => Imp::Seq { gemm: SeqGemm::new(method, stream, shape, options)?, comm: env.comm().clone(), out: out(mn)? },
+        Method::SeqCublas | Method::SeqWeft => Imp::Seq {
+            gemm: SeqGemm::new(method, stream, shape, options)?,
+            comm: env.comm().clone(),
+            out: out(mn)?,
+        },
         Method::Decomposition { chunks } => {
-            ensure!(shape.m % chunks == 0, "decomposition: M = {} does not split into {chunks} bands", shape.m);
-            let band = CublasGemm::new(stream, GemmShape::new(shape.m / chunks, shape.n, shape.k), options)?;
-            Imp::Decomposition { band, chunks: *chunks, comm: env.comm().clone(), side: high_priority_stream(&ctx)?, out: out(mn)? }
+            ensure!(
+                shape.m.is_multiple_of(*chunks),
+                "decomposition: M = {} does not split into {chunks} bands",
+                shape.m
+            );
+            let band = CublasGemm::new(
+                stream,
+                GemmShape::new(shape.m / chunks, shape.n, shape.k),
+                options,
+            )?;
+            Imp::Decomposition {
+                band,
+                chunks: *chunks,
+                comm: env.comm().clone(),
+                side: high_priority_stream(&ctx)?,
+                out: out(mn)?,
+            }
         }
         Method::Signal { sm_margin, waves } => {
-            let local = AllReduceOverlap::new(stream, shape, GemmOptions { sm_margin: *sm_margin, ..options }, Some(waves), rdzv.rank() as u32);
+            let local = AllReduceOverlap::new(
+                stream,
+                shape,
+                GemmOptions {
+                    sm_margin: *sm_margin,
+                    ..options
+                },
+                Some(waves),
+                rdzv.rank() as u32,
+            );
             let ov = agree(rdzv, "planning the signal GEMM", local)?;
             let comm = env.limited_comm(rdzv, *sm_margin)?;
             let staging = stream.alloc_zeros::<TO>(ov.staging_len())?;
-            Imp::Signal { ov, comm, staging, out: out(mn)? }
+            Imp::Signal {
+                ov,
+                comm,
+                staging,
+                out: out(mn)?,
+            }
         }
         Method::FusedInter { ctas } => {
-            ensure!(<TO as GemmElement>::DTYPE == Dtype::Bf16, "fused-inter sums bf16 partials; the output is {}", <TO as GemmElement>::DTYPE);
-            Imp::Fused(FusedAllReduce::new(rdzv, &ctx, stream, shape, options, AllReduceMethod::Inter { comm_ctas: *ctas })?)
+            ensure!(
+                <TO as GemmElement>::DTYPE == Dtype::Bf16,
+                "fused-inter sums bf16 partials; the output is {}",
+                <TO as GemmElement>::DTYPE
+            );
+            Imp::Fused(FusedAllReduce::new(
+                rdzv,
+                &ctx,
+                stream,
+                shape,
+                options,
+                AllReduceMethod::Inter { comm_ctas: *ctas },
+            )?)
         }
         Method::DistFuse { workers } => {
-            ensure!(<TO as GemmElement>::DTYPE == Dtype::Bf16, "distfuse sums bf16 partials; the output is {}", <TO as GemmElement>::DTYPE);
-            let options = GemmOptions { sm_margin: options.sm_margin + workers, ..options };
-            Imp::Fused(FusedAllReduce::new(rdzv, &ctx, stream, shape, options, AllReduceMethod::DistFuse { workers: *workers })?)
+            ensure!(
+                <TO as GemmElement>::DTYPE == Dtype::Bf16,
+                "distfuse sums bf16 partials; the output is {}",
+                <TO as GemmElement>::DTYPE
+            );
+            let options = GemmOptions {
+                sm_margin: options.sm_margin + workers,
+                ..options
+            };
+            Imp::Fused(FusedAllReduce::new(
+                rdzv,
+                &ctx,
+                stream,
+                shape,
+                options,
+                AllReduceMethod::DistFuse { workers: *workers },
+            )?)
         }
-        Method::FusedIntra => bail!("fused-intra is not a method of GEMM + AllReduce (fused-inter, distfuse)"),
+        Method::FusedIntra => {
+            bail!("fused-intra is not a method of GEMM + AllReduce (fused-inter, distfuse)")
+        }
     })
 }
 

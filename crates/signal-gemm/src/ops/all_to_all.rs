@@ -12,8 +12,12 @@
 
 use super::buffer::OpBuffer;
 use super::candidates::OpKind;
-use super::choice::{choose_and_plan, exact_report, time_candidate, Bench, Candidate, ChoiceReport, PlanRequest};
-use super::common::{agree_on_request, check_capture, check_dtype, check_launch, OpElement, SeqGemm};
+use super::choice::{
+    choose_and_plan, exact_report, time_candidate, Bench, Candidate, ChoiceReport, PlanRequest,
+};
+use super::common::{
+    agree_on_request, check_capture, check_dtype, check_launch, OpElement, SeqGemm,
+};
 use super::env::{lock, OverlapEnv, SharedComm};
 use super::inputs::{with_operands, Operands};
 use super::method::{Method, MethodChoice};
@@ -27,11 +31,24 @@ use std::sync::Arc;
 use weft_pgl::agree;
 use weft_pgl::rendezvous::Rendezvous;
 
+// One Imp per op, held for the op's life: the fused variant's size costs nothing worth a Box.
+#[allow(clippy::large_enum_variant)]
 enum Imp<TO: OpElement> {
     /// seq-cublas, seq-weft: the GEMM into `d`, its rows gathered into `send` destination by
     /// destination, one ncclSend / ncclRecv per peer into the output.
-    Seq { gemm: SeqGemm, comm: SharedComm, gather: RowGather, d: CudaSlice<TO>, send: CudaSlice<TO> },
-    Signal { ov: AllToAllOverlap, comm: SharedComm, staging: CudaSlice<TO>, received: CudaSlice<TO> },
+    Seq {
+        gemm: SeqGemm,
+        comm: SharedComm,
+        gather: RowGather,
+        d: CudaSlice<TO>,
+        send: CudaSlice<TO>,
+    },
+    Signal {
+        ov: AllToAllOverlap,
+        comm: SharedComm,
+        staging: CudaSlice<TO>,
+        received: CudaSlice<TO>,
+    },
 }
 
 /// One rank's GEMM + All-to-All for a fixed shape, options, world and routing.
@@ -51,16 +68,29 @@ fn sources_of(routes: &[Vec<u32>], rank: usize) -> Vec<(u32, u32)> {
     routes
         .iter()
         .enumerate()
-        .flat_map(|(s, r)| r.iter().enumerate().filter(|(_, &d)| d as usize == rank).map(move |(row, _)| (s as u32, row as u32)))
+        .flat_map(|(s, r)| {
+            r.iter()
+                .enumerate()
+                .filter(|(_, &d)| d as usize == rank)
+                .map(move |(row, _)| (s as u32, row as u32))
+        })
         .collect()
 }
 
 /// The routing's own checks, and a digest every rank must share.
 fn check_routes(routes: &[Vec<u32>], world: usize, m: u32) -> anyhow::Result<String> {
-    ensure!(routes.len() == world, "GEMM + All-to-All: {} routings for {world} ranks (every rank's, on every rank)", routes.len());
+    ensure!(
+        routes.len() == world,
+        "GEMM + All-to-All: {} routings for {world} ranks (every rank's, on every rank)",
+        routes.len()
+    );
     let mut h = crc32fast::Hasher::new();
     for (s, r) in routes.iter().enumerate() {
-        ensure!(r.len() == m as usize, "GEMM + All-to-All: rank {s}'s routing has {} rows, M is {m}", r.len());
+        ensure!(
+            r.len() == m as usize,
+            "GEMM + All-to-All: rank {s}'s routing has {} rows, M is {m}",
+            r.len()
+        );
         if let Some((row, d)) = r.iter().enumerate().find(|(_, &d)| d as usize >= world) {
             bail!("GEMM + All-to-All: rank {s} routes row {row} to rank {d}, but there are {world} ranks");
         }
@@ -87,29 +117,53 @@ impl<TO: OpElement> GemmAllToAll<TO> {
     ) -> anyhow::Result<Self> {
         let kind = OpKind::AllToAll;
         let rank = rdzv.rank();
-        let checks = check_dtype::<TO>(kind, shape, "output", options.output).and_then(|()| check_routes(routes, rdzv.world(), shape.m));
-        agree_on_request(rdzv, env, stream, kind, shape, &options, choice, capturable, checks)?;
+        let checks = check_dtype::<TO>(kind, shape, "output", options.output)
+            .and_then(|()| check_routes(routes, rdzv.world(), shape.m));
+        agree_on_request(
+            rdzv, env, stream, kind, shape, &options, choice, capturable, checks,
+        )?;
         let sources = sources_of(routes, rank);
         let mut operands: Option<(Operands, Bench)> = None;
         let seed = 0xa2a ^ ((rank as u64) << 40);
         let new = |imp: Imp<TO>, report: ChoiceReport| -> anyhow::Result<Self> {
             let out = stream.alloc_zeros::<TO>((sources.len() * shape.n as usize).max(1))?;
-            Ok(Self { shape, options, stream: stream.clone(), report, sources: sources.clone(), out, imp })
+            Ok(Self {
+                shape,
+                options,
+                stream: stream.clone(),
+                report,
+                sources: sources.clone(),
+                out,
+                imp,
+            })
         };
         let (imp, report) = choose_and_plan(
             rdzv,
             env,
-            PlanRequest { kind, shape, options, choice, capturable },
+            PlanRequest {
+                kind,
+                shape,
+                options,
+                choice,
+                capturable,
+            },
             |rdzv, env, m| plan_imp::<TO>(rdzv, env, stream, shape, options, routes, m),
             |rdzv, env, m| {
                 if operands.is_none() {
                     let (mk, kn) = ((shape.m * shape.k) as usize, (shape.k * shape.n) as usize);
-                    operands = Some((Operands::random(stream, &options, seed, mk, kn)?, Bench::new(stream)?));
+                    operands = Some((
+                        Operands::random(stream, &options, seed, mk, kn)?,
+                        Bench::new(stream)?,
+                    ));
                 }
                 let (ops, bench) = operands.as_mut().expect("made above");
-                let planned = plan_imp::<TO>(rdzv, env, stream, shape, options, routes, m).and_then(|imp| new(imp, exact_report(m)));
+                let planned = plan_imp::<TO>(rdzv, env, stream, shape, options, routes, m)
+                    .and_then(|imp| new(imp, exact_report(m)));
                 let op = agree(rdzv, &format!("planning {m}"), planned)?;
-                time_candidate(rdzv, op, |op| with_operands!(&*ops, |a, b| bench.time(env, stream, || op.launch(stream, a, b))))
+                time_candidate(rdzv, op, |op| {
+                    with_operands!(&*ops, |a, b| bench
+                        .time(env, stream, || op.launch(stream, a, b)))
+                })
             },
         )?;
         new(imp, report)
@@ -139,26 +193,57 @@ impl<TO: OpElement> GemmAllToAll<TO> {
 
     /// Enqueues the GEMM and the All-to-All of its rows on the planned stream. Every rank must
     /// launch the same number of times.
-    pub fn launch<TI: GemmElement>(&mut self, stream: &Arc<CudaStream>, a: &CudaSlice<TI>, b: &CudaSlice<TI>) -> anyhow::Result<()> {
+    pub fn launch<TI: GemmElement>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        a: &CudaSlice<TI>,
+        b: &CudaSlice<TI>,
+    ) -> anyhow::Result<()> {
         let GemmShape { m, n, k } = self.shape;
-        check_launch::<TI>(OpKind::AllToAll, &self.stream, stream, &self.options, &[("A", a.len(), (m * k) as usize), ("B", b.len(), (k * n) as usize)])?;
+        check_launch::<TI>(
+            OpKind::AllToAll,
+            &self.stream,
+            stream,
+            &self.options,
+            &[
+                ("A", a.len(), (m * k) as usize),
+                ("B", b.len(), (k * n) as usize),
+            ],
+        )?;
         check_capture(stream, &self.report.method)?;
         let out = &mut self.out;
         match &mut self.imp {
-            Imp::Seq { gemm, comm, gather, d, send } => {
+            Imp::Seq {
+                gemm,
+                comm,
+                gather,
+                d,
+                send,
+            } => {
                 gemm.launch(stream, a, b, d)?;
                 gather.gather(stream, d, send)?;
                 let (sends, recvs) = gather.ranges();
                 lock(comm)?.all_to_all_v(&*send, sends, out, recvs, stream)
             }
-            Imp::Signal { ov, comm, staging, received } => ov.run(stream, &*lock(comm)?, a, b, staging, received, out),
+            Imp::Signal {
+                ov,
+                comm,
+                staging,
+                received,
+            } => ov.run(stream, &*lock(comm)?, a, b, staging, received, out),
         }
     }
 
     /// The op's result: rows() × n of TO, the last launch's once it has run.
     pub fn output(&self) -> OpBuffer<'_, TO> {
         // SAFETY: `out` holds at least rows() × n elements of TO and lives as long as self.
-        unsafe { OpBuffer::new(self.out.device_ptr(&self.stream).0, self.sources.len() * self.shape.n as usize, &self.stream) }
+        unsafe {
+            OpBuffer::new(
+                self.out.device_ptr(&self.stream).0,
+                self.sources.len() * self.shape.n as usize,
+                &self.stream,
+            )
+        }
     }
 
     /// As [`super::GemmAllReduce::synchronize`].
@@ -187,21 +272,45 @@ fn plan_imp<TO: OpElement>(
 ) -> anyhow::Result<Imp<TO>> {
     let rank = rdzv.rank();
     let mn = (shape.m * shape.n) as usize;
-    let alloc = |len: usize| -> anyhow::Result<CudaSlice<TO>> { Ok(stream.alloc_zeros::<TO>(len.max(1))?) };
+    let alloc =
+        |len: usize| -> anyhow::Result<CudaSlice<TO>> { Ok(stream.alloc_zeros::<TO>(len.max(1))?) };
     Ok(match method {
         Method::SeqCublas | Method::SeqWeft => {
             let gather = RowGather::new(stream, routes, rank, shape.m, shape.n)?;
             let (comm, d, send) = (env.comm().clone(), alloc(mn)?, alloc(gather.send_len())?);
-            Imp::Seq { gemm: SeqGemm::new(method, stream, shape, options)?, comm, gather, d, send }
+            Imp::Seq {
+                gemm: SeqGemm::new(method, stream, shape, options)?,
+                comm,
+                gather,
+                d,
+                send,
+            }
         }
         Method::Signal { sm_margin, waves } => {
-            let local = AllToAllOverlap::new(stream, shape, GemmOptions { sm_margin: *sm_margin, ..options }, Some(waves), routes, rank);
+            let local = AllToAllOverlap::new(
+                stream,
+                shape,
+                GemmOptions {
+                    sm_margin: *sm_margin,
+                    ..options
+                },
+                Some(waves),
+                routes,
+                rank,
+            );
             let ov = agree(rdzv, "planning the signal GEMM", local)?;
             let comm = env.limited_comm(rdzv, *sm_margin)?;
             let (staging, received) = (alloc(ov.staging_len())?, alloc(ov.received_len())?);
-            Imp::Signal { ov, comm, staging, received }
+            Imp::Signal {
+                ov,
+                comm,
+                staging,
+                received,
+            }
         }
-        other => bail!("{other} is not a method of GEMM + All-to-All (seq-cublas, seq-weft, signal)"),
+        other => {
+            bail!("{other} is not a method of GEMM + All-to-All (seq-cublas, seq-weft, signal)")
+        }
     })
 }
 
@@ -221,7 +330,10 @@ mod tests {
     #[test]
     fn sources_are_source_by_source_rows_ascending() {
         let routes = vec![vec![1, 0, 1, 1], vec![0, 1, 1, 0]];
-        assert_eq!(sources_of(&routes, 1), vec![(0, 0), (0, 2), (0, 3), (1, 1), (1, 2)]);
+        assert_eq!(
+            sources_of(&routes, 1),
+            vec![(0, 0), (0, 2), (0, 3), (1, 1), (1, 2)]
+        );
         assert_eq!(sources_of(&routes, 0), vec![(0, 1), (1, 0), (1, 3)]);
     }
 
@@ -231,6 +343,9 @@ mod tests {
         assert!(err(&[vec![0, 1]], 2, 2).contains("1 routings for 2 ranks"));
         assert!(err(&[vec![0, 1], vec![0]], 2, 2).contains("rank 1's routing has 1 rows"));
         assert!(err(&[vec![0, 2], vec![0, 1]], 2, 2).contains("routes row 1 to rank 2"));
-        assert_ne!(check_routes(&[vec![0, 1], vec![1, 0]], 2, 2).unwrap(), check_routes(&[vec![1, 0], vec![1, 0]], 2, 2).unwrap());
+        assert_ne!(
+            check_routes(&[vec![0, 1], vec![1, 0]], 2, 2).unwrap(),
+            check_routes(&[vec![1, 0], vec![1, 0]], 2, 2).unwrap()
+        );
     }
 }

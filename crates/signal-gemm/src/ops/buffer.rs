@@ -17,8 +17,17 @@ pub struct OpBuffer<'a, T> {
 impl<'a, T> OpBuffer<'a, T> {
     /// # Safety
     /// `ptr` must hold `len` elements of T on `stream`'s context for as long as `'a`.
-    pub(crate) unsafe fn new(ptr: sys::CUdeviceptr, len: usize, stream: &'a Arc<CudaStream>) -> Self {
-        Self { ptr, len, stream, _op: PhantomData }
+    pub(crate) unsafe fn new(
+        ptr: sys::CUdeviceptr,
+        len: usize,
+        stream: &'a Arc<CudaStream>,
+    ) -> Self {
+        Self {
+            ptr,
+            len,
+            stream,
+            _op: PhantomData,
+        }
     }
 
     /// The device address (for kernels that take raw pointers).
@@ -45,7 +54,10 @@ impl<T> DevicePtr<T> for OpBuffer<'_, T> {
 }
 
 impl<T> DevicePtrMut<T> for OpBuffer<'_, T> {
-    fn device_ptr_mut<'b>(&'b mut self, _stream: &'b CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'b>) {
+    fn device_ptr_mut<'b>(
+        &'b mut self,
+        _stream: &'b CudaStream,
+    ) -> (sys::CUdeviceptr, SyncOnDrop<'b>) {
         (self.ptr, SyncOnDrop::Sync(None))
     }
 }

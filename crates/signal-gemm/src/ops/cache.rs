@@ -52,12 +52,22 @@ impl Entry {
     /// well-formed nonsense): every method parses, every time is finite and positive, each result
     /// has a time or an error, and measured_m lies in the key's range.
     fn validate(&self) -> anyhow::Result<()> {
-        ensure!(self.key.covers(self.measured_m), "measured at M = {} outside its range ({}, {}]", self.measured_m, self.key.m_lo, self.key.m_hi);
+        ensure!(
+            self.key.covers(self.measured_m),
+            "measured at M = {} outside its range ({}, {}]",
+            self.measured_m,
+            self.key.m_lo,
+            self.key.m_hi
+        );
         ensure!(!self.results.is_empty(), "no results");
         for r in &self.results {
             r.method.parse::<Method>()?;
             match (r.ms, &r.error) {
-                (Some(ms), None) => ensure!(ms.is_finite() && ms > 0.0, "{}: time {ms} is not a positive number", r.method),
+                (Some(ms), None) => ensure!(
+                    ms.is_finite() && ms > 0.0,
+                    "{}: time {ms} is not a positive number",
+                    r.method
+                ),
                 (None, Some(_)) => {}
                 _ => anyhow::bail!("{}: needs either a time or an error", r.method),
             }
@@ -72,8 +82,12 @@ impl Entry {
 
     fn from_line(line: &str) -> anyhow::Result<Self> {
         let (crc, json) = line.split_once(' ').context("no checksum")?;
-        let crc = u32::from_str_radix(crc, 16).with_context(|| format!("checksum {crc:?} is not hex"))?;
-        ensure!(crc == crc32fast::hash(json.as_bytes()), "checksum mismatch (the line was changed or cut)");
+        let crc =
+            u32::from_str_radix(crc, 16).with_context(|| format!("checksum {crc:?} is not hex"))?;
+        ensure!(
+            crc == crc32fast::hash(json.as_bytes()),
+            "checksum mismatch (the line was changed or cut)"
+        );
         let entry: Entry = serde_json::from_str(json).context("bad JSON")?;
         entry.validate()?;
         Ok(entry)
@@ -103,11 +117,31 @@ impl ChoiceCache {
         let dir = std::env::var_os("XDG_CACHE_HOME")
             .filter(|p| !p.is_empty())
             .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").filter(|p| !p.is_empty()).map(|h| PathBuf::from(h).join(".cache")))
-            .with_context(|| format!("no cache directory: set {CACHE_VAR}, XDG_CACHE_HOME or HOME"))?;
+            .or_else(|| {
+                std::env::var_os("HOME")
+                    .filter(|p| !p.is_empty())
+                    .map(|h| PathBuf::from(h).join(".cache"))
+            })
+            .with_context(|| {
+                format!("no cache directory: set {CACHE_VAR}, XDG_CACHE_HOME or HOME")
+            })?;
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-        let host: String = host.trim().chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect();
-        let host = if host.is_empty() { "localhost".to_string() } else { host };
+        let host: String = host
+            .trim()
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let host = if host.is_empty() {
+            "localhost".to_string()
+        } else {
+            host
+        };
         Ok(dir.join("weft").join(format!("choices-{host}.jsonl")))
     }
 
@@ -115,7 +149,11 @@ impl ChoiceCache {
     /// in [`problems`](Self::problems). New entries are written back there.
     pub fn open(path: &Path) -> anyhow::Result<Self> {
         let (entries, problems) = read_entries(path)?;
-        Ok(Self { path: Some(path.to_path_buf()), entries, problems })
+        Ok(Self {
+            path: Some(path.to_path_buf()),
+            entries,
+            problems,
+        })
     }
 
     pub fn path(&self) -> Option<&Path> {
@@ -139,12 +177,18 @@ impl ChoiceCache {
     /// the file under its lock: the file is re-read, the entry replaces its key's, stale-version
     /// and corrupt lines are dropped, and the result is renamed over the file.
     pub fn record(&mut self, entry: Entry) -> anyhow::Result<()> {
-        entry.validate().context("refusing to record an invalid choice")?;
+        entry
+            .validate()
+            .context("refusing to record an invalid choice")?;
         self.entries.retain(|e| e.key != entry.key);
         self.entries.push(entry.clone());
-        let Some(path) = self.path.clone() else { return Ok(()) };
+        let Some(path) = self.path.clone() else {
+            return Ok(());
+        };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating the choice cache directory {}", dir.display()))?;
+            std::fs::create_dir_all(dir).with_context(|| {
+                format!("creating the choice cache directory {}", dir.display())
+            })?;
         }
         let _lock = FileLock::acquire(&path)?;
         let (mut on_disk, _) = read_entries(&path)?;
@@ -162,13 +206,24 @@ fn read_entries(path: &Path) -> anyhow::Result<(Vec<Entry>, Vec<String>)> {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), Vec::new())),
         Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-            return Ok((Vec::new(), vec![format!("{}: not UTF-8 text; ignored", path.display())]))
+            return Ok((
+                Vec::new(),
+                vec![format!("{}: not UTF-8 text; ignored", path.display())],
+            ))
         }
-        Err(e) => return Err(e).with_context(|| format!("reading the choice cache {}", path.display())),
+        Err(e) => {
+            return Err(e).with_context(|| format!("reading the choice cache {}", path.display()))
+        }
     };
     let mut lines = text.lines();
     if lines.next().map(str::trim) != Some(HEADER) {
-        return Ok((Vec::new(), vec![format!("{}: not a weft choice cache (first line is not {HEADER}); ignored", path.display())]));
+        return Ok((
+            Vec::new(),
+            vec![format!(
+                "{}: not a weft choice cache (first line is not {HEADER}); ignored",
+                path.display()
+            )],
+        ));
     }
     let (mut entries, mut problems) = (Vec::new(), Vec::new());
     for (i, line) in lines.enumerate() {
@@ -192,7 +247,9 @@ fn write_atomically(path: &Path, entries: &[Entry]) -> anyhow::Result<()> {
         text.push_str(&e.to_line()?);
         text.push('\n');
     }
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
     let tmp = path.with_extension(format!("tmp.{}.{nanos}", std::process::id()));
     let written = (|| -> std::io::Result<()> {
         let mut f = File::create(&tmp)?;
@@ -251,7 +308,14 @@ mod tests {
     use crate::{GemmOptions, GemmShape};
 
     fn key(n: u32) -> ChoiceKey {
-        ChoiceKey::new(OpKind::AllReduce, GemmShape::new(8192, n, 2048), &GemmOptions::default(), false, 2, "test machine")
+        ChoiceKey::new(
+            OpKind::AllReduce,
+            GemmShape::new(8192, n, 2048),
+            &GemmOptions::default(),
+            false,
+            2,
+            "test machine",
+        )
     }
 
     fn entry(n: u32, ms: f64) -> Entry {
@@ -259,8 +323,16 @@ mod tests {
             key: key(n),
             measured_m: 8192,
             results: vec![
-                Outcome { method: "seq-cublas".into(), ms: Some(ms), error: None },
-                Outcome { method: "distfuse:16".into(), ms: None, error: Some("refused on rank 1".into()) },
+                Outcome {
+                    method: "seq-cublas".into(),
+                    ms: Some(ms),
+                    error: None,
+                },
+                Outcome {
+                    method: "distfuse:16".into(),
+                    ms: None,
+                    error: Some("refused on rank 1".into()),
+                },
             ],
         }
     }
@@ -307,15 +379,25 @@ mod tests {
         let json = serde_json::to_string(&entry(2048, -5.0)).unwrap();
         let nonsense = format!("{:08x} {json}", crc32fast::hash(json.as_bytes()));
         let good = entry(1024, 4.0).to_line().unwrap();
-        std::fs::write(&path, format!("{}\n{flipped}\n{cut}\n{nonsense}\n{good}\n", lines[0])).unwrap();
+        std::fs::write(
+            &path,
+            format!("{}\n{flipped}\n{cut}\n{nonsense}\n{good}\n", lines[0]),
+        )
+        .unwrap();
         let c = ChoiceCache::open(&path).unwrap();
         assert_eq!(c.entries().len(), 1);
         assert_eq!(c.entries()[0].key, key(1024));
         let p = c.problems().join("\n");
         assert_eq!(c.problems().len(), 3, "{p}");
-        assert!(p.contains("line 2") && p.contains("checksum mismatch"), "{p}");
+        assert!(
+            p.contains("line 2") && p.contains("checksum mismatch"),
+            "{p}"
+        );
         assert!(p.contains("line 3"), "{p}");
-        assert!(p.contains("line 4") && p.contains("not a positive number"), "{p}");
+        assert!(
+            p.contains("line 4") && p.contains("not a positive number"),
+            "{p}"
+        );
         // Not a cache at all: ignored, named, and rewritten on the next record.
         std::fs::write(&path, "hello\n").unwrap();
         let mut c = ChoiceCache::open(&path).unwrap();
@@ -334,7 +416,10 @@ mod tests {
         std::fs::write(&path, format!("{HEADER}\n{}\n", old.to_line().unwrap())).unwrap();
         let mut c = ChoiceCache::open(&path).unwrap();
         assert_eq!(c.entries().len(), 1);
-        assert!(c.lookup(&key(8192)).is_none(), "an entry of another weft version matched");
+        assert!(
+            c.lookup(&key(8192)).is_none(),
+            "an entry of another weft version matched"
+        );
         c.record(entry(4096, 2.0)).unwrap();
         let c = ChoiceCache::open(&path).unwrap();
         assert_eq!(c.entries().len(), 1);
@@ -366,7 +451,8 @@ mod tests {
                 std::thread::spawn(move || {
                     let mut c = ChoiceCache::open(&path).unwrap();
                     for i in 0..10u32 {
-                        c.record(entry(1024 + 16 * (w * 10 + i), 1.0 + f64::from(i))).unwrap();
+                        c.record(entry(1024 + 16 * (w * 10 + i), 1.0 + f64::from(i)))
+                            .unwrap();
                     }
                 })
             })
@@ -377,7 +463,11 @@ mod tests {
         let c = ChoiceCache::open(&path).unwrap();
         assert!(c.problems().is_empty(), "{:?}", c.problems());
         assert_eq!(c.entries().len(), 80);
-        let leftovers: Vec<_> = std::fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().contains(".tmp")).collect();
+        let leftovers: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().contains(".tmp"))
+            .collect();
         assert!(leftovers.is_empty(), "temporary files left behind");
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -387,9 +477,14 @@ mod tests {
         // Read-only check of the rule (the variable itself is not changed: tests run in threads).
         if let Some(p) = std::env::var_os(CACHE_VAR).filter(|p| !p.is_empty()) {
             assert_eq!(ChoiceCache::default_path().unwrap(), PathBuf::from(p));
-        } else if std::env::var_os("XDG_CACHE_HOME").is_none() && std::env::var_os("HOME").is_some() {
+        } else if std::env::var_os("XDG_CACHE_HOME").is_none() && std::env::var_os("HOME").is_some()
+        {
             let p = ChoiceCache::default_path().unwrap();
-            assert!(p.to_string_lossy().contains(".cache/weft/choices-"), "{}", p.display());
+            assert!(
+                p.to_string_lossy().contains(".cache/weft/choices-"),
+                "{}",
+                p.display()
+            );
         }
     }
 }

@@ -92,9 +92,13 @@ pub fn candidates(
     match op {
         OpKind::AllReduce | OpKind::ReduceScatter => {
             // Each band (and, for ReduceScatter, each rank's part of it) a whole number of rows.
-            let split = if op == OpKind::ReduceScatter { world } else { 1 };
+            let split = if op == OpKind::ReduceScatter {
+                world
+            } else {
+                1
+            };
             for chunks in DECOMPOSITION_CHUNKS {
-                if m % (chunks * split) == 0 {
+                if m.is_multiple_of(chunks * split) {
                     out.push(Method::Decomposition { chunks });
                 }
             }
@@ -110,7 +114,14 @@ pub fn candidates(
         // The signal ReduceScatter's bands give rank r the r-th band of every tile's rows, not
         // NCCL's contiguous rows: it is not this op (overlap::ReduceScatterOverlap keeps it).
         for sm_margin in SIGNAL_MARGINS {
-            let Ok(plan) = GemmPlan::new(sms, shape, GemmOptions { sm_margin, ..options }) else {
+            let Ok(plan) = GemmPlan::new(
+                sms,
+                shape,
+                GemmOptions {
+                    sm_margin,
+                    ..options
+                },
+            ) else {
                 continue;
             };
             for waves in groupings(&plan).unwrap_or_default() {
@@ -125,12 +136,15 @@ pub fn candidates(
     let fused_world = world <= MAX_BAND_RANKS;
     match op {
         OpKind::ReduceScatter => {
-            if fused_world && m % world == 0 && rows_per_rank % 64 == 0 {
+            if fused_world && m.is_multiple_of(world) && rows_per_rank.is_multiple_of(64) {
                 out.push(Method::FusedIntra);
             }
         }
         OpKind::AllGather => {
-            if fused_world && m % world == 0 && rows_per_rank % WEFT_GEMM_TILE_M == 0 {
+            if fused_world
+                && m.is_multiple_of(world)
+                && rows_per_rank.is_multiple_of(WEFT_GEMM_TILE_M)
+            {
                 out.push(Method::FusedIntra);
                 out.extend(FUSED_COUNTS.map(|ctas| Method::FusedInter { ctas }));
             }
@@ -163,12 +177,23 @@ mod tests {
     #[test]
     fn every_op_starts_with_the_sequential_paths() {
         let o = GemmOptions::default();
-        for op in [OpKind::AllReduce, OpKind::ReduceScatter, OpKind::AllGather, OpKind::AllToAll] {
-            for shape in [GemmShape::new(16, 8192, 4096), GemmShape::new(8192, 8192, 2048)] {
+        for op in [
+            OpKind::AllReduce,
+            OpKind::ReduceScatter,
+            OpKind::AllGather,
+            OpKind::AllToAll,
+        ] {
+            for shape in [
+                GemmShape::new(16, 8192, 4096),
+                GemmShape::new(8192, 8192, 2048),
+            ] {
                 let c = candidates(op, shape, o, 2, 132, false);
                 assert_eq!(c[..2], [Method::SeqCublas, Method::SeqWeft], "{op} {shape}");
                 let c = candidates(op, shape, o, 2, 132, true);
-                assert!(c.iter().all(|m| m.family().capturable()), "{op} {shape}: {c:?}");
+                assert!(
+                    c.iter().all(|m| m.family().capturable()),
+                    "{op} {shape}: {c:?}"
+                );
             }
         }
     }
@@ -180,7 +205,14 @@ mod tests {
         use Family::*;
         assert_eq!(
             families(&candidates(OpKind::AllReduce, s, o, 2, 132, false)),
-            [SeqCublas, SeqWeft, Decomposition, Signal, FusedInter, DistFuse]
+            [
+                SeqCublas,
+                SeqWeft,
+                Decomposition,
+                Signal,
+                FusedInter,
+                DistFuse
+            ]
         );
         assert_eq!(
             families(&candidates(OpKind::ReduceScatter, s, o, 2, 132, false)),
@@ -192,26 +224,62 @@ mod tests {
         );
         // 8 rows per rank: no fused ReduceScatter or AllGather; one rank: nothing to decompose.
         assert_eq!(
-            families(&candidates(OpKind::ReduceScatter, GemmShape::new(16, 8192, 4096), o, 2, 132, false)),
+            families(&candidates(
+                OpKind::ReduceScatter,
+                GemmShape::new(16, 8192, 4096),
+                o,
+                2,
+                132,
+                false
+            )),
             [SeqCublas, SeqWeft, Decomposition]
         );
         assert_eq!(
-            families(&candidates(OpKind::AllGather, GemmShape::new(16, 8192, 4096), o, 2, 132, false)),
+            families(&candidates(
+                OpKind::AllGather,
+                GemmShape::new(16, 8192, 4096),
+                o,
+                2,
+                132,
+                false
+            )),
             [SeqCublas, SeqWeft, Decomposition]
         );
-        assert_eq!(families(&candidates(OpKind::AllGather, s, o, 1, 132, false))[..3], [SeqCublas, SeqWeft, FusedIntra]);
-        assert_eq!(families(&candidates(OpKind::AllToAll, s, o, 2, 132, false)), [SeqCublas, SeqWeft, Signal]);
+        assert_eq!(
+            families(&candidates(OpKind::AllGather, s, o, 1, 132, false))[..3],
+            [SeqCublas, SeqWeft, FusedIntra]
+        );
+        assert_eq!(
+            families(&candidates(OpKind::AllToAll, s, o, 2, 132, false)),
+            [SeqCublas, SeqWeft, Signal]
+        );
     }
 
     #[test]
     fn groupings_cover_the_waves() {
-        let plan = GemmPlan::new(132, GemmShape::new(8192, 8192, 2048), GemmOptions { sm_margin: 32, ..GemmOptions::default() }).unwrap();
+        let plan = GemmPlan::new(
+            132,
+            GemmShape::new(8192, 8192, 2048),
+            GemmOptions {
+                sm_margin: 32,
+                ..GemmOptions::default()
+            },
+        )
+        .unwrap();
         let g = groupings(&plan).unwrap();
         assert!(!g.is_empty());
         for w in &g {
             assert_eq!(w.iter().sum::<u32>(), plan.waves(), "{w:?}");
         }
-        let small = GemmPlan::new(132, GemmShape::new(16, 8192, 4096), GemmOptions { sm_margin: 32, ..GemmOptions::default() }).unwrap();
+        let small = GemmPlan::new(
+            132,
+            GemmShape::new(16, 8192, 4096),
+            GemmOptions {
+                sm_margin: 32,
+                ..GemmOptions::default()
+            },
+        )
+        .unwrap();
         assert_eq!(groupings(&small).unwrap(), vec![vec![1]]);
     }
 }

@@ -55,7 +55,13 @@ pub(crate) fn choose_and_plan<T>(
     mut plan_exact: impl FnMut(&mut Rendezvous, &mut OverlapEnv, &Method) -> anyhow::Result<T>,
     mut measure: impl FnMut(&mut Rendezvous, &mut OverlapEnv, &Method) -> anyhow::Result<f64>,
 ) -> anyhow::Result<(T, ChoiceReport)> {
-    let PlanRequest { kind, shape, options, choice, capturable } = req;
+    let PlanRequest {
+        kind,
+        shape,
+        options,
+        choice,
+        capturable,
+    } = req;
     let title = kind.title();
     if let MethodChoice::Exact(m) = choice {
         ensure!(
@@ -68,12 +74,27 @@ pub(crate) fn choose_and_plan<T>(
     }
     let world = rdzv.world() as u32;
     let sms = device_sms(env.context())?;
-    let allowed: Vec<Method> = candidates(kind, shape, options, world, sms, capturable).into_iter().filter(|m| choice.allows(m)).collect();
-    ensure!(!allowed.is_empty(), "{title} {shape}: no {choice} method can run this shape on {world} ranks{}", if capturable { " capturably" } else { "" });
+    let allowed: Vec<Method> = candidates(kind, shape, options, world, sms, capturable)
+        .into_iter()
+        .filter(|m| choice.allows(m))
+        .collect();
+    ensure!(
+        !allowed.is_empty(),
+        "{title} {shape}: no {choice} method can run this shape on {world} ranks{}",
+        if capturable { " capturably" } else { "" }
+    );
     let key = ChoiceKey::new(kind, shape, &options, capturable, world, env.machine());
     let mut cache = std::mem::take(env.cache_mut());
     let policy = *env.policy();
-    let ranked = rank_candidates(rdzv, &mut cache, &key, shape.m, &allowed, &policy, |rdzv, m| measure(rdzv, env, m));
+    let ranked = rank_candidates(
+        rdzv,
+        &mut cache,
+        &key,
+        shape.m,
+        &allowed,
+        &policy,
+        |rdzv, m| measure(rdzv, env, m),
+    );
     *env.cache_mut() = cache;
     let ranking = ranked?;
     let mut refused = Vec::new();
@@ -81,7 +102,12 @@ pub(crate) fn choose_and_plan<T>(
         let planned = plan_exact(rdzv, env, m);
         match agree(rdzv, &format!("planning {title} {shape} with {m}"), planned) {
             Ok(op) => {
-                let report = ChoiceReport { asked: choice.clone(), method: m.clone(), ranking: Some(ranking.clone()), refused };
+                let report = ChoiceReport {
+                    asked: choice.clone(),
+                    method: m.clone(),
+                    ranking: Some(ranking.clone()),
+                    refused,
+                };
                 return Ok((op, report));
             }
             Err(e) => refused.push((m.clone(), format!("{e:#}"))),
@@ -91,7 +117,11 @@ pub(crate) fn choose_and_plan<T>(
     bail!(
         "{title} {shape}: no {choice} method could be planned ({}{}{})",
         ranking.why_none(|m| choice.allows(m)),
-        if refused.is_empty() { "" } else { "; refused at this shape: " },
+        if refused.is_empty() {
+            ""
+        } else {
+            "; refused at this shape: "
+        },
         refused.join("; ")
     )
 }
@@ -106,12 +136,21 @@ pub(crate) trait Candidate: Sized {
 
 /// The report of a candidate planned exactly, to be measured.
 pub(crate) fn exact_report(method: &Method) -> ChoiceReport {
-    ChoiceReport { asked: MethodChoice::Exact(method.clone()), method: method.clone(), ranking: None, refused: Vec::new() }
+    ChoiceReport {
+        asked: MethodChoice::Exact(method.clone()),
+        method: method.clone(),
+        ranking: None,
+        refused: Vec::new(),
+    }
 }
 
 /// Collective: `time`s a candidate planned on every rank, waits for it and frees it (freed even
 /// when the timing failed, so every rank takes part); this rank's median ms.
-pub(crate) fn time_candidate<O: Candidate>(rdzv: &mut Rendezvous, mut op: O, time: impl FnOnce(&mut O) -> anyhow::Result<f64>) -> anyhow::Result<f64> {
+pub(crate) fn time_candidate<O: Candidate>(
+    rdzv: &mut Rendezvous,
+    mut op: O,
+    time: impl FnOnce(&mut O) -> anyhow::Result<f64>,
+) -> anyhow::Result<f64> {
     let timed = time(&mut op).and_then(|t| op.synchronize().map(|()| t));
     let freed = op.free(rdzv);
     let t = timed?;
@@ -132,18 +171,35 @@ impl Bench {
 
     /// This rank's median ms of `op` (warm-up and iterations as `env`'s policy says, L2 flushed
     /// before each timed run).
-    pub fn time(&mut self, env: &OverlapEnv, stream: &Arc<CudaStream>, op: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+    pub fn time(
+        &mut self,
+        env: &OverlapEnv,
+        stream: &Arc<CudaStream>,
+        op: impl FnMut() -> anyhow::Result<()>,
+    ) -> anyhow::Result<f64> {
         let p = env.policy();
-        Ok(median(&time_flushed(stream, p.warmup, p.iters.max(1), &mut self.flush, op)?))
+        Ok(median(&time_flushed(
+            stream,
+            p.warmup,
+            p.iters.max(1),
+            &mut self.flush,
+            op,
+        )?))
     }
 }
 
 /// `count` values in [-1, 1] on the device: a random block of up to 2^20 values repeated (enough
 /// for timing: not zeros, and no cheaper to multiply than fully random data).
-pub(crate) fn random_device<T: GemmElement>(stream: &Arc<CudaStream>, seed: u64, count: usize) -> anyhow::Result<CudaSlice<T>> {
+pub(crate) fn random_device<T: GemmElement>(
+    stream: &Arc<CudaStream>,
+    seed: u64,
+    count: usize,
+) -> anyhow::Result<CudaSlice<T>> {
     let block_len = count.clamp(1, 1 << 20);
     let mut rng = StdRng::seed_from_u64(seed);
-    let block: Vec<T> = (0..block_len).map(|_| T::from_f64(rng.random_range(-1.0..=1.0))).collect();
+    let block: Vec<T> = (0..block_len)
+        .map(|_| T::from_f64(rng.random_range(-1.0..=1.0)))
+        .collect();
     // SAFETY: every element is written below before the buffer is read.
     let mut d = unsafe { stream.alloc::<T>(count.max(1)) }?;
     let mut at = 0;

@@ -40,7 +40,11 @@ impl Default for AutoPolicy {
             .unwrap_or(DEFAULT_BUDGET_S);
         // 11 timed runs: the fused methods' best counts often lie within 2-3 % of each other
         // (measured on two H100s), closer than 7 runs' medians told apart.
-        Self { warmup: 2, iters: 11, budget: Duration::from_secs_f64(budget) }
+        Self {
+            warmup: 2,
+            iters: 11,
+            budget: Duration::from_secs_f64(budget),
+        }
     }
 }
 
@@ -62,13 +66,21 @@ pub struct Ranking {
 
 impl Ranking {
     /// The methods `allow` accepts, fastest first.
-    pub fn ordered<'a>(&'a self, allow: impl Fn(&Method) -> bool + 'a) -> impl Iterator<Item = &'a (Method, f64)> + 'a {
+    pub fn ordered<'a>(
+        &'a self,
+        allow: impl Fn(&Method) -> bool + 'a,
+    ) -> impl Iterator<Item = &'a (Method, f64)> + 'a {
         self.times.iter().filter(move |(m, _)| allow(m))
     }
 
     /// Why no allowed candidate is usable, for an error.
     pub fn why_none(&self, allow: impl Fn(&Method) -> bool) -> String {
-        let reasons: Vec<String> = self.excluded.iter().filter(|(m, _)| allow(m)).map(|(m, why)| format!("{m}: {why}")).collect();
+        let reasons: Vec<String> = self
+            .excluded
+            .iter()
+            .filter(|(m, _)| allow(m))
+            .map(|(m, why)| format!("{m}: {why}"))
+            .collect();
         if reasons.is_empty() {
             "no candidate of that kind can run this shape".into()
         } else {
@@ -90,12 +102,20 @@ pub fn rank_candidates(
 ) -> anyhow::Result<Ranking> {
     // Rank 0's entry, as JSON, or nothing.
     let cached = match cache.lookup(key) {
-        Some(e) if rdzv.rank() == 0 => serde_json::to_string(e).context("encoding a cached choice")?,
+        Some(e) if rdzv.rank() == 0 => {
+            serde_json::to_string(e).context("encoding a cached choice")?
+        }
         _ => String::new(),
     };
-    let cached = rdzv.broadcast(0, cached.as_bytes()).context("broadcasting rank 0's cached choice")?;
+    let cached = rdzv
+        .broadcast(0, cached.as_bytes())
+        .context("broadcasting rank 0's cached choice")?;
     let mut entry: Entry = if cached.is_empty() {
-        Entry { key: key.clone(), measured_m: m, results: Vec::new() }
+        Entry {
+            key: key.clone(),
+            measured_m: m,
+            results: Vec::new(),
+        }
     } else {
         serde_json::from_slice(&cached).context("decoding rank 0's cached choice")?
     };
@@ -107,7 +127,13 @@ pub fn rank_candidates(
     let mut unmeasured = Vec::new();
     for c in missing {
         if !c.is_sequential() && elapsed_s > policy.budget.as_secs_f64() {
-            unmeasured.push((c.clone(), format!("not measured: the first-use budget of {:.0} s was spent", policy.budget.as_secs_f64())));
+            unmeasured.push((
+                c.clone(),
+                format!(
+                    "not measured: the first-use budget of {:.0} s was spent",
+                    policy.budget.as_secs_f64()
+                ),
+            ));
             continue;
         }
         let step = format!("measuring {c} for {key}");
@@ -118,19 +144,40 @@ pub fn rank_candidates(
                 let mut bytes = ms.to_le_bytes().to_vec();
                 bytes.extend_from_slice(&start.elapsed().as_secs_f64().to_le_bytes());
                 let all = rdzv.all_gather(&bytes)?;
-                let field = |b: &Vec<u8>, i: usize| f64::from_le_bytes(b.get(8 * i..8 * i + 8).and_then(|s| s.try_into().ok()).unwrap_or([0; 8]));
+                let field = |b: &Vec<u8>, i: usize| {
+                    f64::from_le_bytes(
+                        b.get(8 * i..8 * i + 8)
+                            .and_then(|s| s.try_into().ok())
+                            .unwrap_or([0; 8]),
+                    )
+                };
                 let slowest = all.iter().map(|b| field(b, 0)).fold(0.0f64, f64::max);
                 elapsed_s = all.iter().map(|b| field(b, 1)).fold(elapsed_s, f64::max);
                 if slowest.is_finite() && slowest > 0.0 {
-                    Outcome { method: c.to_string(), ms: Some(slowest), error: None }
+                    Outcome {
+                        method: c.to_string(),
+                        ms: Some(slowest),
+                        error: None,
+                    }
                 } else {
-                    Outcome { method: c.to_string(), ms: None, error: Some(format!("measured {slowest} ms")) }
+                    Outcome {
+                        method: c.to_string(),
+                        ms: None,
+                        error: Some(format!("measured {slowest} ms")),
+                    }
                 }
             }
             Err(e) => {
                 let all = rdzv.all_gather(&start.elapsed().as_secs_f64().to_le_bytes())?;
-                elapsed_s = all.iter().map(|b| f64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8]))).fold(elapsed_s, f64::max);
-                Outcome { method: c.to_string(), ms: None, error: Some(format!("{e:#}")) }
+                elapsed_s = all
+                    .iter()
+                    .map(|b| f64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])))
+                    .fold(elapsed_s, f64::max);
+                Outcome {
+                    method: c.to_string(),
+                    ms: None,
+                    error: Some(format!("{e:#}")),
+                }
             }
         };
         entry.results.push(outcome);
@@ -139,18 +186,29 @@ pub fn rank_candidates(
     if measured > 0 {
         entry.measured_m = m;
         if rdzv.rank() == 0 {
-            cache.record(entry.clone()).context("recording the first-use choice")?;
+            cache
+                .record(entry.clone())
+                .context("recording the first-use choice")?;
         }
     }
     let mut times = Vec::new();
     let mut excluded = unmeasured;
     for c in candidates {
-        let Some(r) = entry.results.iter().find(|r| r.method == c.to_string()) else { continue };
+        let Some(r) = entry.results.iter().find(|r| r.method == c.to_string()) else {
+            continue;
+        };
         match (r.ms, &r.error) {
             (Some(ms), _) => times.push((c.clone(), ms)),
             (None, why) => excluded.push((c.clone(), why.clone().unwrap_or_default())),
         }
     }
     times.sort_by(|a, b| a.1.total_cmp(&b.1));
-    Ok(Ranking { key: key.clone(), measured_m: entry.measured_m, times, excluded, measured, first_use_s: elapsed_s })
+    Ok(Ranking {
+        key: key.clone(),
+        measured_m: entry.measured_m,
+        times,
+        excluded,
+        measured,
+        first_use_s: elapsed_s,
+    })
 }

@@ -33,24 +33,53 @@ pub(crate) fn agree_on_request(
     capturable: bool,
     op_checks: anyhow::Result<String>,
 ) -> anyhow::Result<()> {
-    let local = op_checks.and_then(|extra| check_options(env, stream, kind, options).map(|()| extra));
-    let extra = weft_pgl::agree(rdzv, &format!("checking the {} request", kind.title()), local)?;
-    let describe = format!("{} {shape} {options:?} {choice} capturable={capturable}{extra}", kind.title());
-    let all = rdzv.all_gather(describe.as_bytes()).context("comparing the ranks' requests")?;
+    let local =
+        op_checks.and_then(|extra| check_options(env, stream, kind, options).map(|()| extra));
+    let extra = weft_pgl::agree(
+        rdzv,
+        &format!("checking the {} request", kind.title()),
+        local,
+    )?;
+    let describe = format!(
+        "{} {shape} {options:?} {choice} capturable={capturable}{extra}",
+        kind.title()
+    );
+    let all = rdzv
+        .all_gather(describe.as_bytes())
+        .context("comparing the ranks' requests")?;
     let differing: Vec<String> = all
         .iter()
         .enumerate()
         .filter(|(_, d)| d.as_slice() != describe.as_bytes())
         .map(|(r, d)| format!("rank {r} asked for {}", String::from_utf8_lossy(d)))
         .collect();
-    ensure!(differing.is_empty(), "ranks asked for different ops: this rank asked for {describe}; {}", differing.join("; "));
-    ensure!(rdzv.world() == env.world(), "{}: the rendezvous has {} ranks, the environment {}", kind.title(), rdzv.world(), env.world());
+    ensure!(
+        differing.is_empty(),
+        "ranks asked for different ops: this rank asked for {describe}; {}",
+        differing.join("; ")
+    );
+    ensure!(
+        rdzv.world() == env.world(),
+        "{}: the rendezvous has {} ranks, the environment {}",
+        kind.title(),
+        rdzv.world(),
+        env.world()
+    );
     Ok(())
 }
 
-fn check_options(env: &OverlapEnv, stream: &Arc<CudaStream>, kind: OpKind, options: &GemmOptions) -> anyhow::Result<()> {
+fn check_options(
+    env: &OverlapEnv,
+    stream: &Arc<CudaStream>,
+    kind: OpKind,
+    options: &GemmOptions,
+) -> anyhow::Result<()> {
     let title = kind.title();
-    ensure!(options.beta == 0.0, "{title}: beta must be 0 (the op's output is its own buffer), have {}", options.beta);
+    ensure!(
+        options.beta == 0.0,
+        "{title}: beta must be 0 (the op's output is its own buffer), have {}",
+        options.beta
+    );
     ensure!(
         options.sm_margin == 0 && options.comm_ctas == 0,
         "{title}: sm_margin and comm_ctas must be 0 (the methods set them), have {} and {}",
@@ -65,7 +94,12 @@ fn check_options(env: &OverlapEnv, stream: &Arc<CudaStream>, kind: OpKind, optio
 }
 
 /// The op's element type is the options' dtype (`what`: "output", "input").
-pub(crate) fn check_dtype<T: GemmElement>(kind: OpKind, shape: GemmShape, what: &str, options_dtype: crate::Dtype) -> anyhow::Result<()> {
+pub(crate) fn check_dtype<T: GemmElement>(
+    kind: OpKind,
+    shape: GemmShape,
+    what: &str,
+    options_dtype: crate::Dtype,
+) -> anyhow::Result<()> {
     ensure!(
         options_dtype == T::DTYPE,
         "{} {shape}: the op's {what} is {} but GemmOptions::{what} is {options_dtype}",
@@ -89,9 +123,17 @@ pub(crate) fn check_launch<TI: GemmElement>(
         stream.cu_stream() == planned.cu_stream(),
         "{title}: launched on another stream than the one it was planned with (plan one op per stream)"
     );
-    ensure!(TI::DTYPE == options.input, "{title}: planned for {} inputs, given {}", options.input, TI::DTYPE);
+    ensure!(
+        TI::DTYPE == options.input,
+        "{title}: planned for {} inputs, given {}",
+        options.input,
+        TI::DTYPE
+    );
     for &(name, have, need) in inputs {
-        ensure!(have >= need, "{title}: {name} holds {have} elements, needs {need}");
+        ensure!(
+            have >= need,
+            "{title}: {name} holds {have} elements, needs {need}"
+        );
     }
     Ok(())
 }
@@ -121,16 +163,31 @@ pub(crate) enum SeqGemm {
 
 impl SeqGemm {
     /// `method`'s GEMM (SeqCublas or SeqWeft) for `shape` on `stream`'s device.
-    pub fn new(method: &Method, stream: &Arc<CudaStream>, shape: GemmShape, options: GemmOptions) -> anyhow::Result<Self> {
+    pub fn new(
+        method: &Method,
+        stream: &Arc<CudaStream>,
+        shape: GemmShape,
+        options: GemmOptions,
+    ) -> anyhow::Result<Self> {
         Ok(match method {
-            Method::SeqCublas => SeqGemm::Cublas(crate::cublas::CublasGemm::new(stream, shape, options)?),
-            Method::SeqWeft => SeqGemm::Weft(crate::gemm::Gemm::new(stream.context(), shape, options)?),
+            Method::SeqCublas => {
+                SeqGemm::Cublas(crate::cublas::CublasGemm::new(stream, shape, options)?)
+            }
+            Method::SeqWeft => {
+                SeqGemm::Weft(crate::gemm::Gemm::new(stream.context(), shape, options)?)
+            }
             other => anyhow::bail!("{other} is not a sequential method"),
         })
     }
 
     /// D = A · B on `stream` (cuBLAS: on the stream it was made with, the op's planned one).
-    pub fn launch<TI: GemmElement, TO: GemmElement>(&self, stream: &Arc<CudaStream>, a: &cudarc::driver::CudaSlice<TI>, b: &cudarc::driver::CudaSlice<TI>, d: &mut cudarc::driver::CudaSlice<TO>) -> anyhow::Result<()> {
+    pub fn launch<TI: GemmElement, TO: GemmElement>(
+        &self,
+        stream: &Arc<CudaStream>,
+        a: &cudarc::driver::CudaSlice<TI>,
+        b: &cudarc::driver::CudaSlice<TI>,
+        d: &mut cudarc::driver::CudaSlice<TO>,
+    ) -> anyhow::Result<()> {
         match self {
             SeqGemm::Cublas(g) => g.launch(a, b, d),
             SeqGemm::Weft(g) => g.launch(stream, a, b, d),

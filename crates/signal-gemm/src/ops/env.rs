@@ -34,7 +34,8 @@ impl OverlapEnv {
         let comm = Communicator::new(rdzv, ctx)?;
         let cache = if rdzv.rank() == 0 {
             let path = ChoiceCache::default_path()?;
-            ChoiceCache::open(&path).with_context(|| format!("opening the choice cache {}", path.display()))
+            ChoiceCache::open(&path)
+                .with_context(|| format!("opening the choice cache {}", path.display()))
         } else {
             Ok(ChoiceCache::in_memory())
         };
@@ -44,7 +45,12 @@ impl OverlapEnv {
 
     /// Collective: as [`OverlapEnv::new`] with a communicator of the caller's (over the same ranks
     /// in the same order) and a cache of the caller's (only rank 0's is read and written).
-    pub fn with_communicator(rdzv: &mut Rendezvous, ctx: &Arc<CudaContext>, comm: Communicator, cache: ChoiceCache) -> anyhow::Result<Self> {
+    pub fn with_communicator(
+        rdzv: &mut Rendezvous,
+        ctx: &Arc<CudaContext>,
+        comm: Communicator,
+        cache: ChoiceCache,
+    ) -> anyhow::Result<Self> {
         ensure!(
             comm.world() == rdzv.world() && comm.rank() == rdzv.rank(),
             "the communicator is rank {} of {}, the rendezvous rank {} of {}",
@@ -53,14 +59,18 @@ impl OverlapEnv {
             rdzv.rank(),
             rdzv.world()
         );
-        ensure!(comm.context().cu_ctx() == ctx.cu_ctx(), "the communicator is on another GPU's context than the ops'");
+        ensure!(
+            comm.context().cu_ctx() == ctx.cu_ctx(),
+            "the communicator is on another GPU's context than the ops'"
+        );
         ensure!(
             !ctx.is_event_tracking(),
             "the overlapped ops need the context's event tracking off (CudaContext::disable_event_tracking): with it on, a buffer handed to a second stream waits for everything before it"
         );
         // Collective; a rank that fails before its first exchange makes the others' wait end
         // at the rendezvous timeout.
-        let machine = machine_fingerprint(rdzv, ctx).context("describing the machine for the choice cache")?;
+        let machine = machine_fingerprint(rdzv, ctx)
+            .context("describing the machine for the choice cache")?;
         Ok(Self {
             ctx: ctx.clone(),
             comm: Arc::new(Mutex::new(comm)),
@@ -106,11 +116,19 @@ impl OverlapEnv {
 
     /// Collective on first use of `max_ctas`: a communicator whose kernels use at most that many
     /// CTAs (NCCL beside a GEMM that leaves as many SMs free).
-    pub(crate) fn limited_comm(&mut self, rdzv: &mut Rendezvous, max_ctas: u32) -> anyhow::Result<SharedComm> {
+    pub(crate) fn limited_comm(
+        &mut self,
+        rdzv: &mut Rendezvous,
+        max_ctas: u32,
+    ) -> anyhow::Result<SharedComm> {
         if let Some((_, c)) = self.limited.iter().find(|(m, _)| *m == max_ctas) {
             return Ok(c.clone());
         }
-        let c = Arc::new(Mutex::new(Communicator::with_max_ctas(rdzv, &self.ctx, Some(max_ctas))?));
+        let c = Arc::new(Mutex::new(Communicator::with_max_ctas(
+            rdzv,
+            &self.ctx,
+            Some(max_ctas),
+        )?));
         self.limited.push((max_ctas, c.clone()));
         Ok(c)
     }
@@ -118,5 +136,9 @@ impl OverlapEnv {
 
 /// The communicator behind `comm`, for one launch's enqueues.
 pub(crate) fn lock(comm: &SharedComm) -> anyhow::Result<std::sync::MutexGuard<'_, Communicator>> {
-    comm.lock().map_err(|_| anyhow::anyhow!("the ops' NCCL communicator is unusable: a thread panicked while enqueueing on it"))
+    comm.lock().map_err(|_| {
+        anyhow::anyhow!(
+            "the ops' NCCL communicator is unusable: a thread panicked while enqueueing on it"
+        )
+    })
 }

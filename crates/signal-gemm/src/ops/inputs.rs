@@ -17,10 +17,22 @@ pub(crate) enum Operands {
 
 impl Operands {
     /// `first` and `second` elements of random values in `options.input`.
-    pub fn random(stream: &Arc<CudaStream>, options: &GemmOptions, seed: u64, first: usize, second: usize) -> anyhow::Result<Self> {
+    pub fn random(
+        stream: &Arc<CudaStream>,
+        options: &GemmOptions,
+        seed: u64,
+        first: usize,
+        second: usize,
+    ) -> anyhow::Result<Self> {
         Ok(match options.input {
-            Dtype::Bf16 => Operands::Bf16(random_device(stream, seed, first)?, random_device(stream, seed ^ 1, second)?),
-            Dtype::F16 => Operands::F16(random_device(stream, seed, first)?, random_device(stream, seed ^ 1, second)?),
+            Dtype::Bf16 => Operands::Bf16(
+                random_device(stream, seed, first)?,
+                random_device(stream, seed ^ 1, second)?,
+            ),
+            Dtype::F16 => Operands::F16(
+                random_device(stream, seed, first)?,
+                random_device(stream, seed ^ 1, second)?,
+            ),
             other => bail!("GEMM inputs of {other} are not supported (bf16 or f16)"),
         })
     }

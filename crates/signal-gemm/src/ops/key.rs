@@ -30,7 +30,14 @@ pub struct ChoiceKey {
 }
 
 impl ChoiceKey {
-    pub fn new(op: OpKind, shape: GemmShape, options: &GemmOptions, capturable: bool, world: u32, machine: &str) -> Self {
+    pub fn new(
+        op: OpKind,
+        shape: GemmShape,
+        options: &GemmOptions,
+        capturable: bool,
+        world: u32,
+        machine: &str,
+    ) -> Self {
         let (m_lo, m_hi) = m_range(shape.m);
         Self {
             op: op.name().to_string(),
@@ -84,7 +91,10 @@ pub fn m_range(m: u32) -> (u32, u32) {
         hi = if three_halves { hi * 3 / 2 } else { hi * 4 / 3 };
         three_halves = !three_halves;
     }
-    (lo.min(u64::from(u32::MAX)) as u32, hi.min(u64::from(u32::MAX)) as u32)
+    (
+        lo.min(u64::from(u32::MAX)) as u32,
+        hi.min(u64::from(u32::MAX)) as u32,
+    )
 }
 
 /// weft's version as far as choices are concerned: this crate's version and a checksum of every
@@ -97,7 +107,11 @@ pub fn weft_version() -> &'static str {
             h.update(c.source.as_bytes());
             h.update(c.image);
         }
-        format!("weft-signal-gemm {} kernels {:08x}", env!("CARGO_PKG_VERSION"), h.finalize())
+        format!(
+            "weft-signal-gemm {} kernels {:08x}",
+            env!("CARGO_PKG_VERSION"),
+            h.finalize()
+        )
     })
 }
 
@@ -106,7 +120,12 @@ pub fn weft_version() -> &'static str {
 fn driver_version() -> String {
     if let Ok(text) = std::fs::read_to_string("/proc/driver/nvidia/version") {
         // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Tue ..."
-        if let Some(v) = text.lines().next().and_then(|l| l.split("Kernel Module").nth(1)).and_then(|r| r.split_whitespace().next()) {
+        if let Some(v) = text
+            .lines()
+            .next()
+            .and_then(|l| l.split("Kernel Module").nth(1))
+            .and_then(|r| r.split_whitespace().next())
+        {
             return v.to_string();
         }
     }
@@ -125,16 +144,23 @@ fn pci_bus_id(dev: sys::CUdevice) -> anyhow::Result<String> {
         .result()
         .context("cuDeviceGetPCIBusId")?;
     // SAFETY: NUL-terminated by the driver within the buffer.
-    Ok(unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
+    Ok(unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned())
 }
 
 /// How this rank's GPU reaches the GPU at `bus_id` (visible to this process): "p2p<rank>" with
 /// the driver's relative performance rank, "no-p2p", or "?" when it is not visible here.
 fn link_to(ctx: &Arc<CudaContext>, bus_id: &str) -> String {
-    let Ok(c) = std::ffi::CString::new(bus_id) else { return "?".into() };
+    let Ok(c) = std::ffi::CString::new(bus_id) else {
+        return "?".into();
+    };
     let mut peer = 0;
     // SAFETY: an out-parameter and a NUL-terminated id.
-    if unsafe { sys::cuDeviceGetByPCIBusId(&mut peer, c.as_ptr()) }.result().is_err() {
+    if unsafe { sys::cuDeviceGetByPCIBusId(&mut peer, c.as_ptr()) }
+        .result()
+        .is_err()
+    {
         return "?".into();
     }
     let me = ctx.cu_device();
@@ -144,7 +170,9 @@ fn link_to(ctx: &Arc<CudaContext>, bus_id: &str) -> String {
     let attr = |a| {
         let mut v = 0;
         // SAFETY: an out-parameter; both devices exist.
-        unsafe { sys::cuDeviceGetP2PAttribute(&mut v, a, me, peer) }.result().map(|()| v)
+        unsafe { sys::cuDeviceGetP2PAttribute(&mut v, a, me, peer) }
+            .result()
+            .map(|()| v)
     };
     match (
         attr(sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED),
@@ -159,22 +187,40 @@ fn link_to(ctx: &Arc<CudaContext>, bus_id: &str) -> String {
 /// Collective: a description of the machine the ranks run on, the same text on every rank: each
 /// rank's host and GPU (model, SMs, driver), and for every pair of ranks on one host how their
 /// GPUs are linked (as rank 0 of the pair sees it).
-pub fn machine_fingerprint(rdzv: &mut Rendezvous, ctx: &Arc<CudaContext>) -> anyhow::Result<String> {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
+pub fn machine_fingerprint(
+    rdzv: &mut Rendezvous,
+    ctx: &Arc<CudaContext>,
+) -> anyhow::Result<String> {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
     let name = ctx.name().context("reading the device name")?;
     let sms = crate::gemm::device_sms(ctx)?;
     let bus = pci_bus_id(ctx.cu_device())?;
     let me = format!("{host}\t{name}\t{sms}\t{}\t{bus}", driver_version());
-    let all = rdzv.all_gather(me.as_bytes()).context("all-gathering the machine description")?;
+    let all = rdzv
+        .all_gather(me.as_bytes())
+        .context("all-gathering the machine description")?;
     let ranks: Vec<Vec<String>> = all
         .iter()
-        .map(|b| String::from_utf8_lossy(b).split('\t').map(str::to_string).collect())
+        .map(|b| {
+            String::from_utf8_lossy(b)
+                .split('\t')
+                .map(str::to_string)
+                .collect()
+        })
         .collect();
     // My links to every later rank on my host; all-gathered so every rank builds the same text.
     let mine = rdzv.rank();
     let links: Vec<String> = (mine + 1..ranks.len())
         .filter(|&r| ranks[r].first() == ranks[mine].first())
-        .map(|r| format!("{mine}-{r}:{}", link_to(ctx, ranks[r].get(4).map_or("", String::as_str))))
+        .map(|r| {
+            format!(
+                "{mine}-{r}:{}",
+                link_to(ctx, ranks[r].get(4).map_or("", String::as_str))
+            )
+        })
         .collect();
     let links = rdzv.all_gather(links.join(",").as_bytes())?;
     let mut text = String::new();
@@ -183,7 +229,11 @@ pub fn machine_fingerprint(rdzv: &mut Rendezvous, ctx: &Arc<CudaContext>) -> any
         let f: Vec<&str> = f.iter().map(String::as_str).take(4).collect();
         text.push_str(&format!("rank{r}={};", f.join("/")));
     }
-    let links: Vec<String> = links.iter().map(|b| String::from_utf8_lossy(b).into_owned()).filter(|s| !s.is_empty()).collect();
+    let links: Vec<String> = links
+        .iter()
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .filter(|s| !s.is_empty())
+        .collect();
     text.push_str(&format!("links={}", links.join(",")));
     Ok(text)
 }
@@ -206,8 +256,14 @@ mod tests {
         for m in 1..70_000u32 {
             let (lo, hi) = m_range(m);
             assert!(lo < m && m <= hi, "{m}: ({lo}, {hi}]");
-            assert!(lo == 0 || 2 * hi <= 3 * lo, "{m}: ({lo}, {hi}] is wider than 1.5x");
-            assert!(lo >= prev || lo == m_range(m - 1).0, "ranges go back at {m}");
+            assert!(
+                lo == 0 || 2 * hi <= 3 * lo,
+                "{m}: ({lo}, {hi}] is wider than 1.5x"
+            );
+            assert!(
+                lo >= prev || lo == m_range(m - 1).0,
+                "ranges go back at {m}"
+            );
             prev = lo;
         }
         assert_eq!(m_range(u32::MAX).1, u32::MAX);
@@ -219,13 +275,57 @@ mod tests {
         let s = GemmShape::new(8192, 8192, 2048);
         let k = ChoiceKey::new(OpKind::AllReduce, s, &o, false, 2, "m");
         assert!(k.covers(8000) && !k.covers(8193) && !k.covers(6144));
-        assert_eq!(k, ChoiceKey::new(OpKind::AllReduce, GemmShape::new(7000, 8192, 2048), &o, false, 2, "m"));
+        assert_eq!(
+            k,
+            ChoiceKey::new(
+                OpKind::AllReduce,
+                GemmShape::new(7000, 8192, 2048),
+                &o,
+                false,
+                2,
+                "m"
+            )
+        );
         let others = [
             ChoiceKey::new(OpKind::ReduceScatter, s, &o, false, 2, "m"),
-            ChoiceKey::new(OpKind::AllReduce, GemmShape::new(8192, 4096, 2048), &o, false, 2, "m"),
-            ChoiceKey::new(OpKind::AllReduce, GemmShape::new(8192, 8192, 1024), &o, false, 2, "m"),
-            ChoiceKey::new(OpKind::AllReduce, s, &GemmOptions { output: crate::Dtype::F32, ..o }, false, 2, "m"),
-            ChoiceKey::new(OpKind::AllReduce, s, &GemmOptions { b_layout: crate::BLayout::KxN, ..o }, false, 2, "m"),
+            ChoiceKey::new(
+                OpKind::AllReduce,
+                GemmShape::new(8192, 4096, 2048),
+                &o,
+                false,
+                2,
+                "m",
+            ),
+            ChoiceKey::new(
+                OpKind::AllReduce,
+                GemmShape::new(8192, 8192, 1024),
+                &o,
+                false,
+                2,
+                "m",
+            ),
+            ChoiceKey::new(
+                OpKind::AllReduce,
+                s,
+                &GemmOptions {
+                    output: crate::Dtype::F32,
+                    ..o
+                },
+                false,
+                2,
+                "m",
+            ),
+            ChoiceKey::new(
+                OpKind::AllReduce,
+                s,
+                &GemmOptions {
+                    b_layout: crate::BLayout::KxN,
+                    ..o
+                },
+                false,
+                2,
+                "m",
+            ),
             ChoiceKey::new(OpKind::AllReduce, s, &o, true, 2, "m"),
             ChoiceKey::new(OpKind::AllReduce, s, &o, false, 4, "m"),
             ChoiceKey::new(OpKind::AllReduce, s, &o, false, 2, "another machine"),

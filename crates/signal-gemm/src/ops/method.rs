@@ -81,7 +81,10 @@ impl Family {
     /// methods keep host-side epochs in their kernels' parameters, so a replay would wait for
     /// targets that were already reached.
     pub fn capturable(self) -> bool {
-        !matches!(self, Family::FusedIntra | Family::FusedInter | Family::DistFuse)
+        !matches!(
+            self,
+            Family::FusedIntra | Family::FusedInter | Family::DistFuse
+        )
     }
 }
 
@@ -156,21 +159,30 @@ impl FromStr for Method {
             Family::FusedIntra => want(0, "fused-intra").map(|()| Method::FusedIntra)?,
             Family::Decomposition => {
                 want(1, "decomposition:<chunks>")?;
-                Method::Decomposition { chunks: count(args[0], "chunks", s)? }
+                Method::Decomposition {
+                    chunks: count(args[0], "chunks", s)?,
+                }
             }
             Family::FusedInter => {
                 want(1, "fused-inter:<ctas>")?;
-                Method::FusedInter { ctas: count(args[0], "CTA count", s)? }
+                Method::FusedInter {
+                    ctas: count(args[0], "CTA count", s)?,
+                }
             }
             Family::DistFuse => {
                 want(1, "distfuse:<workers>")?;
-                Method::DistFuse { workers: count(args[0], "worker count", s)? }
+                Method::DistFuse {
+                    workers: count(args[0], "worker count", s)?,
+                }
             }
             Family::Signal => {
                 want(2, "signal:<sm_margin>:<waves>+<waves>…")?;
-                let sm_margin: u32 = args[0]
-                    .parse()
-                    .with_context(|| format!("method {s:?}: sm_margin {:?} is not a whole number", args[0]))?;
+                let sm_margin: u32 = args[0].parse().with_context(|| {
+                    format!(
+                        "method {s:?}: sm_margin {:?} is not a whole number",
+                        args[0]
+                    )
+                })?;
                 let waves = args[1]
                     .split('+')
                     .map(|w| count(w, "waves per group", s))
@@ -222,7 +234,9 @@ impl FromStr for MethodChoice {
             return Ok(MethodChoice::Auto);
         }
         if let Some(f) = Family::from_name(s) {
-            if !s.contains(':') && !matches!(f, Family::SeqCublas | Family::SeqWeft | Family::FusedIntra) {
+            if !s.contains(':')
+                && !matches!(f, Family::SeqCublas | Family::SeqWeft | Family::FusedIntra)
+            {
                 return Ok(MethodChoice::Family(f));
             }
         }
@@ -240,7 +254,10 @@ mod tests {
             Method::SeqCublas,
             Method::SeqWeft,
             Method::Decomposition { chunks: 4 },
-            Method::Signal { sm_margin: 32, waves: vec![1, 3] },
+            Method::Signal {
+                sm_margin: 32,
+                waves: vec![1, 3],
+            },
             Method::FusedIntra,
             Method::FusedInter { ctas: 16 },
             Method::DistFuse { workers: 8 },
@@ -248,18 +265,36 @@ mod tests {
         for m in methods {
             let text = m.to_string();
             assert_eq!(text.parse::<Method>().unwrap(), m, "{text}");
-            assert_eq!(text.parse::<MethodChoice>().unwrap(), MethodChoice::Exact(m.clone()));
+            assert_eq!(
+                text.parse::<MethodChoice>().unwrap(),
+                MethodChoice::Exact(m.clone())
+            );
         }
-        assert_eq!("signal:16:2".parse::<Method>().unwrap(), Method::Signal { sm_margin: 16, waves: vec![2] });
+        assert_eq!(
+            "signal:16:2".parse::<Method>().unwrap(),
+            Method::Signal {
+                sm_margin: 16,
+                waves: vec![2]
+            }
+        );
     }
 
     #[test]
     fn choices_parse_auto_families_and_exact_methods() {
         assert_eq!("auto".parse::<MethodChoice>().unwrap(), MethodChoice::Auto);
-        assert_eq!("distfuse".parse::<MethodChoice>().unwrap(), MethodChoice::Family(Family::DistFuse));
-        assert_eq!("signal".parse::<MethodChoice>().unwrap(), MethodChoice::Family(Family::Signal));
+        assert_eq!(
+            "distfuse".parse::<MethodChoice>().unwrap(),
+            MethodChoice::Family(Family::DistFuse)
+        );
+        assert_eq!(
+            "signal".parse::<MethodChoice>().unwrap(),
+            MethodChoice::Family(Family::Signal)
+        );
         // Methods without parameters are exact methods and their own family.
-        assert_eq!("seq-cublas".parse::<MethodChoice>().unwrap(), MethodChoice::Exact(Method::SeqCublas));
+        assert_eq!(
+            "seq-cublas".parse::<MethodChoice>().unwrap(),
+            MethodChoice::Exact(Method::SeqCublas)
+        );
         assert!(MethodChoice::Family(Family::FusedInter).allows(&Method::FusedInter { ctas: 8 }));
         assert!(!MethodChoice::Family(Family::FusedInter).allows(&Method::DistFuse { workers: 8 }));
     }
@@ -278,7 +313,15 @@ mod tests {
 
     #[test]
     fn fused_families_are_not_capturable() {
-        assert!(Family::SeqCublas.capturable() && Family::Signal.capturable() && Family::Decomposition.capturable());
-        assert!(!Family::FusedIntra.capturable() && !Family::FusedInter.capturable() && !Family::DistFuse.capturable());
+        assert!(
+            Family::SeqCublas.capturable()
+                && Family::Signal.capturable()
+                && Family::Decomposition.capturable()
+        );
+        assert!(
+            !Family::FusedIntra.capturable()
+                && !Family::FusedInter.capturable()
+                && !Family::DistFuse.capturable()
+        );
     }
 }

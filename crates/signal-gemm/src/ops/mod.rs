@@ -42,7 +42,9 @@ pub use all_reduce::GemmAllReduce;
 pub use all_to_all::GemmAllToAll;
 pub use buffer::OpBuffer;
 pub use cache::{ChoiceCache, Entry, Outcome, CACHE_VAR};
-pub use candidates::{candidates, groupings, OpKind, DECOMPOSITION_CHUNKS, FUSED_COUNTS, SIGNAL_MARGINS};
+pub use candidates::{
+    candidates, groupings, OpKind, DECOMPOSITION_CHUNKS, FUSED_COUNTS, SIGNAL_MARGINS,
+};
 pub use choice::ChoiceReport;
 pub use choose::{rank_candidates, AutoPolicy, Ranking, DEFAULT_BUDGET_S};
 pub use common::OpElement;

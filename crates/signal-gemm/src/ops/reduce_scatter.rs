@@ -11,8 +11,12 @@
 
 use super::buffer::OpBuffer;
 use super::candidates::OpKind;
-use super::choice::{choose_and_plan, exact_report, time_candidate, Bench, Candidate, ChoiceReport, PlanRequest};
-use super::common::{agree_on_request, check_capture, check_dtype, check_launch, OpElement, SeqGemm};
+use super::choice::{
+    choose_and_plan, exact_report, time_candidate, Bench, Candidate, ChoiceReport, PlanRequest,
+};
+use super::common::{
+    agree_on_request, check_capture, check_dtype, check_launch, OpElement, SeqGemm,
+};
 use super::env::{lock, OverlapEnv, SharedComm};
 use super::inputs::{with_operands, Operands};
 use super::method::{Method, MethodChoice};
@@ -28,13 +32,27 @@ use weft_pgl::agree;
 use weft_pgl::nccl::ReduceOp;
 use weft_pgl::rendezvous::Rendezvous;
 
+// One Imp per op, held for the op's life: the fused variant's size costs nothing worth a Box.
+#[allow(clippy::large_enum_variant)]
 enum Imp<TO: OpElement> {
     /// seq-cublas, seq-weft: the GEMM into `d`, then ncclReduceScatter into the output.
-    Seq { gemm: SeqGemm, comm: SharedComm, d: CudaSlice<TO>, out: CudaSlice<TO> },
+    Seq {
+        gemm: SeqGemm,
+        comm: SharedComm,
+        d: CudaSlice<TO>,
+        out: CudaSlice<TO>,
+    },
     /// Chunk c is, for every rank r, rows [r·m/world + c·q, … + q) (q = m / (world · chunks)),
     /// computed into staging rows [(c·world + r)·q, … + q) and reduce-scattered as one call, so
     /// each rank receives its c-th q rows.
-    Decomposition { band: CublasGemm, chunks: u32, comm: SharedComm, side: Arc<CudaStream>, d: CudaSlice<TO>, out: CudaSlice<TO> },
+    Decomposition {
+        band: CublasGemm,
+        chunks: u32,
+        comm: SharedComm,
+        side: Arc<CudaStream>,
+        d: CudaSlice<TO>,
+        out: CudaSlice<TO>,
+    },
     Fused(FusedReduceScatter<TO>),
 }
 
@@ -63,30 +81,64 @@ impl<TO: OpElement> GemmReduceScatter<TO> {
         let kind = OpKind::ReduceScatter;
         let (world, rank) = (rdzv.world() as u32, rdzv.rank() as u32);
         let checks = check_dtype::<TO>(kind, shape, "output", options.output).and_then(|()| {
-            ensure!(shape.m % world == 0, "GEMM + ReduceScatter {shape}: M = {} does not split into {world} equal row blocks", shape.m);
+            ensure!(
+                shape.m.is_multiple_of(world),
+                "GEMM + ReduceScatter {shape}: M = {} does not split into {world} equal row blocks",
+                shape.m
+            );
             Ok(String::new())
         });
-        agree_on_request(rdzv, env, stream, kind, shape, &options, choice, capturable, checks)?;
+        agree_on_request(
+            rdzv, env, stream, kind, shape, &options, choice, capturable, checks,
+        )?;
         let mut operands: Option<(Operands, Bench)> = None;
         let seed = 0x5ca7 ^ ((rank as u64) << 40);
         let (imp, report) = choose_and_plan(
             rdzv,
             env,
-            PlanRequest { kind, shape, options, choice, capturable },
+            PlanRequest {
+                kind,
+                shape,
+                options,
+                choice,
+                capturable,
+            },
             |rdzv, env, m| plan_imp::<TO>(rdzv, env, stream, shape, options, m),
             |rdzv, env, m| {
                 if operands.is_none() {
                     let (mk, kn) = ((shape.m * shape.k) as usize, (shape.k * shape.n) as usize);
-                    operands = Some((Operands::random(stream, &options, seed, mk, kn)?, Bench::new(stream)?));
+                    operands = Some((
+                        Operands::random(stream, &options, seed, mk, kn)?,
+                        Bench::new(stream)?,
+                    ));
                 }
                 let (ops, bench) = operands.as_mut().expect("made above");
                 let planned = plan_imp::<TO>(rdzv, env, stream, shape, options, m);
                 let imp = agree(rdzv, &format!("planning {m}"), planned)?;
-                let op = Self { shape, options, world, rank, stream: stream.clone(), report: exact_report(m), imp };
-                time_candidate(rdzv, op, |op| with_operands!(&*ops, |a, b| bench.time(env, stream, || op.launch(stream, a, b))))
+                let op = Self {
+                    shape,
+                    options,
+                    world,
+                    rank,
+                    stream: stream.clone(),
+                    report: exact_report(m),
+                    imp,
+                };
+                time_candidate(rdzv, op, |op| {
+                    with_operands!(&*ops, |a, b| bench
+                        .time(env, stream, || op.launch(stream, a, b)))
+                })
             },
         )?;
-        Ok(Self { shape, options, world, rank, stream: stream.clone(), report, imp })
+        Ok(Self {
+            shape,
+            options,
+            world,
+            rank,
+            stream: stream.clone(),
+            report,
+            imp,
+        })
     }
 
     pub fn method(&self) -> &Method {
@@ -109,9 +161,23 @@ impl<TO: OpElement> GemmReduceScatter<TO> {
 
     /// Enqueues this rank's rows of Σ over ranks of A_rank · B_rank on the planned stream; as
     /// [`super::GemmAllReduce::launch`].
-    pub fn launch<TI: GemmElement>(&mut self, stream: &Arc<CudaStream>, a: &CudaSlice<TI>, b: &CudaSlice<TI>) -> anyhow::Result<()> {
+    pub fn launch<TI: GemmElement>(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        a: &CudaSlice<TI>,
+        b: &CudaSlice<TI>,
+    ) -> anyhow::Result<()> {
         let GemmShape { m, n, k } = self.shape;
-        check_launch::<TI>(OpKind::ReduceScatter, &self.stream, stream, &self.options, &[("A", a.len(), (m * k) as usize), ("B", b.len(), (k * n) as usize)])?;
+        check_launch::<TI>(
+            OpKind::ReduceScatter,
+            &self.stream,
+            stream,
+            &self.options,
+            &[
+                ("A", a.len(), (m * k) as usize),
+                ("B", b.len(), (k * n) as usize),
+            ],
+        )?;
         check_capture(stream, &self.report.method)?;
         let world = self.world as usize;
         match &mut self.imp {
@@ -119,7 +185,14 @@ impl<TO: OpElement> GemmReduceScatter<TO> {
                 gemm.launch(stream, a, b, d)?;
                 lock(comm)?.reduce_scatter(&*d, out, ReduceOp::Sum, stream)
             }
-            Imp::Decomposition { band, chunks, comm, side, d, out } => {
+            Imp::Decomposition {
+                band,
+                chunks,
+                comm,
+                side,
+                d,
+                out,
+            } => {
                 let chunks = *chunks as usize;
                 let (m, n, k) = (m as usize, n as usize, k as usize);
                 let q = m / (world * chunks);
@@ -128,11 +201,20 @@ impl<TO: OpElement> GemmReduceScatter<TO> {
                     for r in 0..world {
                         let src = r * (m / world) + c * q;
                         let dst = (c * world + r) * q;
-                        band.launch(&a.slice(src * k..(src + q) * k), b, &mut d.slice_mut(dst * n..(dst + q) * n))?;
+                        band.launch(
+                            &a.slice(src * k..(src + q) * k),
+                            b,
+                            &mut d.slice_mut(dst * n..(dst + q) * n),
+                        )?;
                     }
                     side.join(stream)?;
                     let send = d.slice(c * world * q * n..(c + 1) * world * q * n);
-                    lock(comm)?.reduce_scatter(&send, &mut out.slice_mut(c * q * n..(c + 1) * q * n), ReduceOp::Sum, side)?;
+                    lock(comm)?.reduce_scatter(
+                        &send,
+                        &mut out.slice_mut(c * q * n..(c + 1) * q * n),
+                        ReduceOp::Sum,
+                        side,
+                    )?;
                 }
                 stream.join(side)?;
                 Ok(())
@@ -144,7 +226,9 @@ impl<TO: OpElement> GemmReduceScatter<TO> {
     /// The op's result: this rank's m/world × n rows of the last launch, once it has run.
     pub fn output(&self) -> OpBuffer<'_, TO> {
         let (ptr, len) = match &self.imp {
-            Imp::Seq { out, .. } | Imp::Decomposition { out, .. } => (out.device_ptr(&self.stream).0, out.len()),
+            Imp::Seq { out, .. } | Imp::Decomposition { out, .. } => {
+                (out.device_ptr(&self.stream).0, out.len())
+            }
             Imp::Fused(f) => (f.output().local_ptr(), f.output().len()),
         };
         // SAFETY: the buffer holds `len` elements of TO and lives as long as self.
@@ -178,13 +262,14 @@ fn plan_imp<TO: OpElement>(
 ) -> anyhow::Result<Imp<TO>> {
     let ctx = env.context().clone();
     let world = rdzv.world() as u32;
-    let alloc = |len: u32| -> anyhow::Result<CudaSlice<TO>> { Ok(stream.alloc_zeros::<TO>(len as usize)?) };
+    let alloc =
+        |len: u32| -> anyhow::Result<CudaSlice<TO>> { Ok(stream.alloc_zeros::<TO>(len as usize)?) };
     let (mn, out_len) = (shape.m * shape.n, shape.m / world * shape.n);
     Ok(match method {
         Method::SeqCublas | Method::SeqWeft => Imp::Seq { gemm: SeqGemm::new(method, stream, shape, options)?, comm: env.comm().clone(), d: alloc(mn)?, out: alloc(out_len)? },
         Method::Decomposition { chunks } => {
             ensure!(
-                shape.m % (world * chunks) == 0,
+                shape.m.is_multiple_of(world * chunks),
                 "decomposition: M = {} does not split into {chunks} chunks of {world} equal row blocks",
                 shape.m
             );

@@ -32,7 +32,15 @@ impl AllReduceOverlap {
         rank: u32,
     ) -> anyhow::Result<Self> {
         let layout = OutputLayout::TileOrder;
-        let pipe = GroupPipeline::new("GEMM + AllReduce", stream, shape, options, waves_per_group, layout, rank)?;
+        let pipe = GroupPipeline::new(
+            "GEMM + AllReduce",
+            stream,
+            shape,
+            options,
+            waves_per_group,
+            layout,
+            rank,
+        )?;
         let map = TileOrderMap::new(stream, pipe.gemm().plan())?;
         Ok(Self { pipe, map })
     }
@@ -68,11 +76,12 @@ impl AllReduceOverlap {
         self.pipe.check_staging(staging.len())?;
         self.map.check::<TO>(staging.len(), out.len(), &restore)?;
         let tile = (self.gemm().plan().tile_m() * self.gemm().plan().tile_n()) as usize;
-        self.pipe.enqueue(compute, a, b, staging, None, |g, x, staging| {
-            let r = self.groups().orders(g);
-            let mut range = staging.slice_mut(r.start as usize * tile..r.end as usize * tile);
-            comm.all_reduce_in_place(&mut range, ReduceOp::Sum, x)
-        })?;
+        self.pipe
+            .enqueue(compute, a, b, staging, None, |g, x, staging| {
+                let r = self.groups().orders(g);
+                let mut range = staging.slice_mut(r.start as usize * tile..r.end as usize * tile);
+                comm.all_reduce_in_place(&mut range, ReduceOp::Sum, x)
+            })?;
         let restored = self.map.restore(compute, staging, out, restore);
         self.pipe.mark_if_failed(restored)
     }
@@ -86,11 +95,18 @@ impl AllReduceOverlap {
         b: &CudaSlice<TI>,
         staging: &mut CudaSlice<TO>,
     ) -> anyhow::Result<()> {
-        self.pipe.enqueue(compute, a, b, staging, None, |_, _, _| Ok(()))
+        self.pipe
+            .enqueue(compute, a, b, staging, None, |_, _, _| Ok(()))
     }
 
     /// Only the restore (for timing it alone): `out` from `staging`.
-    pub fn restore<T: GemmElement>(&self, stream: &Arc<CudaStream>, staging: &CudaSlice<T>, out: &mut CudaSlice<T>, step: Restore<'_>) -> anyhow::Result<()> {
+    pub fn restore<T: GemmElement>(
+        &self,
+        stream: &Arc<CudaStream>,
+        staging: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+        step: Restore<'_>,
+    ) -> anyhow::Result<()> {
         self.map.restore(stream, staging, out, step)
     }
 

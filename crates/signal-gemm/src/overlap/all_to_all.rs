@@ -36,7 +36,15 @@ impl AllToAllOverlap {
         rank: usize,
     ) -> anyhow::Result<Self> {
         let layout = OutputLayout::RowSlots { slots: 0 }; // replaced once the pools are known
-        let mut pipe = GroupPipeline::new("GEMM + All-to-All", stream, shape, options, waves_per_group, layout, rank as u32)?;
+        let mut pipe = GroupPipeline::new(
+            "GEMM + All-to-All",
+            stream,
+            shape,
+            options,
+            waves_per_group,
+            layout,
+            rank as u32,
+        )?;
         let map = AllToAllMap::new(stream, pipe.gemm().plan(), pipe.groups(), routes, rank)?;
         pipe.set_layout(map.layout())?;
         Ok(Self { pipe, map, rank })
@@ -81,10 +89,17 @@ impl AllToAllOverlap {
         self.pipe.check_rank(comm, self.rank, self.map.world())?;
         self.pipe.check_staging(staging.len())?;
         self.map.check::<TO>(received.len(), out.len())?;
-        self.pipe.enqueue(compute, a, b, staging, Some(self.map.row_slots()), |g, x, staging| {
-            let (sends, recvs) = self.map.group_ranges(g);
-            comm.all_to_all_v(&*staging, sends, received, recvs, x)
-        })?;
+        self.pipe.enqueue(
+            compute,
+            a,
+            b,
+            staging,
+            Some(self.map.row_slots()),
+            |g, x, staging| {
+                let (sends, recvs) = self.map.group_ranges(g);
+                comm.all_to_all_v(&*staging, sends, received, recvs, x)
+            },
+        )?;
         let scattered = self.map.scatter(compute, received, out);
         self.pipe.mark_if_failed(scattered)
     }
@@ -97,7 +112,14 @@ impl AllToAllOverlap {
         b: &CudaSlice<TI>,
         staging: &mut CudaSlice<TO>,
     ) -> anyhow::Result<()> {
-        self.pipe.enqueue(compute, a, b, staging, Some(self.map.row_slots()), |_, _, _| Ok(()))
+        self.pipe.enqueue(
+            compute,
+            a,
+            b,
+            staging,
+            Some(self.map.row_slots()),
+            |_, _, _| Ok(()),
+        )
     }
 
     /// After synchronising: an error naming a GEMM or group wait that ran past its bound.

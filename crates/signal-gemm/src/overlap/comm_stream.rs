@@ -13,5 +13,6 @@ pub fn high_priority_stream(ctx: &Arc<CudaContext>) -> anyhow::Result<Arc<CudaSt
     unsafe { sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest) }
         .result()
         .context("cuCtxGetStreamPriorityRange")?;
-    ctx.new_stream_with_priority(greatest).context("creating the high-priority communication stream")
+    ctx.new_stream_with_priority(greatest)
+        .context("creating the high-priority communication stream")
 }

@@ -42,8 +42,15 @@ impl GroupPipeline {
         layout: OutputLayout,
         rank: u32,
     ) -> anyhow::Result<Self> {
-        ensure!(options.beta == 0.0, "{what}: beta must be 0 (the epilogue writes the {} layout)", layout.name());
-        ensure!(options.comm_ctas == 0, "{what}: no communicator CTAs (NCCL communicates)");
+        ensure!(
+            options.beta == 0.0,
+            "{what}: beta must be 0 (the epilogue writes the {} layout)",
+            layout.name()
+        );
+        ensure!(
+            options.comm_ctas == 0,
+            "{what}: no communicator CTAs (NCCL communicates)"
+        );
         let ctx = stream.context();
         ensure!(
             !ctx.is_event_tracking(),
@@ -60,7 +67,14 @@ impl GroupPipeline {
         };
         let counters = GroupCounters::new(stream, groups, rank)?;
         let comm_stream = high_priority_stream(ctx)?;
-        Ok(Self { what, gemm, counters, layout, comm_stream, broken: AtomicBool::new(false) })
+        Ok(Self {
+            what,
+            gemm,
+            counters,
+            layout,
+            comm_stream,
+            broken: AtomicBool::new(false),
+        })
     }
 
     /// Replaces the layout (for a layout that depends on the groups: the All-to-All's slots).
@@ -83,7 +97,12 @@ impl GroupPipeline {
     }
 
     pub fn check_staging(&self, len: usize) -> anyhow::Result<()> {
-        ensure!(len >= self.staging_len(), "{}: staging buffer has {len} elements, needs {}", self.what, self.staging_len());
+        ensure!(
+            len >= self.staging_len(),
+            "{}: staging buffer has {len} elements, needs {}",
+            self.what,
+            self.staging_len()
+        );
         Ok(())
     }
 
@@ -131,7 +150,12 @@ impl GroupPipeline {
         );
         let x = &self.comm_stream;
         x.join(compute)?;
-        let extras = LaunchExtras { groups: Some(&self.counters), layout: self.layout, row_slots, ..Default::default() };
+        let extras = LaunchExtras {
+            groups: Some(&self.counters),
+            layout: self.layout,
+            row_slots,
+            ..Default::default()
+        };
         self.gemm.launch_with(compute, a, b, staging, extras)?;
         let enqueued = (|| {
             for g in 0..self.groups().count() {

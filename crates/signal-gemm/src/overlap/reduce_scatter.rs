@@ -36,9 +36,22 @@ impl ReduceScatterOverlap {
         rank: u32,
     ) -> anyhow::Result<Self> {
         let layout = OutputLayout::RankBands { ranks: world };
-        let pipe = GroupPipeline::new("GEMM + ReduceScatter", stream, shape, options, waves_per_group, layout, rank)?;
+        let pipe = GroupPipeline::new(
+            "GEMM + ReduceScatter",
+            stream,
+            shape,
+            options,
+            waves_per_group,
+            layout,
+            rank,
+        )?;
         let map = RankBandMap::new(stream, pipe.gemm().plan(), world, rank)?;
-        Ok(Self { pipe, map, world, rank })
+        Ok(Self {
+            pipe,
+            map,
+            world,
+            rank,
+        })
     }
 
     pub fn gemm(&self) -> &Gemm {
@@ -81,15 +94,17 @@ impl ReduceScatterOverlap {
     ) -> anyhow::Result<()> {
         // Everything that can be refused is checked before anything is enqueued.
         self.pipe.check_comm(comm, compute)?;
-        self.pipe.check_rank(comm, self.rank as usize, self.world as usize)?;
+        self.pipe
+            .check_rank(comm, self.rank as usize, self.world as usize)?;
         self.pipe.check_staging(staging.len())?;
         self.map.check::<TO>(received.len(), out.len(), &restore)?;
-        self.pipe.enqueue(compute, a, b, staging, None, |g, x, staging| {
-            let (send, recv) = self.map.group_ranges(self.groups().orders(g));
-            let send = staging.slice(send);
-            let mut recv = received.slice_mut(recv);
-            comm.reduce_scatter(&send, &mut recv, ReduceOp::Sum, x)
-        })?;
+        self.pipe
+            .enqueue(compute, a, b, staging, None, |g, x, staging| {
+                let (send, recv) = self.map.group_ranges(self.groups().orders(g));
+                let send = staging.slice(send);
+                let mut recv = received.slice_mut(recv);
+                comm.reduce_scatter(&send, &mut recv, ReduceOp::Sum, x)
+            })?;
         let restored = self.map.restore(compute, received, out, restore);
         self.pipe.mark_if_failed(restored)
     }
@@ -102,11 +117,18 @@ impl ReduceScatterOverlap {
         b: &CudaSlice<TI>,
         staging: &mut CudaSlice<TO>,
     ) -> anyhow::Result<()> {
-        self.pipe.enqueue(compute, a, b, staging, None, |_, _, _| Ok(()))
+        self.pipe
+            .enqueue(compute, a, b, staging, None, |_, _, _| Ok(()))
     }
 
     /// Only the restore (for timing it alone): `out` from `received`.
-    pub fn restore<T: GemmElement>(&self, stream: &Arc<CudaStream>, received: &CudaSlice<T>, out: &mut CudaSlice<T>, step: Restore<'_>) -> anyhow::Result<()> {
+    pub fn restore<T: GemmElement>(
+        &self,
+        stream: &Arc<CudaStream>,
+        received: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+        step: Restore<'_>,
+    ) -> anyhow::Result<()> {
         self.map.restore(stream, received, out, step)
     }
 

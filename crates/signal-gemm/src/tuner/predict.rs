@@ -32,9 +32,13 @@ impl GroupBytes {
             Op::ReduceScatter => OutputLayout::RankBands { ranks: world },
         };
         layout.check(plan)?; // a world the band layout cannot cut for
-        // Elements per order (slot or band slots), the same for every order of a layout.
+                             // Elements per order (slot or band slots), the same for every order of a layout.
         let per_order = layout.elements(plan) / u64::from(plan.orders());
-        Ok(Self((0..groups.count()).map(|g| u64::from(groups.orders(g).len() as u32) * per_order * elem).collect()))
+        Ok(Self(
+            (0..groups.count())
+                .map(|g| u64::from(groups.orders(g).len() as u32) * per_order * elem)
+                .collect(),
+        ))
     }
 }
 
@@ -42,7 +46,12 @@ const MIB: f64 = (1u64 << 20) as f64;
 
 /// Predicted ms of the overlapped GEMM + collective of `plan` grouped as `groups`, with NCCL
 /// limited to the plan's sm_margin CTAs, restore included.
-pub fn predict_overlap(profile: &TuningProfile, op: Op, plan: &GemmPlan, groups: &WaveGroups) -> anyhow::Result<f64> {
+pub fn predict_overlap(
+    profile: &TuningProfile,
+    op: Op,
+    plan: &GemmPlan,
+    groups: &WaveGroups,
+) -> anyhow::Result<f64> {
     let margin = plan.options.sm_margin;
     let t_wave = profile.gemm_wave_ms(plan.shape, margin, plan.tile_n())?;
     let curve = profile.curve(op, Some(margin))?;
@@ -54,7 +63,8 @@ pub fn predict_overlap(profile: &TuningProfile, op: Op, plan: &GemmPlan, groups:
         comp += f64::from(waves) * t_wave;
         comm = finish(comm.max(comp), curve.ms(bytes.0[g]), contention, end);
     }
-    Ok(comm + profile.restore_ms_per_mib(op)? * output_bytes(plan.shape, op, profile.world, plan) / MIB)
+    Ok(comm
+        + profile.restore_ms_per_mib(op)? * output_bytes(plan.shape, op, profile.world, plan) / MIB)
 }
 
 /// When a collective of `alone` ms (NCCL by itself) that starts at `start` ends, slowed by
@@ -72,7 +82,12 @@ fn finish(start: f64, alone: f64, contention: f64, end: f64) -> f64 {
 }
 
 /// Predicted ms of cuBLAS then the collective (NCCL's default CTAs) on the standard layout.
-pub fn predict_sequential(profile: &TuningProfile, op: Op, shape: GemmShape, elem_bytes: u64) -> anyhow::Result<f64> {
+pub fn predict_sequential(
+    profile: &TuningProfile,
+    op: Op,
+    shape: GemmShape,
+    elem_bytes: u64,
+) -> anyhow::Result<f64> {
     let bytes = u64::from(shape.m) * u64::from(shape.n) * elem_bytes;
     Ok(profile.cublas_ms(shape)? + profile.curve(op, None)?.ms(bytes))
 }
@@ -97,7 +112,7 @@ mod tests {
     fn contention_applies_only_beside_the_gemm() {
         assert_eq!(finish(2.0, 1.0, 2.0, 1.0), 3.0); // after the GEMM: alone
         assert_eq!(finish(0.0, 1.0, 2.0, 5.0), 2.0); // all beside it: slowed
-        // Starts at 0.5, GEMM ends at 1.5: 1 ms slowed covers half the work, the rest 0.5 ms.
+                                                     // Starts at 0.5, GEMM ends at 1.5: 1 ms slowed covers half the work, the rest 0.5 ms.
         assert!((finish(0.5, 1.0, 2.0, 1.5) - 2.0).abs() < 1e-12);
     }
 
@@ -105,15 +120,34 @@ mod tests {
     #[test]
     fn model_matches_a_hand_computed_timeline() {
         let shape = GemmShape::new(2560, 2560, 1024);
-        let options = GemmOptions { sm_margin: 32, tile: TileChoice::N256, ..GemmOptions::default() };
+        let options = GemmOptions {
+            sm_margin: 32,
+            tile: TileChoice::N256,
+            ..GemmOptions::default()
+        };
         let plan = GemmPlan::new(132, shape, options).unwrap();
-        assert_eq!((plan.ctas(), plan.waves(), plan.orders()), (100, 2, 200), "{}", plan.describe());
+        assert_eq!(
+            (plan.ctas(), plan.waves(), plan.orders()),
+            (100, 2, 200),
+            "{}",
+            plan.describe()
+        );
         let mib = 1u64 << 20;
         let profile = TuningProfile {
             world: 4,
             sms: 132,
-            comm: vec![CommCurve { op: Op::AllReduce, max_ctas: Some(32), points: vec![(mib, 0.01), (1024 * mib, 10.24)] }],
-            gemm: vec![GemmSample { shape, sm_margin: 32, tile_n: 256, ms: 0.2, waves: 2 }],
+            comm: vec![CommCurve {
+                op: Op::AllReduce,
+                max_ctas: Some(32),
+                points: vec![(mib, 0.01), (1024 * mib, 10.24)],
+            }],
+            gemm: vec![GemmSample {
+                shape,
+                sm_margin: 32,
+                tile_n: 256,
+                ms: 0.2,
+                waves: 2,
+            }],
             restore: vec![(Op::AllReduce, 0.001)],
             ..Default::default()
         };

@@ -117,7 +117,12 @@ impl TuningProfile {
         self.comm
             .iter()
             .find(|c| c.op == op && c.max_ctas == max_ctas)
-            .with_context(|| format!("the tuning profile has no {} curve for max_ctas {max_ctas:?}", op.name()))
+            .with_context(|| {
+                format!(
+                    "the tuning profile has no {} curve for max_ctas {max_ctas:?}",
+                    op.name()
+                )
+            })
     }
 
     /// The SM margins profiled for the GEMM (each also a curve's CTA limit).
@@ -132,29 +137,51 @@ impl TuningProfile {
     /// profiled shape's own time ÷ its waves; otherwise the nearest profiled shape with that
     /// margin and tile width (distance in log m, log n, log k), its wave time scaled by k (a wave
     /// computes whole tiles: time ∝ its K loop).
-    pub fn gemm_wave_ms(&self, shape: GemmShape, sm_margin: u32, tile_n: u32) -> anyhow::Result<f64> {
-        let same = self.gemm.iter().filter(|g| g.sm_margin == sm_margin && g.tile_n == tile_n);
-        let near = nearest(same.map(|g| (g.shape, g)), shape)
-            .with_context(|| format!("the tuning profile has no GEMM with 128 x {tile_n} tiles at sm_margin {sm_margin}"))?;
+    pub fn gemm_wave_ms(
+        &self,
+        shape: GemmShape,
+        sm_margin: u32,
+        tile_n: u32,
+    ) -> anyhow::Result<f64> {
+        let same = self
+            .gemm
+            .iter()
+            .filter(|g| g.sm_margin == sm_margin && g.tile_n == tile_n);
+        let near = nearest(same.map(|g| (g.shape, g)), shape).with_context(|| {
+            format!(
+                "the tuning profile has no GEMM with 128 x {tile_n} tiles at sm_margin {sm_margin}"
+            )
+        })?;
         Ok(near.ms / f64::from(near.waves) * f64::from(shape.k) / f64::from(near.shape.k))
     }
 
     pub fn contention(&self, op: Op, sm_margin: u32) -> f64 {
-        self.contention.iter().find(|c| c.0 == op && c.1 == sm_margin).map_or(1.0, |c| c.2)
+        self.contention
+            .iter()
+            .find(|c| c.0 == op && c.1 == sm_margin)
+            .map_or(1.0, |c| c.2)
     }
 
     /// cuBLAS alone for `shape`: profiled, or the nearest profiled shape scaled by FLOPs.
     pub fn cublas_ms(&self, shape: GemmShape) -> anyhow::Result<f64> {
-        let (s, ms) = nearest(self.cublas.iter().map(|(s, ms)| (*s, (*s, *ms))), shape).context("the tuning profile has no cuBLAS times")?;
+        let (s, ms) = nearest(self.cublas.iter().map(|(s, ms)| (*s, (*s, *ms))), shape)
+            .context("the tuning profile has no cuBLAS times")?;
         Ok(ms * flops(shape) / flops(s))
     }
 
     pub fn restore_ms_per_mib(&self, op: Op) -> anyhow::Result<f64> {
-        self.restore.iter().find(|r| r.0 == op).map(|r| r.1).with_context(|| format!("the tuning profile has no restore time for {}", op.name()))
+        self.restore
+            .iter()
+            .find(|r| r.0 == op)
+            .map(|r| r.1)
+            .with_context(|| format!("the tuning profile has no restore time for {}", op.name()))
     }
 
     pub fn to_text(&self) -> String {
-        let mut s = format!("weft-tuning 1 {} {} {}\n", self.world, self.sms, self.device);
+        let mut s = format!(
+            "weft-tuning 1 {} {} {}\n",
+            self.world, self.sms, self.device
+        );
         for c in &self.comm {
             let ctas = c.max_ctas.map_or("default".to_string(), |n| n.to_string());
             for (b, ms) in &c.points {
@@ -163,7 +190,11 @@ impl TuningProfile {
         }
         for g in &self.gemm {
             let GemmShape { m, n, k } = g.shape;
-            let _ = writeln!(s, "gemm {m} {n} {k} {} {} {:.6} {}", g.sm_margin, g.tile_n, g.ms, g.waves);
+            let _ = writeln!(
+                s,
+                "gemm {m} {n} {k} {} {} {:.6} {}",
+                g.sm_margin, g.tile_n, g.ms, g.waves
+            );
         }
         for (GemmShape { m, n, k }, ms) in &self.cublas {
             let _ = writeln!(s, "cublas {m} {n} {k} {ms:.6}");
@@ -178,10 +209,16 @@ impl TuningProfile {
     }
 
     pub fn parse(text: &str) -> anyhow::Result<Self> {
-        let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
+        let mut lines = text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty());
         let (_, head) = lines.next().context("empty tuning file")?;
         let h: Vec<&str> = head.splitn(5, ' ').collect();
-        ensure!(h.len() >= 4 && h[0] == "weft-tuning" && h[1] == "1", "not a weft tuning file (version 1): first line {head:?}");
+        ensure!(
+            h.len() >= 4 && h[0] == "weft-tuning" && h[1] == "1",
+            "not a weft tuning file (version 1): first line {head:?}"
+        );
         let mut p = TuningProfile {
             world: h[2].parse().context("world size")?,
             sms: h[3].parse().context("SM count")?,
@@ -191,21 +228,37 @@ impl TuningProfile {
         for (i, line) in lines {
             let f: Vec<&str> = line.split_whitespace().collect();
             let num = |j: usize| -> anyhow::Result<f64> {
-                f.get(j).with_context(|| format!("line {}: too few fields", i + 1))?.parse::<f64>().with_context(|| format!("line {}: field {j}", i + 1))
+                f.get(j)
+                    .with_context(|| format!("line {}: too few fields", i + 1))?
+                    .parse::<f64>()
+                    .with_context(|| format!("line {}: field {j}", i + 1))
             };
-            let shape = || -> anyhow::Result<GemmShape> { Ok(GemmShape::new(num(1)? as u32, num(2)? as u32, num(3)? as u32)) };
+            let shape = || -> anyhow::Result<GemmShape> {
+                Ok(GemmShape::new(
+                    num(1)? as u32,
+                    num(2)? as u32,
+                    num(3)? as u32,
+                ))
+            };
             match f[0] {
                 "comm" => {
                     let op = Op::parse(f.get(1).copied().unwrap_or(""))?;
                     let ctas = match f.get(2).copied() {
                         Some("default") => None,
-                        Some(n) => Some(n.parse().with_context(|| format!("line {}: max_ctas", i + 1))?),
+                        Some(n) => Some(
+                            n.parse()
+                                .with_context(|| format!("line {}: max_ctas", i + 1))?,
+                        ),
                         None => bail!("line {}: too few fields", i + 1),
                     };
                     let point = (num(3)? as u64, num(4)?);
                     match p.comm.iter_mut().find(|c| c.op == op && c.max_ctas == ctas) {
                         Some(c) => c.points.push(point),
-                        None => p.comm.push(CommCurve { op, max_ctas: ctas, points: vec![point] }),
+                        None => p.comm.push(CommCurve {
+                            op,
+                            max_ctas: ctas,
+                            points: vec![point],
+                        }),
                     }
                 }
                 "gemm" => p.gemm.push(GemmSample {
@@ -216,28 +269,61 @@ impl TuningProfile {
                     waves: num(7)? as u32,
                 }),
                 "cublas" => p.cublas.push((shape()?, num(4)?)),
-                "restore" => p.restore.push((Op::parse(f.get(1).copied().unwrap_or(""))?, num(2)?)),
-                "contention" => p.contention.push((Op::parse(f.get(1).copied().unwrap_or(""))?, num(2)? as u32, num(3)?)),
+                "restore" => p
+                    .restore
+                    .push((Op::parse(f.get(1).copied().unwrap_or(""))?, num(2)?)),
+                "contention" => p.contention.push((
+                    Op::parse(f.get(1).copied().unwrap_or(""))?,
+                    num(2)? as u32,
+                    num(3)?,
+                )),
                 other => bail!("line {}: unknown record {other:?}", i + 1),
             }
         }
         let positive = |x: f64| x > 0.0 && x.is_finite();
-        ensure!(p.world >= 1 && p.sms >= 1, "world size {} and SM count {} must be at least 1", p.world, p.sms);
+        ensure!(
+            p.world >= 1 && p.sms >= 1,
+            "world size {} and SM count {} must be at least 1",
+            p.world,
+            p.sms
+        );
         for c in &mut p.comm {
             c.points.sort_by_key(|x| x.0);
-            ensure!(c.points.iter().all(|x| x.0 > 0 && positive(x.1)), "{} curve: a size or time that is not positive", c.op.name());
+            ensure!(
+                c.points.iter().all(|x| x.0 > 0 && positive(x.1)),
+                "{} curve: a size or time that is not positive",
+                c.op.name()
+            );
         }
         for g in &p.gemm {
-            ensure!(positive(g.ms) && g.waves >= 1 && g.tile_n > 0, "gemm record for {}: time, waves and tile width must be positive", g.shape);
+            ensure!(
+                positive(g.ms) && g.waves >= 1 && g.tile_n > 0,
+                "gemm record for {}: time, waves and tile width must be positive",
+                g.shape
+            );
         }
-        ensure!(p.cublas.iter().all(|c| positive(c.1)), "a cublas record with a time that is not positive");
-        ensure!(p.restore.iter().all(|r| r.1 >= 0.0 && r.1.is_finite()), "a restore record with a negative time");
-        ensure!(p.contention.iter().all(|c| positive(c.2)), "a contention factor that is not positive");
+        ensure!(
+            p.cublas.iter().all(|c| positive(c.1)),
+            "a cublas record with a time that is not positive"
+        );
+        ensure!(
+            p.restore.iter().all(|r| r.1 >= 0.0 && r.1.is_finite()),
+            "a restore record with a negative time"
+        );
+        ensure!(
+            p.contention.iter().all(|c| positive(c.2)),
+            "a contention factor that is not positive"
+        );
         Ok(p)
     }
 
     pub fn load(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading the tuning file {} (make one with `weft tune`)", path.display()))?;
+        let text = std::fs::read_to_string(path).with_context(|| {
+            format!(
+                "reading the tuning file {} (make one with `weft tune`)",
+                path.display()
+            )
+        })?;
         Self::parse(&text).with_context(|| format!("tuning file {}", path.display()))
     }
 }
@@ -264,8 +350,18 @@ mod tests {
             device: "NVIDIA H200".into(),
             world: 4,
             sms: 132,
-            comm: vec![CommCurve { op: Op::AllReduce, max_ctas: Some(32), points: vec![(1 << 20, 0.02), (1 << 30, 4.0)] }],
-            gemm: vec![GemmSample { shape: GemmShape::new(4096, 4096, 1024), sm_margin: 32, tile_n: 256, ms: 0.2, waves: 4 }],
+            comm: vec![CommCurve {
+                op: Op::AllReduce,
+                max_ctas: Some(32),
+                points: vec![(1 << 20, 0.02), (1 << 30, 4.0)],
+            }],
+            gemm: vec![GemmSample {
+                shape: GemmShape::new(4096, 4096, 1024),
+                sm_margin: 32,
+                tile_n: 256,
+                ms: 0.2,
+                waves: 4,
+            }],
             cublas: vec![(GemmShape::new(4096, 4096, 1024), 0.15)],
             restore: vec![(Op::AllReduce, 0.002)],
             contention: vec![(Op::AllReduce, 32, 1.25)],
@@ -276,13 +372,29 @@ mod tests {
     fn text_round_trip() {
         let p = sample();
         assert_eq!(TuningProfile::parse(&p.to_text()).unwrap(), p);
-        assert!(TuningProfile::parse("hello").unwrap_err().to_string().contains("not a weft tuning file"));
-        assert!(TuningProfile::parse("weft-tuning 1 4 132 x\nbogus 1").unwrap_err().to_string().contains("unknown record"));
-        assert!(TuningProfile::parse("weft-tuning 1 0 132 x").unwrap_err().to_string().contains("at least 1"));
+        assert!(TuningProfile::parse("hello")
+            .unwrap_err()
+            .to_string()
+            .contains("not a weft tuning file"));
+        assert!(TuningProfile::parse("weft-tuning 1 4 132 x\nbogus 1")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown record"));
+        assert!(TuningProfile::parse("weft-tuning 1 0 132 x")
+            .unwrap_err()
+            .to_string()
+            .contains("at least 1"));
         let zero_waves = p.to_text().replace("0.200000 4", "0.200000 0");
-        assert!(TuningProfile::parse(&zero_waves).unwrap_err().to_string().contains("waves"));
+        assert!(TuningProfile::parse(&zero_waves)
+            .unwrap_err()
+            .to_string()
+            .contains("waves"));
         assert!(p.check_machine(132, 4).is_ok());
-        assert!(p.check_machine(132, 8).unwrap_err().to_string().contains("run `weft tune` here"));
+        assert!(p
+            .check_machine(132, 8)
+            .unwrap_err()
+            .to_string()
+            .contains("run `weft tune` here"));
     }
 
     #[test]
@@ -299,9 +411,19 @@ mod tests {
     #[test]
     fn unseen_shapes_use_the_nearest_neighbour() {
         let p = sample();
-        assert!((p.gemm_wave_ms(GemmShape::new(4096, 4096, 2048), 32, 256).unwrap() - 0.1).abs() < 1e-12);
-        assert!(p.gemm_wave_ms(GemmShape::new(4096, 4096, 2048), 32, 128).is_err());
+        assert!(
+            (p.gemm_wave_ms(GemmShape::new(4096, 4096, 2048), 32, 256)
+                .unwrap()
+                - 0.1)
+                .abs()
+                < 1e-12
+        );
+        assert!(p
+            .gemm_wave_ms(GemmShape::new(4096, 4096, 2048), 32, 128)
+            .is_err());
         assert!((p.cublas_ms(GemmShape::new(8192, 4096, 1024)).unwrap() - 0.3).abs() < 1e-12);
-        assert!(p.gemm_wave_ms(GemmShape::new(4096, 4096, 1024), 16, 256).is_err());
+        assert!(p
+            .gemm_wave_ms(GemmShape::new(4096, 4096, 1024), 16, 256)
+            .is_err());
     }
 }

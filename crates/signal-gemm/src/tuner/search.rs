@@ -19,9 +19,17 @@ const MIDDLE_SIZES: [u32; 6] = [1, 2, 3, 4, 6, 8];
 #[derive(Clone, Debug, PartialEq)]
 pub enum Choice {
     /// cuBLAS then NCCL: no overlap is predicted to beat it.
-    Sequential { predicted_ms: f64, best_overlap_ms: Option<f64> },
+    Sequential {
+        predicted_ms: f64,
+        best_overlap_ms: Option<f64>,
+    },
     /// Signal-gemm overlap with this margin (NCCL's CTAs) and grouping.
-    Overlap { sm_margin: u32, waves: Vec<u32>, predicted_ms: f64, sequential_ms: f64 },
+    Overlap {
+        sm_margin: u32,
+        waves: Vec<u32>,
+        predicted_ms: f64,
+        sequential_ms: f64,
+    },
 }
 
 /// Partitions of `waves` waves: first group f ≤ 3, last group l ≤ 3, the waves between in
@@ -74,8 +82,19 @@ pub fn best_overlap(
 ) -> anyhow::Result<(GemmPlan, Vec<u32>, f64)> {
     let mut best: Option<(f64, GemmPlan, Vec<u32>)> = None;
     let mut skipped = Vec::new();
-    for margin in profile.margins().into_iter().filter(|m| only.is_none_or(|o| o == *m)) {
-        let plan = GemmPlan::new(profile.sms, shape, GemmOptions { sm_margin: margin, ..base })?;
+    for margin in profile
+        .margins()
+        .into_iter()
+        .filter(|m| only.is_none_or(|o| o == *m))
+    {
+        let plan = GemmPlan::new(
+            profile.sms,
+            shape,
+            GemmOptions {
+                sm_margin: margin,
+                ..base
+            },
+        )?;
         if let Err(e) = profile.gemm_wave_ms(shape, margin, plan.tile_n()) {
             skipped.push(format!("{e:#}"));
             continue;
@@ -88,22 +107,40 @@ pub fn best_overlap(
             }
         }
     }
-    let (t, plan, waves) = best.with_context(|| format!("no profiled margin can predict {shape} ({})", skipped.join("; ")))?;
+    let (t, plan, waves) = best.with_context(|| {
+        format!(
+            "no profiled margin can predict {shape} ({})",
+            skipped.join("; ")
+        )
+    })?;
     Ok((plan, waves, t))
 }
 
 /// The best predicted way to run `shape` + `op` on the profiled machine (GEMM `base` options,
 /// its sm_margin replaced by each profiled margin). `sms` and `world`: this job's, which must be
 /// the profile's.
-pub fn tune(profile: &TuningProfile, op: Op, shape: GemmShape, base: GemmOptions, sms: u32, world: u32) -> anyhow::Result<Choice> {
+pub fn tune(
+    profile: &TuningProfile,
+    op: Op,
+    shape: GemmShape,
+    base: GemmOptions,
+    sms: u32,
+    world: u32,
+) -> anyhow::Result<Choice> {
     profile.check_machine(sms, world)?;
     let sequential = predict_sequential(profile, op, shape, base.output.bytes() as u64)?;
     let best = best_overlap(profile, op, shape, base, None)?;
     Ok(match best {
-        (plan, waves, t) if t < sequential => {
-            Choice::Overlap { sm_margin: plan.options.sm_margin, waves, predicted_ms: t, sequential_ms: sequential }
-        }
-        (_, _, t) => Choice::Sequential { predicted_ms: sequential, best_overlap_ms: Some(t) },
+        (plan, waves, t) if t < sequential => Choice::Overlap {
+            sm_margin: plan.options.sm_margin,
+            waves,
+            predicted_ms: t,
+            sequential_ms: sequential,
+        },
+        (_, _, t) => Choice::Sequential {
+            predicted_ms: sequential,
+            best_overlap_ms: Some(t),
+        },
     })
 }
 
@@ -120,7 +157,10 @@ mod tests {
                 assert_eq!(p.iter().sum::<u32>(), waves, "{p:?}");
                 assert!(p.iter().all(|&w| w >= 1) && p.len() <= 32, "{p:?}");
                 if p.len() > 1 {
-                    assert!(p[0] <= MAX_END_GROUP && p[p.len() - 1] <= MAX_END_GROUP, "{p:?}");
+                    assert!(
+                        p[0] <= MAX_END_GROUP && p[p.len() - 1] <= MAX_END_GROUP,
+                        "{p:?}"
+                    );
                 }
             }
         }

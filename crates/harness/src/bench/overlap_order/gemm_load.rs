@@ -30,14 +30,31 @@ pub struct GemmLoad {
 }
 
 impl GemmLoad {
-    pub fn new(stream: &Arc<CudaStream>, sm_margin: u32, scheduling: Scheduling, seed: u64) -> anyhow::Result<Self> {
-        let options = GemmOptions { sm_margin, scheduling, ..GemmOptions::default() };
+    pub fn new(
+        stream: &Arc<CudaStream>,
+        sm_margin: u32,
+        scheduling: Scheduling,
+        seed: u64,
+    ) -> anyhow::Result<Self> {
+        let options = GemmOptions {
+            sm_margin,
+            scheduling,
+            ..GemmOptions::default()
+        };
         let gemm = Gemm::new(stream.context(), SHAPE, options)?;
         let (m, n, k) = (SHAPE.m as usize, SHAPE.n as usize, SHAPE.k as usize);
         let a = upload(stream, &uniform::<bf16>(seed, m * k))?;
         let b = upload(stream, &uniform::<bf16>(seed ^ 0xB, n * k))?;
         let mut want = stream.alloc_zeros::<f32>(m * n)?;
-        CublasGemm::new(stream, SHAPE, GemmOptions { output: Dtype::F32, ..options })?.launch(&a, &b, &mut want)?;
+        CublasGemm::new(
+            stream,
+            SHAPE,
+            GemmOptions {
+                output: Dtype::F32,
+                ..options
+            },
+        )?
+        .launch(&a, &b, &mut want)?;
         let want: Vec<f64> = download(stream, &want)?.iter().map(|&x| x as f64).collect();
         Ok(Self {
             gemm,
@@ -56,14 +73,29 @@ impl GemmLoad {
 
     /// In `stream` order: D to NaN (0xFFFF is a bf16 NaN).
     pub fn poison(&mut self, stream: &Arc<CudaStream>) -> anyhow::Result<()> {
-        memset_u32(stream, self.d.device_ptr(stream).0, 0xFFFF_FFFF, self.d.len() / 2)
+        memset_u32(
+            stream,
+            self.d.device_ptr(stream).0,
+            0xFFFF_FFFF,
+            self.d.len() / 2,
+        )
     }
 
     /// The GEMM on `stream`, stamping compute start and end; `early_release` only directly after
     /// a KernelBarrier wait.
-    pub fn launch(&mut self, stream: &Arc<CudaStream>, stamps: &mut Stamps, early_release: bool) -> anyhow::Result<()> {
-        let extras = LaunchExtras { timeline: Some(stamps.compute_timeline()), early_release, ..Default::default() };
-        self.gemm.launch_with(stream, &self.a, &self.b, &mut self.d, extras)
+    pub fn launch(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        stamps: &mut Stamps,
+        early_release: bool,
+    ) -> anyhow::Result<()> {
+        let extras = LaunchExtras {
+            timeline: Some(stamps.compute_timeline()),
+            early_release,
+            ..Default::default()
+        };
+        self.gemm
+            .launch_with(stream, &self.a, &self.b, &mut self.d, extras)
     }
 
     /// After a synchronisation: every element of D checked. Returns the elements checked.
@@ -71,10 +103,19 @@ impl GemmLoad {
         self.gemm.check().with_context(|| what.to_string())?;
         if let Some(want) = self.want.take() {
             let got = download(stream, &self.d)?;
-            check_all(&format!("{what}: weft GEMM vs cuBLAS, {}", self.describe()), SHAPE, &got, &want, Tolerance::for_output(Dtype::Bf16))?;
+            check_all(
+                &format!("{what}: weft GEMM vs cuBLAS, {}", self.describe()),
+                SHAPE,
+                &got,
+                &want,
+                Tolerance::for_output(Dtype::Bf16),
+            )?;
             self.verified = Some(stream.clone_dtod(&self.d)?);
         } else {
-            let verified = self.verified.as_ref().context("GEMM output verified before")?;
+            let verified = self
+                .verified
+                .as_ref()
+                .context("GEMM output verified before")?;
             if let Some(diff) = self.compare.differ(stream, &self.d, verified)? {
                 // Two bf16 per word.
                 let e = 2 * diff.first_word as usize;

@@ -53,6 +53,7 @@ struct Rig {
 }
 
 /// The compute kernel's work: the synthetic kernel's tiles or the GEMM.
+#[allow(clippy::large_enum_variant)] // one per measurement; a Box would buy nothing
 enum ComputeLoad {
     Synthetic(ComputeWork),
     Gemm(GemmLoad),
@@ -86,8 +87,18 @@ impl Rig {
         let mut rng = StdRng::seed_from_u64(cfg.seed);
         let src: Vec<u32> = (0..words).map(|_| rng.random()).collect();
         let load = match cfg.compute {
-            Compute::Synthetic => ComputeLoad::Synthetic(ComputeWork::new(&compute, cfg.tiles, DEFAULT_ROUNDS, rng.random())?),
-            Compute::Gemm(scheduling) => ComputeLoad::Gemm(GemmLoad::new(&compute, sm_margin, scheduling, rng.random())?),
+            Compute::Synthetic => ComputeLoad::Synthetic(ComputeWork::new(
+                &compute,
+                cfg.tiles,
+                DEFAULT_ROUNDS,
+                rng.random(),
+            )?),
+            Compute::Gemm(scheduling) => ComputeLoad::Gemm(GemmLoad::new(
+                &compute,
+                sm_margin,
+                scheduling,
+                rng.random(),
+            )?),
         };
         Ok(Self {
             load,
@@ -116,7 +127,13 @@ impl Rig {
     fn launch_compute(&mut self, sm_margin: u32, early_release: bool) -> anyhow::Result<()> {
         match &mut self.load {
             ComputeLoad::Gemm(g) => g.launch(&self.compute, &mut self.stamps, early_release),
-            ComputeLoad::Synthetic(w) => self.kernels.launch_compute(&self.compute, w, &self.stamps, sm_margin, early_release),
+            ComputeLoad::Synthetic(w) => self.kernels.launch_compute(
+                &self.compute,
+                w,
+                &self.stamps,
+                sm_margin,
+                early_release,
+            ),
         }
     }
 
@@ -339,11 +356,7 @@ pub fn measure(mode: Mode, cfg: Config) -> anyhow::Result<Measured> {
         if rep > 0 {
             comm.push(ms);
         }
-        let target = if barrier {
-            bar.expect(1)?
-        } else {
-            0
-        };
+        let target = if barrier { bar.expect(1)? } else { 0 };
         let view = bar.view();
         let (ms, s, n) = timed(
             &mut rig,
@@ -466,7 +479,14 @@ pub fn calibrate(mut cfg: Config) -> anyhow::Result<Config> {
     };
     cfg.tiles = 8 * sms;
     cfg.bytes = 64 << 20;
-    let mut rig = Rig::new(Config { compute: Compute::Synthetic, ..cfg }, false, 0)?;
+    let mut rig = Rig::new(
+        Config {
+            compute: Compute::Synthetic,
+            ..cfg
+        },
+        false,
+        0,
+    )?;
     let (mut comp, mut comm) = (Vec::new(), Vec::new());
     for rep in 0..6 {
         let (c, _, _) = timed(&mut rig, COMPUTE, false, "calibration: compute", &mut |r| {
