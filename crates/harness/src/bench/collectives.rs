@@ -21,7 +21,6 @@ use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtrMut};
 use rand::Rng;
 use std::sync::Arc;
 use weft_collectives::{Algorithm, Collectives, Options, Protocol};
-use weft_pgl::nccl::{Communicator, ReduceOp};
 
 const OPS: [Op; 3] = [Op::AllReduce, Op::ReduceScatter, Op::AllGather];
 
@@ -56,23 +55,6 @@ fn weft_call(
         _ => coll.all_gather(&send, &mut recv)?,
     }
     Ok(())
-}
-
-fn nccl_call(
-    comm: &Communicator,
-    op: Op,
-    send: &CudaSlice<f32>,
-    recv: &mut CudaSlice<f32>,
-    s: usize,
-    r: usize,
-    stream: &Arc<CudaStream>,
-) -> anyhow::Result<()> {
-    let (send, mut recv) = (send.slice(..s), recv.slice_mut(..r));
-    match op {
-        Op::AllReduce => comm.all_reduce(&send, &mut recv, ReduceOp::Sum, stream),
-        Op::ReduceScatter => comm.reduce_scatter(&send, &mut recv, ReduceOp::Sum, stream),
-        _ => comm.all_gather(&send, &mut recv, stream),
-    }
 }
 
 struct Measured {
@@ -149,7 +131,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 poison(&stream, &mut weft_out, r)?;
                 poison(&stream, &mut nccl_out, r)?;
                 weft_call(&mut coll, op, &send, &mut weft_out, s, r)?;
-                nccl_call(comm, op, &send, &mut nccl_out, s, r, &stream)?;
+                super::nccl::enqueue(comm, op, &send, &mut nccl_out, s, r, &stream)?;
                 coll.synchronize()?;
                 if let Some(d) =
                     compare.differ(&stream, &weft_out.slice(..r), &nccl_out.slice(..r))?
@@ -175,7 +157,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                         weft_call(&mut coll, op, &send, &mut weft_out, s, r)
                     })?);
                     n.extend(time_iterations(&stream, 5, iters, || {
-                        nccl_call(comm, op, &send, &mut nccl_out, s, r, &stream)
+                        super::nccl::enqueue(comm, op, &send, &mut nccl_out, s, r, &stream)
                     })?);
                 }
                 let (mut wg, mut ng) = (0.0, 0.0);
@@ -184,7 +166,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                         weft_call(&mut coll, op, &send, &mut weft_out, s, r)
                     })?;
                     ng = time_graph(&stream, 10, || {
-                        nccl_call(comm, op, &send, &mut nccl_out, s, r, &stream)
+                        super::nccl::enqueue(comm, op, &send, &mut nccl_out, s, r, &stream)
                     })?;
                 }
                 coll.synchronize().context("after the timed calls")?;

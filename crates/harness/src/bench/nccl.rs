@@ -95,7 +95,7 @@ fn sizes(quick: bool) -> Vec<usize> {
     }
 }
 
-fn enqueue(
+pub(super) fn enqueue(
     comm: &Communicator,
     op: Op,
     send: &CudaSlice<f32>,
