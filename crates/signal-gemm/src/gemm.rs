@@ -91,7 +91,9 @@ pub struct LaunchExtras<'a, TO: GemmElement> {
 
 /// Where a fused AllGather + GEMM reads A: a tensor map per rank's shard (device memory), the
 /// rows of a shard, the START / END counters and this launch's epoch; inter-SM, also the
-/// communicators' copy (the launch's A is then the gathered m × k buffer, not the shard).
+/// communicators' copy (the launch's A is then the gathered m × k buffer, not the shard), or with
+/// `host_copy` the host's (copy engines, no communicator CTAs: the kernel only waits for the
+/// chunk flags).
 #[derive(Clone, Copy)]
 pub struct AllGatherSource {
     pub(crate) maps: u64,
@@ -99,6 +101,7 @@ pub struct AllGatherSource {
     pub(crate) bar: weft_sync_counters,
     pub(crate) epoch: u64,
     pub(crate) copy: Option<weft_gemm_ag_copy>,
+    pub(crate) host_copy: bool,
 }
 
 /// Where a fused-AllReduce launch raises its tile flags (a PGL, released at system scope) and
@@ -563,7 +566,11 @@ impl Gemm {
             p.peer_bar = g.bar;
             p.peer_epoch = g.epoch;
             if let Some(c) = g.copy {
-                ensure!(o.comm_ctas > 0, "GEMM {}: the inter-SM AllGather copies the shards in communicator CTAs: plan with comm_ctas > 0", plan.shape);
+                if g.host_copy {
+                    ensure!(o.comm_ctas == 0, "GEMM {}: the copy-engine AllGather copies on the host's streams: plan with comm_ctas = 0 (not {})", plan.shape, o.comm_ctas);
+                } else {
+                    ensure!(o.comm_ctas > 0 && c.flag_rows <= 1, "GEMM {}: the inter-SM AllGather copies the shards in communicator CTAs, a flag per tile row: plan with comm_ctas > 0", plan.shape);
+                }
                 ensure!(
                     c.shards.world as u32 == ranks && u64::from(c.row_bytes) == k * o.input.bytes() as u64,
                     "GEMM {}: the AllGather copy was made for {} ranks and rows of {} bytes, the launch has {ranks} ranks and rows of {} bytes",

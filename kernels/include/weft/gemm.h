@@ -276,13 +276,16 @@ typedef struct weft_tile_allreduce_params {
 // tile of that row. This rank's own rows the loader reads from its own shard (ag_maps[rank]).
 // The communicators start after START (every rank's shards written); END, arrived by the compute
 // CTAs once their loads are done, covers the copies (every chunk was waited for by some loader).
+// With comm_ctas = 0 the host copies instead (copy engines, fused AllGather's CopyEngine method):
+// one copy and one flag per `flag_rows` tile rows of an owner's shard, the flag written after the
+// copy by a stream memory operation (its memory barrier orders the copy's writes before it).
 typedef struct weft_gemm_ag_copy {
   weft_pgl_view shards;    // every rank's A shard (ag_rows x k), as mapped on this GPU
   uint64_t gathered;       // the gathered A (m x k, row-major, this GPU): the launch's `a`
   uint64_t chunk_flags;    // uint64_t per tile row of A, on this GPU
   uint64_t flag_target;    // a copied chunk's flag in this launch (epochs rise)
   uint32_t row_bytes;      // bytes of an A row (k x element size), a multiple of 16
-  uint32_t reserved;
+  uint32_t flag_rows;      // tile rows one flag covers, from an owner's first (0 or 1: each its own)
 } weft_gemm_ag_copy;
 
 // Kernel parameters (passed by value as a __grid_constant__, so the tensor maps' addresses can be

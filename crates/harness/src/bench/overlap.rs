@@ -46,7 +46,7 @@ pub fn families(op: OpKind) -> &'static [Family] {
     match op {
         OpKind::AllReduce => &[SeqWeft, Decomposition, Signal, FusedInter, DistFuse],
         OpKind::ReduceScatter => &[SeqWeft, Decomposition, FusedIntra],
-        OpKind::AllGather => &[SeqWeft, Decomposition, FusedIntra, FusedInter],
+        OpKind::AllGather => &[SeqWeft, Decomposition, FusedIntra, FusedInter, FusedCe],
         OpKind::AllToAll => &[SeqWeft, Signal],
     }
 }

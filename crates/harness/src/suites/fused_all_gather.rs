@@ -1,6 +1,7 @@
-//! signal-gemm III, fused AllGather + GEMM, both methods (fused-intra: the loader reads A tiles by
-//! TMA from their owners' shards; fused-inter: communicator CTAs copy the peers' shards chunk by
-//! chunk into a local A the loader reads once each chunk is flagged): every element of every
+//! signal-gemm III, fused AllGather + GEMM, all three methods (fused-intra: the loader reads A
+//! tiles by TMA from their owners' shards; fused-inter: communicator CTAs copy the peers' shards
+//! chunk by chunk into a local A the loader reads once each chunk is flagged; fused-ce: copy
+//! engines do that copy on a side stream, groups of tile rows per flag): every element of every
 //! rank's D against a float64 CPU GEMM of the gathered A (each rank regenerates every rank's
 //! shard) and its own B; per method 10^4 back-to-back runs rewriting the shard before each
 //! (integer data, exact), D compared bit for bit on the GPU; misuse refused.
@@ -69,35 +70,21 @@ fn gathered_a(
         .collect()
 }
 
-/// Options for a GEMM of `ctas` compute CTAs (and, inter-SM, `comm` communicator CTAs).
-fn configure(
-    sms: u32,
-    ctas: u32,
-    comm: u32,
-    inter: bool,
-    base: GemmOptions,
-) -> (GemmOptions, AllGatherMethod) {
-    if inter {
-        (
-            GemmOptions {
-                sm_margin: sms - ctas - comm,
-                ..base
-            },
-            AllGatherMethod::Inter { comm_ctas: comm },
-        )
-    } else {
-        (
-            GemmOptions {
-                sm_margin: sms - ctas,
-                ..base
-            },
-            AllGatherMethod::Intra,
-        )
+/// Options for a GEMM of `ctas` compute CTAs and `method`'s communicator CTAs, if any.
+fn configure(sms: u32, ctas: u32, method: AllGatherMethod, base: GemmOptions) -> GemmOptions {
+    let comm = match method {
+        AllGatherMethod::Inter { comm_ctas } => comm_ctas,
+        AllGatherMethod::Intra | AllGatherMethod::CopyEngine { .. } => 0,
+    };
+    GemmOptions {
+        sm_margin: sms - ctas - comm,
+        ..base
     }
 }
 
-/// Random shapes (n, k ragged), B layouts, tiles, clusters, schedules, communicator counts, bf16
-/// and f32 outputs, both methods; two input sets per case.
+/// Random shapes (n, k ragged), B layouts, tiles, clusters, schedules, communicator counts, copy
+/// groups (a shorter last group included), bf16 and f32 outputs, each method; two input sets per
+/// case.
 fn matches_reference(job: &mut Job) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
     let (ctx, stream) = gpu(job)?;
@@ -109,7 +96,7 @@ fn matches_reference(job: &mut Job) -> anyhow::Result<()> {
     );
     let sms = device_sms(&ctx)?;
     let mut rng = StdRng::seed_from_u64(seed ^ 0xA6);
-    for case in 0..8u64 {
+    for case in 0..12u64 {
         let cluster_m = rng.random_range(1..=2u32);
         let rows = 128 * cluster_m * rng.random_range(1..=2u32);
         let shape = GemmShape::new(
@@ -117,13 +104,20 @@ fn matches_reference(job: &mut Job) -> anyhow::Result<()> {
             16 * rng.random_range(1..=24),
             16 * rng.random_range(1..=24),
         );
-        let inter = case % 4 >= 2;
-        let comm = if inter {
-            rng.random_range(1..=(budget / 2).min(6)) / cluster_m * cluster_m
-        } else {
-            0
-        }
-        .max(if inter { cluster_m } else { 0 });
+        let method = match case % 6 / 2 {
+            0 => AllGatherMethod::Intra,
+            1 => AllGatherMethod::Inter {
+                comm_ctas: (rng.random_range(1..=(budget / 2).min(6)) / cluster_m * cluster_m)
+                    .max(cluster_m),
+            },
+            _ => AllGatherMethod::CopyEngine {
+                tile_rows: rng.random_range(1..=3),
+            },
+        };
+        let comm = match method {
+            AllGatherMethod::Inter { comm_ctas } => comm_ctas,
+            _ => 0,
+        };
         let ctas = rng
             .random_range(2..=(budget - comm).max(2))
             .min(budget - comm);
@@ -136,7 +130,7 @@ fn matches_reference(job: &mut Job) -> anyhow::Result<()> {
             output,
             ..random_options(&mut rng, cluster_m)
         };
-        let (options, method) = configure(sms, ctas, comm, inter, base);
+        let options = configure(sms, ctas, method, base);
         let what = format!(
             "case {case}: {} {shape} {options:?}, {world} ranks, seed {seed}",
             method.name()
@@ -220,18 +214,25 @@ fn stress(job: &mut Job) -> anyhow::Result<()> {
         "each rank has only {budget} SMs: the trial needs 4"
     );
     let comm = (budget / 4).clamp(1, 4);
-    stress_method(job, (budget - comm).min(16), 0, false)?;
-    stress_method(job, (budget - comm).min(16), comm, true)
+    let ctas = (budget - comm).min(16);
+    stress_method(job, ctas, AllGatherMethod::Intra, 128)?;
+    stress_method(job, ctas, AllGatherMethod::Inter { comm_ctas: comm }, 128)?;
+    // Three tile rows a rank in groups of two: a whole group and a shorter last one.
+    stress_method(job, ctas, AllGatherMethod::CopyEngine { tile_rows: 2 }, 384)
 }
 
-fn stress_method(job: &mut Job, ctas: u32, comm: u32, inter: bool) -> anyhow::Result<()> {
+fn stress_method(
+    job: &mut Job,
+    ctas: u32,
+    method: AllGatherMethod,
+    rows: u32,
+) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
     let (ctx, stream) = gpu(job)?;
     let (world, rank) = (job.world(), job.rank());
     let sms = device_sms(&ctx)?;
-    let rows = 128;
     let shape = GemmShape::new(rows * world as u32, 256, 32);
-    let (options, method) = configure(sms, ctas, comm, inter, GemmOptions::default());
+    let options = configure(sms, ctas, method, GemmOptions::default());
     let mut op =
         FusedAllGatherGemm::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, options, method)?;
     op.set_budget(WaitBudget::for_device(&ctx, TRIAL_WAIT)?);
@@ -371,6 +372,23 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
         },
         AllGatherMethod::Inter { comm_ctas: 2 },
         "sets comm_ctas itself",
+    )?;
+    expect(
+        job,
+        shape,
+        GemmOptions {
+            comm_ctas: 2,
+            ..fits
+        },
+        AllGatherMethod::CopyEngine { tile_rows: 2 },
+        "fused-ce AllGather has no communicator CTAs",
+    )?;
+    expect(
+        job,
+        shape,
+        fits,
+        AllGatherMethod::CopyEngine { tile_rows: 0 },
+        "at least one tile row",
     )?;
     if budget < sms {
         expect(

@@ -10,8 +10,11 @@
 //! GEMM kernel copy the peers' shards into a local gathered A, a tile row (chunk) at a time, in
 //! the order the rotated schedule reads them, and release a flag per chunk; the loader reads its
 //! own rows from its shard and a peer's rows from the copy once their chunk's flag is up
-//! (kernels/include/weft/gemm/ag_copy.cuh).
+//! (kernels/include/weft/gemm/ag_copy.cuh). `CopyEngine`: the same gathered A and flags, but
+//! copy engines pull the peers' shards on a side stream and every SM computes
+//! (ag_copy_engine.rs).
 
+use super::ag_copy_engine::{CopyEngineGather, CopyEngineLaunch};
 use super::collective_plan::{
     agree_on_plan, check_resident, peer_tensor_maps, synchronize_checked,
 };
@@ -35,6 +38,9 @@ pub enum AllGatherMethod {
     /// Copied by `comm_ctas` communicator CTAs of the GEMM kernel into a local gathered A, chunk
     /// by chunk, the loader waiting for each chunk's flag.
     Inter { comm_ctas: u32 },
+    /// Copied by copy engines on a side stream, `tile_rows` tile rows of a shard per copy, the
+    /// loader waiting for each group's flag; no communicator CTAs.
+    CopyEngine { tile_rows: u32 },
 }
 
 impl AllGatherMethod {
@@ -42,6 +48,7 @@ impl AllGatherMethod {
         match self {
             AllGatherMethod::Intra => "fused-intra",
             AllGatherMethod::Inter { .. } => "fused-inter",
+            AllGatherMethod::CopyEngine { .. } => "fused-ce",
         }
     }
 }
@@ -62,6 +69,7 @@ pub struct FusedAllGatherGemm<TI: GemmElement + PglElement> {
     bar: Counters,
     rows: u32,
     gathered: Option<GatheredA<TI>>,
+    copy_engine: Option<CopyEngineGather>,
 }
 
 impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
@@ -112,11 +120,19 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
         )?;
         let gathered = match method {
             AllGatherMethod::Intra => None,
-            AllGatherMethod::Inter { .. } => Some(agree(
+            AllGatherMethod::Inter { .. } | AllGatherMethod::CopyEngine { .. } => Some(agree(
                 rdzv,
                 "fused AllGather's gathered A",
                 Self::alloc_gathered(stream, shape),
             )?),
+        };
+        let copy_engine = match method {
+            AllGatherMethod::CopyEngine { tile_rows } => Some(agree(
+                rdzv,
+                "the copy-engine AllGather's stream",
+                CopyEngineGather::new(ctx, tile_rows),
+            )?),
+            _ => None,
         };
         Ok(Self {
             gemm,
@@ -126,6 +142,7 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
             bar,
             rows,
             gathered,
+            copy_engine,
         })
     }
 
@@ -164,10 +181,11 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
             options.input
         );
         let options = match method {
-            AllGatherMethod::Intra => {
+            AllGatherMethod::Intra | AllGatherMethod::CopyEngine { .. } => {
                 ensure!(
                     options.comm_ctas == 0,
-                    "the intra-SM fused AllGather has no communicator CTAs (comm_ctas must be 0)"
+                    "the {} AllGather has no communicator CTAs (comm_ctas must be 0)",
+                    method.name()
                 );
                 options
             }
@@ -290,6 +308,10 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
                     chunk_flags: g.chunk_flags.device_ptr(stream).0,
                     flag_target: epoch,
                     row_bytes: self.plan().shape.k * <TI as GemmElement>::DTYPE.bytes() as u32,
+                    flag_rows: self
+                        .copy_engine
+                        .as_ref()
+                        .map_or(1, CopyEngineGather::tile_rows),
                     ..Default::default()
                 };
                 ((g.a.device_ptr(stream).0, g.a.len()), Some(copy))
@@ -301,18 +323,48 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
             bar: self.bar.device()?,
             epoch,
             copy,
+            host_copy: self.copy_engine.is_some(),
         };
         let extras = LaunchExtras::<TO> {
             all_gather: Some(source),
             ..Default::default()
         };
         let d_len = d.len();
-        let (d_ptr, _rd) = cudarc::driver::DevicePtrMut::device_ptr_mut(d, stream);
-        // SAFETY: A (the shard PGL, rows × k, or the gathered copy, m × k) and `d` (d_len of TO)
-        // are alive past the launch (the caller orders its later use of them on the stream).
-        unsafe { self.gemm.launch_into(stream, a, b, d_ptr, d_len, extras)? };
+        if let Some(ce) = &self.copy_engine {
+            ce.follow(stream)?;
+        }
+        {
+            let (d_ptr, _rd) = cudarc::driver::DevicePtrMut::device_ptr_mut(d, stream);
+            // SAFETY: A (the shard PGL, rows × k, or the gathered copy, m × k) and `d` (d_len of
+            // TO) are alive past the launch (the caller orders its later use of them on the stream).
+            unsafe { self.gemm.launch_into(stream, a, b, d_ptr, d_len, extras)? };
+        }
         // Counted only once enqueued: a refused launch leaves the epoch where the device is.
         self.bar.begin(1);
+        if let (Some(ce), Some(g)) = (&self.copy_engine, &self.gathered) {
+            let world = self.shard.world();
+            let shards: Vec<u64> = (0..world).map(|r| self.shard.peer_ptr(r)).collect();
+            let tile_row_bytes = u64::from(WEFT_GEMM_TILE_M)
+                * u64::from(self.plan().shape.k)
+                * <TI as GemmElement>::DTYPE.bytes() as u64;
+            let launch = CopyEngineLaunch {
+                shards: &shards,
+                gathered: g.a.device_ptr(stream).0,
+                chunk_flags: g.chunk_flags.device_ptr(stream).0,
+                tile_row_bytes,
+                // Row WEFT_GEMM_PEER_BAR_START (0) of this rank's counters; every CTA of every
+                // rank adds 1 per launch (peer_reduce.cuh's peer_bar_target).
+                start_counter: self.bar.pgl().local_ptr(),
+                start_target: world as u64 * u64::from(self.plan().ctas()) * epoch,
+                flag_target: epoch,
+            };
+            ce.copy(
+                stream,
+                &launch,
+                self.shard.rank(),
+                self.rows / WEFT_GEMM_TILE_M,
+            )?;
+        }
         Ok(())
     }
 

@@ -10,11 +10,13 @@
 //! - [`FusedAllGatherGemm`]: AllGather + GEMM, each rank starting on its own shard, the loader
 //!   reading each peer's A tile by TMA from the rank that holds it ([`AllGatherMethod::Intra`]),
 //!   or from a local copy the GEMM's communicator CTAs gather chunk by chunk
-//!   ([`AllGatherMethod::Inter`]).
+//!   ([`AllGatherMethod::Inter`]), or that copy engines gather on a side stream while every SM
+//!   computes ([`AllGatherMethod::CopyEngine`]).
 //!
 //! Their CTA counts, and whether they beat the other methods at a shape, are chosen by the ops of
 //! [`crate::ops`] (`Auto`).
 
+mod ag_copy_engine;
 mod all_gather;
 mod all_reduce;
 mod collective_plan;

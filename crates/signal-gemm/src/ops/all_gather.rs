@@ -3,7 +3,8 @@
 //! `seq-cublas` (ncclAllGather, then cuBLAS), `seq-weft`, `decomposition:<world>` (the own
 //! shard's GEMM beside the gather, then the peers'), `fused-intra` (ParallelKittens intra-SM: the
 //! loader reads peer tiles by TMA), `fused-inter:<ctas>` (communicator CTAs copy the shards chunk
-//! by chunk), or `Auto`.
+//! by chunk), `fused-ce:<tile rows>` (copy engines pull the shards while every SM computes), or
+//! `Auto`.
 //!
 //! The shard is the op's own input buffer ([`AllGatherGemm::shard`], peer memory for the fused
 //! methods, which read it from every rank): write this rank's rows there before a launch
@@ -321,7 +322,8 @@ fn plan_imp<TI: OpElement>(
         }
         Method::FusedIntra => Imp::Fused(FusedAllGatherGemm::<TI>::new(rdzv, &ctx, stream, shape, options, AllGatherMethod::Intra)?),
         Method::FusedInter { ctas } => Imp::Fused(FusedAllGatherGemm::<TI>::new(rdzv, &ctx, stream, shape, options, AllGatherMethod::Inter { comm_ctas: *ctas })?),
-        other => bail!("{other} is not a method of AllGather + GEMM (seq-cublas, seq-weft, decomposition, fused-intra, fused-inter)"),
+        Method::FusedCe { tile_rows } => Imp::Fused(FusedAllGatherGemm::<TI>::new(rdzv, &ctx, stream, shape, options, AllGatherMethod::CopyEngine { tile_rows: *tile_rows })?),
+        other => bail!("{other} is not a method of AllGather + GEMM (seq-cublas, seq-weft, decomposition, fused-intra, fused-inter, fused-ce)"),
     })
 }
 

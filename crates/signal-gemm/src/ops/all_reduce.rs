@@ -336,8 +336,8 @@ fn plan_imp<TO: OpElement>(
                 AllReduceMethod::DistFuse { workers: *workers },
             )?)
         }
-        Method::FusedIntra => {
-            bail!("fused-intra is not a method of GEMM + AllReduce (fused-inter, distfuse)")
+        Method::FusedIntra | Method::FusedCe { .. } => {
+            bail!("{method} is not a method of GEMM + AllReduce (fused-inter, distfuse)")
         }
     })
 }

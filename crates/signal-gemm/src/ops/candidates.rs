@@ -53,6 +53,8 @@ impl fmt::Display for OpKind {
 pub const SIGNAL_MARGINS: [u32; 2] = [16, 32];
 /// Communicator / worker CTA counts the fused methods try.
 pub const FUSED_COUNTS: [u32; 3] = [8, 16, 32];
+/// Tile rows per copy the copy-engine AllGather tries (2 MiB and 8 MiB copies at k = 4096, bf16).
+pub const COPY_ENGINE_TILE_ROWS: [u32; 2] = [4, 16];
 /// Row bands the decomposition of AllReduce and ReduceScatter tries.
 pub const DECOMPOSITION_CHUNKS: [u32; 2] = [2, 4];
 
@@ -147,6 +149,7 @@ pub fn candidates(
             {
                 out.push(Method::FusedIntra);
                 out.extend(FUSED_COUNTS.map(|ctas| Method::FusedInter { ctas }));
+                out.extend(COPY_ENGINE_TILE_ROWS.map(|tile_rows| Method::FusedCe { tile_rows }));
             }
         }
         OpKind::AllToAll => {}
@@ -220,7 +223,14 @@ mod tests {
         );
         assert_eq!(
             families(&candidates(OpKind::AllGather, s, o, 2, 132, false)),
-            [SeqCublas, SeqWeft, Decomposition, FusedIntra, FusedInter]
+            [
+                SeqCublas,
+                SeqWeft,
+                Decomposition,
+                FusedIntra,
+                FusedInter,
+                FusedCe
+            ]
         );
         // 8 rows per rank: no fused ReduceScatter or AllGather; one rank: nothing to decompose.
         assert_eq!(

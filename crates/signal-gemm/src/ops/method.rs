@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! seq-cublas  seq-weft  decomposition:<chunks>  signal:<sm_margin>:<waves per group, '+'-joined>
-//! fused-intra  fused-inter:<ctas>  distfuse:<workers>
+//! fused-intra  fused-inter:<ctas>  fused-ce:<tile rows per copy>  distfuse:<workers>
 //! ```
 
 use anyhow::{bail, ensure, Context};
@@ -33,6 +33,10 @@ pub enum Method {
     /// ParallelKittens' inter-SM design: `ctas` communicator CTAs of the GEMM kernel move the
     /// data (AllReduce: tile owners sum and broadcast; AllGather: chunked copies).
     FusedInter { ctas: u32 },
+    /// AllGather: copy engines pull the peers' shards (PyTorch async-TP's data movement) on a
+    /// side stream, `tile_rows` tile rows per copy, while weft's persistent GEMM keeps every SM
+    /// and waits for each copy's flag before loading its rows.
+    FusedCe { tile_rows: u32 },
     /// DistFuse: per-tile flags, `workers` CTAs of a second kernel all-reduce each tile as soon
     /// as it is ready.
     DistFuse { workers: u32 },
@@ -47,17 +51,19 @@ pub enum Family {
     Signal,
     FusedIntra,
     FusedInter,
+    FusedCe,
     DistFuse,
 }
 
 impl Family {
-    pub const ALL: [Family; 7] = [
+    pub const ALL: [Family; 8] = [
         Family::SeqCublas,
         Family::SeqWeft,
         Family::Decomposition,
         Family::Signal,
         Family::FusedIntra,
         Family::FusedInter,
+        Family::FusedCe,
         Family::DistFuse,
     ];
 
@@ -69,6 +75,7 @@ impl Family {
             Family::Signal => "signal",
             Family::FusedIntra => "fused-intra",
             Family::FusedInter => "fused-inter",
+            Family::FusedCe => "fused-ce",
             Family::DistFuse => "distfuse",
         }
     }
@@ -83,7 +90,7 @@ impl Family {
     pub fn capturable(self) -> bool {
         !matches!(
             self,
-            Family::FusedIntra | Family::FusedInter | Family::DistFuse
+            Family::FusedIntra | Family::FusedInter | Family::FusedCe | Family::DistFuse
         )
     }
 }
@@ -103,6 +110,7 @@ impl Method {
             Method::Signal { .. } => Family::Signal,
             Method::FusedIntra => Family::FusedIntra,
             Method::FusedInter { .. } => Family::FusedInter,
+            Method::FusedCe { .. } => Family::FusedCe,
             Method::DistFuse { .. } => Family::DistFuse,
         }
     }
@@ -120,6 +128,7 @@ impl fmt::Display for Method {
             Method::SeqCublas | Method::SeqWeft | Method::FusedIntra => f.write_str(name),
             Method::Decomposition { chunks } => write!(f, "{name}:{chunks}"),
             Method::FusedInter { ctas } => write!(f, "{name}:{ctas}"),
+            Method::FusedCe { tile_rows } => write!(f, "{name}:{tile_rows}"),
             Method::DistFuse { workers } => write!(f, "{name}:{workers}"),
             Method::Signal { sm_margin, waves } => {
                 let w: Vec<String> = waves.iter().map(u32::to_string).collect();
@@ -167,6 +176,12 @@ impl FromStr for Method {
                 want(1, "fused-inter:<ctas>")?;
                 Method::FusedInter {
                     ctas: count(args[0], "CTA count", s)?,
+                }
+            }
+            Family::FusedCe => {
+                want(1, "fused-ce:<tile rows per copy>")?;
+                Method::FusedCe {
+                    tile_rows: count(args[0], "tile rows per copy", s)?,
                 }
             }
             Family::DistFuse => {
@@ -260,6 +275,7 @@ mod tests {
             },
             Method::FusedIntra,
             Method::FusedInter { ctas: 16 },
+            Method::FusedCe { tile_rows: 4 },
             Method::DistFuse { workers: 8 },
         ];
         for m in methods {
@@ -306,6 +322,8 @@ mod tests {
         assert!(err("distfuse").contains("distfuse:<workers>"));
         assert!(err("fused-inter:x").contains("CTA count \"x\""));
         assert!(err("fused-inter:0").contains("at least 1"));
+        assert!(err("fused-ce").contains("fused-ce:<tile rows per copy>"));
+        assert!(err("fused-ce:0").contains("at least 1"));
         assert!(err("signal:32").contains("signal:<sm_margin>"));
         assert!(err("signal:32:1+0").contains("at least 1"));
         assert!(err("seq-weft:3").contains("the form seq-weft"));
@@ -321,6 +339,7 @@ mod tests {
         assert!(
             !Family::FusedIntra.capturable()
                 && !Family::FusedInter.capturable()
+                && !Family::FusedCe.capturable()
                 && !Family::DistFuse.capturable()
         );
     }

@@ -52,7 +52,7 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
         }
         a_map = ag_map(p, owner);
         a_row = m0 - static_cast<int32_t>(owner * p.ag_rows);
-      } else if (!ag_chunk_poll(p, t.tm)) {
+      } else if (!ag_chunk_poll<Cfg>(p, t.tm)) {
         *sm.ag_stall() = t.tm + 1;  // reported by the peer-barrier thread, as above
       }
     }
