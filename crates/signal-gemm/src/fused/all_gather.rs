@@ -53,10 +53,12 @@ impl AllGatherMethod {
     }
 }
 
-/// The inter-SM method's buffers on this GPU: the gathered A (m × k) and a flag per tile row.
+/// The inter-SM and copy-engine methods' buffers on this GPU: the gathered A (m × k) and a flag
+/// per tile row. The flags are a PGL for its memory (cuMem), not for the peers: stream memory
+/// operations (the copy engine's flag writes) refuse stream-ordered pool allocations.
 struct GatheredA<TI> {
     a: CudaSlice<TI>,
-    chunk_flags: CudaSlice<u64>,
+    chunk_flags: Pgl<u64>,
 }
 
 /// One rank's fused AllGather + GEMM for a fixed shape (m: all ranks' rows), world and method.
@@ -120,11 +122,22 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
         )?;
         let gathered = match method {
             AllGatherMethod::Intra => None,
-            AllGatherMethod::Inter { .. } | AllGatherMethod::CopyEngine { .. } => Some(agree(
-                rdzv,
-                "fused AllGather's gathered A",
-                Self::alloc_gathered(stream, shape),
-            )?),
+            AllGatherMethod::Inter { .. } | AllGatherMethod::CopyEngine { .. } => {
+                let a = agree(
+                    rdzv,
+                    "fused AllGather's gathered A",
+                    Self::alloc_gathered(stream, shape),
+                )?;
+                let tile_rows = shape.m.div_ceil(WEFT_GEMM_TILE_M);
+                let chunk_flags = Pgl::<u64>::alloc(
+                    rdzv,
+                    ctx,
+                    Shape::new(1, 1, 1, tile_rows),
+                    Backend::default(),
+                )
+                .context("allocating the fused AllGather's chunk flags")?;
+                Some(GatheredA { a, chunk_flags })
+            }
         };
         let copy_engine = match method {
             AllGatherMethod::CopyEngine { tile_rows } => Some(agree(
@@ -146,7 +159,7 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
         })
     }
 
-    fn alloc_gathered(stream: &Arc<CudaStream>, shape: GemmShape) -> anyhow::Result<GatheredA<TI>> {
+    fn alloc_gathered(stream: &Arc<CudaStream>, shape: GemmShape) -> anyhow::Result<CudaSlice<TI>> {
         let elements = shape.m as usize * shape.k as usize;
         // SAFETY: uninitialised; a peer's rows are read only after the communicators copied
         // them (their chunk's flag), this rank's rows never (they come from its shard).
@@ -156,10 +169,8 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
                 shape.m, shape.k
             )
         })?;
-        let tile_rows = shape.m.div_ceil(WEFT_GEMM_TILE_M) as usize;
-        let chunk_flags = stream.alloc_zeros::<u64>(tile_rows)?;
         stream.synchronize()?;
-        Ok(GatheredA { a, chunk_flags })
+        Ok(a)
     }
 
     fn plan_gemm(
@@ -305,7 +316,7 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
             Some(g) => {
                 let copy = weft_gemm_ag_copy {
                     shards: self.shard.view(),
-                    chunk_flags: g.chunk_flags.device_ptr(stream).0,
+                    chunk_flags: g.chunk_flags.local_ptr(),
                     flag_target: epoch,
                     row_bytes: self.plan().shape.k * <TI as GemmElement>::DTYPE.bytes() as u32,
                     flag_rows: self
@@ -350,7 +361,7 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
             let launch = CopyEngineLaunch {
                 shards: &shards,
                 gathered: g.a.device_ptr(stream).0,
-                chunk_flags: g.chunk_flags.device_ptr(stream).0,
+                chunk_flags: g.chunk_flags.local_ptr(),
                 tile_row_bytes,
                 // Row WEFT_GEMM_PEER_BAR_START (0) of this rank's counters; every CTA of every
                 // rank adds 1 per launch (peer_reduce.cuh's peer_bar_target).
@@ -379,10 +390,11 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
         })
     }
 
-    /// Collective: frees the shards and counters on every rank.
+    /// Collective: frees the shards, counters and chunk flags on every rank.
     pub fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
         let shard = self.shard.free(rdzv);
         let bar = self.bar.free(rdzv);
-        shard.and(bar)
+        let flags = self.gathered.map_or(Ok(()), |g| g.chunk_flags.free(rdzv));
+        shard.and(bar).and(flags)
     }
 }
