@@ -101,6 +101,15 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
             &format!("{} {}", plan.describe(), method.name()),
         )?;
         check_resident(rdzv, ctx, what, plan.ctas() + plan.options.comm_ctas)?;
+        // Before any peer memory: a refusal here leaves nothing to free collectively.
+        let copy_engine = match method {
+            AllGatherMethod::CopyEngine { tile_rows } => Some(agree(
+                rdzv,
+                "the copy-engine AllGather's stream",
+                CopyEngineGather::new(ctx, tile_rows),
+            )?),
+            _ => None,
+        };
         let rows = shape.m / world;
         let shard = Pgl::<TI>::alloc(
             rdzv,
@@ -138,14 +147,6 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
                 .context("allocating the fused AllGather's chunk flags")?;
                 Some(GatheredA { a, chunk_flags })
             }
-        };
-        let copy_engine = match method {
-            AllGatherMethod::CopyEngine { tile_rows } => Some(agree(
-                rdzv,
-                "the copy-engine AllGather's stream",
-                CopyEngineGather::new(ctx, tile_rows),
-            )?),
-            _ => None,
         };
         Ok(Self {
             gemm,
