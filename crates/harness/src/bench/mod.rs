@@ -9,6 +9,7 @@ mod grpcoll;
 mod interference;
 mod nccl;
 pub mod overlap;
+mod overlap_breakdown;
 pub mod overlap_ops;
 pub mod overlap_order;
 mod pgl;

@@ -12,13 +12,17 @@
 //!
 //! Also the GEMM alone (cuBLAS) and the collective alone (NCCL), the ideal max(T_gemm, T_comm)
 //! and the share of it `auto` reaches, auto ÷ seq-cublas and auto against the fastest method of
-//! the row (auto's own op included). Every op's result is poisoned, then checked element by element on the GPU against
+//! the row (auto's own op included). The time breakdown (bench/overlap_breakdown.rs): each
+//! method's GEMM timed alone on the SMs the method leaves it, and the rest of its time, exposed —
+//! `gemm_alone_ms` / `exposed_ms` per method in the JSON rows, `auto gemm+exposed` in the table.
+//! Every op's result is poisoned, then checked element by element on the GPU against
 //! seq-cublas's before it is timed (sums: world · 2⁻⁷ · Σ_r |partial_r|; AllGather and
 //! All-to-All: 2⁻⁷ relative plus k · 2⁻¹⁸). Timing: bench/rig.rs (events; before each run
 //! L2 evicted and the ranks lined up by a one-element ncclAllReduce; the row's ops interleaved;
 //! median per rank, the slowest rank's). Rank 0 prints each row as soon as it is measured and its progress on
 //! stderr.
 
+use super::overlap_breakdown::GemmAlone;
 use super::rig::{slowest, Rig};
 use super::SuiteResult;
 use crate::bound_compare::{Bound, BoundCompare};
@@ -327,6 +331,7 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
             "auto/seq",
             "auto/fastest",
             "of ideal",
+            "auto gemm+exposed",
             "first use s",
         ]);
     }
@@ -534,6 +539,45 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
         let v = slowest(job, &[t_gemm, t_comm])?;
         let (t_gemm, t_comm) = (v[0], v[1]);
         let ideal = t_gemm.max(t_comm);
+        // The breakdown: each measured method's GEMM alone (the same list on every rank: the
+        // methods were agreed when planned), the slowest rank's.
+        progress(
+            job,
+            &format!("[{}/{total}] {shape}: the methods' GEMMs alone", i + 1),
+        );
+        let mut gemms: Vec<GemmAlone> = Vec::new();
+        let ran = std::iter::once("seq-cublas")
+            .chain(measured.iter().map(|c| c.method.as_str()))
+            .chain(auto.as_ref().map(|a| a.0.method.as_str()));
+        for method in ran.filter_map(|t| t.parse::<Method>().ok()) {
+            let g = GemmAlone::of(op, &method, world as u32);
+            if !gemms.contains(&g) {
+                gemms.push(g);
+            }
+        }
+        let full_a = if op == OpKind::AllGather {
+            Some(upload(&compute, &uniform::<bf16>(seed ^ 3, mu * ku))?)
+        } else {
+            None
+        };
+        let mut gemm_ms = Vec::with_capacity(gemms.len());
+        for g in &gemms {
+            gemm_ms.push(g.time(&mut rig, shape, full_a.as_ref().unwrap_or(&x.a), &x.b)?);
+        }
+        let gemm_ms = slowest(job, &gemm_ms)?;
+        let gemm_alone = |method: &str| -> Option<f64> {
+            let g = GemmAlone::of(op, &method.parse().ok()?, world as u32);
+            gemms.iter().position(|x| *x == g).map(|i| gemm_ms[i])
+        };
+        let breakdown = |method: &str, ms: f64| -> Vec<(&'static str, Json)> {
+            match gemm_alone(method) {
+                Some(g) if ms.is_finite() => vec![
+                    ("gemm_alone_ms", Json::Num(g)),
+                    ("exposed_ms", Json::Num(ms - g)),
+                ],
+                _ => Vec::new(),
+            }
+        };
         // Every op of the row, auto's too (named by its method): auto/fastest is 1 when auto's
         // own op was the fastest, and above 1 by how much a column beat it.
         let mut all: Vec<(&str, f64)> = vec![("seq-cublas", seq_ms)];
@@ -568,15 +612,23 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
             ("t_comm_nccl_ms", Json::Num(t_comm)),
             ("ideal_ms", Json::Num(ideal)),
         ];
+        if let Some(g) = gemm_alone("seq-cublas") {
+            json.extend([
+                ("baseline_gemm_alone_ms", Json::Num(g)),
+                ("baseline_exposed_ms", Json::Num(seq_ms - g)),
+            ]);
+        }
         let methods_json: Vec<Json> = measured
             .iter()
             .map(|c| {
-                Json::obj([
+                let mut fields = vec![
                     ("asked", Json::Str(c.choice.to_string())),
                     ("method", Json::Str(c.method.clone())),
                     ("ms", Json::Num(c.ms)),
                     ("speedup_vs_seq_cublas", Json::Num(seq_ms / c.ms)),
-                ])
+                ];
+                fields.extend(breakdown(&c.method, c.ms));
+                Json::obj(fields)
             })
             .collect();
         if let Some((a, first_use, count)) = &auto {
@@ -586,6 +638,7 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
                 format!("{:.3}", seq_ms / a.ms),
                 format!("{:.3}", a.ms / fastest.1),
                 format!("{:.1}%", 100.0 * ideal / a.ms),
+                gemm_alone(&a.method).map_or("-".into(), |g| format!("{}+{}", f3(g), f3(a.ms - g))),
                 format!("{first_use:.1}"),
             ]);
             json.extend([
@@ -595,6 +648,7 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
                 ("auto_over_fastest", Json::Num(a.ms / fastest.1)),
                 ("fraction_of_ideal", Json::Num(ideal / a.ms)),
                 ("auto_first_use_s", Json::Num(*first_use)),
+                ("auto_breakdown", Json::obj(breakdown(&a.method, a.ms))),
                 ("auto_candidates_measured", Json::Num(*count as f64)),
             ]);
         }

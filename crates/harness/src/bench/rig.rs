@@ -63,7 +63,8 @@ impl Rig {
 }
 
 impl Rig {
-    /// Median ms of each of `count` ops, timed interleaved: every iteration runs op 0, 1, …, each
+    /// Median ms of each of `count` ops, timed interleaved: every iteration runs every op (op it,
+    /// it + 1, … mod count), each
     /// after an L2 flush and `align` (outside its events), between its own events, so a drift of
     /// the GPU's clocks or temperature during the measurement weighs on every op alike. `align`
     /// lines the ranks up on the stream (a tiny collective), so an op does not count, as its own,
@@ -86,7 +87,9 @@ impl Rig {
             .collect::<Result<_, _>>()?;
         self.compute.synchronize()?;
         for it in 0..self.iters {
-            for i in 0..count {
+            // Each iteration starts one op further on, so no op always follows the same one.
+            for j in 0..count {
+                let i = (it + j) % count;
                 let e = 2 * (it * count + i);
                 self.compute.memset_zeros(&mut self.flush)?;
                 align()?;

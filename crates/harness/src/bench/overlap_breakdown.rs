@@ -1,0 +1,144 @@
+//! The overlap benches' time breakdown per method: the GEMM the method runs, timed alone on the
+//! SMs the method leaves it (cuBLAS for seq-cublas and the decomposition's bands back to back;
+//! weft's GEMM at the method's SM margin otherwise: the signal path's margin, fused-inter's
+//! communicator CTAs, DistFuse's workers, none for seq-weft, fused-intra and fused-ce), and the
+//! rest of the method's time, exposed: communication not hidden behind the GEMM, interference of
+//! the communication with the GEMM, launch and join gaps, the signal path's restore. So a
+//! method's time = T_gemm(cuBLAS) × (GEMM alone ÷ T_gemm) + exposed, and each ratio of a row
+//! splits into the GEMM it runs and what overlapping it failed to hide.
+
+use super::rig::Rig;
+use cudarc::driver::CudaSlice;
+use half::bf16;
+use weft_signal_gemm::ops::{Method, OpKind};
+use weft_signal_gemm::{CublasGemm, Gemm, GemmOptions, GemmShape};
+
+/// The GEMM a method runs, as timed alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmAlone {
+    /// cuBLAS over the whole shape, in `bands` row bands one after the other.
+    Cublas { bands: u32 },
+    /// weft's GEMM leaving `sm_margin` SMs idle.
+    Weft { sm_margin: u32 },
+}
+
+impl GemmAlone {
+    /// The GEMM of `method` for `op` on `world` ranks.
+    pub fn of(op: OpKind, method: &Method, world: u32) -> Self {
+        match method {
+            Method::SeqCublas => GemmAlone::Cublas { bands: 1 },
+            // The AllGather's decomposition computes one band per rank's shard.
+            Method::Decomposition { chunks } => GemmAlone::Cublas {
+                bands: if op == OpKind::AllGather {
+                    world
+                } else {
+                    *chunks
+                },
+            },
+            Method::SeqWeft | Method::FusedIntra | Method::FusedCe { .. } => {
+                GemmAlone::Weft { sm_margin: 0 }
+            }
+            Method::Signal { sm_margin, .. } => GemmAlone::Weft {
+                sm_margin: *sm_margin,
+            },
+            Method::FusedInter { ctas } => GemmAlone::Weft { sm_margin: *ctas },
+            Method::DistFuse { workers } => GemmAlone::Weft {
+                sm_margin: *workers,
+            },
+        }
+    }
+
+    /// Median ms of this GEMM of `shape` (A m × k, B as the ops take it) on `rig`'s stream.
+    pub fn time(
+        self,
+        rig: &mut Rig,
+        shape: GemmShape,
+        a: &CudaSlice<bf16>,
+        b: &CudaSlice<bf16>,
+    ) -> anyhow::Result<f64> {
+        let compute = rig.compute.clone();
+        let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
+        let mut d = compute.alloc_zeros::<bf16>(m * n)?;
+        match self {
+            GemmAlone::Cublas { bands } => {
+                anyhow::ensure!(
+                    bands >= 1 && shape.m.is_multiple_of(bands),
+                    "GEMM {shape}: M does not split into {bands} bands"
+                );
+                let rows = m / bands as usize;
+                let band = CublasGemm::new(
+                    &compute,
+                    GemmShape::new(rows as u32, shape.n, shape.k),
+                    GemmOptions::default(),
+                )?;
+                rig.time(|| {
+                    for c in 0..bands as usize {
+                        band.launch(
+                            &a.slice(c * rows * k..(c + 1) * rows * k),
+                            b,
+                            &mut d.slice_mut(c * rows * n..(c + 1) * rows * n),
+                        )?;
+                    }
+                    Ok(())
+                })
+            }
+            GemmAlone::Weft { sm_margin } => {
+                let gemm = Gemm::new(
+                    compute.context(),
+                    shape,
+                    GemmOptions {
+                        sm_margin,
+                        ..GemmOptions::default()
+                    },
+                )?;
+                rig.time(|| gemm.launch(&compute, a, b, &mut d))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_method_names_the_gemm_it_runs() {
+        let ag = OpKind::AllGather;
+        let ar = OpKind::AllReduce;
+        assert_eq!(
+            GemmAlone::of(ar, &Method::SeqCublas, 2),
+            GemmAlone::Cublas { bands: 1 }
+        );
+        assert_eq!(
+            GemmAlone::of(ar, &Method::Decomposition { chunks: 4 }, 2),
+            GemmAlone::Cublas { bands: 4 }
+        );
+        assert_eq!(
+            GemmAlone::of(ag, &Method::Decomposition { chunks: 2 }, 4),
+            GemmAlone::Cublas { bands: 4 }
+        );
+        assert_eq!(
+            GemmAlone::of(ag, &Method::FusedCe { tile_rows: 4 }, 2),
+            GemmAlone::Weft { sm_margin: 0 }
+        );
+        assert_eq!(
+            GemmAlone::of(
+                ar,
+                &Method::Signal {
+                    sm_margin: 32,
+                    waves: vec![1, 3]
+                },
+                2
+            ),
+            GemmAlone::Weft { sm_margin: 32 }
+        );
+        assert_eq!(
+            GemmAlone::of(ar, &Method::FusedInter { ctas: 16 }, 2),
+            GemmAlone::Weft { sm_margin: 16 }
+        );
+        assert_eq!(
+            GemmAlone::of(ar, &Method::DistFuse { workers: 8 }, 2),
+            GemmAlone::Weft { sm_margin: 8 }
+        );
+    }
+}
