@@ -6,14 +6,16 @@
 //! and waits for a group's flag before it loads the group's rows. No SM moves data.
 //!
 //! Orderings, launch e:
-//!   side:  joins the main stream before kernel e is enqueued (kernel e - 1, which read the
-//!          gathered A, is done before any copy of e overwrites it);
 //!   main:  kernel e, whose CTAs arrive at START on every rank as they begin;
-//!   side:  waits for this rank's START counter to hold world × ctas × e (every rank's kernel e
-//!          began, so every shard of e is written: each rank writes its shard before its kernel,
-//!          and its START adds are releases), then per group: the copy, then the flag write
-//!          (default flags: a memory barrier makes the copy's writes visible before the flag);
-//!   main:  joins the side stream (the caller's later work follows the copies).
+//!   side:  waits for this rank's START counter to hold world × ctas × e: every rank's kernel e
+//!          began, so every shard of e is written (each rank writes its shard before its kernel,
+//!          and its START adds are releases), and this rank's kernel e - 1, which read the
+//!          gathered A and the flags, has ended (kernel e follows it on the main stream). Then per
+//!          group: the copy, then the flag write (default flags: a memory barrier makes the
+//!          copy's writes visible before the flag);
+//!   main:  joins the side stream, so a failed copy surfaces on the caller's stream and nothing
+//!          of the op runs past it (the data needs no join: kernel e ends only after it saw
+//!          every flag, so after every copy).
 //! The side stream's wait on START has no bound of its own, but nothing waits on it except the
 //! kernel's loader, whose polls of the chunk flags are bounded and report the tile row they waited
 //! for (failing the context, which ends the side stream too). The kernel's END (every rank's loads
@@ -61,13 +63,6 @@ impl CopyEngineGather {
 
     pub fn tile_rows(&self) -> u32 {
         self.tile_rows
-    }
-
-    /// Before the kernel is enqueued on `main`: the side stream follows everything on `main`.
-    pub fn follow(&self, main: &Arc<CudaStream>) -> anyhow::Result<()> {
-        self.side
-            .join(main)
-            .context("ordering the copy-engine AllGather after the previous launch")
     }
 
     /// After the kernel: enqueues the START wait, the copies and the flag writes on the side

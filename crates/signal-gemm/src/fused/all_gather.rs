@@ -342,9 +342,6 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
             ..Default::default()
         };
         let d_len = d.len();
-        if let Some(ce) = &self.copy_engine {
-            ce.follow(stream)?;
-        }
         {
             let (d_ptr, _rd) = cudarc::driver::DevicePtrMut::device_ptr_mut(d, stream);
             // SAFETY: A (the shard PGL, rows × k, or the gathered copy, m × k) and `d` (d_len of
