@@ -4,6 +4,7 @@
 
 mod collectives;
 mod gemm;
+mod gemm_llm;
 pub mod grid;
 mod grpcoll;
 mod interference;
@@ -32,6 +33,7 @@ pub const SUITES: &[&str] = &[
     "overlap-order",
     "grpcoll",
     "gemm",
+    "gemm-llm",
     "overlap",
     "overlap-reduce-scatter",
     "overlap-all-to-all",
@@ -81,6 +83,7 @@ pub fn parse(args: &[String]) -> anyhow::Result<BenchOptions> {
         o.suites = SUITES.iter().map(|s| s.to_string()).collect();
     }
     let shaped = [
+        "gemm-llm",
         "overlap",
         "overlap-reduce-scatter",
         "overlap-all-gather",
@@ -112,6 +115,7 @@ pub fn run(job: &mut Job, opts: &BenchOptions) -> anyhow::Result<()> {
             "collectives" => collectives::run(job, opts.quick)?,
             "grpcoll" => grpcoll::run(job, opts.quick)?,
             "gemm" => gemm::run(job, opts.quick)?,
+            "gemm-llm" => gemm_llm::run(job, opts.quick, &opts.shapes)?,
             "pgl" => pgl::run(job, opts.quick)?,
             "sync" => sync::run(job, opts.quick)?,
             "overlap-order" => overlap_order::run(job, opts.quick)?,
