@@ -37,6 +37,11 @@ pub struct AllToAllMap {
     send: Vec<Vec<Range<usize>>>,
     /// [group][peer]: element ranges of the received buffer coming from the peer.
     recv: Vec<Vec<Range<usize>>>,
+    /// [group][peer]: where this rank's pool (group, peer) starts in the peer's received buffer
+    /// (elements), for a sender that writes it there itself.
+    push: Vec<Vec<usize>>,
+    /// The largest received buffer of any rank (elements).
+    max_received: usize,
     send_slots: u32,
     recv_slots: u32,
     /// (source rank, source row) of each output row.
@@ -66,6 +71,15 @@ fn walk(
         }
     }
     count
+}
+
+/// Where each source's pools land in rank `dst`'s received buffer: slot offsets [group][source]
+/// (group by group, source by source) and the total, from counts_all[source][group][dst].
+fn recv_offsets(counts_all: &[Vec<Vec<u32>>], groups: usize, dst: usize) -> (Vec<Vec<u32>>, u32) {
+    let counts: Vec<Vec<u32>> = (0..groups)
+        .map(|g| counts_all.iter().map(|c| c[g][dst]).collect())
+        .collect();
+    offsets(&counts)
 }
 
 /// Exclusive prefix sums of counts[g][p], in (g, p) order; and the total.
@@ -147,7 +161,16 @@ impl AllToAllMap {
         let recv_counts: Vec<Vec<u32>> = (0..groups.count())
             .map(|g| (0..world).map(|s| counts_all[s][g][rank]).collect())
             .collect();
-        let (recv_off, recv_slots) = offsets(&recv_counts);
+        let (recv_off, recv_slots) = recv_offsets(&counts_all, groups.count(), rank);
+        let mut push = vec![vec![0usize; world]; groups.count()];
+        let mut max_received = 0usize;
+        for q in 0..world {
+            let (off_q, slots_q) = recv_offsets(&counts_all, groups.count(), q);
+            for (g, row) in push.iter_mut().enumerate() {
+                row[q] = off_q[g][rank] as usize * tile_n;
+            }
+            max_received = max_received.max(slots_q as usize * tile_n);
+        }
         let recv = (0..groups.count())
             .map(|g| {
                 (0..world)
@@ -209,6 +232,8 @@ impl AllToAllMap {
             dst_of_slot,
             send,
             recv,
+            push,
+            max_received,
             send_slots,
             recv_slots,
             sources,
@@ -249,6 +274,17 @@ impl AllToAllMap {
         self.sources[i]
     }
 
+    /// Where this rank's pool of group `g` for `peer` starts in the peer's received buffer
+    /// (elements); its length is group_ranges(g).0[peer].
+    pub fn push_offset(&self, g: usize, peer: usize) -> usize {
+        self.push[g][peer]
+    }
+
+    /// Elements of the largest received buffer of any rank (a buffer every rank allocates alike).
+    pub fn max_received_len(&self) -> usize {
+        self.max_received
+    }
+
     /// Group `g`'s send and receive ranges, one per peer (for `Communicator::all_to_all_v`).
     pub fn group_ranges(&self, g: usize) -> (&[Range<usize>], &[Range<usize>]) {
         (&self.send[g], &self.recv[g])
@@ -265,11 +301,23 @@ impl AllToAllMap {
         received: &CudaSlice<T>,
         out: &mut CudaSlice<T>,
     ) -> anyhow::Result<()> {
-        self.check::<T>(received.len(), out.len())?;
+        let (src, _gs) = received.device_ptr(stream);
+        self.scatter_from(stream, src, received.len(), out)
+    }
+
+    /// As [`scatter`](Self::scatter) from `received_len` elements of T at device address `src`
+    /// (a buffer this map's caller owns by other means, e.g. a PGL).
+    pub(crate) fn scatter_from<T: GemmElement>(
+        &self,
+        stream: &Arc<CudaStream>,
+        src: u64,
+        received_len: usize,
+        out: &mut CudaSlice<T>,
+    ) -> anyhow::Result<()> {
+        self.check::<T>(received_len, out.len())?;
         if self.recv_slots == 0 {
             return Ok(());
         }
-        let (src, _gs) = received.device_ptr(stream);
         let (dst, _gd) = out.device_ptr_mut(stream);
         let (table, _gt) = self.dst_of_slot.device_ptr(stream);
         let p = weft_gemm_slot_scatter_params {
@@ -314,5 +362,33 @@ impl AllToAllMap {
             self.plan.shape.n
         );
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sender's offsets into a receiver's buffer are the receiver's own receive offsets.
+    #[test]
+    fn push_offsets_are_the_receivers_receive_offsets() {
+        // counts_all[source][group][destination], three ranks, two groups.
+        let counts_all = vec![
+            vec![vec![1, 2, 3], vec![4, 0, 1]],
+            vec![vec![0, 5, 2], vec![1, 1, 1]],
+            vec![vec![2, 0, 0], vec![3, 2, 6]],
+        ];
+        for dst in 0..3 {
+            let (off, total) = recv_offsets(&counts_all, 2, dst);
+            // Brute force: walk (group, source) in order.
+            let mut at = 0;
+            for g in 0..2 {
+                for (s, c) in counts_all.iter().enumerate() {
+                    assert_eq!(off[g][s], at, "dst {dst} group {g} source {s}");
+                    at += c[g][dst];
+                }
+            }
+            assert_eq!(total, at);
+        }
     }
 }

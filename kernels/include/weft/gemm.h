@@ -411,3 +411,18 @@ typedef struct weft_gemm_group_wait_params {
   uint32_t rank;    // for the report
   weft_sync_bound bound;
 } weft_gemm_group_wait_params;
+
+// The copy-engine All-to-All's flag wait (kernels/gemm/peer_flags.cu): a row of `world` flags on
+// this rank, flag i written (to 1) by rank i's stream after its copies into this rank's buffer
+// (row 0, "ready") or after it consumed this rank's copies (row 1, "free"). Thread i != rank spins
+// (acquire, system scope, bounded) until flag i is 1, then rearms it to 0: the flag's only reader,
+// and its writer writes it again only after this rank's next acknowledgement, which the host
+// orders after this wait (crates/signal-gemm/src/overlap/all_to_all_ce.rs).
+typedef struct weft_gemm_peer_flags_params {
+  uint64_t flags;    // device address of this rank's row: world uint64_t
+  uint32_t world;    // at most 32
+  uint32_t rank;
+  uint32_t row;      // for the report: 0 ready, 1 free
+  uint32_t reserved;
+  weft_sync_bound bound;
+} weft_gemm_peer_flags_params;

@@ -299,7 +299,10 @@ pub fn run(job: &mut Job, quick: bool, shapes: &[GemmShape]) -> anyhow::Result<S
             ("m", Json::from(f64::from(m))),
             ("n", Json::from(f64::from(n))),
             ("k", Json::from(f64::from(k))),
-            ("baseline", Json::from("cuBLAS cublasGemmEx, fp32 compute, same inputs, same run")),
+            (
+                "baseline",
+                Json::from("cuBLAS cublasGemmEx, fp32 compute, same inputs, same run"),
+            ),
             ("baseline_ms", Json::from(cublas_ms)),
             ("weft_ms", Json::from(default_ms)),
             ("ratio", Json::from(cublas_ms / default_ms)),

@@ -41,6 +41,9 @@ impl GemmAlone {
             Method::Signal { sm_margin, .. } => GemmAlone::Weft {
                 sm_margin: *sm_margin,
             },
+            Method::SignalCe { .. } => GemmAlone::Weft {
+                sm_margin: weft_signal_gemm::overlap::COPY_ENGINE_SM_MARGIN,
+            },
             Method::FusedInter { ctas } => GemmAlone::Weft { sm_margin: *ctas },
             Method::DistFuse { workers } => GemmAlone::Weft {
                 sm_margin: *workers,

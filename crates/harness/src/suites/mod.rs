@@ -1,6 +1,7 @@
 //! Correctness suites, one libtest-mimic trial per (test × configuration).
 
 mod all_to_all;
+mod all_to_all_ce;
 mod auto_choice;
 mod barrier;
 mod collectives;
@@ -50,6 +51,7 @@ pub fn all() -> Vec<Case> {
     cases.extend(reduce_scatter::cases());
     cases.extend(graph_capture::cases());
     cases.extend(all_to_all::cases());
+    cases.extend(all_to_all_ce::cases());
     cases.extend(fused_reduce_scatter::cases());
     cases.extend(fused_all_reduce::cases());
     cases.extend(fused_all_gather::cases());

@@ -4,7 +4,8 @@
 //! `seq-cublas` (cuBLAS, the rows gathered destination by destination, one ncclSend / ncclRecv
 //! per peer), `seq-weft`, `signal:<margin>:<waves>` (FlashOverlap: the epilogue stores each row
 //! into its destination's pool of its wave group, one grouped send / receive per group, then a
-//! scatter into the order above), or `Auto`.
+//! scatter into the order above), `signal-ce:<waves>` (the same pools moved by copy engines into
+//! the destinations' buffers as each group is stored; `overlap::AllToAllCopyEngine`), or `Auto`.
 //!
 //! The routing is fixed when the op is planned (every rank's, the same on every rank); a choice of
 //! `Auto` is cached per shape whatever the routing (it was measured with the first routing seen).
@@ -22,7 +23,7 @@ use super::env::{lock, OverlapEnv, SharedComm};
 use super::inputs::{with_operands, Operands};
 use super::method::{Method, MethodChoice};
 use crate::dtype::GemmElement;
-use crate::overlap::AllToAllOverlap;
+use crate::overlap::{AllToAllCopyEngine, AllToAllOverlap};
 use crate::plan::{GemmOptions, GemmShape};
 use crate::row_gather::RowGather;
 use anyhow::{bail, ensure};
@@ -49,6 +50,8 @@ enum Imp<TO: OpElement> {
         staging: CudaSlice<TO>,
         received: CudaSlice<TO>,
     },
+    /// Boxed: it holds the GEMM, its maps and peer buffers, several times the others' size.
+    CopyEngine(Box<AllToAllCopyEngine<TO>>),
 }
 
 /// One rank's GEMM + All-to-All for a fixed shape, options, world and routing.
@@ -231,6 +234,7 @@ impl<TO: OpElement> GemmAllToAll<TO> {
                 staging,
                 received,
             } => ov.run(stream, &*lock(comm)?, a, b, staging, received, out),
+            Imp::CopyEngine(ce) => ce.run(stream, a, b, out),
         }
     }
 
@@ -251,13 +255,17 @@ impl<TO: OpElement> GemmAllToAll<TO> {
         self.stream.synchronize()?;
         match &self.imp {
             Imp::Signal { ov, .. } => ov.check(),
+            Imp::CopyEngine(ce) => ce.check(),
             _ => Ok(()),
         }
     }
 
-    /// Collective like the other ops' (this op holds no peer memory).
-    pub fn free(self, _rdzv: &mut Rendezvous) -> anyhow::Result<()> {
-        Ok(())
+    /// Collective: frees the op's peer memory (signal-ce) on every rank.
+    pub fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+        match self.imp {
+            Imp::CopyEngine(ce) => ce.free(rdzv),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -308,8 +316,11 @@ fn plan_imp<TO: OpElement>(
                 received,
             }
         }
+        Method::SignalCe { waves } => Imp::CopyEngine(Box::new(AllToAllCopyEngine::new(
+            rdzv, stream, shape, options, waves, routes,
+        )?)),
         other => {
-            bail!("{other} is not a method of GEMM + All-to-All (seq-cublas, seq-weft, signal)")
+            bail!("{other} is not a method of GEMM + All-to-All (seq-cublas, seq-weft, signal, signal-ce)")
         }
     })
 }

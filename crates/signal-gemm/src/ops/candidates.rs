@@ -112,6 +112,21 @@ pub fn candidates(
         }
         OpKind::AllToAll => {}
     }
+    if op == OpKind::AllToAll && (2..=32).contains(&world) {
+        // The copy engines move the rows; the GEMM leaves one SM for the group waits.
+        if let Ok(plan) = GemmPlan::new(
+            sms,
+            shape,
+            GemmOptions {
+                sm_margin: crate::overlap::COPY_ENGINE_SM_MARGIN,
+                ..options
+            },
+        ) {
+            for waves in groupings(&plan).unwrap_or_default() {
+                out.push(Method::SignalCe { waves });
+            }
+        }
+    }
     if matches!(op, OpKind::AllReduce | OpKind::AllToAll) {
         // The signal ReduceScatter's bands give rank r the r-th band of every tile's rows, not
         // NCCL's contiguous rows: it is not this op (overlap::ReduceScatterOverlap keeps it).
@@ -261,7 +276,7 @@ mod tests {
         );
         assert_eq!(
             families(&candidates(OpKind::AllToAll, s, o, 2, 132, false)),
-            [SeqCublas, SeqWeft, Signal]
+            [SeqCublas, SeqWeft, SignalCe, Signal]
         );
     }
 

@@ -6,7 +6,8 @@
 //!
 //! ```text
 //! seq-cublas  seq-weft  decomposition:<chunks>  signal:<sm_margin>:<waves per group, '+'-joined>
-//! fused-intra  fused-inter:<ctas>  fused-ce:<tile rows per copy>  distfuse:<workers>
+//! signal-ce:<waves per group, '+'-joined>  fused-intra  fused-inter:<ctas>
+//! fused-ce:<tile rows per copy>  distfuse:<workers>
 //! ```
 
 use anyhow::{bail, ensure, Context};
@@ -27,6 +28,10 @@ pub enum Method {
     /// FlashOverlap's design: the GEMM stores tiles in the collective's layout and signals each
     /// wave group; one NCCL call per group on the SMs `sm_margin` leaves.
     Signal { sm_margin: u32, waves: Vec<u32> },
+    /// The signal path's GEMM and wave groups with the rows moved by copy engines (All-to-All):
+    /// each group's pools copied into the destinations' buffers once the group is stored, no
+    /// NCCL, one SM left for the group waits.
+    SignalCe { waves: Vec<u32> },
     /// ParallelKittens' intra-SM design: the GEMM's own epilogue (ReduceScatter: TMA reduce-add
     /// into the owner) or loader (AllGather: TMA loads from the owner) talks to the peers.
     FusedIntra,
@@ -49,6 +54,7 @@ pub enum Family {
     SeqWeft,
     Decomposition,
     Signal,
+    SignalCe,
     FusedIntra,
     FusedInter,
     FusedCe,
@@ -56,11 +62,12 @@ pub enum Family {
 }
 
 impl Family {
-    pub const ALL: [Family; 8] = [
+    pub const ALL: [Family; 9] = [
         Family::SeqCublas,
         Family::SeqWeft,
         Family::Decomposition,
         Family::Signal,
+        Family::SignalCe,
         Family::FusedIntra,
         Family::FusedInter,
         Family::FusedCe,
@@ -73,6 +80,7 @@ impl Family {
             Family::SeqWeft => "seq-weft",
             Family::Decomposition => "decomposition",
             Family::Signal => "signal",
+            Family::SignalCe => "signal-ce",
             Family::FusedIntra => "fused-intra",
             Family::FusedInter => "fused-inter",
             Family::FusedCe => "fused-ce",
@@ -90,7 +98,11 @@ impl Family {
     pub fn capturable(self) -> bool {
         !matches!(
             self,
-            Family::FusedIntra | Family::FusedInter | Family::FusedCe | Family::DistFuse
+            Family::SignalCe
+                | Family::FusedIntra
+                | Family::FusedInter
+                | Family::FusedCe
+                | Family::DistFuse
         )
     }
 }
@@ -108,6 +120,7 @@ impl Method {
             Method::SeqWeft => Family::SeqWeft,
             Method::Decomposition { .. } => Family::Decomposition,
             Method::Signal { .. } => Family::Signal,
+            Method::SignalCe { .. } => Family::SignalCe,
             Method::FusedIntra => Family::FusedIntra,
             Method::FusedInter { .. } => Family::FusedInter,
             Method::FusedCe { .. } => Family::FusedCe,
@@ -133,6 +146,10 @@ impl fmt::Display for Method {
             Method::Signal { sm_margin, waves } => {
                 let w: Vec<String> = waves.iter().map(u32::to_string).collect();
                 write!(f, "{name}:{sm_margin}:{}", w.join("+"))
+            }
+            Method::SignalCe { waves } => {
+                let w: Vec<String> = waves.iter().map(u32::to_string).collect();
+                write!(f, "{name}:{}", w.join("+"))
             }
         }
     }
@@ -189,6 +206,14 @@ impl FromStr for Method {
                 Method::DistFuse {
                     workers: count(args[0], "worker count", s)?,
                 }
+            }
+            Family::SignalCe => {
+                want(1, "signal-ce:<waves>+<waves>…")?;
+                let waves = args[0]
+                    .split('+')
+                    .map(|w| count(w, "waves per group", s))
+                    .collect::<anyhow::Result<Vec<u32>>>()?;
+                Method::SignalCe { waves }
             }
             Family::Signal => {
                 want(2, "signal:<sm_margin>:<waves>+<waves>…")?;
@@ -273,6 +298,7 @@ mod tests {
                 sm_margin: 32,
                 waves: vec![1, 3],
             },
+            Method::SignalCe { waves: vec![2, 1] },
             Method::FusedIntra,
             Method::FusedInter { ctas: 16 },
             Method::FusedCe { tile_rows: 4 },
@@ -324,6 +350,8 @@ mod tests {
         assert!(err("fused-inter:0").contains("at least 1"));
         assert!(err("fused-ce").contains("fused-ce:<tile rows per copy>"));
         assert!(err("fused-ce:0").contains("at least 1"));
+        assert!(err("signal-ce").contains("signal-ce:<waves>"));
+        assert!(err("signal-ce:2+0").contains("at least 1"));
         assert!(err("signal:32").contains("signal:<sm_margin>"));
         assert!(err("signal:32:1+0").contains("at least 1"));
         assert!(err("seq-weft:3").contains("the form seq-weft"));
@@ -338,6 +366,7 @@ mod tests {
         );
         assert!(
             !Family::FusedIntra.capturable()
+                && !Family::SignalCe.capturable()
                 && !Family::FusedInter.capturable()
                 && !Family::FusedCe.capturable()
                 && !Family::DistFuse.capturable()

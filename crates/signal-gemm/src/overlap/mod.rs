@@ -5,11 +5,13 @@
 
 mod all_reduce;
 mod all_to_all;
+mod all_to_all_ce;
 mod comm_stream;
 mod pipeline;
 mod reduce_scatter;
 
 pub use all_reduce::AllReduceOverlap;
 pub use all_to_all::AllToAllOverlap;
+pub use all_to_all_ce::{AllToAllCopyEngine, COPY_ENGINE_SM_MARGIN};
 pub use comm_stream::high_priority_stream;
 pub use reduce_scatter::ReduceScatterOverlap;
