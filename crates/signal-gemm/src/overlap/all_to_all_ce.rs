@@ -17,8 +17,11 @@
 //!   S joins C (the staging buffer's previous readers, the copies of e - 1, are done: C joined S);
 //!   C: the GEMM (RowSlots layout, group signals, sm_margin 1);
 //!   S: per group: the group wait kernel (on the SM the margin leaves; rearms the counter), then
-//!      the group's pool for each destination copied into its received buffer (own rows included);
+//!      the group's pool for each peer copied into the peer's received buffer;
 //!   S: `ready` = 1 on every peer;
+//!   C: this rank's own pools copied into its received buffer (after the whole GEMM: a copy
+//!      within one GPU may run as a kernel, which would wait for the GEMM's SMs and hold up the
+//!      side stream's peer copies behind it);
 //!   C joins S; C: wait for every peer's `ready`, rearm; the scatter into the output;
 //!   C: `free` = 1 on every peer (this rank's buffer was read).
 //! A writer writes a flag again only after the reader's rearm: `ready` for e + 1 after the
@@ -260,6 +263,7 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
             .launch_with(compute, a, b, &mut self.staging, extras)?;
         let enqueued = (|| -> anyhow::Result<()> {
             self.copy_groups(&side)?;
+            self.copy_own(compute)?;
             compute.join(&side)?;
             self.wait_flags(compute, READY)?;
             let received = (self.received.local_ptr(), self.received.len());
@@ -274,32 +278,45 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
         enqueued
     }
 
-    /// On the side stream: per group, its wait, then one copy per destination with rows in it;
-    /// then `ready` on every peer.
+    /// On the side stream: per group, its wait, then one copy per peer with rows in it; then
+    /// `ready` on every peer.
     fn copy_groups(&self, side: &Arc<CudaStream>) -> anyhow::Result<()> {
-        let map = &self.local.map;
-        let elem = std::mem::size_of::<TO>() as u64;
-        let staging = self.staging.device_ptr(side).0;
-        side.context().bind_to_thread()?;
         for g in 0..self.groups().count() {
             self.local.counters.wait(side, g)?;
-            let (sends, _) = map.group_ranges(g);
-            for (q, range) in sends.iter().enumerate() {
-                if range.is_empty() {
-                    continue;
-                }
-                let dst = self.received.peer_ptr(q) + map.push_offset(g, q) as u64 * elem;
-                let src = staging + range.start as u64 * elem;
-                let bytes = range.len() * elem as usize;
-                // SAFETY: src is this rank's pool (g, q) inside staging; dst the range of rank
-                // q's received buffer the map reserves for it (within max_received_len); both
-                // alive as long as self; stream-ordered after the group's wait.
-                unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, side.cu_stream()) }
-                    .result()
-                    .with_context(|| format!("copying group {g}'s rows for rank {q}"))?;
+            for q in (0..self.world).filter(|&q| q != self.rank) {
+                self.copy_pool(side, g, q)?;
             }
         }
         self.write_flags(side, READY)
+    }
+
+    /// On `compute`, after the GEMM: this rank's own pools into its received buffer.
+    fn copy_own(&self, compute: &Arc<CudaStream>) -> anyhow::Result<()> {
+        for g in 0..self.groups().count() {
+            self.copy_pool(compute, g, self.rank)?;
+        }
+        Ok(())
+    }
+
+    /// Pool (g, q) of the staging buffer into rank q's received buffer, on `stream`.
+    fn copy_pool(&self, stream: &Arc<CudaStream>, g: usize, q: usize) -> anyhow::Result<()> {
+        let map = &self.local.map;
+        let range = &map.group_ranges(g).0[q];
+        if range.is_empty() {
+            return Ok(());
+        }
+        let elem = std::mem::size_of::<TO>() as u64;
+        let dst = self.received.peer_ptr(q) + map.push_offset(g, q) as u64 * elem;
+        let src = self.staging.device_ptr(stream).0 + range.start as u64 * elem;
+        let bytes = range.len() * elem as usize;
+        stream.context().bind_to_thread()?;
+        // SAFETY: src is this rank's pool (g, q) inside staging; dst the range of rank q's
+        // received buffer the map reserves for it (within max_received_len); both alive as long
+        // as self; stream-ordered after the group was stored.
+        unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream.cu_stream()) }
+            .result()
+            .with_context(|| format!("copying group {g}'s rows for rank {q}"))?;
+        Ok(())
     }
 
     /// Flag `row` = 1 at this rank's index on every peer, on `stream`.
