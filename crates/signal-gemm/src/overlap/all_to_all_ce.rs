@@ -19,10 +19,10 @@
 //!   S: per group: the group wait kernel (on the SM the margin leaves; rearms the counter), then
 //!      the group's pool for each peer copied into the peer's received buffer;
 //!   S: `ready` = 1 on every peer;
-//!   O (a third stream): per group, after S's wait for it (an event), this rank's own pool
-//!      copied into its received buffer — on a stream of its own because a copy within one GPU
-//!      may run as a kernel, which waits for the GEMM's SMs, and would hold the peer copies;
-//!   C joins S and O; C: wait for every peer's `ready`, rearm; the scatter into the output;
+//!   C: this rank's own pools copied into its received buffer (after the whole GEMM: a copy
+//!      within one GPU may run as a kernel, which would wait for the GEMM's SMs and hold up the
+//!      side stream's peer copies behind it);
+//!   C joins S; C: wait for every peer's `ready`, rearm; the scatter into the output;
 //!   C: `free` = 1 on every peer (this rank's buffer was read).
 //! A writer writes a flag again only after the reader's rearm: `ready` for e + 1 after the
 //! writer's `free` wait of e + 1, which follows the reader's `free` write of e, which follows its
@@ -37,7 +37,7 @@ use crate::wave_groups::{GroupCounters, WaveGroups};
 use crate::{GemmElement, LaunchExtras};
 use anyhow::{ensure, Context};
 use cudarc::driver::{
-    sys, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+    sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
     ValidAsZeroBits,
 };
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -61,9 +61,6 @@ struct Local {
     counters: GroupCounters,
     map: AllToAllMap,
     side: Arc<CudaStream>,
-    own: Arc<CudaStream>,
-    /// One per group: recorded on `side` after the group's wait, waited for by `own`.
-    stored: Vec<CudaEvent>,
     wait: CudaFunction,
     slot: ErrorSlot,
 }
@@ -209,17 +206,11 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
         let wait = module
             .load_function("weft_gemm_peer_flags_wait")
             .context("kernels/gemm/peer_flags.cu has no weft_gemm_peer_flags_wait")?;
-        let flags = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
-        let stored = (0..counters.groups().count())
-            .map(|_| ctx.new_event(flags))
-            .collect::<Result<Vec<_>, _>>()?;
         Ok(Local {
             gemm,
             counters,
             map,
             side: high_priority_stream(ctx)?,
-            own: ctx.new_stream()?,
-            stored,
             wait,
             slot: ErrorSlot::new(ctx)?,
         })
@@ -257,10 +248,9 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
             "the copy-engine All-to-All: an earlier launch failed after its GEMM was enqueued, so its counters or flags may be stale; make a new one"
         );
         self.local.map.check::<TO>(self.received.len(), out.len())?;
-        let (side, own) = (self.local.side.clone(), self.local.own.clone());
+        let side = self.local.side.clone();
         self.wait_flags(compute, FREE)?;
         side.join(compute)?;
-        own.join(compute)?;
         let local = &self.local;
         let extras = LaunchExtras {
             groups: Some(&local.counters),
@@ -272,9 +262,9 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
             .gemm
             .launch_with(compute, a, b, &mut self.staging, extras)?;
         let enqueued = (|| -> anyhow::Result<()> {
-            self.copy_groups(&side, &own)?;
+            self.copy_groups(&side)?;
+            self.copy_own(compute)?;
             compute.join(&side)?;
-            compute.join(&own)?;
             self.wait_flags(compute, READY)?;
             let received = (self.received.local_ptr(), self.received.len());
             self.local
@@ -289,18 +279,23 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
     }
 
     /// On the side stream: per group, its wait, then one copy per peer with rows in it; then
-    /// `ready` on every peer. On `own`: per group, after its wait, this rank's own pool.
-    fn copy_groups(&self, side: &Arc<CudaStream>, own: &Arc<CudaStream>) -> anyhow::Result<()> {
+    /// `ready` on every peer.
+    fn copy_groups(&self, side: &Arc<CudaStream>) -> anyhow::Result<()> {
         for g in 0..self.groups().count() {
             self.local.counters.wait(side, g)?;
-            self.local.stored[g].record(side)?;
-            own.wait(&self.local.stored[g])?;
-            self.copy_pool(own, g, self.rank)?;
             for q in (0..self.world).filter(|&q| q != self.rank) {
                 self.copy_pool(side, g, q)?;
             }
         }
         self.write_flags(side, READY)
+    }
+
+    /// On `compute`, after the GEMM: this rank's own pools into its received buffer.
+    fn copy_own(&self, compute: &Arc<CudaStream>) -> anyhow::Result<()> {
+        for g in 0..self.groups().count() {
+            self.copy_pool(compute, g, self.rank)?;
+        }
+        Ok(())
     }
 
     /// Pool (g, q) of the staging buffer into rank q's received buffer, on `stream`.
