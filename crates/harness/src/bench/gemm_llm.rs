@@ -241,7 +241,7 @@ pub fn run(job: &mut Job, quick: bool, shapes: &[GemmShape]) -> anyhow::Result<S
             )?;
             outs.push(d);
         }
-        // cuBLAS, then each configuration, interleaved.
+        // cuBLAS and each configuration, interleaved (the order rotating every iteration).
         let mut want_d = nans(&stream, mn)?;
         let count = 1 + gemms.len();
         let times = rig.time_each(

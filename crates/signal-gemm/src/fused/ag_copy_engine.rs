@@ -3,22 +3,27 @@
 //! by copy engines (`cuMemcpyDtoDAsync` from the peers' mappings) on a side stream, a group of
 //! `tile_rows` tile rows per copy, each copy followed by a stream write of its group's chunk flag
 //! (weft_gemm_ag_copy.flag_rows) to the launch's epoch. The GEMM kernel keeps every SM computing
-//! and waits for a group's flag before it loads the group's rows. No SM moves data.
+//! and waits for a group's flag before it loads the group's rows. No SM moves data between GPUs
+//! (ranks sharing one GPU copy within it, which the driver may do with a kernel).
 //!
 //! Orderings, launch e:
 //!   main:  kernel e, whose CTAs arrive at START on every rank as they begin;
 //!   side:  waits for this rank's START counter to hold world × ctas × e: every rank's kernel e
 //!          began, so every shard of e is written (each rank writes its shard before its kernel,
 //!          and its START adds are releases), and this rank's kernel e - 1, which read the
-//!          gathered A and the flags, has ended (kernel e follows it on the main stream). Then per
+//!          gathered A and the flags, has ended (kernel e follows it on the main stream). The
+//!          target cannot be reached without this rank's CTAs of e: a peer's CTAs of e + 1 arrive
+//!          only after its kernel e ended, which needs every END arrival of e, and each CTA
+//!          arrives at START before END (the same thread, kernel.cuh). Then per
 //!          group: the copy, then the flag write (default flags: a memory barrier makes the
 //!          copy's writes visible before the flag);
 //!   main:  joins the side stream, so a failed copy surfaces on the caller's stream and nothing
 //!          of the op runs past it (the data needs no join: kernel e ends only after it saw
 //!          every flag, so after every copy).
-//! The side stream's wait on START has no bound of its own, but nothing waits on it except the
-//! kernel's loader, whose polls of the chunk flags are bounded and report the tile row they waited
-//! for (failing the context, which ends the side stream too). The kernel's END (every rank's loads
+//! The side stream's wait on START has no bound of its own. What waits on it: the kernel's loader
+//! (its polls of the chunk flags are bounded and report the tile row they waited for, failing the
+//! context, which ends the side stream too) and the main stream's join, which therefore ends
+//! with the kernel's bound as well. The kernel's END (every rank's loads
 //! done) follows every group's flag, so every copy out of the peers' shards: a peer writes its
 //! next shard only after them.
 

@@ -72,12 +72,16 @@ pub struct FusedAllGatherGemm<TI: GemmElement + PglElement> {
     rows: u32,
     gathered: Option<GatheredA<TI>>,
     copy_engine: Option<CopyEngineGather>,
+    /// Set when a copy-engine launch failed after its kernel was enqueued: that kernel waits (up
+    /// to its bound) for flags that will not come and then fails the context. Refused from then on.
+    broken: bool,
 }
 
 impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
     /// Collective over `rdzv`'s ranks: plans the GEMM (the same on every rank but for the order's
     /// rotation; `Inter` with its communicator CTAs), allocates each rank's A shard (m/world × k)
-    /// and the barrier counters, and for `Inter` the gathered A and its chunk flags.
+    /// and the barrier counters, and for `Inter` and `CopyEngine` the gathered A and its chunk
+    /// flags. A failed allocation frees what was allocated before it, collectively.
     /// m/world must be a multiple of 128 (of 256 with clusters of 2).
     pub fn new(
         rdzv: &mut Rendezvous,
@@ -118,34 +122,59 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
             Backend::default(),
         )
         .context("allocating the fused AllGather's A shards")?;
+        // Each step collective (agreed): on an error every rank frees what it holds, alike.
+        let freeing = |e: anyhow::Error, held: anyhow::Result<()>| match held {
+            Ok(()) => e,
+            Err(f) => e.context(format!("and freeing what was allocated failed too: {f:#}")),
+        };
         let maps = agree(
             rdzv,
             "fused AllGather tensor maps",
             Self::encode_maps(stream, &shard, shape, world),
-        )?;
-        let bar = Counters::alloc(
+        );
+        let maps = match maps {
+            Ok(m) => m,
+            Err(e) => return Err(freeing(e, shard.free(rdzv))),
+        };
+        let bar = agree(
             rdzv,
-            ctx,
-            Shape::new(1, 1, 2, 1),
-            WaitBudget::default_for(ctx)?,
-        )?;
+            "fused AllGather barrier budget",
+            WaitBudget::default_for(ctx),
+        )
+        .and_then(|budget| Counters::alloc(rdzv, ctx, Shape::new(1, 1, 2, 1), budget));
+        let bar = match bar {
+            Ok(b) => b,
+            Err(e) => return Err(freeing(e, shard.free(rdzv))),
+        };
         let gathered = match method {
             AllGatherMethod::Intra => None,
             AllGatherMethod::Inter { .. } | AllGatherMethod::CopyEngine { .. } => {
-                let a = agree(
+                let tile_rows = shape.m.div_ceil(WEFT_GEMM_TILE_M);
+                let made = agree(
                     rdzv,
                     "fused AllGather's gathered A",
                     Self::alloc_gathered(stream, shape),
-                )?;
-                let tile_rows = shape.m.div_ceil(WEFT_GEMM_TILE_M);
-                let chunk_flags = Pgl::<u64>::alloc(
-                    rdzv,
-                    ctx,
-                    Shape::new(1, 1, 1, tile_rows),
-                    Backend::default(),
                 )
-                .context("allocating the fused AllGather's chunk flags")?;
-                Some(GatheredA { a, chunk_flags })
+                .and_then(|a| {
+                    let flags = Pgl::<u64>::alloc(
+                        rdzv,
+                        ctx,
+                        Shape::new(1, 1, 1, tile_rows),
+                        Backend::default(),
+                    )
+                    .context("allocating the fused AllGather's chunk flags")?;
+                    Ok(GatheredA {
+                        a,
+                        chunk_flags: flags,
+                    })
+                });
+                match made {
+                    Ok(g) => Some(g),
+                    Err(e) => {
+                        let held = shard.free(rdzv).and(bar.free(rdzv));
+                        return Err(freeing(e, held));
+                    }
+                }
             }
         };
         Ok(Self {
@@ -157,6 +186,7 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
             rows,
             gathered,
             copy_engine,
+            broken: false,
         })
     }
 
@@ -310,8 +340,13 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
             Arc::ptr_eq(stream.context(), self.shard.context()),
             "the fused AllGather was made on another context than the stream's"
         );
+        ensure!(
+            !self.broken,
+            "the fused AllGather (fused-ce): an earlier launch failed after its kernel was enqueued; make a new one"
+        );
         let epoch = self.bar.epoch() + 1;
-        // Inter-SM: the launch's A is the gathered copy; a chunk's flag reaches the epoch.
+        // Inter-SM and copy engines: the launch's A is the gathered copy; a chunk's flag reaches
+        // the epoch.
         let (a, copy) = match &self.gathered {
             None => ((self.shard.local_ptr(), self.shard.len()), None),
             Some(g) => {
@@ -367,12 +402,16 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
                 start_target: world as u64 * u64::from(self.plan().ctas()) * epoch,
                 flag_target: epoch,
             };
-            ce.copy(
+            let copied = ce.copy(
                 stream,
                 &launch,
                 self.shard.rank(),
                 self.rows / WEFT_GEMM_TILE_M,
-            )?;
+            );
+            if copied.is_err() {
+                self.broken = true;
+            }
+            copied?;
         }
         Ok(())
     }

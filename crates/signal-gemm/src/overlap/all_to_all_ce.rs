@@ -14,7 +14,8 @@
 //!
 //! Ordering of launch e (compute stream C, side stream S):
 //!   C: wait for every peer's `free` (they consumed launch e - 1's copies), rearm;
-//!   S joins C (the staging buffer's previous readers, the copies of e - 1, are done: C joined S);
+//!   S joins C (the peer copies follow the `free` wait; and the staging buffer's previous
+//!   readers, the copies of e - 1, are done since C joined S);
 //!   C: the GEMM (RowSlots layout, group signals, sm_margin 1);
 //!   S: per group: the group wait kernel (on the SM the margin leaves; rearms the counter), then
 //!      the group's pool for each peer copied into the peer's received buffer;
@@ -28,6 +29,8 @@
 //! writer's `free` wait of e + 1, which follows the reader's `free` write of e, which follows its
 //! `ready` rearm of e in stream order; the same argument with the roles swapped for `free`.
 //! Every wait is a bounded kernel: a peer that never writes its flag is reported by row and rank.
+//! Once the `free` wait is enqueued (it rearms the flags), a launch that fails to enqueue the rest
+//! marks the op broken: a later launch would wait for flags this one consumed.
 
 use crate::a2a_map::AllToAllMap;
 use crate::gemm::Gemm;
@@ -63,6 +66,7 @@ struct Local {
     side: Arc<CudaStream>,
     wait: CudaFunction,
     slot: ErrorSlot,
+    bound: weft_sync_bound,
 }
 
 /// One rank's GEMM + All-to-All by copy engines for a fixed shape, routing and wave grouping.
@@ -115,8 +119,13 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
         let flags = match flags {
             Ok(f) => f,
             Err(e) => {
-                let _ = received.free(rdzv);
-                return Err(e.context("allocating the copy-engine All-to-All's flags"));
+                let e = e.context("allocating the copy-engine All-to-All's flags");
+                return Err(match received.free(rdzv) {
+                    Ok(()) => e,
+                    Err(f) => e.context(format!(
+                        "and freeing the received buffers failed too: {f:#}"
+                    )),
+                });
             }
         };
         let started = agree(
@@ -144,15 +153,13 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
             Ok(s) => s,
             Err(e) => {
                 let freed = received.free(rdzv).and(flags.free(rdzv));
-                return Err(freed
-                    .err()
-                    .map_or(e, |f| f.context("freeing after a refused plan")));
+                return Err(match freed {
+                    Ok(()) => e,
+                    Err(f) => e.context(format!("and freeing the buffers failed too: {f:#}")),
+                });
             }
         };
-        let bound = weft_sync_bound {
-            error_slot: local.slot.device_ptr(ctx)?,
-            budget_cycles: WaitBudget::default_for(ctx)?.cycles,
-        };
+        let bound = local.bound;
         Ok(Self {
             local,
             staging,
@@ -206,13 +213,19 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
         let wait = module
             .load_function("weft_gemm_peer_flags_wait")
             .context("kernels/gemm/peer_flags.cu has no weft_gemm_peer_flags_wait")?;
+        let slot = ErrorSlot::new(ctx)?;
+        let bound = weft_sync_bound {
+            error_slot: slot.device_ptr(ctx)?,
+            budget_cycles: WaitBudget::default_for(ctx)?.cycles,
+        };
         Ok(Local {
             gemm,
             counters,
             map,
             side: high_priority_stream(ctx)?,
             wait,
-            slot: ErrorSlot::new(ctx)?,
+            slot,
+            bound,
         })
     }
 
@@ -245,11 +258,36 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
     ) -> anyhow::Result<()> {
         ensure!(
             !self.broken.load(Ordering::Relaxed),
-            "the copy-engine All-to-All: an earlier launch failed after its GEMM was enqueued, so its counters or flags may be stale; make a new one"
+            "the copy-engine All-to-All: an earlier launch failed after its free wait was enqueued, so its counters or flags may be stale; make a new one"
         );
+        // What can be refused is checked before the `free` wait consumes the flags.
         self.local.map.check::<TO>(self.received.len(), out.len())?;
-        let side = self.local.side.clone();
+        let GemmShape { m, n, k } = self.local.gemm.plan().shape;
+        ensure!(
+            a.len() >= (m * k) as usize && b.len() >= (k * n) as usize,
+            "the copy-engine All-to-All {m}x{n}x{k}: A holds {} elements (needs {}), B {} (needs {})",
+            a.len(),
+            m * k,
+            b.len(),
+            k * n
+        );
         self.wait_flags(compute, FREE)?;
+        let enqueued = self.enqueue_after_free(compute, a, b, out);
+        if enqueued.is_err() {
+            self.broken.store(true, Ordering::Relaxed);
+        }
+        enqueued
+    }
+
+    /// Everything of a launch after its `free` wait (see the module doc).
+    fn enqueue_after_free<TI: GemmElement>(
+        &mut self,
+        compute: &Arc<CudaStream>,
+        a: &CudaSlice<TI>,
+        b: &CudaSlice<TI>,
+        out: &mut CudaSlice<TO>,
+    ) -> anyhow::Result<()> {
+        let side = self.local.side.clone();
         side.join(compute)?;
         let local = &self.local;
         let extras = LaunchExtras {
@@ -261,21 +299,13 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
         local
             .gemm
             .launch_with(compute, a, b, &mut self.staging, extras)?;
-        let enqueued = (|| -> anyhow::Result<()> {
-            self.copy_groups(&side)?;
-            self.copy_own(compute)?;
-            compute.join(&side)?;
-            self.wait_flags(compute, READY)?;
-            let received = (self.received.local_ptr(), self.received.len());
-            self.local
-                .map
-                .scatter_from(compute, received.0, received.1, out)?;
-            self.write_flags(compute, FREE)
-        })();
-        if enqueued.is_err() {
-            self.broken.store(true, Ordering::Relaxed);
-        }
-        enqueued
+        self.copy_groups(&side)?;
+        self.copy_own(compute)?;
+        compute.join(&side)?;
+        self.wait_flags(compute, READY)?;
+        let (received, len) = (self.received.local_ptr(), self.received.len());
+        self.local.map.scatter_from(compute, received, len, out)?;
+        self.write_flags(compute, FREE)
     }
 
     /// On the side stream: per group, its wait, then one copy per peer with rows in it; then
