@@ -76,11 +76,8 @@ pub struct AllToAllCopyEngine<TO: GemmElement + PglElement + ValidAsZeroBits> {
     received: Pgl<TO>,
     /// (1, 1, 2, world): row READY and row FREE, flag i written by rank i.
     flags: Pgl<u64>,
-    bound: weft_sync_bound,
-    rank: usize,
-    world: usize,
-    /// Set when a launch failed after its GEMM was enqueued (counters or flags may be left
-    /// un-rearmed): refused from then on.
+    /// Set when a launch failed after its `free` wait was enqueued (counters or flags may be
+    /// left un-rearmed): refused from then on.
     broken: AtomicBool,
 }
 
@@ -159,15 +156,11 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
                 });
             }
         };
-        let bound = local.bound;
         Ok(Self {
             local,
             staging,
             received,
             flags,
-            bound,
-            rank,
-            world,
             broken: AtomicBool::new(false),
         })
     }
@@ -243,7 +236,7 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
 
     /// Bounds the flag and group waits by `budget`.
     pub fn set_budget(&mut self, budget: WaitBudget) {
-        self.bound.budget_cycles = budget.cycles;
+        self.local.bound.budget_cycles = budget.cycles;
         self.local.counters.set_budget(budget);
     }
 
@@ -313,7 +306,7 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
     fn copy_groups(&self, side: &Arc<CudaStream>) -> anyhow::Result<()> {
         for g in 0..self.groups().count() {
             self.local.counters.wait(side, g)?;
-            for q in (0..self.world).filter(|&q| q != self.rank) {
+            for q in (0..self.flags.world()).filter(|&q| q != self.flags.rank()) {
                 self.copy_pool(side, g, q)?;
             }
         }
@@ -323,7 +316,7 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
     /// On `compute`, after the GEMM: this rank's own pools into its received buffer.
     fn copy_own(&self, compute: &Arc<CudaStream>) -> anyhow::Result<()> {
         for g in 0..self.groups().count() {
-            self.copy_pool(compute, g, self.rank)?;
+            self.copy_pool(compute, g, self.flags.rank())?;
         }
         Ok(())
     }
@@ -352,9 +345,9 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
     /// Flag `row` = 1 at this rank's index on every peer, on `stream`.
     fn write_flags(&self, stream: &Arc<CudaStream>, row: u32) -> anyhow::Result<()> {
         stream.context().bind_to_thread()?;
-        for q in (0..self.world).filter(|&q| q != self.rank) {
+        for q in (0..self.flags.world()).filter(|&q| q != self.flags.rank()) {
             let at = self.flags.peer_ptr(q)
-                + 8 * (u64::from(row) * self.world as u64 + self.rank as u64);
+                + 8 * (u64::from(row) * self.flags.world() as u64 + self.flags.rank() as u64);
             // SAFETY: one u64 of rank q's flags, mapped here; default flags: a memory barrier
             // orders the stream's earlier work (the copies, the scatter) before the write.
             unsafe {
@@ -376,12 +369,12 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
     /// The bounded wait for every peer's flag in `row` (then rearmed), on `stream`.
     fn wait_flags(&self, stream: &Arc<CudaStream>, row: u32) -> anyhow::Result<()> {
         let p = weft_gemm_peer_flags_params {
-            flags: self.flags.local_ptr() + 8 * u64::from(row) * self.world as u64,
-            world: self.world as u32,
-            rank: self.rank as u32,
+            flags: self.flags.local_ptr() + 8 * u64::from(row) * self.flags.world() as u64,
+            world: self.flags.world() as u32,
+            rank: self.flags.rank() as u32,
             row,
             reserved: 0,
-            bound: self.bound,
+            bound: self.local.bound,
         };
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
