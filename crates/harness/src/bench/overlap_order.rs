@@ -7,10 +7,12 @@
 //!
 //! One process drives two GPUs: this rank's GPU runs both kernels and the copy writes into the
 //! next visible GPU. Under a launcher only rank 0 measures; the other ranks wait for it at a
-//! rendezvous barrier (their GPUs stay idle, apart from the peer GPU receiving the copy). Each
-//! mode runs in a child process (`weft __overlap-order-child`) with a fresh context, which is what
-//! CUDA_DEVICE_MAX_CONNECTIONS needs; the first child calibrates the sizes (compute alone on all
-//! SMs ≈ 4 ms, the copy alone ≈ 1 ms) and every mode uses them.
+//! rendezvous barrier (their GPUs stay idle, apart from the peer GPU receiving the copy). Modes run
+//! in child processes (`weft __overlap-order-child`), one per compute kernel and one more for
+//! CUDA_DEVICE_MAX_CONNECTIONS=1, which needs a fresh context; a child measures its modes one after
+//! the other on one set of buffers and prints a progress line per mode (forwarded to stderr). The
+//! first child calibrates the sizes (compute alone on all SMs ≈ 4 ms, the copy alone ≈ 1 ms) and
+//! every mode uses them.
 //!
 //! Per mode (medians over the repetitions, CUDA events for times, %globaltimer stamps for starts):
 //! T_comp and T_comm alone in the mode's configuration, T_total of the pair, the comm kernel's
@@ -37,7 +39,11 @@ pub const CHILD_COMMAND: &str = "__overlap-order-child";
 const DEFAULT_COMM_BLOCKS: u32 = 8;
 /// Overrides the comm kernel's block count.
 const COMM_BLOCKS_VAR: &str = "WEFT_OVERLAP_COMM_BLOCKS";
-const CHILD_TIMEOUT: Duration = Duration::from_secs(120);
+/// A child's bound: setup (contexts, inputs, the cuBLAS reference) plus each of its modes.
+const CHILD_SETUP_TIMEOUT: Duration = Duration::from_secs(90);
+const CHILD_MODE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Separates the modes' reports in a child's stdout: `mode <arg>`.
+const MODE_LINE: &str = "mode ";
 const BASELINE: &str = "nothing (unfavourable order)";
 /// The goals.
 const GOAL_EFFICIENCY: f64 = 0.9;
@@ -149,11 +155,12 @@ impl Mode {
     }
 }
 
-/// `weft __overlap-order-child MODE COMPUTE COMPUTE_GPU PEER_GPU TILES BYTES COMM_BLOCKS REPS SEED`:
-/// measures one mode and prints `key value` lines. Not a rank of any job.
+/// `weft __overlap-order-child MODE[,MODE…] COMPUTE COMPUTE_GPU PEER_GPU TILES BYTES COMM_BLOCKS
+/// REPS SEED`: measures the modes in order on one rig and prints, per mode, a `mode <arg>` line and
+/// its `key value` lines (and a progress line on stderr). Not a rank of any job.
 pub fn child(args: &[String]) -> anyhow::Result<()> {
-    let [mode, compute, a, b, tiles, bytes, blocks, reps, seed] = args else {
-        anyhow::bail!("usage: weft {CHILD_COMMAND} MODE COMPUTE COMPUTE_GPU PEER_GPU TILES BYTES COMM_BLOCKS REPS SEED");
+    let [modes, compute, a, b, tiles, bytes, blocks, reps, seed] = args else {
+        anyhow::bail!("usage: weft {CHILD_COMMAND} MODE[,MODE...] COMPUTE COMPUTE_GPU PEER_GPU TILES BYTES COMM_BLOCKS REPS SEED");
     };
     let cfg = Config {
         compute_gpu: a.parse()?,
@@ -165,26 +172,55 @@ pub fn child(args: &[String]) -> anyhow::Result<()> {
         seed: seed.parse()?,
         compute: Compute::from_arg(compute)?,
     };
-    match Mode::from_arg(mode)? {
-        Mode::Calibrate => {
-            let c = measure::calibrate(cfg)?;
-            println!("tiles {}\nbytes {}", c.tiles, c.bytes);
-        }
-        m => {
-            for (k, v) in measure::measure(m, cfg)?.fields() {
-                println!("{k} {v}");
-            }
+    let modes = modes
+        .split(',')
+        .map(Mode::from_arg)
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if modes == [Mode::Calibrate] {
+        let c = measure::calibrate(cfg)?;
+        println!("tiles {}\nbytes {}", c.tiles, c.bytes);
+        return Ok(());
+    }
+    anyhow::ensure!(
+        !modes.contains(&Mode::Calibrate),
+        "calibration runs alone in its child"
+    );
+    let start = Instant::now();
+    let mut rig = measure::Rig::new(cfg)?;
+    for m in modes {
+        let r = measure::measure(m, &mut rig)
+            .with_context(|| format!("{} ({})", m.name(), cfg.compute.name()))?;
+        eprintln!(
+            "weft bench: overlap-order {}, {}: T_total {:.3} ms, efficiency {:.0}% ({:.1} s)",
+            cfg.compute.arg(),
+            m.name(),
+            r.t_total_ms,
+            100.0 * r.efficiency(),
+            start.elapsed().as_secs_f64()
+        );
+        println!("{MODE_LINE}{}", m.arg());
+        for (k, v) in r.fields() {
+            println!("{k} {v}");
         }
     }
     Ok(())
 }
 
-/// Runs one mode's child (bounded) and returns its stdout.
-fn run_child(mode: Mode, cfg: &Config) -> anyhow::Result<String> {
+/// Runs a child for `modes` (bounded), its stderr forwarded line by line; returns its stdout.
+fn run_child(modes: &[Mode], cfg: &Config) -> anyhow::Result<String> {
+    use std::io::BufRead;
     let exe = std::env::current_exe()?;
     let mut cmd = std::process::Command::new(exe);
+    let names: Vec<String> = modes.iter().map(|m| m.arg()).collect();
+    let what = || {
+        format!(
+            "overlap-order {} ({})",
+            names.join(", "),
+            cfg.compute.name()
+        )
+    };
     cmd.arg(CHILD_COMMAND)
-        .arg(mode.arg())
+        .arg(names.join(","))
         .arg(cfg.compute.arg());
     for v in [
         cfg.compute_gpu as u64,
@@ -197,41 +233,100 @@ fn run_child(mode: Mode, cfg: &Config) -> anyhow::Result<String> {
     ] {
         cmd.arg(v.to_string());
     }
-    // Only the CUDA_DEVICE_MAX_CONNECTIONS mode sets it; the others measure the default.
-    if mode == Mode::MaxConnections1 {
+    // Only the CUDA_DEVICE_MAX_CONNECTIONS mode sets it (alone in its child); the others measure
+    // the default.
+    if modes == [Mode::MaxConnections1] {
         cmd.env("CUDA_DEVICE_MAX_CONNECTIONS", "1");
     } else {
+        anyhow::ensure!(
+            !modes.contains(&Mode::MaxConnections1),
+            "CUDA_DEVICE_MAX_CONNECTIONS=1 needs a child of its own"
+        );
         cmd.env_remove("CUDA_DEVICE_MAX_CONNECTIONS");
     }
     let mut child = cmd
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()?;
-    let deadline = Instant::now() + CHILD_TIMEOUT;
-    while child.try_wait()?.is_none() {
+    // Forward the child's progress as it comes and keep it for an error message; read its stdout
+    // on another thread so that neither pipe can fill up and stall it.
+    let stderr = child.stderr.take().context("the child's stderr")?;
+    let forward = std::thread::spawn(move || {
+        let mut kept = String::new();
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            eprintln!("{line}");
+            kept.push_str(&line);
+            kept.push('\n');
+        }
+        kept
+    });
+    let mut stdout_pipe = child.stdout.take().context("the child's stdout")?;
+    let collect = std::thread::spawn(move || {
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut stdout_pipe, &mut out).map(|_| out)
+    });
+    let bound = CHILD_SETUP_TIMEOUT + CHILD_MODE_TIMEOUT * modes.len() as u32;
+    let deadline = Instant::now() + bound;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
             anyhow::bail!(
-                "overlap-order {} ({}): the child process ran past {} s and was killed",
-                mode.name(),
-                cfg.compute.name(),
-                CHILD_TIMEOUT.as_secs()
+                "{}: the child process ran past {} s and was killed",
+                what(),
+                bound.as_secs()
             );
         }
         std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output()?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    };
+    let stderr = forward.join().unwrap_or_default();
+    let stdout = collect
+        .join()
+        .map_err(|_| anyhow::anyhow!("{}: reading the child's stdout panicked", what()))??;
     anyhow::ensure!(
-        out.status.success(),
-        "overlap-order {} ({}): the child process failed ({}): {}",
-        mode.name(),
-        cfg.compute.name(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr).trim()
+        status.success(),
+        "{}: the child process failed ({status}): {}",
+        what(),
+        stderr.trim()
     );
     Ok(stdout)
+}
+
+/// Splits a child's stdout into its modes' reports, in the order `modes` asked for them.
+fn parse_modes(stdout: &str, modes: &[Mode]) -> anyhow::Result<Vec<Measured>> {
+    let mut sections: Vec<(String, String)> = Vec::new();
+    for line in stdout.lines() {
+        if let Some(m) = line.strip_prefix(MODE_LINE) {
+            sections.push((m.trim().to_string(), String::new()));
+        } else if let Some((_, text)) = sections.last_mut() {
+            text.push_str(line);
+            text.push('\n');
+        }
+    }
+    anyhow::ensure!(
+        sections.len() == modes.len(),
+        "the child reported {} modes, {} were asked for",
+        sections.len(),
+        modes.len()
+    );
+    modes
+        .iter()
+        .zip(&sections)
+        .map(|(m, (arg, text))| {
+            anyhow::ensure!(
+                *arg == m.arg(),
+                "the child reported mode {arg:?} where {:?} was expected",
+                m.arg()
+            );
+            Measured::parse(text).with_context(|| m.name())
+        })
+        .collect()
 }
 
 pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
@@ -247,10 +342,11 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         })
     };
     if result.is_ok() {
-        // Other ranks idle here while rank 0 measures: one child per mode, each bounded by
-        // CHILD_TIMEOUT, so the wait may exceed the rendezvous' default bound.
-        job.rdzv
-            .set_timeout(CHILD_TIMEOUT * 32 + Duration::from_secs(60));
+        // Other ranks idle here while rank 0 measures: at most 8 children and 32 modes, each
+        // bounded, so the wait may exceed the rendezvous' default bound.
+        job.rdzv.set_timeout(
+            CHILD_SETUP_TIMEOUT * 8 + CHILD_MODE_TIMEOUT * 32 + Duration::from_secs(60),
+        );
         job.rdzv.barrier()?;
     }
     result
@@ -283,7 +379,8 @@ fn measure_all(job: &Job, quick: bool) -> anyhow::Result<SuiteResult> {
         seed,
         compute: Compute::Synthetic,
     };
-    let out = run_child(Mode::Calibrate, &cfg)?;
+    eprintln!("weft bench: overlap-order: calibrating the sizes");
+    let out = run_child(&[Mode::Calibrate], &cfg)?;
     let field = |k: &str| {
         out.lines()
             .find_map(|l| l.strip_prefix(k).and_then(|r| r.trim().parse::<u64>().ok()))
@@ -317,16 +414,37 @@ fn measure_all(job: &Job, quick: bool) -> anyhow::Result<SuiteResult> {
     let mut measured = Vec::new();
     for (compute, modes) in runs {
         let cfg = Config { compute, ..cfg };
-        for m in modes {
-            let what = || format!("{} ({})", m.name(), compute.name());
-            measured.push((
-                compute,
-                m,
-                Measured::parse(&run_child(m, &cfg)?).with_context(what)?,
-            ));
+        // CUDA_DEVICE_MAX_CONNECTIONS=1 in a child of its own; every other mode in one child.
+        let (alone, shared): (Vec<Mode>, Vec<Mode>) =
+            modes.into_iter().partition(|m| *m == Mode::MaxConnections1);
+        let mut got = Vec::new();
+        for group in [shared, alone] {
+            if group.is_empty() {
+                continue;
+            }
+            let reports =
+                parse_modes(&run_child(&group, &cfg)?, &group).with_context(|| compute.name())?;
+            got.extend(group.into_iter().zip(reports));
         }
+        // Report in the order of the mode list (MaxConnections1 after the unfavourable order).
+        got.sort_by_key(|(m, _)| mode_order(*m));
+        measured.extend(got.into_iter().map(|(m, r)| (compute, m, r)));
     }
     Ok(report(&cfg, &measured))
+}
+
+/// The table's order of the modes.
+fn mode_order(m: Mode) -> (u32, u32) {
+    match m {
+        Mode::Calibrate => (0, 0),
+        Mode::Favourable => (1, 0),
+        Mode::Nothing => (2, 0),
+        Mode::MaxConnections1 => (3, 0),
+        Mode::Margin(x) => (4, x),
+        Mode::HighPriority => (5, 0),
+        Mode::Barrier => (6, 0),
+        Mode::BarrierEarly => (7, 0),
+    }
 }
 
 fn report(cfg: &Config, measured: &[(Compute, Mode, Measured)]) -> SuiteResult {
@@ -358,7 +476,7 @@ fn report(cfg: &Config, measured: &[(Compute, Mode, Measured)]) -> SuiteResult {
     let mut rows = Vec::new();
     for (compute, mode, r) in measured {
         let base = base_of(*compute);
-        let efficiency = (r.t_comp_ms + r.t_comm_ms - r.t_total_ms) / r.t_comp_ms.min(r.t_comm_ms);
+        let efficiency = r.efficiency();
         let slowdown = r.comp_span_pair_ms / base.comp_span_alone_ms;
         let ratio = base.t_total_ms / r.t_total_ms;
         table.rows.push(vec![
@@ -496,4 +614,50 @@ fn padded_row(table: &Table, first: String) -> Vec<String> {
     let mut cells = vec![String::new(); table.headers.len()];
     cells[0] = first;
     cells
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(t_total: f64) -> String {
+        let r = Measured {
+            t_comp_ms: 4.0,
+            t_comm_ms: 1.0,
+            t_total_ms: t_total,
+            ..Default::default()
+        };
+        r.fields()
+            .iter()
+            .map(|(k, v)| format!("{k} {v}\n"))
+            .collect()
+    }
+
+    #[test]
+    fn a_childs_modes_are_split_in_order() {
+        let out = format!(
+            "{MODE_LINE}nothing\n{}{MODE_LINE}sm-margin-4\n{}",
+            report(5.0),
+            report(4.1)
+        );
+        let got = parse_modes(&out, &[Mode::Nothing, Mode::Margin(4)]).unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].efficiency(), 0.0); // nothing hidden: 4 + 1 - 5
+        assert!((got[1].efficiency() - 0.9).abs() < 1e-12); // (4 + 1 - 4.1) / 1
+    }
+
+    #[test]
+    fn a_missing_or_reordered_mode_is_an_error() {
+        let out = format!("{MODE_LINE}nothing\n{}", report(5.0));
+        let e = parse_modes(&out, &[Mode::Nothing, Mode::Barrier]).unwrap_err();
+        assert!(format!("{e:#}").contains("reported 1 modes, 2 were asked for"));
+        let e = parse_modes(&out, &[Mode::Barrier]).unwrap_err();
+        assert!(format!("{e:#}").contains("\"nothing\" where \"barrier\""));
+        let e = parse_modes(
+            &format!("{MODE_LINE}nothing\nt_comp_ms 1\n"),
+            &[Mode::Nothing],
+        )
+        .unwrap_err();
+        assert!(format!("{e:#}").contains("t_comm_ms"), "{e:#}");
+    }
 }

@@ -1,13 +1,15 @@
-//! The measuring side of `overlap-order`, run in a child process (`weft __overlap-order-child`) so
-//! that each mode gets a fresh CUDA context (CUDA_DEVICE_MAX_CONNECTIONS only applies to contexts
-//! created after it is set). One process drives two GPUs: the compute GPU runs both kernels, the
-//! copy writes into the peer GPU's memory (a single-process PGL, VMM backend).
+//! The measuring side of `overlap-order`, run in a child process (`weft __overlap-order-child`)
+//! with a fresh CUDA context (CUDA_DEVICE_MAX_CONNECTIONS only applies to contexts created after it
+//! is set); one child measures a list of modes of one compute kernel on one [`Rig`]. One process
+//! drives two GPUs: the compute GPU runs both kernels, the copy writes into the peer GPU's memory
+//! (a single-process PGL, VMM backend).
 
 use super::gemm_load::GemmLoad;
 use super::{Compute, Mode};
 use crate::timing::median;
+use crate::word_compare::WordCompare;
 use anyhow::Context;
-use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
@@ -38,16 +40,24 @@ pub struct Config {
     pub compute: Compute,
 }
 
-/// Both GPUs, the kernels, the buffers and the two streams of the compute GPU.
-struct Rig {
+/// Both GPUs, the kernels, the buffers and the streams of the compute GPU, for every mode a child
+/// measures.
+pub struct Rig {
     kernels: Kernels,
     compute: Arc<CudaStream>,
+    /// The comm stream of the current mode: `normal_comm` or, for the high-priority mode,
+    /// `high_comm`.
     comm: Arc<CudaStream>,
+    normal_comm: Arc<CudaStream>,
+    high_comm: Arc<CudaStream>,
     peer: Arc<CudaStream>,
     load: ComputeLoad,
     stamps: Stamps,
-    src: Vec<u32>,
+    /// The copy's source; the destination is compared with it on the compute GPU, which reads
+    /// the peer's buffer through its mapping.
     src_dev: CudaSlice<u32>,
+    words: usize,
+    compare: WordCompare,
     group: PglGroup<u32>,
     cfg: Config,
 }
@@ -67,7 +77,7 @@ fn open(ordinal: usize) -> anyhow::Result<Arc<CudaContext>> {
 }
 
 impl Rig {
-    fn new(cfg: Config, high_priority_comm: bool, sm_margin: u32) -> anyhow::Result<Self> {
+    pub fn new(cfg: Config) -> anyhow::Result<Self> {
         let (a, b) = (open(cfg.compute_gpu)?, open(cfg.peer_gpu)?);
         let words = (cfg.bytes / 4) as u32;
         let group =
@@ -79,11 +89,8 @@ impl Rig {
                     )
                 })?;
         let compute = a.new_stream()?;
-        let comm = if high_priority_comm {
-            weft_signal_gemm::overlap::high_priority_stream(&a)?
-        } else {
-            a.new_stream()?
-        };
+        let normal_comm = a.new_stream()?;
+        let high_comm = weft_signal_gemm::overlap::high_priority_stream(&a)?;
         let mut rng = StdRng::seed_from_u64(cfg.seed);
         let src: Vec<u32> = (0..words).map(|_| rng.random()).collect();
         let load = match cfg.compute {
@@ -93,25 +100,38 @@ impl Rig {
                 DEFAULT_ROUNDS,
                 rng.random(),
             )?),
-            Compute::Gemm(scheduling) => ComputeLoad::Gemm(GemmLoad::new(
-                &compute,
-                sm_margin,
-                scheduling,
-                rng.random(),
-            )?),
+            Compute::Gemm(scheduling) => {
+                ComputeLoad::Gemm(GemmLoad::new(&compute, scheduling, rng.random())?)
+            }
         };
         Ok(Self {
             load,
             kernels: Kernels::load(&a)?,
             stamps: Stamps::new(&compute)?,
             src_dev: compute.clone_htod(&src)?,
-            src,
+            words: src.len(),
+            compare: WordCompare::load(&compute)?,
             peer: b.new_stream()?,
+            comm: normal_comm.clone(),
+            normal_comm,
+            high_comm,
             compute,
-            comm,
             group,
             cfg,
         })
+    }
+
+    /// Sets up `mode`: its comm stream, and the GEMM planned with its margin (made once).
+    fn enter(&mut self, mode: Mode) -> anyhow::Result<()> {
+        self.comm = if mode == Mode::HighPriority {
+            self.high_comm.clone()
+        } else {
+            self.normal_comm.clone()
+        };
+        if let ComputeLoad::Gemm(g) = &mut self.load {
+            g.select(&self.compute, mode.sm_margin())?;
+        }
+        Ok(())
     }
 
     fn copy(&self) -> CopyArgs {
@@ -148,7 +168,7 @@ impl Rig {
             &self.peer,
             self.group.member(1).local_ptr(),
             POISON,
-            self.src.len(),
+            self.words,
         )?;
         self.peer.synchronize()?;
         self.compute.synchronize()?;
@@ -168,15 +188,22 @@ impl Rig {
         if !ran.comm {
             return Ok(checked);
         }
-        let mut got = vec![0u32; self.src.len()];
-        self.group.member(1).context().bind_to_thread()?;
-        // SAFETY: the peer's buffer holds exactly src.len() words; every kernel writing it is done.
-        unsafe { result::memcpy_dtoh_sync(&mut got, self.group.member(1).local_ptr()) }?;
-        if got != self.src {
-            let bad: Vec<usize> = (0..got.len()).filter(|&i| got[i] != self.src[i]).collect();
-            anyhow::bail!("{what}: copy destination: {} of {} words differ, first at word {} ({:#x}, expected {:#x})", bad.len(), got.len(), bad[0], got[bad[0]], self.src[bad[0]]);
+        // Every word of the destination against the source, on the compute GPU (it reads the
+        // peer's buffer through its mapping; the copy's kernels are done: timed() synchronised).
+        let (src, _g) = self.src_dev.device_ptr(&self.compute);
+        let dst = self.group.member(0).peer_ptr(1);
+        self.compare.reset(&self.compute)?;
+        self.compare
+            .enqueue_raw(&self.compute, src, dst, 4 * self.words)?;
+        if let Some(d) = self.compare.take(&self.compute)? {
+            anyhow::bail!(
+                "{what}: copy destination: {} of {} words differ from the source, first at word {}",
+                d.words,
+                self.words,
+                d.first_word
+            );
         }
-        Ok(checked + got.len() as u64)
+        Ok(checked + self.words as u64)
     }
 }
 
@@ -230,6 +257,11 @@ pub struct Measured {
 }
 
 impl Measured {
+    /// Overlap efficiency: (T_comp + T_comm − T_total) / min(T_comp, T_comm).
+    pub fn efficiency(&self) -> f64 {
+        (self.t_comp_ms + self.t_comm_ms - self.t_total_ms) / self.t_comp_ms.min(self.t_comm_ms)
+    }
+
     pub fn fields(&self) -> Vec<(&'static str, f64)> {
         vec![
             ("t_comp_ms", self.t_comp_ms),
@@ -309,11 +341,12 @@ fn timed(
     Ok((ms, stamps, checked))
 }
 
-/// Measures one mode: compute alone and comm alone in the mode's configuration, then the pair in
-/// the unfavourable order (compute issued first), `cfg.reps` times each.
-pub fn measure(mode: Mode, cfg: Config) -> anyhow::Result<Measured> {
+/// Measures one mode on `rig`: compute alone and comm alone in the mode's configuration, then the
+/// pair in the unfavourable order (compute issued first), `cfg.reps` times each.
+pub fn measure(mode: Mode, rig: &mut Rig) -> anyhow::Result<Measured> {
     let margin = mode.sm_margin();
-    let mut rig = Rig::new(cfg, mode == Mode::HighPriority, margin)?;
+    rig.enter(mode)?;
+    let cfg = rig.cfg;
     let (blocks, compute_regs, comm_regs) = (
         cfg.comm_blocks,
         rig.kernels.registers()?.0,
@@ -331,7 +364,7 @@ pub fn measure(mode: Mode, cfg: Config) -> anyhow::Result<Measured> {
         // Repetition 0 is a warm-up whose outputs are checked in full.
         let full = rep == 0;
         let (ms, s, n) = timed(
-            &mut rig,
+            rig,
             COMPUTE,
             full,
             &format!("{name}: compute alone"),
@@ -342,16 +375,10 @@ pub fn measure(mode: Mode, cfg: Config) -> anyhow::Result<Measured> {
             comp.push(ms);
             span_alone.push(ns_ms(s.compute_end - s.compute_start));
         }
-        let (ms, _, n) = timed(
-            &mut rig,
-            COMM,
-            full,
-            &format!("{name}: comm alone"),
-            &mut |r| {
-                r.kernels
-                    .launch_comm(&r.comm, &r.copy(), &r.stamps, None, blocks)
-            },
-        )?;
+        let (ms, _, n) = timed(rig, COMM, full, &format!("{name}: comm alone"), &mut |r| {
+            r.kernels
+                .launch_comm(&r.comm, &r.copy(), &r.stamps, None, blocks)
+        })?;
         checked += n;
         if rep > 0 {
             comm.push(ms);
@@ -359,7 +386,7 @@ pub fn measure(mode: Mode, cfg: Config) -> anyhow::Result<Measured> {
         let target = if barrier { bar.expect(1)? } else { 0 };
         let view = bar.view();
         let (ms, s, n) = timed(
-            &mut rig,
+            rig,
             BOTH,
             full,
             &format!("{name}: overlapped pair, repetition {rep}"),
@@ -479,14 +506,10 @@ pub fn calibrate(mut cfg: Config) -> anyhow::Result<Config> {
     };
     cfg.tiles = 8 * sms;
     cfg.bytes = 64 << 20;
-    let mut rig = Rig::new(
-        Config {
-            compute: Compute::Synthetic,
-            ..cfg
-        },
-        false,
-        0,
-    )?;
+    let mut rig = Rig::new(Config {
+        compute: Compute::Synthetic,
+        ..cfg
+    })?;
     let (mut comp, mut comm) = (Vec::new(), Vec::new());
     for rep in 0..6 {
         let (c, _, _) = timed(&mut rig, COMPUTE, false, "calibration: compute", &mut |r| {
