@@ -26,22 +26,14 @@ __device__ __forceinline__ void signal(const weft_sync_counters& bar, weft_tile_
 // Adds `val` to every rank's counter at `coord` (this rank's included): a loop of peer atomics,
 // starting after this rank so that ranks do not all hit rank 0 first. One fence.acq_rel.sys then
 // relaxed adds: each add forms a release pattern with the fence, at the cost of one fence.
-// The coordinate is checked once (its offset is the same in every rank's buffer); per rank only
-// the mapping is checked, and the next rank is found without a division: on the barrier's path
-// these cost about 0.5 us per call (2 x H200, one thread per rank).
 // (A multicast variant would be one multimem.red; weft never emits multimem in default builds.)
 __device__ __forceinline__ void signal_all(const weft_sync_counters& bar, weft_tile_coord coord, uint64_t val = 1) {
-  const int32_t world = bar.view.world, rank = bar.view.rank;
-  const uint64_t* own = counter_or_trap(bar, coord, rank, WEFT_SYNC_PRIM_SIGNAL);
-  const uint64_t offset = reinterpret_cast<uint64_t>(own) - bar.view.base[rank];
+  const int32_t world = bar.view.world;
+  counter_or_trap(bar, coord, bar.view.rank, WEFT_SYNC_PRIM_SIGNAL);  // same offset on every rank
   mo::fence_acq_rel_sys();
-  int32_t r = rank;
   for (int32_t i = 1; i <= world; ++i) {
-    r = r + 1 == world ? 0 : r + 1;
-    uint64_t* p = r < WEFT_PGL_MAX_RANKS && bar.view.base[r] != 0
-                      ? reinterpret_cast<uint64_t*>(bar.view.base[r] + offset)
-                      : counter_or_trap(bar, coord, r, WEFT_SYNC_PRIM_SIGNAL);  // reports and traps
-    mo::red_add_relaxed_sys(p, val);
+    const int32_t r = (bar.view.rank + i) % world;
+    mo::red_add_relaxed_sys(counter_or_trap(bar, coord, r, WEFT_SYNC_PRIM_SIGNAL), val);
   }
 }
 
