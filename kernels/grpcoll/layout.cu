@@ -64,13 +64,15 @@ __device__ void reject(const weft_grpcoll_layout_params& p, uint32_t* bad, uint3
   }
 }
 
-// Exclusive prefix sum of v over the warp; returns it and sets `total` to the warp's sum.
-__device__ __forceinline__ uint32_t warp_scan(uint32_t v, uint32_t& total) {
+// Exclusive prefix sum of v over the warp; returns it and sets `total` to the warp's sum. In 64
+// bits: 32 row counts of up to 2^32 - 1 cannot wrap it, so a split list whose 32-bit sum wraps
+// to a small number is seen at its true size (and refused against the capacity).
+__device__ __forceinline__ uint64_t warp_scan(uint64_t v, uint64_t& total) {
   const uint32_t lane = threadIdx.x & 31;
-  uint32_t x = v;
+  uint64_t x = v;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
-    const uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
+    const uint64_t y = __shfl_up_sync(0xffffffffu, x, o);
     if (lane >= uint32_t(o)) x += y;
   }
   total = __shfl_sync(0xffffffffu, x, 31);
@@ -123,9 +125,9 @@ extern "C" __global__ void __launch_bounds__(1024) weft_grpcoll_layout(const __g
       if (i < n && (mask & ~all) != 0) reject(p, &bad, WEFT_GRPCOLL_BAD_MASK, side, r, r, i, 0, all, mask);
       if (i < n && single && popcount(mask) != 1) reject(p, &bad, WEFT_GRPCOLL_BAD_PEER_COUNT, side, r, r, i, 0, 1, popcount(mask));
       if (i < n && !single && side == 1 && mask == 0) reject(p, &bad, WEFT_GRPCOLL_BAD_PEER_COUNT, side, r, r, i, 0, 1, 0);
-      uint32_t total;
-      const uint32_t before = warp_scan(rows, total);
-      if (i < n) off[i] = uint32_t(base + before);
+      uint64_t total;
+      const uint64_t before = warp_scan(rows, total);
+      if (i < n) off[i] = uint32_t(base + before);  // only used when base stays within the limit
       base += total;
     }
     const uint64_t limit = side == 0 ? p.max_input_rows : p.max_output_rows;
@@ -189,13 +191,13 @@ extern "C" __global__ void __launch_bounds__(1024) weft_grpcoll_layout(const __g
     const uint32_t* masks = L.masks(L.me, side);
     const uint32_t* off = L.offsets(L.me, side);
     auto* items = reinterpret_cast<weft_grpcoll_item*>(p.items);
-    uint32_t at = 0;
+    uint64_t at = 0;
     for (uint32_t i0 = 0; i0 < n; i0 += 32) {
       const uint32_t i = i0 + lane;
       const uint32_t mask = i < n ? masks[i] : 0u;
-      const uint32_t chunks = (i < n && mask != 0) ? (rows[i] + p.chunk - 1) / p.chunk : 0u;
-      uint32_t total;
-      const uint32_t first = at + warp_scan(chunks, total);
+      const uint32_t chunks = (i < n && mask != 0) ? uint32_t((uint64_t(rows[i]) + p.chunk - 1) / p.chunk) : 0u;
+      uint64_t total;
+      const uint64_t first = at + warp_scan(chunks, total);
       for (uint32_t c = 0; c < chunks && first + c < p.max_items; ++c) {
         // Written field by field in place (entries past npeers are never read).
         weft_grpcoll_item& it = items[first + c];
@@ -215,7 +217,10 @@ extern "C" __global__ void __launch_bounds__(1024) weft_grpcoll_layout(const __g
       at += total;
     }
     // Capacity sizing makes this impossible; a report beats a silent truncation all the same.
-    if (lane == 0 && at > p.max_items) reject(p, &bad, WEFT_GRPCOLL_BAD_ROWS, 2, L.me, L.me, at, 0, p.max_items, at);
+    if (lane == 0 && at > p.max_items) {
+      const uint32_t seen = uint32_t(at > 0xffffffffu ? 0xffffffffu : at);
+      reject(p, &bad, WEFT_GRPCOLL_BAD_ROWS, 2, L.me, L.me, seen, 0, p.max_items, seen);
+    }
     if (lane == 0) *reinterpret_cast<uint32_t*>(p.nitems) = bad == 0 ? at : 0u;
   }
 }

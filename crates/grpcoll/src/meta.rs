@@ -127,11 +127,16 @@ pub(crate) fn validate_local(kind: Kind, d: &Desc, world: usize) -> anyhow::Resu
                 peers.len()
             ));
         }
-        let sum: usize = splits.iter().sum();
-        if sum != rows {
-            errs.push(format!(
+        // Checked: a wrapped sum could equal `rows` with splits far beyond the tensor.
+        match splits.iter().try_fold(0usize, |a, &s| a.checked_add(s)) {
+            None => errs.push(format!(
+                "{side}_split_rows sum past {} rows (a split is far larger than the {side}'s {rows} rows)",
+                usize::MAX
+            )),
+            Some(sum) if sum != rows => errs.push(format!(
                 "{side}_split_rows sum to {sum} rows but the {side} has {rows} rows"
-            ));
+            )),
+            Some(_) => {}
         }
         if rows > u32::MAX as usize {
             errs.push(format!(
@@ -561,5 +566,94 @@ mod tests {
             e.contains("rank 2 has accumulate 0 but rank 0 has 1"),
             "{e}"
         );
+    }
+
+    mod hostile {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Split row counts from anywhere in usize: small ones, and ones near usize::MAX whose
+        /// sum with small ones wraps to a small number.
+        fn rows() -> impl Strategy<Value = usize> {
+            prop_oneof![4 => 0usize..64, 1 => any::<usize>(), 2 => (usize::MAX - 64)..=usize::MAX]
+        }
+
+        /// One side in a world of `world` ranks: splits, a peer list per split (mostly valid,
+        /// sometimes naming a rank outside the world or one twice), and the side's row count set
+        /// to the splits' *wrapping* sum (self-consistent to a checker that forgets overflow) or
+        /// to anything.
+        fn side(world: usize) -> impl Strategy<Value = (usize, Vec<usize>, Vec<Vec<usize>>)> {
+            let peers = prop_oneof![
+                8 => prop::sample::subsequence((0..world).collect::<Vec<_>>(), 1..=world),
+                1 => prop::collection::vec(0usize..world + 2, 0..4),
+            ];
+            prop::collection::vec((rows(), peers), 0..5)
+                .prop_flat_map(|splits| {
+                    let wrapped = splits.iter().fold(0usize, |a, (r, _)| a.wrapping_add(*r));
+                    (
+                        prop_oneof![4 => Just(wrapped), 1 => any::<usize>()],
+                        Just(splits),
+                    )
+                })
+                .prop_map(|(total, splits)| {
+                    let (rows, peers) = splits.into_iter().unzip();
+                    (total, rows, peers)
+                })
+        }
+
+        fn desc() -> impl Strategy<Value = (usize, Desc)> {
+            (1usize..5).prop_flat_map(|world| {
+                (Just(world), side(world), side(world)).prop_map(|(world, i, o)| {
+                    let d = Desc {
+                        input_rows: i.0,
+                        input_split_rows: i.1,
+                        input_peers: i.2,
+                        output_rows: o.0,
+                        output_split_rows: o.1,
+                        output_peers: o.2,
+                    };
+                    (world, d)
+                })
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(4096))]
+            /// Whatever it is given, validate_local accepts only metadata whose splits truly sum
+            /// (in u128) to the side's rows, within u32, with one peer list per split naming
+            /// distinct ranks of the world — what the plan's offsets and the kernels' u32 rows
+            /// rely on. The reference below is computed independently of the checker.
+            #[test]
+            fn accepts_only_consistent_metadata((world, d) in desc(), reduce in any::<bool>()) {
+                let kind = if reduce { Kind::Reduce } else { Kind::Cast };
+                if validate_local(kind, &d, world).is_ok() {
+                    for (rows, splits, peers) in [
+                        (d.input_rows, &d.input_split_rows, &d.input_peers),
+                        (d.output_rows, &d.output_split_rows, &d.output_peers),
+                    ] {
+                        let exact: u128 = splits.iter().map(|&s| s as u128).sum();
+                        prop_assert_eq!(exact, rows as u128);
+                        prop_assert!(rows <= u32::MAX as usize);
+                        prop_assert_eq!(splits.len(), peers.len());
+                        for list in peers {
+                            prop_assert!(list.iter().all(|&r| r < world));
+                            let mut sorted = list.clone();
+                            sorted.sort_unstable();
+                            sorted.dedup();
+                            prop_assert_eq!(sorted.len(), list.len());
+                        }
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn a_sum_that_wraps_is_refused() {
+            let mut d = cast(vec![1, 2], vec![vec![0], vec![0]], vec![3], vec![0]);
+            d.input_split_rows = vec![usize::MAX - 7, 12]; // wraps to 4
+            d.input_rows = 4;
+            let e = validate_local(Kind::Cast, &d, 1).unwrap_err().to_string();
+            assert!(e.contains("input_split_rows sum past"), "{e}");
+        }
     }
 }

@@ -145,7 +145,10 @@ pub(crate) fn validate_args(
         );
     }
     for (t, &e) in row_elems.iter().enumerate() {
-        if e == 0 || e * data.size() > u32::MAX as usize {
+        if e == 0
+            || e.checked_mul(data.size())
+                .is_none_or(|b| b > u32::MAX as usize)
+        {
             bail!("{what}: tensor {t}: row_elems {e} must be at least 1 and a row at most 4 GiB");
         }
     }

@@ -123,6 +123,10 @@ pub fn bind_multicast<T: PglElement>(
     let root = rdzv.broadcast(0, &announce)?;
     let mc = match mc0 {
         Some(mc) => Ok(mc),
+        None if root.len() != 8 => Err(anyhow::anyhow!(
+            "malformed multicast announcement from rank 0: {} bytes, expected 8 (pid, fd)",
+            root.len()
+        )),
         None => {
             let pid = u32::from_le_bytes(root[0..4].try_into().unwrap());
             let fd = RawFd::from_le_bytes(root[4..8].try_into().unwrap());

@@ -48,6 +48,7 @@ pub fn cases() -> Vec<Case> {
             reduce::<bf16>(j, Op::Lse)
         }),
         Case::gpu("grpcoll::errors::device_meta_disagreement", disagreement),
+        Case::gpu("grpcoll::errors::device_meta_wrapping_rows", wrapping_rows),
     ]
 }
 
@@ -232,6 +233,58 @@ fn disagreement(job: &mut Job) -> anyhow::Result<()> {
     let checked = weft_pgl::agree(
         &mut job.rdzv,
         "grpcoll device-metadata disagreement trial",
+        checked,
+    );
+    plan.free(&mut job.rdzv)?;
+    checked
+}
+
+/// Device metadata written by the user's own code (here raw words, past the host's checks) whose
+/// row counts sum to a small number only modulo 2^32: every rank sends [2^32 - 4, 8] rows to the
+/// next rank and expects the same from the previous one, which is 4 rows in 32-bit arithmetic and
+/// consistent on both sides of every pair. The layout kernel sums in 64 bits and must refuse it
+/// against the capacity (8 rows) on every rank, moving nothing.
+fn wrapping_rows(job: &mut Job) -> anyhow::Result<()> {
+    let (rank, world) = (job.rank(), job.world());
+    let stream = gpu_stream(job)?;
+    let cap = Capacity {
+        max_splits: 2,
+        max_input_rows: 8,
+        max_output_rows: 8,
+    };
+    let mut plan =
+        GroupCast::<f32>::new_device(&mut job.rdzv, &stream, cap, &[16], Options::default())?;
+    let checked = (|| -> anyhow::Result<()> {
+        let to = 1u32 << ((rank + 1) % world);
+        let from = 1u32 << ((rank + world - 1) % world);
+        let huge = u32::MAX - 3; // huge + 8 = 4 modulo 2^32
+                                 // The device layout (weft/grpcoll.h): split counts, then per side the rows and peer masks
+                                 // of max_splits splits.
+        let words = [2, 2, huge, 8, to, to, huge, 8, from, from];
+        write(plan.input(), &vec![1.5f32; plan.input().len()])?;
+        write(plan.output(), &vec![f32::NAN; plan.output().len()])?;
+        let meta = plan
+            .device_meta()
+            .ok_or_else(|| anyhow::anyhow!("a device-metadata plan without its metadata buffer"))?;
+        write(meta, &words)?;
+        plan.run()?;
+        let needle = "splits sum to 4294967295 rows; the capacity is 8";
+        match plan.synchronize() {
+            Ok(()) => anyhow::bail!("row counts that wrap in 32 bits were accepted"),
+            Err(e) => anyhow::ensure!(
+                format!("{e:#}").contains(needle),
+                "expected {needle:?}, got: {e:#}"
+            ),
+        }
+        anyhow::ensure!(
+            read(plan.output())?.iter().all(|v| v.is_nan()),
+            "a rejected layout wrote output rows"
+        );
+        Ok(())
+    })();
+    let checked = weft_pgl::agree(
+        &mut job.rdzv,
+        "grpcoll device-metadata wrapping-rows trial",
         checked,
     );
     plan.free(&mut job.rdzv)?;
