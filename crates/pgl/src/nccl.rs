@@ -30,6 +30,40 @@ impl ReduceOp {
     }
 }
 
+/// The variable NCCL reads to enable NVLink SHARP (NVLS, multicast), and weft's opt-in to leave
+/// it to NCCL. NVLS uses NVLink multicast, which can put shared GPUs out of service: weft's
+/// communicators run with it off unless the user asks for it.
+pub const NVLS_VAR: &str = "NCCL_NVLS_ENABLE";
+pub const NVLS_OPT_IN_VAR: &str = "WEFT_NCCL_NVLS";
+
+/// What [`NVLS_VAR`] must be set to before NCCL reads it, given the two variables' values: "0"
+/// unless the user already set it (their choice stands) or opted in with `WEFT_NCCL_NVLS=1`.
+pub fn nvls_override(
+    nccl_nvls_enable: Option<&str>,
+    weft_opt_in: Option<&str>,
+) -> Option<&'static str> {
+    match (nccl_nvls_enable, weft_opt_in.map(str::trim)) {
+        (Some(_), _) => None,
+        (None, Some("1")) => None,
+        (None, _) => Some("0"),
+    }
+}
+
+/// Sets NCCL_NVLS_ENABLE=0 in this process (see [`nvls_override`]) before its first
+/// communicator: NCCL reads the variable when it initialises a communicator.
+fn keep_nvls_off() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let current = std::env::var(NVLS_VAR).ok();
+        let opt_in = std::env::var(NVLS_OPT_IN_VAR).ok();
+        if let Some(v) = nvls_override(current.as_deref(), opt_in.as_deref()) {
+            // Before the process's first NCCL communicator, from the thread that creates it
+            // (weft's own threads do not read the environment).
+            std::env::set_var(NVLS_VAR, v);
+        }
+    });
+}
+
 /// True when libnccl can be loaded (checked before any NCCL call; a missing library would panic).
 pub fn is_available() -> bool {
     // SAFETY: only tries to dlopen the library.
@@ -102,6 +136,7 @@ impl Communicator {
                 rdzv.rank()
             );
         }
+        keep_nvls_off();
         let id_bytes: Vec<u8> = if rdzv.rank() == 0 {
             let id = Id::new().map_err(|e| anyhow::anyhow!("ncclGetUniqueId failed: {e:?}"))?;
             id.internal().iter().map(|&c| c as u8).collect()
@@ -533,5 +568,24 @@ fn default_config() -> sys::ncclConfig_t {
         nvlsCTAs: UNDEF_INT,
         nChannelsPerNetPeer: UNDEF_INT,
         nvlinkCentricSched: UNDEF_INT,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nvls_override;
+
+    #[test]
+    fn nvls_is_off_unless_asked_for() {
+        // Nothing set: weft turns it off.
+        assert_eq!(nvls_override(None, None), Some("0"));
+        assert_eq!(nvls_override(None, Some("0")), Some("0"));
+        assert_eq!(nvls_override(None, Some("yes")), Some("0"));
+        // The opt-in leaves NCCL's default.
+        assert_eq!(nvls_override(None, Some("1")), None);
+        assert_eq!(nvls_override(None, Some(" 1 ")), None);
+        // A value the user set stands, whatever it is.
+        assert_eq!(nvls_override(Some("1"), None), None);
+        assert_eq!(nvls_override(Some("0"), Some("1")), None);
     }
 }
