@@ -67,6 +67,10 @@ fn main() -> ExitCode {
         Some("__sync-timeout-child") => {
             suites::sync_timeout_child(&args[1..]).map(|()| ExitCode::SUCCESS)
         }
+        // Internal: the GEMM row-slots trial runs its trapping kernel in this child process.
+        Some(suites::GEMM_ROW_SLOTS_CHILD) => {
+            suites::gemm_row_slots_child(&args[1..]).map(|()| ExitCode::SUCCESS)
+        }
         // Internal: each overlap-order mode is measured in this child process (fresh context).
         Some(bench::overlap_order::CHILD_COMMAND) => {
             bench::overlap_order::child(&args[1..]).map(|()| ExitCode::SUCCESS)

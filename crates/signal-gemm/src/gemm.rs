@@ -622,7 +622,9 @@ impl Gemm {
             (_, None) => {}
         }
         match (layout, row_slots) {
-            (OutputLayout::RowSlots { .. }, Some(table)) => {
+            (OutputLayout::RowSlots { slots }, Some(table)) => {
+                // The kernel checks every entry it uses against this (a caller's table).
+                p.row_slot_count = slots;
                 let need = u64::from(plan.tiles()) * u64::from(WEFT_GEMM_TILE_M);
                 ensure!(
                     table.len() as u64 >= need,

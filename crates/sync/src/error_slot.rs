@@ -104,6 +104,9 @@ pub fn primitive_name(id: i32) -> &'static str {
         abi::WEFT_SYNC_PRIM_MBARRIER_WAIT => "mbarrier wait",
         abi::WEFT_SYNC_PRIM_WAIT_UNORDERED => "unordered wait",
         abi::WEFT_SYNC_PRIM_WAVE_GROUP => "wave-group wait (b = group)",
+        abi::WEFT_SYNC_PRIM_GEMM_ROW_SLOTS => {
+            "GEMM row-slots store (r = tile index, c = row in the tile)"
+        }
         _ => "unknown primitive",
     }
 }
@@ -139,6 +142,11 @@ pub fn describe(s: &weft_error_slot, clock_khz: u32) -> Option<String> {
             "rank {}: sync {prim} was given counter {at} of rank {}, outside the counter layout (coordinate past the \
              shape, rank outside the job, unmapped buffer or counters that are not 8-byte) {whence}",
             s.rank, s.target_rank
+        )),
+        abi::WEFT_SYNC_STATUS_BAD_INDEX => Some(format!(
+            "rank {}: {prim} read entry {at} of a table: it holds {}, but what it indexes has only {} (no store \
+             was made past it) {whence}",
+            s.rank, s.observed, s.expected
         )),
         abi::WEFT_SYNC_STATUS_SMEM => Some(format!(
             "rank {}: kernel launched with {} bytes of dynamic shared memory, needs {} (host and kernel disagree on \
@@ -213,6 +221,13 @@ mod tests {
             msg.starts_with(
                 "rank 2: sync signal was given counter (b 0, d 1, row 3, col 5) of rank 2, outside"
             ),
+            "{msg}"
+        );
+        s.status = abi::WEFT_SYNC_STATUS_BAD_INDEX as i32;
+        s.primitive = abi::WEFT_SYNC_PRIM_GEMM_ROW_SLOTS as i32;
+        let msg = describe(&s, 1_980_000).unwrap();
+        assert!(
+            msg.starts_with("rank 2: GEMM row-slots store (r = tile index, c = row in the tile) read entry (b 0, d 1, row 3, col 5) of a table: it holds 12, but what it indexes has only 17"),
             "{msg}"
         );
         s.status = abi::WEFT_SYNC_STATUS_WRITING as i32;

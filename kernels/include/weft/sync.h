@@ -12,6 +12,7 @@
 #define WEFT_SYNC_STATUS_TIMEOUT 2    // a wait ran past its cycle budget
 #define WEFT_SYNC_STATUS_BAD_COORD 3  // a coordinate or rank outside the counter layout
 #define WEFT_SYNC_STATUS_SMEM 4       // launched with less dynamic shared memory (observed) than the kernel needs (expected)
+#define WEFT_SYNC_STATUS_BAD_INDEX 5  // a table entry (observed) indexes past its target's count (expected); coord names the entry
 
 // weft_error_slot.primitive: which primitive gave up.
 #define WEFT_SYNC_PRIM_WAIT 1           // wait(): poll one rank's counter, .sys scope acquire
@@ -22,6 +23,7 @@
 #define WEFT_SYNC_PRIM_MBARRIER_WAIT 6  // mbarrier parity wait inside one SM
 #define WEFT_SYNC_PRIM_WAIT_UNORDERED 7 // unordered::wait() (relaxed poll, no acquire)
 #define WEFT_SYNC_PRIM_WAVE_GROUP 8     // signal-gemm's wave-group wait kernel (coord.b = group)
+#define WEFT_SYNC_PRIM_GEMM_ROW_SLOTS 9 // the GEMM's row-slots store (coord: 7, 0, tile index, row in tile)
 
 // What the first thread whose wait expired saw. Lives in host-mapped pinned memory so the host can
 // read it after the kernel trapped and its context died.

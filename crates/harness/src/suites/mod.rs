@@ -9,6 +9,7 @@ mod fused_all_gather;
 mod fused_all_reduce;
 mod fused_reduce_scatter;
 mod gemm;
+mod gemm_row_slots;
 mod graph_capture;
 mod grpcoll;
 mod grpcoll_device_meta;
@@ -34,6 +35,7 @@ fn gpu(job: &Job) -> anyhow::Result<(Arc<CudaContext>, Arc<CudaStream>)> {
     Ok((g.ctx.clone(), g.stream.clone()))
 }
 
+pub use gemm_row_slots::{child as gemm_row_slots_child, CHILD_COMMAND as GEMM_ROW_SLOTS_CHILD};
 pub use sync::timeout_child as sync_timeout_child;
 
 /// Every trial, in the order every rank runs them.
@@ -47,6 +49,7 @@ pub fn all() -> Vec<Case> {
     cases.extend(grpcoll::cases());
     cases.extend(collectives::cases());
     cases.extend(gemm::cases());
+    cases.extend(gemm_row_slots::cases());
     cases.extend(overlap::cases());
     cases.extend(reduce_scatter::cases());
     cases.extend(graph_capture::cases());

@@ -6,6 +6,8 @@
 //!   counters and runs again from epoch 0.
 //! - barrier laps: random per-rank delays; after every barrier each rank checks every peer's
 //!   announced lap.
+//! - negative control: the ring stress with relaxed accesses and no fences must show wrong
+//!   payload elements (the in-kernel checks can see a missing release/acquire).
 //! - a deliberately missing signal, and a coordinate outside the layout, each run in a child
 //!   process (a trap poisons every context of its process on this driver): the error names rank,
 //!   primitive, coordinate, expected and observed value, within the bound, and the rank's own
@@ -47,6 +49,7 @@ pub fn cases() -> Vec<Case> {
         }),
         Case::gpu("sync::stress::inter_sm", |j| stress(j, StressMode::InterSm)),
         Case::gpu("sync::barrier::laps_random_delays", barrier_laps),
+        Case::gpu("sync::negative_control::relaxed_ring", relaxed_ring),
         Case::gpu("sync::timeout::missing_signal", |j| {
             not_on_shared_gpu(j)?;
             missing_signal(j)
@@ -112,6 +115,53 @@ fn stress(job: &mut Job, mode: StressMode) -> anyhow::Result<()> {
     });
     let freed = s.free(&mut job.rdzv);
     checked.and(freed)
+}
+
+/// Rounds of the negative control (the bench's relaxed ring saw 94 % of the elements wrong).
+const RELAXED_ROUNDS: u32 = 20_000;
+
+/// The ring stress without release/acquire (relaxed flags, no fences): data may arrive after its
+/// flag, and the same in-kernel checks that pass the ordered ring must count wrong elements on
+/// some rank. If they counted none, the stress trials could not tell a missing fence.
+fn relaxed_ring(job: &mut Job) -> anyhow::Result<()> {
+    if job.world() < 2 {
+        return Err(Skip("the ring needs two ranks".into()).into());
+    }
+    let seed = shared_seed(job)?;
+    let (ctx, stream) = context_and_stream(job)?;
+    let budget = WaitBudget::default_for(&ctx)?;
+    let mut s = Stress::alloc(
+        &mut job.rdzv,
+        &ctx,
+        StressMode::Ring,
+        MAX_ELEMS,
+        SLOTS,
+        budget,
+    )?;
+    let counted = (|| -> anyhow::Result<(u64, u64)> {
+        let pending = s.launch(&stream, RELAXED_ROUNDS, seed, Ordering::Relaxed)?;
+        let r = s.finish(&stream, pending)?;
+        Ok((r.mismatches, r.checked))
+    })();
+    let freed = s.free(&mut job.rdzv);
+    let (bad, checked) = counted?;
+    freed?;
+    let mine = [bad.to_le_bytes(), checked.to_le_bytes()].concat();
+    let all = job.rdzv.all_gather(&mine)?;
+    let word = |b: &[u8], i: usize| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().unwrap());
+    anyhow::ensure!(
+        all.iter().all(|b| b.len() == 16),
+        "malformed negative-control counts from a rank"
+    );
+    let (bad, checked): (u64, u64) = all
+        .iter()
+        .fold((0, 0), |(b, c), x| (b + word(x, 0), c + word(x, 1)));
+    anyhow::ensure!(checked > 0, "the relaxed ring checked no elements");
+    anyhow::ensure!(
+        bad > 0,
+        "the relaxed, fence-free ring showed no wrong element in {checked} (seed {seed}): the stress checks cannot see a missing fence"
+    );
+    Ok(())
 }
 
 fn barrier_laps(job: &mut Job) -> anyhow::Result<()> {

@@ -1,0 +1,123 @@
+//! The GEMM's row-slots layout with a caller's table that points past D: the storer must report
+//! the entry (BAD_INDEX: tile, row, the slot it holds and D's slot count) and trap instead of
+//! storing outside D. The trap poisons every context of its process, so the GEMM runs in a child
+//! process (`weft __gemm-row-slots-child ORDINAL`), as the sync timeout trials do.
+
+use crate::job::Job;
+use crate::trials::{Case, Skip};
+use cudarc::driver::CudaContext;
+use half::bf16;
+use std::time::Duration;
+use weft_kernels::abi::WEFT_GEMM_NO_SLOT;
+use weft_signal_gemm::{Gemm, GemmOptions, GemmShape, LaunchExtras, OutputLayout};
+
+pub const CHILD_COMMAND: &str = "__gemm-row-slots-child";
+
+/// D's slots, and the one bad entry: tile 1, row 77 holds slot SLOTS (one past the last).
+const SLOTS: u32 = 16;
+const BAD_TILE: usize = 1;
+const BAD_ROW: usize = 77;
+
+pub fn cases() -> Vec<Case> {
+    vec![Case::gpu(
+        "gemm::errors::row_slot_table_past_d",
+        row_slot_table_past_d,
+    )]
+}
+
+fn row_slot_table_past_d(job: &mut Job) -> anyhow::Result<()> {
+    if let Some(why) = job.shared_gpu() {
+        return Err(Skip(format!(
+            "a trapping kernel would end every rank's context under MPS: {why}"
+        ))
+        .into());
+    }
+    let ordinal = job
+        .gpu()
+        .map_err(|why| anyhow::anyhow!("no GPU: {why}"))?
+        .ordinal;
+    let exe = std::env::current_exe()?;
+    let child = std::process::Command::new(exe)
+        .args([CHILD_COMMAND, &ordinal.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    // Bounded: a child still alive after 60 s is killed (its pipes drained on a thread).
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(out) => out?,
+        Err(_) => {
+            // SAFETY: signals our own child, which has not been reaped (the thread still waits).
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            anyhow::bail!("the row-slots child process ran past 60 s and was killed");
+        }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let Some(message) = stdout.lines().find_map(|l| l.strip_prefix("message ")) else {
+        anyhow::bail!(
+            "the row-slots child reported nothing ({}): stderr {:?}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    // One tile row: tile (tm 0, tn 1) has index 1 in any raster order. Role 7 is the storer's
+    // row-slots role (kernels/include/weft/gemm/storer.cuh).
+    let needles = [
+        "GEMM row-slots store".to_string(),
+        format!("(b 7, d 0, row {BAD_TILE}, col {BAD_ROW})"),
+        format!("it holds {SLOTS}, but what it indexes has only {SLOTS}"),
+    ];
+    for n in &needles {
+        anyhow::ensure!(
+            message.contains(n.as_str()),
+            "expected {n:?} in the report, got: {message}"
+        );
+    }
+    Ok(())
+}
+
+/// `weft __gemm-row-slots-child ORDINAL`: plans a GEMM of two tiles with the row-slots layout
+/// over SLOTS slots, gives it a table whose only used entry (tile BAD_TILE, row BAD_ROW) points
+/// one past D's slots, and prints `message <the GEMM's error report>` (or `message none`).
+pub fn child(args: &[String]) -> anyhow::Result<()> {
+    let [ordinal] = args else {
+        anyhow::bail!("usage: weft {CHILD_COMMAND} ORDINAL");
+    };
+    let ctx = CudaContext::new(ordinal.parse()?)?;
+    let stream = ctx.default_stream();
+    let shape = GemmShape::new(128, 512, 64);
+    let options = GemmOptions {
+        tile: weft_signal_gemm::TileChoice::N256,
+        ..GemmOptions::default()
+    };
+    let gemm = Gemm::new(&ctx, shape, options)?;
+    let tiles = gemm.plan().tiles() as usize;
+    anyhow::ensure!(tiles == 2, "the child's GEMM has {tiles} tiles, expected 2");
+    let mut table = vec![WEFT_GEMM_NO_SLOT; tiles * 128];
+    table[BAD_TILE * 128 + BAD_ROW] = SLOTS;
+    let table = stream.clone_htod(&table)?;
+    let a = stream.clone_htod(&vec![bf16::ONE; 128 * 64])?;
+    let b = stream.clone_htod(&vec![bf16::ONE; 512 * 64])?;
+    // D holds exactly SLOTS slots of tile_n columns.
+    let mut d = stream.alloc_zeros::<bf16>(SLOTS as usize * 256)?;
+    let extras = LaunchExtras {
+        layout: OutputLayout::RowSlots { slots: SLOTS },
+        row_slots: Some(&table),
+        ..Default::default()
+    };
+    gemm.launch_with(&stream, &a, &b, &mut d, extras)?;
+    let synced = stream.synchronize();
+    let message = match gemm.check() {
+        Err(e) => format!("{e:#}"),
+        Ok(()) => match synced {
+            Err(e) => format!("no report; the stream failed: {e:?}"),
+            Ok(()) => "none".into(),
+        },
+    };
+    println!("message {}", message.replace('\n', " "));
+    Ok(())
+}
