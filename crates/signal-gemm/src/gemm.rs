@@ -14,8 +14,9 @@ use cudarc::driver::{
 use std::sync::{Arc, Mutex};
 use weft_kernels::abi::{
     weft_gemm_ag_copy, weft_gemm_band_box_rows, weft_gemm_band_of_row, weft_gemm_band_start,
-    weft_gemm_params, weft_sync_bound, weft_sync_counters, weft_tile_allreduce_params,
-    WEFT_GEMM_COMM_ALLGATHER, WEFT_GEMM_COMM_ALLREDUCE, WEFT_GEMM_CONSUMERS, WEFT_GEMM_TILE_M,
+    weft_gemm_params, weft_gemm_row_slots_check_params, weft_sync_bound, weft_sync_counters,
+    weft_tile_allreduce_params, WEFT_GEMM_COMM_ALLGATHER, WEFT_GEMM_COMM_ALLREDUCE,
+    WEFT_GEMM_CONSUMERS, WEFT_GEMM_TILE_M,
 };
 use weft_kernels::cubins;
 use weft_sync::{ErrorSlot, WaitBudget};
@@ -149,6 +150,8 @@ pub struct Gemm {
     bound: weft_sync_bound,
     /// Dynamic scheduling only: the claim counter and where the next launch starts on it.
     claims: Option<Mutex<TileClaims>>,
+    /// The row-slots table check, loaded at the first row-slots launch.
+    row_slots_check: std::sync::OnceLock<CudaFunction>,
 }
 
 /// The claim counter of a dynamically scheduled GEMM. Each launch advances it by exactly orders +
@@ -325,6 +328,7 @@ impl Gemm {
             }
         };
         Ok(Self {
+            row_slots_check: std::sync::OnceLock::new(),
             plan,
             func,
             slot,
@@ -621,10 +625,10 @@ impl Gemm {
             (_, Some(_)) => anyhow::bail!("GEMM {}: peer targets were given for the {} layout", plan.shape, layout.name()),
             (_, None) => {}
         }
+        // (table, entries, slots): the caller's table, checked on the device before the GEMM.
+        let mut slots_check = None;
         match (layout, row_slots) {
             (OutputLayout::RowSlots { slots }, Some(table)) => {
-                // The kernel checks every entry it uses against this (a caller's table).
-                p.row_slot_count = slots;
                 let need = u64::from(plan.tiles()) * u64::from(WEFT_GEMM_TILE_M);
                 ensure!(
                     table.len() as u64 >= need,
@@ -633,6 +637,7 @@ impl Gemm {
                     table.len()
                 );
                 p.row_slots = table.device_ptr(stream).0;
+                slots_check = Some((p.row_slots, need, slots));
             }
             (OutputLayout::RowSlots { .. }, None) => anyhow::bail!(
                 "GEMM {}: the row-slots layout needs its table (LaunchExtras::row_slots)",
@@ -735,6 +740,14 @@ impl Gemm {
             p.claim_counter = ptr;
             r
         });
+        if let Some((table, entries, slots)) = slots_check {
+            ensure!(
+                !early_release,
+                "GEMM {}: the row-slots layout's table check runs on the stream before the GEMM, so the GEMM cannot be released early by a wait",
+                plan.shape
+            );
+            self.check_row_slots(stream, table, entries, slots, p.peer_bar.view.rank)?;
+        }
         let grid = plan.ctas() + o.comm_ctas;
         let mut attrs = Vec::with_capacity(2);
         if plan.cluster_m() > 1 {
@@ -775,6 +788,47 @@ impl Gemm {
         if let Some(c) = claims.as_mut() {
             c.base = c.base.wrapping_add(plan.orders() + plan.ctas());
         }
+        Ok(())
+    }
+
+    /// Enqueues the row-slots table check (kernels/gemm/row_slots_check.cu) on `stream`: an entry
+    /// at or past `slots` is reported in this GEMM's error slot and traps, before the GEMM runs.
+    fn check_row_slots(
+        &self,
+        stream: &Arc<CudaStream>,
+        table: u64,
+        entries: u64,
+        slots: u32,
+        rank: i32,
+    ) -> anyhow::Result<()> {
+        let func = match self.row_slots_check.get() {
+            Some(f) => f,
+            None => {
+                let c = &cubins::GEMM_ROW_SLOTS_CHECK;
+                let f = c
+                    .load(stream.context())
+                    .with_context(|| format!("loading {}", c.source))?
+                    .load_function("weft_gemm_row_slots_check")?;
+                self.row_slots_check.get_or_init(|| f)
+            }
+        };
+        let params = weft_gemm_row_slots_check_params {
+            table,
+            entries,
+            slots,
+            rank,
+            bound: self.bound,
+        };
+        let blocks = entries.div_ceil(256).clamp(1, 264) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the kernel takes exactly this struct; the table holds `entries` u32 (checked by
+        // the caller) and stays alive until the GEMM after it has run (stream order).
+        unsafe { stream.launch_builder(func).arg(&params).launch(cfg) }
+            .context("launching the row-slots table check")?;
         Ok(())
     }
 

@@ -318,7 +318,6 @@ typedef struct weft_gemm_params {
   uint32_t bands;      // RANK_BANDS: bands per tile (the world size, 1..=8)
   uint32_t band_box_shift;  // RANK_BANDS: log2 of weft_gemm_band_box_rows(bands)
   uint32_t d_wide;     // whole-tile epilogue only, 0 or 1: `d` is the wide view of D ("Wide stores", above the layouts)
-  uint32_t row_slot_count; // ROW_SLOTS: slots D holds; a table entry at or past it is reported and traps
   uint8_t band_of_box[16];  // RANK_BANDS: store box i (tile rows [i << shift, + box rows)) -> its band
   uint8_t row_of_box[16];   //             and its first row within that band (the host fills both
                             //             from the functions above: no divisions in the epilogue)
@@ -427,3 +426,16 @@ typedef struct weft_gemm_peer_flags_params {
   uint32_t reserved;
   weft_sync_bound bound;
 } weft_gemm_peer_flags_params;
+
+// The row-slots layout's table check (kernels/gemm/row_slots_check.cu), launched before every
+// ROW_SLOTS GEMM on its stream: the table is the caller's, and an entry at or past D's slots
+// (other than WEFT_GEMM_NO_SLOT) is reported (WEFT_SYNC_STATUS_BAD_INDEX, coord (7, 0, tile
+// index, row in tile), expected = slots, observed = the entry) and traps, so the GEMM never runs
+// with it. Kept out of the GEMM's storer: the check there cost the consumers registers.
+typedef struct weft_gemm_row_slots_check_params {
+  uint64_t table;    // device address of `entries` uint32_t: tile index x 128 + row -> slot
+  uint64_t entries;
+  uint32_t slots;    // D's slots
+  int32_t rank;      // for the report
+  weft_sync_bound bound;
+} weft_gemm_row_slots_check_params;

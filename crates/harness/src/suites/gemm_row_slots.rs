@@ -1,6 +1,6 @@
-//! The GEMM's row-slots layout with a caller's table that points past D: the storer must report
-//! the entry (BAD_INDEX: tile, row, the slot it holds and D's slot count) and trap instead of
-//! storing outside D. The trap poisons every context of its process, so the GEMM runs in a child
+//! The GEMM's row-slots layout with a caller's table that points past D: the table check launched
+//! before the GEMM (kernels/gemm/row_slots_check.cu) must report the entry (BAD_INDEX: tile, row,
+//! the slot it holds and D's slot count) and trap, so the GEMM never stores outside D. The trap poisons every context of its process, so the GEMM runs in a child
 //! process (`weft __gemm-row-slots-child ORDINAL`), as the sync timeout trials do.
 
 use crate::job::Job;
@@ -64,8 +64,8 @@ fn row_slot_table_past_d(job: &mut Job) -> anyhow::Result<()> {
             String::from_utf8_lossy(&out.stderr)
         );
     };
-    // One tile row: tile (tm 0, tn 1) has index 1 in any raster order. Role 7 is the storer's
-    // row-slots role (kernels/include/weft/gemm/storer.cuh).
+    // One tile row: tile (tm 0, tn 1) has index 1 in any raster order. Role 7 is the row-slots
+    // check's (kernels/gemm/row_slots_check.cu).
     let needles = [
         "GEMM row-slots store".to_string(),
         format!("(b 7, d 0, row {BAD_TILE}, col {BAD_ROW})"),

@@ -186,22 +186,7 @@ __device__ __forceinline__ bool store_wide(const weft_gemm_params& p, const uint
 }
 
 // ROW_SLOTS: the warpgroup's threads copy chunk `c` (64 rows x 128 bytes, swizzled) of tile `t`
-// rows [row, row + 64) to each row's slot with 16-byte stores (the table gives the slot). The
-// table comes from the caller: an entry past D's slots is reported (BAD_INDEX) and traps instead
-// of storing outside D (inlined: a call here would make ptxas ignore the consumers' setmaxnreg).
-constexpr uint32_t kRoleRowSlots = 7;  // error reports: coord.b (loader.cuh has the others)
-
-__device__ __forceinline__ void row_slot_fail(const weft_gemm_params& p, uint32_t tile, uint32_t row, uint32_t slot) {
-  weft::sync::failure f{};
-  f.status = WEFT_SYNC_STATUS_BAD_INDEX;
-  f.primitive = WEFT_SYNC_PRIM_GEMM_ROW_SLOTS;
-  f.target_rank = p.peer_bar.view.rank;
-  f.coord = weft_tile_coord{kRoleRowSlots, 0, tile, row};
-  f.expected = p.row_slot_count;
-  f.observed = slot;
-  weft::sync::fail_inline(p.bound, p.peer_bar.view.rank, f);
-}
-
+// rows [row, row + 64) to each row's slot with 16-byte stores (the table gives the slot).
 __device__ __forceinline__ void store_row_slots(const weft_gemm_params& p, const uint8_t* buf, uint32_t chunk_byte,
                                                 weft_gemm_tile t, uint32_t row, uint32_t out_bytes) {
   if (!t.valid) return;  // a phantom stores nothing (it still signals its group)
@@ -212,7 +197,6 @@ __device__ __forceinline__ void store_row_slots(const weft_gemm_params& p, const
     const uint32_t r = j / 8, piece = j % 8;
     const uint32_t slot = table[r];
     if (slot == WEFT_GEMM_NO_SLOT) continue;
-    if (slot >= p.row_slot_count) row_slot_fail(p, weft_gemm_tile_index(p.sched, t), row + r, slot);
     const uint4 v = *reinterpret_cast<const uint4*>(buf + swizzle128(r, piece * 16));
     *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(p.d_ptr) + slot * slot_bytes + chunk_byte + piece * 16) = v;
   }
