@@ -150,8 +150,9 @@ pub struct Gemm {
     bound: weft_sync_bound,
     /// Dynamic scheduling only: the claim counter and where the next launch starts on it.
     claims: Option<Mutex<TileClaims>>,
-    /// The row-slots table check, loaded at the first row-slots launch.
-    row_slots_check: std::sync::OnceLock<CudaFunction>,
+    /// The row-slots table check, loaded at the first row-slots launch (boxed: most GEMMs never
+    /// load it, and a Gemm is held by value in enums).
+    row_slots_check: Box<std::sync::OnceLock<CudaFunction>>,
 }
 
 /// The claim counter of a dynamically scheduled GEMM. Each launch advances it by exactly orders +
@@ -328,7 +329,7 @@ impl Gemm {
             }
         };
         Ok(Self {
-            row_slots_check: std::sync::OnceLock::new(),
+            row_slots_check: Box::default(),
             plan,
             func,
             slot,

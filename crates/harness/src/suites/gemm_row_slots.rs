@@ -36,26 +36,8 @@ fn row_slot_table_past_d(job: &mut Job) -> anyhow::Result<()> {
         .gpu()
         .map_err(|why| anyhow::anyhow!("no GPU: {why}"))?
         .ordinal;
-    let exe = std::env::current_exe()?;
-    let child = std::process::Command::new(exe)
-        .args([CHILD_COMMAND, &ordinal.to_string()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
-    // Bounded: a child still alive after 60 s is killed (its pipes drained on a thread).
-    let pid = child.id();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    let out = match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(out) => out?,
-        Err(_) => {
-            // SAFETY: signals our own child, which has not been reaped (the thread still waits).
-            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-            anyhow::bail!("the row-slots child process ran past 60 s and was killed");
-        }
-    };
+    let args = [CHILD_COMMAND.to_string(), ordinal.to_string()];
+    let out = super::child::run_bounded(&args, Duration::from_secs(60))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let Some(message) = stdout.lines().find_map(|l| l.strip_prefix("message ")) else {
         anyhow::bail!(

@@ -185,9 +185,13 @@ fn reduce<T: GElem>(job: &mut Job, op: Op) -> anyhow::Result<()> {
     checked
 }
 
-/// Rank 0 expects 5 rows from its ring source, which sends 4: every rank's synchronize names
-/// the pair, nothing is written, and the same plan then runs the consistent ring.
-fn disagreement(job: &mut Job) -> anyhow::Result<()> {
+/// A device-metadata GroupCast of rows of 16 f32 with room for 2 splits and 8 rows per side,
+/// `body` run on it (every rank's outcome agreed as `what`), then freed.
+fn on_small_device_plan(
+    job: &mut Job,
+    what: &str,
+    body: impl FnOnce(&mut GroupCast<f32>, usize, usize) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
     let (rank, world) = (job.rank(), job.world());
     let stream = gpu_stream(job)?;
     let cap = Capacity {
@@ -197,46 +201,62 @@ fn disagreement(job: &mut Job) -> anyhow::Result<()> {
     };
     let mut plan =
         GroupCast::<f32>::new_device(&mut job.rdzv, &stream, cap, &[16], Options::default())?;
-    let checked = (|| -> anyhow::Result<()> {
-        let good = ring_cast(rank, world, 4);
-        let mut bad = good.clone();
-        if rank == 0 {
-            bad.output_split_rows = vec![5];
-            bad.output_rows = 5;
-        }
-        write(plan.input(), &vec![1.5f32; 4 * 16])?;
-        write(plan.output(), &vec![f32::NAN; plan.output().len()])?;
-        plan.write_device_meta(&bad)?;
-        plan.run()?;
-        let needle = format!("device metadata rejected, nothing was moved: rank {}'s input split 0 (4 rows) is rank 0's output split 0 by the matching rule, which has 5 rows", world - 1);
-        match plan.synchronize() {
-            Ok(()) => anyhow::bail!("the inconsistent device metadata was accepted"),
-            Err(e) => anyhow::ensure!(
-                format!("{e:#}").contains(&needle),
-                "expected {needle:?}, got: {e:#}"
-            ),
-        }
-        anyhow::ensure!(
-            read(plan.output())?.iter().all(|v| v.is_nan()),
-            "a rejected layout wrote output rows"
-        );
-        plan.write_device_meta(&good)?;
-        plan.run()?;
-        plan.synchronize()?;
-        let out = read(plan.output())?;
-        anyhow::ensure!(
-            out[..4 * 16].iter().all(|&v| v == 1.5) && out[4 * 16..].iter().all(|v| v.is_nan()),
-            "the ring after the rejected layout moved the wrong rows"
-        );
-        Ok(())
-    })();
-    let checked = weft_pgl::agree(
-        &mut job.rdzv,
-        "grpcoll device-metadata disagreement trial",
-        checked,
-    );
+    let checked = body(&mut plan, rank, world);
+    let checked = weft_pgl::agree(&mut job.rdzv, what, checked);
     plan.free(&mut job.rdzv)?;
     checked
+}
+
+/// Rank 0 expects 5 rows from its ring source, which sends 4: every rank's synchronize names
+/// the pair, nothing is written, and the same plan then runs the consistent ring.
+fn disagreement(job: &mut Job) -> anyhow::Result<()> {
+    on_small_device_plan(
+        job,
+        "grpcoll device-metadata disagreement trial",
+        |plan, rank, world| {
+            let good = ring_cast(rank, world, 4);
+            let mut bad = good.clone();
+            if rank == 0 {
+                bad.output_split_rows = vec![5];
+                bad.output_rows = 5;
+            }
+            write(plan.input(), &vec![1.5f32; 4 * 16])?;
+            write(plan.output(), &vec![f32::NAN; plan.output().len()])?;
+            plan.write_device_meta(&bad)?;
+            plan.run()?;
+            let needle = format!("device metadata rejected, nothing was moved: rank {}'s input split 0 (4 rows) is rank 0's output split 0 by the matching rule, which has 5 rows", world - 1);
+            expect_rejected(
+                plan,
+                &needle,
+                "the inconsistent device metadata was accepted",
+            )?;
+            plan.write_device_meta(&good)?;
+            plan.run()?;
+            plan.synchronize()?;
+            let out = read(plan.output())?;
+            anyhow::ensure!(
+                out[..4 * 16].iter().all(|&v| v == 1.5) && out[4 * 16..].iter().all(|v| v.is_nan()),
+                "the ring after the rejected layout moved the wrong rows"
+            );
+            Ok(())
+        },
+    )
+}
+
+/// After a run: synchronize fails with `needle` in its message and the output kept its poison.
+fn expect_rejected(plan: &GroupCast<f32>, needle: &str, accepted: &str) -> anyhow::Result<()> {
+    match plan.synchronize() {
+        Ok(()) => anyhow::bail!("{accepted}"),
+        Err(e) => anyhow::ensure!(
+            format!("{e:#}").contains(needle),
+            "expected {needle:?}, got: {e:#}"
+        ),
+    }
+    anyhow::ensure!(
+        read(plan.output())?.iter().all(|v| v.is_nan()),
+        "a rejected layout wrote output rows"
+    );
+    Ok(())
 }
 
 /// Device metadata written by the user's own code (here raw words, past the host's checks) whose
@@ -245,48 +265,28 @@ fn disagreement(job: &mut Job) -> anyhow::Result<()> {
 /// consistent on both sides of every pair. The layout kernel sums in 64 bits and must refuse it
 /// against the capacity (8 rows) on every rank, moving nothing.
 fn wrapping_rows(job: &mut Job) -> anyhow::Result<()> {
-    let (rank, world) = (job.rank(), job.world());
-    let stream = gpu_stream(job)?;
-    let cap = Capacity {
-        max_splits: 2,
-        max_input_rows: 8,
-        max_output_rows: 8,
-    };
-    let mut plan =
-        GroupCast::<f32>::new_device(&mut job.rdzv, &stream, cap, &[16], Options::default())?;
-    let checked = (|| -> anyhow::Result<()> {
-        let to = 1u32 << ((rank + 1) % world);
-        let from = 1u32 << ((rank + world - 1) % world);
-        let huge = u32::MAX - 3; // huge + 8 = 4 modulo 2^32
-                                 // The device layout (weft/grpcoll.h): split counts, then per side the rows and peer masks
-                                 // of max_splits splits.
-        let words = [2, 2, huge, 8, to, to, huge, 8, from, from];
-        write(plan.input(), &vec![1.5f32; plan.input().len()])?;
-        write(plan.output(), &vec![f32::NAN; plan.output().len()])?;
-        let meta = plan
-            .device_meta()
-            .ok_or_else(|| anyhow::anyhow!("a device-metadata plan without its metadata buffer"))?;
-        write(meta, &words)?;
-        plan.run()?;
-        let needle = "splits sum to 4294967295 rows; the capacity is 8";
-        match plan.synchronize() {
-            Ok(()) => anyhow::bail!("row counts that wrap in 32 bits were accepted"),
-            Err(e) => anyhow::ensure!(
-                format!("{e:#}").contains(needle),
-                "expected {needle:?}, got: {e:#}"
-            ),
-        }
-        anyhow::ensure!(
-            read(plan.output())?.iter().all(|v| v.is_nan()),
-            "a rejected layout wrote output rows"
-        );
-        Ok(())
-    })();
-    let checked = weft_pgl::agree(
-        &mut job.rdzv,
+    on_small_device_plan(
+        job,
         "grpcoll device-metadata wrapping-rows trial",
-        checked,
-    );
-    plan.free(&mut job.rdzv)?;
-    checked
+        |plan, rank, world| {
+            let to = 1u32 << ((rank + 1) % world);
+            let from = 1u32 << ((rank + world - 1) % world);
+            let huge = u32::MAX - 3; // huge + 8 = 4 modulo 2^32
+                                     // The device layout (weft/grpcoll.h): split counts, then per side the rows and peer
+                                     // masks of max_splits splits.
+            let words = [2, 2, huge, 8, to, to, huge, 8, from, from];
+            write(plan.input(), &vec![1.5f32; plan.input().len()])?;
+            write(plan.output(), &vec![f32::NAN; plan.output().len()])?;
+            let meta = plan.device_meta().ok_or_else(|| {
+                anyhow::anyhow!("a device-metadata plan without its metadata buffer")
+            })?;
+            write(meta, &words)?;
+            plan.run()?;
+            expect_rejected(
+                plan,
+                "splits sum to 4294967295 rows; the capacity is 8",
+                "row counts that wrap in 32 bits were accepted",
+            )
+        },
+    )
 }

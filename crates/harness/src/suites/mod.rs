@@ -4,6 +4,7 @@ mod all_to_all;
 mod all_to_all_ce;
 mod auto_choice;
 mod barrier;
+mod child;
 mod collectives;
 mod fused_all_gather;
 mod fused_all_reduce;

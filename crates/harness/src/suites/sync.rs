@@ -284,34 +284,16 @@ fn run_timeout_child(
     world: usize,
     ordinal: usize,
 ) -> anyhow::Result<ChildReport> {
-    let exe = std::env::current_exe()?;
-    let child = std::process::Command::new(exe)
-        .args([
-            CHILD_COMMAND,
-            &(kind as u8).to_string(),
-            &seed.to_string(),
-            &rank.to_string(),
-            &world.to_string(),
-            &ordinal.to_string(),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
-    // Bounded: the wait's bound is 100 ms; a child still alive after 60 s is killed. The pipes
-    // are drained by wait_with_output on a thread, so a chatty child cannot block on them.
-    let pid = child.id();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    let out = match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(out) => out?,
-        Err(_) => {
-            // SAFETY: signals our own child, which has not been reaped (the thread still waits).
-            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-            anyhow::bail!("the timeout child process ran past 60 s and was killed");
-        }
-    };
+    // Bounded: the wait's bound is 100 ms; a child still alive after 60 s is killed.
+    let args = [
+        CHILD_COMMAND.to_string(),
+        (kind as u8).to_string(),
+        seed.to_string(),
+        rank.to_string(),
+        world.to_string(),
+        ordinal.to_string(),
+    ];
+    let out = super::child::run_bounded(&args, Duration::from_secs(60))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let field = |name: &str| {
         stdout
