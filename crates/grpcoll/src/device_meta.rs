@@ -116,7 +116,8 @@ pub(crate) fn describe(kind: Kind, r: &weft_grpcoll_layout_report) -> Option<Str
         0 => return None,
         weft_kernels::abi::WEFT_GRPCOLL_BAD_SPLIT_COUNT => format!("rank {a} lists {} {side} splits; the capacity is {}", r.a_split, r.expected),
         weft_kernels::abi::WEFT_GRPCOLL_BAD_ROWS if r.side == 2 => format!("rank {a} needs {} work items; the plan holds {}", r.observed, r.expected),
-        weft_kernels::abi::WEFT_GRPCOLL_BAD_ROWS => format!("rank {a}'s {side} splits sum to {} rows; the capacity is {}", r.observed, r.expected),
+        // The kernel clamps a sum past u32 to u32::MAX.
+        weft_kernels::abi::WEFT_GRPCOLL_BAD_ROWS => format!("rank {a}'s {side} splits sum to {}{} rows; the capacity is {}", if r.observed == u32::MAX { "at least " } else { "" }, r.observed, r.expected),
         weft_kernels::abi::WEFT_GRPCOLL_BAD_MASK => format!("rank {a}'s {side} split {} names ranks outside the world (mask {:#x}, world mask {:#x})", r.a_split, r.observed, r.expected),
         weft_kernels::abi::WEFT_GRPCOLL_BAD_PEER_COUNT => format!("rank {a}'s {side} split {} names {} ranks; it must name {}", r.a_split, r.observed, if r.expected == 1 && r.observed == 0 { "at least one".to_string() } else { "exactly one".to_string() }),
         weft_kernels::abi::WEFT_GRPCOLL_BAD_PAIR_COUNT => format!("rank {a} sends {} input splits to rank {b} but rank {b} expects {} from rank {a}", r.expected, r.observed),

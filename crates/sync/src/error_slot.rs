@@ -105,7 +105,7 @@ pub fn primitive_name(id: i32) -> &'static str {
         abi::WEFT_SYNC_PRIM_WAIT_UNORDERED => "unordered wait",
         abi::WEFT_SYNC_PRIM_WAVE_GROUP => "wave-group wait (b = group)",
         abi::WEFT_SYNC_PRIM_GEMM_ROW_SLOTS => {
-            "GEMM row-slots store (r = tile index, c = row in the tile)"
+            "GEMM row-slots table check (row = tile index, col = row in the tile)"
         }
         _ => "unknown primitive",
     }
@@ -227,7 +227,7 @@ mod tests {
         s.primitive = abi::WEFT_SYNC_PRIM_GEMM_ROW_SLOTS as i32;
         let msg = describe(&s, 1_980_000).unwrap();
         assert!(
-            msg.starts_with("rank 2: GEMM row-slots store (r = tile index, c = row in the tile) read entry (b 0, d 1, row 3, col 5) of a table: it holds 12, but what it indexes has only 17"),
+            msg.starts_with("rank 2: GEMM row-slots table check (row = tile index, col = row in the tile) read entry (b 0, d 1, row 3, col 5) of a table: it holds 12, but what it indexes has only 17"),
             "{msg}"
         );
         s.status = abi::WEFT_SYNC_STATUS_WRITING as i32;

@@ -23,7 +23,7 @@
 #define WEFT_SYNC_PRIM_MBARRIER_WAIT 6  // mbarrier parity wait inside one SM
 #define WEFT_SYNC_PRIM_WAIT_UNORDERED 7 // unordered::wait() (relaxed poll, no acquire)
 #define WEFT_SYNC_PRIM_WAVE_GROUP 8     // signal-gemm's wave-group wait kernel (coord.b = group)
-#define WEFT_SYNC_PRIM_GEMM_ROW_SLOTS 9 // the GEMM's row-slots store (coord: 7, 0, tile index, row in tile)
+#define WEFT_SYNC_PRIM_GEMM_ROW_SLOTS 9 // the GEMM's row-slots table check (coord: 7, 0, tile index, row in tile)
 
 // What the first thread whose wait expired saw. Lives in host-mapped pinned memory so the host can
 // read it after the kernel trapped and its context died.

@@ -271,8 +271,16 @@ fn run_child(modes: &[Mode], cfg: &Config) -> anyhow::Result<String> {
     let bound = CHILD_SETUP_TIMEOUT + CHILD_MODE_TIMEOUT * modes.len() as u32;
     let deadline = Instant::now() + bound;
     let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) => {}
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(
+                    anyhow::Error::from(e).context(format!("{}: waiting for the child", what()))
+                );
+            }
         }
         if Instant::now() > deadline {
             let _ = child.kill();

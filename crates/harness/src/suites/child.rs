@@ -17,10 +17,12 @@ pub fn run_bounded(args: &[String], limit: Duration) -> anyhow::Result<std::proc
     std::thread::spawn(move || {
         let _ = tx.send(child.wait_with_output());
     });
-    match rx.recv_timeout(limit) {
+    match rx.recv_timeout(limit).or_else(|_| rx.try_recv()) {
         Ok(out) => Ok(out?),
         Err(_) => {
-            // SAFETY: signals our own child, which has not been reaped (the thread still waits).
+            // SAFETY: signals our own child. It had not been reaped a moment ago (the thread had
+            // sent nothing); a reap in between leaves a window of microseconds for its pid to be
+            // reused, as with any kill-after-timeout.
             unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
             anyhow::bail!(
                 "the child process `weft {}` ran past {} s and was killed",

@@ -271,9 +271,10 @@ fn wrapping_rows(job: &mut Job) -> anyhow::Result<()> {
         |plan, rank, world| {
             let to = 1u32 << ((rank + 1) % world);
             let from = 1u32 << ((rank + world - 1) % world);
-            let huge = u32::MAX - 3; // huge + 8 = 4 modulo 2^32
-                                     // The device layout (weft/grpcoll.h): split counts, then per side the rows and peer
-                                     // masks of max_splits splits.
+            // huge + 8 = 4 modulo 2^32.
+            let huge = u32::MAX - 3;
+            // The device layout (weft/grpcoll.h): split counts, then per side the rows and peer
+            // masks of max_splits splits.
             let words = [2, 2, huge, 8, to, to, huge, 8, from, from];
             write(plan.input(), &vec![1.5f32; plan.input().len()])?;
             write(plan.output(), &vec![f32::NAN; plan.output().len()])?;
@@ -284,7 +285,7 @@ fn wrapping_rows(job: &mut Job) -> anyhow::Result<()> {
             plan.run()?;
             expect_rejected(
                 plan,
-                "splits sum to 4294967295 rows; the capacity is 8",
+                "splits sum to at least 4294967295 rows; the capacity is 8",
                 "row counts that wrap in 32 bits were accepted",
             )
         },

@@ -144,7 +144,8 @@ fn relaxed_ring(job: &mut Job) -> anyhow::Result<()> {
         Ok((r.mismatches, r.checked))
     })();
     let freed = s.free(&mut job.rdzv);
-    let (bad, checked) = counted?;
+    // Every rank learns whether every rank counted, before the counts are exchanged.
+    let (bad, checked) = weft_pgl::agree(&mut job.rdzv, "relaxed ring negative control", counted)?;
     freed?;
     let mine = [bad.to_le_bytes(), checked.to_le_bytes()].concat();
     let all = job.rdzv.all_gather(&mine)?;
