@@ -33,6 +33,7 @@ pub mod nccl;
 pub mod rank_env;
 pub mod rendezvous;
 pub mod shape;
+mod socket_trust;
 
 pub use agree::agree;
 pub use backend::Backend;

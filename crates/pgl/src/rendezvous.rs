@@ -361,7 +361,7 @@ impl Endpoint {
                 env.world
             );
         };
-        Ok(Endpoint::Unix(unix_socket_path(job)))
+        Ok(Endpoint::Unix(unix_socket_path(job)?))
     }
 
     fn describe(&self) -> String {
@@ -375,7 +375,11 @@ impl Endpoint {
     /// One connection attempt, bounded by `timeout` for TCP (a Unix connect does not block).
     fn connect(&self, timeout: Duration) -> io::Result<Stream> {
         match self {
-            Endpoint::Unix(path) => UnixStream::connect(path).map(Stream::Unix),
+            Endpoint::Unix(path) => {
+                let s = UnixStream::connect(path)?;
+                crate::socket_trust::require_same_user(&s)?; // rank 0 runs as this user
+                Ok(Stream::Unix(s))
+            }
             Endpoint::Tcp { host, port } => {
                 let mut last = io::Error::new(
                     io::ErrorKind::NotFound,
@@ -441,12 +445,14 @@ impl Endpoint {
     }
 }
 
-/// `<dir>/weft-rdzv-<uid>-<job>.sock`, dir = $XDG_RUNTIME_DIR if it exists, else /tmp.
-fn unix_socket_path(job_id: &str) -> PathBuf {
-    let dir = std::env::var_os("XDG_RUNTIME_DIR")
+/// `<dir>/weft-<uid>/weft-rdzv-<uid>-<job>.sock`, dir = $XDG_RUNTIME_DIR if it exists, else /tmp;
+/// `weft-<uid>` is private to the user (socket_trust::private_dir_in).
+fn unix_socket_path(job_id: &str) -> Result<PathBuf> {
+    let base = std::env::var_os("XDG_RUNTIME_DIR")
         .map(PathBuf::from)
         .filter(|d| d.is_dir())
         .unwrap_or_else(|| PathBuf::from("/tmp"));
+    let dir = crate::socket_trust::private_dir_in(&base)?;
     let mut job: String = job_id
         .chars()
         .map(|c| {
@@ -463,7 +469,7 @@ fn unix_socket_path(job_id: &str) -> PathBuf {
     }
     // SAFETY: getuid has no preconditions and cannot fail.
     let uid = unsafe { libc::getuid() };
-    dir.join(format!("weft-rdzv-{uid}-{job}.sock"))
+    Ok(dir.join(format!("weft-rdzv-{uid}-{job}.sock")))
 }
 
 /// FNV-1a: stable across processes and Rust versions, unlike std's DefaultHasher.
@@ -514,7 +520,12 @@ impl Listener {
                 s.set_nodelay(true)?;
                 Stream::Tcp(s)
             }
-            Listener::Unix { listener: l, .. } => Stream::Unix(l.accept()?.0),
+            Listener::Unix { listener: l, .. } => {
+                let s = l.accept()?.0;
+                // A process of another user is dropped (the caller retries the accept).
+                crate::socket_trust::require_same_user(&s)?;
+                Stream::Unix(s)
+            }
         };
         match &stream {
             Stream::Tcp(s) => s.set_nonblocking(false)?,
@@ -1513,7 +1524,7 @@ mod tests {
     #[test]
     fn stale_socket_is_replaced_and_live_one_refused() {
         let envs1 = envs("stale", &[0, 1], 2, None);
-        let path = unix_socket_path(envs1[0].job_id.as_deref().unwrap());
+        let path = unix_socket_path(envs1[0].job_id.as_deref().unwrap()).unwrap();
         drop(UnixListener::bind(&path).unwrap()); // leaves a dead socket file behind
         assert!(path.exists());
         for result in on_threads(envs1, |env| exercise(env, 3)) {
@@ -1522,7 +1533,7 @@ mod tests {
         assert!(!path.exists(), "the socket file outlived the handshake");
 
         let envs2 = envs("live", &[0], 2, None);
-        let path = unix_socket_path(envs2[0].job_id.as_deref().unwrap());
+        let path = unix_socket_path(envs2[0].job_id.as_deref().unwrap()).unwrap();
         let live = UnixListener::bind(&path).unwrap();
         let e = Rendezvous::connect(&envs2[0], CONNECT)
             .map(drop)
@@ -1535,13 +1546,13 @@ mod tests {
 
     #[test]
     fn socket_names() {
-        let p = unix_socket_path("job/with spaces:1");
+        let p = unix_socket_path("job/with spaces:1").unwrap();
         let name = p.file_name().unwrap().to_str().unwrap();
         // SAFETY: getuid cannot fail.
         let uid = unsafe { libc::getuid() };
         assert_eq!(name, format!("weft-rdzv-{uid}-job_with_spaces_1.sock"));
-        let long_a = unix_socket_path(&format!("{}a", "x".repeat(200)));
-        let long_b = unix_socket_path(&format!("{}b", "x".repeat(200)));
+        let long_a = unix_socket_path(&format!("{}a", "x".repeat(200))).unwrap();
+        let long_b = unix_socket_path(&format!("{}b", "x".repeat(200))).unwrap();
         assert_ne!(long_a, long_b);
         assert!(long_a.as_os_str().len() < 108, "{}", long_a.display());
     }
