@@ -13,6 +13,7 @@
 //! them with ncclSend/ncclRecv and gets this order.)
 
 use crate::dtype::GemmElement;
+use crate::gemm::RowSlotTable;
 use crate::plan::GemmPlan;
 use crate::reorder::OutputLayout;
 use crate::wave_groups::WaveGroups;
@@ -207,6 +208,12 @@ impl AllToAllMap {
             !dst.contains(&u32::MAX),
             "all-to-all map: a received slot has no destination (internal error)"
         );
+        ensure!(
+            table
+                .iter()
+                .all(|&s| s == WEFT_GEMM_NO_SLOT || s < send_slots),
+            "all-to-all map: a row-slot entry past the {send_slots} staging slots (internal error)"
+        );
         let row_slots = stream
             .clone_htod(&table)
             .context("uploading the row-slot table")?;
@@ -249,9 +256,10 @@ impl AllToAllMap {
         }
     }
 
-    /// The (tile, row) → slot table the GEMM launch needs (`LaunchExtras::row_slots`).
-    pub fn row_slots(&self) -> &CudaSlice<u32> {
-        &self.row_slots
+    /// The (tile, row) → slot table the GEMM launch needs (`LaunchExtras::row_slots`), its
+    /// entries checked against the map's slots on the host when it was made.
+    pub fn row_slots(&self) -> RowSlotTable<'_> {
+        RowSlotTable::checked(&self.row_slots, self.send_slots)
     }
 
     /// Elements of the staging buffer (this rank's pools).

@@ -78,7 +78,7 @@ pub struct LaunchExtras<'a, TO: GemmElement> {
     /// Where the epilogue stores D (the reorder map of the communication that follows).
     pub layout: OutputLayout,
     /// `OutputLayout::RowSlots`: each (tile, row)'s slot (u32 per tile × 128 rows).
-    pub row_slots: Option<&'a CudaSlice<u32>>,
+    pub row_slots: Option<RowSlotTable<'a>>,
     /// `OutputLayout::PeerReduce`: the peers' outputs and barriers (made by
     /// [`FusedReduceScatter`](crate::fused::FusedReduceScatter)).
     pub peer: Option<PeerReduceTarget>,
@@ -245,6 +245,35 @@ fn fill_band_boxes(p: &mut weft_gemm_params, ranks: u32) {
         };
         p.band_of_box[i] = band as u8;
         p.row_of_box[i] = (y - start) as u8;
+    }
+}
+
+/// A row-slots layout's table: (tile index × 128 + row in tile) → D's slot, or WEFT_GEMM_NO_SLOT.
+#[derive(Clone, Copy)]
+pub struct RowSlotTable<'a> {
+    table: &'a CudaSlice<u32>,
+    /// The slot count every entry was checked against on the host when the table was made
+    /// (weft's own tables); None for a caller's table.
+    checked_below: Option<u32>,
+}
+
+impl<'a> RowSlotTable<'a> {
+    /// A caller's table: a kernel checks every entry against D's slots on the stream before each
+    /// launch (kernels/gemm/row_slots_check.cu), so a bad entry is reported, never stored through.
+    pub fn new(table: &'a CudaSlice<u32>) -> Self {
+        Self {
+            table,
+            checked_below: None,
+        }
+    }
+
+    /// A table weft built on the host with every entry below `slots` (AllToAllMap): launches
+    /// with `slots` slots skip the device check.
+    pub(crate) fn checked(table: &'a CudaSlice<u32>, slots: u32) -> Self {
+        Self {
+            table,
+            checked_below: Some(slots),
+        }
     }
 }
 
@@ -626,10 +655,17 @@ impl Gemm {
             (_, Some(_)) => anyhow::bail!("GEMM {}: peer targets were given for the {} layout", plan.shape, layout.name()),
             (_, None) => {}
         }
-        // (table, entries, slots): the caller's table, checked on the device before the GEMM.
+        // (table, entries, slots): a table not checked for these slots, checked on the device
+        // before the GEMM.
         let mut slots_check = None;
         match (layout, row_slots) {
-            (OutputLayout::RowSlots { slots }, Some(table)) => {
+            (
+                OutputLayout::RowSlots { slots },
+                Some(RowSlotTable {
+                    table,
+                    checked_below,
+                }),
+            ) => {
                 let need = u64::from(plan.tiles()) * u64::from(WEFT_GEMM_TILE_M);
                 ensure!(
                     table.len() as u64 >= need,
@@ -638,7 +674,9 @@ impl Gemm {
                     table.len()
                 );
                 p.row_slots = table.device_ptr(stream).0;
-                slots_check = Some((p.row_slots, need, slots));
+                if checked_below != Some(slots) {
+                    slots_check = Some((p.row_slots, need, slots));
+                }
             }
             (OutputLayout::RowSlots { .. }, None) => anyhow::bail!(
                 "GEMM {}: the row-slots layout needs its table (LaunchExtras::row_slots)",

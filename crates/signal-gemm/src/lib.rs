@@ -40,8 +40,8 @@ pub use band_map::RankBandMap;
 pub use cublas::CublasGemm;
 pub use dtype::{Dtype, GemmElement};
 pub use gemm::{
-    device_sms, AllGatherSource, AllReduceTarget, Gemm, LaunchExtras, PeerReduceTarget, TileFlags,
-    SIGNALS_PER_TILE,
+    device_sms, AllGatherSource, AllReduceTarget, Gemm, LaunchExtras, PeerReduceTarget,
+    RowSlotTable, TileFlags, SIGNALS_PER_TILE,
 };
 pub use plan::{BLayout, EpilogueChoice, GemmOptions, GemmPlan, GemmShape, Scheduling, TileChoice};
 pub use reorder::{OutputLayout, Restore, TileOrderMap, MAX_BAND_RANKS};

@@ -9,7 +9,7 @@ use cudarc::driver::CudaContext;
 use half::bf16;
 use std::time::Duration;
 use weft_kernels::abi::WEFT_GEMM_NO_SLOT;
-use weft_signal_gemm::{Gemm, GemmOptions, GemmShape, LaunchExtras, OutputLayout};
+use weft_signal_gemm::{Gemm, GemmOptions, GemmShape, LaunchExtras, OutputLayout, RowSlotTable};
 
 pub const CHILD_COMMAND: &str = "__gemm-row-slots-child";
 
@@ -88,7 +88,7 @@ pub fn child(args: &[String]) -> anyhow::Result<()> {
     let mut d = stream.alloc_zeros::<bf16>(SLOTS as usize * 256)?;
     let extras = LaunchExtras {
         layout: OutputLayout::RowSlots { slots: SLOTS },
-        row_slots: Some(&table),
+        row_slots: Some(RowSlotTable::new(&table)),
         ..Default::default()
     };
     // The check may trap before the GEMM's launch is issued (that launch then fails): the report

@@ -8,7 +8,7 @@
 //!   C waits for X; C: the restore (by the caller)
 //! So the next run's GEMM is ordered after every wait of this one (the counters' rule).
 
-use crate::gemm::Gemm;
+use crate::gemm::{Gemm, RowSlotTable};
 use crate::overlap::comm_stream::high_priority_stream;
 use crate::plan::{GemmOptions, GemmShape};
 use crate::reorder::OutputLayout;
@@ -139,7 +139,7 @@ impl GroupPipeline {
         a: &CudaSlice<TI>,
         b: &CudaSlice<TI>,
         staging: &mut CudaSlice<TO>,
-        row_slots: Option<&CudaSlice<u32>>,
+        row_slots: Option<RowSlotTable<'_>>,
         mut after_wait: impl FnMut(usize, &Arc<CudaStream>, &mut CudaSlice<TO>) -> anyhow::Result<()>,
     ) -> anyhow::Result<()> {
         self.check_staging(staging.len())?;
