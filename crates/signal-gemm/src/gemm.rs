@@ -82,6 +82,9 @@ pub struct LaunchExtras<'a, TO: GemmElement> {
     /// `OutputLayout::PeerReduce`: the peers' outputs and barriers (made by
     /// [`FusedReduceScatter`](crate::fused::FusedReduceScatter)).
     pub peer: Option<PeerReduceTarget>,
+    /// `OutputLayout::PeerRows`: every rank's output, the row table and barriers (made by
+    /// [`FusedAllToAll`](crate::fused::FusedAllToAll)).
+    pub peer_rows: Option<PeerRowsTarget>,
     /// The fused AllReduce's tile flags (system scope) and, for fused-inter, its communicator
     /// CTAs' work (made by [`FusedAllReduce`](crate::fused::FusedAllReduce)).
     pub all_reduce: Option<AllReduceTarget>,
@@ -124,6 +127,19 @@ pub struct PeerReduceTarget {
     pub(crate) epoch: u64,
 }
 
+/// Where a PEER_ROWS launch stores its rows: each rank's output address as mapped here (u64 per
+/// rank, device memory), the row table (u32 per row of A, device memory, `table_rows` of them;
+/// checked when made), the START / END counters and this launch's epoch. Made by the fused
+/// All-to-All.
+#[derive(Clone, Copy)]
+pub struct PeerRowsTarget {
+    pub(crate) ptrs: u64,
+    pub(crate) table: u64,
+    pub(crate) table_rows: u32,
+    pub(crate) bar: weft_sync_counters,
+    pub(crate) epoch: u64,
+}
+
 impl<TO: GemmElement> Default for LaunchExtras<'_, TO> {
     fn default() -> Self {
         Self {
@@ -136,6 +152,7 @@ impl<TO: GemmElement> Default for LaunchExtras<'_, TO> {
             layout: OutputLayout::Standard,
             row_slots: None,
             peer: None,
+            peer_rows: None,
             all_reduce: None,
             all_gather: None,
         }
@@ -461,7 +478,8 @@ impl Gemm {
             OutputLayout::TileOrder
             | OutputLayout::RankBands { .. }
             | OutputLayout::RowSlots { .. }
-            | OutputLayout::PeerReduce { .. } => {
+            | OutputLayout::PeerReduce { .. }
+            | OutputLayout::PeerRows { .. } => {
                 need("D", d_len, layout.elements(plan), layout.describe(plan))?;
                 ensure!(o.beta == 0.0, "GEMM {}: the {} layout needs beta = 0 (D is not in the standard layout to read)", plan.shape, layout.name());
                 ensure!(
@@ -497,7 +515,9 @@ impl Gemm {
             && match layout {
                 OutputLayout::Standard => n % u64::from(chunk_cols) == 0,
                 OutputLayout::TileOrder | OutputLayout::RankBands { .. } => true,
-                OutputLayout::RowSlots { .. } | OutputLayout::PeerReduce { .. } => false,
+                OutputLayout::RowSlots { .. }
+                | OutputLayout::PeerReduce { .. }
+                | OutputLayout::PeerRows { .. } => false,
             };
         // D as `slots` row-major matrices of `rows` x `cols`, stored in boxes of `box_rows` rows.
         let (what, slots, rows, cols, box_rows) = match layout {
@@ -520,6 +540,14 @@ impl Gemm {
             OutputLayout::PeerReduce { ranks } => {
                 ("D (this rank's rows)", 1, m / u64::from(ranks), n, 64)
             }
+            // Not read by the kernel either (the threads store the rows).
+            OutputLayout::PeerRows { rows, .. } => (
+                "D (this rank's received rows)",
+                1,
+                u64::from(rows.max(1)),
+                n,
+                64,
+            ),
             OutputLayout::RankBands { ranks } => {
                 // SAFETY: a pure function.
                 let box_rows = unsafe { weft_gemm_band_box_rows(ranks) };
@@ -578,12 +606,13 @@ impl Gemm {
             layout: _,
             row_slots,
             peer,
+            peer_rows,
             all_reduce,
             all_gather,
         } = extras;
         if let Some(g) = all_gather {
             ensure!(
-                peer.is_none() && all_reduce.is_none(),
+                peer.is_none() && peer_rows.is_none() && all_reduce.is_none(),
                 "GEMM {}: the fused AllGather combines with no other fused collective",
                 plan.shape
             );
@@ -653,6 +682,26 @@ impl Gemm {
             }
             (OutputLayout::PeerReduce { .. }, None) => anyhow::bail!("GEMM {}: the peer-reduce layout needs its peers' outputs and barriers (use weft_signal_gemm::fused::FusedReduceScatter)", plan.shape),
             (_, Some(_)) => anyhow::bail!("GEMM {}: peer targets were given for the {} layout", plan.shape, layout.name()),
+            (_, None) => {}
+        }
+        match (layout, peer_rows) {
+            (OutputLayout::PeerRows { ranks, rows }, Some(t)) => {
+                ensure!(
+                    t.bar.view.world as u32 == ranks && u64::from(t.table_rows) == m,
+                    "GEMM {}: peer rows made for {} ranks and {} rows of A given to a launch over {ranks} ranks and {m} rows",
+                    plan.shape,
+                    t.bar.view.world,
+                    t.table_rows
+                );
+                ensure!(flags.is_none() && groups.is_none(), "GEMM {}: the peer-rows layout signals through its barriers, not tile flags or wave groups", plan.shape);
+                p.peer_ptrs = t.ptrs;
+                p.row_slots = t.table;
+                p.peer_rows = rows;
+                p.peer_bar = t.bar;
+                p.peer_epoch = t.epoch;
+            }
+            (OutputLayout::PeerRows { .. }, None) => anyhow::bail!("GEMM {}: the peer-rows layout needs its peers' outputs, row table and barriers (use weft_signal_gemm::fused::FusedAllToAll)", plan.shape),
+            (_, Some(_)) => anyhow::bail!("GEMM {}: peer rows were given for the {} layout", plan.shape, layout.name()),
             (_, None) => {}
         }
         // (table, entries, slots): a table not checked for these slots, checked on the device

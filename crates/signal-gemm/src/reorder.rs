@@ -15,9 +15,9 @@ use half::bf16;
 use std::sync::Arc;
 use weft_kernels::abi::{
     weft_gemm_band_rows, weft_gemm_restore_params, WEFT_GEMM_LAYOUT_PEER_REDUCE,
-    WEFT_GEMM_LAYOUT_RANK_BANDS, WEFT_GEMM_LAYOUT_ROW_SLOTS, WEFT_GEMM_LAYOUT_STANDARD,
-    WEFT_GEMM_LAYOUT_TILE_ORDER, WEFT_GEMM_RESTORE_ADD, WEFT_GEMM_RESTORE_COPY,
-    WEFT_GEMM_RESTORE_RMSNORM,
+    WEFT_GEMM_LAYOUT_PEER_ROWS, WEFT_GEMM_LAYOUT_RANK_BANDS, WEFT_GEMM_LAYOUT_ROW_SLOTS,
+    WEFT_GEMM_LAYOUT_STANDARD, WEFT_GEMM_LAYOUT_TILE_ORDER, WEFT_GEMM_PEER_ROW_MASK,
+    WEFT_GEMM_RESTORE_ADD, WEFT_GEMM_RESTORE_COPY, WEFT_GEMM_RESTORE_RMSNORM,
 };
 use weft_kernels::cubins;
 
@@ -54,6 +54,12 @@ pub enum OutputLayout {
     /// [`FusedReduceScatter`](crate::fused::FusedReduceScatter), which owns the peers' buffers
     /// and barriers. Needs beta = 0.
     PeerReduce { ranks: u32 },
+    /// The fused GEMM + All-to-All's output (WEFT_GEMM_LAYOUT_PEER_ROWS): every rank's D is
+    /// `rows` × n (the most rows any rank receives) and each row of the product is stored, by
+    /// the epilogue's threads, into the row of its destination's D a table names (local or
+    /// through peer memory). Only through [`FusedAllToAll`](crate::fused::FusedAllToAll), which
+    /// owns the peers' buffers, the table and the barriers. Needs beta = 0.
+    PeerRows { ranks: u32, rows: u32 },
 }
 
 impl OutputLayout {
@@ -80,6 +86,19 @@ impl OutputLayout {
                 f64::from(m) / f64::from(ranks)
             );
         }
+        if let OutputLayout::PeerRows { ranks, rows } = self {
+            ensure!(
+                (1..=MAX_BAND_RANKS).contains(&ranks),
+                "the fused All-to-All spans 1 to {MAX_BAND_RANKS} ranks, asked for {ranks} ({})",
+                plan.describe()
+            );
+            ensure!(
+                rows <= WEFT_GEMM_PEER_ROW_MASK + 1,
+                "GEMM {}: the fused All-to-All addresses at most {} rows per rank, asked for {rows}",
+                plan.shape,
+                WEFT_GEMM_PEER_ROW_MASK + 1
+            );
+        }
         Ok(())
     }
 
@@ -100,6 +119,7 @@ impl OutputLayout {
             OutputLayout::PeerReduce { ranks } => {
                 u64::from(plan.shape.m / ranks.max(1)) * u64::from(plan.shape.n)
             }
+            OutputLayout::PeerRows { rows, .. } => u64::from(rows) * u64::from(plan.shape.n),
         }
     }
 
@@ -121,6 +141,7 @@ impl OutputLayout {
             OutputLayout::RankBands { .. } => "rank-bands",
             OutputLayout::RowSlots { .. } => "row-slots",
             OutputLayout::PeerReduce { .. } => "peer-reduce",
+            OutputLayout::PeerRows { .. } => "peer-rows",
         }
     }
 
@@ -146,6 +167,10 @@ impl OutputLayout {
                 plan.shape.m / ranks.max(1),
                 plan.shape.n
             ),
+            OutputLayout::PeerRows { ranks, rows } => format!(
+                "this rank's {rows} x {} received rows of {ranks} ranks",
+                plan.shape.n
+            ),
         }
     }
 
@@ -156,6 +181,7 @@ impl OutputLayout {
             OutputLayout::RankBands { .. } => WEFT_GEMM_LAYOUT_RANK_BANDS,
             OutputLayout::RowSlots { .. } => WEFT_GEMM_LAYOUT_ROW_SLOTS,
             OutputLayout::PeerReduce { .. } => WEFT_GEMM_LAYOUT_PEER_REDUCE,
+            OutputLayout::PeerRows { .. } => WEFT_GEMM_LAYOUT_PEER_ROWS,
         }
     }
 }

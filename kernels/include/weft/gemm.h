@@ -184,6 +184,18 @@ WEFT_HD uint32_t weft_gemm_group_of(const weft_gemm_wave_groups* g, uint32_t ord
 // arrives on every rank's END counter, and CTA 0 waits for all of them, so when the kernel ends
 // this rank's D holds the sum of every rank's rows.
 #define WEFT_GEMM_LAYOUT_PEER_REDUCE 4
+// PEER_ROWS (fused GEMM + All-to-All): row i of this rank's product goes to row
+// (row_slots[i] & WEFT_GEMM_PEER_ROW_MASK) of rank (row_slots[i] >> WEFT_GEMM_PEER_ROW_BITS)'s D,
+// a peer_rows x n row-major buffer at peer_ptrs[rank] (u64 per rank, global memory, each address
+// as mapped here). row_slots holds one uint32_t per row of A (m entries; WEFT_GEMM_NO_SLOT: not
+// stored). Rows scatter, so no TMA box fits: as for ROW_SLOTS the warpgroup's threads copy each
+// shared chunk with 16-byte stores, local or through peer memory (n is a multiple of 16, so a
+// piece never straddles n; pieces past n and rows past m are skipped). Barriers as PEER_REDUCE's,
+// without the zeroing: every rank's START arrival says its stream reached the launch (so its D's
+// previous contents were read); a consumer's first store waits for all of them; END as there.
+#define WEFT_GEMM_LAYOUT_PEER_ROWS 5
+#define WEFT_GEMM_PEER_ROW_BITS 28
+#define WEFT_GEMM_PEER_ROW_MASK 0x0FFFFFFFu  // (1 << WEFT_GEMM_PEER_ROW_BITS) - 1
 #define WEFT_GEMM_PEER_BAR_START 0  // counter rows of peer_bar: shape (1, 1, 2, 1)
 #define WEFT_GEMM_PEER_BAR_END 1
 #define WEFT_GEMM_NO_SLOT 0xFFFFFFFFu
@@ -328,6 +340,8 @@ typedef struct weft_gemm_params {
   // world is the reduction's) and this launch's barrier epoch (from 1; each launch arrives once
   // at each counter, so epoch e waits for world x ctas x e arrivals).
   uint64_t peer_maps;
+  uint64_t peer_ptrs;  // PEER_ROWS only: u64 per rank, its D's address as mapped here (global memory);
+                       // peer_rows is then the rows of every rank's D
   uint32_t peer_rows;
   uint32_t peer_reserved;
   uint64_t peer_epoch;

@@ -401,7 +401,9 @@ fn check_variant(
                 }
             }
         }
-        OutputLayout::RowSlots { .. } | OutputLayout::PeerReduce { .. } => {
+        OutputLayout::RowSlots { .. }
+        | OutputLayout::PeerReduce { .. }
+        | OutputLayout::PeerRows { .. } => {
             anyhow::bail!(
                 "{}: the {} layout is not measured here",
                 v.name,

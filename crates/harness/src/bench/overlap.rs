@@ -51,7 +51,7 @@ pub fn families(op: OpKind) -> &'static [Family] {
         OpKind::AllReduce => &[SeqWeft, Decomposition, Signal, FusedInter, DistFuse],
         OpKind::ReduceScatter => &[SeqWeft, Decomposition, FusedIntra],
         OpKind::AllGather => &[SeqWeft, Decomposition, FusedIntra, FusedInter, FusedCe],
-        OpKind::AllToAll => &[SeqWeft, Signal, SignalCe],
+        OpKind::AllToAll => &[SeqWeft, Signal, SignalCe, FusedIntra],
     }
 }
 

@@ -30,7 +30,11 @@ pub fn cases() -> Vec<Case> {
 
 /// Every rank's routing (the same on every rank: drawn from `rng`), by pattern: uniform, all to
 /// one rank, skewed (half the rows to rank 0), or in contiguous runs.
-fn random_routes(rng: &mut StdRng, world: usize, m: usize) -> (Vec<Vec<u32>>, &'static str) {
+pub(super) fn random_routes(
+    rng: &mut StdRng,
+    world: usize,
+    m: usize,
+) -> (Vec<Vec<u32>>, &'static str) {
     let pattern = rng.random_range(0..4);
     let target = rng.random_range(0..world) as u32;
     let routes = (0..world)

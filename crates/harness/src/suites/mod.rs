@@ -8,6 +8,7 @@ mod child;
 mod collectives;
 mod fused_all_gather;
 mod fused_all_reduce;
+mod fused_all_to_all;
 mod fused_reduce_scatter;
 mod gemm;
 mod gemm_row_slots;
@@ -58,6 +59,7 @@ pub fn all() -> Vec<Case> {
     cases.extend(all_to_all_ce::cases());
     cases.extend(fused_reduce_scatter::cases());
     cases.extend(fused_all_reduce::cases());
+    cases.extend(fused_all_to_all::cases());
     cases.extend(fused_all_gather::cases());
     cases.extend(auto_choice::cases());
     cases.extend(ops::cases());

@@ -13,15 +13,20 @@
 //!   ([`AllGatherMethod::Inter`]), or that copy engines gather on a side stream while every SM
 //!   computes ([`AllGatherMethod::CopyEngine`]).
 //!
+//! - [`FusedAllToAll`]: GEMM + All-to-All, the epilogue storing each row into its destination's
+//!   output through peer memory (DeepEP's intranode dispatch, written by the GEMM itself).
+//!
 //! Their CTA counts, and whether they beat the other methods at a shape, are chosen by the ops of
 //! [`crate::ops`] (`Auto`).
 
 mod ag_copy_engine;
 mod all_gather;
 mod all_reduce;
+mod all_to_all;
 mod collective_plan;
 mod reduce_scatter;
 
 pub use all_gather::{AllGatherMethod, FusedAllGatherGemm};
 pub use all_reduce::{AllReduceMethod, FusedAllReduce};
+pub use all_to_all::FusedAllToAll;
 pub use reduce_scatter::FusedReduceScatter;

@@ -5,7 +5,9 @@
 //! per peer), `seq-weft`, `signal:<margin>:<waves>` (FlashOverlap: the epilogue stores each row
 //! into its destination's pool of its wave group, one grouped send / receive per group, then a
 //! scatter into the order above), `signal-ce:<waves>` (the same pools moved by copy engines into
-//! the destinations' buffers as each group is stored; `overlap::AllToAllCopyEngine`), or `Auto`.
+//! the destinations' buffers as each group is stored; `overlap::AllToAllCopyEngine`),
+//! `fused-intra` (the epilogue stores each row straight into its destination's output through
+//! peer memory; `fused::FusedAllToAll`), or `Auto`.
 //!
 //! The routing is fixed when the op is planned (every rank's, the same on every rank); a choice of
 //! `Auto` is cached per shape whatever the routing (it was measured with the first routing seen).
@@ -23,6 +25,7 @@ use super::env::{lock, OverlapEnv, SharedComm};
 use super::inputs::{with_operands, Operands};
 use super::method::{Method, MethodChoice};
 use crate::dtype::GemmElement;
+use crate::fused::FusedAllToAll;
 use crate::overlap::{AllToAllCopyEngine, AllToAllOverlap};
 use crate::plan::{GemmOptions, GemmShape};
 use crate::row_gather::RowGather;
@@ -52,6 +55,9 @@ enum Imp<TO: OpElement> {
     },
     /// Boxed: it holds the GEMM, its maps and peer buffers, several times the others' size.
     CopyEngine(Box<AllToAllCopyEngine<TO>>),
+    /// fused-intra: the epilogue stores each row into its destination's output (peer memory),
+    /// which is the op's output.
+    Fused(Box<FusedAllToAll<TO>>),
 }
 
 /// One rank's GEMM + All-to-All for a fixed shape, options, world and routing.
@@ -129,7 +135,12 @@ impl<TO: OpElement> GemmAllToAll<TO> {
         let mut operands: Option<(Operands, Bench)> = None;
         let seed = 0xa2a ^ ((rank as u64) << 40);
         let new = |imp: Imp<TO>, report: ChoiceReport| -> anyhow::Result<Self> {
-            let out = stream.alloc_zeros::<TO>((sources.len() * shape.n as usize).max(1))?;
+            // The fused method's output is its own peer buffer.
+            let len = match imp {
+                Imp::Fused(_) => 1,
+                _ => (sources.len() * shape.n as usize).max(1),
+            };
+            let out = stream.alloc_zeros::<TO>(len)?;
             Ok(Self {
                 shape,
                 options,
@@ -235,15 +246,21 @@ impl<TO: OpElement> GemmAllToAll<TO> {
                 received,
             } => ov.run(stream, &*lock(comm)?, a, b, staging, received, out),
             Imp::CopyEngine(ce) => ce.run(stream, a, b, out),
+            Imp::Fused(f) => f.run(stream, a, b),
         }
     }
 
     /// The op's result: rows() × n of TO, the last launch's once it has run.
     pub fn output(&self) -> OpBuffer<'_, TO> {
-        // SAFETY: `out` holds at least rows() × n elements of TO and lives as long as self.
+        let ptr = match &self.imp {
+            Imp::Fused(f) => f.output().local_ptr(),
+            _ => self.out.device_ptr(&self.stream).0,
+        };
+        // SAFETY: `out`, or the fused method's output, holds at least rows() × n elements of TO
+        // and lives as long as self.
         unsafe {
             OpBuffer::new(
-                self.out.device_ptr(&self.stream).0,
+                ptr,
                 self.sources.len() * self.shape.n as usize,
                 &self.stream,
             )
@@ -252,6 +269,9 @@ impl<TO: OpElement> GemmAllToAll<TO> {
 
     /// As [`super::GemmAllReduce::synchronize`].
     pub fn synchronize(&self) -> anyhow::Result<()> {
+        if let Imp::Fused(f) = &self.imp {
+            return f.synchronize(&self.stream);
+        }
         self.stream.synchronize()?;
         match &self.imp {
             Imp::Signal { ov, .. } => ov.check(),
@@ -260,10 +280,11 @@ impl<TO: OpElement> GemmAllToAll<TO> {
         }
     }
 
-    /// Collective: frees the op's peer memory (signal-ce) on every rank.
+    /// Collective: frees the op's peer memory (signal-ce, fused-intra) on every rank.
     pub fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
         match self.imp {
             Imp::CopyEngine(ce) => ce.free(rdzv),
+            Imp::Fused(f) => f.free(rdzv),
             _ => Ok(()),
         }
     }
@@ -319,8 +340,16 @@ fn plan_imp<TO: OpElement>(
         Method::SignalCe { waves } => Imp::CopyEngine(Box::new(AllToAllCopyEngine::new(
             rdzv, stream, shape, options, waves, routes,
         )?)),
+        Method::FusedIntra => Imp::Fused(Box::new(FusedAllToAll::new(
+            rdzv,
+            stream.context(),
+            stream,
+            shape,
+            options,
+            routes,
+        )?)),
         other => {
-            bail!("{other} is not a method of GEMM + All-to-All (seq-cublas, seq-weft, signal, signal-ce)")
+            bail!("{other} is not a method of GEMM + All-to-All (seq-cublas, seq-weft, signal, signal-ce, fused-intra)")
         }
     })
 }

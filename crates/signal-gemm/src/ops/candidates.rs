@@ -167,7 +167,11 @@ pub fn candidates(
                 out.extend(COPY_ENGINE_TILE_ROWS.map(|tile_rows| Method::FusedCe { tile_rows }));
             }
         }
-        OpKind::AllToAll => {}
+        OpKind::AllToAll => {
+            if fused_world {
+                out.push(Method::FusedIntra);
+            }
+        }
         OpKind::AllReduce => {
             if fused_world {
                 out.extend(FUSED_COUNTS.map(|ctas| Method::FusedInter { ctas }));
@@ -276,7 +280,7 @@ mod tests {
         );
         assert_eq!(
             families(&candidates(OpKind::AllToAll, s, o, 2, 132, false)),
-            [SeqCublas, SeqWeft, SignalCe, Signal]
+            [SeqCublas, SeqWeft, SignalCe, Signal, FusedIntra]
         );
     }
 

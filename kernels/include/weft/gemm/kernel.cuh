@@ -3,7 +3,8 @@
 //   CTA < ctas (compute):  warpgroup 0 = loader (TMA, one thread, registers released) and, when
 //                          the launch signals, a signaller thread per consumer (signaller.cuh);
 //                          with the PEER_REDUCE layout, warps 1..3 zero the output and run the
-//                          cross-rank barriers instead (peer_reduce.cuh)
+//                          cross-rank barriers instead (peer_reduce.cuh; PEER_ROWS and the
+//                          fused AllGather: the barriers only)
 //                          warpgroups 1..kConsumers = consumers (wgmma) + Storer (epilogue)
 //   CTA >= ctas:           Communicator (reserved SMs; see communicator.cuh)
 //
@@ -94,7 +95,8 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
       if (peer_reduce(p)) {
         peer_reduce_start<Cfg>(p);
       } else if (threadIdx.x == 96) {
-        // AllGather: this rank's shard was written before the launch (stream order).
+        // AllGather: this rank's shard was written before the launch (stream order); PEER_ROWS:
+        // this rank's D was read before it.
         peer_bar_arrive(p, WEFT_GEMM_PEER_BAR_START);
       }
       if (threadIdx.x == 96) run_peer_barrier<Cfg>(p, sm);

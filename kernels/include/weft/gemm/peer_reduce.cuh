@@ -42,7 +42,12 @@ __device__ __forceinline__ bool peer_reduce(const weft_gemm_params& p) { return 
 // The fused AllGather + GEMM (A read from its owners' shards; ag_maps in gemm.h) uses the same
 // START / END counters: START = every rank's shard written, END = every rank's loads done.
 __device__ __forceinline__ bool all_gather_a(const weft_gemm_params& p) { return p.ag_maps != 0; }
-__device__ __forceinline__ bool peer_barriers(const weft_gemm_params& p) { return peer_reduce(p) || all_gather_a(p); }
+// The fused All-to-All (PEER_ROWS, gemm.h): the same counters, START = every rank's D was read,
+// END = every rank's stores into this D done.
+__device__ __forceinline__ bool peer_rows(const weft_gemm_params& p) { return p.layout == WEFT_GEMM_LAYOUT_PEER_ROWS; }
+// Layouts whose epilogue writes into peers' D, its first write after START.
+__device__ __forceinline__ bool peer_writes(const weft_gemm_params& p) { return peer_reduce(p) || peer_rows(p); }
+__device__ __forceinline__ bool peer_barriers(const weft_gemm_params& p) { return peer_writes(p) || all_gather_a(p); }
 
 __device__ __forceinline__ weft_tile_coord peer_bar_coord(uint32_t row) { return weft::sync::coord4(0, 0, row, 0); }
 
@@ -130,7 +135,8 @@ __device__ __forceinline__ void peer_reduce_start(const weft_gemm_params& p) {
   if (t == 0) peer_bar_arrive(p, WEFT_GEMM_PEER_BAR_START);
 }
 
-// A consumer's leader, before its warpgroup's first reduce (a barrier of the warpgroup follows).
+// A consumer's leader, before its warpgroup's first reduce or peer store (a barrier of the
+// warpgroup follows).
 // Runs with the accumulators live, so it only polls: false when the budget ran out, and the
 // consumer reports it after its loop (report_peer_start_stall), as for ConsumerStall.
 __device__ __forceinline__ bool peer_reduce_ready(const weft_gemm_params& p) {

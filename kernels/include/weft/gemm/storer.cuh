@@ -202,6 +202,27 @@ __device__ __forceinline__ void store_row_slots(const weft_gemm_params& p, const
   }
 }
 
+// PEER_ROWS: the warpgroup's threads copy chunk `chunk` (64 rows x 128 bytes, swizzled) of the
+// tile rows [row0, row0 + 64), columns from col0, to each row's destination (gemm.h): 8 threads
+// per row, each a 16-byte piece, so a row's 128 bytes go out as one coalesced write.
+__device__ __forceinline__ void store_peer_rows(const weft_gemm_params& p, const uint8_t* buf, uint32_t chunk,
+                                                uint32_t row0, uint32_t col0, uint32_t out_bytes) {
+  const uint32_t* table = reinterpret_cast<const uint32_t*>(p.row_slots);
+  const uint64_t* bases = reinterpret_cast<const uint64_t*>(p.peer_ptrs);
+  const uint64_t row_bytes = uint64_t(p.sched.n) * out_bytes;
+  const uint64_t col_byte = uint64_t(col0) * out_bytes + chunk * 128u;
+  for (uint32_t j = thread_in_warpgroup(); j < 64 * 8; j += kWarpgroupThreads) {
+    const uint32_t r = j / 8, piece = j % 8;
+    const uint32_t row = row0 + r;
+    if (row >= p.sched.m || col_byte + piece * 16 >= row_bytes) continue;
+    const uint32_t slot = table[row];
+    if (slot == WEFT_GEMM_NO_SLOT) continue;
+    const uint4 v = *reinterpret_cast<const uint4*>(buf + swizzle128(r, piece * 16));
+    uint8_t* dst = reinterpret_cast<uint8_t*>(bases[slot >> WEFT_GEMM_PEER_ROW_BITS]);
+    *reinterpret_cast<uint4*>(dst + uint64_t(slot & WEFT_GEMM_PEER_ROW_MASK) * row_bytes + col_byte + piece * 16) = v;
+  }
+}
+
 struct TmaStorer {
   template <class Cfg>
   __device__ __forceinline__ static void store(const weft_gemm_params& p, const SharedTiles<Cfg>& sm, int consumer,
@@ -220,8 +241,9 @@ struct TmaStorer {
     const bool issuer = kWhole ? lane == 0 : leader;
     uint32_t& epi_count = st.epi_count;
     const bool peer = peer_reduce(p);
-    // The warpgroup barriers below order every issuer after the leader's wait.
-    if (peer && !st.peer_ready) {
+    // The warpgroup barriers below order every issuer (PEER_ROWS: every thread) after the
+    // leader's wait.
+    if (peer_writes(p) && !st.peer_ready) {
       if (leader) st.peer_stalled = !peer_reduce_ready(p);
       st.peer_ready = true;
     }
@@ -237,6 +259,7 @@ struct TmaStorer {
     const bool tile_order = p.layout == WEFT_GEMM_LAYOUT_TILE_ORDER;
     const bool bands = p.layout == WEFT_GEMM_LAYOUT_RANK_BANDS;
     const bool row_slots = p.layout == WEFT_GEMM_LAYOUT_ROW_SLOTS;
+    const bool to_peer_rows = peer_rows(p);
     const int32_t store_row = static_cast<int32_t>(tile_order ? order * Cfg::kBM + consumer * 64 : row0);
     const int32_t store_col = static_cast<int32_t>(tile_order || bands ? 0 : col0);
     weft_gemm_band_slots slots{0, 0};
@@ -304,6 +327,11 @@ struct TmaStorer {
       if (row_slots) {
 #pragma unroll
         for (int c = 0; c < Cfg::kEpiChunks; ++c) store_row_slots(p, sm.epi(consumer, c), c * 128, t, consumer * 64, sizeof(Out));
+      } else if (to_peer_rows) {
+        // A phantom stores nothing.
+#pragma unroll
+        for (int c = 0; c < Cfg::kEpiChunks; ++c)
+          if (t.valid) store_peer_rows(p, sm.epi(consumer, c), c, row0, col0, sizeof(Out));
       } else if (issuer) {
         bool issued = false;
         if (wide) {
@@ -328,6 +356,8 @@ struct TmaStorer {
         named_barrier_sync(bar_id, kWarpgroupThreads);
         if (row_slots) {
           store_row_slots(p, buf, c * 128, t, consumer * 64, sizeof(Out));  // read before the next write's barrier
+        } else if (to_peer_rows) {
+          if (t.valid) store_peer_rows(p, buf, c, row0, col0, sizeof(Out));  // likewise
         } else if (leader) {
           store_chunk(c, buf);  // the only issuer: its share is every box
           bulk_commit_group();
@@ -336,6 +366,7 @@ struct TmaStorer {
       }
     }
     // ROW_SLOTS: every thread's stores of this tile before the leader's (deferred) release.
+    // (PEER_ROWS signals only at the drain, whose barrier orders them.)
     if (row_slots) named_barrier_sync(bar_id, kWarpgroupThreads);
     if (p.tile_flags != 0) st.pending = order;
     if (leader && consumer == 0 && p.trace != 0 && t.valid) {
