@@ -45,18 +45,16 @@ pub fn shapes(op: OpKind, quick: bool) -> Vec<GemmShape> {
     }
     match op {
         OpKind::AllReduce | OpKind::ReduceScatter => v.extend(large_shapes(quick)),
-        OpKind::AllGather => v.extend(if quick {
-            vec![s(8192, 2048, 8192)]
-        } else {
-            // async-TP's AllGather + matmul shapes first.
-            vec![
-                s(8192, 2048, 8192),
-                s(16384, 2048, 8192),
-                s(8192, 8192, 2048),
-                s(16384, 8192, 2048),
-                s(4096, 8192, 8192),
-            ]
-        }),
+        // The dual of the ReduceScatter grid: with sequence parallelism a layer's AllGather +
+        // GEMM (column-parallel, K = hidden) and its GEMM + ReduceScatter (row-parallel, N =
+        // hidden) share the rank's inner size, so each row M × N × K there is M × K × N here
+        // (async-TP's shapes, N = 2048 at M = 8192 and 16384, among them).
+        OpKind::AllGather => v.extend(
+            large_shapes(quick)
+                .into_iter()
+                .map(|g| s(g.m, g.k, g.n))
+                .collect::<Vec<_>>(),
+        ),
         OpKind::AllToAll => v.extend(if quick {
             vec![s(8192, 8192, 2048)]
         } else {
@@ -109,6 +107,18 @@ mod tests {
         assert!(format!("{:#}", parse_shapes("6144x8192").unwrap_err()).contains("expected MxNxK"));
         assert!(format!("{:#}", parse_shapes("6144x8192xk").unwrap_err()).contains("K \"k\""));
         assert!(format!("{:#}", parse_shapes("0x8x8").unwrap_err()).contains("M is 0"));
+    }
+
+    #[test]
+    fn the_all_gather_grid_is_the_reduce_scatter_grids_dual() {
+        let ag = shapes(OpKind::AllGather, false);
+        for g in shapes(OpKind::ReduceScatter, false)
+            .iter()
+            .filter(|g| g.m >= 4096)
+        {
+            assert!(ag.contains(&GemmShape::new(g.m, g.k, g.n)), "{g:?}");
+        }
+        assert!(ag.contains(&GemmShape::new(8192, 2048, 8192)));
     }
 
     #[test]

@@ -98,7 +98,7 @@ pub(crate) fn choose_and_plan<T>(
     *env.cache_mut() = cache;
     let ranking = ranked?;
     let mut refused = Vec::new();
-    for (m, _) in ranking.ordered(|m| choice.allows(m)) {
+    for (m, _) in ranking.preferred(|m| choice.allows(m)) {
         let planned = plan_exact(rdzv, env, m);
         match agree(rdzv, &format!("planning {title} {shape} with {m}"), planned) {
             Ok(op) => {

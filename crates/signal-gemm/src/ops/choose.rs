@@ -48,6 +48,12 @@ impl Default for AutoPolicy {
     }
 }
 
+/// How much faster than the fastest sequential candidate another must have measured for `Auto`
+/// to take it (a fraction). Two instances of one op timed back to back differ by up to about 2 %
+/// at latency-bound sizes (1 µs of 50 on two H200s: GEMM + All-to-All at M = 128), so a smaller
+/// lead is noise, and the sequential path is the one `Auto` must never lose to.
+pub const SEQUENTIAL_PREFERENCE: f64 = 0.02;
+
 /// The candidates' times for one key, fastest first, as every rank sees them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Ranking {
@@ -71,6 +77,20 @@ impl Ranking {
         allow: impl Fn(&Method) -> bool + 'a,
     ) -> impl Iterator<Item = &'a (Method, f64)> + 'a {
         self.times.iter().filter(move |(m, _)| allow(m))
+    }
+
+    /// The methods `allow` accepts in the order `Auto` tries them: fastest first, except that
+    /// the fastest sequential one goes first when the fastest of all leads it by no more than
+    /// [`SEQUENTIAL_PREFERENCE`].
+    pub fn preferred(&self, allow: impl Fn(&Method) -> bool) -> Vec<&(Method, f64)> {
+        let mut order: Vec<&(Method, f64)> = self.times.iter().filter(|(m, _)| allow(m)).collect();
+        if let Some(at) = order.iter().position(|(m, _)| m.is_sequential()) {
+            if at > 0 && order[at].1 <= order[0].1 * (1.0 + SEQUENTIAL_PREFERENCE) {
+                let seq = order.remove(at);
+                order.insert(0, seq);
+            }
+        }
+        order
     }
 
     /// Why no allowed candidate is usable, for an error.

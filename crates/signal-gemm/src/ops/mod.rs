@@ -46,7 +46,7 @@ pub use candidates::{
     candidates, groupings, OpKind, DECOMPOSITION_CHUNKS, FUSED_COUNTS, SIGNAL_MARGINS,
 };
 pub use choice::ChoiceReport;
-pub use choose::{rank_candidates, AutoPolicy, Ranking, DEFAULT_BUDGET_S};
+pub use choose::{rank_candidates, AutoPolicy, Ranking, DEFAULT_BUDGET_S, SEQUENTIAL_PREFERENCE};
 pub use common::OpElement;
 pub use env::{OverlapEnv, SharedComm};
 pub use key::{m_range, machine_fingerprint, weft_version, ChoiceKey};
