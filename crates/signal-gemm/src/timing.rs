@@ -10,7 +10,7 @@ pub fn time_iterations(
     iters: usize,
     op: impl FnMut() -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<f64>> {
-    time_runs(stream, warmup, iters, None, op)
+    time_runs(stream, warmup, iters, None, || Ok(()), op)
 }
 
 /// Bytes an L2 flush writes: twice the device's L2, so nothing an earlier run left there survives.
@@ -28,7 +28,20 @@ pub fn time_flushed(
     flush: &mut cudarc::driver::CudaSlice<u8>,
     op: impl FnMut() -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<f64>> {
-    time_runs(stream, warmup, iters, Some(flush), op)
+    time_runs(stream, warmup, iters, Some(flush), || Ok(()), op)
+}
+
+/// As [`time_flushed`], with `align` enqueued after each flush, outside the events (a collective
+/// that lines the ranks up, so each timed run starts together on every rank).
+pub fn time_flushed_aligned(
+    stream: &std::sync::Arc<CudaStream>,
+    warmup: usize,
+    iters: usize,
+    flush: &mut cudarc::driver::CudaSlice<u8>,
+    align: impl FnMut() -> anyhow::Result<()>,
+    op: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<f64>> {
+    time_runs(stream, warmup, iters, Some(flush), align, op)
 }
 
 fn time_runs(
@@ -36,6 +49,7 @@ fn time_runs(
     warmup: usize,
     iters: usize,
     mut flush: Option<&mut cudarc::driver::CudaSlice<u8>>,
+    mut align: impl FnMut() -> anyhow::Result<()>,
     mut op: impl FnMut() -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<f64>> {
     for _ in 0..warmup {
@@ -52,6 +66,7 @@ fn time_runs(
         if let Some(f) = flush.as_deref_mut() {
             stream.memset_zeros(f)?;
         }
+        align()?;
         events[2 * i].record(stream)?;
         op()?;
         events[2 * i + 1].record(stream)?;
