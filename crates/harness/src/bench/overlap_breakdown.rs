@@ -11,15 +11,15 @@ use super::rig::Rig;
 use cudarc::driver::CudaSlice;
 use half::bf16;
 use weft_signal_gemm::ops::{Method, OpKind};
-use weft_signal_gemm::{CublasGemm, Gemm, GemmOptions, GemmShape};
+use weft_signal_gemm::{CublasGemm, Gemm, GemmOptions, GemmShape, TileChoice};
 
 /// The GEMM a method runs, as timed alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemmAlone {
     /// cuBLAS over the whole shape, in `bands` row bands one after the other.
     Cublas { bands: u32 },
-    /// weft's GEMM leaving `sm_margin` SMs idle.
-    Weft { sm_margin: u32 },
+    /// weft's GEMM leaving `sm_margin` SMs idle, with the method's tile width where it fixes one.
+    Weft { sm_margin: u32, tile: TileChoice },
 }
 
 impl GemmAlone {
@@ -35,19 +35,28 @@ impl GemmAlone {
                     *chunks
                 },
             },
-            Method::SeqWeft | Method::FusedIntra | Method::FusedCe { .. } => {
-                GemmAlone::Weft { sm_margin: 0 }
+            Method::SeqWeft | Method::FusedIntra => GemmAlone::weft(0),
+            Method::FusedCe { tile_n, .. } => GemmAlone::Weft {
+                sm_margin: 0,
+                tile: match tile_n {
+                    Some(128) => TileChoice::N128,
+                    Some(_) => TileChoice::N256,
+                    None => TileChoice::Auto,
+                },
+            },
+            Method::Signal { sm_margin, .. } => GemmAlone::weft(*sm_margin),
+            Method::SignalCe { .. } => {
+                GemmAlone::weft(weft_signal_gemm::overlap::COPY_ENGINE_SM_MARGIN)
             }
-            Method::Signal { sm_margin, .. } => GemmAlone::Weft {
-                sm_margin: *sm_margin,
-            },
-            Method::SignalCe { .. } => GemmAlone::Weft {
-                sm_margin: weft_signal_gemm::overlap::COPY_ENGINE_SM_MARGIN,
-            },
-            Method::FusedInter { ctas } => GemmAlone::Weft { sm_margin: *ctas },
-            Method::DistFuse { workers } => GemmAlone::Weft {
-                sm_margin: *workers,
-            },
+            Method::FusedInter { ctas } => GemmAlone::weft(*ctas),
+            Method::DistFuse { workers } => GemmAlone::weft(*workers),
+        }
+    }
+
+    fn weft(sm_margin: u32) -> Self {
+        GemmAlone::Weft {
+            sm_margin,
+            tile: TileChoice::Auto,
         }
     }
 
@@ -85,12 +94,13 @@ impl GemmAlone {
                     Ok(())
                 })
             }
-            GemmAlone::Weft { sm_margin } => {
+            GemmAlone::Weft { sm_margin, tile } => {
                 let gemm = Gemm::new(
                     compute.context(),
                     shape,
                     GemmOptions {
                         sm_margin,
+                        tile,
                         ..GemmOptions::default()
                     },
                 )?;
@@ -121,8 +131,29 @@ mod tests {
             GemmAlone::Cublas { bands: 4 }
         );
         assert_eq!(
-            GemmAlone::of(ag, &Method::FusedCe { tile_rows: 4 }, 2),
-            GemmAlone::Weft { sm_margin: 0 }
+            GemmAlone::of(
+                ag,
+                &Method::FusedCe {
+                    tile_rows: 4,
+                    tile_n: None
+                },
+                2
+            ),
+            GemmAlone::weft(0)
+        );
+        assert_eq!(
+            GemmAlone::of(
+                ag,
+                &Method::FusedCe {
+                    tile_rows: 4,
+                    tile_n: Some(128)
+                },
+                2
+            ),
+            GemmAlone::Weft {
+                sm_margin: 0,
+                tile: TileChoice::N128
+            }
         );
         assert_eq!(
             GemmAlone::of(
@@ -133,15 +164,15 @@ mod tests {
                 },
                 2
             ),
-            GemmAlone::Weft { sm_margin: 32 }
+            GemmAlone::weft(32)
         );
         assert_eq!(
             GemmAlone::of(ar, &Method::FusedInter { ctas: 16 }, 2),
-            GemmAlone::Weft { sm_margin: 16 }
+            GemmAlone::weft(16)
         );
         assert_eq!(
             GemmAlone::of(ar, &Method::DistFuse { workers: 8 }, 2),
-            GemmAlone::Weft { sm_margin: 8 }
+            GemmAlone::weft(8)
         );
     }
 }

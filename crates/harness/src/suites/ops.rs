@@ -119,7 +119,8 @@ fn abs_sum(
     cmp.abs_sum_over_ranks(&comm, stream, &partial)
 }
 
-/// The first candidate of every family `Auto` would consider at `shape`, then `Auto` itself.
+/// The first candidate of every family `Auto` would consider at `shape` (and the first
+/// copy-engine AllGather with a fixed tile width), then `Auto` itself.
 fn choices(
     env: &OverlapEnv,
     kind: OpKind,
@@ -128,13 +129,25 @@ fn choices(
 ) -> anyhow::Result<Vec<MethodChoice>> {
     let sms = device_sms(env.context())?;
     let mut out: Vec<MethodChoice> = Vec::new();
-    for m in candidates(kind, shape, GemmOptions::default(), world, sms, false) {
+    let all = candidates(kind, shape, GemmOptions::default(), world, sms, false);
+    for m in &all {
         if !out
             .iter()
             .any(|c| matches!(c, MethodChoice::Exact(x) if x.family() == m.family()))
         {
-            out.push(MethodChoice::Exact(m));
+            out.push(MethodChoice::Exact(m.clone()));
         }
+    }
+    if let Some(m) = all.iter().find(|m| {
+        matches!(
+            m,
+            Method::FusedCe {
+                tile_n: Some(_),
+                ..
+            }
+        )
+    }) {
+        out.push(MethodChoice::Exact(m.clone()));
     }
     out.push(MethodChoice::Auto);
     Ok(out)

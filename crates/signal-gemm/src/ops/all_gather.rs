@@ -25,7 +25,7 @@ use crate::cublas::CublasGemm;
 use crate::dtype::{Dtype, GemmElement};
 use crate::fused::{AllGatherMethod, FusedAllGatherGemm};
 use crate::overlap::high_priority_stream;
-use crate::plan::{GemmOptions, GemmShape};
+use crate::plan::{GemmOptions, GemmShape, TileChoice};
 use anyhow::{bail, ensure, Context};
 use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
 use half::{bf16, f16};
@@ -322,7 +322,16 @@ fn plan_imp<TI: OpElement>(
         }
         Method::FusedIntra => Imp::Fused(FusedAllGatherGemm::<TI>::new(rdzv, &ctx, stream, shape, options, AllGatherMethod::Intra)?),
         Method::FusedInter { ctas } => Imp::Fused(FusedAllGatherGemm::<TI>::new(rdzv, &ctx, stream, shape, options, AllGatherMethod::Inter { comm_ctas: *ctas })?),
-        Method::FusedCe { tile_rows } => Imp::Fused(FusedAllGatherGemm::<TI>::new(rdzv, &ctx, stream, shape, options, AllGatherMethod::CopyEngine { tile_rows: *tile_rows })?),
+        Method::FusedCe { tile_rows, tile_n } => {
+            let tile = match tile_n {
+                None => options.tile,
+                Some(128) => TileChoice::N128,
+                Some(256) => TileChoice::N256,
+                Some(w) => bail!("{method}: the tile width is 128 or 256, not {w}"),
+            };
+            let options = GemmOptions { tile, ..options };
+            Imp::Fused(FusedAllGatherGemm::<TI>::new(rdzv, &ctx, stream, shape, options, AllGatherMethod::CopyEngine { tile_rows: *tile_rows })?)
+        }
         other => bail!("{other} is not a method of AllGather + GEMM (seq-cublas, seq-weft, decomposition, fused-intra, fused-inter, fused-ce)"),
     })
 }

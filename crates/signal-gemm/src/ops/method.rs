@@ -7,7 +7,7 @@
 //! ```text
 //! seq-cublas  seq-weft  decomposition:<chunks>  signal:<sm_margin>:<waves per group, '+'-joined>
 //! signal-ce:<waves per group, '+'-joined>  fused-intra  fused-inter:<ctas>
-//! fused-ce:<tile rows per copy>  distfuse:<workers>
+//! fused-ce:<tile rows per copy>[:<tile width>]  distfuse:<workers>
 //! ```
 
 use anyhow::{bail, ensure, Context};
@@ -40,8 +40,10 @@ pub enum Method {
     FusedInter { ctas: u32 },
     /// AllGather: copy engines pull the peers' shards (PyTorch async-TP's data movement) on a
     /// side stream, `tile_rows` tile rows per copy, while weft's persistent GEMM keeps every SM
-    /// and waits for each copy's flag before loading its rows.
-    FusedCe { tile_rows: u32 },
+    /// and waits for each copy's flag before loading its rows. `tile_n`: the GEMM's tile width
+    /// (128 or 256), or `None` for the plan's own choice: narrower tiles shorten the work left
+    /// after the last copy lands where the gather takes longer than the GEMM.
+    FusedCe { tile_rows: u32, tile_n: Option<u32> },
     /// DistFuse: per-tile flags, `workers` CTAs of a second kernel all-reduce each tile as soon
     /// as it is ready.
     DistFuse { workers: u32 },
@@ -141,7 +143,14 @@ impl fmt::Display for Method {
             Method::SeqCublas | Method::SeqWeft | Method::FusedIntra => f.write_str(name),
             Method::Decomposition { chunks } => write!(f, "{name}:{chunks}"),
             Method::FusedInter { ctas } => write!(f, "{name}:{ctas}"),
-            Method::FusedCe { tile_rows } => write!(f, "{name}:{tile_rows}"),
+            Method::FusedCe {
+                tile_rows,
+                tile_n: None,
+            } => write!(f, "{name}:{tile_rows}"),
+            Method::FusedCe {
+                tile_rows,
+                tile_n: Some(w),
+            } => write!(f, "{name}:{tile_rows}:{w}"),
             Method::DistFuse { workers } => write!(f, "{name}:{workers}"),
             Method::Signal { sm_margin, waves } => {
                 let w: Vec<String> = waves.iter().map(u32::to_string).collect();
@@ -196,9 +205,25 @@ impl FromStr for Method {
                 }
             }
             Family::FusedCe => {
-                want(1, "fused-ce:<tile rows per copy>")?;
+                let form = "fused-ce:<tile rows per copy>[:<tile width, 128 or 256>]";
+                ensure!(
+                    args.len() == 1 || args.len() == 2,
+                    "method {s:?}: expected the form {form}"
+                );
+                let tile_n = match args.get(1) {
+                    None => None,
+                    Some(w) => {
+                        let w = count(w, "tile width", s)?;
+                        ensure!(
+                            w == 128 || w == 256,
+                            "method {s:?}: the tile width is 128 or 256, not {w}"
+                        );
+                        Some(w)
+                    }
+                };
                 Method::FusedCe {
                     tile_rows: count(args[0], "tile rows per copy", s)?,
+                    tile_n,
                 }
             }
             Family::DistFuse => {
@@ -301,7 +326,14 @@ mod tests {
             Method::SignalCe { waves: vec![2, 1] },
             Method::FusedIntra,
             Method::FusedInter { ctas: 16 },
-            Method::FusedCe { tile_rows: 4 },
+            Method::FusedCe {
+                tile_rows: 4,
+                tile_n: None,
+            },
+            Method::FusedCe {
+                tile_rows: 16,
+                tile_n: Some(128),
+            },
             Method::DistFuse { workers: 8 },
         ];
         for m in methods {
