@@ -445,6 +445,8 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
         };
         // Auto before the families: its first use (if the cache lacks the shape) is its own.
         let mut auto_first_use = (0.0, 0usize);
+        // The candidates whose times were the tuner's predictions (WEFT_TUNING), with them.
+        let mut auto_predicted: Vec<(String, f64)> = Vec::new();
         if auto_wanted {
             progress(
                 job,
@@ -457,6 +459,14 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
                 report.first_use_s(),
                 report.ranking.as_ref().map_or(0, |r| r.measured),
             );
+            if let Some(r) = &report.ranking {
+                auto_predicted = r
+                    .times
+                    .iter()
+                    .filter(|(m, _)| r.predicted.contains(m))
+                    .map(|(m, t)| (m.to_string(), *t))
+                    .collect();
+            }
             planned.push((MethodChoice::Auto, anyop));
         }
         let mut refused = Vec::new();
@@ -650,6 +660,20 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
                 ("auto_first_use_s", Json::Num(*first_use)),
                 ("auto_breakdown", Json::obj(breakdown(&a.method, a.ms))),
                 ("auto_candidates_measured", Json::Num(*count as f64)),
+                (
+                    "auto_predicted",
+                    Json::Arr(
+                        auto_predicted
+                            .iter()
+                            .map(|(m, t)| {
+                                Json::obj(vec![
+                                    ("method", Json::Str(m.clone())),
+                                    ("ms", Json::Num(*t)),
+                                ])
+                            })
+                            .collect(),
+                    ),
+                ),
             ]);
         }
         cells.push(fastest.0.to_string());

@@ -8,7 +8,9 @@
 use crate::job::Job;
 use crate::trials::Case;
 use std::time::Duration;
-use weft_signal_gemm::ops::{rank_candidates, AutoPolicy, ChoiceCache, ChoiceKey, Method, OpKind};
+use weft_signal_gemm::ops::{
+    rank_candidates, rank_candidates_predicted, AutoPolicy, ChoiceCache, ChoiceKey, Method, OpKind,
+};
 use weft_signal_gemm::{GemmOptions, GemmShape};
 
 pub fn cases() -> Vec<Case> {
@@ -28,6 +30,10 @@ pub fn cases() -> Vec<Case> {
         Case::cpu(
             "auto_choice::a_spent_budget_leaves_the_sequential_paths",
             budget_spent,
+        ),
+        Case::cpu(
+            "auto_choice::predictions_every_rank_has_replace_measurements",
+            predictions_replace_measurements,
         ),
     ]
 }
@@ -359,6 +365,60 @@ fn budget_spent(job: &mut Job) -> anyhow::Result<()> {
             "{:?}",
             r.excluded
         );
+        Ok(())
+    })
+}
+
+/// Made-up predictions: where every rank predicts a non-sequential candidate it is not measured
+/// and the slowest rank's prediction ranks it (named in `predicted`, kept out of the cache);
+/// where one rank has none it is measured on all; sequential candidates are always measured.
+fn predictions_replace_measurements(job: &mut Job) -> anyhow::Result<()> {
+    let (rank, world) = (job.rank(), job.world());
+    let candidates = [m("seq-cublas"), m("signal:32:1"), m("signal:16:1")];
+    let k = key(job, 2816);
+    with_cache(rank, "predicted", |cache, _| {
+        let r = rank_candidates_predicted(
+            &mut job.rdzv,
+            cache,
+            &k,
+            4096,
+            &candidates,
+            &policy(),
+            |c| match c.to_string().as_str() {
+                "seq-cublas" => Some(0.001),
+                "signal:32:1" => Some(0.20 + 0.01 * rank as f64),
+                // Predicted by every rank but the last (on one rank: by none).
+                _ => (rank + 1 < world).then_some(0.10),
+            },
+            |_, c| match c.to_string().as_str() {
+                "seq-cublas" => Ok(0.30),
+                "signal:16:1" => Ok(0.40),
+                other => anyhow::bail!("{other} was measured although every rank predicted it"),
+            },
+        )?;
+        let got: Vec<(String, f64)> = r.times.iter().map(|(m, t)| (m.to_string(), *t)).collect();
+        let slowest = 0.20 + 0.01 * (world - 1) as f64;
+        anyhow::ensure!(
+            got == [
+                ("signal:32:1".to_string(), slowest),
+                ("seq-cublas".to_string(), 0.30),
+                ("signal:16:1".to_string(), 0.40)
+            ],
+            "ranked {got:?}"
+        );
+        anyhow::ensure!(
+            r.predicted == [m("signal:32:1")] && r.measured == 2,
+            "predicted {:?}, measured {}",
+            r.predicted,
+            r.measured
+        );
+        if rank == 0 {
+            let cached = cache.lookup(&k).map(|e| e.results.len());
+            anyhow::ensure!(
+                cached == Some(2),
+                "the cache holds {cached:?} results, expected the 2 measured ones"
+            );
+        }
         Ok(())
     })
 }

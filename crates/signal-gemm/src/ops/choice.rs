@@ -3,7 +3,7 @@
 //! first use) and plans the fastest that every rank can plan at this exact shape.
 
 use super::candidates::{candidates, OpKind};
-use super::choose::{rank_candidates, Ranking};
+use super::choose::{rank_candidates_predicted, Ranking};
 use super::env::{lock, OverlapEnv};
 use super::key::ChoiceKey;
 use super::method::{Method, MethodChoice};
@@ -87,13 +87,21 @@ pub(crate) fn choose_and_plan<T>(
     let key = ChoiceKey::new(kind, shape, &options, capturable, world, env.machine());
     let mut cache = std::mem::take(env.cache_mut());
     let policy = *env.policy();
-    let ranked = rank_candidates(
+    let predictions: Vec<Option<f64>> = allowed
+        .iter()
+        .map(|m| env.predict(kind, shape, options, m))
+        .collect();
+    let ranked = rank_candidates_predicted(
         rdzv,
         &mut cache,
         &key,
         shape.m,
         &allowed,
         &policy,
+        |m| {
+            let at = allowed.iter().position(|a| a == m)?;
+            predictions[at]
+        },
         |rdzv, m| measure(rdzv, env, m),
     );
     *env.cache_mut() = cache;

@@ -8,6 +8,10 @@
 //!   elapsed time, which all of them see).
 //! - Only candidates the cache does not hold are measured, so a family asked for after `Auto`
 //!   (or the reverse) reuses what was measured.
+//! - A non-sequential candidate every rank can predict (the wave-group tuner's model, where a
+//!   tuning file for the machine is loaded: `OverlapEnv::set_tuning`) is not measured: the
+//!   slowest rank's prediction counts. Predictions are not cached (they cost nothing, and the
+//!   cache must not keep a number no run measured once the tuning file is gone).
 
 use super::cache::{ChoiceCache, Entry, Outcome};
 use super::key::ChoiceKey;
@@ -64,8 +68,10 @@ pub struct Ranking {
     /// Candidates that cannot be used, with why (failed or refused on a rank, or left unmeasured
     /// when the budget ran out).
     pub excluded: Vec<(Method, String)>,
-    /// Candidates measured by this call (0: every time came from the cache).
+    /// Candidates measured by this call (0: every time came from the cache or a prediction).
     pub measured: usize,
+    /// Candidates whose time is the tuner's prediction, not a measurement.
+    pub predicted: Vec<Method>,
     /// Wall time this call spent measuring (the slowest rank's), seconds.
     pub first_use_s: f64,
 }
@@ -118,6 +124,23 @@ pub fn rank_candidates(
     m: u32,
     candidates: &[Method],
     policy: &AutoPolicy,
+    measure: impl FnMut(&mut Rendezvous, &Method) -> anyhow::Result<f64>,
+) -> anyhow::Result<Ranking> {
+    rank_candidates_predicted(rdzv, cache, key, m, candidates, policy, |_| None, measure)
+}
+
+/// Collective: as [`rank_candidates`], with `predict` giving this rank's predicted ms of a
+/// candidate where it has one: a non-sequential candidate the cache lacks is then not measured
+/// if every rank predicts it (the slowest rank's prediction counts), else measured as usual.
+#[allow(clippy::too_many_arguments)]
+pub fn rank_candidates_predicted(
+    rdzv: &mut Rendezvous,
+    cache: &mut ChoiceCache,
+    key: &ChoiceKey,
+    m: u32,
+    candidates: &[Method],
+    policy: &AutoPolicy,
+    mut predict: impl FnMut(&Method) -> Option<f64>,
     mut measure: impl FnMut(&mut Rendezvous, &Method) -> anyhow::Result<f64>,
 ) -> anyhow::Result<Ranking> {
     // Rank 0's entry, as JSON, or nothing.
@@ -145,7 +168,31 @@ pub fn rank_candidates(
     let mut elapsed_s = 0.0f64;
     let mut measured = 0;
     let mut unmeasured = Vec::new();
+    let mut predicted: Vec<(Method, f64)> = Vec::new();
     for c in missing {
+        if !c.is_sequential() {
+            // NaN: no prediction on this rank.
+            let mine = predict(c)
+                .filter(|p| p.is_finite() && *p > 0.0)
+                .unwrap_or(f64::NAN);
+            let all = rdzv
+                .all_gather(&mine.to_le_bytes())
+                .with_context(|| format!("exchanging the predictions of {c}"))?;
+            let each: Vec<f64> = all
+                .iter()
+                .map(|b| {
+                    f64::from_le_bytes(
+                        b.get(..8)
+                            .and_then(|s| s.try_into().ok())
+                            .unwrap_or([0xFF; 8]),
+                    )
+                })
+                .collect();
+            if each.iter().all(|p| p.is_finite() && *p > 0.0) {
+                predicted.push((c.clone(), each.iter().copied().fold(0.0, f64::max)));
+                continue;
+            }
+        }
         if !c.is_sequential() && elapsed_s > policy.budget.as_secs_f64() {
             unmeasured.push((
                 c.clone(),
@@ -222,6 +269,7 @@ pub fn rank_candidates(
             (None, why) => excluded.push((c.clone(), why.clone().unwrap_or_default())),
         }
     }
+    times.extend(predicted.iter().cloned());
     times.sort_by(|a, b| a.1.total_cmp(&b.1));
     Ok(Ranking {
         key: key.clone(),
@@ -229,6 +277,7 @@ pub fn rank_candidates(
         times,
         excluded,
         measured,
+        predicted: predicted.into_iter().map(|(m, _)| m).collect(),
         first_use_s: elapsed_s,
     })
 }

@@ -1,10 +1,17 @@
 //! What the ops of one rank share: the GPU's context, the NCCL communicator over every rank,
 //! communicators limited to a few CTAs (the signal method's, made on first need), the choice
-//! cache, how `Auto` measures, and the machine's description that keys the cache.
+//! cache, how `Auto` measures, the machine's description that keys the cache, and the
+//! wave-group tuner's profile of the machine where one is loaded (its predictions stand in for
+//! measurements of the signal path).
 
 use super::cache::ChoiceCache;
+use super::candidates::OpKind;
 use super::choose::AutoPolicy;
 use super::key::machine_fingerprint;
+use super::method::Method;
+use crate::plan::{GemmOptions, GemmPlan, GemmShape};
+use crate::tuner::{predict_overlap, Op, TuningProfile};
+use crate::wave_groups::WaveGroups;
 use anyhow::{ensure, Context};
 use cudarc::driver::CudaContext;
 use std::sync::{Arc, Mutex};
@@ -23,7 +30,11 @@ pub struct OverlapEnv {
     policy: AutoPolicy,
     machine: String,
     world: usize,
+    tuning: Option<TuningProfile>,
 }
+
+/// The variable naming a tuning file (`weft tune --out`) every `OverlapEnv` loads.
+pub const TUNING_VAR: &str = "WEFT_TUNING";
 
 impl OverlapEnv {
     /// Collective over `rdzv`'s ranks: creates an NCCL communicator over them, describes the
@@ -71,7 +82,7 @@ impl OverlapEnv {
         // at the rendezvous timeout.
         let machine = machine_fingerprint(rdzv, ctx)
             .context("describing the machine for the choice cache")?;
-        Ok(Self {
+        let mut env = Self {
             ctx: ctx.clone(),
             comm: Arc::new(Mutex::new(comm)),
             limited: Vec::new(),
@@ -79,7 +90,57 @@ impl OverlapEnv {
             policy: AutoPolicy::default(),
             machine,
             world: rdzv.world(),
-        })
+            tuning: None,
+        };
+        if let Some(path) = std::env::var_os(TUNING_VAR) {
+            let path = std::path::PathBuf::from(path);
+            let loaded = TuningProfile::load(&path).and_then(|p| env.set_tuning(p));
+            loaded.with_context(|| {
+                format!("loading the tuning file {} ({TUNING_VAR})", path.display())
+            })?;
+        }
+        Ok(env)
+    }
+
+    /// Uses `profile` (`weft tune`'s file) to predict the signal path of GEMM + AllReduce
+    /// instead of measuring it at first use. Refused if it was made on another machine shape
+    /// (SM count, world size).
+    pub fn set_tuning(&mut self, profile: TuningProfile) -> anyhow::Result<()> {
+        let sms = crate::gemm::device_sms(&self.ctx)?;
+        profile.check_machine(sms, self.world as u32)?;
+        self.tuning = Some(profile);
+        Ok(())
+    }
+
+    pub fn tuning(&self) -> Option<&TuningProfile> {
+        self.tuning.as_ref()
+    }
+
+    /// The tuner's predicted ms of `method` for this op and shape, where it models the method
+    /// (the signal path of GEMM + AllReduce) and a profile is loaded.
+    pub(crate) fn predict(
+        &self,
+        kind: OpKind,
+        shape: GemmShape,
+        options: GemmOptions,
+        method: &Method,
+    ) -> Option<f64> {
+        let profile = self.tuning.as_ref()?;
+        let (OpKind::AllReduce, Method::Signal { sm_margin, waves }) = (kind, method) else {
+            return None;
+        };
+        let sms = crate::gemm::device_sms(&self.ctx).ok()?;
+        let plan = GemmPlan::new(
+            sms,
+            shape,
+            GemmOptions {
+                sm_margin: *sm_margin,
+                ..options
+            },
+        )
+        .ok()?;
+        let groups = WaveGroups::new(&plan, waves).ok()?;
+        predict_overlap(profile, Op::AllReduce, &plan, &groups).ok()
     }
 
     pub fn set_policy(&mut self, policy: AutoPolicy) {

@@ -46,9 +46,12 @@ pub use candidates::{
     candidates, groupings, OpKind, DECOMPOSITION_CHUNKS, FUSED_COUNTS, SIGNAL_MARGINS,
 };
 pub use choice::ChoiceReport;
-pub use choose::{rank_candidates, AutoPolicy, Ranking, DEFAULT_BUDGET_S, SEQUENTIAL_PREFERENCE};
+pub use choose::{
+    rank_candidates, rank_candidates_predicted, AutoPolicy, Ranking, DEFAULT_BUDGET_S,
+    SEQUENTIAL_PREFERENCE,
+};
 pub use common::OpElement;
-pub use env::{OverlapEnv, SharedComm};
+pub use env::{OverlapEnv, SharedComm, TUNING_VAR};
 pub use key::{m_range, machine_fingerprint, weft_version, ChoiceKey};
 pub use method::{Family, Method, MethodChoice};
 pub use reduce_scatter::GemmReduceScatter;
