@@ -44,6 +44,9 @@ pub fn time_flushed_aligned(
     time_runs(stream, warmup, iters, Some(flush), align, op)
 }
 
+/// `align` is called exactly `iters` times whatever happens to `op` (it may be a collective the
+/// other ranks wait in): after a failed warm-up, event or run, the remaining runs are skipped,
+/// their line-ups are not, and the first error is returned at the end.
 fn time_runs(
     stream: &std::sync::Arc<CudaStream>,
     warmup: usize,
@@ -52,26 +55,53 @@ fn time_runs(
     mut align: impl FnMut() -> anyhow::Result<()>,
     mut op: impl FnMut() -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<f64>> {
+    let mut failed: Option<anyhow::Error> = None;
+    let keep = |r: anyhow::Result<()>, failed: &mut Option<anyhow::Error>| {
+        if let Err(e) = r {
+            failed.get_or_insert(e);
+        }
+    };
     for _ in 0..warmup {
-        op()?;
+        if failed.is_none() {
+            keep(op(), &mut failed);
+        }
     }
     let ctx = stream.context();
     let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
     let mut events = Vec::with_capacity(2 * iters);
-    for _ in 0..2 * iters {
-        events.push(ctx.new_event(flags)?);
+    if failed.is_none() {
+        let made = (0..2 * iters)
+            .map(|_| ctx.new_event(flags))
+            .collect::<Result<Vec<_>, _>>();
+        match made {
+            Ok(e) => events = e,
+            Err(e) => failed = Some(e.into()),
+        }
     }
-    stream.synchronize()?;
+    if failed.is_none() {
+        keep(stream.synchronize().map_err(Into::into), &mut failed);
+    }
     for i in 0..iters {
-        if let Some(f) = flush.as_deref_mut() {
-            stream.memset_zeros(f)?;
+        if failed.is_none() {
+            if let Some(f) = flush.as_deref_mut() {
+                keep(stream.memset_zeros(f).map_err(Into::into), &mut failed);
+            }
         }
         align()?;
-        events[2 * i].record(stream)?;
-        op()?;
-        events[2 * i + 1].record(stream)?;
+        if failed.is_none() {
+            let run = (|| {
+                events[2 * i].record(stream)?;
+                op()?;
+                events[2 * i + 1].record(stream)?;
+                Ok(())
+            })();
+            keep(run, &mut failed);
+        }
     }
     stream.synchronize()?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
     let mut ms = Vec::with_capacity(iters);
     for i in 0..iters {
         ms.push(events[2 * i].elapsed_ms(&events[2 * i + 1])? as f64);

@@ -40,8 +40,9 @@ impl GemmAlone {
                 sm_margin: 0,
                 tile: match tile_n {
                     Some(128) => TileChoice::N128,
-                    Some(_) => TileChoice::N256,
-                    None => TileChoice::Auto,
+                    Some(256) => TileChoice::N256,
+                    // Refused by the op's plan: the breakdown keeps the plan's own width.
+                    _ => TileChoice::Auto,
                 },
             },
             Method::Signal { sm_margin, .. } => GemmAlone::weft(*sm_margin),

@@ -370,11 +370,17 @@ fn budget_spent(job: &mut Job) -> anyhow::Result<()> {
 }
 
 /// Made-up predictions: where every rank predicts a non-sequential candidate it is not measured
-/// and the slowest rank's prediction ranks it (named in `predicted`, kept out of the cache);
-/// where one rank has none it is measured on all; sequential candidates are always measured.
+/// and the slowest rank's prediction ranks it (named in `predicted`, kept out of the cache) —
+/// unless it would rank first, when it is measured; where one rank has none it is measured on
+/// all; sequential candidates are always measured.
 fn predictions_replace_measurements(job: &mut Job) -> anyhow::Result<()> {
     let (rank, world) = (job.rank(), job.world());
-    let candidates = [m("seq-cublas"), m("signal:32:1"), m("signal:16:1")];
+    let candidates = [
+        m("seq-cublas"),
+        m("signal:32:1"),
+        m("signal:32:2"),
+        m("signal:16:1"),
+    ];
     let k = key(job, 2816);
     with_cache(rank, "predicted", |cache, _| {
         let r = rank_candidates_predicted(
@@ -386,28 +392,34 @@ fn predictions_replace_measurements(job: &mut Job) -> anyhow::Result<()> {
             &policy(),
             |c| match c.to_string().as_str() {
                 "seq-cublas" => Some(0.001),
-                "signal:32:1" => Some(0.20 + 0.01 * rank as f64),
+                // Predicted first: measured after all.
+                "signal:32:1" => Some(0.20),
+                "signal:32:2" => Some(0.50 + 0.01 * rank as f64),
                 // Predicted by every rank but the last (on one rank: by none).
                 _ => (rank + 1 < world).then_some(0.10),
             },
             |_, c| match c.to_string().as_str() {
                 "seq-cublas" => Ok(0.30),
+                "signal:32:1" => Ok(0.35),
                 "signal:16:1" => Ok(0.40),
-                other => anyhow::bail!("{other} was measured although every rank predicted it"),
+                other => anyhow::bail!(
+                    "{other} was measured although every rank predicted it slower than the best"
+                ),
             },
         )?;
         let got: Vec<(String, f64)> = r.times.iter().map(|(m, t)| (m.to_string(), *t)).collect();
-        let slowest = 0.20 + 0.01 * (world - 1) as f64;
+        let slowest = 0.50 + 0.01 * (world - 1) as f64;
         anyhow::ensure!(
             got == [
-                ("signal:32:1".to_string(), slowest),
                 ("seq-cublas".to_string(), 0.30),
-                ("signal:16:1".to_string(), 0.40)
+                ("signal:32:1".to_string(), 0.35),
+                ("signal:16:1".to_string(), 0.40),
+                ("signal:32:2".to_string(), slowest),
             ],
             "ranked {got:?}"
         );
         anyhow::ensure!(
-            r.predicted == [m("signal:32:1")] && r.measured == 2,
+            r.predicted == [m("signal:32:2")] && r.measured == 3,
             "predicted {:?}, measured {}",
             r.predicted,
             r.measured
@@ -415,8 +427,8 @@ fn predictions_replace_measurements(job: &mut Job) -> anyhow::Result<()> {
         if rank == 0 {
             let cached = cache.lookup(&k).map(|e| e.results.len());
             anyhow::ensure!(
-                cached == Some(2),
-                "the cache holds {cached:?} results, expected the 2 measured ones"
+                cached == Some(3),
+                "the cache holds {cached:?} results, expected the 3 measured ones"
             );
         }
         Ok(())

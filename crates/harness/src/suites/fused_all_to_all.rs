@@ -9,7 +9,7 @@
 
 use super::all_to_all::random_routes;
 use super::fused_reduce_scatter::{
-    device_addr, inputs, max_ctas, random_options, refused, TRIAL_WAIT,
+    device_addr, inputs, max_ctas, poison_pgl, random_options, refused, TRIAL_WAIT,
 };
 use super::gpu;
 use super::overlap::STRESS_ITERATIONS;
@@ -72,26 +72,14 @@ fn reference(
     out
 }
 
-/// Fills this rank's output with NaN on `stream`, so a row the run never writes fails the check.
-fn poison_output<T: GemmElement + PglElement>(
-    stream: &Arc<CudaStream>,
-    op: &FusedAllToAll<T>,
-) -> anyhow::Result<()> {
-    let out = op.output();
-    stream.context().bind_to_thread()?;
-    // SAFETY: the PGL's own buffer holds len() elements of T; stream-ordered.
-    match std::mem::size_of::<T>() {
-        2 => {
-            unsafe { sys::cuMemsetD16Async(out.local_ptr(), 0x7FC0, out.len(), stream.cu_stream()) }
-                .result()?
-        }
-        4 => unsafe {
-            sys::cuMemsetD32Async(out.local_ptr(), 0x7FC0_0000, out.len(), stream.cu_stream())
-        }
-        .result()?,
-        s => anyhow::bail!("no poison for {s}-byte elements"),
-    }
-    Ok(())
+/// Default options leaving the GEMM at most `ctas` CTAs (fewer where ranks share a GPU).
+/// Collective.
+fn few_ctas(job: &mut Job, ctx: &Arc<CudaContext>, ctas: u32) -> anyhow::Result<GemmOptions> {
+    let sms = device_sms(ctx)?;
+    Ok(GemmOptions {
+        sm_margin: sms - max_ctas(job, ctx)?.min(ctas),
+        ..GemmOptions::default()
+    })
 }
 
 /// Copies this rank's received rows (rows() × n) into a new buffer on `stream`.
@@ -179,15 +167,16 @@ fn check_case<T: GemmElement + PglElement>(
             .flatten()
             .filter(|&&d| d as usize == rank)
             .count();
-        anyhow::ensure!(
-            op.rows() as usize == routed,
-            "{} rows received, {routed} routed here",
-            op.rows()
-        );
+        if op.rows() as usize != routed {
+            wrong = Some(anyhow::anyhow!(
+                "{} rows received, {routed} routed here",
+                op.rows()
+            ));
+        }
         for set in 0..2u64 {
             let (a, b) = inputs(seed, rank, set, shape, false);
             let (a, b) = (upload(stream, &a)?, upload(stream, &b)?);
-            poison_output(stream, &op)?;
+            poison_pgl(stream, op.output())?;
             op.run(stream, &a, &b)?;
             let got = copy_rows(stream, &op)?;
             op.synchronize(stream)?;
@@ -288,13 +277,8 @@ fn stress(job: &mut Job) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
     let (ctx, stream) = gpu(job)?;
     let (world, rank) = (job.world(), job.rank());
-    let max_ctas = max_ctas(job, &ctx)?;
-    let sms = device_sms(&ctx)?;
     let shape = GemmShape::new(256 * world as u32, 384, 32);
-    let options = GemmOptions {
-        sm_margin: sms - max_ctas.min(16),
-        ..GemmOptions::default()
-    };
+    let options = few_ctas(job, &ctx, 16)?;
     let mut rng = StdRng::seed_from_u64(seed);
     let routes: Vec<Vec<u32>> = (0..world)
         .map(|_| {
@@ -313,7 +297,7 @@ fn stress(job: &mut Job) -> anyhow::Result<()> {
         let bytes = op.rows() as usize * shape.n as usize * 2;
         for it in 0..STRESS_ITERATIONS {
             let (a, b) = &sets[it % 2];
-            poison_output(&stream, &op)?;
+            poison_pgl(&stream, op.output())?;
             op.run(&stream, a, b)?;
             if bytes > 0 {
                 cmp.enqueue_raw(
@@ -343,13 +327,8 @@ fn late_reader(job: &mut Job) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
     let (ctx, stream) = gpu(job)?;
     let (world, rank) = (job.world(), job.rank());
-    let max_ctas = max_ctas(job, &ctx)?;
-    let sms = device_sms(&ctx)?;
     let shape = GemmShape::new(128 * world as u32, 256, 64);
-    let options = GemmOptions {
-        sm_margin: sms - max_ctas.min(8),
-        ..GemmOptions::default()
-    };
+    let options = few_ctas(job, &ctx, 8)?;
     // Every rank sends every row to rank 0 and to itself in turn: rank 0 receives rows from
     // every rank.
     let routes: Vec<Vec<u32>> = (0..world)
@@ -406,13 +385,8 @@ fn late_reader(job: &mut Job) -> anyhow::Result<()> {
 fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
     let (ctx, stream) = gpu(job)?;
     let world = job.world();
-    let max_ctas = max_ctas(job, &ctx)?;
-    let sms = device_sms(&ctx)?;
     let shape = GemmShape::new(128, 256, 64);
-    let options = GemmOptions {
-        sm_margin: sms - max_ctas.min(8),
-        ..GemmOptions::default()
-    };
+    let options = few_ctas(job, &ctx, 8)?;
     let routes: Vec<Vec<u32>> = vec![vec![0; 128]; world];
     let mut plan = |opts: GemmOptions, routes: &[Vec<u32>]| -> anyhow::Result<()> {
         FusedAllToAll::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, opts, routes)?

@@ -17,7 +17,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use std::time::Duration;
-use weft_pgl::PglElement;
+use weft_pgl::{Pgl, PglElement};
 use weft_signal_gemm::fused::FusedReduceScatter;
 use weft_signal_gemm::reference::gemm_f64;
 use weft_signal_gemm::{
@@ -102,12 +102,12 @@ pub(super) fn reference(
     (sum, mag)
 }
 
-/// Fills this rank's output with NaN, so an element the run never writes fails the check.
-fn poison_output<T: GemmElement + PglElement>(
+/// Fills this rank's buffer of `out` with NaN on `stream`, so an element a run never writes
+/// fails the check.
+pub(super) fn poison_pgl<T: PglElement>(
     stream: &Arc<CudaStream>,
-    op: &FusedReduceScatter<T>,
+    out: &Pgl<T>,
 ) -> anyhow::Result<()> {
-    let out = op.output();
     stream.context().bind_to_thread()?;
     // SAFETY: the PGL's own buffer holds len() elements of T; stream-ordered before the run.
     match std::mem::size_of::<T>() {
@@ -189,7 +189,7 @@ fn check_case<T: GemmElement + PglElement>(
         for set in 0..2u64 {
             let (a, b) = inputs(seed, rank, set, shape, false);
             let (a, b) = (upload(stream, &a)?, upload(stream, &b)?);
-            poison_output(stream, &op)?;
+            poison_pgl(stream, op.output())?;
             op.run(stream, &a, &b)?;
             op.copy_output(stream, &mut got)?;
             op.synchronize(stream)?;

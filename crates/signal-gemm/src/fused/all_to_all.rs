@@ -35,9 +35,10 @@ pub(crate) fn peer_row_table(
     rank: usize,
 ) -> anyhow::Result<(Vec<u32>, Vec<u32>)> {
     let world = routes.len();
+    // At most 8 ranks (the fused methods' limit) also keeps every entry below WEFT_GEMM_NO_SLOT.
     ensure!(
-        rank < world && world <= 1 << (32 - WEFT_GEMM_PEER_ROW_BITS),
-        "the fused All-to-All: rank {rank} of {world} routings"
+        (1..=MAX_BAND_RANKS as usize).contains(&world) && rank < world,
+        "the fused All-to-All spans 1 to {MAX_BAND_RANKS} ranks: rank {rank} of {world} routings"
     );
     // received[d]: rows routed to d; first[d]: those from sources before `rank`.
     let (mut received, mut first) = (vec![0u64; world], vec![0u64; world]);
@@ -110,7 +111,18 @@ impl<T: GemmElement + PglElement> FusedAllToAll<T> {
             Self::plan_local(ctx, shape, options, routes, rank, ranks),
         )?;
         let (gemm, table, received) = local;
-        agree_on_plan(rdzv, what, &gemm.plan().describe())?;
+        // The routing enters the plan every rank must share (a rank with another routing would
+        // put rows where its peers do not expect them).
+        let mut digest = crc32fast::Hasher::new();
+        for d in routes.iter().flatten() {
+            digest.update(&d.to_le_bytes());
+        }
+        let describe = format!(
+            "{} routing {:08x}",
+            gemm.plan().describe(),
+            digest.finalize()
+        );
+        agree_on_plan(rdzv, what, &describe)?;
         check_resident(rdzv, ctx, what, gemm.plan().ctas())?;
         let capacity = received.iter().copied().max().unwrap_or(0);
         let out = Pgl::<T>::alloc(
@@ -133,8 +145,12 @@ impl<T: GemmElement + PglElement> FusedAllToAll<T> {
             Ok(u) => u,
             Err(e) => return Err(free_after(e, out.free(rdzv))),
         };
-        let bar = match WaitBudget::default_for(ctx)
-            .and_then(|b| Counters::alloc(rdzv, ctx, Shape::new(1, 1, 2, 1), b))
+        let bar = match agree(
+            rdzv,
+            "fused All-to-All barrier budget",
+            WaitBudget::default_for(ctx),
+        )
+        .and_then(|b| Counters::alloc(rdzv, ctx, Shape::new(1, 1, 2, 1), b))
         {
             Ok(b) => b,
             Err(e) => return Err(free_after(e, out.free(rdzv))),
@@ -248,7 +264,7 @@ impl<T: GemmElement + PglElement> FusedAllToAll<T> {
         let target = PeerRowsTarget {
             ptrs: self.ptrs.device_ptr(stream).0,
             table: self.table.device_ptr(stream).0,
-            table_rows: self.plan().shape.m,
+            table_rows: u32::try_from(self.table.len()).unwrap_or(u32::MAX),
             bar: self.bar.device()?,
             epoch: self.bar.epoch() + 1,
         };

@@ -171,7 +171,8 @@ pub fn candidates(
                 // Narrow tiles where the plan would choose its own width: where the gather
                 // takes longer than the GEMM, the tiles left after the last copy lands are the
                 // tail (4096×1024×8192 on two H200s: 0.181 ms against 0.205).
-                if options.tile == TileChoice::Auto {
+                let auto_width = GemmPlan::new(sms, shape, options).map(|p| p.tile_n());
+                if options.tile == TileChoice::Auto && auto_width.is_ok_and(|w| w != 128) {
                     out.extend(COPY_ENGINE_TILE_ROWS.map(|tile_rows| Method::FusedCe {
                         tile_rows,
                         tile_n: Some(128),

@@ -131,7 +131,9 @@ pub fn rank_candidates(
 
 /// Collective: as [`rank_candidates`], with `predict` giving this rank's predicted ms of a
 /// candidate where it has one: a non-sequential candidate the cache lacks is then not measured
-/// if every rank predicts it (the slowest rank's prediction counts), else measured as usual.
+/// if every rank predicts it (the slowest rank's prediction counts), else measured as usual. A
+/// prediction never wins by itself: while the fastest candidate is a predicted one, it is
+/// measured (and cached), and the ranking redone.
 #[allow(clippy::too_many_arguments)]
 pub fn rank_candidates_predicted(
     rdzv: &mut Rendezvous,
@@ -164,36 +166,18 @@ pub fn rank_candidates_predicted(
     };
     let known = |entry: &Entry, c: &Method| entry.results.iter().any(|r| r.method == c.to_string());
     let missing: Vec<&Method> = candidates.iter().filter(|c| !known(&entry, c)).collect();
-    let start = Instant::now();
-    let mut elapsed_s = 0.0f64;
+    let mut predicted = agreed_predictions(rdzv, &missing, &mut predict)?;
+    let mut timer = Timer {
+        start: Instant::now(),
+        elapsed_s: 0.0,
+    };
     let mut measured = 0;
     let mut unmeasured = Vec::new();
-    let mut predicted: Vec<(Method, f64)> = Vec::new();
     for c in missing {
-        if !c.is_sequential() {
-            // NaN: no prediction on this rank.
-            let mine = predict(c)
-                .filter(|p| p.is_finite() && *p > 0.0)
-                .unwrap_or(f64::NAN);
-            let all = rdzv
-                .all_gather(&mine.to_le_bytes())
-                .with_context(|| format!("exchanging the predictions of {c}"))?;
-            let each: Vec<f64> = all
-                .iter()
-                .map(|b| {
-                    f64::from_le_bytes(
-                        b.get(..8)
-                            .and_then(|s| s.try_into().ok())
-                            .unwrap_or([0xFF; 8]),
-                    )
-                })
-                .collect();
-            if each.iter().all(|p| p.is_finite() && *p > 0.0) {
-                predicted.push((c.clone(), each.iter().copied().fold(0.0, f64::max)));
-                continue;
-            }
+        if predicted.iter().any(|(p, _)| p == c) {
+            continue;
         }
-        if !c.is_sequential() && elapsed_s > policy.budget.as_secs_f64() {
+        if !c.is_sequential() && timer.elapsed_s > policy.budget.as_secs_f64() {
             unmeasured.push((
                 c.clone(),
                 format!(
@@ -203,51 +187,30 @@ pub fn rank_candidates_predicted(
             ));
             continue;
         }
-        let step = format!("measuring {c} for {key}");
-        let mine = measure(rdzv, c);
-        let outcome = match agree(rdzv, &step, mine) {
-            Ok(ms) => {
-                // Every rank's (ms, elapsed): the slowest rank's of each.
-                let mut bytes = ms.to_le_bytes().to_vec();
-                bytes.extend_from_slice(&start.elapsed().as_secs_f64().to_le_bytes());
-                let all = rdzv.all_gather(&bytes)?;
-                let field = |b: &Vec<u8>, i: usize| {
-                    f64::from_le_bytes(
-                        b.get(8 * i..8 * i + 8)
-                            .and_then(|s| s.try_into().ok())
-                            .unwrap_or([0; 8]),
-                    )
-                };
-                let slowest = all.iter().map(|b| field(b, 0)).fold(0.0f64, f64::max);
-                elapsed_s = all.iter().map(|b| field(b, 1)).fold(elapsed_s, f64::max);
-                if slowest.is_finite() && slowest > 0.0 {
-                    Outcome {
-                        method: c.to_string(),
-                        ms: Some(slowest),
-                        error: None,
-                    }
-                } else {
-                    Outcome {
-                        method: c.to_string(),
-                        ms: None,
-                        error: Some(format!("measured {slowest} ms")),
-                    }
-                }
-            }
-            Err(e) => {
-                let all = rdzv.all_gather(&start.elapsed().as_secs_f64().to_le_bytes())?;
-                elapsed_s = all
-                    .iter()
-                    .map(|b| f64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])))
-                    .fold(elapsed_s, f64::max);
-                Outcome {
-                    method: c.to_string(),
-                    ms: None,
-                    error: Some(format!("{e:#}")),
-                }
-            }
-        };
-        entry.results.push(outcome);
+        entry
+            .results
+            .push(timer.measure(rdzv, key, c, &mut measure)?);
+        measured += 1;
+    }
+    // The fastest predicted candidate is measured while it would rank first.
+    let best_measured = |entry: &Entry| {
+        candidates
+            .iter()
+            .filter_map(|c| entry.results.iter().find(|r| r.method == c.to_string()))
+            .filter_map(|r| r.ms)
+            .fold(f64::INFINITY, f64::min)
+    };
+    while let Some(at) = predicted
+        .iter()
+        .enumerate()
+        .min_by(|a, b| a.1 .1.total_cmp(&b.1 .1))
+        .filter(|(_, (_, ms))| *ms < best_measured(&entry))
+        .map(|(at, _)| at)
+    {
+        let (c, _) = predicted.remove(at);
+        entry
+            .results
+            .push(timer.measure(rdzv, key, &c, &mut measure)?);
         measured += 1;
     }
     if measured > 0 {
@@ -278,6 +241,110 @@ pub fn rank_candidates_predicted(
         excluded,
         measured,
         predicted: predicted.into_iter().map(|(m, _)| m).collect(),
-        first_use_s: elapsed_s,
+        first_use_s: timer.elapsed_s,
     })
+}
+
+/// Collective, one exchange: the non-sequential candidates of `missing` every rank predicts,
+/// each with the slowest rank's prediction.
+fn agreed_predictions(
+    rdzv: &mut Rendezvous,
+    missing: &[&Method],
+    predict: &mut impl FnMut(&Method) -> Option<f64>,
+) -> anyhow::Result<Vec<(Method, f64)>> {
+    // NaN: no prediction on this rank (sequential candidates are always measured).
+    let mine: Vec<u8> = missing
+        .iter()
+        .map(|c| {
+            Some(c)
+                .filter(|c| !c.is_sequential())
+                .and_then(|c| predict(c))
+                .filter(|p| p.is_finite() && *p > 0.0)
+                .unwrap_or(f64::NAN)
+        })
+        .flat_map(f64::to_le_bytes)
+        .collect();
+    let all = rdzv
+        .all_gather(&mine)
+        .context("exchanging the tuner's predictions")?;
+    let at = |b: &Vec<u8>, i: usize| {
+        b.get(8 * i..8 * i + 8)
+            .and_then(|s| s.try_into().ok())
+            .map_or(f64::NAN, f64::from_le_bytes)
+    };
+    Ok(missing
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| {
+            let each: Vec<f64> = all.iter().map(|b| at(b, i)).collect();
+            each.iter()
+                .all(|p| p.is_finite() && *p > 0.0)
+                .then(|| ((*c).clone(), each.iter().copied().fold(0.0, f64::max)))
+        })
+        .collect())
+}
+
+/// First-use time spent so far (the slowest rank's, as every rank sees it).
+struct Timer {
+    start: Instant,
+    elapsed_s: f64,
+}
+
+impl Timer {
+    /// Collective: measures `c` on every rank; the slowest rank's time, or why it failed.
+    fn measure(
+        &mut self,
+        rdzv: &mut Rendezvous,
+        key: &ChoiceKey,
+        c: &Method,
+        measure: &mut impl FnMut(&mut Rendezvous, &Method) -> anyhow::Result<f64>,
+    ) -> anyhow::Result<Outcome> {
+        let step = format!("measuring {c} for {key}");
+        let mine = measure(rdzv, c);
+        let field = |b: &Vec<u8>, i: usize| {
+            f64::from_le_bytes(
+                b.get(8 * i..8 * i + 8)
+                    .and_then(|s| s.try_into().ok())
+                    .unwrap_or([0; 8]),
+            )
+        };
+        Ok(match agree(rdzv, &step, mine) {
+            Ok(ms) => {
+                // Every rank's (ms, elapsed): the slowest rank's of each.
+                let mut bytes = ms.to_le_bytes().to_vec();
+                bytes.extend_from_slice(&self.start.elapsed().as_secs_f64().to_le_bytes());
+                let all = rdzv.all_gather(&bytes)?;
+                let slowest = all.iter().map(|b| field(b, 0)).fold(0.0f64, f64::max);
+                self.elapsed_s = all
+                    .iter()
+                    .map(|b| field(b, 1))
+                    .fold(self.elapsed_s, f64::max);
+                if slowest.is_finite() && slowest > 0.0 {
+                    Outcome {
+                        method: c.to_string(),
+                        ms: Some(slowest),
+                        error: None,
+                    }
+                } else {
+                    Outcome {
+                        method: c.to_string(),
+                        ms: None,
+                        error: Some(format!("measured {slowest} ms")),
+                    }
+                }
+            }
+            Err(e) => {
+                let all = rdzv.all_gather(&self.start.elapsed().as_secs_f64().to_le_bytes())?;
+                self.elapsed_s = all
+                    .iter()
+                    .map(|b| field(b, 0))
+                    .fold(self.elapsed_s, f64::max);
+                Outcome {
+                    method: c.to_string(),
+                    ms: None,
+                    error: Some(format!("{e:#}")),
+                }
+            }
+        })
+    }
 }

@@ -92,13 +92,20 @@ impl OverlapEnv {
             world: rdzv.world(),
             tuning: None,
         };
-        if let Some(path) = std::env::var_os(TUNING_VAR) {
-            let path = std::path::PathBuf::from(path);
-            let loaded = TuningProfile::load(&path).and_then(|p| env.set_tuning(p));
-            loaded.with_context(|| {
-                format!("loading the tuning file {} ({TUNING_VAR})", path.display())
-            })?;
-        }
+        // Every rank takes part (a rank without the variable too), so a file one rank cannot
+        // load fails every rank alike.
+        let loaded = match std::env::var_os(TUNING_VAR) {
+            None => Ok(()),
+            Some(path) => {
+                let path = std::path::PathBuf::from(path);
+                TuningProfile::load(&path)
+                    .and_then(|p| env.set_tuning(p))
+                    .with_context(|| {
+                        format!("loading the tuning file {} ({TUNING_VAR})", path.display())
+                    })
+            }
+        };
+        weft_pgl::agree(rdzv, "loading the tuning file", loaded)?;
         Ok(env)
     }
 

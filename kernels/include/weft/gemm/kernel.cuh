@@ -68,7 +68,7 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
         mbar_init(sm.signal_empty(c, s), 1);  // the signaller, once it issued the release
       }
     }
-    mbar_init(sm.peer_done(), Cfg::kConsumers);  // PEER_REDUCE: each consumer's leader, drained
+    mbar_init(sm.peer_done(), Cfg::kConsumers);  // peer barriers: each consumer's leader, drained
     *sm.peer_flag() = 0;
     *sm.ag_stall() = 0;
     mbar_fence_init();

@@ -1,5 +1,9 @@
 // The PEER_REDUCE epilogue's barriers (fused GEMM + ReduceScatter, gemm.h): every rank's D is
-// zeroed before any rank adds into it, and this rank's D is complete when the kernel ends.
+// zeroed before any rank adds into it, and this rank's D is complete when the kernel ends. The
+// PEER_ROWS epilogue (fused GEMM + All-to-All) uses them as they are, without the zeroing: START
+// is thread 96's arrival as the kernel begins (the stream has run what read this rank's D), the
+// ready wait comes before a consumer's first peer store instead of its first reduce, and the
+// drain's warpgroup barrier orders every thread's stores before the leader's arrival.
 //
 // Run by warps 1..3 of the loader warpgroup (zeroing, START arrival, END) and the consumers'
 // leaders (START wait, drained). Orderings:
@@ -18,8 +22,8 @@
 // Epochs: launch e waits for world x ctas x e. A rank reaches launch e + 1's START arrival only
 // after its own launch e ended, i.e. after CTA 0 saw all of launch e's END arrivals. Those do not
 // all follow the same CTA's START arrival (a CTA with no tile may arrive at END first), but every
-// rank's END needs its CTAs with tiles, whose first reduce or peer load waited for every START
-// arrival of launch e: so launch e + 1's arrivals never complete a target of launch e.
+// rank's END needs its CTAs with tiles, whose first reduce, peer store or peer load waited for
+// every START arrival of launch e: so launch e + 1's arrivals never complete a target of launch e.
 // Every wait is bounded by peer_bar's budget and reports the counter row (START / END) it was on.
 // Everything here is inline, reports included (fail_inline): one call to the out-of-line
 // weft::sync::fail anywhere in the consumer makes ptxas ignore setmaxnreg and spill the

@@ -63,8 +63,8 @@ struct StoreState {
   uint32_t group_tiles = 0;               // stored tiles of `group` not yet added to its counter
   SignalRing ring;                        // the leader's position in its signaller's ring
   bool signal_stalled = false;            // a post found no free slot: reported at the drain
-  bool peer_ready = false;                // PEER_REDUCE: every rank's D is zeroed (peer_reduce.cuh)
-  bool peer_stalled = false;              // PEER_REDUCE: the leader's wait for that gave up
+  bool peer_ready = false;                // PEER_REDUCE / PEER_ROWS: START passed (every rank's D zeroed / read)
+  bool peer_stalled = false;              // PEER_REDUCE / PEER_ROWS: the leader's wait for that gave up
 };
 
 // The deferred signals due before storing the tile of `next` (WEFT_GEMM_NO_TILE when draining):
