@@ -3,7 +3,7 @@
 #   bash ci/gpu-run.sh ARGS…
 #   bash ci/gpu-run.sh --plain [ARGS…]   weft itself, no launcher (plain `weft` starts its ranks)
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0); cuBLAS (loaded at run time) is found as in
-# ci/gpu-gemm.sh; WEFT_CHOICES, WEFT_TUNING, WEFT_SEED, WEFT_AUTO_BUDGET_S, WEFT_TRIAL_TIMEOUT, WEFT_COLL_*,
+# ci/gpu-gemm.sh; WEFT_CHOICES, WEFT_TUNING, WEFT_JOB_SECRET, WEFT_RDZV_INSECURE, WEFT_SEED, WEFT_AUTO_BUDGET_S, WEFT_TRIAL_TIMEOUT, WEFT_COLL_*,
 # WEFT_GRPCOLL_SMS and WEFT_OVERLAP_COMM_BLOCKS
 # reach every rank when set.
 set -uo pipefail
@@ -24,7 +24,7 @@ if [ "${1:-}" = "--plain" ]; then
 fi
 n=${RANKS:-$(nvidia-smi -L | wc -l)}
 pass=(-x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH)
-for v in WEFT_CHOICES WEFT_TUNING WEFT_SEED WEFT_AUTO_BUDGET_S WEFT_TRIAL_TIMEOUT WEFT_COLL_SLOT_BYTES WEFT_COLL_BLOCKS WEFT_COLL_MAX_BLOCKS WEFT_COLL_ALL_REDUCE WEFT_COLL_LL_MAX_BYTES WEFT_GRPCOLL_SMS WEFT_OVERLAP_COMM_BLOCKS; do
+for v in WEFT_CHOICES WEFT_TUNING WEFT_JOB_SECRET WEFT_RDZV_INSECURE WEFT_SEED WEFT_AUTO_BUDGET_S WEFT_TRIAL_TIMEOUT WEFT_COLL_SLOT_BYTES WEFT_COLL_BLOCKS WEFT_COLL_MAX_BLOCKS WEFT_COLL_ALL_REDUCE WEFT_COLL_LL_MAX_BYTES WEFT_GRPCOLL_SMS WEFT_OVERLAP_COMM_BLOCKS; do
   [ -n "${!v:-}" ] && pass+=(-x "$v")
 done
 exec mpirun --allow-run-as-root --bind-to none "${pass[@]}" -np "$n" "$weft" "$@"

@@ -41,7 +41,8 @@ usage:
   weft test [FILTER] [FLAGS]    correctness trials (libtest flags: --list, --exact, --skip, …)
   weft bench [SUITE] [--quick] [--json PATH] [--csv PATH] [--method M] [--shape MxNxK,…]   timing suites (see `weft bench --list`)
   weft tune [--quick] [--out PATH] [--json PATH]   profile NCCL and the GEMM, write the overlap tuning file, check its predictions
-  weft launch -n N -- CMD [ARGS…]   start N local ranks of CMD
+  weft launch -n N -- CMD [ARGS…]   start N local ranks of CMD (with a fresh WEFT_JOB_SECRET unless set)
+  weft secret                   print a fresh job secret: export WEFT_JOB_SECRET=$(weft secret) to every rank
 Under mpirun / srun / torchrun / weft launch every rank runs the same command; rank 0 prints.";
 
 fn main() -> ExitCode {
@@ -57,6 +58,10 @@ fn main() -> ExitCode {
         }
         Some("bench") => bench_command(&args[1..]),
         Some("tune") => tune_command(&args[1..]),
+        Some("secret") if args.len() == 1 => weft_pgl::job_secret::JobSecret::generate().map(|s| {
+            println!("{}", s.to_hex());
+            ExitCode::SUCCESS
+        }),
         Some("launch") => {
             let rest: Vec<OsString> = std::env::args_os().skip(2).collect();
             launch::parse_launch_args(&rest)

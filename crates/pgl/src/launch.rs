@@ -6,6 +6,7 @@
 //! for the same reason ranks get /dev/null as stdin (a background process group reading the
 //! terminal would be stopped).
 
+use crate::job_secret::{JobSecret, SECRET_VAR};
 use anyhow::{anyhow, bail, Result};
 use std::ffi::{OsStr, OsString};
 use std::io;
@@ -233,7 +234,12 @@ impl RankProcess {
     }
 }
 
-fn spawn_rank(spec: &LaunchSpec, rank: usize, job_id: &str) -> io::Result<Child> {
+fn spawn_rank(
+    spec: &LaunchSpec,
+    rank: usize,
+    job_id: &str,
+    secret: &JobSecret,
+) -> io::Result<Child> {
     let mut cmd = Command::new(&spec.program);
     cmd.args(&spec.args)
         .env("WEFT_RANK", rank.to_string())
@@ -241,6 +247,7 @@ fn spawn_rank(spec: &LaunchSpec, rank: usize, job_id: &str) -> io::Result<Child>
         .env("WEFT_LOCAL_RANK", rank.to_string())
         .env("WEFT_LOCAL_WORLD_SIZE", spec.ranks.to_string())
         .env("WEFT_JOB_ID", job_id)
+        .env(SECRET_VAR, secret.to_hex())
         .stdin(Stdio::null());
     // SAFETY: getpid has no preconditions.
     let launcher = unsafe { libc::getpid() };
@@ -326,13 +333,18 @@ pub fn run_local(spec: &LaunchSpec) -> Result<()> {
         .map(|d| d.as_nanos())
         .unwrap_or_default();
     let job_id = format!("weft-{}-{nanos}", std::process::id());
+    // The caller's secret when it set one (a job spanning several launchers), else a fresh one.
+    let secret = match std::env::var(SECRET_VAR) {
+        Ok(v) => JobSecret::parse(&v)?,
+        Err(_) => JobSecret::generate()?,
+    };
     let _handlers = SignalHandlers::install()?;
     let signals_at_start = SIGNALS.load(Ordering::SeqCst);
     let program = spec.program.to_string_lossy().into_owned();
 
     let mut ranks: Vec<RankProcess> = Vec::with_capacity(spec.ranks);
     for rank in 0..spec.ranks {
-        match spawn_rank(spec, rank, &job_id) {
+        match spawn_rank(spec, rank, &job_id, &secret) {
             Ok(child) => ranks.push(RankProcess {
                 rank,
                 pidfd: pidfd_open(child.id()),

@@ -27,6 +27,7 @@ mod pgl;
 mod vmm;
 
 pub mod gpu;
+pub mod job_secret;
 pub mod launch;
 pub mod multicast;
 pub mod nccl;

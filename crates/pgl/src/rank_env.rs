@@ -5,6 +5,7 @@
 //! SLURM_STEP_NUM_TASKS), torchrun (RANK with WORLD_SIZE). With none of them the process is a
 //! standalone rank 0 of 1.
 
+use crate::job_secret::{JobSecret, INSECURE_VAR, SECRET_VAR};
 use anyhow::{anyhow, bail, Context, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,6 +31,10 @@ pub struct RankEnv {
     /// MASTER_ADDR/PORT (under torchrun: None on one host, MASTER_PORT + 1 across hosts, because
     /// torchrun's own store already listens on MASTER_PORT).
     pub master: Option<(String, u16)>,
+    /// The job secret (`WEFT_JOB_SECRET`, see [`crate::job_secret`]), if set.
+    pub secret: Option<JobSecret>,
+    /// `WEFT_RDZV_INSECURE=1`: a TCP rendezvous without a secret is allowed.
+    pub insecure_tcp: bool,
 }
 
 impl RankEnv {
@@ -113,6 +118,8 @@ impl RankEnv {
         validate(launcher, rank, world, local_rank, local_world)?;
         let job_id = job_id(launcher, var);
         let master = master(launcher, var, world == local_world)?;
+        let secret = crate::job_secret::from_var(var(SECRET_VAR))?;
+        let insecure_tcp = var(INSECURE_VAR).is_some_and(|v| v.trim() == "1");
         Ok(RankEnv {
             rank,
             world,
@@ -121,6 +128,8 @@ impl RankEnv {
             launcher,
             job_id,
             master,
+            secret,
+            insecure_tcp,
         })
     }
 
@@ -134,6 +143,8 @@ impl RankEnv {
             launcher: Launcher::Standalone,
             job_id: None,
             master: None,
+            secret: None,
+            insecure_tcp: false,
         }
     }
 
@@ -376,6 +387,8 @@ mod tests {
                 launcher: Launcher::Weft,
                 job_id: Some("weft-123-456".into()),
                 master: None,
+                secret: None,
+                insecure_tcp: false,
             }
         );
         assert!(env.is_single_host());

@@ -12,6 +12,9 @@
 //! Abort frame carrying its error text to every other rank, and a member that fails on its own
 //! tells rank 0, so that every rank fails promptly with a message naming the culprit.
 
+use crate::job_secret::{
+    JobSecret, Role as AuthRole, INSECURE_VAR, NONCE_BYTES, PROOF_BYTES, SECRET_VAR,
+};
 use crate::rank_env::RankEnv;
 use anyhow::{anyhow, bail, Result};
 use std::io::{self, Read, Write};
@@ -45,6 +48,10 @@ enum Kind {
     Broadcast = 5,
     Barrier = 6,
     Result = 7,
+    /// Rank 0 to a member that said Hello with a secret: rank 0's nonce and proof.
+    Challenge = 8,
+    /// The member's proof, answering the Challenge.
+    Proof = 9,
 }
 
 impl Kind {
@@ -57,6 +64,8 @@ impl Kind {
             5 => Kind::Broadcast,
             6 => Kind::Barrier,
             7 => Kind::Result,
+            8 => Kind::Challenge,
+            9 => Kind::Proof,
             _ => return None,
         })
     }
@@ -70,6 +79,8 @@ impl Kind {
             Kind::Broadcast => "broadcast",
             Kind::Barrier => "barrier",
             Kind::Result => "result",
+            Kind::Challenge => "challenge",
+            Kind::Proof => "proof",
         }
     }
 }
@@ -149,6 +160,7 @@ impl Write for Stream {
 }
 
 /// Why a frame could not be sent or received.
+#[derive(Debug)]
 enum WireError {
     Closed,
     TimedOut,
@@ -593,14 +605,22 @@ impl Rendezvous {
         }
         let endpoint = Endpoint::for_env(env)?;
         rdzv.address = endpoint.describe();
+        if matches!(endpoint, Endpoint::Tcp { .. }) && env.secret.is_none() && !env.insecure_tcp {
+            bail!(
+                "rank {}: the rendezvous at {} is over TCP, where anyone who can reach the port could join: set {SECRET_VAR} to the same secret on every rank (`weft secret` prints one; `weft launch` sets it) or, on a trusted network, {INSECURE_VAR}=1",
+                env.rank,
+                rdzv.address
+            );
+        }
+        let secret = env.secret.as_ref();
         let deadline = Instant::now() + connect_timeout;
         rdzv.role = if env.rank == 0 {
             Role::Root {
-                members: rdzv.accept_members(&endpoint, connect_timeout, deadline)?,
+                members: rdzv.accept_members(&endpoint, secret, connect_timeout, deadline)?,
             }
         } else {
             Role::Member {
-                root: rdzv.join_root(&endpoint, connect_timeout, deadline)?,
+                root: rdzv.join_root(&endpoint, secret, connect_timeout, deadline)?,
             }
         };
         Ok(rdzv)
@@ -857,10 +877,14 @@ impl Rendezvous {
         Err(self.fail(text, tell_root))
     }
 
-    /// Rank 0's handshake: accepts until every rank 1..world has said Hello, then welcomes all.
+    /// Rank 0's handshake: accepts until every rank 1..world has said Hello (and, with a job
+    /// secret, proved it), then welcomes all. A connection that does not prove the secret is a
+    /// stranger: told why and dropped, and rank 0 keeps accepting (it can neither take a rank's
+    /// place nor end the job).
     fn accept_members(
         &self,
         endpoint: &Endpoint,
+        secret: Option<&JobSecret>,
         connect_timeout: Duration,
         deadline: Instant,
     ) -> Result<Vec<Stream>> {
@@ -915,10 +939,10 @@ impl Rendezvous {
             // Peers send Hello right after connecting. Anything else (a port scanner, a liveness
             // probe of the socket file) is dropped.
             let hello_deadline = deadline.min(Instant::now() + CONTROL_TIMEOUT);
-            let Ok(frame) = recv_frame(&mut stream, 16, hello_deadline) else {
+            let Ok(frame) = recv_frame(&mut stream, HELLO_BYTES, hello_deadline) else {
                 continue;
             };
-            if frame.kind != Kind::Hello || frame.payload.len() != 16 {
+            if frame.kind != Kind::Hello || frame.payload.len() != HELLO_BYTES {
                 continue;
             }
             let (Some(rank), Some(their_world)) =
@@ -926,6 +950,16 @@ impl Rendezvous {
             else {
                 continue;
             };
+            let (has_secret, nonce) = (frame.payload[16] != 0, &frame.payload[17..]);
+            if let Err(why) = prove_to_member(
+                &mut stream,
+                secret,
+                (rank, their_world, has_secret, nonce),
+                hello_deadline,
+            ) {
+                send_abort(&mut stream, 0, &why);
+                continue;
+            }
             let text = if their_world != world as u64 {
                 format!(
                     "rank {rank} was started with world size {their_world}, rank 0 with {world}"
@@ -967,10 +1001,12 @@ impl Rendezvous {
         Ok(members)
     }
 
-    /// A member's handshake: connects (retrying), says Hello, waits for Welcome.
+    /// A member's handshake: connects (retrying), says Hello, with a job secret checks rank 0's
+    /// proof and sends its own, waits for Welcome.
     fn join_root(
         &self,
         endpoint: &Endpoint,
+        secret: Option<&JobSecret>,
         connect_timeout: Duration,
         deadline: Instant,
     ) -> Result<Stream> {
@@ -989,9 +1025,12 @@ impl Rendezvous {
                 Err(_) => std::thread::sleep(RETRY_INTERVAL.min(left)),
             }
         };
-        let mut hello = [0u8; 16];
+        let my_nonce = crate::job_secret::nonce()?;
+        let mut hello = [0u8; HELLO_BYTES];
         hello[..8].copy_from_slice(&(self.rank as u64).to_le_bytes());
-        hello[8..].copy_from_slice(&(self.world as u64).to_le_bytes());
+        hello[8..16].copy_from_slice(&(self.world as u64).to_le_bytes());
+        hello[16] = u8::from(secret.is_some());
+        hello[17..].copy_from_slice(&my_nonce);
         let sent = send_frame(
             &mut stream,
             Kind::Hello,
@@ -1006,7 +1045,37 @@ impl Rendezvous {
         } else {
             ABORT_SEND_TIMEOUT
         };
-        let text = match recv_frame(&mut stream, 1 << 20, Instant::now() + wait) {
+        let until = Instant::now() + wait;
+        let mut reply = recv_frame(&mut stream, 1 << 20, until);
+        if let (Some(s), Ok(f)) = (secret, &reply) {
+            if f.kind == Kind::Challenge {
+                let (rank, world) = (self.rank as u64, self.world as u64);
+                let good = f.payload.len() == NONCE_BYTES + PROOF_BYTES && {
+                    let (their_nonce, proof) = f.payload.split_at(NONCE_BYTES);
+                    s.verify(AuthRole::Root, rank, world, (&my_nonce, their_nonce), proof)
+                };
+                if !good {
+                    bail!(
+                        "rendezvous at {address}: the process listening there did not prove the job secret ({SECRET_VAR}): it is not this job's rank 0 (another job, or a process posing as rank 0); nothing was sent to it"
+                    );
+                }
+                let proof = s.proof(
+                    AuthRole::Member,
+                    rank,
+                    world,
+                    (&my_nonce, &f.payload[..NONCE_BYTES]),
+                );
+                reply = send_frame(
+                    &mut stream,
+                    Kind::Proof,
+                    0,
+                    &[&proof],
+                    Instant::now() + CONTROL_TIMEOUT,
+                )
+                .and_then(|()| recv_frame(&mut stream, 1 << 20, until));
+            }
+        }
+        let text = match reply {
             Ok(f) if f.kind == Kind::Welcome => return Ok(stream),
             Ok(f) if f.kind == Kind::Abort => String::from_utf8_lossy(&f.payload).into_owned(),
             Ok(f) => format!(
@@ -1117,6 +1186,48 @@ fn decode_parts(mut bytes: &[u8], world: usize) -> Option<Vec<Vec<u8>>> {
     bytes.is_empty().then_some(parts)
 }
 
+/// Hello: rank and world (u64 each), whether the member has a job secret (one byte), its nonce.
+const HELLO_BYTES: usize = 8 + 8 + 1 + NONCE_BYTES;
+
+/// Rank 0's side of the secret: `Err(why)` when the member that said Hello (`rank`, `world`,
+/// whether it has a secret, its nonce) cannot join — no secret where rank 0 has one or the
+/// reverse, or no valid proof of rank 0's. With a secret: sends rank 0's nonce and proof, reads
+/// and checks the member's proof by `deadline`.
+fn prove_to_member(
+    stream: &mut Stream,
+    secret: Option<&JobSecret>,
+    (rank, world, has_secret, their_nonce): (u64, u64, bool, &[u8]),
+    deadline: Instant,
+) -> std::result::Result<(), String> {
+    let s = match (secret, has_secret) {
+        (None, false) => return Ok(()),
+        (None, true) => return Err(format!("this process has a job secret ({SECRET_VAR}) and rank 0 has none: start every rank with the same one")),
+        (Some(_), false) => return Err(format!("rank 0 requires the job secret ({SECRET_VAR}) and this process has none: start every rank with the same one")),
+        (Some(s), true) => s,
+    };
+    let my_nonce = crate::job_secret::nonce().map_err(|e| format!("rank 0: {e:#}"))?;
+    let proof = s.proof(AuthRole::Root, rank, world, (their_nonce, &my_nonce));
+    send_frame(stream, Kind::Challenge, 0, &[&my_nonce, &proof], deadline)
+        .map_err(|_| "the connection closed during the secret's exchange".to_string())?;
+    let answer = recv_frame(stream, PROOF_BYTES, deadline)
+        .map_err(|_| "no proof of the job secret came back in time".to_string())?;
+    let good = answer.kind == Kind::Proof
+        && s.verify(
+            AuthRole::Member,
+            rank,
+            world,
+            (their_nonce, &my_nonce),
+            &answer.payload,
+        );
+    if good {
+        Ok(())
+    } else {
+        Err(format!(
+            "rank 0 refused this process: its proof of the job secret ({SECRET_VAR}) did not match"
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1144,7 +1255,25 @@ mod tests {
             launcher: Launcher::Weft,
             job_id: Some(job.to_string()),
             master,
+            secret: None,
+            insecure_tcp: false,
         }
+    }
+
+    /// `envs` with `secret` on every rank.
+    fn with_secret(mut envs: Vec<RankEnv>, secret: &JobSecret) -> Vec<RankEnv> {
+        for e in &mut envs {
+            e.secret = Some(secret.clone());
+        }
+        envs
+    }
+
+    fn free_port() -> u16 {
+        TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
     }
 
     /// One env per entry of `ranks`, all of one job of size `world`.
@@ -1249,7 +1378,9 @@ mod tests {
             .unwrap()
             .port();
         let master = Some(("127.0.0.1".to_string(), port));
-        let results = on_threads(envs("tcp", &[0, 1, 2, 3], 4, master), |env| {
+        let secret = JobSecret::generate().unwrap();
+        let tcp = with_secret(envs("tcp", &[0, 1, 2, 3], 4, master), &secret);
+        let results = on_threads(tcp, |env| {
             let rdzv = Rendezvous::connect(&env, CONNECT)?;
             assert_eq!(rdzv.address(), format!("127.0.0.1:{port}"));
             drop(rdzv);
@@ -1262,9 +1393,112 @@ mod tests {
             .unwrap()
             .port();
         let master = Some(("127.0.0.1".to_string(), port));
-        for result in on_threads(envs("tcp", &[0, 1, 2], 3, master), |env| exercise(env, 100)) {
+        let tcp = with_secret(envs("tcp", &[0, 1, 2], 3, master), &secret);
+        for result in on_threads(tcp, |env| exercise(env, 100)) {
             result.unwrap();
         }
+    }
+
+    #[test]
+    fn tcp_without_a_secret_is_refused_unless_waived() {
+        let master = Some(("127.0.0.1".to_string(), free_port()));
+        for e in errors(on_threads(
+            envs("nosecret", &[0, 1], 2, master.clone()),
+            |env| Rendezvous::connect(&env, CONNECT).map(drop),
+        )) {
+            assert!(
+                e.contains("over TCP") && e.contains("WEFT_JOB_SECRET"),
+                "{e}"
+            );
+        }
+        let mut waived = envs("waived", &[0, 1], 2, master);
+        for e in &mut waived {
+            e.insecure_tcp = true;
+        }
+        for r in on_threads(waived, |env| exercise(env, 3)) {
+            r.unwrap();
+        }
+    }
+
+    #[test]
+    fn a_shared_secret_joins_over_the_unix_socket() {
+        let secret = JobSecret::generate().unwrap();
+        for r in on_threads(
+            with_secret(envs("secret", &[0, 1, 2], 3, None), &secret),
+            |env| exercise(env, 20),
+        ) {
+            r.unwrap();
+        }
+    }
+
+    /// A process that knows the job's address but not its secret says Hello as rank 1, answers
+    /// rank 0's challenge with a forged proof and is refused; then the real rank 1 joins and the
+    /// job carries on. (Fails if rank 0 seats a member without checking its proof: the stranger
+    /// would get the Welcome.)
+    #[test]
+    fn a_stranger_without_the_secret_is_refused_and_the_job_carries_on() {
+        let secret = JobSecret::generate().unwrap();
+        let master = Some(("127.0.0.1".to_string(), free_port()));
+        let job = with_secret(envs("stranger", &[0, 1], 2, master), &secret);
+        let (root_env, member_env) = (job[0].clone(), job[1].clone());
+        std::thread::scope(|s| {
+            let root = s.spawn(|| exercise(root_env, 5));
+            let endpoint = Endpoint::for_env(&member_env).unwrap();
+            let mut stream = loop {
+                match endpoint.connect(Duration::from_secs(1)) {
+                    Ok(st) => break st,
+                    Err(_) => std::thread::sleep(RETRY_INTERVAL),
+                }
+            };
+            let mut hello = [0u8; HELLO_BYTES];
+            hello[..8].copy_from_slice(&1u64.to_le_bytes());
+            hello[8..16].copy_from_slice(&2u64.to_le_bytes());
+            hello[16] = 1;
+            let soon = || Instant::now() + Duration::from_secs(5);
+            send_frame(&mut stream, Kind::Hello, 0, &[&hello], soon()).unwrap();
+            let challenge = recv_frame(&mut stream, 1 << 10, soon()).unwrap();
+            assert_eq!(challenge.kind, Kind::Challenge);
+            send_frame(&mut stream, Kind::Proof, 0, &[&[7u8; PROOF_BYTES]], soon()).unwrap();
+            let answer = recv_frame(&mut stream, 1 << 10, soon()).unwrap();
+            let text = String::from_utf8_lossy(&answer.payload).into_owned();
+            assert_eq!(
+                answer.kind,
+                Kind::Abort,
+                "the stranger got {:?}",
+                answer.kind
+            );
+            assert!(text.contains("did not match"), "{text}");
+            let member = s.spawn(|| exercise(member_env, 5));
+            root.join().unwrap().unwrap();
+            member.join().unwrap().unwrap();
+        });
+    }
+
+    #[test]
+    fn a_member_refuses_a_rank_0_without_its_secret() {
+        let master = Some(("127.0.0.1".to_string(), free_port()));
+        let mut job = envs("impostor", &[0, 1], 2, master);
+        job[0].secret = Some(JobSecret::generate().unwrap());
+        job[1].secret = Some(JobSecret::generate().unwrap());
+        let results = on_threads(job, |env| {
+            Rendezvous::connect(&env, Duration::from_secs(2)).map(drop)
+        });
+        let e = errors(results);
+        assert!(e[1].contains("did not prove the job secret"), "{}", e[1]);
+        assert!(e[0].contains("rank(s) 1 did not arrive"), "{}", e[0]);
+    }
+
+    #[test]
+    fn a_member_without_the_secret_is_told_why() {
+        let master = Some(("127.0.0.1".to_string(), free_port()));
+        let mut job = envs("absent", &[0, 1], 2, master);
+        job[0].secret = Some(JobSecret::generate().unwrap());
+        job[1].insecure_tcp = true;
+        let results = on_threads(job, |env| {
+            Rendezvous::connect(&env, Duration::from_secs(2)).map(drop)
+        });
+        let e = errors(results);
+        assert!(e[1].contains("rank 0 requires the job secret"), "{}", e[1]);
     }
 
     #[test]
