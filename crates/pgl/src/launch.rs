@@ -334,9 +334,10 @@ pub fn run_local(spec: &LaunchSpec) -> Result<()> {
         .unwrap_or_default();
     let job_id = format!("weft-{}-{nanos}", std::process::id());
     // The caller's secret when it set one (a job spanning several launchers), else a fresh one.
-    let secret = match std::env::var(SECRET_VAR) {
-        Ok(v) => JobSecret::parse(&v)?,
-        Err(_) => JobSecret::generate()?,
+    let secret = match std::env::var_os(SECRET_VAR) {
+        // Non-UTF-8 is kept (lossily) so that it is refused, not taken as unset.
+        Some(v) => JobSecret::parse(&v.to_string_lossy())?,
+        None => JobSecret::generate()?,
     };
     let _handlers = SignalHandlers::install()?;
     let signals_at_start = SIGNALS.load(Ordering::SeqCst);

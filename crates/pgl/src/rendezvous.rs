@@ -879,8 +879,10 @@ impl Rendezvous {
 
     /// Rank 0's handshake: accepts until every rank 1..world has said Hello (and, with a job
     /// secret, proved it), then welcomes all. A connection that does not prove the secret is a
-    /// stranger: told why and dropped, and rank 0 keeps accepting (it can neither take a rank's
-    /// place nor end the job).
+    /// stranger: told why and dropped, and rank 0 keeps accepting — it cannot take a rank's
+    /// place, nor end the job with a bad Hello. (Connections are handled one at a time, each
+    /// within CONTROL_TIMEOUT: one that stalls delays rank 0 by that much, and enough of them can
+    /// run out its connect deadline.)
     fn accept_members(
         &self,
         endpoint: &Endpoint,
@@ -895,6 +897,8 @@ impl Rendezvous {
             .set_nonblocking()
             .map_err(|e| anyhow!("rendezvous at {address}: {e}"))?;
         let mut members: Vec<Option<Stream>> = (1..world).map(|_| None).collect();
+        // The last connection refused for the secret, for the timeout's message.
+        let mut refused: Option<String> = None;
         // Aborts every connected member (and `extra`) with `text`, and returns the error.
         let reject =
             |members: &mut Vec<Option<Stream>>, extra: Option<&mut Stream>, text: String| {
@@ -909,9 +913,12 @@ impl Rendezvous {
                 let missing: Vec<usize> =
                     (1..world).filter(|&r| members[r - 1].is_none()).collect();
                 let text = format!(
-                    "rank(s) {} did not arrive within {} (world {world})",
+                    "rank(s) {} did not arrive within {} (world {world}){}",
                     rank_list(&missing),
-                    fmt_duration(connect_timeout)
+                    fmt_duration(connect_timeout),
+                    refused.as_deref().map_or(String::new(), |r| format!(
+                        "; the last connection refused: {r}"
+                    ))
                 );
                 return Err(reject(&mut members, None, text));
             }
@@ -958,6 +965,7 @@ impl Rendezvous {
                 hello_deadline,
             ) {
                 send_abort(&mut stream, 0, &why);
+                refused = Some(format!("one claiming rank {rank}: {why}"));
                 continue;
             }
             let text = if their_world != world as u64 {
@@ -1048,6 +1056,14 @@ impl Rendezvous {
         let until = Instant::now() + wait;
         let mut reply = recv_frame(&mut stream, 1 << 20, until);
         if let (Some(s), Ok(f)) = (secret, &reply) {
+            // With a secret, rank 0 must challenge (or refuse) before anything else: a Welcome
+            // without its proof is not from this job's rank 0.
+            if f.kind != Kind::Challenge && f.kind != Kind::Abort {
+                bail!(
+                    "rendezvous at {address}: the process listening there answered with {} instead of proving the job secret ({SECRET_VAR}): it is not this job's rank 0",
+                    f.kind.name()
+                );
+            }
             if f.kind == Kind::Challenge {
                 let (rank, world) = (self.rank as u64, self.world as u64);
                 let good = f.payload.len() == NONCE_BYTES + PROOF_BYTES && {
@@ -1056,7 +1072,7 @@ impl Rendezvous {
                 };
                 if !good {
                     bail!(
-                        "rendezvous at {address}: the process listening there did not prove the job secret ({SECRET_VAR}): it is not this job's rank 0 (another job, or a process posing as rank 0); nothing was sent to it"
+                        "rendezvous at {address}: the process listening there did not prove the job secret ({SECRET_VAR}): this rank's secret differs from rank 0's (two `weft launch` runs each make their own), or it is not this job's rank 0; only this rank's Hello (rank, world, a nonce) was sent to it"
                     );
                 }
                 let proof = s.proof(
@@ -1486,6 +1502,44 @@ mod tests {
         let e = errors(results);
         assert!(e[1].contains("did not prove the job secret"), "{}", e[1]);
         assert!(e[0].contains("rank(s) 1 did not arrive"), "{}", e[0]);
+        assert!(
+            e[0].contains("the last connection refused: one claiming rank 1"),
+            "{}",
+            e[0]
+        );
+    }
+
+    /// A process listening at the job's address that answers Hello with Welcome (never proving
+    /// the secret) is refused by a member that has one. (Fails if the member takes any Welcome.)
+    #[test]
+    fn a_member_refuses_a_welcome_without_a_challenge() {
+        let port = free_port();
+        let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
+        let mut job = envs("welcome", &[1], 2, Some(("127.0.0.1".to_string(), port)));
+        job[0].secret = Some(JobSecret::generate().unwrap());
+        let env = job.remove(0);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let (tcp, _) = listener.accept().unwrap();
+                let mut stream = Stream::Tcp(tcp);
+                let soon = Instant::now() + Duration::from_secs(5);
+                let hello = recv_frame(&mut stream, 1 << 10, soon).unwrap();
+                assert_eq!(hello.kind, Kind::Hello);
+                send_frame(&mut stream, Kind::Welcome, 0, &[], soon).unwrap();
+                // Keep the connection open until the member has decided.
+                let _ = recv_frame(&mut stream, 1 << 10, soon);
+            });
+            let e = format!(
+                "{:#}",
+                Rendezvous::connect(&env, Duration::from_secs(5))
+                    .map(drop)
+                    .unwrap_err()
+            );
+            assert!(
+                e.contains("answered with welcome instead of proving"),
+                "{e}"
+            );
+        });
     }
 
     #[test]

@@ -206,9 +206,11 @@ fn three_processes_agree_over_tcp() {
         .local_addr()
         .unwrap()
         .port();
+    // Over TCP the job needs its secret (any 64 hex digits, the same on every rank).
     let case = Case::new("collectives")
         .env("WEFT_MASTER_ADDR", "127.0.0.1")
-        .env("WEFT_MASTER_PORT", port);
+        .env("WEFT_MASTER_PORT", port)
+        .env("WEFT_JOB_SECRET", "5ec7e7".repeat(10) + "0000");
     for (rank, (status, stderr)) in case.run(&all_ranks(3)).into_iter().enumerate() {
         assert!(status.success(), "rank {rank}: {status}\n{stderr}");
     }
