@@ -24,6 +24,7 @@ mod results;
 mod suites;
 mod timing;
 mod trials;
+mod watchdog;
 mod word_compare;
 
 use anyhow::Context;
@@ -68,6 +69,8 @@ fn main() -> ExitCode {
                 .and_then(|spec| launch::run_local(&spec))
                 .map(|()| ExitCode::SUCCESS)
         }
+        // Internal: the watchdog trial's child, a step that never ends.
+        Some(suites::WATCHDOG_CHILD) => suites::watchdog_child(&args[1..]),
         // Internal: the sync timeout trials run their trapping kernel in this child process.
         Some("__sync-timeout-child") => {
             suites::sync_timeout_child(&args[1..]).map(|()| ExitCode::SUCCESS)
@@ -111,6 +114,7 @@ fn bench_command(args: &[String]) -> anyhow::Result<ExitCode> {
     if let Some(why) = job.shared_gpu() {
         anyhow::bail!("weft bench: {why}; run benchmarks with one rank per GPU");
     }
+    watchdog::watch_steps(job.rank(), watchdog::timeout(watchdog::BENCH_VAR, 1800));
     if let Err(e) = bench::run(&mut job, &opts) {
         job.rdzv.abort(&format!("{e:#}"));
         return Err(e);
@@ -124,6 +128,8 @@ fn tune_command(args: &[String]) -> anyhow::Result<ExitCode> {
     if let Some(why) = job.shared_gpu() {
         anyhow::bail!("weft tune: {why}; run it with one rank per GPU");
     }
+    watchdog::watch_steps(job.rank(), watchdog::timeout(watchdog::BENCH_VAR, 1800));
+    watchdog::step("weft tune");
     let result = bench::tune::run(&mut job, &opts).and_then(|r| {
         let device = crate::info::gpu_info(
             job.gpu()

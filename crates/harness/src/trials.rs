@@ -5,10 +5,10 @@
 //! `weft launch`), so filtering selects the same trials everywhere; trials run one at a time.
 
 use crate::job::Job;
+use crate::watchdog::{self, Watchdog};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 /// What a trial needs to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,48 +127,6 @@ fn combine(results: &[Local]) -> Result<Completion, Failed> {
     }
 }
 
-/// Stops this rank if one trial runs past its bound: the other ranks then see it disappear at
-/// their next collective and fail naming it, and the launcher stops the job.
-struct Watchdog {
-    current: Arc<Mutex<Option<(String, Instant)>>>,
-}
-
-impl Watchdog {
-    fn start(rank: usize, limit: Duration) -> Self {
-        let current: Arc<Mutex<Option<(String, Instant)>>> = Arc::new(Mutex::new(None));
-        let watched = current.clone();
-        std::thread::spawn(move || loop {
-            std::thread::sleep(Duration::from_millis(500));
-            if let Some((name, since)) = watched.lock().unwrap().as_ref() {
-                if since.elapsed() > limit {
-                    eprintln!(
-                        "weft: rank {rank}: trial {name} still running after {} s (WEFT_TRIAL_TIMEOUT); stopping this rank",
-                        limit.as_secs()
-                    );
-                    std::process::exit(124);
-                }
-            }
-        });
-        Self { current }
-    }
-
-    fn watch(&self, name: &str) {
-        *self.current.lock().unwrap() = Some((name.to_string(), Instant::now()));
-    }
-
-    fn clear(&self) {
-        *self.current.lock().unwrap() = None;
-    }
-}
-
-fn trial_timeout() -> Duration {
-    let secs = std::env::var("WEFT_TRIAL_TIMEOUT")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(600);
-    Duration::from_secs(secs)
-}
-
 fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
     payload
         .downcast_ref::<&str>()
@@ -187,7 +145,11 @@ pub fn run(job: Job, cases: Vec<Case>, mut args: Arguments) -> (libtest_mimic::C
     }
     let rank = job.rank();
     let job = Arc::new(Mutex::new(job));
-    let watchdog = Arc::new(Watchdog::start(rank, trial_timeout()));
+    let watchdog = Arc::new(Watchdog::start(
+        rank,
+        watchdog::TRIAL_VAR,
+        watchdog::timeout(watchdog::TRIAL_VAR, 600),
+    ));
     let trials = cases
         .into_iter()
         .map(|case| {
@@ -196,7 +158,7 @@ pub fn run(job: Job, cases: Vec<Case>, mut args: Arguments) -> (libtest_mimic::C
             let name = case.name.clone();
             Trial::ignorable_test(case.name, move || {
                 let mut job = job.lock().unwrap();
-                watchdog.watch(&name);
+                watchdog.watch(&format!("trial {name}"));
                 let local = match (case.needs, job.gpu()) {
                     (Needs::Gpu, Err(why)) => Local::Ignored(format!("no GPU: {why}")),
                     _ => match catch_unwind(AssertUnwindSafe(|| (case.body)(&mut job))) {

@@ -110,6 +110,7 @@ pub fn run(job: &mut Job, opts: &BenchOptions) -> anyhow::Result<()> {
         .map_err(|why| anyhow::anyhow!("weft bench needs a GPU: {why}"))?;
     let device = crate::info::gpu_info(gpu.ordinal)?.name;
     for suite in &opts.suites {
+        crate::watchdog::step(&format!("bench {suite}"));
         let result = match suite.as_str() {
             "nccl" => nccl::run(job, opts.quick)?,
             "collectives" => collectives::run(job, opts.quick)?,

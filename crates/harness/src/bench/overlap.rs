@@ -287,8 +287,9 @@ struct Measured {
     ms: f64,
 }
 
-/// Rank 0's progress line on stderr.
+/// Rank 0's progress line on stderr; on every rank, a new step for the watchdog.
 fn progress(job: &Job, text: &str) {
+    crate::watchdog::step(&format!("bench step {text}"));
     if job.rank() == 0 {
         eprintln!("weft bench: {text}");
     }

@@ -71,6 +71,7 @@ struct Progress {
 
 impl Progress {
     fn step(&mut self, what: &str) {
+        crate::watchdog::step(&format!("tune step {what}"));
         self.done += 1;
         if self.show {
             let width = 30;

@@ -25,6 +25,7 @@ mod reduce_scatter;
 mod rendezvous;
 mod roundtrip;
 mod sync;
+mod watchdog;
 
 use crate::job::Job;
 use crate::trials::Case;
@@ -39,10 +40,12 @@ fn gpu(job: &Job) -> anyhow::Result<(Arc<CudaContext>, Arc<CudaStream>)> {
 
 pub use gemm_row_slots::{child as gemm_row_slots_child, CHILD_COMMAND as GEMM_ROW_SLOTS_CHILD};
 pub use sync::timeout_child as sync_timeout_child;
+pub use watchdog::{child as watchdog_child, CHILD_COMMAND as WATCHDOG_CHILD};
 
 /// Every trial, in the order every rank runs them.
 pub fn all() -> Vec<Case> {
     let mut cases = rendezvous::cases();
+    cases.extend(watchdog::cases());
     cases.extend(roundtrip::cases());
     cases.extend(nccl::cases());
     cases.extend(pgl::cases());
