@@ -16,7 +16,8 @@
 
 use super::ag_copy_engine::{CopyEngineGather, CopyEngineLaunch};
 use super::collective_plan::{
-    agree_on_plan, check_resident, peer_tensor_maps, synchronize_checked,
+    agree_on_plan, check_resident, peer_barrier_counters, peer_tensor_maps, synchronize_checked,
+    with_failed_free,
 };
 use crate::dtype::GemmElement;
 use crate::gemm::{device_sms, AllGatherSource, Gemm, LaunchExtras};
@@ -123,10 +124,6 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
         )
         .context("allocating the fused AllGather's A shards")?;
         // Each step collective (agreed): on an error every rank frees what it holds, alike.
-        let freeing = |e: anyhow::Error, held: anyhow::Result<()>| match held {
-            Ok(()) => e,
-            Err(f) => e.context(format!("and freeing what was allocated failed too: {f:#}")),
-        };
         let maps = agree(
             rdzv,
             "fused AllGather tensor maps",
@@ -134,17 +131,11 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
         );
         let maps = match maps {
             Ok(m) => m,
-            Err(e) => return Err(freeing(e, shard.free(rdzv))),
+            Err(e) => return Err(with_failed_free(e, shard.free(rdzv))),
         };
-        let bar = agree(
-            rdzv,
-            "fused AllGather barrier budget",
-            WaitBudget::default_for(ctx),
-        )
-        .and_then(|budget| Counters::alloc(rdzv, ctx, Shape::new(1, 1, 2, 1), budget));
-        let bar = match bar {
+        let bar = match peer_barrier_counters(rdzv, ctx, what) {
             Ok(b) => b,
-            Err(e) => return Err(freeing(e, shard.free(rdzv))),
+            Err(e) => return Err(with_failed_free(e, shard.free(rdzv))),
         };
         let gathered = match method {
             AllGatherMethod::Intra => None,
@@ -172,7 +163,7 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
                     Ok(g) => Some(g),
                     Err(e) => {
                         let held = shard.free(rdzv).and(bar.free(rdzv));
-                        return Err(freeing(e, held));
+                        return Err(with_failed_free(e, held));
                     }
                 }
             }

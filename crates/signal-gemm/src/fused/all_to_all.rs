@@ -10,7 +10,9 @@
 //! Every rank's kernel must run at the same time (bounded waits): all of a rank's CTAs must be
 //! resident, so ranks that share a GPU must leave each other room.
 
-use super::collective_plan::{agree_on_plan, check_resident, synchronize_checked};
+use super::collective_plan::{
+    agree_on_plan, check_resident, peer_barrier_counters, synchronize_checked, with_failed_free,
+};
 use crate::dtype::GemmElement;
 use crate::gemm::{Gemm, LaunchExtras, PeerRowsTarget};
 use crate::plan::{GemmOptions, GemmPlan, GemmShape};
@@ -143,17 +145,11 @@ impl<T: GemmElement + PglElement> FusedAllToAll<T> {
         });
         let (ptrs, table) = match uploaded {
             Ok(u) => u,
-            Err(e) => return Err(free_after(e, out.free(rdzv))),
+            Err(e) => return Err(with_failed_free(e, out.free(rdzv))),
         };
-        let bar = match agree(
-            rdzv,
-            "fused All-to-All barrier budget",
-            WaitBudget::default_for(ctx),
-        )
-        .and_then(|b| Counters::alloc(rdzv, ctx, Shape::new(1, 1, 2, 1), b))
-        {
+        let bar = match peer_barrier_counters(rdzv, ctx, what) {
             Ok(b) => b,
-            Err(e) => return Err(free_after(e, out.free(rdzv))),
+            Err(e) => return Err(with_failed_free(e, out.free(rdzv))),
         };
         Ok(Self {
             gemm,
@@ -324,14 +320,6 @@ impl<T: GemmElement + PglElement> FusedAllToAll<T> {
         let out = self.out.free(rdzv);
         let bar = self.bar.free(rdzv);
         out.and(bar)
-    }
-}
-
-/// `e`, with the failure of the collective free that followed it, if any.
-fn free_after(e: anyhow::Error, freed: anyhow::Result<()>) -> anyhow::Error {
-    match freed {
-        Ok(()) => e,
-        Err(f) => e.context(format!("and freeing the outputs failed too: {f:#}")),
     }
 }
 

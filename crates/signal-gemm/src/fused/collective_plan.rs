@@ -10,7 +10,8 @@ use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtrMut};
 use std::sync::Arc;
 use weft_kernels::abi::weft_tensor_map;
 use weft_pgl::rendezvous::Rendezvous;
-use weft_pgl::{Pgl, PglElement};
+use weft_pgl::{agree, Pgl, PglElement, Shape};
+use weft_sync::{Counters, WaitBudget};
 
 /// Collective: every rank's `describe` (its plan, and whatever else enters the cross-rank
 /// targets) must be this rank's; the error names the ranks that differ.
@@ -81,6 +82,30 @@ pub(crate) fn peer_tensor_maps(
     let maps = stream.clone_htod(&bytes)?;
     stream.synchronize()?;
     Ok(maps)
+}
+
+/// Collective: the START / END counters of the fused methods' cross-rank barriers
+/// (kernels/include/weft/gemm/peer_reduce.cuh), bounded by weft-sync's default budget (agreed:
+/// a rank that cannot read it fails every rank alike).
+pub(crate) fn peer_barrier_counters(
+    rdzv: &mut Rendezvous,
+    ctx: &Arc<CudaContext>,
+    what: &str,
+) -> anyhow::Result<Counters> {
+    let budget = agree(
+        rdzv,
+        &format!("{what} barrier budget"),
+        WaitBudget::default_for(ctx),
+    )?;
+    Counters::alloc(rdzv, ctx, Shape::new(1, 1, 2, 1), budget)
+}
+
+/// `e`, with the failure of the collective free that followed it (`freed`), if any.
+pub(crate) fn with_failed_free(e: anyhow::Error, freed: anyhow::Result<()>) -> anyhow::Error {
+    match freed {
+        Ok(()) => e,
+        Err(f) => e.context(format!("and freeing what was allocated failed too: {f:#}")),
+    }
 }
 
 /// Waits for `stream`, then runs `checks` (reads of error slots); the error names every wait they

@@ -11,7 +11,8 @@
 //! all of a rank's CTAs must be resident, so ranks that share a GPU must leave each other room.
 
 use super::collective_plan::{
-    agree_on_plan, check_resident, copy_own_buffer, peer_tensor_maps, synchronize_checked,
+    agree_on_plan, check_resident, copy_own_buffer, peer_barrier_counters, peer_tensor_maps,
+    synchronize_checked, with_failed_free,
 };
 use crate::dtype::GemmElement;
 use crate::gemm::{device_sms, Gemm, LaunchExtras, PeerReduceTarget};
@@ -85,13 +86,18 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
             Backend::default(),
         )
         .context("allocating the fused ReduceScatter's outputs")?;
-        let maps = agree(
+        let maps = match agree(
             rdzv,
             "fused ReduceScatter tensor maps",
             Self::encode_maps(stream, &out, shape, ranks),
-        )?;
-        let budget = WaitBudget::default_for(ctx)?;
-        let bar = Counters::alloc(rdzv, ctx, Shape::new(1, 1, 2, 1), budget)?;
+        ) {
+            Ok(m) => m,
+            Err(e) => return Err(with_failed_free(e, out.free(rdzv))),
+        };
+        let bar = match peer_barrier_counters(rdzv, ctx, what) {
+            Ok(b) => b,
+            Err(e) => return Err(with_failed_free(e, out.free(rdzv))),
+        };
         Ok(Self {
             gemm,
             out,

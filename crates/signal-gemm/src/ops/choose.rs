@@ -77,14 +77,6 @@ pub struct Ranking {
 }
 
 impl Ranking {
-    /// The methods `allow` accepts, fastest first.
-    pub fn ordered<'a>(
-        &'a self,
-        allow: impl Fn(&Method) -> bool + 'a,
-    ) -> impl Iterator<Item = &'a (Method, f64)> + 'a {
-        self.times.iter().filter(move |(m, _)| allow(m))
-    }
-
     /// The methods `allow` accepts in the order `Auto` tries them: fastest first, except that
     /// the fastest sequential one goes first when the fastest of all leads it by no more than
     /// [`SEQUENTIAL_PREFERENCE`].
