@@ -47,8 +47,10 @@ pub enum AllReduceChoice {
     TwoShot,
 }
 
-/// Above this size, at more than two ranks, `Auto` takes two-shot.
-pub const ONE_SHOT_MAX_BYTES: u64 = 256 << 10;
+/// Above this size, at more than two ranks, `Auto` takes two-shot (at 512 KiB one-shot took
+/// 20.5 µs against two-shot's best 21.6 at four H200s, 17.8 against 19.9 at three; at 1 MiB
+/// neither won at both worlds: `results/collectives/sweep-nvidia-h200-x4-2026-11-26/`).
+pub const ONE_SHOT_MAX_BYTES: u64 = 512 << 10;
 
 pub fn all_reduce_algorithm(choice: AllReduceChoice, world: usize, bytes: u64) -> Algorithm {
     match choice {
@@ -80,8 +82,12 @@ impl Protocol {
     }
 }
 
-/// 4-byte words per thread an LL launch aims for before adding a block.
-pub const LL_WORDS_PER_THREAD: u64 = 4;
+/// An LL launch gets a block per [`THREADS`] words (one word per thread: its latency is one poll
+/// per word a thread owns), at least [`LL_MIN_BLOCKS`] and at most [`LL_MAX_BLOCKS`] (the
+/// sweep on two, three and four H200s: 16 blocks beat 1–8 below 64 KiB by about 1 µs, 64 beat
+/// 16–32 at 128–256 KiB).
+pub const LL_MIN_BLOCKS: u32 = 16;
+pub const LL_MAX_BLOCKS: u32 = 64;
 /// Threads per block of the collective kernels (kThreads in collectives.cu).
 pub const THREADS: u32 = 512;
 
@@ -89,8 +95,9 @@ pub const THREADS: u32 = 512;
 pub const SMALL_ROUND_BYTES: u64 = 4 << 20;
 
 /// Bytes one block pushes per round (per peer) before another block is added, when the caller
-/// does not fix the block count.
-pub const BYTES_PER_BLOCK: u64 = 32 << 10;
+/// does not fix the block count (8 KiB: at three and four H200s a block per 32 KiB left rounds of
+/// 0.3–1.3 MiB 5–60 % slower than 64 blocks; at two the two agreed).
+pub const BYTES_PER_BLOCK: u64 = 8 << 10;
 
 /// A launch's cut: `weft_collective_params` fields and the grid.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,7 +141,8 @@ pub fn geometry(
     let payload = count * elem_bytes as u64;
     let words = payload.div_ceil(4);
     if algo != Algorithm::AllReduceTwoShot && payload <= ll_max_bytes && 8 * words <= slot_bytes {
-        let auto = words.div_ceil(THREADS as u64 * LL_WORDS_PER_THREAD) as u32;
+        let auto =
+            (words.div_ceil(THREADS as u64).min(LL_MAX_BLOCKS as u64) as u32).max(LL_MIN_BLOCKS);
         return Some(Geometry {
             protocol: Protocol::LowLatency,
             count,
@@ -153,7 +161,7 @@ pub fn geometry(
     let window = slot_elems.min(shard.div_ceil(vec) * vec);
     let rounds = u32::try_from(shard.div_ceil(window)).ok()?;
     let window_bytes = window * elem_bytes as u64;
-    // Up to 4 MiB a round: a block per 32 KiB, at most 64 (more blocks cost more than they move
+    // Up to 4 MiB a round: a block per 8 KiB, at most 64 (more blocks cost more than they move
     // there); larger rounds: every block allowed (their release fences then overlap the most).
     let auto = if window_bytes <= SMALL_ROUND_BYTES {
         (window_bytes.div_ceil(BYTES_PER_BLOCK) as u32).min(64)
@@ -186,7 +194,11 @@ mod tests {
             Algorithm::AllReduceOneShot
         );
         assert_eq!(
-            all_reduce_algorithm(AllReduceChoice::Auto, 8, 1 << 20),
+            all_reduce_algorithm(AllReduceChoice::Auto, 8, 512 << 10),
+            Algorithm::AllReduceOneShot
+        );
+        assert_eq!(
+            all_reduce_algorithm(AllReduceChoice::Auto, 8, (512 << 10) + 1),
             Algorithm::AllReduceTwoShot
         );
         assert_eq!(
@@ -228,8 +240,10 @@ mod tests {
     fn blocks_grow_with_the_round_and_respect_the_cap() {
         let small = geometry(Algorithm::AllReduceOneShot, 1024, 2, 4, simple(32)).unwrap();
         assert_eq!((small.rounds, small.blocks), (1, 1));
-        let mid = geometry(Algorithm::AllReduceOneShot, 1 << 18, 2, 4, simple(32)).unwrap();
-        assert_eq!(mid.blocks, 32); // 1 MiB / 32 KiB
+        let mid = geometry(Algorithm::AllReduceOneShot, 1 << 16, 2, 4, simple(64)).unwrap();
+        assert_eq!(mid.blocks, 32); // 256 KiB / 8 KiB
+        let capped = geometry(Algorithm::AllReduceOneShot, 1 << 20, 2, 4, simple(128)).unwrap();
+        assert_eq!(capped.blocks, 64); // 4 MiB round: at most 64
         let large = Limits {
             slot_bytes: 16 << 20,
             ..simple(128)
@@ -279,8 +293,20 @@ mod tests {
         let g = geometry(Algorithm::AllReduceOneShot, 16 << 10, 2, 4, ll).unwrap(); // 64 KiB
         assert_eq!(
             (g.protocol, g.rounds, g.blocks),
-            (Protocol::LowLatency, 1, 8)
-        ); // 16 Ki words / 2048
+            (Protocol::LowLatency, 1, 32)
+        ); // 16 Ki words / 512 threads
+        let tiny = geometry(Algorithm::AllReduceOneShot, 16, 2, 4, ll).unwrap();
+        assert_eq!(tiny.blocks, LL_MIN_BLOCKS);
+        let few = Limits {
+            max_blocks: 4,
+            ..ll
+        };
+        assert_eq!(
+            geometry(Algorithm::AllReduceOneShot, 16, 2, 4, few)
+                .unwrap()
+                .blocks,
+            4
+        );
         assert_eq!(
             geometry(Algorithm::AllReduceOneShot, (16 << 10) + 1, 2, 4, ll)
                 .unwrap()

@@ -12,8 +12,9 @@ pub struct Options {
     /// [`DEFAULT_STAGING_PER_SLOT_SET`] / world (16 MiB at two ranks, 288 MiB of staging at any
     /// world).
     pub slot_bytes: Option<u64>,
-    /// Blocks per launch; `None`: one per 32 KiB of a round, at most 64, for rounds up to 4 MiB;
-    /// `max_blocks` for larger rounds (measured on two H100s: README.md).
+    /// Blocks per launch; `None`: one per 8 KiB of a round, at most 64, for rounds up to 4 MiB;
+    /// `max_blocks` for larger rounds; LL launches: see [`crate::geometry::LL_MIN_BLOCKS`]
+    /// (measured on two, three and four H200s: README.md).
     pub blocks: Option<u32>,
     /// Upper bound on blocks per launch (and on `blocks`); at most 128 and, with ranks sharing a
     /// GPU, at most its SMs divided among them (every block of every rank must be resident).
