@@ -42,33 +42,6 @@ fn local_view(ptr: u64, rank: usize, world: usize, rows: usize, row_bytes: usize
     }
 }
 
-/// An NCCL group around the baseline's sends and receives; ended on drop if `end` was not reached.
-struct NcclGroup {
-    open: bool,
-}
-
-impl NcclGroup {
-    fn start() -> anyhow::Result<Self> {
-        cudarc::nccl::result::group_start()
-            .map_err(|e| anyhow::anyhow!("ncclGroupStart failed: {e:?}"))?;
-        Ok(Self { open: true })
-    }
-    fn end(mut self) -> anyhow::Result<()> {
-        self.open = false;
-        cudarc::nccl::result::group_end()
-            .map_err(|e| anyhow::anyhow!("ncclGroupEnd failed: {e:?}"))?;
-        Ok(())
-    }
-}
-
-impl Drop for NcclGroup {
-    fn drop(&mut self) {
-        if self.open {
-            let _ = cudarc::nccl::result::group_end();
-        }
-    }
-}
-
 impl<T: PglElement> Core<T> {
     pub(crate) fn run_baseline(&mut self, comm: &Communicator) -> anyhow::Result<()> {
         if self.device.is_some() {
@@ -165,29 +138,30 @@ impl<T: PglElement> Core<T> {
         }
 
         // All-to-all-v: one NCCL group of a send and a receive per peer and tensor.
-        {
-            let group = NcclGroup::start()?;
+        let stream = &self.stream;
+        let (send_rows, recv_rows) = (&self.layout.send_rows, &self.layout.recv_rows);
+        comm.group(|| {
             let (mut so, mut ro) = (0usize, 0usize);
             for peer in 0..world {
-                let (sn, rn) = (self.layout.send_rows[peer], self.layout.recv_rows[peer]);
+                let (sn, rn) = (send_rows[peer], recv_rows[peer]);
                 if sn + rn > 0 {
                     for (t, &b) in comm_bytes.iter().enumerate() {
                         let send = st.send[t].slice(so * b..(so + sn) * b);
                         let mut recv = st.recv[t].slice_mut(ro * b..(ro + rn) * b);
-                        comm.send_recv(&send, peer, &mut recv, peer, &self.stream)?;
+                        comm.send_recv(&send, peer, &mut recv, peer, stream)?;
                     }
                     if let Some((ls, lr)) = &mut st.lse {
                         let b = lse_bytes;
                         let send = ls.slice(so * b..(so + sn) * b);
                         let mut recv = lr.slice_mut(ro * b..(ro + rn) * b);
-                        comm.send_recv(&send, peer, &mut recv, peer, &self.stream)?;
+                        comm.send_recv(&send, peer, &mut recv, peer, stream)?;
                     }
                 }
                 so += sn;
                 ro += rn;
             }
-            group.end()?;
-        }
+            Ok(())
+        })?;
 
         // Range-scatter / scatter-reduce into the output PGLs' final rows.
         let scatter: Vec<_> = self

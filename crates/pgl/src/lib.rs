@@ -31,6 +31,7 @@ pub mod job_secret;
 pub mod launch;
 pub mod multicast;
 pub mod nccl;
+mod nccl_budget;
 pub mod rank_env;
 pub mod rendezvous;
 pub mod shape;

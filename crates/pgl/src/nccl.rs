@@ -3,12 +3,22 @@
 //! Thin by design: each method is one NCCL call on a caller-given stream, returning errors that
 //! carry NCCL's own last-error text. Buffers are cudarc device slices; contexts used with this
 //! module should have cudarc's event tracking disabled (weft synchronises explicitly).
+//!
+//! Bounded: communicators are non-blocking, and every wait on NCCL — init, a call that returns
+//! ncclInProgress, [`Communicator::synchronize`], teardown — polls with a budget
+//! ([`TIMEOUT_VAR`], default [`DEFAULT_TIMEOUT`]); past it, or on an asynchronous error, the
+//! communicator is aborted (ncclCommAbort) and the error names the operation, this rank and the
+//! budget. Every later call on an aborted communicator fails at once.
 
+use crate::nccl_budget::{self, Unsettled};
+pub use crate::nccl_budget::{timeout_from, DEFAULT_TIMEOUT, TIMEOUT_VAR};
 use crate::rendezvous::Rendezvous;
 use anyhow::{bail, Context};
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 use cudarc::nccl::{result as nc, sys, Id, NcclType};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A reduction operator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,6 +95,10 @@ pub struct Communicator {
     ctx: Arc<CudaContext>,
     rank: usize,
     world: usize,
+    /// The bound on every wait ([`TIMEOUT_VAR`]).
+    budget: Duration,
+    /// Set once by [`Communicator::abort`]; `comm` is then freed and never passed to NCCL again.
+    aborted: AtomicBool,
 }
 
 // SAFETY: an ncclComm_t may be used from any thread as long as calls on it are not concurrent;
@@ -100,19 +114,32 @@ fn check(
 ) -> anyhow::Result<()> {
     match r {
         Ok(_) => Ok(()),
-        Err(e) => {
-            // SAFETY: ncclGetLastError accepts any communicator (or null) and returns a C string.
-            let text = unsafe {
-                let p = sys::ncclGetLastError(comm);
-                if p.is_null() {
-                    String::new()
-                } else {
-                    std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
-                }
-            };
-            bail!("{call} failed: {e:?}: {text}")
+        Err(e) => bail!("{call} failed: {:?}: {}", e.0, last_error(comm)),
+    }
+}
+
+/// NCCL's last error text (for `comm`, or the thread's when null).
+fn last_error(comm: sys::ncclComm_t) -> String {
+    // SAFETY: ncclGetLastError accepts any communicator (or null) and returns a C string.
+    unsafe {
+        let p = sys::ncclGetLastError(comm);
+        if p.is_null() {
+            String::new()
+        } else {
+            std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
         }
     }
+}
+
+/// A fresh NCCL unique id (rank 0's part of making a communicator).
+pub fn new_unique_id() -> anyhow::Result<[u8; 128]> {
+    keep_nvls_off();
+    let id = Id::new().map_err(|e| anyhow::anyhow!("ncclGetUniqueId failed: {:?}", e.0))?;
+    let mut out = [0u8; 128];
+    for (dst, src) in out.iter_mut().zip(id.internal()) {
+        *dst = *src as u8;
+    }
+    Ok(out)
 }
 
 impl Communicator {
@@ -125,85 +152,102 @@ impl Communicator {
     /// As [`Communicator::new`], with NCCL's kernels limited to `max_ctas` CTAs (ncclConfig_t
     /// maxCTAs; None: NCCL's choice). For overlap: a GEMM that leaves that many SMs free then
     /// runs beside every collective of this communicator. Every rank must pass the same value.
+    /// The wait budget comes from [`TIMEOUT_VAR`].
     pub fn with_max_ctas(
         rdzv: &mut Rendezvous,
         ctx: &Arc<CudaContext>,
         max_ctas: Option<u32>,
     ) -> anyhow::Result<Self> {
+        let budget = nccl_budget::timeout_from_env()?;
         if !is_available() {
             bail!(
                 "rank {}: libnccl.so could not be loaded (install NCCL or set LD_LIBRARY_PATH)",
                 rdzv.rank()
             );
         }
-        keep_nvls_off();
         let id_bytes: Vec<u8> = if rdzv.rank() == 0 {
-            let id = Id::new().map_err(|e| anyhow::anyhow!("ncclGetUniqueId failed: {e:?}"))?;
-            id.internal().iter().map(|&c| c as u8).collect()
+            new_unique_id()?.to_vec()
         } else {
             Vec::new()
         };
         let id_bytes = rdzv
             .broadcast(0, &id_bytes)
             .context("broadcasting the NCCL unique id")?;
-        if id_bytes.len() != 128 {
-            bail!(
+        let id: [u8; 128] = id_bytes.as_slice().try_into().map_err(|_| {
+            anyhow::anyhow!(
                 "NCCL unique id from rank 0 has {} bytes, expected 128",
                 id_bytes.len()
+            )
+        })?;
+        Self::from_unique_id(&id, rdzv.rank(), rdzv.world(), ctx, max_ctas, budget)
+    }
+
+    /// Joins the communicator of `id` as `rank` of `world` on `ctx`'s device (the other ranks
+    /// must join with the same id, world and `max_ctas`), waiting at most `budget` for all of
+    /// them; past it the half-made communicator is aborted and the error says so.
+    pub fn from_unique_id(
+        id: &[u8; 128],
+        rank: usize,
+        world: usize,
+        ctx: &Arc<CudaContext>,
+        max_ctas: Option<u32>,
+        budget: Duration,
+    ) -> anyhow::Result<Self> {
+        if !is_available() {
+            bail!(
+                "rank {rank}: libnccl.so could not be loaded (install NCCL or set LD_LIBRARY_PATH)"
             );
         }
+        anyhow::ensure!(
+            rank < world,
+            "NCCL communicator: rank {rank} is not below world {world}"
+        );
+        keep_nvls_off();
+        let mut config = default_config();
+        config.blocking = 0;
+        if let Some(ctas) = max_ctas {
+            anyhow::ensure!(
+                (1..=64).contains(&ctas),
+                "NCCL maxCTAs must be 1..=64, got {ctas}"
+            );
+            config.maxCTAs = ctas as i32;
+            config.minCTAs = 1;
+        }
         let mut internal = [0 as core::ffi::c_char; 128];
-        for (dst, src) in internal.iter_mut().zip(&id_bytes) {
+        for (dst, src) in internal.iter_mut().zip(id) {
             *dst = *src as core::ffi::c_char;
         }
         ctx.bind_to_thread()?;
-        let mut comm = std::mem::MaybeUninit::uninit();
-        let (rank, world) = (rdzv.rank(), rdzv.world());
-        let id = sys::ncclUniqueId { internal };
-        match max_ctas {
-            None => {
-                // SAFETY: out-parameter; the id is the one rank 0 created for this communicator.
-                let r =
-                    unsafe { nc::comm_init_rank(comm.as_mut_ptr(), world as i32, id, rank as i32) };
-                check(
-                    &format!("ncclCommInitRank(rank {rank} of {world})"),
-                    std::ptr::null_mut(),
-                    r,
-                )?;
-            }
-            Some(ctas) => {
-                anyhow::ensure!(
-                    (1..=64).contains(&ctas),
-                    "NCCL maxCTAs must be 1..=64, got {ctas}"
-                );
-                let mut config = default_config();
-                config.maxCTAs = ctas as i32;
-                config.minCTAs = 1;
-                // SAFETY: out-parameter; the config is NCCL_CONFIG_INITIALIZER's with two fields set.
-                let r = unsafe {
-                    sys::ncclCommInitRankConfig(
-                        comm.as_mut_ptr(),
-                        world as i32,
-                        id,
-                        rank as i32,
-                        &mut config,
-                    )
-                };
-                check(
-                    &format!("ncclCommInitRankConfig(rank {rank} of {world}, maxCTAs {ctas})"),
-                    std::ptr::null_mut(),
-                    r.result(),
-                )?;
-            }
+        let mut comm: sys::ncclComm_t = std::ptr::null_mut();
+        let what = format!(
+            "ncclCommInitRankConfig(rank {rank} of {world}{})",
+            max_ctas.map_or(String::new(), |c| format!(", maxCTAs {c}"))
+        );
+        // SAFETY: out-parameter; the config is NCCL_CONFIG_INITIALIZER's with fields set.
+        let r = unsafe {
+            sys::ncclCommInitRankConfig(
+                &mut comm,
+                world as i32,
+                sys::ncclUniqueId { internal },
+                rank as i32,
+                &mut config,
+            )
+        };
+        if comm.is_null() {
+            check(&what, std::ptr::null_mut(), r.result())?;
+            bail!("{what} returned no communicator");
         }
-        // SAFETY: initialised by the successful call above.
-        let comm = unsafe { comm.assume_init() };
-        Ok(Self {
+        let this = Self {
             comm,
             ctx: ctx.clone(),
             rank,
             world,
-        })
+            budget,
+            aborted: AtomicBool::new(false),
+        };
+        // Non-blocking: the call returns at once and the joining goes on in NCCL's threads.
+        this.finish(&what, r.result())?;
+        Ok(this)
     }
 
     pub fn rank(&self) -> usize {
@@ -218,6 +262,91 @@ impl Communicator {
         &self.ctx
     }
 
+    /// How long any wait on this communicator may take ([`TIMEOUT_VAR`]).
+    pub fn budget(&self) -> Duration {
+        self.budget
+    }
+
+    /// Whether the communicator was aborted (after a wait past the budget or an NCCL error):
+    /// every call then fails, and the job should end.
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::Acquire)
+    }
+
+    /// Aborts the communicator (ncclCommAbort): NCCL's work on it stops and its resources are
+    /// freed; every later call fails. Idempotent.
+    pub fn abort(&self) {
+        if !self.aborted.swap(true, Ordering::AcqRel) {
+            let _ = self.ctx.bind_to_thread();
+            // SAFETY: the communicator is valid and, with `aborted` set, used by no later call.
+            let _ = unsafe { nc::comm_abort(self.comm) };
+        }
+    }
+
+    /// Waits until `stream`'s work (this communicator's collectives on it included) has
+    /// finished, polling NCCL for asynchronous errors meanwhile, at most the budget; past it or
+    /// on an error the communicator is aborted and the error names `what`.
+    pub fn synchronize(&self, stream: &CudaStream, what: &str) -> anyhow::Result<()> {
+        self.usable(what)?;
+        self.ctx.bind_to_thread()?;
+        nccl_budget::drain(self.comm, stream.cu_stream(), self.budget)
+            .map_err(|u| self.fail(what, u))
+    }
+
+    /// Runs `f` (this communicator's calls) inside one NCCL group, so they launch together
+    /// (NCCL's ncclGroupStart / ncclGroupEnd); the group is ended, and its launch waited out
+    /// within the budget, even when `f` fails.
+    pub fn group<R>(&self, f: impl FnOnce() -> anyhow::Result<R>) -> anyhow::Result<R> {
+        self.usable("ncclGroupStart")?;
+        let group = Group::start()?;
+        let out = f();
+        let ended = group.end(self);
+        let out = out?;
+        ended?;
+        Ok(out)
+    }
+
+    /// An error unless the communicator can take another call.
+    fn usable(&self, what: &str) -> anyhow::Result<()> {
+        if self.is_aborted() {
+            bail!(
+                "rank {} of {}: {what}: the NCCL communicator was aborted after an earlier failure",
+                self.rank,
+                self.world
+            );
+        }
+        Ok(())
+    }
+
+    /// The result of a call: an error as [`check`] words it; ncclInProgress waited out.
+    fn finish(&self, what: &str, res: Result<nc::NcclStatus, nc::NcclError>) -> anyhow::Result<()> {
+        match res {
+            Ok(nc::NcclStatus::InProgress) => {
+                nccl_budget::settle(self.comm, self.budget).map_err(|u| self.fail(what, u))
+            }
+            other => check(what, self.comm, other),
+        }
+    }
+
+    /// Aborts the communicator and words why.
+    fn fail(&self, what: &str, u: Unsettled) -> anyhow::Error {
+        let detail = last_error(self.comm);
+        self.abort();
+        let how = match u {
+            Unsettled::Failed(e) => format!("failed ({e:?}{})", if detail.is_empty() { String::new() } else { format!(": {detail}") }),
+            Unsettled::TimedOut(t) => format!(
+                "did not complete within {:.1} s ({TIMEOUT_VAR}): a peer rank probably stopped or never made the matching call",
+                t.as_secs_f64()
+            ),
+            Unsettled::Cuda(e) => format!("failed: its stream reported {e:?}"),
+        };
+        anyhow::anyhow!(
+            "rank {} of {}: NCCL {what} {how}; the communicator was aborted",
+            self.rank,
+            self.world
+        )
+    }
+
     /// `recv[i] = op over ranks of send[i]`; `send` and `recv` have equal length (may alias via in-place slices).
     pub fn all_reduce<T: NcclType, S: DevicePtr<T>, R: DevicePtrMut<T>>(
         &self,
@@ -226,6 +355,7 @@ impl Communicator {
         op: ReduceOp,
         stream: &CudaStream,
     ) -> anyhow::Result<()> {
+        self.usable("ncclAllReduce")?;
         if send.len() != recv.len() {
             bail!(
                 "all_reduce: send has {} elements, recv {}",
@@ -248,7 +378,7 @@ impl Communicator {
                 stream.cu_stream() as _,
             )
         };
-        check("ncclAllReduce", self.comm, res)
+        self.finish("ncclAllReduce", res)
     }
 
     /// In place: `buf[i] = op over ranks of buf[i]` (one NCCL call with send = recv).
@@ -258,6 +388,7 @@ impl Communicator {
         op: ReduceOp,
         stream: &CudaStream,
     ) -> anyhow::Result<()> {
+        self.usable("ncclAllReduce (in place)")?;
         let n = buf.len();
         let (p, _g) = buf.device_ptr_mut(stream);
         // SAFETY: the buffer holds n elements of T on this communicator's device; NCCL allows
@@ -273,7 +404,7 @@ impl Communicator {
                 stream.cu_stream() as _,
             )
         };
-        check("ncclAllReduce (in place)", self.comm, res)
+        self.finish("ncclAllReduce (in place)", res)
     }
 
     /// `recv` (n elements) = op over ranks of `send[rank*n .. (rank+1)*n]`; `send` holds world·n.
@@ -284,6 +415,7 @@ impl Communicator {
         op: ReduceOp,
         stream: &CudaStream,
     ) -> anyhow::Result<()> {
+        self.usable("ncclReduceScatter")?;
         let n = recv.len();
         if send.len() != n * self.world {
             bail!(
@@ -306,7 +438,7 @@ impl Communicator {
                 stream.cu_stream() as _,
             )
         };
-        check("ncclReduceScatter", self.comm, res)
+        self.finish("ncclReduceScatter", res)
     }
 
     /// `recv[r*n .. (r+1)*n]` = rank r's `send` (n elements); `recv` holds world·n.
@@ -316,6 +448,7 @@ impl Communicator {
         recv: &mut R,
         stream: &CudaStream,
     ) -> anyhow::Result<()> {
+        self.usable("ncclAllGather")?;
         let n = send.len();
         if recv.len() != n * self.world {
             bail!(
@@ -337,7 +470,7 @@ impl Communicator {
                 stream.cu_stream() as _,
             )
         };
-        check("ncclAllGather", self.comm, res)
+        self.finish("ncclAllGather", res)
     }
 
     /// All-to-all with equal blocks: block p of `send` (n = len / world elements) goes to rank p,
@@ -348,6 +481,7 @@ impl Communicator {
         recv: &mut R,
         stream: &CudaStream,
     ) -> anyhow::Result<()> {
+        self.usable("all_to_all")?;
         if send.len() != recv.len() || send.len() % self.world != 0 {
             bail!(
                 "all_to_all: send {} and recv {} elements must be equal and divisible by world {}",
@@ -374,7 +508,7 @@ impl Communicator {
                     stream.cu_stream() as _,
                 )
             };
-            check("ncclSend", self.comm, rs)?;
+            self.finish("ncclSend", rs)?;
             let rr = unsafe {
                 nc::recv(
                     (r + off) as _,
@@ -385,9 +519,9 @@ impl Communicator {
                     stream.cu_stream() as _,
                 )
             };
-            check("ncclRecv", self.comm, rr)?;
+            self.finish("ncclRecv", rr)?;
         }
-        group.end()
+        group.end(self)
     }
 
     /// All-to-all with per-peer ranges, one NCCL group: `send[sends[p]]` goes to rank p and
@@ -401,6 +535,7 @@ impl Communicator {
         recvs: &[std::ops::Range<usize>],
         stream: &CudaStream,
     ) -> anyhow::Result<()> {
+        self.usable("all_to_all_v")?;
         if sends.len() != self.world || recvs.len() != self.world {
             bail!(
                 "all_to_all_v: {} send and {} receive ranges, expected one per rank ({})",
@@ -436,7 +571,7 @@ impl Communicator {
                         stream.cu_stream() as _,
                     )
                 };
-                check("ncclSend", self.comm, rs)?;
+                self.finish("ncclSend", rs)?;
             }
             if !inn.is_empty() {
                 // SAFETY: the range is inside `recv` (checked above).
@@ -450,10 +585,10 @@ impl Communicator {
                         stream.cu_stream() as _,
                     )
                 };
-                check("ncclRecv", self.comm, rr)?;
+                self.finish("ncclRecv", rr)?;
             }
         }
-        group.end()
+        group.end(self)
     }
 
     /// Sends `send` to `to` and receives `recv` from `from` in one group (a ring step when
@@ -466,6 +601,7 @@ impl Communicator {
         from: usize,
         stream: &CudaStream,
     ) -> anyhow::Result<()> {
+        self.usable("send_recv")?;
         if to >= self.world || from >= self.world {
             bail!(
                 "send_recv: peers {to} and {from} must be below world {}",
@@ -487,7 +623,7 @@ impl Communicator {
                 stream.cu_stream() as _,
             )
         };
-        check("ncclSend", self.comm, rs)?;
+        self.finish("ncclSend", rs)?;
         let rr = unsafe {
             nc::recv(
                 r as _,
@@ -498,8 +634,8 @@ impl Communicator {
                 stream.cu_stream() as _,
             )
         };
-        check("ncclRecv", self.comm, rr)?;
-        group.end()
+        self.finish("ncclRecv", rr)?;
+        group.end(self)
     }
 }
 
@@ -515,9 +651,11 @@ impl Group {
         Ok(Self { open: true })
     }
 
-    fn end(mut self) -> anyhow::Result<()> {
+    /// Ends the group; with `comm` non-blocking the launch may go on in NCCL's threads, which
+    /// `comm` then waits out within its budget.
+    fn end(mut self, comm: &Communicator) -> anyhow::Result<()> {
         self.open = false;
-        check("ncclGroupEnd", std::ptr::null_mut(), nc::group_end())
+        comm.finish("ncclGroupEnd", nc::group_end())
     }
 }
 
@@ -531,18 +669,34 @@ impl Drop for Group {
 
 impl Drop for Communicator {
     fn drop(&mut self) {
-        // Finalize flushes outstanding operations before destroy; errors here cannot be
-        // returned, so they are reported and the communicator is aborted instead.
+        if self.is_aborted() {
+            return; // ncclCommAbort freed it
+        }
+        // Finalize flushes outstanding operations (non-blocking: waited out within the budget,
+        // at most a minute), then destroy. Errors cannot be returned here: they are reported and
+        // the communicator is aborted instead.
         let _ = self.ctx.bind_to_thread();
+        let budget = self.budget.min(Duration::from_secs(60));
         // SAFETY: the communicator is valid and used by no one else once dropped.
-        unsafe {
-            if let Err(e) = nc::comm_finalize(self.comm).and_then(|_| nc::comm_destroy(self.comm)) {
-                eprintln!(
-                    "weft: rank {}: NCCL communicator teardown failed ({e:?}); aborting it",
-                    self.rank
-                );
-                let _ = nc::comm_abort(self.comm);
+        let finalized = match unsafe { nc::comm_finalize(self.comm) } {
+            Ok(nc::NcclStatus::InProgress) => {
+                nccl_budget::settle(self.comm, budget).map_err(|u| format!("{u:?}"))
             }
+            Ok(_) => Ok(()),
+            Err(e) => Err(format!("{:?}", e.0)),
+        };
+        let done = finalized.and_then(|()| {
+            // SAFETY: finalized; destroy frees it.
+            unsafe { nc::comm_destroy(self.comm) }
+                .map(|_| ())
+                .map_err(|e| format!("{:?}", e.0))
+        });
+        if let Err(e) = done {
+            eprintln!(
+                "weft: rank {}: NCCL communicator teardown failed ({e}); aborting it",
+                self.rank
+            );
+            self.abort();
         }
     }
 }

@@ -5,10 +5,12 @@
 use crate::data::{check_equal, shared_seed, small_ints, Elem};
 use crate::job::Job;
 use crate::trials::Case;
+use cudarc::driver::{sys, CudaStream};
 use half::bf16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use weft_pgl::nccl::ReduceOp;
+use std::time::{Duration, Instant};
+use weft_pgl::nccl::{new_unique_id, Communicator, ReduceOp, TIMEOUT_VAR};
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -33,7 +35,111 @@ pub fn cases() -> Vec<Case> {
         Case::gpu("nccl::all_gather::bf16", all_gather::<bf16>),
         Case::gpu("nccl::all_to_all::f32", all_to_all::<f32>),
         Case::gpu("nccl::send_recv::ring_f32", send_recv_ring::<f32>),
+        Case::gpu("nccl::bounded::init_without_peers", init_without_peers),
+        Case::gpu(
+            "nccl::bounded::collective_a_peer_never_joins",
+            collective_a_peer_never_joins,
+        ),
     ]
+}
+
+/// The budget the bounded trials give NCCL, and how far past it their error may come.
+const TRIAL_BUDGET: Duration = Duration::from_secs(3);
+const TRIAL_SLACK: Duration = Duration::from_secs(20);
+
+/// Checks that `r` is the bounded-wait error, within budget + slack of `t0`.
+fn expect_bounded<T>(what: &str, t0: Instant, r: anyhow::Result<T>) -> anyhow::Result<()> {
+    let took = t0.elapsed();
+    let e = match r {
+        Ok(_) => anyhow::bail!("{what} succeeded, but a peer never took part"),
+        Err(e) => format!("{e:#}"),
+    };
+    anyhow::ensure!(
+        e.contains("did not complete within") && e.contains(TIMEOUT_VAR) && e.contains("aborted"),
+        "{what}: expected the bounded-wait error naming {TIMEOUT_VAR}, got: {e}"
+    );
+    anyhow::ensure!(
+        took >= TRIAL_BUDGET && took <= TRIAL_BUDGET + TRIAL_SLACK,
+        "{what}: the error came after {took:?}, expected the budget {TRIAL_BUDGET:?} (+ {TRIAL_SLACK:?} at most)"
+    );
+    Ok(())
+}
+
+/// Polls `stream` until its work has ended, at most `limit`.
+fn stream_idle_within(stream: &CudaStream, limit: Duration) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    loop {
+        // SAFETY: a valid stream of the current context.
+        match unsafe { sys::cuStreamQuery(stream.cu_stream()) } {
+            sys::CUresult::CUDA_SUCCESS => return Ok(()),
+            sys::CUresult::CUDA_ERROR_NOT_READY if t0.elapsed() < limit => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            sys::CUresult::CUDA_ERROR_NOT_READY => {
+                anyhow::bail!("the stream was still busy {limit:?} after the abort (NCCL's kernel did not stop)")
+            }
+            e => anyhow::bail!("the stream reported {e:?} after the abort"),
+        }
+    }
+}
+
+/// Every rank makes a communicator of world 2 from an id no other process has: the init can
+/// never complete, and must fail after the budget (a blocking init would wait forever).
+fn init_without_peers(job: &mut Job) -> anyhow::Result<()> {
+    let gpu = job.gpu().map_err(|r| anyhow::anyhow!("no GPU: {r}"))?;
+    let id = new_unique_id()?;
+    let t0 = Instant::now();
+    let r = Communicator::from_unique_id(&id, 0, 2, &gpu.ctx, None, TRIAL_BUDGET);
+    expect_bounded("a communicator of 2 ranks that only this rank joins", t0, r)
+}
+
+/// On a communicator of its own, rank 0 starts an all-reduce the others never call: its bounded
+/// synchronize must fail after the budget, abort the communicator, and leave the stream usable;
+/// every rank then aborts its own communicator (a peer's teardown after an abort could block).
+fn collective_a_peer_never_joins(job: &mut Job) -> anyhow::Result<()> {
+    job.comm()?; // ignored with the reason when ranks share a GPU (NCCL refuses them)
+    let rank = job.rank();
+    let world = job.world();
+    let gpu = job.gpu().map_err(|r| anyhow::anyhow!("no GPU: {r}"))?;
+    let ctx = gpu.ctx.clone();
+    let id = if rank == 0 {
+        new_unique_id()?.to_vec()
+    } else {
+        Vec::new()
+    };
+    let id: [u8; 128] = job
+        .rdzv
+        .broadcast(0, &id)?
+        .as_slice()
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("the NCCL id from rank 0 is not 128 bytes"))?;
+    let made = Communicator::from_unique_id(&id, rank, world, &ctx, None, TRIAL_BUDGET);
+    let comm = weft_pgl::agree(&mut job.rdzv, "a second communicator", made)?;
+    let stream = ctx.new_stream()?;
+    let outcome = (|| -> anyhow::Result<()> {
+        if rank != 0 {
+            return Ok(());
+        }
+        let mut buf = stream.alloc_zeros::<f32>(1 << 20)?;
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &stream)?;
+        let t0 = Instant::now();
+        let r = comm.synchronize(&stream, "an all-reduce only rank 0 calls");
+        let checked = expect_bounded("the all-reduce only rank 0 calls", t0, r).and_then(|()| {
+            anyhow::ensure!(comm.is_aborted(), "the communicator was not aborted");
+            let again = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &stream);
+            anyhow::ensure!(
+                again.is_err_and(|e| e.to_string().contains("aborted")),
+                "a call on the aborted communicator did not fail naming the abort"
+            );
+            Ok(())
+        });
+        // The aborted kernel must end, leaving the stream (and the context) usable.
+        stream_idle_within(&stream, TRIAL_SLACK)?;
+        checked
+    })();
+    comm.abort();
+    drop(comm);
+    weft_pgl::agree(&mut job.rdzv, "rank 0's bounded all-reduce", outcome)
 }
 
 /// Element counts per trial: 1, a small and a large random count (per rank block).
