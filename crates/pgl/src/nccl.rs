@@ -4,14 +4,16 @@
 //! carry NCCL's own last-error text. Buffers are cudarc device slices; contexts used with this
 //! module should have cudarc's event tracking disabled (weft synchronises explicitly).
 //!
-//! Bounded: communicators are non-blocking, and every wait on NCCL — init, a call that returns
-//! ncclInProgress, [`Communicator::synchronize`], teardown — polls with a budget
-//! ([`TIMEOUT_VAR`], default [`DEFAULT_TIMEOUT`]); past it, or on an asynchronous error, the
-//! communicator is aborted (ncclCommAbort) and the error names the operation, this rank and the
-//! budget. Every later call on an aborted communicator fails at once.
+//! Bounded waits: [`Communicator::synchronize`] waits for a stream's work with NCCL's
+//! asynchronous errors polled, at most a budget ([`TIMEOUT_VAR`], default [`DEFAULT_TIMEOUT`]);
+//! past it, or on an error, the communicator is aborted (ncclCommAbort, its kernels stop) and the
+//! error names the operation, this rank and the budget; every later call fails at once.
+//! Communicators are blocking by default (NCCL's launch latency); with [`NONBLOCKING_VAR`]=1 they
+//! are non-blocking, and init, group ends, calls that need connection setup and teardown are
+//! bounded by the same budget too.
 
 use crate::nccl_budget::{self, Unsettled};
-pub use crate::nccl_budget::{timeout_from, DEFAULT_TIMEOUT, TIMEOUT_VAR};
+pub use crate::nccl_budget::{timeout_from, Waits, DEFAULT_TIMEOUT, NONBLOCKING_VAR, TIMEOUT_VAR};
 use crate::rendezvous::Rendezvous;
 use anyhow::{bail, Context};
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
@@ -95,8 +97,8 @@ pub struct Communicator {
     ctx: Arc<CudaContext>,
     rank: usize,
     world: usize,
-    /// The bound on every wait ([`TIMEOUT_VAR`]).
-    budget: Duration,
+    /// The bound on every wait and whether the communicator is non-blocking.
+    waits: Waits,
     /// Set once by [`Communicator::abort`]; `comm` is then freed and never passed to NCCL again.
     aborted: AtomicBool,
 }
@@ -152,13 +154,13 @@ impl Communicator {
     /// As [`Communicator::new`], with NCCL's kernels limited to `max_ctas` CTAs (ncclConfig_t
     /// maxCTAs; None: NCCL's choice). For overlap: a GEMM that leaves that many SMs free then
     /// runs beside every collective of this communicator. Every rank must pass the same value.
-    /// The wait budget comes from [`TIMEOUT_VAR`].
+    /// Its waits come from [`Waits::from_env`].
     pub fn with_max_ctas(
         rdzv: &mut Rendezvous,
         ctx: &Arc<CudaContext>,
         max_ctas: Option<u32>,
     ) -> anyhow::Result<Self> {
-        let budget = nccl_budget::timeout_from_env()?;
+        let waits = Waits::from_env()?;
         if !is_available() {
             bail!(
                 "rank {}: libnccl.so could not be loaded (install NCCL or set LD_LIBRARY_PATH)",
@@ -179,19 +181,20 @@ impl Communicator {
                 id_bytes.len()
             )
         })?;
-        Self::from_unique_id(&id, rdzv.rank(), rdzv.world(), ctx, max_ctas, budget)
+        Self::from_unique_id(&id, rdzv.rank(), rdzv.world(), ctx, max_ctas, waits)
     }
 
     /// Joins the communicator of `id` as `rank` of `world` on `ctx`'s device (the other ranks
-    /// must join with the same id, world and `max_ctas`), waiting at most `budget` for all of
-    /// them; past it the half-made communicator is aborted and the error says so.
+    /// must join with the same id, world, `max_ctas` and `waits.nonblocking`). Non-blocking, it
+    /// waits at most `waits.budget` for all of them (past it the half-made communicator is
+    /// aborted and the error says so); blocking, NCCL's init is not bounded.
     pub fn from_unique_id(
         id: &[u8; 128],
         rank: usize,
         world: usize,
         ctx: &Arc<CudaContext>,
         max_ctas: Option<u32>,
-        budget: Duration,
+        waits: Waits,
     ) -> anyhow::Result<Self> {
         if !is_available() {
             bail!(
@@ -204,7 +207,7 @@ impl Communicator {
         );
         keep_nvls_off();
         let mut config = default_config();
-        config.blocking = 0;
+        config.blocking = if waits.nonblocking { 0 } else { 1 };
         if let Some(ctas) = max_ctas {
             anyhow::ensure!(
                 (1..=64).contains(&ctas),
@@ -242,10 +245,12 @@ impl Communicator {
             ctx: ctx.clone(),
             rank,
             world,
-            budget,
+            waits,
             aborted: AtomicBool::new(false),
         };
         // Non-blocking: the call returns at once and the joining goes on in NCCL's threads.
+        // (A blocking init that failed after writing `comm` is reported by `finish` too; NCCL
+        // frees a communicator whose blocking init failed.)
         this.finish(&what, r.result())?;
         Ok(this)
     }
@@ -262,9 +267,9 @@ impl Communicator {
         &self.ctx
     }
 
-    /// How long any wait on this communicator may take ([`TIMEOUT_VAR`]).
-    pub fn budget(&self) -> Duration {
-        self.budget
+    /// How this communicator waits ([`Waits`]).
+    pub fn waits(&self) -> Waits {
+        self.waits
     }
 
     /// Whether the communicator was aborted (after a wait past the budget or an NCCL error):
@@ -289,7 +294,7 @@ impl Communicator {
     pub fn synchronize(&self, stream: &CudaStream, what: &str) -> anyhow::Result<()> {
         self.usable(what)?;
         self.ctx.bind_to_thread()?;
-        nccl_budget::drain(self.comm, stream.cu_stream(), self.budget)
+        nccl_budget::drain(self.comm, stream.cu_stream(), self.waits.budget)
             .map_err(|u| self.fail(what, u))
     }
 
@@ -322,7 +327,7 @@ impl Communicator {
     fn finish(&self, what: &str, res: Result<nc::NcclStatus, nc::NcclError>) -> anyhow::Result<()> {
         match res {
             Ok(nc::NcclStatus::InProgress) => {
-                nccl_budget::settle(self.comm, self.budget).map_err(|u| self.fail(what, u))
+                nccl_budget::settle(self.comm, self.waits.budget).map_err(|u| self.fail(what, u))
             }
             other => check(what, self.comm, other),
         }
@@ -676,7 +681,7 @@ impl Drop for Communicator {
         // at most a minute), then destroy. Errors cannot be returned here: they are reported and
         // the communicator is aborted instead.
         let _ = self.ctx.bind_to_thread();
-        let budget = self.budget.min(Duration::from_secs(60));
+        let budget = self.waits.budget.min(Duration::from_secs(60));
         // SAFETY: the communicator is valid and used by no one else once dropped.
         let finalized = match unsafe { nc::comm_finalize(self.comm) } {
             Ok(nc::NcclStatus::InProgress) => {

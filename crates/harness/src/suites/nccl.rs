@@ -10,7 +10,7 @@ use half::bf16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
-use weft_pgl::nccl::{new_unique_id, Communicator, ReduceOp, TIMEOUT_VAR};
+use weft_pgl::nccl::{new_unique_id, Communicator, ReduceOp, Waits, TIMEOUT_VAR};
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -39,6 +39,10 @@ pub fn cases() -> Vec<Case> {
         Case::gpu(
             "nccl::bounded::collective_a_peer_never_joins",
             collective_a_peer_never_joins,
+        ),
+        Case::gpu(
+            "nccl::bounded::nonblocking_all_reduce",
+            nonblocking_all_reduce,
         ),
     ]
 }
@@ -89,19 +93,23 @@ fn init_without_peers(job: &mut Job) -> anyhow::Result<()> {
     let gpu = job.gpu().map_err(|r| anyhow::anyhow!("no GPU: {r}"))?;
     let id = new_unique_id()?;
     let t0 = Instant::now();
-    let r = Communicator::from_unique_id(&id, 0, 2, &gpu.ctx, None, TRIAL_BUDGET);
+    let waits = Waits {
+        budget: TRIAL_BUDGET,
+        nonblocking: true,
+    };
+    let r = Communicator::from_unique_id(&id, 0, 2, &gpu.ctx, None, waits);
     expect_bounded("a communicator of 2 ranks that only this rank joins", t0, r)
 }
 
-/// On a communicator of its own, rank 0 starts an all-reduce the others never call: its bounded
-/// synchronize must fail after the budget, abort the communicator, and leave the stream usable;
-/// every rank then aborts its own communicator (a peer's teardown after an abort could block).
-fn collective_a_peer_never_joins(job: &mut Job) -> anyhow::Result<()> {
+/// A communicator of the job's ranks besides the job's own (trials that abort it), with `waits`.
+fn second_communicator(job: &mut Job, waits: Waits) -> anyhow::Result<Communicator> {
     job.comm()?; // ignored with the reason when ranks share a GPU (NCCL refuses them)
-    let rank = job.rank();
-    let world = job.world();
-    let gpu = job.gpu().map_err(|r| anyhow::anyhow!("no GPU: {r}"))?;
-    let ctx = gpu.ctx.clone();
+    let (rank, world) = (job.rank(), job.world());
+    let ctx = job
+        .gpu()
+        .map_err(|r| anyhow::anyhow!("no GPU: {r}"))?
+        .ctx
+        .clone();
     let id = if rank == 0 {
         new_unique_id()?.to_vec()
     } else {
@@ -113,17 +121,40 @@ fn collective_a_peer_never_joins(job: &mut Job) -> anyhow::Result<()> {
         .as_slice()
         .try_into()
         .map_err(|_| anyhow::anyhow!("the NCCL id from rank 0 is not 128 bytes"))?;
-    let made = Communicator::from_unique_id(&id, rank, world, &ctx, None, TRIAL_BUDGET);
-    let comm = weft_pgl::agree(&mut job.rdzv, "a second communicator", made)?;
+    let made = Communicator::from_unique_id(&id, rank, world, &ctx, None, waits);
+    weft_pgl::agree(&mut job.rdzv, "a second communicator", made)
+}
+
+/// On a blocking communicator of its own, after one all-reduce every rank joins, rank 0 starts
+/// another the others never call: its bounded synchronize must fail after the budget, abort the
+/// communicator and leave the stream usable (a plain synchronize would wait forever); every rank
+/// then aborts its own communicator (a peer's teardown after an abort could block).
+fn collective_a_peer_never_joins(job: &mut Job) -> anyhow::Result<()> {
+    let waits = Waits {
+        budget: TRIAL_BUDGET,
+        nonblocking: false,
+    };
+    let comm = second_communicator(job, waits)?;
+    let rank = job.rank();
+    let ctx = comm.context().clone();
     let stream = ctx.new_stream()?;
+    let mut buf = stream.alloc_zeros::<f32>(1 << 20)?;
+    let joined = comm
+        .all_reduce_in_place(&mut buf, ReduceOp::Sum, &stream)
+        .and_then(|()| comm.synchronize(&stream, "an all-reduce every rank calls"));
+    let joined = weft_pgl::agree(&mut job.rdzv, "an all-reduce every rank calls", joined);
+    if let Err(e) = joined {
+        comm.abort();
+        return Err(e);
+    }
     let outcome = (|| -> anyhow::Result<()> {
         if rank != 0 {
             return Ok(());
         }
-        let mut buf = stream.alloc_zeros::<f32>(1 << 20)?;
-        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &stream)?;
         let t0 = Instant::now();
-        let r = comm.synchronize(&stream, "an all-reduce only rank 0 calls");
+        let r = comm
+            .all_reduce_in_place(&mut buf, ReduceOp::Sum, &stream)
+            .and_then(|()| comm.synchronize(&stream, "an all-reduce only rank 0 calls"));
         let checked = expect_bounded("the all-reduce only rank 0 calls", t0, r).and_then(|()| {
             anyhow::ensure!(comm.is_aborted(), "the communicator was not aborted");
             let again = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &stream);
@@ -140,6 +171,42 @@ fn collective_a_peer_never_joins(job: &mut Job) -> anyhow::Result<()> {
     comm.abort();
     drop(comm);
     weft_pgl::agree(&mut job.rdzv, "rank 0's bounded all-reduce", outcome)
+}
+
+/// A non-blocking communicator (init, calls and teardown polled within the budget) sums small
+/// integers exactly like the blocking one.
+fn nonblocking_all_reduce(job: &mut Job) -> anyhow::Result<()> {
+    let waits = Waits {
+        budget: Duration::from_secs(60),
+        nonblocking: true,
+    };
+    let comm = second_communicator(job, waits)?;
+    let (rank, world) = (job.rank(), job.world());
+    let seed = shared_seed(job)?;
+    let run = (|| -> anyhow::Result<()> {
+        let stream = comm.context().new_stream()?;
+        for n in [1usize, 1000, 300_000] {
+            let inputs: Vec<Vec<i32>> = (0..world).map(|r| small_ints(seed, r, n)).collect();
+            let want: Vec<f32> = (0..n)
+                .map(|i| inputs.iter().map(|v| v[i]).sum::<i32>() as f32)
+                .collect();
+            let send = stream.clone_htod(&to_elems::<f32>(&inputs[rank]))?;
+            let mut recv = stream.clone_htod(&vec![f32::NAN; n])?;
+            comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &stream)?;
+            comm.synchronize(&stream, "a non-blocking all-reduce")?;
+            check_equal(
+                &format!("non-blocking all_reduce f32 n={n} seed={seed}"),
+                &stream.clone_dtoh(&recv)?,
+                &want,
+            )?;
+        }
+        Ok(())
+    })();
+    if run.is_err() {
+        comm.abort();
+    }
+    drop(comm);
+    weft_pgl::agree(&mut job.rdzv, "a non-blocking all-reduce", run)
 }
 
 /// Element counts per trial: 1, a small and a large random count (per rank block).
