@@ -4,7 +4,7 @@
 
 use crate::data::{check_equal, shared_seed, small_ints, Elem};
 use crate::job::Job;
-use crate::trials::Case;
+use crate::trials::{Case, Skip};
 use cudarc::driver::{sys, CudaStream};
 use half::bf16;
 use rand::rngs::StdRng;
@@ -130,6 +130,9 @@ fn second_communicator(job: &mut Job, waits: Waits) -> anyhow::Result<Communicat
 /// communicator and leave the stream usable (a plain synchronize would wait forever); every rank
 /// then aborts its own communicator (a peer's teardown after an abort could block).
 fn collective_a_peer_never_joins(job: &mut Job) -> anyhow::Result<()> {
+    if job.world() < 2 {
+        return Err(Skip("needs two ranks (a peer that never calls)".into()).into());
+    }
     let waits = Waits {
         budget: TRIAL_BUDGET,
         nonblocking: false,
