@@ -48,7 +48,7 @@ pub enum AllReduceChoice {
 }
 
 /// Above this size, at more than two ranks, `Auto` takes two-shot (at 512 KiB one-shot took
-/// 20.5 µs against two-shot's best 21.6 at four H200s, 17.8 against 19.9 at three; at 1 MiB
+/// 20.5 µs against two-shot's best 21.3 at four H200s, 17.8 against 19.9 at three; at 1 MiB
 /// neither won at both worlds: `results/collectives/sweep-nvidia-h200-x4-2026-11-26/`).
 pub const ONE_SHOT_MAX_BYTES: u64 = 512 << 10;
 
@@ -84,8 +84,11 @@ impl Protocol {
 
 /// An LL launch gets a block per [`THREADS`] words (one word per thread: its latency is one poll
 /// per word a thread owns), at least [`LL_MIN_BLOCKS`] and at most [`LL_MAX_BLOCKS`] (the
-/// sweep on two, three and four H200s: 16 blocks beat 1–8 below 64 KiB by about 1 µs, 64 beat
-/// 16–32 at 128–256 KiB).
+/// sweep on two, three and four H200s: 16 blocks took AllReduce from 8 to 64 KiB about 1 µs
+/// below 1–8 blocks, and 64 blocks beat 16–32 on AllReduce at 128–256 KiB; ReduceScatter and
+/// AllGather at 4–8 KiB moved by at most 0.25 µs either way, and at 128 KiB on four GPUs 16
+/// blocks beat 64 by 0.3–0.4 µs there — one rule for all three ops, measured before and after in
+/// `results/collectives/before-after-nvidia-h200-x4-2026-11-26/`).
 pub const LL_MIN_BLOCKS: u32 = 16;
 pub const LL_MAX_BLOCKS: u32 = 64;
 /// Threads per block of the collective kernels (kThreads in collectives.cu).
@@ -297,6 +300,16 @@ mod tests {
         ); // 16 Ki words / 512 threads
         let tiny = geometry(Algorithm::AllReduceOneShot, 16, 2, 4, ll).unwrap();
         assert_eq!(tiny.blocks, LL_MIN_BLOCKS);
+        let wide = Limits {
+            ll_max_bytes: 1 << 20,
+            max_blocks: 128,
+            ..ll
+        };
+        let big = geometry(Algorithm::AllReduceOneShot, 1 << 18, 2, 4, wide).unwrap(); // 1 MiB
+        assert_eq!(
+            (big.protocol, big.blocks),
+            (Protocol::LowLatency, LL_MAX_BLOCKS)
+        );
         let few = Limits {
             max_blocks: 4,
             ..ll

@@ -18,7 +18,7 @@ use crate::rendezvous::Rendezvous;
 use anyhow::{bail, Context};
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 use cudarc::nccl::{result as nc, sys, Id, NcclType};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -99,8 +99,15 @@ pub struct Communicator {
     world: usize,
     /// The bound on every wait and whether the communicator is non-blocking.
     waits: Waits,
-    /// Set once by [`Communicator::abort`]; `comm` is then freed and never passed to NCCL again.
+    /// Set once by [`Communicator::abort`]; `comm` is then never passed to NCCL again (but
+    /// by the deferred ncclCommAbort below).
     aborted: AtomicBool,
+    /// NCCL groups open on this thread through this communicator; an abort requested inside
+    /// one is deferred until the outermost ends (NCCL would otherwise free the communicator
+    /// while the group still holds its queued operations).
+    groups: AtomicUsize,
+    /// An abort requested inside a group, run when the outermost group ends.
+    abort_pending: AtomicBool,
 }
 
 // SAFETY: an ncclComm_t may be used from any thread as long as calls on it are not concurrent;
@@ -133,8 +140,12 @@ fn last_error(comm: sys::ncclComm_t) -> String {
     }
 }
 
-/// A fresh NCCL unique id (rank 0's part of making a communicator).
+/// A fresh NCCL unique id (rank 0's part of making a communicator). NCCL starts its bootstrap
+/// root for it, which lives until every rank of the communicator has checked in.
 pub fn new_unique_id() -> anyhow::Result<[u8; 128]> {
+    if !is_available() {
+        bail!("libnccl.so could not be loaded (install NCCL or set LD_LIBRARY_PATH)");
+    }
     keep_nvls_off();
     let id = Id::new().map_err(|e| anyhow::anyhow!("ncclGetUniqueId failed: {:?}", e.0))?;
     let mut out = [0u8; 128];
@@ -207,7 +218,9 @@ impl Communicator {
         );
         keep_nvls_off();
         let mut config = default_config();
-        config.blocking = if waits.nonblocking { 0 } else { 1 };
+        if waits.nonblocking {
+            config.blocking = 0; // else NCCL's default (blocking, or NCCL_COMM_BLOCKING)
+        }
         if let Some(ctas) = max_ctas {
             anyhow::ensure!(
                 (1..=64).contains(&ctas),
@@ -247,10 +260,12 @@ impl Communicator {
             world,
             waits,
             aborted: AtomicBool::new(false),
+            groups: AtomicUsize::new(0),
+            abort_pending: AtomicBool::new(false),
         };
-        // Non-blocking: the call returns at once and the joining goes on in NCCL's threads.
-        // (A blocking init that failed after writing `comm` is reported by `finish` too; NCCL
-        // frees a communicator whose blocking init failed.)
+        // Non-blocking: the call returns at once and the joining goes on in NCCL's threads. A
+        // blocking init that failed can leave `comm` set: `finish` aborts it (ncclCommAbort is
+        // NCCL's cleanup for a half-made communicator), and Drop then leaves it alone.
         this.finish(&what, r.result())?;
         Ok(this)
     }
@@ -278,14 +293,25 @@ impl Communicator {
         self.aborted.load(Ordering::Acquire)
     }
 
-    /// Aborts the communicator (ncclCommAbort): NCCL's work on it stops and its resources are
-    /// freed; every later call fails. Idempotent.
+    /// Aborts the communicator (ncclCommAbort): NCCL's work on it stops (ncclCommAbort waits
+    /// for its kernels to notice) and its resources are freed; every later call fails.
+    /// Idempotent. Inside [`Communicator::group`] the ncclCommAbort itself runs when the
+    /// outermost group ends.
     pub fn abort(&self) {
         if !self.aborted.swap(true, Ordering::AcqRel) {
-            let _ = self.ctx.bind_to_thread();
-            // SAFETY: the communicator is valid and, with `aborted` set, used by no later call.
-            let _ = unsafe { nc::comm_abort(self.comm) };
+            if self.groups.load(Ordering::Acquire) > 0 {
+                self.abort_pending.store(true, Ordering::Release);
+            } else {
+                self.abort_now();
+            }
         }
+    }
+
+    fn abort_now(&self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: the communicator is valid, no group holds its operations, and with `aborted`
+        // set no later call passes it to NCCL.
+        let _ = unsafe { nc::comm_abort(self.comm) };
     }
 
     /// Waits until `stream`'s work (this communicator's collectives on it included) has
@@ -303,9 +329,9 @@ impl Communicator {
     /// within the budget, even when `f` fails.
     pub fn group<R>(&self, f: impl FnOnce() -> anyhow::Result<R>) -> anyhow::Result<R> {
         self.usable("ncclGroupStart")?;
-        let group = Group::start()?;
+        let group = Group::start(self)?;
         let out = f();
-        let ended = group.end(self);
+        let ended = group.end();
         let out = out?;
         ended?;
         Ok(out)
@@ -323,11 +349,16 @@ impl Communicator {
         Ok(())
     }
 
-    /// The result of a call: an error as [`check`] words it; ncclInProgress waited out.
+    /// The result of a call: ncclInProgress waited out within the budget; an error (but a bad
+    /// argument, which leaves the communicator sound) aborts the communicator.
     fn finish(&self, what: &str, res: Result<nc::NcclStatus, nc::NcclError>) -> anyhow::Result<()> {
         match res {
             Ok(nc::NcclStatus::InProgress) => {
+                self.usable(what)?;
                 nccl_budget::settle(self.comm, self.waits.budget).map_err(|u| self.fail(what, u))
+            }
+            Err(e) if e.0 != sys::ncclResult_t::ncclInvalidArgument => {
+                Err(self.fail(what, Unsettled::Failed(e.0)))
             }
             other => check(what, self.comm, other),
         }
@@ -338,9 +369,17 @@ impl Communicator {
         let detail = last_error(self.comm);
         self.abort();
         let how = match u {
-            Unsettled::Failed(e) => format!("failed ({e:?}{})", if detail.is_empty() { String::new() } else { format!(": {detail}") }),
+            Unsettled::Failed(e) => format!(
+                "failed ({e:?}{})",
+                if detail.is_empty() {
+                    String::new()
+                } else {
+                    format!("; NCCL's last error on this thread: {detail}")
+                }
+            ),
             Unsettled::TimedOut(t) => format!(
-                "did not complete within {:.1} s ({TIMEOUT_VAR}): a peer rank probably stopped or never made the matching call",
+                "did not complete within its budget of {:.1} s ({TIMEOUT_VAR} or the caller's Waits; {:.1} s waited): a peer rank probably stopped or never made the matching call",
+                self.waits.budget.as_secs_f64(),
                 t.as_secs_f64()
             ),
             Unsettled::Cuda(e) => format!("failed: its stream reported {e:?}"),
@@ -499,7 +538,7 @@ impl Communicator {
         let bytes = n * std::mem::size_of::<T>();
         let (s, _gs) = send.device_ptr(stream);
         let (r, _gr) = recv.device_ptr_mut(stream);
-        let group = Group::start()?;
+        let group = Group::start(self)?;
         for peer in 0..self.world {
             let off = (peer * bytes) as u64;
             // SAFETY: block `peer` of each buffer is in bounds (sizes checked above).
@@ -526,7 +565,7 @@ impl Communicator {
             };
             self.finish("ncclRecv", rr)?;
         }
-        group.end(self)
+        group.end()
     }
 
     /// All-to-all with per-peer ranges, one NCCL group: `send[sends[p]]` goes to rank p and
@@ -561,7 +600,7 @@ impl Communicator {
         let elem = std::mem::size_of::<T>() as u64;
         let (s, _gs) = send.device_ptr(stream);
         let (r, _gr) = recv.device_ptr_mut(stream);
-        let group = Group::start()?;
+        let group = Group::start(self)?;
         for peer in 0..self.world {
             let (out, inn) = (&sends[peer], &recvs[peer]);
             if !out.is_empty() {
@@ -593,7 +632,7 @@ impl Communicator {
                 self.finish("ncclRecv", rr)?;
             }
         }
-        group.end(self)
+        group.end()
     }
 
     /// Sends `send` to `to` and receives `recv` from `from` in one group (a ring step when
@@ -616,7 +655,7 @@ impl Communicator {
         let (send_len, recv_len) = (send.len(), recv.len());
         let (s, _gs) = send.device_ptr(stream);
         let (r, _gr) = recv.device_ptr_mut(stream);
-        let group = Group::start()?;
+        let group = Group::start(self)?;
         // SAFETY: each buffer's own length is passed.
         let rs = unsafe {
             nc::send(
@@ -640,34 +679,49 @@ impl Communicator {
             )
         };
         self.finish("ncclRecv", rr)?;
-        group.end(self)
+        group.end()
     }
 }
 
-/// An NCCL group; `end` must be called (dropping without it ends the group too, ignoring errors,
-/// so an early `?` never leaves NCCL inside a group).
-struct Group {
+/// An NCCL group on `comm`; `end` must be called (dropping without it ends the group too,
+/// ignoring errors, so an early `?` never leaves NCCL inside a group). While it is open an abort
+/// of `comm` is deferred; the outermost group's end runs it.
+struct Group<'a> {
+    comm: &'a Communicator,
     open: bool,
 }
 
-impl Group {
-    fn start() -> anyhow::Result<Self> {
+impl<'a> Group<'a> {
+    fn start(comm: &'a Communicator) -> anyhow::Result<Self> {
         check("ncclGroupStart", std::ptr::null_mut(), nc::group_start())?;
-        Ok(Self { open: true })
+        comm.groups.fetch_add(1, Ordering::AcqRel);
+        Ok(Self { comm, open: true })
     }
 
-    /// Ends the group; with `comm` non-blocking the launch may go on in NCCL's threads, which
-    /// `comm` then waits out within its budget.
-    fn end(mut self, comm: &Communicator) -> anyhow::Result<()> {
+    /// Ends the group; a non-blocking launch is waited out within the budget.
+    fn end(mut self) -> anyhow::Result<()> {
         self.open = false;
-        comm.finish("ncclGroupEnd", nc::group_end())
+        let r = nc::group_end();
+        self.closed();
+        self.comm.finish("ncclGroupEnd", r)
+    }
+
+    /// After ncclGroupEnd: the outermost group runs a deferred abort.
+    fn closed(&self) {
+        let comm = self.comm;
+        if comm.groups.fetch_sub(1, Ordering::AcqRel) == 1
+            && comm.abort_pending.swap(false, Ordering::AcqRel)
+        {
+            comm.abort_now();
+        }
     }
 }
 
-impl Drop for Group {
+impl Drop for Group<'_> {
     fn drop(&mut self) {
         if self.open {
             let _ = nc::group_end();
+            self.closed();
         }
     }
 }

@@ -133,7 +133,13 @@ pub fn drain(
     loop {
         // SAFETY: a valid stream of the current context.
         match unsafe { cu::cuStreamQuery(stream) } {
-            cu::CUresult::CUDA_SUCCESS => return Ok(()),
+            cu::CUresult::CUDA_SUCCESS => {
+                // The work is done; an error NCCL raised meanwhile still counts.
+                return match async_state(comm) {
+                    sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress => Ok(()),
+                    e => Err(Unsettled::Failed(e)),
+                };
+            }
             cu::CUresult::CUDA_ERROR_NOT_READY => {}
             e => return Err(Unsettled::Cuda(e)),
         }

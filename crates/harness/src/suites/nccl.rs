@@ -140,16 +140,22 @@ fn collective_a_peer_never_joins(job: &mut Job) -> anyhow::Result<()> {
     let comm = second_communicator(job, waits)?;
     let rank = job.rank();
     let ctx = comm.context().clone();
-    let stream = ctx.new_stream()?;
-    let mut buf = stream.alloc_zeros::<f32>(1 << 20)?;
-    let joined = comm
-        .all_reduce_in_place(&mut buf, ReduceOp::Sum, &stream)
-        .and_then(|()| comm.synchronize(&stream, "an all-reduce every rank calls"));
-    let joined = weft_pgl::agree(&mut job.rdzv, "an all-reduce every rank calls", joined);
-    if let Err(e) = joined {
-        comm.abort();
-        return Err(e);
-    }
+    // Every rank reaches each `agree` below whatever fails before it.
+    let joined = (|| -> anyhow::Result<_> {
+        let stream = ctx.new_stream()?;
+        let mut buf = stream.alloc_zeros::<f32>(1 << 20)?;
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &stream)?;
+        comm.synchronize(&stream, "an all-reduce every rank calls")?;
+        Ok((stream, buf))
+    })();
+    let (stream, mut buf) =
+        match weft_pgl::agree(&mut job.rdzv, "an all-reduce every rank calls", joined) {
+            Ok(x) => x,
+            Err(e) => {
+                comm.abort();
+                return Err(e);
+            }
+        };
     let outcome = (|| -> anyhow::Result<()> {
         if rank != 0 {
             return Ok(());
@@ -171,9 +177,11 @@ fn collective_a_peer_never_joins(job: &mut Job) -> anyhow::Result<()> {
         stream_idle_within(&stream, TRIAL_SLACK)?;
         checked
     })();
+    // The others abort only once rank 0 is done, so their teardown cannot reach it as an error.
+    let agreed = weft_pgl::agree(&mut job.rdzv, "rank 0's bounded all-reduce", outcome);
     comm.abort();
     drop(comm);
-    weft_pgl::agree(&mut job.rdzv, "rank 0's bounded all-reduce", outcome)
+    agreed
 }
 
 /// A non-blocking communicator (init, calls and teardown polled within the budget) sums small
@@ -183,9 +191,9 @@ fn nonblocking_all_reduce(job: &mut Job) -> anyhow::Result<()> {
         budget: Duration::from_secs(60),
         nonblocking: true,
     };
+    let seed = shared_seed(job)?;
     let comm = second_communicator(job, waits)?;
     let (rank, world) = (job.rank(), job.world());
-    let seed = shared_seed(job)?;
     let run = (|| -> anyhow::Result<()> {
         let stream = comm.context().new_stream()?;
         for n in [1usize, 1000, 300_000] {
