@@ -48,15 +48,16 @@ Under mpirun / srun / torchrun / weft launch every rank runs the same command; r
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let wants_help = matches!(args.get(1).map(String::as_str), Some("--help" | "-h"));
     let result = match args.first().map(String::as_str) {
+        Some(cmd @ ("info" | "launch" | "secret")) if wants_help => {
+            println!("{}", subcommand_usage(cmd));
+            Ok(ExitCode::SUCCESS)
+        }
         None => default_run(true),
         Some("--no-info") if args.len() == 1 => default_run(false),
         Some("info") => info::print().map(|()| ExitCode::SUCCESS),
         Some("test") => test(&args[1..]),
-        Some("bench") if args.get(1).map(String::as_str) == Some("--list") => {
-            println!("{}", bench::SUITES.join("\n"));
-            Ok(ExitCode::SUCCESS)
-        }
         Some("bench") => bench_command(&args[1..]),
         Some("tune") => tune_command(&args[1..]),
         Some("secret") if args.len() == 1 => weft_pgl::job_secret::JobSecret::generate().map(|s| {
@@ -99,6 +100,15 @@ fn main() -> ExitCode {
     })
 }
 
+/// The usage of a subcommand whose flags are not parsed by clap (`weft CMD --help`).
+fn subcommand_usage(cmd: &str) -> &'static str {
+    match cmd {
+        "info" => "Usage: weft info\n\nDescribe the local GPUs, their links and the driver, CUDA and NCCL versions.",
+        "launch" => "Usage: weft launch -n N [--] CMD [ARGS...]\n\nStart N local ranks of CMD (rank r on GPU r), with a fresh WEFT_JOB_SECRET unless one is set;\nwhen a rank fails, or on Ctrl-C, stop the others and name the rank and how it ended.",
+        _ => "Usage: weft secret\n\nPrint a fresh job secret (64 hex digits): export WEFT_JOB_SECRET=$(weft secret) and pass it\nto every rank (mpirun -x WEFT_JOB_SECRET).",
+    }
+}
+
 fn test(args: &[String]) -> anyhow::Result<ExitCode> {
     let job = Job::start()?;
     let flags = libtest_mimic::Arguments::from_iter(
@@ -109,7 +119,13 @@ fn test(args: &[String]) -> anyhow::Result<ExitCode> {
 }
 
 fn bench_command(args: &[String]) -> anyhow::Result<ExitCode> {
-    let opts = bench::parse(args)?;
+    let opts = match bench::parse(args)? {
+        bench::BenchCommand::Run(o) => o,
+        bench::BenchCommand::Print(text) => {
+            println!("{}", text.trim_end());
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
     let mut job = Job::start()?;
     if let Some(why) = job.shared_gpu() {
         anyhow::bail!("weft bench: {why}; run benchmarks with one rank per GPU");
@@ -123,7 +139,13 @@ fn bench_command(args: &[String]) -> anyhow::Result<ExitCode> {
 }
 
 fn tune_command(args: &[String]) -> anyhow::Result<ExitCode> {
-    let opts = bench::tune::parse(args)?;
+    let opts = match bench::tune::parse(args)? {
+        Ok(o) => o,
+        Err(help) => {
+            println!("{}", help.trim_end());
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
     let mut job = Job::start()?;
     if let Some(why) = job.shared_gpu() {
         anyhow::bail!("weft tune: {why}; run it with one rank per GPU");

@@ -59,26 +59,80 @@ pub struct SuiteResult {
     pub rows: Vec<Json>,
 }
 
-pub fn parse(args: &[String]) -> anyhow::Result<BenchOptions> {
-    let mut o = BenchOptions::default();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--quick" => o.quick = true,
-            "--json" => o.json = Some(it.next().context("--json needs a file path")?.into()),
-            "--csv" => o.csv = Some(it.next().context("--csv needs a file path")?.into()),
-            "--method" => o.methods.push(it.next().context("--method needs a name (see `weft bench --list`)")?.clone()),
-            "--shape" => o.shapes.extend(grid::parse_shapes(it.next().context("--shape needs MxNxK[,MxNxK…]")?)?),
-            s if s.starts_with('-') => bail!(
-                "weft bench: unknown option {s:?} (options: --quick, --json PATH, --csv PATH, --method M, --shape MxNxK[,…])"
-            ),
-            s if SUITES.contains(&s) => o.suites.push(s.to_string()),
-            s => bail!(
-                "weft bench: unknown suite {s:?} (suites: {})",
-                SUITES.join(", ")
-            ),
+/// `weft bench`'s flags (clap: `weft bench --help`).
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "weft bench",
+    about = "Timing suites: weft against its baselines (cuBLAS, NCCL, the sequential paths) in the same run, the slowest rank's medians",
+    after_help = "Run under a launcher with one rank per GPU (mpirun, srun, torchrun, weft launch -n N --). \
+Times are CUDA-event medians after warm-up; each suite's method is in the crate README it cites."
+)]
+struct BenchArgs {
+    /// Suites to run, in order (all when none is named)
+    #[arg(value_name = "SUITE", value_parser = clap::builder::PossibleValuesParser::new(SUITES))]
+    suites: Vec<String>,
+    /// Print the suites and exit
+    #[arg(long)]
+    list: bool,
+    /// Fewer sizes and shapes
+    #[arg(long)]
+    quick: bool,
+    /// Write the suite's results file (one suite only)
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+    /// Write the suite's table as CSV (one suite only)
+    #[arg(long, value_name = "PATH")]
+    csv: Option<PathBuf>,
+    /// An overlap suite's method to run (repeatable; all when none is named)
+    #[arg(long = "method", value_name = "M")]
+    methods: Vec<String>,
+    /// The overlap suites' and gemm-llm's shapes instead of their grid (repeatable)
+    #[arg(long = "shape", value_name = "MxNxK[,MxNxK…]", value_parser = parse_shape_list)]
+    shapes: Vec<Vec<weft_signal_gemm::GemmShape>>,
+}
+
+fn parse_shape_list(text: &str) -> Result<Vec<weft_signal_gemm::GemmShape>, String> {
+    grid::parse_shapes(text).map_err(|e| format!("{e:#}"))
+}
+
+/// A clap error's text without its own "error: " (weft's error line adds one).
+pub fn clap_error_text(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let text = text.trim_end();
+    text.strip_prefix("error: ").unwrap_or(text).to_string()
+}
+
+/// What `weft bench ARGS` asks for.
+#[derive(Debug, PartialEq)]
+pub enum BenchCommand {
+    Run(BenchOptions),
+    /// Text to print and exit successfully (`--help`, `--list`).
+    Print(String),
+}
+
+/// `args` without the leading `bench`.
+pub fn parse(args: &[String]) -> anyhow::Result<BenchCommand> {
+    use clap::Parser;
+    let a = match BenchArgs::try_parse_from(
+        std::iter::once("weft bench").chain(args.iter().map(String::as_str)),
+    ) {
+        Ok(a) => a,
+        Err(e) if matches!(e.kind(), clap::error::ErrorKind::DisplayHelp) => {
+            return Ok(BenchCommand::Print(e.render().to_string()))
         }
+        Err(e) => bail!("{}", clap_error_text(&e)),
+    };
+    if a.list {
+        return Ok(BenchCommand::Print(SUITES.join("\n")));
     }
+    let mut o = BenchOptions {
+        suites: a.suites,
+        json: a.json,
+        csv: a.csv,
+        quick: a.quick,
+        methods: a.methods,
+        shapes: a.shapes.into_iter().flatten().collect(),
+    };
     if o.suites.is_empty() {
         o.suites = SUITES.iter().map(|s| s.to_string()).collect();
     }
@@ -101,7 +155,7 @@ pub fn parse(args: &[String]) -> anyhow::Result<BenchOptions> {
             SUITES.join(", ")
         );
     }
-    Ok(o)
+    Ok(BenchCommand::Run(o))
 }
 
 pub fn run(job: &mut Job, opts: &BenchOptions) -> anyhow::Result<()> {
@@ -233,29 +287,58 @@ mod tests {
 
     #[test]
     fn parses_suites_and_options() {
-        let o = parse(&words("nccl --quick --json r.json")).unwrap();
+        let run = |a: &str| match parse(&words(a)).unwrap() {
+            BenchCommand::Run(o) => o,
+            p => panic!("{a}: {p:?}"),
+        };
+        let o = run("nccl --quick --json r.json");
         assert_eq!(o.suites, vec!["nccl"]);
         assert!(o.quick);
         assert_eq!(o.json, Some(PathBuf::from("r.json")));
         assert_eq!(
-            parse(&[]).unwrap().suites,
+            run("").suites,
             SUITES.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+        );
+        let o =
+            run("overlap --shape 16x8192x4096,128x8192x4096 --shape 4096x8192x1024 --method auto");
+        assert_eq!(o.shapes.len(), 3);
+        assert_eq!(o.methods, vec!["auto"]);
+    }
+
+    #[test]
+    fn help_and_list_print() {
+        for a in ["--help", "-h", "overlap --help"] {
+            match parse(&words(a)).unwrap() {
+                BenchCommand::Print(t) => {
+                    assert!(
+                        t.contains("Usage: weft bench") && t.contains("--shape"),
+                        "{a}: {t}"
+                    )
+                }
+                r => panic!("{a}: {r:?}"),
+            }
+        }
+        assert_eq!(
+            parse(&words("--list")).unwrap(),
+            BenchCommand::Print(SUITES.join("\n"))
         );
     }
 
     #[test]
     fn rejects_unknown_suites_and_options() {
-        assert!(parse(&words("gemmm"))
-            .unwrap_err()
-            .to_string()
-            .contains("unknown suite \"gemmm\""));
-        assert!(parse(&words("--fast"))
-            .unwrap_err()
-            .to_string()
-            .contains("unknown option"));
-        assert!(parse(&words("nccl --json"))
-            .unwrap_err()
-            .to_string()
-            .contains("needs a file path"));
+        let err = |a: &str| parse(&words(a)).unwrap_err().to_string();
+        assert!(
+            err("gemmm").contains("invalid value 'gemmm'"),
+            "{}",
+            err("gemmm")
+        );
+        assert!(err("--fast").contains("unexpected argument '--fast'"));
+        assert!(err("nccl --json").contains("a value is required for '--json <PATH>'"));
+        assert!(
+            err("overlap --shape 12x3").contains("MxNxK")
+                || err("overlap --shape 12x3").contains("12x3")
+        );
+        assert!(err("nccl --shape 16x16x16").contains("--shape applies to"));
+        assert!(err("nccl gemm --json r.json").contains("one suite's results"));
     }
 }

@@ -46,20 +46,41 @@ pub struct TuneOptions {
     pub json: Option<PathBuf>,
 }
 
-pub fn parse(args: &[String]) -> anyhow::Result<TuneOptions> {
-    let mut o = TuneOptions::default();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--quick" => o.quick = true,
-            "--out" => o.out = Some(it.next().context("--out needs a file path")?.into()),
-            "--json" => o.json = Some(it.next().context("--json needs a file path")?.into()),
-            s => anyhow::bail!(
-                "weft tune: unknown argument {s:?} (options: --quick, --out PATH, --json PATH)"
-            ),
+/// `weft tune`'s flags (clap: `weft tune --help`).
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "weft tune",
+    about = "Profile NCCL and the GEMM, write the overlap tuning file (WEFT_TUNING), and check its predictions against measurements",
+    after_help = "Run under a launcher with one rank per GPU; every rank must pass the same flags."
+)]
+struct TuneArgs {
+    /// Fewer shapes and sizes
+    #[arg(long)]
+    quick: bool,
+    /// The tuning file to write (default weft-tuning.txt)
+    #[arg(long, value_name = "PATH")]
+    out: Option<PathBuf>,
+    /// Write the check's results file
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+}
+
+/// `args` without the leading `tune`: the options, or the text `--help` prints.
+pub fn parse(args: &[String]) -> anyhow::Result<Result<TuneOptions, String>> {
+    use clap::Parser;
+    match TuneArgs::try_parse_from(
+        std::iter::once("weft tune").chain(args.iter().map(String::as_str)),
+    ) {
+        Ok(a) => Ok(Ok(TuneOptions {
+            quick: a.quick,
+            out: a.out,
+            json: a.json,
+        })),
+        Err(e) if matches!(e.kind(), clap::error::ErrorKind::DisplayHelp) => {
+            Ok(Err(e.render().to_string()))
         }
+        Err(e) => anyhow::bail!("{}", crate::bench::clap_error_text(&e)),
     }
-    Ok(o)
 }
 
 /// Rank 0's progress bar on stderr.
