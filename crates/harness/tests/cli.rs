@@ -75,7 +75,37 @@ fn unknown_commands_and_suites_are_rejected() {
     let o = weft(&["frobnicate"]);
     assert!(!o.status.success() && stderr(&o).contains("unknown command \"frobnicate\""));
     let o = weft(&["bench", "nosuch"]);
-    assert!(!o.status.success() && stderr(&o).contains("unknown suite \"nosuch\""));
+    assert!(
+        !o.status.success() && stderr(&o).contains("invalid value 'nosuch'"),
+        "{}",
+        stderr(&o)
+    );
+    let o = weft(&["tune", "--nosuch"]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("unexpected argument '--nosuch'"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// Every subcommand's --help prints its usage and succeeds, with no GPU or launcher needed.
+#[test]
+fn subcommands_print_their_help() {
+    for (cmd, usage) in [
+        ("bench", "Usage: weft bench"),
+        ("tune", "Usage: weft tune"),
+        ("info", "Usage: weft info"),
+        ("launch", "Usage: weft launch"),
+        ("secret", "Usage: weft secret"),
+    ] {
+        let o = weft(&[cmd, "--help"]);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success() && out.contains(usage),
+            "{cmd}: {out}\n{}",
+            stderr(&o)
+        );
+    }
 }
 
 /// Without a GPU the main job says so and exits with status 2; with one, this test has nothing
