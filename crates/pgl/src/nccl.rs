@@ -82,11 +82,17 @@ pub fn is_available() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
+/// An error naming the missing library unless [`is_available`] (`who`: e.g. "rank 3: ").
+fn require_nccl(who: &str) -> anyhow::Result<()> {
+    if !is_available() {
+        bail!("{who}libnccl.so could not be loaded (install NCCL or set LD_LIBRARY_PATH)");
+    }
+    Ok(())
+}
+
 /// NCCL's version as (major, minor, patch).
 pub fn version() -> anyhow::Result<(i32, i32, i32)> {
-    if !is_available() {
-        bail!("libnccl.so could not be loaded");
-    }
+    require_nccl("")?;
     let v = nc::get_nccl_version().map_err(|e| anyhow::anyhow!("ncclGetVersion failed: {e:?}"))?;
     Ok((v / 10000, (v % 10000) / 100, v % 100))
 }
@@ -143,9 +149,7 @@ fn last_error(comm: sys::ncclComm_t) -> String {
 /// A fresh NCCL unique id (rank 0's part of making a communicator). NCCL starts its bootstrap
 /// root for it, which lives until every rank of the communicator has checked in.
 pub fn new_unique_id() -> anyhow::Result<[u8; 128]> {
-    if !is_available() {
-        bail!("libnccl.so could not be loaded (install NCCL or set LD_LIBRARY_PATH)");
-    }
+    require_nccl("")?;
     keep_nvls_off();
     let id = Id::new().map_err(|e| anyhow::anyhow!("ncclGetUniqueId failed: {:?}", e.0))?;
     let mut out = [0u8; 128];
@@ -171,13 +175,19 @@ impl Communicator {
         ctx: &Arc<CudaContext>,
         max_ctas: Option<u32>,
     ) -> anyhow::Result<Self> {
-        let waits = Waits::from_env()?;
-        if !is_available() {
-            bail!(
-                "rank {}: libnccl.so could not be loaded (install NCCL or set LD_LIBRARY_PATH)",
-                rdzv.rank()
-            );
-        }
+        Self::with_waits(rdzv, ctx, max_ctas, Waits::from_env()?)
+    }
+
+    /// As [`Communicator::with_max_ctas`], waiting as `waits` says (every rank must pass the
+    /// same `nonblocking`).
+    pub fn with_waits(
+        rdzv: &mut Rendezvous,
+        ctx: &Arc<CudaContext>,
+        max_ctas: Option<u32>,
+        waits: Waits,
+    ) -> anyhow::Result<Self> {
+        // Every rank checks before the broadcast, so a rank without NCCL fails them all at once.
+        require_nccl(&format!("rank {}: ", rdzv.rank()))?;
         let id_bytes: Vec<u8> = if rdzv.rank() == 0 {
             new_unique_id()?.to_vec()
         } else {
@@ -207,11 +217,7 @@ impl Communicator {
         max_ctas: Option<u32>,
         waits: Waits,
     ) -> anyhow::Result<Self> {
-        if !is_available() {
-            bail!(
-                "rank {rank}: libnccl.so could not be loaded (install NCCL or set LD_LIBRARY_PATH)"
-            );
-        }
+        require_nccl(&format!("rank {rank}: "))?;
         anyhow::ensure!(
             rank < world,
             "NCCL communicator: rank {rank} is not below world {world}"

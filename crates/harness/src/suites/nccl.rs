@@ -104,24 +104,12 @@ fn init_without_peers(job: &mut Job) -> anyhow::Result<()> {
 /// A communicator of the job's ranks besides the job's own (trials that abort it), with `waits`.
 fn second_communicator(job: &mut Job, waits: Waits) -> anyhow::Result<Communicator> {
     job.comm()?; // ignored with the reason when ranks share a GPU (NCCL refuses them)
-    let (rank, world) = (job.rank(), job.world());
     let ctx = job
         .gpu()
         .map_err(|r| anyhow::anyhow!("no GPU: {r}"))?
         .ctx
         .clone();
-    let id = if rank == 0 {
-        new_unique_id()?.to_vec()
-    } else {
-        Vec::new()
-    };
-    let id: [u8; 128] = job
-        .rdzv
-        .broadcast(0, &id)?
-        .as_slice()
-        .try_into()
-        .map_err(|_| anyhow::anyhow!("the NCCL id from rank 0 is not 128 bytes"))?;
-    let made = Communicator::from_unique_id(&id, rank, world, &ctx, None, waits);
+    let made = Communicator::with_waits(&mut job.rdzv, &ctx, None, waits);
     weft_pgl::agree(&mut job.rdzv, "a second communicator", made)
 }
 
