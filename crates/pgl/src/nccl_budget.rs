@@ -34,7 +34,8 @@ pub fn timeout_from(value: Option<&str>) -> anyhow::Result<Duration> {
 
 /// The variable that makes weft's communicators non-blocking ("1"; default "0"): init and
 /// every call bounded too, at a cost per call (measured on two H200s: NCCL's 8-byte all-reduce
-/// 8.8 µs blocking, 164 µs non-blocking, each launch going through NCCL's helper thread).
+/// 8.8 µs blocking, 164 µs non-blocking, each launch going through NCCL's helper thread:
+/// `results/nccl/nvidia-h200-x2-2026-11-26-*blocking-*.json`).
 pub const NONBLOCKING_VAR: &str = "WEFT_NCCL_NONBLOCKING";
 
 /// How a communicator waits: its budget and whether it is non-blocking.
