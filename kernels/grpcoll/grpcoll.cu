@@ -1,7 +1,8 @@
 // GroupCast (push) and GroupReduce (pull) over pgl peer buffers (crates/grpcoll).
 //
 // One block per SM of the configured count; blocks take the plan's work items (chunks of rows,
-// weft/grpcoll.h) round-robin, and each item moves every tensor of a packed launch. Every launch
+// weft/grpcoll.h) round-robin — natively in a rank-rotated order spread over the peers
+// (weft_grpcoll_walk_item) — and each item moves every tensor of a packed launch. Every launch
 // first arrives on its KernelBarrier (if any).
 //
 // Ordering with WEFT_GRPCOLL_SYNCED (the native path): before the transfer every block meets the
@@ -68,6 +69,17 @@ __device__ __forceinline__ uint32_t item_count(const weft_grpcoll_params& p) {
   return p.nitems_at != 0 ? *reinterpret_cast<const uint32_t*>(p.nitems_at) : p.nitems;
 }
 
+// The walk over the launch's n items (weft_grpcoll_walk_item, grpcoll.h): spread over the peers
+// natively (pushes interleaved, pulls by whole runs); in order (world 1) without SYNCED, the
+// baseline's local copies.
+__device__ __forceinline__ uint32_t walk_world(const weft_grpcoll_params& p) {
+  return has(p, WEFT_GRPCOLL_SYNCED) ? uint32_t(p.bar.view.world) : 1u;
+}
+__device__ __forceinline__ uint32_t walk_item(const weft_grpcoll_params& p, uint32_t j, uint32_t n, bool interleave) {
+  return weft_grpcoll_walk_item(j, n, walk_world(p), has(p, WEFT_GRPCOLL_SYNCED) ? uint32_t(p.bar.view.rank) : 0u,
+                                interleave ? 1u : 0u);
+}
+
 // Every thread reads the (read-only, L1-cached) item from global memory: no lane-0-only copy into
 // shared memory followed by a barrier inside the item loop (see cross_barrier).
 __device__ __forceinline__ const weft_grpcoll_item& item(const weft_grpcoll_params& p, uint32_t it) {
@@ -118,7 +130,10 @@ __device__ __forceinline__ void push(const weft_grpcoll_params& p) {
   weft::kernel_barrier_arrive(p.arrive);
   const bool synced = has(p, WEFT_GRPCOLL_SYNCED);
   if (synced) cross_barrier(p, WEFT_GRPCOLL_BAR_BEFORE, false);
-  for (uint32_t it = blockIdx.x; it < item_count(p); it += gridDim.x) {
+  const uint32_t n = item_count(p);
+  for (uint32_t j = blockIdx.x; j < weft_grpcoll_walk_length(n, walk_world(p)); j += gridDim.x) {
+    const uint32_t it = walk_item(p, j, n, true);
+    if (it >= n) continue;
     const weft_grpcoll_item& s = item(p, it);
     for (uint32_t t = 0; t < p.ntensors; ++t) push_rows<BYTES>(p.tensor[t], s);
   }
@@ -404,7 +419,10 @@ __device__ __forceinline__ void pull(const weft_grpcoll_params& p) {
   if (convert) convert_inputs<In, Out, VEC>(p);
   if (!has(p, WEFT_GRPCOLL_TRANSFER)) return;  // the baseline's convert-only launch (never synced)
   if (synced) cross_barrier(p, WEFT_GRPCOLL_BAR_BEFORE, convert);
-  for (uint32_t it = blockIdx.x; it < item_count(p); it += gridDim.x) {
+  const uint32_t n = item_count(p);
+  for (uint32_t j = blockIdx.x; j < weft_grpcoll_walk_length(n, walk_world(p)); j += gridDim.x) {
+    const uint32_t it = walk_item(p, j, n, false);
+    if (it >= n) continue;  // uniform across the block: the __syncthreads below stays safe
     const weft_grpcoll_item& s = item(p, it);
     for (uint32_t t = 0; t < p.ntensors; ++t) pull_item<In, Out, VEC>(p, p.tensor[t], s);
     if (p.op == WEFT_GRPCOLL_OP_LSE) {

@@ -4,7 +4,7 @@
 use crate::meta::Transfer;
 use cudarc::driver::{CudaSlice, CudaStream};
 use std::sync::Arc;
-use weft_kernels::abi::{weft_grpcoll_item, WEFT_GRPCOLL_MAX_PEERS};
+use weft_kernels::abi::{weft_grpcoll_item, WEFT_GRPCOLL_MAX_ITEMS, WEFT_GRPCOLL_MAX_PEERS};
 
 /// Rows per item are chosen so one item moves about this many bytes (all tensors together).
 const CHUNK_BYTES: usize = 64 << 10;
@@ -17,6 +17,13 @@ pub(crate) struct Items {
 
 impl Items {
     pub fn upload(stream: &Arc<CudaStream>, items: &[weft_grpcoll_item]) -> anyhow::Result<Self> {
+        // The kernels' walk counts positions in 32 bits (weft_grpcoll_walk_item).
+        anyhow::ensure!(
+            items.len() < WEFT_GRPCOLL_MAX_ITEMS as usize,
+            "a grpcoll launch of {} work items: at most {} (split the transfer)",
+            items.len(),
+            WEFT_GRPCOLL_MAX_ITEMS - 1
+        );
         let bytes = std::mem::size_of_val(items);
         // SAFETY: weft_grpcoll_item is a bindgen plain-old-data struct of u32/i32 fields with no
         // padding; viewing the slice as bytes reads only initialised memory.
@@ -216,6 +223,79 @@ mod tests {
         );
         push_chunks(&mut v, 0, 0, &[(0, 0)], 3);
         assert_eq!(v.len(), 3);
+    }
+
+    // The kernels' walk (weft_grpcoll_walk_item, the same C definition): a permutation of the
+    // items; with items in per-peer runs no two ranks are on the same peer at the same position,
+    // and interleaved, every rank's consecutive blocks are on different peers.
+    fn walk(n: u32, world: u32, rank: u32, interleave: bool) -> Vec<u32> {
+        use weft_kernels::abi::{weft_grpcoll_walk_item, weft_grpcoll_walk_length};
+        // SAFETY: pure functions of their integer arguments.
+        let len = unsafe { weft_grpcoll_walk_length(n, world) };
+        (0..len)
+            .map(|j| unsafe { weft_grpcoll_walk_item(j, n, world, rank, interleave as u32) })
+            .collect()
+    }
+
+    #[test]
+    fn the_walk_takes_every_item_once() {
+        for interleave in [false, true] {
+            for world in 1..=8u32 {
+                for rank in 0..world {
+                    for n in (0..=70u32).chain([1000, 4097]) {
+                        let mut seen = vec![0u32; n as usize];
+                        let mut empty = 0;
+                        for it in walk(n, world, rank, interleave) {
+                            if it == n {
+                                empty += 1;
+                            } else {
+                                seen[it as usize] += 1;
+                            }
+                        }
+                        let at = format!("n {n} world {world} rank {rank} interleave {interleave}");
+                        assert!(seen.iter().all(|&c| c == 1), "{at}: {seen:?}");
+                        assert!(empty < world, "{at}: {empty} empty positions");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_walk_spreads_ranks_over_peers() {
+        let (world, per_peer) = (4u32, 6u32);
+        let n = world * per_peer; // items [p·6, p·6 + 6) go to peer p
+        let all: Vec<u32> = (0..world).collect();
+        for interleave in [false, true] {
+            let walks: Vec<Vec<u32>> = (0..world).map(|r| walk(n, world, r, interleave)).collect();
+            for (r, w) in walks.iter().enumerate() {
+                assert_eq!(
+                    w[0] / per_peer,
+                    (r as u32 + 1) % world,
+                    "rank {r} starts on the next peer"
+                );
+                if interleave {
+                    for step in w.chunks(world as usize) {
+                        let mut peers: Vec<u32> = step.iter().map(|&i| i / per_peer).collect();
+                        peers.sort();
+                        assert_eq!(peers, all, "rank {r}: {step:?}");
+                    }
+                } else {
+                    // Whole runs, each in order.
+                    for run in w.chunks(per_peer as usize) {
+                        assert!(
+                            run.windows(2).all(|p| p[1] == p[0] + 1),
+                            "rank {r}: {run:?}"
+                        );
+                    }
+                }
+            }
+            for j in 0..n as usize {
+                let mut peers: Vec<u32> = walks.iter().map(|w| w[j] / per_peer).collect();
+                peers.sort();
+                assert_eq!(peers, all, "position {j}, interleave {interleave}");
+            }
+        }
     }
 
     #[test]

@@ -44,6 +44,32 @@ typedef struct weft_grpcoll_item {
   uint32_t peer_row[WEFT_GRPCOLL_MAX_PEERS];
 } weft_grpcoll_item;
 
+// Items of one launch: fewer than this (checked by the plan), so the walk's positions below stay
+// within 32 bits. (2^31 items would take 309 GB of item list.)
+#define WEFT_GRPCOLL_MAX_ITEMS (1u << 31)
+
+// The native transfer's walk over its n items (kernels/grpcoll/grpcoll.cu): blocks take positions
+// blockIdx.x, + gridDim.x, ... below weft_grpcoll_walk_length(n, world), and position j is item
+// weft_grpcoll_walk_item(j, ...), or n where the last run is short. The list is cut into `world`
+// runs of ceil(n / world) items, taken from run rank + 1 on: interleaved (one item of each run in
+// turn: push) or run after run (pull). Item lists follow the split order, which in the usual
+// patterns is the peer order: walked in order, every rank's blocks push into (or pull from) the
+// same peer at once and one GPU's links carry the job while the others idle. Rotated by rank, no
+// two ranks start on the same run; interleaved, each rank's blocks also spread over every peer at
+// once. Pulls keep whole runs: interleaving their reads measured slower on most reduce cases
+// (crates/grpcoll/README.md). Every item is taken once. World 1 (the baseline's local copies)
+// walks in order. n < WEFT_GRPCOLL_MAX_ITEMS, rank < world.
+WEFT_HD uint32_t weft_grpcoll_walk_length(uint32_t n, uint32_t world) { return (n + world - 1) / world * world; }
+WEFT_HD uint32_t weft_grpcoll_walk_item(uint32_t j, uint32_t n, uint32_t world, uint32_t rank, uint32_t interleave) {
+  const uint32_t run = (n + world - 1) / world;
+  // Interleaved: run j % world at step j / world; else run after run.
+  const uint32_t lane = interleave ? j % world : j / run, step = interleave ? j / world : j % run;
+  uint32_t r = lane + rank + 1;
+  if (r >= world) r -= world;
+  const uint32_t index = r * run + step;  // < world * run <= n + world - 1: no wrap
+  return index < n ? index : n;
+}
+
 // One tensor of a packed launch. The pull kernels read `input` (data dtype) or, with CONVERT,
 // phase 1 writes `staging` (communication dtype, same rows) and phase 2 reads peers' staging.
 typedef struct weft_grpcoll_tensor {
