@@ -11,7 +11,11 @@
 //             signal free[receiver] on the sender                  -- release: reads/poison before reuse
 // A missing release or acquire shows up as stale elements (the previous use of the slot, or
 // poison) or as poison landing on top of the next payload. The RELAXED ordering runs the same
-// protocol with unordered signals and polls, as a negative control.
+// protocol with unordered signals and polls, as a negative control. BULK sends the payload by TMA
+// bulk stores (the fused GEMM epilogues' path) and releases it once they are complete;
+// BULK_NO_COMPLETION waits only until the stores have read shared memory, the negative control
+// for a missing completion wait before a signal.
+#include "weft/bulk_copy.cuh"
 #include "weft/sync.cuh"
 #include "weft/sync_checks.h"
 
@@ -62,6 +66,37 @@ __device__ void await(const weft_stress_params& p, weft_tile_coord c, uint64_t t
   }
 }
 
+__device__ bool bulk(const weft_stress_params& p) {
+  return p.ordering == WEFT_STRESS_BULK || p.ordering == WEFT_STRESS_BULK_NO_COMPLETION;
+}
+
+// Elements staged in shared memory per bulk store (8 KiB).
+constexpr uint32_t kBulkChunkElems = 2048;
+
+// The payload's n elements (padded to whole 16-byte units, within the slot: max_elems is a
+// multiple of 4) through shared memory and bulk stores issued by thread 0. On return thread 0's
+// stores are complete (BULK) or have only read their source (BULK_NO_COMPLETION).
+__device__ void send_bulk(const weft_stress_params& p, uint32_t* dst, uint64_t key, uint32_t n) {
+  __shared__ alignas(128) uint32_t chunk[kBulkChunkElems];
+  const uint32_t padded = (n + 3) & ~3u;
+  for (uint32_t at = 0; at < padded; at += kBulkChunkElems) {
+    const uint32_t len = min(kBulkChunkElems, padded - at);
+    for (uint32_t i = threadIdx.x; i < len; i += blockDim.x) chunk[i] = at + i < n ? weft_stress_value(key, at + i) : 0u;
+    weft::fence_proxy_async_smem();  // each writer's generic stores before the async proxy reads
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      weft::bulk_store_s2g(dst + at, chunk, len * 4);
+      weft::bulk_commit_group();
+      weft::bulk_wait_group_read<0>();  // the chunk may be rewritten
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0 && p.ordering == WEFT_STRESS_BULK) {
+    weft::bulk_wait_group<0>();    // the writes are performed...
+    mo::fence_proxy_async_global();  // ...and ordered before the generic-proxy release
+  }
+}
+
 __device__ uint32_t* slot_of(const weft_stress_params& p, int32_t owner, uint64_t g, int32_t sender) {
   return reinterpret_cast<uint32_t*>(p.data.base[owner]) +
          weft_elem_offset(p.data.shape, 0, uint32_t(g % p.slots), uint32_t(sender), 0);
@@ -71,15 +106,24 @@ __device__ void send(const weft_stress_params& p, int32_t receiver) {
   const int32_t rank = p.counters.view.rank;
   for (uint32_t r = 0; r < p.rounds; ++r) {
     const uint64_t g = p.first_round + r;
-    if (threadIdx.x == 0 && g >= p.slots) await(p, coord4(0, 0, WEFT_STRESS_FREE_ROW, receiver), g - p.slots + 1);
+    if (threadIdx.x == 0 && g >= p.slots) {
+      await(p, coord4(0, 0, WEFT_STRESS_FREE_ROW, receiver), g - p.slots + 1);
+      // The receiver's poison (generic stores it released) before this thread's bulk stores.
+      if (bulk(p)) mo::fence_proxy_async_global();
+    }
     __syncthreads();  // the block stores only after the slot is free
     const uint64_t key = weft_stress_message_key(p.seed, g, rank, receiver);
     const uint32_t n = weft_stress_elems(p.seed, g, rank, receiver, p.max_elems);
     uint32_t* dst = slot_of(p, receiver, g, rank);
-    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = weft_stress_value(key, i);
+    if (bulk(p)) {
+      send_bulk(p, dst, key, n);  // thread 0 issued every store and releases below
+    } else {
+      for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = weft_stress_value(key, i);
+    }
     __syncthreads();  // every thread's payload stores precede thread 0's release
     if (threadIdx.x == 0) notify(p, coord4(0, 0, WEFT_STRESS_READY_ROW, rank), receiver);
   }
+  if (threadIdx.x == 0 && bulk(p)) weft::bulk_wait_group<0>();  // no store left pending at exit
 }
 
 __device__ void receive(const weft_stress_params& p, int32_t sender, weft_stress_result* out) {

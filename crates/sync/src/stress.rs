@@ -48,11 +48,19 @@ impl StressMode {
     }
 }
 
-/// Release/acquire (the primitives) or relaxed (a negative control that should show mismatches).
+/// How the payload travels and is released.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ordering {
+    /// Plain stores, release signal, acquire wait (the primitives).
     ReleaseAcquire,
+    /// Negative control: relaxed signals and polls, no fences (should show mismatches).
     Relaxed,
+    /// TMA bulk stores from shared memory, released once complete (`bulk_wait_group<0>` and the
+    /// async-proxy fence), as the fused GEMM epilogues do.
+    BulkStore,
+    /// Negative control: bulk stores released after `bulk_wait_group_read<0>` only — their
+    /// source was read, their writes may still be in flight (should show mismatches).
+    BulkStoreNoCompletion,
 }
 
 pub struct Stress {
@@ -177,6 +185,17 @@ impl Stress {
         ordering: Ordering,
     ) -> anyhow::Result<PendingStress> {
         let (rank, world) = (self.data.rank(), self.data.world());
+        if matches!(
+            ordering,
+            Ordering::BulkStore | Ordering::BulkStoreNoCompletion
+        ) {
+            // Bulk stores move whole 16-byte units into 16-byte aligned slots.
+            anyhow::ensure!(
+                self.max_elems % 4 == 0,
+                "bulk-store stress needs max_elems a multiple of 4, not {}",
+                self.max_elems
+            );
+        }
         let first_round = self.counters.begin(rounds as u64);
         let senders = self.mode.senders_to(rank, world);
         let max_elems = self.max_elems;
@@ -203,6 +222,8 @@ impl Stress {
             ordering: (match ordering {
                 Ordering::ReleaseAcquire => abi::WEFT_STRESS_ORDERED,
                 Ordering::Relaxed => abi::WEFT_STRESS_RELAXED,
+                Ordering::BulkStore => abi::WEFT_STRESS_BULK,
+                Ordering::BulkStoreNoCompletion => abi::WEFT_STRESS_BULK_NO_COMPLETION,
             }) as i32,
             reserved: 0,
         };

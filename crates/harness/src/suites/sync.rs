@@ -6,8 +6,10 @@
 //!   counters and runs again from epoch 0.
 //! - barrier laps: random per-rank delays; after every barrier each rank checks every peer's
 //!   announced lap.
-//! - negative control: the ring stress with relaxed accesses and no fences must show wrong
-//!   payload elements (the in-kernel checks can see a missing release/acquire).
+//! - the ring stress with the payload sent by TMA bulk stores, released once they are complete.
+//! - negative controls: the ring stress with relaxed accesses and no fences, and with bulk stores
+//!   released before they complete (only their shared-memory source read), must each show wrong
+//!   payload elements (the in-kernel checks can see a missing release/acquire or completion wait).
 //! - a deliberately missing signal, and a coordinate outside the layout, each run in a child
 //!   process (a trap poisons every context of its process on this driver): the error names rank,
 //!   primitive, coordinate, expected and observed value, within the bound, and the rank's own
@@ -49,7 +51,14 @@ pub fn cases() -> Vec<Case> {
         }),
         Case::gpu("sync::stress::inter_sm", |j| stress(j, StressMode::InterSm)),
         Case::gpu("sync::barrier::laps_random_delays", barrier_laps),
-        Case::gpu("sync::negative_control::relaxed_ring", relaxed_ring),
+        Case::gpu("sync::stress::ring_bulk_store", bulk_ring),
+        Case::gpu("sync::negative_control::relaxed_ring", |j| {
+            negative_control(j, Ordering::Relaxed)
+        }),
+        Case::gpu(
+            "sync::negative_control::bulk_store_without_completion",
+            |j| negative_control(j, Ordering::BulkStoreNoCompletion),
+        ),
         Case::gpu("sync::timeout::missing_signal", |j| {
             not_on_shared_gpu(j)?;
             missing_signal(j)
@@ -117,13 +126,14 @@ fn stress(job: &mut Job, mode: StressMode) -> anyhow::Result<()> {
     checked.and(freed)
 }
 
-/// Rounds of the negative control (the bench's relaxed ring saw 94 % of the elements wrong).
-const RELAXED_ROUNDS: u32 = 20_000;
+/// Rounds of the bulk-store ring and of each negative control (the bench's relaxed ring saw 94 %
+/// of the elements wrong).
+const BULK_ROUNDS: u32 = 20_000;
+const NEGATIVE_ROUNDS: u32 = 20_000;
 
-/// The ring stress without release/acquire (relaxed flags, no fences): data may arrive after its
-/// flag, and the same in-kernel checks that pass the ordered ring must count wrong elements on
-/// some rank. If they counted none, the stress trials could not tell a missing fence.
-fn relaxed_ring(job: &mut Job) -> anyhow::Result<()> {
+/// The ring with every payload sent by TMA bulk stores (staged through shared memory), released
+/// after `bulk_wait_group<0>` and the async-proxy fence: every element must check.
+fn bulk_ring(job: &mut Job) -> anyhow::Result<()> {
     if job.world() < 2 {
         return Err(Skip("the ring needs two ranks".into()).into());
     }
@@ -138,14 +148,48 @@ fn relaxed_ring(job: &mut Job) -> anyhow::Result<()> {
         SLOTS,
         budget,
     )?;
+    let checked = (|| -> anyhow::Result<()> {
+        let pending = s.launch(&stream, BULK_ROUNDS, seed, Ordering::BulkStore)?;
+        s.finish(&stream, pending)?
+            .verify()
+            .map_err(|e| anyhow::anyhow!("bulk-store ring, seed {seed}: {e}"))
+    })();
+    let freed = s.free(&mut job.rdzv);
+    checked.and(freed)
+}
+
+/// The ring stress with an ordering bug on purpose — relaxed flags and no fences, or bulk stores
+/// released before they complete: data may arrive after its flag, and the same in-kernel checks
+/// that pass the correct rings must count wrong elements on some rank. If they counted none, the
+/// stress trials could not tell that bug.
+fn negative_control(job: &mut Job, ordering: Ordering) -> anyhow::Result<()> {
+    if job.world() < 2 {
+        return Err(Skip("the ring needs two ranks".into()).into());
+    }
+    let what = match ordering {
+        Ordering::Relaxed => "the relaxed, fence-free ring",
+        Ordering::BulkStoreNoCompletion => "the ring released before its bulk stores complete",
+        other => anyhow::bail!("{other:?} is not a negative control"),
+    };
+    let seed = shared_seed(job)?;
+    let (ctx, stream) = context_and_stream(job)?;
+    let budget = WaitBudget::default_for(&ctx)?;
+    let mut s = Stress::alloc(
+        &mut job.rdzv,
+        &ctx,
+        StressMode::Ring,
+        MAX_ELEMS,
+        SLOTS,
+        budget,
+    )?;
     let counted = (|| -> anyhow::Result<(u64, u64)> {
-        let pending = s.launch(&stream, RELAXED_ROUNDS, seed, Ordering::Relaxed)?;
+        let pending = s.launch(&stream, NEGATIVE_ROUNDS, seed, ordering)?;
         let r = s.finish(&stream, pending)?;
         Ok((r.mismatches, r.checked))
     })();
     let freed = s.free(&mut job.rdzv);
     // Every rank learns whether every rank counted, before the counts are exchanged.
-    let (bad, checked) = weft_pgl::agree(&mut job.rdzv, "relaxed ring negative control", counted)?;
+    let (bad, checked) = weft_pgl::agree(&mut job.rdzv, "negative control", counted)?;
     freed?;
     let mine = [bad.to_le_bytes(), checked.to_le_bytes()].concat();
     let all = job.rdzv.all_gather(&mine)?;
@@ -157,10 +201,10 @@ fn relaxed_ring(job: &mut Job) -> anyhow::Result<()> {
     let (bad, checked): (u64, u64) = all
         .iter()
         .fold((0, 0), |(b, c), x| (b + word(x, 0), c + word(x, 1)));
-    anyhow::ensure!(checked > 0, "the relaxed ring checked no elements");
+    anyhow::ensure!(checked > 0, "{what} checked no elements");
     anyhow::ensure!(
         bad > 0,
-        "the relaxed, fence-free ring showed no wrong element in {checked} (seed {seed}): the stress checks cannot see a missing fence"
+        "{what} showed no wrong element in {checked} (seed {seed}): the stress checks cannot see that bug"
     );
     Ok(())
 }
