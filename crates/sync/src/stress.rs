@@ -191,7 +191,7 @@ impl Stress {
         ) {
             // Bulk stores move whole 16-byte units into 16-byte aligned slots.
             anyhow::ensure!(
-                self.max_elems % 4 == 0,
+                self.max_elems.is_multiple_of(4),
                 "bulk-store stress needs max_elems a multiple of 4, not {}",
                 self.max_elems
             );
