@@ -13,8 +13,8 @@
 // poison) or as poison landing on top of the next payload. The RELAXED ordering runs the same
 // protocol with unordered signals and polls, as a negative control. BULK sends the payload by TMA
 // bulk stores (the fused GEMM epilogues' path) and releases it once they are complete;
-// BULK_NO_COMPLETION waits only until the stores have read shared memory, the negative control
-// for a missing completion wait before a signal.
+// BULK_UNORDERED, the negative control for that path, waits only until the stores have read
+// shared memory and signals and polls relaxed.
 #include "weft/bulk_copy.cuh"
 #include "weft/sync.cuh"
 #include "weft/sync_checks.h"
@@ -40,15 +40,25 @@ __device__ pair_role role_of(const weft_stress_params& p) {
   return {sender, peer};
 }
 
+// Payload by bulk stores (BULK, BULK_UNORDERED).
+__device__ bool bulk(const weft_stress_params& p) {
+  return p.ordering == WEFT_STRESS_BULK || p.ordering == WEFT_STRESS_BULK_UNORDERED;
+}
+
+// The negative controls: relaxed signals and polls.
+__device__ bool unordered(const weft_stress_params& p) {
+  return p.ordering == WEFT_STRESS_RELAXED || p.ordering == WEFT_STRESS_BULK_UNORDERED;
+}
+
 // Release signal / acquire wait in the pair's scope and ordering.
 __device__ void notify(const weft_stress_params& p, weft_tile_coord c, int32_t dst) {
   if (p.mode == WEFT_STRESS_INTER_SM) {
-    if (p.ordering == WEFT_STRESS_RELAXED) {
+    if (unordered(p)) {
       mo::red_add_relaxed_gpu(counter_or_trap(p.counters, c, dst, WEFT_SYNC_PRIM_SIGNAL), 1);
     } else {
       signal_gpu(p.counters, c, 1);
     }
-  } else if (p.ordering == WEFT_STRESS_RELAXED) {
+  } else if (unordered(p)) {
     unordered::signal(p.counters, c, dst, 1);
   } else {
     signal(p.counters, c, dst, 1);
@@ -57,7 +67,7 @@ __device__ void notify(const weft_stress_params& p, weft_tile_coord c, int32_t d
 
 __device__ void await(const weft_stress_params& p, weft_tile_coord c, uint64_t target) {
   const int32_t rank = p.counters.view.rank;
-  if (p.ordering == WEFT_STRESS_RELAXED) {
+  if (unordered(p)) {
     unordered::wait(p.counters, c, rank, target);
   } else if (p.mode == WEFT_STRESS_INTER_SM) {
     wait_gpu(p.counters, c, target);
@@ -66,16 +76,12 @@ __device__ void await(const weft_stress_params& p, weft_tile_coord c, uint64_t t
   }
 }
 
-__device__ bool bulk(const weft_stress_params& p) {
-  return p.ordering == WEFT_STRESS_BULK || p.ordering == WEFT_STRESS_BULK_NO_COMPLETION;
-}
-
 // Elements staged in shared memory per bulk store (8 KiB).
 constexpr uint32_t kBulkChunkElems = 2048;
 
 // The payload's n elements (padded to whole 16-byte units, within the slot: max_elems is a
 // multiple of 4) through shared memory and bulk stores issued by thread 0. On return thread 0's
-// stores are complete (BULK) or have only read their source (BULK_NO_COMPLETION).
+// stores are complete (BULK) or have only read their source (BULK_UNORDERED).
 __device__ void send_bulk(const weft_stress_params& p, uint32_t* dst, uint64_t key, uint32_t n) {
   __shared__ alignas(128) uint32_t chunk[kBulkChunkElems];
   const uint32_t padded = (n + 3) & ~3u;

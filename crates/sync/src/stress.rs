@@ -58,9 +58,10 @@ pub enum Ordering {
     /// TMA bulk stores from shared memory, released once complete (`bulk_wait_group<0>` and the
     /// async-proxy fence), as the fused GEMM epilogues do.
     BulkStore,
-    /// Negative control: bulk stores released after `bulk_wait_group_read<0>` only — their
-    /// source was read, their writes may still be in flight (should show mismatches).
-    BulkStoreNoCompletion,
+    /// Negative control: bulk stores signalled after `bulk_wait_group_read<0>` only — their
+    /// source was read, their writes may still be in flight — with relaxed signals and polls
+    /// (should show mismatches).
+    BulkStoreUnordered,
 }
 
 pub struct Stress {
@@ -185,10 +186,7 @@ impl Stress {
         ordering: Ordering,
     ) -> anyhow::Result<PendingStress> {
         let (rank, world) = (self.data.rank(), self.data.world());
-        if matches!(
-            ordering,
-            Ordering::BulkStore | Ordering::BulkStoreNoCompletion
-        ) {
+        if matches!(ordering, Ordering::BulkStore | Ordering::BulkStoreUnordered) {
             // Bulk stores move whole 16-byte units into 16-byte aligned slots.
             anyhow::ensure!(
                 self.max_elems.is_multiple_of(4),
@@ -223,7 +221,7 @@ impl Stress {
                 Ordering::ReleaseAcquire => abi::WEFT_STRESS_ORDERED,
                 Ordering::Relaxed => abi::WEFT_STRESS_RELAXED,
                 Ordering::BulkStore => abi::WEFT_STRESS_BULK,
-                Ordering::BulkStoreNoCompletion => abi::WEFT_STRESS_BULK_NO_COMPLETION,
+                Ordering::BulkStoreUnordered => abi::WEFT_STRESS_BULK_UNORDERED,
             }) as i32,
             reserved: 0,
         };

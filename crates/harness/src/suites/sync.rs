@@ -8,8 +8,11 @@
 //!   announced lap.
 //! - the ring stress with the payload sent by TMA bulk stores, released once they are complete.
 //! - negative controls: the ring stress with relaxed accesses and no fences, and with bulk stores
-//!   released before they complete (only their shared-memory source read), must each show wrong
-//!   payload elements (the in-kernel checks can see a missing release/acquire or completion wait).
+//!   signalled relaxed before they complete (only their shared-memory source read), must each
+//!   show wrong payload elements (the in-kernel checks can see data landing after its flag on
+//!   both paths). Bulk stores released by the real `.sys` release before they complete showed no
+//!   wrong element in 12 runs of ~143 million on H200s (crates/sync/README.md), so that alone is not
+//!   a control that can fail.
 //! - a deliberately missing signal, and a coordinate outside the layout, each run in a child
 //!   process (a trap poisons every context of its process on this driver): the error names rank,
 //!   primitive, coordinate, expected and observed value, within the bound, and the rank's own
@@ -55,10 +58,9 @@ pub fn cases() -> Vec<Case> {
         Case::gpu("sync::negative_control::relaxed_ring", |j| {
             negative_control(j, Ordering::Relaxed)
         }),
-        Case::gpu(
-            "sync::negative_control::bulk_store_without_completion",
-            |j| negative_control(j, Ordering::BulkStoreNoCompletion),
-        ),
+        Case::gpu("sync::negative_control::bulk_store_unordered", |j| {
+            negative_control(j, Ordering::BulkStoreUnordered)
+        }),
         Case::gpu("sync::timeout::missing_signal", |j| {
             not_on_shared_gpu(j)?;
             missing_signal(j)
@@ -168,7 +170,9 @@ fn negative_control(job: &mut Job, ordering: Ordering) -> anyhow::Result<()> {
     }
     let what = match ordering {
         Ordering::Relaxed => "the relaxed, fence-free ring",
-        Ordering::BulkStoreNoCompletion => "the ring released before its bulk stores complete",
+        Ordering::BulkStoreUnordered => {
+            "the bulk-store ring signalled before its stores complete, relaxed"
+        }
         other => anyhow::bail!("{other:?} is not a negative control"),
     };
     let seed = shared_seed(job)?;
