@@ -14,7 +14,7 @@
 // protocol with unordered signals and polls, as a negative control. BULK sends the payload by TMA
 // bulk stores (the fused GEMM epilogues' path) and releases it once they are complete;
 // BULK_UNORDERED, the negative control for that path, waits only until the stores have read
-// shared memory and signals and polls relaxed.
+// shared memory and signals relaxed (its receiver still acquires).
 #include "weft/bulk_copy.cuh"
 #include "weft/sync.cuh"
 #include "weft/sync_checks.h"
@@ -45,20 +45,22 @@ __device__ bool bulk(const weft_stress_params& p) {
   return p.ordering == WEFT_STRESS_BULK || p.ordering == WEFT_STRESS_BULK_UNORDERED;
 }
 
-// The negative controls: relaxed signals and polls.
-__device__ bool unordered(const weft_stress_params& p) {
+// The negative controls' relaxed signals (both) and polls (RELAXED only: BULK_UNORDERED's
+// receiver acquires as it should, so only the sender's missing completion and release can fail it).
+__device__ bool relaxed_signal(const weft_stress_params& p) {
   return p.ordering == WEFT_STRESS_RELAXED || p.ordering == WEFT_STRESS_BULK_UNORDERED;
 }
+__device__ bool relaxed_wait(const weft_stress_params& p) { return p.ordering == WEFT_STRESS_RELAXED; }
 
 // Release signal / acquire wait in the pair's scope and ordering.
 __device__ void notify(const weft_stress_params& p, weft_tile_coord c, int32_t dst) {
   if (p.mode == WEFT_STRESS_INTER_SM) {
-    if (unordered(p)) {
+    if (relaxed_signal(p)) {
       mo::red_add_relaxed_gpu(counter_or_trap(p.counters, c, dst, WEFT_SYNC_PRIM_SIGNAL), 1);
     } else {
       signal_gpu(p.counters, c, 1);
     }
-  } else if (unordered(p)) {
+  } else if (relaxed_signal(p)) {
     unordered::signal(p.counters, c, dst, 1);
   } else {
     signal(p.counters, c, dst, 1);
@@ -67,7 +69,7 @@ __device__ void notify(const weft_stress_params& p, weft_tile_coord c, int32_t d
 
 __device__ void await(const weft_stress_params& p, weft_tile_coord c, uint64_t target) {
   const int32_t rank = p.counters.view.rank;
-  if (unordered(p)) {
+  if (relaxed_wait(p)) {
     unordered::wait(p.counters, c, rank, target);
   } else if (p.mode == WEFT_STRESS_INTER_SM) {
     wait_gpu(p.counters, c, target);

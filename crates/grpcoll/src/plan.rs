@@ -8,7 +8,7 @@ use crate::kernel_choice::{pull_kernel_name, push_kernel_name};
 use crate::meta::{self, Desc, Header, Kind, Transfer};
 use crate::work::{chunk_rows, pull_items, push_items, BaselineLayout, Items};
 use crate::{Options, ReduceOp};
-use anyhow::{bail, Context};
+use anyhow::{bail, ensure, Context};
 use cudarc::driver::{
     sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
@@ -380,10 +380,18 @@ impl<T: PglElement> Core<T> {
         let chunk = chunk_rows(row_elems.iter().sum::<usize>() * data.size());
         let device = match (capacity, layout) {
             (Some(cap), Some(layout)) => {
+                // Before anything is allocated (the same verdict on every rank: the capacity and
+                // the chunk agree): the kernels' walk counts item positions in 32 bits.
+                let max_items = cap.max_items(chunk);
+                ensure!(
+                    max_items < weft_kernels::abi::WEFT_GRPCOLL_MAX_ITEMS as usize,
+                    "grpcoll device metadata: {} rows in chunks of {chunk} make up to {max_items} work items, more than {} (lower the capacity)",
+                    cap.max_input_rows.max(cap.max_output_rows),
+                    weft_kernels::abi::WEFT_GRPCOLL_MAX_ITEMS - 1
+                );
                 let words = unsafe_meta_words(cap.max_splits);
                 let meta = Pgl::<u32>::alloc(rdzv, &ctx, shape(1, words), Backend::default())
                     .context("allocating the grpcoll device metadata")?;
-                let max_items = cap.max_items(chunk);
                 let buffers = (|| -> anyhow::Result<_> {
                     // SAFETY: a pure function of its arguments.
                     let scratch = unsafe {

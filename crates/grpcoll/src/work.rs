@@ -240,7 +240,7 @@ mod tests {
     #[test]
     fn the_walk_takes_every_item_once() {
         for interleave in [false, true] {
-            for world in 1..=8u32 {
+            for world in 1..=weft_kernels::abi::WEFT_PGL_MAX_RANKS {
                 for rank in 0..world {
                     for n in (0..=70u32).chain([1000, 4097]) {
                         let mut seen = vec![0u32; n as usize];
@@ -255,6 +255,41 @@ mod tests {
                         let at = format!("n {n} world {world} rank {rank} interleave {interleave}");
                         assert!(seen.iter().all(|&c| c == 1), "{at}: {seen:?}");
                         assert!(empty < world, "{at}: {empty} empty positions");
+                    }
+                }
+            }
+        }
+    }
+
+    // Near the largest list (2^31 - 1 items) the 32-bit walk agrees with the same walk in exact
+    // 64-bit arithmetic: nothing wraps.
+    #[test]
+    fn the_walk_does_not_wrap_near_the_limit() {
+        use weft_kernels::abi::{
+            weft_grpcoll_walk_item, weft_grpcoll_walk_length, WEFT_GRPCOLL_MAX_ITEMS,
+        };
+        let n = WEFT_GRPCOLL_MAX_ITEMS - 1;
+        for world in [1u32, 3, 4, 16] {
+            let run = n.div_ceil(world);
+            // SAFETY: pure functions of their integer arguments.
+            let len = unsafe { weft_grpcoll_walk_length(n, world) };
+            assert_eq!(len, run * world);
+            for rank in [0, world - 1] {
+                for interleave in [0u32, 1] {
+                    for j in len - world..len {
+                        let it = unsafe { weft_grpcoll_walk_item(j, n, world, rank, interleave) };
+                        let (j, run64) = (j as u64, run as u64);
+                        let (lane, step) = if interleave == 1 {
+                            (j % world as u64, j / world as u64)
+                        } else {
+                            (j / run64, j % run64)
+                        };
+                        let r = (lane + rank as u64 + 1) % world as u64;
+                        let want = (r * run64 + step).min(n as u64) as u32;
+                        assert_eq!(
+                            it, want,
+                            "world {world} rank {rank} interleave {interleave} position {j}"
+                        );
                     }
                 }
             }

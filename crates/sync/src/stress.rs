@@ -187,6 +187,12 @@ impl Stress {
     ) -> anyhow::Result<PendingStress> {
         let (rank, world) = (self.data.rank(), self.data.world());
         if matches!(ordering, Ordering::BulkStore | Ordering::BulkStoreUnordered) {
+            // The bulk path is tried around the ring only (the trials' mode).
+            anyhow::ensure!(
+                self.mode == StressMode::Ring,
+                "bulk-store stress runs in ring mode, not {}",
+                self.mode.name()
+            );
             // Bulk stores move whole 16-byte units into 16-byte aligned slots.
             anyhow::ensure!(
                 self.max_elems.is_multiple_of(4),

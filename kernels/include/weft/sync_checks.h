@@ -18,7 +18,7 @@
 // store is complete (cp.async.bulk.wait_group 0, then the async-proxy fence).
 #define WEFT_STRESS_BULK 2
 // Negative control: bulk stores signalled after cp.async.bulk.wait_group.read 0 only (their source
-// was read; their writes may still be in flight), with relaxed signals and polls. (Omitting only
+// was read; their writes may still be in flight), with relaxed signals (the receiver acquires). (Omitting only
 // the completion wait before a .sys release was never observed on H200: see crates/sync/README.md.)
 #define WEFT_STRESS_BULK_UNORDERED 3
 

@@ -8,9 +8,9 @@
 //!   announced lap.
 //! - the ring stress with the payload sent by TMA bulk stores, released once they are complete.
 //! - negative controls: the ring stress with relaxed accesses and no fences, and with bulk stores
-//!   signalled relaxed before they complete (only their shared-memory source read), must each
-//!   show wrong payload elements (the in-kernel checks can see data landing after its flag on
-//!   both paths). Bulk stores released by the real `.sys` release before they complete showed no
+//!   signalled relaxed before they complete (only their shared-memory source read; the receiver
+//!   still acquires), must each show wrong payload elements (the in-kernel checks can see data
+//!   landing after its flag on both paths). Bulk stores released by the real `.sys` release before they complete showed no
 //!   wrong element in 12 runs of ~143 million on H200s (crates/sync/README.md), so that alone is not
 //!   a control that can fail.
 //! - a deliberately missing signal, and a coordinate outside the layout, each run in a child
@@ -133,16 +133,15 @@ fn stress(job: &mut Job, mode: StressMode) -> anyhow::Result<()> {
 const BULK_ROUNDS: u32 = 20_000;
 const NEGATIVE_ROUNDS: u32 = 20_000;
 
-/// The ring with every payload sent by TMA bulk stores (staged through shared memory), released
-/// after `bulk_wait_group<0>` and the async-proxy fence: every element must check.
-fn bulk_ring(job: &mut Job) -> anyhow::Result<()> {
+/// A ring stress over every rank (skipped below two), with the job's shared seed and its stream.
+fn ring(job: &mut Job) -> anyhow::Result<(u64, Arc<CudaStream>, Stress)> {
     if job.world() < 2 {
         return Err(Skip("the ring needs two ranks".into()).into());
     }
     let seed = shared_seed(job)?;
     let (ctx, stream) = context_and_stream(job)?;
     let budget = WaitBudget::default_for(&ctx)?;
-    let mut s = Stress::alloc(
+    let s = Stress::alloc(
         &mut job.rdzv,
         &ctx,
         StressMode::Ring,
@@ -150,6 +149,13 @@ fn bulk_ring(job: &mut Job) -> anyhow::Result<()> {
         SLOTS,
         budget,
     )?;
+    Ok((seed, stream, s))
+}
+
+/// The ring with every payload sent by TMA bulk stores (staged through shared memory), released
+/// after `bulk_wait_group<0>` and the async-proxy fence: every element must check.
+fn bulk_ring(job: &mut Job) -> anyhow::Result<()> {
+    let (seed, stream, mut s) = ring(job)?;
     let checked = (|| -> anyhow::Result<()> {
         let pending = s.launch(&stream, BULK_ROUNDS, seed, Ordering::BulkStore)?;
         s.finish(&stream, pending)?
@@ -165,9 +171,6 @@ fn bulk_ring(job: &mut Job) -> anyhow::Result<()> {
 /// that pass the correct rings must count wrong elements on some rank. If they counted none, the
 /// stress trials could not tell that bug.
 fn negative_control(job: &mut Job, ordering: Ordering) -> anyhow::Result<()> {
-    if job.world() < 2 {
-        return Err(Skip("the ring needs two ranks".into()).into());
-    }
     let what = match ordering {
         Ordering::Relaxed => "the relaxed, fence-free ring",
         Ordering::BulkStoreUnordered => {
@@ -175,17 +178,7 @@ fn negative_control(job: &mut Job, ordering: Ordering) -> anyhow::Result<()> {
         }
         other => anyhow::bail!("{other:?} is not a negative control"),
     };
-    let seed = shared_seed(job)?;
-    let (ctx, stream) = context_and_stream(job)?;
-    let budget = WaitBudget::default_for(&ctx)?;
-    let mut s = Stress::alloc(
-        &mut job.rdzv,
-        &ctx,
-        StressMode::Ring,
-        MAX_ELEMS,
-        SLOTS,
-        budget,
-    )?;
+    let (seed, stream, mut s) = ring(job)?;
     let counted = (|| -> anyhow::Result<(u64, u64)> {
         let pending = s.launch(&stream, NEGATIVE_ROUNDS, seed, ordering)?;
         let r = s.finish(&stream, pending)?;
