@@ -13,8 +13,9 @@
 // poison) or as poison landing on top of the next payload. The RELAXED ordering runs the same
 // protocol with unordered signals and polls, as a negative control. BULK sends the payload by TMA
 // bulk stores (the fused GEMM epilogues' path) and releases it once they are complete;
-// BULK_UNORDERED, the negative control for that path, waits only until the stores have read
-// shared memory and signals relaxed (its receiver still acquires).
+// BULK_NO_COMPLETION, the negative control for that path, waits only until the stores have read
+// shared memory before its (real) release. RELAY puts each payload slot on the rank after the
+// receiver, so data, flag and reads take different NVLink paths.
 #include "weft/bulk_copy.cuh"
 #include "weft/sync.cuh"
 #include "weft/sync_checks.h"
@@ -35,32 +36,28 @@ __device__ pair_role role_of(const weft_stress_params& p) {
   const int32_t k = int32_t(blockIdx.x) % n;
   const bool sender = int32_t(blockIdx.x) < n;
   int32_t peer = rank;  // inter-SM: a block of this GPU on either side
-  if (p.mode == WEFT_STRESS_RING) peer = sender ? (rank + 1) % world : (rank + world - 1) % world;
+  if (p.mode == WEFT_STRESS_RING || p.mode == WEFT_STRESS_RELAY) peer = sender ? (rank + 1) % world : (rank + world - 1) % world;
   if (p.mode == WEFT_STRESS_ALL_TO_ALL) peer = k;
   return {sender, peer};
 }
 
-// Payload by bulk stores (BULK, BULK_UNORDERED).
+// Payload by bulk stores (BULK, BULK_NO_COMPLETION).
 __device__ bool bulk(const weft_stress_params& p) {
-  return p.ordering == WEFT_STRESS_BULK || p.ordering == WEFT_STRESS_BULK_UNORDERED;
+  return p.ordering == WEFT_STRESS_BULK || p.ordering == WEFT_STRESS_BULK_NO_COMPLETION;
 }
 
-// The negative controls' relaxed signals (both) and polls (RELAXED only: BULK_UNORDERED's
-// receiver acquires as it should, so only the sender's missing completion and release can fail it).
-__device__ bool relaxed_signal(const weft_stress_params& p) {
-  return p.ordering == WEFT_STRESS_RELAXED || p.ordering == WEFT_STRESS_BULK_UNORDERED;
-}
-__device__ bool relaxed_wait(const weft_stress_params& p) { return p.ordering == WEFT_STRESS_RELAXED; }
+// The relaxed negative control's signals and polls.
+__device__ bool unordered(const weft_stress_params& p) { return p.ordering == WEFT_STRESS_RELAXED; }
 
 // Release signal / acquire wait in the pair's scope and ordering.
 __device__ void notify(const weft_stress_params& p, weft_tile_coord c, int32_t dst) {
   if (p.mode == WEFT_STRESS_INTER_SM) {
-    if (relaxed_signal(p)) {
+    if (unordered(p)) {
       mo::red_add_relaxed_gpu(counter_or_trap(p.counters, c, dst, WEFT_SYNC_PRIM_SIGNAL), 1);
     } else {
       signal_gpu(p.counters, c, 1);
     }
-  } else if (relaxed_signal(p)) {
+  } else if (unordered(p)) {
     unordered::signal(p.counters, c, dst, 1);
   } else {
     signal(p.counters, c, dst, 1);
@@ -69,7 +66,7 @@ __device__ void notify(const weft_stress_params& p, weft_tile_coord c, int32_t d
 
 __device__ void await(const weft_stress_params& p, weft_tile_coord c, uint64_t target) {
   const int32_t rank = p.counters.view.rank;
-  if (relaxed_wait(p)) {
+  if (unordered(p)) {
     unordered::wait(p.counters, c, rank, target);
   } else if (p.mode == WEFT_STRESS_INTER_SM) {
     wait_gpu(p.counters, c, target);
@@ -83,7 +80,7 @@ constexpr uint32_t kBulkChunkElems = 2048;
 
 // The payload's n elements (padded to whole 16-byte units, within the slot: max_elems is a
 // multiple of 4) through shared memory and bulk stores issued by thread 0. On return thread 0's
-// stores are complete (BULK) or have only read their source (BULK_UNORDERED).
+// stores are complete (BULK) or have only read their source (BULK_NO_COMPLETION).
 __device__ void send_bulk(const weft_stress_params& p, uint32_t* dst, uint64_t key, uint32_t n) {
   __shared__ alignas(128) uint32_t chunk[kBulkChunkElems];
   const uint32_t padded = (n + 3) & ~3u;
@@ -105,6 +102,11 @@ __device__ void send_bulk(const weft_stress_params& p, uint32_t* dst, uint64_t k
   }
 }
 
+// The rank whose memory holds `receiver`'s payload slots: itself, or (RELAY) the next rank.
+__device__ int32_t slot_owner(const weft_stress_params& p, int32_t receiver) {
+  return p.mode == WEFT_STRESS_RELAY ? (receiver + 1) % p.counters.view.world : receiver;
+}
+
 __device__ uint32_t* slot_of(const weft_stress_params& p, int32_t owner, uint64_t g, int32_t sender) {
   return reinterpret_cast<uint32_t*>(p.data.base[owner]) +
          weft_elem_offset(p.data.shape, 0, uint32_t(g % p.slots), uint32_t(sender), 0);
@@ -122,7 +124,7 @@ __device__ void send(const weft_stress_params& p, int32_t receiver) {
     __syncthreads();  // the block stores only after the slot is free
     const uint64_t key = weft_stress_message_key(p.seed, g, rank, receiver);
     const uint32_t n = weft_stress_elems(p.seed, g, rank, receiver, p.max_elems);
-    uint32_t* dst = slot_of(p, receiver, g, rank);
+    uint32_t* dst = slot_of(p, slot_owner(p, receiver), g, rank);
     if (bulk(p)) {
       send_bulk(p, dst, key, n);  // thread 0 issued every store and releases below
     } else {
@@ -143,7 +145,7 @@ __device__ void receive(const weft_stress_params& p, int32_t sender, weft_stress
     __syncthreads();  // the block reads only after thread 0's acquire
     const uint64_t key = weft_stress_message_key(p.seed, g, sender, rank);
     const uint32_t n = weft_stress_elems(p.seed, g, sender, rank, p.max_elems);
-    uint32_t* src = slot_of(p, rank, g, sender);
+    uint32_t* src = slot_of(p, slot_owner(p, rank), g, sender);
     for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
       const uint32_t got = src[i], want = weft_stress_value(key, i);
       src[i] = WEFT_STRESS_POISON;

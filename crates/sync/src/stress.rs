@@ -19,6 +19,9 @@ pub enum StressMode {
     AllToAll,
     /// one block -> another block of the same GPU, GPU scope.
     InterSm,
+    /// rank -> rank + 1 with the payload slot on rank + 2 (three ranks or more): data, flag and
+    /// the receiver's reads take three different links, system scope.
+    Relay,
 }
 
 impl StressMode {
@@ -27,6 +30,7 @@ impl StressMode {
             StressMode::Ring => "ring",
             StressMode::AllToAll => "all_to_all",
             StressMode::InterSm => "inter_sm",
+            StressMode::Relay => "relay",
         }
     }
 
@@ -35,13 +39,14 @@ impl StressMode {
             StressMode::Ring => abi::WEFT_STRESS_RING,
             StressMode::AllToAll => abi::WEFT_STRESS_ALL_TO_ALL,
             StressMode::InterSm => abi::WEFT_STRESS_INTER_SM,
+            StressMode::Relay => abi::WEFT_STRESS_RELAY,
         }) as i32
     }
 
     /// The ranks whose messages `rank` receives.
     pub fn senders_to(self, rank: usize, world: usize) -> Vec<usize> {
         match self {
-            StressMode::Ring => vec![(rank + world - 1) % world],
+            StressMode::Ring | StressMode::Relay => vec![(rank + world - 1) % world],
             StressMode::AllToAll => (0..world).collect(),
             StressMode::InterSm => vec![rank],
         }
@@ -58,10 +63,10 @@ pub enum Ordering {
     /// TMA bulk stores from shared memory, released once complete (`bulk_wait_group<0>` and the
     /// async-proxy fence), as the fused GEMM epilogues do.
     BulkStore,
-    /// Negative control: bulk stores signalled after `bulk_wait_group_read<0>` only — their
-    /// source was read, their writes may still be in flight — with relaxed signals and polls
-    /// (should show mismatches).
-    BulkStoreUnordered,
+    /// Negative control: bulk stores released (real release, acquiring receiver) after
+    /// `bulk_wait_group_read<0>` only — their source was read, their writes may still be in
+    /// flight (should show mismatches where the data's path is not the flag's: `Relay`).
+    BulkStoreNoCompletion,
 }
 
 pub struct Stress {
@@ -141,6 +146,10 @@ impl Stress {
             "stress needs max_elems >= 1 and slots >= 1"
         );
         let world = rdzv.world() as u32;
+        anyhow::ensure!(
+            mode != StressMode::Relay || world >= 3,
+            "the relay stress needs three ranks or more, not {world}"
+        );
         let func = agree(
             rdzv,
             "loading the sync stress kernel",
@@ -186,11 +195,14 @@ impl Stress {
         ordering: Ordering,
     ) -> anyhow::Result<PendingStress> {
         let (rank, world) = (self.data.rank(), self.data.world());
-        if matches!(ordering, Ordering::BulkStore | Ordering::BulkStoreUnordered) {
-            // The bulk path is tried around the ring only (the trials' mode).
+        if matches!(
+            ordering,
+            Ordering::BulkStore | Ordering::BulkStoreNoCompletion
+        ) {
+            // The bulk path is tried around the ring and the relay only (the trials' modes).
             anyhow::ensure!(
-                self.mode == StressMode::Ring,
-                "bulk-store stress runs in ring mode, not {}",
+                matches!(self.mode, StressMode::Ring | StressMode::Relay),
+                "bulk-store stress runs in ring or relay mode, not {}",
                 self.mode.name()
             );
             // Bulk stores move whole 16-byte units into 16-byte aligned slots.
@@ -227,7 +239,7 @@ impl Stress {
                 Ordering::ReleaseAcquire => abi::WEFT_STRESS_ORDERED,
                 Ordering::Relaxed => abi::WEFT_STRESS_RELAXED,
                 Ordering::BulkStore => abi::WEFT_STRESS_BULK,
-                Ordering::BulkStoreUnordered => abi::WEFT_STRESS_BULK_UNORDERED,
+                Ordering::BulkStoreNoCompletion => abi::WEFT_STRESS_BULK_NO_COMPLETION,
             }) as i32,
             reserved: 0,
         };

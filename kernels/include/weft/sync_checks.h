@@ -11,16 +11,18 @@
 #define WEFT_STRESS_RING 0        // rank -> rank + 1 (mod world), .sys scope
 #define WEFT_STRESS_ALL_TO_ALL 1  // every rank -> every rank (itself included), .sys scope
 #define WEFT_STRESS_INTER_SM 2    // one block -> another block of the same GPU, .gpu scope
+// rank -> rank + 1 as the ring, but the payload slot lives on rank + 2 (world >= 3): data, flag
+// and the receiver's reads take three different NVLink paths, .sys scope.
+#define WEFT_STRESS_RELAY 3
 
 #define WEFT_STRESS_ORDERED 0 // release signals, acquire waits (the real primitives)
 #define WEFT_STRESS_RELAXED 1 // negative control: relaxed signals and polls, no fences
 // Payload by TMA bulk stores (staged through shared memory), released as ORDERED once every bulk
 // store is complete (cp.async.bulk.wait_group 0, then the async-proxy fence).
 #define WEFT_STRESS_BULK 2
-// Negative control: bulk stores signalled after cp.async.bulk.wait_group.read 0 only (their source
-// was read; their writes may still be in flight), with relaxed signals (the receiver acquires). (Omitting only
-// the completion wait before a .sys release was never observed on H200: see crates/sync/README.md.)
-#define WEFT_STRESS_BULK_UNORDERED 3
+// Negative control: bulk stores released (real release, acquiring receiver) after
+// cp.async.bulk.wait_group.read 0 only: their source was read, their writes may still be in flight.
+#define WEFT_STRESS_BULK_NO_COMPLETION 3
 
 // Written by the receiver into a slot it has checked, before it frees the slot.
 #define WEFT_STRESS_POISON 0xDEADBEEFu
@@ -38,8 +40,8 @@ typedef struct weft_stress_params {
   uint32_t rounds;             // rounds in this launch, per (sender, receiver) pair
   uint32_t max_elems;          // payloads hold 1 ..= max_elems elements
   uint32_t slots;              // payload buffers per pair (round g uses slot g % slots)
-  int32_t mode;                // WEFT_STRESS_RING / _ALL_TO_ALL / _INTER_SM
-  int32_t ordering;            // WEFT_STRESS_ORDERED / _RELAXED / _BULK / _BULK_UNORDERED
+  int32_t mode;                // WEFT_STRESS_RING / _ALL_TO_ALL / _INTER_SM / _RELAY
+  int32_t ordering;            // WEFT_STRESS_ORDERED / _RELAXED / _BULK / _BULK_NO_COMPLETION
   uint32_t reserved;
 } weft_stress_params;
 

@@ -6,13 +6,13 @@
 //!   counters and runs again from epoch 0.
 //! - barrier laps: random per-rank delays; after every barrier each rank checks every peer's
 //!   announced lap.
-//! - the ring stress with the payload sent by TMA bulk stores, released once they are complete.
-//! - negative controls: the ring stress with relaxed accesses and no fences, and with bulk stores
-//!   signalled relaxed before they complete (only their shared-memory source read; the receiver
-//!   still acquires), must each show wrong payload elements (the in-kernel checks can see data
-//!   landing after its flag on both paths). Bulk stores released by the real `.sys` release before they complete showed no
-//!   wrong element in 12 runs of ~143 million on H200s (crates/sync/README.md), so that alone is not
-//!   a control that can fail.
+//! - the ring and the relay (payload slot on the rank after the receiver, three ranks or more)
+//!   with every payload sent by TMA bulk stores, released once they are complete.
+//! - negative controls: the ring with relaxed accesses and no fences, and the relay with bulk
+//!   stores released (real release, acquiring receiver) before they complete, must each show
+//!   wrong payload elements: the in-kernel checks can see a missing release/acquire and a
+//!   missing completion wait. (Around the ring, where data and flag share the link, a missing
+//!   completion wait never showed: crates/sync/README.md.)
 //! - a deliberately missing signal, and a coordinate outside the layout, each run in a child
 //!   process (a trap poisons every context of its process on this driver): the error names rank,
 //!   primitive, coordinate, expected and observed value, within the bound, and the rank's own
@@ -54,13 +54,19 @@ pub fn cases() -> Vec<Case> {
         }),
         Case::gpu("sync::stress::inter_sm", |j| stress(j, StressMode::InterSm)),
         Case::gpu("sync::barrier::laps_random_delays", barrier_laps),
-        Case::gpu("sync::stress::ring_bulk_store", bulk_ring),
+        Case::gpu("sync::stress::ring_bulk_store", |j| {
+            bulk_stress(j, StressMode::Ring)
+        }),
+        Case::gpu("sync::stress::relay_bulk_store", |j| {
+            bulk_stress(j, StressMode::Relay)
+        }),
         Case::gpu("sync::negative_control::relaxed_ring", |j| {
             negative_control(j, Ordering::Relaxed)
         }),
-        Case::gpu("sync::negative_control::bulk_store_unordered", |j| {
-            negative_control(j, Ordering::BulkStoreUnordered)
-        }),
+        Case::gpu(
+            "sync::negative_control::relay_bulk_store_without_completion",
+            |j| negative_control(j, Ordering::BulkStoreNoCompletion),
+        ),
         Case::gpu("sync::timeout::missing_signal", |j| {
             not_on_shared_gpu(j)?;
             missing_signal(j)
@@ -128,57 +134,53 @@ fn stress(job: &mut Job, mode: StressMode) -> anyhow::Result<()> {
     checked.and(freed)
 }
 
-/// Rounds of the bulk-store ring and of each negative control (the bench's relaxed ring saw 94 %
-/// of the elements wrong).
+/// Rounds of the bulk-store trials and of each negative control (the bench's relaxed ring saw
+/// 94 % of the elements wrong).
 const BULK_ROUNDS: u32 = 20_000;
 const NEGATIVE_ROUNDS: u32 = 20_000;
 
-/// A ring stress over every rank (skipped below two), with the job's shared seed and its stream.
-fn ring(job: &mut Job) -> anyhow::Result<(u64, Arc<CudaStream>, Stress)> {
-    if job.world() < 2 {
-        return Err(Skip("the ring needs two ranks".into()).into());
+/// A ring (or relay) stress over every rank, skipped below the ranks the mode needs, with the
+/// job's shared seed and its stream.
+fn ring(job: &mut Job, mode: StressMode) -> anyhow::Result<(u64, Arc<CudaStream>, Stress)> {
+    let need = if mode == StressMode::Relay { 3 } else { 2 };
+    if job.world() < need {
+        return Err(Skip(format!("the {} needs {need} ranks", mode.name())).into());
     }
     let seed = shared_seed(job)?;
     let (ctx, stream) = context_and_stream(job)?;
     let budget = WaitBudget::default_for(&ctx)?;
-    let s = Stress::alloc(
-        &mut job.rdzv,
-        &ctx,
-        StressMode::Ring,
-        MAX_ELEMS,
-        SLOTS,
-        budget,
-    )?;
+    let s = Stress::alloc(&mut job.rdzv, &ctx, mode, MAX_ELEMS, SLOTS, budget)?;
     Ok((seed, stream, s))
 }
 
-/// The ring with every payload sent by TMA bulk stores (staged through shared memory), released
-/// after `bulk_wait_group<0>` and the async-proxy fence: every element must check.
-fn bulk_ring(job: &mut Job) -> anyhow::Result<()> {
-    let (seed, stream, mut s) = ring(job)?;
+/// Every payload sent by TMA bulk stores (staged through shared memory), released after
+/// `bulk_wait_group<0>` and the async-proxy fence: every element must check.
+fn bulk_stress(job: &mut Job, mode: StressMode) -> anyhow::Result<()> {
+    let (seed, stream, mut s) = ring(job, mode)?;
     let checked = (|| -> anyhow::Result<()> {
         let pending = s.launch(&stream, BULK_ROUNDS, seed, Ordering::BulkStore)?;
         s.finish(&stream, pending)?
             .verify()
-            .map_err(|e| anyhow::anyhow!("bulk-store ring, seed {seed}: {e}"))
+            .map_err(|e| anyhow::anyhow!("bulk-store {}, seed {seed}: {e}", mode.name()))
     })();
     let freed = s.free(&mut job.rdzv);
     checked.and(freed)
 }
 
-/// The ring stress with an ordering bug on purpose — relaxed flags and no fences, or bulk stores
-/// released before they complete: data may arrive after its flag, and the same in-kernel checks
-/// that pass the correct rings must count wrong elements on some rank. If they counted none, the
-/// stress trials could not tell that bug.
+/// The stress with an ordering bug on purpose — the ring with relaxed flags and no fences, or the
+/// relay with bulk stores released before they complete: data may arrive after its flag, and the
+/// same in-kernel checks that pass the correct runs must count wrong elements on some rank. If
+/// they counted none, the stress trials could not tell that bug.
 fn negative_control(job: &mut Job, ordering: Ordering) -> anyhow::Result<()> {
-    let what = match ordering {
-        Ordering::Relaxed => "the relaxed, fence-free ring",
-        Ordering::BulkStoreUnordered => {
-            "the bulk-store ring signalled before its stores complete, relaxed"
-        }
+    let (what, mode) = match ordering {
+        Ordering::Relaxed => ("the relaxed, fence-free ring", StressMode::Ring),
+        Ordering::BulkStoreNoCompletion => (
+            "the relay released before its bulk stores complete",
+            StressMode::Relay,
+        ),
         other => anyhow::bail!("{other:?} is not a negative control"),
     };
-    let (seed, stream, mut s) = ring(job)?;
+    let (seed, stream, mut s) = ring(job, mode)?;
     let counted = (|| -> anyhow::Result<(u64, u64)> {
         let pending = s.launch(&stream, NEGATIVE_ROUNDS, seed, ordering)?;
         let r = s.finish(&stream, pending)?;
