@@ -12,10 +12,9 @@
 // A missing release or acquire shows up as stale elements (the previous use of the slot, or
 // poison) or as poison landing on top of the next payload. The RELAXED ordering runs the same
 // protocol with unordered signals and polls, as a negative control. BULK sends the payload by TMA
-// bulk stores (the fused GEMM epilogues' path) and releases it once they are complete;
-// BULK_NO_COMPLETION, the negative control for that path, waits only until the stores have read
-// shared memory before its (real) release. RELAY puts each payload slot on the rank after the
-// receiver, so data, flag and reads take different NVLink paths.
+// bulk stores (the fused GEMM epilogues' path) and releases it once they are complete. RELAY
+// puts each payload slot on the rank after the receiver, so data, flag and reads take three
+// different NVLink paths.
 #include "weft/bulk_copy.cuh"
 #include "weft/sync.cuh"
 #include "weft/sync_checks.h"
@@ -41,10 +40,7 @@ __device__ pair_role role_of(const weft_stress_params& p) {
   return {sender, peer};
 }
 
-// Payload by bulk stores (BULK, BULK_NO_COMPLETION).
-__device__ bool bulk(const weft_stress_params& p) {
-  return p.ordering == WEFT_STRESS_BULK || p.ordering == WEFT_STRESS_BULK_NO_COMPLETION;
-}
+__device__ bool bulk(const weft_stress_params& p) { return p.ordering == WEFT_STRESS_BULK; }
 
 // The relaxed negative control's signals and polls.
 __device__ bool unordered(const weft_stress_params& p) { return p.ordering == WEFT_STRESS_RELAXED; }
@@ -80,7 +76,7 @@ constexpr uint32_t kBulkChunkElems = 2048;
 
 // The payload's n elements (padded to whole 16-byte units, within the slot: max_elems is a
 // multiple of 4) through shared memory and bulk stores issued by thread 0. On return thread 0's
-// stores are complete (BULK) or have only read their source (BULK_NO_COMPLETION).
+// stores are complete and ordered before its release.
 __device__ void send_bulk(const weft_stress_params& p, uint32_t* dst, uint64_t key, uint32_t n) {
   __shared__ alignas(128) uint32_t chunk[kBulkChunkElems];
   const uint32_t padded = (n + 3) & ~3u;
@@ -96,7 +92,7 @@ __device__ void send_bulk(const weft_stress_params& p, uint32_t* dst, uint64_t k
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0 && p.ordering == WEFT_STRESS_BULK) {
+  if (threadIdx.x == 0) {
     weft::bulk_wait_group<0>();    // the writes are performed...
     mo::fence_proxy_async_global();  // ...and ordered before the generic-proxy release
   }
@@ -133,7 +129,6 @@ __device__ void send(const weft_stress_params& p, int32_t receiver) {
     __syncthreads();  // every thread's payload stores precede thread 0's release
     if (threadIdx.x == 0) notify(p, coord4(0, 0, WEFT_STRESS_READY_ROW, rank), receiver);
   }
-  if (threadIdx.x == 0 && bulk(p)) weft::bulk_wait_group<0>();  // no store left pending at exit
 }
 
 __device__ void receive(const weft_stress_params& p, int32_t sender, weft_stress_result* out) {

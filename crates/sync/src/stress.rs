@@ -63,10 +63,6 @@ pub enum Ordering {
     /// TMA bulk stores from shared memory, released once complete (`bulk_wait_group<0>` and the
     /// async-proxy fence), as the fused GEMM epilogues do.
     BulkStore,
-    /// Negative control: bulk stores released (real release, acquiring receiver) after
-    /// `bulk_wait_group_read<0>` only — their source was read, their writes may still be in
-    /// flight (should show mismatches where the data's path is not the flag's: `Relay`).
-    BulkStoreNoCompletion,
 }
 
 pub struct Stress {
@@ -195,10 +191,7 @@ impl Stress {
         ordering: Ordering,
     ) -> anyhow::Result<PendingStress> {
         let (rank, world) = (self.data.rank(), self.data.world());
-        if matches!(
-            ordering,
-            Ordering::BulkStore | Ordering::BulkStoreNoCompletion
-        ) {
+        if ordering == Ordering::BulkStore {
             // The bulk path is tried around the ring and the relay only (the trials' modes).
             anyhow::ensure!(
                 matches!(self.mode, StressMode::Ring | StressMode::Relay),
@@ -239,7 +232,6 @@ impl Stress {
                 Ordering::ReleaseAcquire => abi::WEFT_STRESS_ORDERED,
                 Ordering::Relaxed => abi::WEFT_STRESS_RELAXED,
                 Ordering::BulkStore => abi::WEFT_STRESS_BULK,
-                Ordering::BulkStoreNoCompletion => abi::WEFT_STRESS_BULK_NO_COMPLETION,
             }) as i32,
             reserved: 0,
         };
