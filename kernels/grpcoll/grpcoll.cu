@@ -76,8 +76,8 @@ __device__ __forceinline__ uint32_t walk_world(const weft_grpcoll_params& p) {
   return has(p, WEFT_GRPCOLL_SYNCED) ? uint32_t(p.bar.view.world) : 1u;
 }
 __device__ __forceinline__ uint32_t walk_item(const weft_grpcoll_params& p, uint32_t j, uint32_t n, bool interleave) {
-  return weft_grpcoll_walk_item(j, n, walk_world(p), has(p, WEFT_GRPCOLL_SYNCED) ? uint32_t(p.bar.view.rank) : 0u,
-                                interleave ? 1u : 0u);
+  const uint32_t rank = has(p, WEFT_GRPCOLL_SYNCED) ? uint32_t(p.bar.view.rank) : 0u;
+  return weft_grpcoll_walk_item(j, n, walk_world(p), rank, interleave ? 1u : 0u);
 }
 
 // Every thread reads the (read-only, L1-cached) item from global memory: no lane-0-only copy into
@@ -419,10 +419,7 @@ __device__ __forceinline__ void pull(const weft_grpcoll_params& p) {
   if (convert) convert_inputs<In, Out, VEC>(p);
   if (!has(p, WEFT_GRPCOLL_TRANSFER)) return;  // the baseline's convert-only launch (never synced)
   if (synced) cross_barrier(p, WEFT_GRPCOLL_BAR_BEFORE, convert);
-  const uint32_t n = item_count(p);
-  for (uint32_t j = blockIdx.x; j < weft_grpcoll_walk_length(n, walk_world(p)); j += gridDim.x) {
-    const uint32_t it = walk_item(p, j, n, false);
-    if (it >= n) continue;  // uniform across the block: the __syncthreads below stays safe
+  const auto pull_one = [&](uint32_t it) {
     const weft_grpcoll_item& s = item(p, it);
     for (uint32_t t = 0; t < p.ntensors; ++t) pull_item<In, Out, VEC>(p, p.tensor[t], s);
     if (p.op == WEFT_GRPCOLL_OP_LSE) {
@@ -430,6 +427,17 @@ __device__ __forceinline__ void pull(const weft_grpcoll_params& p) {
       __syncthreads();
       pull_lse<typename AccOf<Out>::T>(p, s);
     }
+  };
+  if constexpr (VEC > 1) {
+    const uint32_t n = item_count(p);
+    for (uint32_t j = blockIdx.x; j < weft_grpcoll_walk_length(n, walk_world(p)); j += gridDim.x) {
+      const uint32_t it = walk_item(p, j, n, false);
+      if (it < n) pull_one(it);  // uniform across the block: pull_one's __syncthreads stays safe
+    }
+  } else {
+    // The 1-element kernels (rows that are not whole 16-byte vectors, the slow path) walk in
+    // order: the walk's registers would make them spill.
+    for (uint32_t it = blockIdx.x; it < item_count(p); it += gridDim.x) pull_one(it);
   }
   if (synced) {
     __syncthreads();

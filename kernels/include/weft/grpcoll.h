@@ -57,8 +57,10 @@ typedef struct weft_grpcoll_item {
 // same peer at once and one GPU's links carry the job while the others idle. Rotated by rank, no
 // two ranks start on the same run; interleaved, each rank's blocks also spread over every peer at
 // once. Pulls keep whole runs: interleaving their reads measured 17 % slower on a varlen reduce
-// and 6 % on a cast through bf16, 5 % faster on a uniform f32 reduce (crates/grpcoll/README.md). Every item is taken once. World 1 (the baseline's local copies)
-// walks in order. n < WEFT_GRPCOLL_MAX_ITEMS, rank < world.
+// and 6 % on a cast through bf16, 5 % faster on a uniform f32 reduce (crates/grpcoll/README.md).
+// Every item is taken once. World 1 (the baseline's local copies) walks in order, and so do the
+// 1-element pull kernels (rows that are not whole 16-byte vectors), where the walk's registers
+// would spill. n < WEFT_GRPCOLL_MAX_ITEMS, rank < world.
 WEFT_HD uint32_t weft_grpcoll_walk_length(uint32_t n, uint32_t world) { return (n + world - 1) / world * world; }
 WEFT_HD uint32_t weft_grpcoll_walk_item(uint32_t j, uint32_t n, uint32_t world, uint32_t rank, uint32_t interleave) {
   const uint32_t run = (n + world - 1) / world;
