@@ -77,7 +77,7 @@ constexpr uint32_t kBulkChunkElems = 2048;
 // The payload's n elements (padded to whole 16-byte units, within the slot: max_elems is a
 // multiple of 4) through shared memory and bulk stores issued by thread 0. On return thread 0's
 // stores are complete and ordered before its release.
-__device__ void send_bulk(const weft_stress_params& p, uint32_t* dst, uint64_t key, uint32_t n) {
+__device__ void send_bulk(uint32_t* dst, uint64_t key, uint32_t n) {
   __shared__ alignas(128) uint32_t chunk[kBulkChunkElems];
   const uint32_t padded = (n + 3) & ~3u;
   for (uint32_t at = 0; at < padded; at += kBulkChunkElems) {
@@ -122,7 +122,7 @@ __device__ void send(const weft_stress_params& p, int32_t receiver) {
     const uint32_t n = weft_stress_elems(p.seed, g, rank, receiver, p.max_elems);
     uint32_t* dst = slot_of(p, slot_owner(p, receiver), g, rank);
     if (bulk(p)) {
-      send_bulk(p, dst, key, n);  // thread 0 issued every store and releases below
+      send_bulk(dst, key, n);  // thread 0 issued every store and releases below
     } else {
       for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = weft_stress_value(key, i);
     }
