@@ -14,9 +14,9 @@ use cudarc::driver::{
 use std::sync::{Arc, Mutex};
 use weft_kernels::abi::{
     weft_gemm_ag_copy, weft_gemm_band_box_rows, weft_gemm_band_of_row, weft_gemm_band_start,
-    weft_gemm_params, weft_gemm_row_slots_check_params, weft_sync_bound, weft_sync_counters,
-    weft_tile_allreduce_params, WEFT_GEMM_COMM_ALLGATHER, WEFT_GEMM_COMM_ALLREDUCE,
-    WEFT_GEMM_CONSUMERS, WEFT_GEMM_TILE_M,
+    weft_gemm_params, weft_gemm_row_slots_check_params, weft_gemm_work_count, weft_sync_bound,
+    weft_sync_counters, weft_tile_allreduce_params, WEFT_GEMM_COMM_ALLGATHER,
+    WEFT_GEMM_COMM_ALLREDUCE, WEFT_GEMM_CONSUMERS, WEFT_GEMM_TILE_M,
 };
 use weft_kernels::cubins;
 use weft_sync::{ErrorSlot, WaitBudget};
@@ -167,6 +167,9 @@ pub struct Gemm {
     bound: weft_sync_bound,
     /// Dynamic scheduling only: the claim counter and where the next launch starts on it.
     claims: Option<Mutex<TileClaims>>,
+    /// Split-K plans only: the earlier splits' partials and the tiles' flags (boxed, as the
+    /// row-slots check: a Gemm is held by value in enums).
+    split: Option<Box<Mutex<SplitPartials>>>,
     /// The row-slots table check, loaded at the first row-slots launch (boxed: most GEMMs never
     /// load it, and a Gemm is held by value in enums).
     row_slots_check: Box<std::sync::OnceLock<CudaFunction>>,
@@ -186,6 +189,51 @@ struct TileClaims {
 
 // SAFETY: the CUstream handle is only compared, never used to enqueue work.
 unsafe impl Send for TileClaims {}
+
+/// Split-K's device state (kernels/include/weft/gemm/split_k.cuh): per tile, consumer and earlier
+/// split a partial of 64 × tile_n fp32, and per tile and consumer a flag the kernel leaves at 0.
+/// Launches must be ordered (two at once would share the partials): the stream is remembered and
+/// another refused, as for the claim counter.
+struct SplitPartials {
+    partials: CudaSlice<f32>,
+    flags: CudaSlice<u64>,
+    stream: Option<sys::CUstream>,
+}
+
+// SAFETY: the CUstream handle is only compared, never used to enqueue work.
+unsafe impl Send for SplitPartials {}
+
+impl SplitPartials {
+    fn new(ctx: &Arc<CudaContext>, plan: &GemmPlan) -> anyhow::Result<Option<Box<Mutex<Self>>>> {
+        let splits = plan.k_splits();
+        if splits <= 1 {
+            return Ok(None);
+        }
+        let per_tile = WEFT_GEMM_CONSUMERS as usize;
+        let floats = plan.tiles() as usize
+            * per_tile
+            * (splits as usize - 1)
+            * (WEFT_GEMM_TILE_M as usize / 2)
+            * plan.tile_n() as usize;
+        let stream = ctx.default_stream();
+        let partials = stream.alloc_zeros::<f32>(floats).with_context(|| {
+            format!(
+                "allocating split-K partials for {} ({} MiB)",
+                plan.describe(),
+                (floats * 4) >> 20
+            )
+        })?;
+        let flags = stream
+            .alloc_zeros::<u64>(plan.tiles() as usize * per_tile)
+            .context("allocating the split-K tile flags")?;
+        stream.synchronize()?;
+        Ok(Some(Box::new(Mutex::new(Self {
+            partials,
+            flags,
+            stream: None,
+        }))))
+    }
+}
 
 fn cluster_attribute(cluster_m: u32) -> sys::CUlaunchAttribute {
     // SAFETY: an all-zero attribute is valid plain data; id and clusterDim are set below.
@@ -374,6 +422,7 @@ impl Gemm {
                 }))
             }
         };
+        let split = SplitPartials::new(ctx, &plan)?;
         Ok(Self {
             row_slots_check: Box::default(),
             plan,
@@ -381,6 +430,7 @@ impl Gemm {
             slot,
             bound,
             claims,
+            split,
         })
     }
 
@@ -596,6 +646,49 @@ impl Gemm {
         if let OutputLayout::RankBands { ranks } = layout {
             fill_band_boxes(&mut p, ranks);
         }
+        // Split-K on plain launches only (the standard layout, no signals, no fused collective,
+        // no trace: the trace names the CTA the plan's schedule lists): the others run every
+        // tile whole.
+        let plain = layout == OutputLayout::Standard
+            && extras.trace.is_none()
+            && extras.flags.is_none()
+            && extras.copy_dst.is_none()
+            && extras.groups.is_none()
+            && extras.row_slots.is_none()
+            && extras.peer.is_none()
+            && extras.peer_rows.is_none()
+            && extras.all_reduce.is_none()
+            && extras.all_gather.is_none();
+        // Held to the end of the launch, as the claim counter.
+        let mut split = match &self.split {
+            Some(sp) if plain => Some(
+                sp.lock()
+                    .map_err(|_| anyhow::anyhow!("the GEMM's split-K lock is poisoned"))?,
+            ),
+            _ => None,
+        };
+        let _split_keep = match split.as_mut() {
+            Some(sp) => {
+                let s = stream.cu_stream();
+                ensure!(
+                    sp.stream.is_none_or(|prev| prev == s),
+                    "a split-K GEMM launches on one stream (its launches share the partials): this Gemm already launched on another stream; make one Gemm per stream or plan it with KSplits::Fixed(1)"
+                );
+                sp.stream = Some(s);
+                let SplitPartials {
+                    partials, flags, ..
+                } = &mut **sp;
+                let (partials, r1) = partials.device_ptr_mut(stream);
+                p.split_partials = partials;
+                let (flags, r2) = flags.device_ptr_mut(stream);
+                p.split_flags = flags;
+                Some((r1, r2))
+            }
+            None => {
+                p.sched.k_splits = 1;
+                None
+            }
+        };
         let LaunchExtras {
             flags,
             copy_dst,
@@ -874,7 +967,9 @@ impl Gemm {
             *l += 1;
         }
         if let Some(c) = claims.as_mut() {
-            c.base = c.base.wrapping_add(plan.orders() + plan.ctas());
+            // SAFETY: a pure function of the launch's schedule.
+            let works = unsafe { weft_gemm_work_count(p.sched) };
+            c.base = c.base.wrapping_add(works + plan.ctas());
         }
         Ok(())
     }

@@ -9,7 +9,9 @@
 //! - [`Gemm`]: the plan's kernel loaded on a context; `launch` on a stream, `launch_with` for
 //!   per-tile flags ([`TileFlags`]), the test communicator's copy, a trace, a start/end
 //!   timeline, or early release after a `weft_barrier::KernelBarrier` wait. With
-//!   [`Scheduling::Dynamic`] CTAs claim tiles from a counter the `Gemm` owns.
+//!   [`Scheduling::Dynamic`] CTAs claim tiles from a counter the `Gemm` owns. With split-K
+//!   ([`KSplits`], chosen from the shape by default) a plain launch cuts each tile's K over
+//!   several CTAs, whose fp32 partials the `Gemm` holds.
 //! - [`fused::FusedReduceScatter`]: GEMM + ReduceScatter in one kernel, tiles reduce-added by
 //!   TMA into their owners' memory (signal-gemm III).
 //! - [`ops`]: overlap as one call — GEMM + AllReduce, GEMM + ReduceScatter and AllGather + GEMM,
@@ -43,7 +45,9 @@ pub use gemm::{
     device_sms, AllGatherSource, AllReduceTarget, Gemm, LaunchExtras, PeerReduceTarget,
     RowSlotTable, TileFlags, SIGNALS_PER_TILE,
 };
-pub use plan::{BLayout, EpilogueChoice, GemmOptions, GemmPlan, GemmShape, Scheduling, TileChoice};
+pub use plan::{
+    BLayout, EpilogueChoice, GemmOptions, GemmPlan, GemmShape, KSplits, Scheduling, TileChoice,
+};
 pub use reorder::{OutputLayout, Restore, TileOrderMap, MAX_BAND_RANKS};
 pub use row_gather::RowGather;
 pub use schedule::ScheduledTile;

@@ -6,8 +6,9 @@ use crate::schedule::{list_schedule, ScheduledTile};
 use anyhow::{bail, ensure};
 use weft_kernels::abi::{
     weft_gemm_k_blocks, weft_gemm_order_count, weft_gemm_schedule, weft_gemm_smem_bytes,
-    weft_gemm_tiles_m, weft_gemm_tiles_n, WEFT_GEMM_EPI_PIPELINED, WEFT_GEMM_EPI_WHOLE_TILE,
-    WEFT_GEMM_THREADS, WEFT_GEMM_TILE_K, WEFT_GEMM_TILE_M,
+    weft_gemm_split_begin, weft_gemm_tiles_m, weft_gemm_tiles_n, WEFT_GEMM_EPI_PIPELINED,
+    WEFT_GEMM_EPI_WHOLE_TILE, WEFT_GEMM_MAX_K_SPLITS, WEFT_GEMM_THREADS, WEFT_GEMM_TILE_K,
+    WEFT_GEMM_TILE_M,
 };
 
 /// D (m × n) = alpha · A (m × k) · B + beta · D.
@@ -79,6 +80,19 @@ pub enum Scheduling {
     Dynamic,
 }
 
+/// Split-K: each tile's K cut into work units that run on separate CTAs, the last adding the
+/// others' fp32 partials before it stores (kernels/include/weft/gemm.h, "Split-K"). For shapes
+/// with fewer tiles than SMs, or a last wave that leaves most of them idle. Applies to plain
+/// launches (standard layout, no signals or fused collective); other launches of the plan run
+/// every tile whole.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KSplits {
+    /// Chosen from the shape and grid (1 with clusters or communicator CTAs).
+    Auto,
+    /// This many work units per tile (1: none), at most the K blocks and WEFT_GEMM_MAX_K_SPLITS.
+    Fixed(u32),
+}
+
 /// Everything about a GEMM besides its shape.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GemmOptions {
@@ -99,6 +113,7 @@ pub struct GemmOptions {
     pub cluster_m: u32,
     pub epilogue: EpilogueChoice,
     pub scheduling: Scheduling,
+    pub k_splits: KSplits,
     pub alpha: f32,
     pub beta: f32,
 }
@@ -116,6 +131,7 @@ impl Default for GemmOptions {
             cluster_m: 1,
             epilogue: EpilogueChoice::Auto,
             scheduling: Scheduling::Static,
+            k_splits: KSplits::Auto,
             alpha: 1.0,
             beta: 0.0,
         }
@@ -213,6 +229,7 @@ impl GemmPlan {
             ctas,
             tm_offset: 0,
             tm_blocks: 0,
+            k_splits: 1,
         };
         // SAFETY (all weft_gemm_* calls): pure functions of the struct, from the C header.
         let units_m = unsafe { weft_gemm_tiles_m(sched) }.div_ceil(sched.cluster_m);
@@ -221,15 +238,48 @@ impl GemmPlan {
             Some(g) => g.min(units_m),
             None => auto_group_m(ctas, tile_n).min(units_m).max(1),
         };
+        let k_blocks = k.div_ceil(WEFT_GEMM_TILE_K);
+        let tiles = unsafe { weft_gemm_tiles_m(sched) } as u64 * n.div_ceil(tile_n) as u64;
+        sched.k_splits = match options.k_splits {
+            KSplits::Fixed(s) => {
+                ensure!(
+                    (1..=WEFT_GEMM_MAX_K_SPLITS).contains(&s) && s <= k_blocks,
+                    "GEMM shape {shape}: k_splits = {s} must be 1 to {} and at most the {k_blocks} K blocks of 64",
+                    WEFT_GEMM_MAX_K_SPLITS
+                );
+                ensure!(
+                    s == 1 || (options.cluster_m == 1 && options.comm_ctas == 0),
+                    "GEMM shape {shape}: split-K (k_splits = {s}) needs cluster_m 1 and no communicator CTAs (have {} and {})",
+                    options.cluster_m,
+                    options.comm_ctas
+                );
+                s
+            }
+            KSplits::Auto if options.cluster_m == 1 && options.comm_ctas == 0 => {
+                auto_k_splits(tiles, k_blocks, ctas)
+            }
+            KSplits::Auto => 1,
+        };
         let whole_ok = options.output.bytes() == 2 && tile_n == 256;
+        // The 16-bit 128 x 256 kernels split K only with the whole-tile epilogue
+        // (kernels/include/weft/gemm/config.cuh, kSplitK).
+        let split_needs_whole = sched.k_splits > 1 && whole_ok;
         let epilogue = match options.epilogue {
-            EpilogueChoice::Pipelined => WEFT_GEMM_EPI_PIPELINED,
+            EpilogueChoice::Pipelined => {
+                ensure!(
+                    !split_needs_whole,
+                    "GEMM shape {shape}: split-K with 16-bit outputs and 128x256 tiles needs the whole-tile epilogue (asked: pipelined)"
+                );
+                WEFT_GEMM_EPI_PIPELINED
+            }
             EpilogueChoice::WholeTile => {
                 ensure!(whole_ok, "the whole-tile epilogue needs a 16-bit output and 128x256 tiles (have {} output, 128x{tile_n})", options.output);
                 WEFT_GEMM_EPI_WHOLE_TILE
             }
             EpilogueChoice::Auto => {
-                if whole_ok && k.div_ceil(WEFT_GEMM_TILE_K) <= WHOLE_TILE_MAX_K_BLOCKS {
+                if split_needs_whole
+                    || (whole_ok && k.div_ceil(WEFT_GEMM_TILE_K) <= WHOLE_TILE_MAX_K_BLOCKS)
+                {
                     WEFT_GEMM_EPI_WHOLE_TILE
                 } else {
                     WEFT_GEMM_EPI_PIPELINED
@@ -325,6 +375,17 @@ impl GemmPlan {
     pub fn orders(&self) -> u32 {
         unsafe { weft_gemm_order_count(self.sched) }
     }
+    /// Work units per tile in a plain launch (split-K; 1: none). Other launches run whole tiles.
+    pub fn k_splits(&self) -> u32 {
+        self.sched.k_splits
+    }
+    /// K blocks of split `split` of every tile (split-K; the whole K without it).
+    pub fn split_k_blocks(&self, split: u32) -> std::ops::Range<u32> {
+        // SAFETY: a pure function of the struct.
+        unsafe {
+            weft_gemm_split_begin(self.sched, split)..weft_gemm_split_begin(self.sched, split + 1)
+        }
+    }
     /// Waves of the persistent grid: ⌈orders ÷ CTAs⌉.
     pub fn waves(&self) -> u32 {
         self.orders().div_ceil(self.ctas())
@@ -360,7 +421,7 @@ impl GemmPlan {
     /// A one-line description for reports.
     pub fn describe(&self) -> String {
         format!(
-            "{} {}→{} B {} tile 128x{} cluster {} epilogue {} ctas {}{} group_m {} waves {}",
+            "{} {}→{} B {} tile 128x{} cluster {} epilogue {} ctas {}{} group_m {} waves {}{}",
             self.shape,
             self.options.input,
             self.options.output,
@@ -379,7 +440,12 @@ impl GemmPlan {
                 ""
             },
             self.sched.group_m,
-            self.waves()
+            self.waves(),
+            if self.sched.k_splits > 1 {
+                format!(" split_k {}", self.sched.k_splits)
+            } else {
+                String::new()
+            }
         )
     }
 }
@@ -395,6 +461,33 @@ fn auto_tile_n(shape: GemmShape, ctas: u32) -> u32 {
         128
     } else {
         256
+    }
+}
+
+/// Per work unit, in K blocks of the unit's tile: the pipeline's fill and the epilogue.
+const UNIT_OVERHEAD_K_BLOCKS: f64 = 6.0;
+/// Per earlier split, in K blocks: its partial written by it and read by the last split.
+const SPLIT_OVERHEAD_K_BLOCKS: f64 = 3.0;
+/// Splits only pay when they save this fraction of the predicted time.
+const SPLIT_MIN_GAIN: f64 = 0.1;
+
+/// Work units per tile with the smallest predicted time: waves of units × (a unit's K blocks +
+/// its overhead) + the partials' traffic. Each split keeps at least 4 K blocks.
+/// (The costs are in K blocks of the plan's tile, whatever its width.)
+fn auto_k_splits(tiles: u64, k_blocks: u32, ctas: u32) -> u32 {
+    let cost = |s: u32| {
+        let waves = (tiles * s as u64).div_ceil(ctas as u64) as f64;
+        waves * (k_blocks.div_ceil(s) as f64 + UNIT_OVERHEAD_K_BLOCKS)
+            + (s - 1) as f64 * SPLIT_OVERHEAD_K_BLOCKS
+    };
+    let max = (k_blocks / 4).clamp(1, WEFT_GEMM_MAX_K_SPLITS);
+    let best = (1..=max)
+        .min_by(|&a, &b| cost(a).total_cmp(&cost(b)))
+        .unwrap_or(1);
+    if cost(best) <= cost(1) * (1.0 - SPLIT_MIN_GAIN) {
+        best
+    } else {
+        1
     }
 }
 
@@ -638,5 +731,99 @@ mod tests {
         assert_eq!(p.tile_n(), 128);
         let p = GemmPlan::new(132, GemmShape::new(8192, 8192, 1024), opts()).unwrap();
         assert_eq!(p.tile_n(), 256);
+    }
+
+    #[test]
+    fn split_k_is_chosen_where_tiles_leave_sms_idle() {
+        // 512 x 1280: 40 tiles of 128 x 128 on 132 CTAs, 128 K blocks: 3 splits fill 120 CTAs.
+        let p = GemmPlan::new(132, GemmShape::new(512, 1280, 8192), opts()).unwrap();
+        assert_eq!((p.tile_n(), p.k_splits()), (128, 3));
+        assert!(p.describe().ends_with("split_k 3"), "{}", p.describe());
+        // The splits cover K once, in order, none empty.
+        let ranges: Vec<_> = (0..3).map(|s| p.split_k_blocks(s)).collect();
+        assert_eq!(ranges, vec![0..42, 42..85, 85..128]);
+        // Many tiles, or a short K: none.
+        for shape in [
+            GemmShape::new(16384, 8192, 8192),
+            GemmShape::new(512, 1280, 128),
+            GemmShape::new(16, 16, 16),
+        ] {
+            assert_eq!(
+                GemmPlan::new(132, shape, opts()).unwrap().k_splits(),
+                1,
+                "{shape}"
+            );
+        }
+        // Clusters and communicator CTAs run whole tiles.
+        for o in [
+            GemmOptions {
+                cluster_m: 2,
+                ..opts()
+            },
+            GemmOptions {
+                comm_ctas: 4,
+                ..opts()
+            },
+        ] {
+            let p = GemmPlan::new(132, GemmShape::new(512, 1280, 8192), o).unwrap();
+            assert_eq!(p.k_splits(), 1);
+        }
+        // A split 128 x 256 plan with a 16-bit output takes the whole-tile epilogue.
+        let p = GemmPlan::new(
+            132,
+            GemmShape::new(512, 2048, 8192),
+            GemmOptions {
+                tile: TileChoice::N256,
+                ..opts()
+            },
+        )
+        .unwrap();
+        assert!(
+            p.k_splits() > 1 && p.whole_tile_epilogue(),
+            "{}",
+            p.describe()
+        );
+    }
+
+    #[test]
+    fn split_k_requests_are_checked() {
+        let shape = GemmShape::new(512, 1280, 1024); // 16 K blocks
+        let err = |o: GemmOptions| format!("{:#}", GemmPlan::new(132, shape, o).unwrap_err());
+        let fixed = |s| GemmOptions {
+            k_splits: KSplits::Fixed(s),
+            ..opts()
+        };
+        assert!(err(fixed(0)).contains("k_splits = 0 must be 1 to 16"));
+        assert!(err(fixed(17)).contains("k_splits = 17"));
+        let short = GemmPlan::new(132, GemmShape::new(512, 1280, 128), fixed(3)).unwrap_err();
+        assert!(
+            format!("{short:#}").contains("at most the 2 K blocks"),
+            "{short:#}"
+        );
+        assert!(err(GemmOptions {
+            cluster_m: 2,
+            ..fixed(2)
+        })
+        .contains("needs cluster_m 1 and no communicator CTAs"));
+        assert!(err(GemmOptions {
+            tile: TileChoice::N256,
+            epilogue: EpilogueChoice::Pipelined,
+            ..fixed(2)
+        })
+        .contains("needs the whole-tile epilogue"));
+        // f32 outputs keep the pipelined epilogue; 16 splits of one K block each are fine.
+        let p = GemmPlan::new(
+            132,
+            shape,
+            GemmOptions {
+                output: Dtype::F32,
+                tile: TileChoice::N256,
+                epilogue: EpilogueChoice::Pipelined,
+                ..fixed(16)
+            },
+        )
+        .unwrap();
+        assert_eq!(p.k_splits(), 16);
+        assert_eq!(p.split_k_blocks(15), 15..16);
     }
 }

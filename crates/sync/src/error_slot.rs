@@ -107,6 +107,9 @@ pub fn primitive_name(id: i32) -> &'static str {
         abi::WEFT_SYNC_PRIM_GEMM_ROW_SLOTS => {
             "GEMM row-slots table check (row = tile index, col = row in the tile)"
         }
+        abi::WEFT_SYNC_PRIM_GEMM_SPLIT_K => {
+            "GEMM split-K partials wait (d = consumer, row = tile row, col = tile column)"
+        }
         _ => "unknown primitive",
     }
 }

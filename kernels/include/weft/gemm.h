@@ -69,6 +69,8 @@ typedef struct weft_gemm_schedule {
                            // ReduceScatter's owners) visited in turn, cluster row u of the order
                            // landing in block u % B (units_m a multiple of B, no phantoms);
                            // applied before the rotation
+  uint32_t k_splits;       // 0 or 1: each tile's K in one work unit; S > 1 (split-K, cluster_m 1,
+                           // standard layout, no signals): S work units per tile ("Split-K" below)
 } weft_gemm_schedule;
 
 typedef struct weft_gemm_tile {
@@ -109,6 +111,24 @@ WEFT_HD weft_gemm_tile weft_gemm_tile_at(weft_gemm_schedule s, uint32_t order) {
   if (s.tm_offset != 0 && t.valid) t.tm = (t.tm + s.tm_offset) % weft_gemm_tiles_m(s);
   return t;
 }
+
+// Split-K. With k_splits = S > 1 the CTAs walk *work units* instead of orders: work w is split
+// w % S of the tile of order w / S, and split j multiplies the K blocks [begin(j), begin(j + 1)).
+// A tile's S units are consecutive, so they run side by side, and its last split comes last:
+// splits 0..S-2 leave their fp32 accumulators in the launch's partials and release the tile's
+// flag; the last split waits for them, adds them to its own and stores the tile (the only one
+// that does). Every wait is on a lower work unit, which a running CTA has claimed or will reach
+// first: with every CTA resident, no cycle. Without splits works are orders (S = 1).
+WEFT_HD uint32_t weft_gemm_splits(weft_gemm_schedule s) { return s.k_splits > 1u ? s.k_splits : 1u; }
+WEFT_HD uint32_t weft_gemm_work_count(weft_gemm_schedule s) { return weft_gemm_order_count(s) * weft_gemm_splits(s); }
+// First K block of split `split` (split = S: the end); balanced, each split gets
+// floor or ceil of k_blocks / S (the host keeps S <= k_blocks: no split is empty). 32-bit
+// arithmetic (k_blocks < 2^25, S <= WEFT_GEMM_MAX_K_SPLITS): a 64-bit division is a call, which
+// makes the consumers spill their accumulators around it.
+WEFT_HD uint32_t weft_gemm_split_begin(weft_gemm_schedule s, uint32_t split) {
+  return split * weft_gemm_k_blocks(s) / weft_gemm_splits(s);
+}
+#define WEFT_GEMM_MAX_K_SPLITS 16
 
 // Wave groups (signal-gemm II, FlashOverlap's signalling timing): the orders are cut into
 // `count` consecutive ranges, group g ending (exclusive) at end_order[g]; the last ends at the order
@@ -362,6 +382,13 @@ typedef struct weft_gemm_params {
   uint32_t ag_reserved;
   weft_tile_allreduce_params allreduce;  // comm_op ALLREDUCE
   weft_gemm_ag_copy ag_copy;             // comm_op ALLGATHER
+  // Split-K (sched.k_splits > 1, "Split-K" above): split_partials holds, per (tile index,
+  // consumer, split < S - 1), that consumer's fp32 accumulators (WEFT_GEMM_TILE_M / 2 x tile_n floats,
+  // as float4 j of thread i at [j x 128 + i]); split_flags a uint64_t per (tile index, consumer)
+  // that each earlier split adds 1 to (release, GPU scope) once its partial is written and the
+  // last split resets to 0 once it has read them (launches are stream-ordered): 0 between launches.
+  uint64_t split_partials;
+  uint64_t split_flags;
 } weft_gemm_params;
 #define WEFT_GEMM_COMM_TILE_COPY 0   // the test communicator (copy_dst)
 #define WEFT_GEMM_COMM_ALLREDUCE 1   // fused-inter GEMM + AllReduce

@@ -24,6 +24,7 @@
 #define WEFT_SYNC_PRIM_WAIT_UNORDERED 7 // unordered::wait() (relaxed poll, no acquire)
 #define WEFT_SYNC_PRIM_WAVE_GROUP 8     // signal-gemm's wave-group wait kernel (coord.b = group)
 #define WEFT_SYNC_PRIM_GEMM_ROW_SLOTS 9 // the GEMM's row-slots table check (coord: 7, 0, tile index, row in tile)
+#define WEFT_SYNC_PRIM_GEMM_SPLIT_K 10  // the GEMM's last split waiting for the earlier splits' partials (coord: 2, consumer, tile row, tile column; expected = splits - 1, observed = the tile's flag)
 
 // What the first thread whose wait expired saw. Lives in host-mapped pinned memory so the host can
 // read it after the kernel trapped and its context died.

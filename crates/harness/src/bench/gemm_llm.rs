@@ -6,8 +6,9 @@
 //! 2·inter/TP, K = hidden), down (N = hidden, K = inter/TP) — of Llama-3.1-8B at TP 1,
 //! Llama-3.1-70B at TP 2, 4 and 8, Qwen2.5-72B at TP 8 (inter 29568: a ragged K and N) and a
 //! Mixtral-8x7B expert (gate+up and down at TP 1); M (tokens) 512, 4096, 16384 and a ragged
-//! 3008 (not a whole number of 128-row tiles; weft's GEMM needs multiples of 16). Configurations: the default plan, and 128 × 256 or 128 × 128 tiles, clusters of 1 or 2,
-//! the pipelined or whole-tile epilogue (those a shape admits).
+//! 3008 (not a whole number of 128-row tiles; weft's GEMM needs multiples of 16).
+//! Configurations: the default plan, and 128 × 256 or 128 × 128 tiles, clusters of 1 or 2, the
+//! pipelined or whole-tile epilogue (those a shape admits), unsplit, and split-K in 2 to 4.
 //!
 //! Per shape: every configuration's D checked on the GPU against cuBLAS's (2⁻⁷ relative plus
 //! k · 2⁻¹⁸); then all timed interleaved (bench/rig.rs: each run after an L2 flush, between its own
@@ -24,7 +25,9 @@ use crate::timing::median;
 use cudarc::driver::{sys, CudaSlice, CudaStream, CudaView, DevicePtr};
 use half::bf16;
 use std::sync::Arc;
-use weft_signal_gemm::{CublasGemm, EpilogueChoice, Gemm, GemmOptions, GemmShape, TileChoice};
+use weft_signal_gemm::{
+    CublasGemm, EpilogueChoice, Gemm, GemmOptions, GemmShape, KSplits, TileChoice,
+};
 
 /// A model's projection sizes.
 struct Model {
@@ -106,12 +109,14 @@ fn grid(quick: bool) -> Vec<(String, GemmShape)> {
 /// The configurations tried at each shape: the default first.
 fn configurations() -> Vec<(&'static str, GemmOptions)> {
     let base = GemmOptions::default();
-    let with = |tile, cluster_m, epilogue| GemmOptions {
+    let split = |tile, cluster_m, epilogue, splits| GemmOptions {
         tile,
         cluster_m,
         epilogue,
+        k_splits: KSplits::Fixed(splits),
         ..base
     };
+    let with = |tile, cluster_m, epilogue| split(tile, cluster_m, epilogue, 1);
     use EpilogueChoice::{Pipelined, WholeTile};
     use TileChoice::{N128, N256};
     vec![
@@ -122,6 +127,11 @@ fn configurations() -> Vec<(&'static str, GemmOptions)> {
         ("128x256 c2 pipelined", with(N256, 2, Pipelined)),
         ("128x256 c2 whole", with(N256, 2, WholeTile)),
         ("128x128 c2 pipelined", with(N128, 2, Pipelined)),
+        ("128x128 c1 split 2", split(N128, 1, Pipelined, 2)),
+        ("128x128 c1 split 3", split(N128, 1, Pipelined, 3)),
+        ("128x128 c1 split 4", split(N128, 1, Pipelined, 4)),
+        ("128x256 c1 whole split 2", split(N256, 1, WholeTile, 2)),
+        ("128x256 c1 whole split 3", split(N256, 1, WholeTile, 3)),
     ]
 }
 

@@ -16,10 +16,14 @@
 //!   host lists for it, by a CTA of the grid; D bit-equal to the statically scheduled GEMM's; the
 //!   claim counter advanced by orders + CTAs per launch; the timeline ordered; a launch on a
 //!   second stream refused.
+//! - split_k_across_launches: split-K GEMMs (3, 16 and one-block splits, ragged tiles, dynamic
+//!   scheduling, fp32 output with beta) launched 3 times each on fresh inputs against cuBLAS; a
+//!   launch on a second stream refused.
 //! - bad_inputs_are_rejected: dtype and buffer-size mismatches give errors naming them; dynamic
 //!   scheduling with clusters refused.
 //!
-//! The random and small shapes, and one communicator case, use dynamic scheduling too.
+//! The random and small shapes, and one communicator case, use dynamic scheduling too; a third
+//! of the random and small cluster-1 shapes split K.
 
 use crate::data::shared_seed;
 use crate::gemm_data::{download, poisoned, uniform, upload};
@@ -33,7 +37,7 @@ use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use weft_signal_gemm::reference::{check_all, gemm_f64, Tolerance};
 use weft_signal_gemm::{
-    BLayout, CublasGemm, Dtype, EpilogueChoice, Gemm, GemmElement, GemmOptions, GemmShape,
+    BLayout, CublasGemm, Dtype, EpilogueChoice, Gemm, GemmElement, GemmOptions, GemmShape, KSplits,
     LaunchExtras, Scheduling, TileChoice, TileFlags,
 };
 
@@ -53,6 +57,7 @@ pub fn cases() -> Vec<Case> {
             "gemm::dynamic_schedule_claims_every_tile",
             dynamic_schedule_claims_every_tile,
         ),
+        Case::gpu("gemm::split_k_across_launches", split_k_across_launches),
         Case::gpu("gemm::bad_inputs_are_rejected", bad_inputs_are_rejected),
     ]
 }
@@ -115,6 +120,20 @@ fn random_options(rng: &mut StdRng, i: usize) -> GemmOptions {
     }
 }
 
+/// A third of the cluster-1 cases split K in 2 to 4 (at most its K blocks; the rest choose,
+/// which mostly means none at these sizes), with the epilogue the plan picks.
+fn with_random_splits(rng: &mut StdRng, shape: GemmShape, options: GemmOptions) -> GemmOptions {
+    if options.cluster_m != 1 || !rng.random_bool(1.0 / 3.0) {
+        return options;
+    }
+    let splits = rng.random_range(2..=4u32).min(shape.k.div_ceil(64));
+    GemmOptions {
+        k_splits: KSplits::Fixed(splits),
+        epilogue: EpilogueChoice::Auto,
+        ..options
+    }
+}
+
 /// One shape through weft and cuBLAS on the same inputs; every element compared. cuBLAS writes
 /// fp32 (it has no mixed bf16-in / fp16-out GEMM), so the reference is unrounded and weft's
 /// output is within half an ulp of its own dtype plus accumulation-order error of it.
@@ -125,7 +144,16 @@ fn versus_cublas<TI: GemmElement, TO: GemmElement>(
     options: GemmOptions,
     seed: u64,
 ) -> anyhow::Result<()> {
-    let gemm = Gemm::new(ctx, shape, options)?;
+    launch_versus_cublas::<TI, TO>(&Gemm::new(ctx, shape, options)?, stream, seed)
+}
+
+/// One launch of `gemm` on fresh inputs from `seed`, every element against cuBLAS.
+fn launch_versus_cublas<TI: GemmElement, TO: GemmElement>(
+    gemm: &Gemm,
+    stream: &Arc<CudaStream>,
+    seed: u64,
+) -> anyhow::Result<()> {
+    let (shape, options) = (gemm.plan().shape, gemm.plan().options);
     let what = gemm.plan().describe();
     let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
     let a = upload(stream, &uniform::<TI>(seed, m * k))?;
@@ -171,6 +199,7 @@ fn random_shapes_vs_cublas(job: &mut Job) -> anyhow::Result<()> {
     for i in 0..RANDOM_SHAPES {
         let shape = random_shape(&mut rng, if i % 4 == 0 { 4096 } else { 1536 });
         let options = random_options(&mut rng, i);
+        let options = with_random_splits(&mut rng, shape, options);
         let case_seed = rng.random();
         with_dtypes!(
             options.input,
@@ -242,6 +271,7 @@ fn small_shapes_vs_f64(job: &mut Job) -> anyhow::Result<()> {
             .copied()
             .unwrap_or_else(|| random_shape(&mut rng, 384));
         let options = random_options(&mut rng, i);
+        let options = with_random_splits(&mut rng, shape, options);
         let case_seed = rng.random();
         with_dtypes!(
             options.input,
@@ -564,6 +594,91 @@ fn dynamic_schedule_claims_every_tile(job: &mut Job) -> anyhow::Result<()> {
         ensure!(format!("{e:#}").contains("launches on one stream"), "{e:#}");
     }
     Ok(())
+}
+
+/// Split-K (the last split adds the others' partials, then resets the tile's flag): one Gemm per
+/// case launched 3 times on fresh inputs, every element against cuBLAS each time — a flag not
+/// reset lets the next launch read partials before they are written. Cases: an LLM-like small-M
+/// shape, 16 splits of one or two K blocks over ragged tiles with dynamic scheduling, one K block
+/// per split with fp32 output and beta (D read once, by the last split). Then a launch on a second
+/// stream is refused (the partials are the Gemm's).
+fn split_k_across_launches(job: &mut Job) -> anyhow::Result<()> {
+    let seed = shared_seed(job)?;
+    let (ctx, stream) = gpu(job)?;
+    let cases = [
+        (
+            GemmShape::new(512, 1280, 8192),
+            3,
+            TileChoice::N128,
+            Dtype::Bf16,
+            Scheduling::Static,
+            0.0,
+        ),
+        (
+            GemmShape::new(400, 272, 1040),
+            16,
+            TileChoice::N256,
+            Dtype::F16,
+            Scheduling::Dynamic,
+            0.0,
+        ),
+        (
+            GemmShape::new(144, 4096, 192),
+            3,
+            TileChoice::N128,
+            Dtype::F32,
+            Scheduling::Static,
+            0.5,
+        ),
+    ];
+    for (i, (shape, splits, tile, output, scheduling, beta)) in cases.into_iter().enumerate() {
+        let gemm = Gemm::new(
+            &ctx,
+            shape,
+            GemmOptions {
+                output,
+                tile,
+                scheduling,
+                beta,
+                k_splits: KSplits::Fixed(splits),
+                ..GemmOptions::default()
+            },
+        )?;
+        ensure!(
+            gemm.plan().k_splits() == splits,
+            "{}: planned {} splits, asked {splits}",
+            gemm.plan().describe(),
+            gemm.plan().k_splits()
+        );
+        for launch in 0..3u64 {
+            with_dtypes!(
+                Dtype::Bf16,
+                output,
+                launch_versus_cublas(&gemm, &stream, seed ^ (i as u64) << 8 ^ launch)
+            )
+            .with_context(|| format!("case {i}, launch {launch} (WEFT_SEED={seed})"))?;
+        }
+    }
+    let gemm = Gemm::new(
+        &ctx,
+        GemmShape::new(256, 256, 512),
+        GemmOptions {
+            k_splits: KSplits::Fixed(2),
+            ..GemmOptions::default()
+        },
+    )?;
+    let a = upload(&stream, &uniform::<bf16>(1, 256 * 512))?;
+    let b = upload(&stream, &uniform::<bf16>(2, 512 * 256))?;
+    let mut d = poisoned::<bf16>(&stream, 256 * 256)?;
+    gemm.launch(&stream, &a, &b, &mut d)?;
+    let other = ctx.new_stream()?;
+    let e = gemm
+        .launch(&other, &a, &b, &mut d)
+        .err()
+        .context("a split-K launch on a second stream was accepted")?;
+    ensure!(format!("{e:#}").contains("launches on one stream"), "{e:#}");
+    stream.synchronize()?;
+    gemm.check()
 }
 
 fn bad_inputs_are_rejected(job: &mut Job) -> anyhow::Result<()> {

@@ -37,6 +37,10 @@ struct GemmConfig {
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static_assert(kThreads == WEFT_GEMM_THREADS && kConsumers == WEFT_GEMM_CONSUMERS, "the host launches WEFT_GEMM_THREADS threads");
   static constexpr int kAccumulators = kBN / 2;  // fp32 per thread for a 64 x kBN warpgroup tile
+  // Split-K (split_k.cuh) in this kernel: not with 16-bit outputs, 128 x 256 tiles and the
+  // pipelined epilogue, whose consumers then spill their accumulators (the host plans split
+  // 128 x 256 16-bit GEMMs with the whole-tile epilogue instead; GemmPlan::new).
+  static constexpr bool kSplitK = !(kBN == 256 && sizeof(Out) == 2 && kEpilogue == WEFT_GEMM_EPI_PIPELINED);
   using Mma = WgmmaSS<kBN, typename InputTag<In>::type, kBNK ? 0 : 1>;
 
   // One 128-byte swizzle row per operand row: kBK elements of 2 bytes.
@@ -76,6 +80,12 @@ struct GemmConfig {
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stage buffers keep 1024-byte alignment");
 };
 
+// Work units per tile order in this launch: the schedule's splits where the kernel has split-K.
+template <class Cfg>
+__device__ __forceinline__ uint32_t work_splits(const weft_gemm_params& p) {
+  return Cfg::kSplitK ? weft_gemm_splits(p.sched) : 1u;
+}
+
 // Shared-memory view of one CTA, from the dynamic shared memory base.
 template <class Cfg>
 struct SharedTiles {
@@ -94,8 +104,9 @@ struct SharedTiles {
   __device__ __forceinline__ uint64_t* empty(int stage) const {
     return reinterpret_cast<uint64_t*>(base + Cfg::kOffBars) + Cfg::kStages + stage;
   }
-  // The order of the tile whose first K block is in stage s (or WEFT_GEMM_NO_TILE): written by
-  // the loader before its arrival on full[s], read by the consumers after their wait on it.
+  // The work unit (the tile's order unless split-K) whose first K block is in stage s (or
+  // WEFT_GEMM_NO_TILE): written by the loader before its arrival on full[s], read by the
+  // consumers after their wait on it.
   __device__ __forceinline__ uint32_t* order(int stage) const {
     return reinterpret_cast<uint32_t*>(base + Cfg::kOffOrders) + stage;
   }

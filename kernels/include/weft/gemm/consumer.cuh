@@ -26,15 +26,19 @@ __device__ __forceinline__ void release_stage(const SharedTiles<Cfg>& sm, int st
 
 // A consumer's wait that ran past its budget: reported by report_stall() once the accumulators
 // are dead (a report inside the main loop, with 128 accumulators live, makes ptxas spill).
+// A split-K wait (split_k.cuh) reports itself here too: primitive GEMM_SPLIT_K, `stage` = the
+// consumer, `parity` = the flag value awaited, `observed` the last value seen.
 struct ConsumerStall {
   uint32_t stalled = 0;
   uint32_t stage = 0, parity = 0;
   weft_gemm_tile tile{};
   uint64_t cycles = 0, ns = 0;
+  uint32_t primitive = WEFT_SYNC_PRIM_MBARRIER_WAIT;
+  uint32_t observed = 0;
 };
 
-// The order of the consumer's next tile (WEFT_GEMM_NO_TILE after the last), from the stage the
-// loader filled next; WEFT_GEMM_NO_TILE and `stall` filled when it never arrived within the budget.
+// The consumer's next work unit (WEFT_GEMM_NO_TILE after the last), from the stage the loader
+// filled next; WEFT_GEMM_NO_TILE and `stall` filled when it never arrived within the budget.
 template <class Cfg>
 __device__ __forceinline__ uint32_t next_tile_order(const weft_gemm_params& p, const SharedTiles<Cfg>& sm,
                                                     const PipelineState<Cfg::kStages>& ps, ConsumerStall& stall) {
@@ -54,20 +58,21 @@ __device__ __forceinline__ uint32_t next_tile_order(const weft_gemm_params& p, c
   return __shfl_sync(0xffffffffu, order, 0);
 }
 
-// acc = A[tile rows of consumer c] * B[tile columns], over all of K. False (and `stall` filled)
-// when a stage never arrived within the budget.
+// acc = A[tile rows of consumer c] * B[tile columns], over work unit `work`'s `k_blocks` K blocks
+// (all of K unless split-K) as the loader fills them. False (and `stall` filled) when a stage never
+// arrived within the budget.
 template <class Cfg>
 __device__ __forceinline__ bool mma_tile(const weft_gemm_params& p, const SharedTiles<Cfg>& sm, int consumer,
-                                         weft_gemm_tile t, PipelineState<Cfg::kStages>& ps,
+                                         uint32_t work, uint32_t k_blocks, PipelineState<Cfg::kStages>& ps,
                                          float (&acc)[Cfg::kAccumulators], ConsumerStall& stall) {
-  const uint32_t k_blocks = weft_gemm_k_blocks(p.sched);
   int prev_stage = -1;
   for (uint32_t kb = 0; kb < k_blocks; ++kb) {
     if (!mbar_try_wait(sm.full(ps.stage), ps.phase)) {
       const uint64_t t0 = weft::sync::globaltimer_ns();
       if (!mbar_wait_bounded(sm.full(ps.stage), ps.phase, p.bound.budget_cycles)) {
         // Waited at least the whole budget (mbar_wait_bounded does not return its count).
-        stall = ConsumerStall{1, static_cast<uint32_t>(ps.stage), ps.phase, t, p.bound.budget_cycles,
+        stall = ConsumerStall{1, static_cast<uint32_t>(ps.stage), ps.phase,
+                              weft_gemm_tile_at(p.sched, work / work_splits<Cfg>(p)), p.bound.budget_cycles,
                               weft::sync::globaltimer_ns() - t0};
         wgmma_wait<0>();  // leave no batch in flight on the way out
         accumulator_fence(acc);
@@ -100,14 +105,14 @@ __device__ __forceinline__ bool mma_tile(const weft_gemm_params& p, const Shared
   return true;
 }
 
-// Reports a consumer stall (MBARRIER_WAIT on a full barrier) and traps.
+// Reports a consumer stall (MBARRIER_WAIT on a full barrier, or GEMM_SPLIT_K) and traps.
 __device__ __forceinline__ void report_stall(const weft_gemm_params& p, const ConsumerStall& stall) {
   weft::sync::failure f{};
   f.status = WEFT_SYNC_STATUS_TIMEOUT;
-  f.primitive = WEFT_SYNC_PRIM_MBARRIER_WAIT;
+  f.primitive = static_cast<int32_t>(stall.primitive);
   f.coord = weft_tile_coord{kRoleConsumer, stall.stage, stall.tile.tm, stall.tile.tn};
   f.expected = stall.parity;
-  f.observed = stall.parity ^ 1u;
+  f.observed = stall.primitive == WEFT_SYNC_PRIM_MBARRIER_WAIT ? stall.parity ^ 1u : stall.observed;
   f.elapsed_cycles = stall.cycles;
   f.elapsed_ns = stall.ns;
   weft::sync::fail_inline(p.bound, 0, f);

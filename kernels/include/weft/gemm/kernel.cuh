@@ -13,8 +13,9 @@
 // the cluster meets at a cluster barrier after initialisation and before exit.
 //
 // Every compute CTA walks the same schedule (weft_gemm_tile_at: orders blockIdx.x, + ctas, ...,
-// or orders claimed from a counter with dynamic scheduling): the loader picks the orders and hands
-// each to the consumers with the tile's first stage, through a ring of kStages shared-memory
+// or orders claimed from a counter with dynamic scheduling; with split-K, work units of an order's
+// K range, split_k.cuh): the loader picks the orders and hands each to the consumers with the
+// tile's first stage, through a ring of kStages shared-memory
 // stages paced by mbarriers (full: TMA bytes landed; empty: all consumer warps done). New epilogues (signals,
 // reorder maps, peer stores) and communicators plug in as the Storer / Communicator parameters
 // without touching the main loop.
@@ -26,6 +27,7 @@
 #include "weft/gemm/consumer.cuh"
 #include "weft/gemm/loader.cuh"
 #include "weft/gemm/peer_reduce.cuh"
+#include "weft/gemm/split_k.cuh"
 #include "weft/gemm/storer.cuh"
 #include "weft/mbarrier.cuh"
 #include "weft/tensor_copy.cuh"
@@ -112,11 +114,26 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
     ConsumerStall stall;
     {
       float acc[Cfg::kAccumulators];
+      const uint32_t splits = work_splits<Cfg>(p);
       for (;;) {
-        const uint32_t order = next_tile_order<Cfg>(p, sm, ps, stall);
-        if (order == WEFT_GEMM_NO_TILE) break;
+        const uint32_t work = next_tile_order<Cfg>(p, sm, ps, stall);
+        if (work == WEFT_GEMM_NO_TILE) break;
+        // Only `work` and the unit's K block count stay live across the main loop (the tile is
+        // recomputed after it).
+        const uint32_t k_blocks = splits == 1 ? weft_gemm_k_blocks(p.sched)
+                                              : weft_gemm_split_begin(p.sched, work % splits + 1) -
+                                                    weft_gemm_split_begin(p.sched, work % splits);
+        if (!mma_tile<Cfg>(p, sm, consumer, work, k_blocks, ps, acc, stall)) break;
+        const uint32_t order = work / splits, split = work % splits;
         const weft_gemm_tile t = weft_gemm_tile_at(p.sched, order);
-        if (!mma_tile<Cfg>(p, sm, consumer, t, ps, acc, stall)) break;
+        if (splits > 1) {
+          // Split-K: an earlier split hands its partial over; the last adds them and stores.
+          if (split + 1 < splits) {
+            hand_over_partial<Cfg>(p, consumer, t, split, acc);
+            continue;
+          }
+          if (!add_partials<Cfg>(p, consumer, t, acc, stall)) break;
+        }
         Storer::template store<Cfg>(p, sm, consumer, t, order, acc, store_state);
       }
     }

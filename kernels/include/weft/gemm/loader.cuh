@@ -1,7 +1,8 @@
-// The loader role: one thread of warpgroup 0 takes the CTA's tiles in schedule order and, for each
-// K block, waits for a free stage and issues the TMA loads of the A and B tiles into it. It tells
-// the consumers which tile comes next through the stage of the tile's first K block, and ends with
-// a stage that carries WEFT_GEMM_NO_TILE and no bytes.
+// The loader role: one thread of warpgroup 0 takes the CTA's work units (tiles, or with split-K
+// their K ranges) in schedule order and, for each K block, waits for a free stage and issues the
+// TMA loads of the A and B tiles into it. It tells the consumers which unit comes next through
+// the stage of the unit's first K block, and ends with a stage that carries WEFT_GEMM_NO_TILE and
+// no bytes.
 #pragma once
 #include "weft/gemm.h"
 #include "weft/cluster.cuh"
@@ -16,8 +17,9 @@ namespace weft::gemm {
 // Role ids for error reports (weft_error_slot.coord.b).
 constexpr uint32_t kRoleLoader = 1, kRoleConsumer = 2, kRoleCommunicator = 3;  // kRoleSignaller = 4: signaller.cuh
 
-// The CTA's next order: static, `current` + ctas; dynamic, a claim on the launch's counter (a
-// relaxed atomic: the order carries no data). `current` = WEFT_GEMM_NO_TILE asks for the first.
+// The CTA's next work unit (its tile's order unless split-K): static, `current` + ctas; dynamic, a
+// claim on the launch's counter (a relaxed atomic: the claim carries no data). `current` =
+// WEFT_GEMM_NO_TILE asks for the first.
 __device__ __forceinline__ uint32_t next_order(const weft_gemm_params& p, uint32_t current) {
   if (p.claim_counter == 0) return current == WEFT_GEMM_NO_TILE ? blockIdx.x : current + p.sched.ctas;
   return atomicAdd(reinterpret_cast<unsigned int*>(p.claim_counter), 1u) - p.claim_base;
@@ -26,12 +28,15 @@ __device__ __forceinline__ uint32_t next_order(const weft_gemm_params& p, uint32
 template <class Cfg>
 __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const SharedTiles<Cfg>& sm) {
   const weft_gemm_schedule& s = p.sched;
-  const uint32_t k_blocks = weft_gemm_k_blocks(s), orders = weft_gemm_order_count(s);
+  const uint32_t splits = work_splits<Cfg>(p), works = weft_gemm_order_count(s) * splits;
   PipelineState<Cfg::kStages> ps;
-  uint32_t order = next_order(p, WEFT_GEMM_NO_TILE);
+  uint32_t work = next_order(p, WEFT_GEMM_NO_TILE);  // a work unit: the order itself unless split-K
   bool peers_ready = false;  // AllGather: every rank's shard written (START passed)
-  while (order < orders) {
-    const uint32_t next = next_order(p, order);  // the claim's latency hides behind this tile's loads
+  while (work < works) {
+    const uint32_t next = next_order(p, work);  // the claim's latency hides behind this tile's loads
+    const uint32_t order = work / splits, split = work % splits;
+    const uint32_t kb_begin = splits == 1 ? 0u : weft_gemm_split_begin(s, split);
+    const uint32_t kb_end = splits == 1 ? weft_gemm_k_blocks(s) : weft_gemm_split_begin(s, split + 1);
     const weft_gemm_tile t = weft_gemm_tile_at(s, order);
     const int32_t m0 = static_cast<int32_t>(t.tm * Cfg::kBM), n0 = static_cast<int32_t>(t.tn * Cfg::kBN);
     // Where the A tile comes from: `a`, or (AllGather) its owner's shard, local or peer. A peer's
@@ -56,12 +61,12 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
         *sm.ag_stall() = t.tm + 1;  // reported by the peer-barrier thread, as above
       }
     }
-    for (uint32_t kb = 0; kb < k_blocks; ++kb) {
+    for (uint32_t kb = kb_begin; kb < kb_end; ++kb) {
       // Parity phase ^ 1: a fresh barrier counts as having completed the phase before phase 0.
       weft::sync::mbarrier_wait<true>(sm.empty(ps.stage), ps.phase ^ 1u, p.bound, 0,
                                 weft_tile_coord{kRoleLoader, static_cast<uint32_t>(ps.stage), t.tm, t.tn});
       uint64_t* full = sm.full(ps.stage);
-      if (kb == 0) *sm.order(ps.stage) = order;  // released to the consumers by the arrival below
+      if (kb == kb_begin) *sm.order(ps.stage) = work;  // released to the consumers by the arrival below
       mbar_arrive_expect_tx(full, Cfg::kABytes + Cfg::kBBytes);
       const int32_t k0 = static_cast<int32_t>(kb * Cfg::kBK);
       tensor_load_2d(sm.a(ps.stage), a_map, full, k0, a_row);
@@ -92,7 +97,7 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
       }
       ps.advance();
     }
-    order = next;
+    work = next;
   }
   // No more tiles: a stage with no bytes whose order says so (with clusters both CTAs of a cluster
   // run the same number of tiles, so no peer multicasts into it).
