@@ -255,7 +255,19 @@ impl GemmPlan {
                 );
                 s
             }
-            KSplits::Auto if options.cluster_m == 1 && options.comm_ctas == 0 => {
+            // Not where the kernel would need another epilogue than the one asked for, or (16-bit
+            // 128 x 256 tiles over a long K) than the one Auto would pick: the whole-tile
+            // epilogue's pipeline is a stage shorter (on the grid's one such shape, 512 x 5120 x
+            // 8192, 3 splits ran 2.6 % slower than whole tiles).
+            KSplits::Auto
+                if options.cluster_m == 1
+                    && options.comm_ctas == 0
+                    && !(options.output.bytes() == 2
+                        && tile_n == 256
+                        && (options.epilogue == EpilogueChoice::Pipelined
+                            || (options.epilogue == EpilogueChoice::Auto
+                                && k_blocks > WHOLE_TILE_MAX_K_BLOCKS))) =>
+            {
                 auto_k_splits(tiles, k_blocks, ctas)
             }
             KSplits::Auto => 1,
@@ -464,21 +476,27 @@ fn auto_tile_n(shape: GemmShape, ctas: u32) -> u32 {
     }
 }
 
-/// Per work unit, in K blocks of the unit's tile: the pipeline's fill and the epilogue.
-const UNIT_OVERHEAD_K_BLOCKS: f64 = 6.0;
-/// Per earlier split, in K blocks: its partial written by it and read by the last split.
-const SPLIT_OVERHEAD_K_BLOCKS: f64 = 3.0;
+/// Split-K's cost model, in K blocks of the plan's tile, fitted to `weft bench gemm-llm` on one
+/// H200 (results/gemm/nvidia-h200-x2-2026-11-26-split-k-first.json, 128 × 128 tiles unsplit and
+/// split 2 and 3 at 3008 × 4096 × 4096; it then predicted split 4 within 3 %): a wave of units
+/// takes its units' K blocks, plus the fill and epilogue, plus per earlier split its partial
+/// written by one CTA and read by the last.
+const UNIT_OVERHEAD_K_BLOCKS: f64 = 8.5;
+const SPLIT_OVERHEAD_K_BLOCKS: f64 = 3.75;
 /// Splits only pay when they save this fraction of the predicted time.
 const SPLIT_MIN_GAIN: f64 = 0.1;
 
-/// Work units per tile with the smallest predicted time: waves of units × (a unit's K blocks +
-/// its overhead) + the partials' traffic. Each split keeps at least 4 K blocks.
-/// (The costs are in K blocks of the plan's tile, whatever its width.)
+/// Work units per tile with the smallest predicted time (each split keeps at least 4 K blocks);
+/// 1 unless that saves SPLIT_MIN_GAIN. With fewer units than CTAs the model is optimistic (fewer
+/// CTAs each load faster): on the grid's one-wave shapes it predicted 1.8× for splits that gave
+/// 1.4×, but ranked them right.
 fn auto_k_splits(tiles: u64, k_blocks: u32, ctas: u32) -> u32 {
     let cost = |s: u32| {
         let waves = (tiles * s as u64).div_ceil(ctas as u64) as f64;
-        waves * (k_blocks.div_ceil(s) as f64 + UNIT_OVERHEAD_K_BLOCKS)
-            + (s - 1) as f64 * SPLIT_OVERHEAD_K_BLOCKS
+        waves
+            * (k_blocks.div_ceil(s) as f64
+                + UNIT_OVERHEAD_K_BLOCKS
+                + (s - 1) as f64 * SPLIT_OVERHEAD_K_BLOCKS)
     };
     let max = (k_blocks / 4).clamp(1, WEFT_GEMM_MAX_K_SPLITS);
     let best = (1..=max)
@@ -754,7 +772,8 @@ mod tests {
                 "{shape}"
             );
         }
-        // Clusters and communicator CTAs run whole tiles.
+        // Clusters and communicator CTAs run whole tiles, as a 16-bit 128 x 256 plan that asks
+        // for the pipelined epilogue (the split kernel would need the whole-tile one).
         for o in [
             GemmOptions {
                 cluster_m: 2,
@@ -764,22 +783,38 @@ mod tests {
                 comm_ctas: 4,
                 ..opts()
             },
+            GemmOptions {
+                tile: TileChoice::N256,
+                epilogue: EpilogueChoice::Pipelined,
+                ..opts()
+            },
         ] {
             let p = GemmPlan::new(132, GemmShape::new(512, 1280, 8192), o).unwrap();
             assert_eq!(p.k_splits(), 1);
         }
-        // A split 128 x 256 plan with a 16-bit output takes the whole-tile epilogue.
-        let p = GemmPlan::new(
-            132,
-            GemmShape::new(512, 2048, 8192),
-            GemmOptions {
-                tile: TileChoice::N256,
-                ..opts()
-            },
-        )
-        .unwrap();
+        // A 16-bit 128 x 256 plan over a long K splits only when asked for the whole-tile
+        // epilogue, or asked to split (then it takes that epilogue).
+        let n256 = |epilogue, k_splits| GemmOptions {
+            tile: TileChoice::N256,
+            epilogue,
+            k_splits,
+            ..opts()
+        };
+        let shape = GemmShape::new(512, 2048, 8192);
+        let plan = |o| GemmPlan::new(132, shape, o).unwrap();
+        assert_eq!(
+            plan(n256(EpilogueChoice::Auto, KSplits::Auto)).k_splits(),
+            1
+        );
+        let p = plan(n256(EpilogueChoice::WholeTile, KSplits::Auto));
         assert!(
             p.k_splits() > 1 && p.whole_tile_epilogue(),
+            "{}",
+            p.describe()
+        );
+        let p = plan(n256(EpilogueChoice::Auto, KSplits::Fixed(2)));
+        assert!(
+            p.k_splits() == 2 && p.whole_tile_epilogue(),
             "{}",
             p.describe()
         );
