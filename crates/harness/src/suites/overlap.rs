@@ -19,7 +19,7 @@ use weft_pgl::nccl::ReduceOp;
 use weft_signal_gemm::overlap::AllReduceOverlap;
 use weft_signal_gemm::{
     BLayout, CublasGemm, Dtype, Gemm, GemmElement, GemmOptions, GemmPlan, GemmShape, GroupCounters,
-    LaunchExtras, OutputLayout, Restore, Scheduling, TileChoice, TileOrderMap, WaveGroups,
+    KSplits, LaunchExtras, OutputLayout, Restore, Scheduling, TileChoice, TileOrderMap, WaveGroups,
 };
 use weft_sync::WaitBudget;
 
@@ -97,6 +97,9 @@ pub(super) fn random_case(rng: &mut StdRng, max: u32, output: Dtype) -> (GemmSha
         } else {
             Scheduling::Static
         },
+        // Whole tiles: the reordered launches run them so, and the standard-layout GEMM they are
+        // compared with bit for bit must add in the same order (split-K adds the K ranges apart).
+        k_splits: KSplits::Fixed(1),
         ..GemmOptions::default()
     };
     (shape, options)
