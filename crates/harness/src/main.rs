@@ -80,6 +80,10 @@ fn main() -> ExitCode {
         Some(suites::GEMM_ROW_SLOTS_CHILD) => {
             suites::gemm_row_slots_child(&args[1..]).map(|()| ExitCode::SUCCESS)
         }
+        // Internal: a rank of the rank-death trials' inner job.
+        Some(suites::RANK_DEATH_CHILD) => {
+            suites::rank_death_child(&args[1..]).map(|()| ExitCode::SUCCESS)
+        }
         // Internal: each overlap-order mode is measured in this child process (fresh context).
         Some(bench::overlap_order::CHILD_COMMAND) => {
             bench::overlap_order::child(&args[1..]).map(|()| ExitCode::SUCCESS)

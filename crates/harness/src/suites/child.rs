@@ -1,17 +1,26 @@
 //! Trials whose kernel traps on purpose run it in a child process of this binary: a trap poisons
 //! every CUDA context of its process on this driver, and the trial's own context must survive.
+//! The rank-death trials run whole jobs (a launcher and its ranks) as children the same way.
 
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 /// Runs `weft ARGS…` as a child with its output piped, bounded by `limit` (killed past it; the
 /// pipes are drained on a thread, so a chatty child cannot block on them).
-pub fn run_bounded(args: &[String], limit: Duration) -> anyhow::Result<std::process::Output> {
-    let exe = std::env::current_exe()?;
-    let child = std::process::Command::new(exe)
-        .args(args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
+pub fn run_bounded(args: &[String], limit: Duration) -> anyhow::Result<Output> {
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(args);
+    run_command_bounded(cmd, &format!("weft {}", args.join(" ")), limit)
+}
+
+/// Runs `cmd` (`what` names it in errors) with its output piped, bounded by `limit` as above.
+/// Only the child itself is killed past the limit, not processes it started.
+pub fn run_command_bounded(
+    mut cmd: Command,
+    what: &str,
+    limit: Duration,
+) -> anyhow::Result<Output> {
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
     let pid = child.id();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -25,8 +34,7 @@ pub fn run_bounded(args: &[String], limit: Duration) -> anyhow::Result<std::proc
             // reused, as with any kill-after-timeout.
             unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
             anyhow::bail!(
-                "the child process `weft {}` ran past {} s and was killed",
-                args.join(" "),
+                "the child process `{what}` ran past {} s and was killed",
                 limit.as_secs()
             )
         }

@@ -21,6 +21,7 @@ mod nccl;
 mod ops;
 mod overlap;
 mod pgl;
+mod rank_death;
 mod reduce_scatter;
 mod rendezvous;
 mod roundtrip;
@@ -39,6 +40,7 @@ fn gpu(job: &Job) -> anyhow::Result<(Arc<CudaContext>, Arc<CudaStream>)> {
 }
 
 pub use gemm_row_slots::{child as gemm_row_slots_child, CHILD_COMMAND as GEMM_ROW_SLOTS_CHILD};
+pub use rank_death::{child as rank_death_child, CHILD_COMMAND as RANK_DEATH_CHILD};
 pub use sync::timeout_child as sync_timeout_child;
 pub use watchdog::{child as watchdog_child, CHILD_COMMAND as WATCHDOG_CHILD};
 
@@ -46,6 +48,7 @@ pub use watchdog::{child as watchdog_child, CHILD_COMMAND as WATCHDOG_CHILD};
 pub fn all() -> Vec<Case> {
     let mut cases = rendezvous::cases();
     cases.extend(watchdog::cases());
+    cases.extend(rank_death::cases());
     cases.extend(roundtrip::cases());
     cases.extend(nccl::cases());
     cases.extend(pgl::cases());
