@@ -188,6 +188,41 @@ fn mpirun_available() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+/// Whether `var` is one a launcher sets for its ranks (their rank, job and server), not the
+/// user's configuration: Open MPI's and PMIx's MCA parameters stay (a machine may need them,
+/// e.g. `OMPI_MCA_plm_rsh_agent` where there is no ssh) except the per-job ones.
+fn set_by_a_launcher(var: &str) -> bool {
+    const JOB_MCA: [&str; 4] = ["ess", "orte", "pmix", "initial_wdir"];
+    const PREFIXES: [&str; 6] = [
+        "OMPI_",
+        "PMIX_",
+        "PMI_",
+        "HYDRA_",
+        "SLURM_",
+        "TORCHELASTIC_",
+    ];
+    const NAMES: [&str; 11] = [
+        "WEFT_RANK",
+        "WEFT_WORLD_SIZE",
+        "WEFT_LOCAL_RANK",
+        "WEFT_LOCAL_WORLD_SIZE",
+        "WEFT_JOB_ID",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ];
+    if let Some(param) = var.strip_prefix("OMPI_MCA_") {
+        return JOB_MCA.iter().any(|p| param.starts_with(p));
+    }
+    if var.starts_with("PMIX_MCA_") {
+        return false;
+    }
+    PREFIXES.iter().any(|p| var.starts_with(p)) || NAMES.contains(&var)
+}
+
 /// The inner job's command: its environment cleared of every launcher's rank variables.
 fn inner_job(launcher: Launcher, place: Place) -> anyhow::Result<Command> {
     let exe = std::env::current_exe()?;
@@ -210,31 +245,8 @@ fn inner_job(launcher: Launcher, place: Place) -> anyhow::Result<Command> {
         }
     };
     cmd.args([CHILD_COMMAND, place.name()]);
-    const PREFIXES: [&str; 7] = [
-        "OMPI_",
-        "PMIX_",
-        "PMI_",
-        "OPAL_",
-        "HYDRA_",
-        "SLURM_",
-        "TORCHELASTIC_",
-    ];
-    const NAMES: [&str; 11] = [
-        "WEFT_RANK",
-        "WEFT_WORLD_SIZE",
-        "WEFT_LOCAL_RANK",
-        "WEFT_LOCAL_WORLD_SIZE",
-        "WEFT_JOB_ID",
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-    ];
     for (key, _) in std::env::vars_os() {
-        let k = key.to_string_lossy();
-        if PREFIXES.iter().any(|p| k.starts_with(p)) || NAMES.contains(&k.as_ref()) {
+        if set_by_a_launcher(&key.to_string_lossy()) {
             cmd.env_remove(&key);
         }
     }
@@ -289,6 +301,40 @@ fn trial(job: &mut Job, place: Place) -> anyhow::Result<()> {
             named,
             "{what}: the launcher's report does not name rank 1 and SIGKILL: {text}"
         );
+        eprintln!("rank_death: {what}: ended {took:?} after the kill, the launcher naming it");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::set_by_a_launcher;
+
+    #[test]
+    fn launcher_variables_go_configuration_stays() {
+        for v in [
+            "OMPI_COMM_WORLD_RANK",
+            "OMPI_MCA_ess_base_jobid",
+            "OMPI_MCA_orte_hnp_uri",
+            "PMIX_NAMESPACE",
+            "PMIX_SERVER_URI41",
+            "WEFT_RANK",
+            "WEFT_JOB_ID",
+            "SLURM_PROCID",
+            "MASTER_PORT",
+        ] {
+            assert!(set_by_a_launcher(v), "{v}");
+        }
+        for v in [
+            "OMPI_MCA_plm_rsh_agent",
+            "OMPI_MCA_btl",
+            "PMIX_MCA_gds",
+            "OPAL_PREFIX",
+            "WEFT_JOB_SECRET",
+            "LD_LIBRARY_PATH",
+            "CUDA_VISIBLE_DEVICES",
+        ] {
+            assert!(!set_by_a_launcher(v), "{v}");
+        }
+    }
 }
