@@ -17,6 +17,7 @@ mod grpcoll;
 mod grpcoll_device_meta;
 mod grpcoll_reference;
 mod grpcoll_stress;
+mod leaks;
 mod nccl;
 mod ops;
 mod overlap;
@@ -69,5 +70,6 @@ pub fn all() -> Vec<Case> {
     cases.extend(fused_all_gather::cases());
     cases.extend(auto_choice::cases());
     cases.extend(ops::cases());
+    cases.extend(leaks::cases());
     cases
 }

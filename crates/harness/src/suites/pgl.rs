@@ -256,7 +256,7 @@ fn pattern_single_process(job: &mut Job, backend: Backend) -> anyhow::Result<()>
     Ok(())
 }
 
-fn open_fds() -> anyhow::Result<usize> {
+pub(super) fn open_fds() -> anyhow::Result<usize> {
     Ok(std::fs::read_dir("/proc/self/fd")?.count())
 }
 
@@ -306,7 +306,10 @@ fn alloc_free_cycles(job: &mut Job, backend: Backend) -> anyhow::Result<()> {
 
 /// The GPU's free memory with every rank's work finished and none started: on a GPU that ranks
 /// share, another rank's buffer in flight would count as a leak.
-fn free_memory_between_barriers(job: &mut Job, ctx: &Arc<CudaContext>) -> anyhow::Result<usize> {
+pub(super) fn free_memory_between_barriers(
+    job: &mut Job,
+    ctx: &Arc<CudaContext>,
+) -> anyhow::Result<usize> {
     ctx.synchronize()?;
     job.rdzv.barrier()?;
     let free = ctx.mem_get_info()?.0;

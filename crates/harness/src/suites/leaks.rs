@@ -1,0 +1,256 @@
+//! Create/destroy cycles of everything that holds device memory, modules, streams or file
+//! descriptors, with the error paths a caller can trigger in between: after a warm-up, the GPU's
+//! free memory (read between barriers, every rank's work finished) and this process's open file
+//! descriptors must end where they started. A leak of one buffer, module or event per cycle shows
+//! as megabytes or descriptors; the driver's own bookkeeping is allowed 4 MiB per rank on the GPU.
+//! - gemm_plans: GEMMs of random small shapes (split-K ones allocate partials, dynamic ones a
+//!   claim counter), a launch every 100 cycles, and each cycle a launch refused for a short
+//!   buffer and a plan refused for its shape.
+//! - grpcoll_plans: GroupCast and GroupReduce ring plans (peer buffers, counters, error slot), a
+//!   run every 100 cycles, and each cycle a plan refused for bad split sizes.
+//! - fused_reduce_scatter_plans: the fused GEMM + ReduceScatter (its GEMM module, peer outputs
+//!   and barriers), a run every 25 cycles, and each cycle a plan refused for its shape.
+//! - nccl_communicators: a communicator made, used for an all-reduce, dropped.
+//!
+//! 1000 cycles for GEMM and grpcoll plans; 200 for fused plans and NCCL communicators, whose
+//! cycles each load a 6 MB GEMM module or set up NCCL's connections (`WEFT_LEAK_CYCLES` sets
+//! every count).
+
+use super::fused_reduce_scatter::max_ctas;
+use super::gpu;
+use super::grpcoll::ring_cast;
+use super::pgl::{free_memory_between_barriers, open_fds};
+use crate::data::shared_seed;
+use crate::gemm_data::{poisoned, uniform, upload};
+use crate::job::Job;
+use crate::trials::{Case, Skip};
+use anyhow::{ensure, Context};
+use half::bf16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use weft_grpcoll::{GroupCast, GroupCastMeta, GroupReduce, GroupReduceMeta, Options, ReduceOp};
+use weft_pgl::nccl::{Communicator, ReduceOp as NcclOp};
+use weft_signal_gemm::fused::FusedReduceScatter;
+use weft_signal_gemm::{device_sms, Gemm, GemmOptions, GemmShape, KSplits, Scheduling};
+
+const WARMUP: usize = 5;
+/// Driver bookkeeping allowed per rank on the GPU over a whole trial.
+const SLACK_BYTES: u64 = 4 << 20;
+
+pub fn cases() -> Vec<Case> {
+    vec![
+        Case::gpu("leaks::gemm_plans", gemm_plans),
+        Case::gpu("leaks::grpcoll_plans", grpcoll_plans),
+        Case::gpu(
+            "leaks::fused_reduce_scatter_plans",
+            fused_reduce_scatter_plans,
+        ),
+        Case::gpu("leaks::nccl_communicators", nccl_communicators),
+    ]
+}
+
+/// `WEFT_LEAK_CYCLES`, else `default`.
+fn cycles(default: usize) -> anyhow::Result<usize> {
+    match std::env::var("WEFT_LEAK_CYCLES") {
+        Ok(v) => v
+            .parse()
+            .with_context(|| format!("WEFT_LEAK_CYCLES={v:?} is not a count")),
+        Err(_) => Ok(default),
+    }
+}
+
+/// Runs `cycle(job, i)` WARMUP + `count` times; free device memory and open descriptors after
+/// the last must equal those after the warm-up (memory within SLACK_BYTES per rank on the GPU).
+fn flat_over(
+    job: &mut Job,
+    what: &str,
+    count: usize,
+    mut cycle: impl FnMut(&mut Job, usize) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let ctx = gpu(job)?.0;
+    let mut before = None;
+    for i in 0..WARMUP + count {
+        if i == WARMUP {
+            before = Some((free_memory_between_barriers(job, &ctx)?, open_fds()?));
+        }
+        cycle(job, i).with_context(|| format!("{what}, cycle {i}"))?;
+    }
+    let (free0, fds0) = before.context("no cycle after the warm-up")?;
+    let (free1, fds1) = (free_memory_between_barriers(job, &ctx)?, open_fds()?);
+    let sharing = weft_pgl::gpu::max_ranks_per_gpu(&mut job.rdzv, &ctx)? as u64;
+    ensure!(
+        fds1 == fds0,
+        "open file descriptors grew from {fds0} to {fds1} over {count} {what} cycles"
+    );
+    let shrank = free0.saturating_sub(free1) as u64;
+    ensure!(
+        shrank <= sharing * SLACK_BYTES,
+        "free device memory shrank by {shrank} B over {count} {what} cycles"
+    );
+    Ok(())
+}
+
+/// The error of `r`, which must contain `needle`.
+fn refused<T>(what: &str, r: anyhow::Result<T>, needle: &str) -> anyhow::Result<()> {
+    match r {
+        Ok(_) => anyhow::bail!("{what} was accepted"),
+        Err(e) => {
+            let text = format!("{e:#}");
+            ensure!(
+                text.contains(needle),
+                "{what}: expected {needle:?} in {text}"
+            );
+            Ok(())
+        }
+    }
+}
+
+fn gemm_plans(job: &mut Job) -> anyhow::Result<()> {
+    let seed = shared_seed(job)?;
+    let (ctx, stream) = gpu(job)?;
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x1EA4);
+    let a = upload(&stream, &uniform::<bf16>(1, 512 * 1024))?;
+    let b = upload(&stream, &uniform::<bf16>(2, 1024 * 512))?;
+    let short_b = upload(&stream, &uniform::<bf16>(2, 1024))?;
+    let mut d = poisoned::<bf16>(&stream, 512 * 512)?;
+    flat_over(job, "GEMM plan", cycles(1000)?, |_, i| {
+        let mut dim = |max: u32| 16 * rng.random_range(1..=max / 16);
+        let shape = GemmShape::new(dim(512), dim(512), dim(1024));
+        let split = rng.random_bool(0.5);
+        let options = GemmOptions {
+            k_splits: if split {
+                KSplits::Fixed(2.min(shape.k.div_ceil(64)))
+            } else {
+                KSplits::Auto
+            },
+            scheduling: if rng.random_bool(0.5) {
+                Scheduling::Dynamic
+            } else {
+                Scheduling::Static
+            },
+            ..GemmOptions::default()
+        };
+        let gemm = Gemm::new(&ctx, shape, options)?;
+        if i % 100 == 0 {
+            gemm.launch(&stream, &a, &b, &mut d)?;
+            stream.synchronize()?;
+            gemm.check()?;
+        }
+        refused(
+            "a launch with a short B",
+            gemm.launch(&stream, &a, &short_b, &mut d),
+            "B buffer too small",
+        )?;
+        refused(
+            "a plan with n = 250",
+            Gemm::new(&ctx, GemmShape::new(256, 250, 128), GemmOptions::default()),
+            "n = 250 is not a multiple of 16",
+        )
+    })
+}
+
+fn ring_reduce(rank: usize, world: usize, rows: usize) -> GroupReduceMeta {
+    GroupReduceMeta {
+        input_rows: rows,
+        input_split_rows: vec![rows],
+        dst_index: vec![(rank + 1) % world],
+        output_rows: rows,
+        output_split_rows: vec![rows],
+        src_indices: vec![vec![(rank + world - 1) % world]],
+    }
+}
+
+fn grpcoll_plans(job: &mut Job) -> anyhow::Result<()> {
+    let stream = gpu(job)?.1;
+    let (rank, world) = (job.rank(), job.world());
+    flat_over(job, "grpcoll plan", cycles(1000)?, |job, i| {
+        let rows = 16 + (i % 7) * 8;
+        let mut cast = GroupCast::<bf16>::new(
+            &mut job.rdzv,
+            &stream,
+            &ring_cast(rank, world, rows),
+            64,
+            Options::default(),
+        )?;
+        let mut reduce = GroupReduce::<f32>::new(
+            &mut job.rdzv,
+            &stream,
+            &ring_reduce(rank, world, rows),
+            32,
+            ReduceOp::Sum,
+            Options::default(),
+        )?;
+        if i % 100 == 0 {
+            cast.run()?;
+            reduce.run()?;
+            cast.synchronize()?;
+            reduce.synchronize()?;
+        }
+        cast.free(&mut job.rdzv)?;
+        reduce.free(&mut job.rdzv)?;
+        // Splits that do not add up to the input: refused on every rank alike.
+        let bad = GroupCastMeta {
+            input_rows: rows + 1,
+            ..ring_cast(rank, world, rows)
+        };
+        let made = GroupCast::<bf16>::new(&mut job.rdzv, &stream, &bad, 64, Options::default());
+        refused(
+            "a cast whose splits exceed its input",
+            made.and_then(|p| p.free(&mut job.rdzv)),
+            "input_split_rows sum to",
+        )
+    })
+}
+
+fn fused_reduce_scatter_plans(job: &mut Job) -> anyhow::Result<()> {
+    let (ctx, stream) = gpu(job)?;
+    let world = job.world() as u32;
+    let max_ctas = max_ctas(job, &ctx)?;
+    let sms = device_sms(&ctx)?;
+    let options = GemmOptions {
+        sm_margin: sms - max_ctas.min(16),
+        ..GemmOptions::default()
+    };
+    let shape = GemmShape::new(128 * world, 256, 64);
+    let a = upload(&stream, &uniform::<bf16>(3, (shape.m * shape.k) as usize))?;
+    let b = upload(&stream, &uniform::<bf16>(4, (shape.k * shape.n) as usize))?;
+    flat_over(job, "fused ReduceScatter plan", cycles(200)?, |job, i| {
+        let mut op = FusedReduceScatter::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, options)?;
+        let ran = if i % 25 == 0 {
+            op.run(&stream, &a, &b)
+                .and_then(|()| op.synchronize(&stream))
+        } else {
+            Ok(())
+        };
+        let freed = op.free(&mut job.rdzv);
+        ran.and(freed)?;
+        // m / world not a multiple of 64: refused on every rank alike.
+        let made = FusedReduceScatter::<bf16>::new(
+            &mut job.rdzv,
+            &ctx,
+            &stream,
+            GemmShape::new(96 * world, 256, 64),
+            options,
+        );
+        refused(
+            "a fused ReduceScatter of 96 rows per rank",
+            made.and_then(|op| op.free(&mut job.rdzv)),
+            "whole multiple of 64",
+        )
+    })
+}
+
+fn nccl_communicators(job: &mut Job) -> anyhow::Result<()> {
+    if let Some(why) = job.shared_gpu() {
+        return Err(Skip(why.to_string()).into());
+    }
+    let (ctx, stream) = gpu(job)?;
+    let mut buf = stream.alloc_zeros::<f32>(1024)?;
+    flat_over(job, "NCCL communicator", cycles(200)?, |job, i| {
+        let comm = Communicator::new(&mut job.rdzv, &ctx)?;
+        comm.all_reduce_in_place(&mut buf, NcclOp::Sum, &stream)?;
+        comm.synchronize(&stream, &format!("cycle {i}'s all-reduce"))?;
+        drop(comm);
+        Ok(())
+    })
+}
