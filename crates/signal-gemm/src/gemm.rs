@@ -647,9 +647,12 @@ impl Gemm {
             fill_band_boxes(&mut p, ranks);
         }
         // Split-K on plain launches only (the standard layout, no signals, no fused collective,
-        // no trace: the trace names the CTA the plan's schedule lists): the others run every
-        // tile whole.
+        // no trace: the trace names the CTA the plan's schedule lists; no early release, which
+        // starts the GEMM beside another kernel): the others run every tile whole. A CUDA graph
+        // of a split launch shares the partials too: replay it in order with the Gemm's other
+        // launches (one stream), never two at once.
         let plain = layout == OutputLayout::Standard
+            && !extras.early_release
             && extras.trace.is_none()
             && extras.flags.is_none()
             && extras.copy_dst.is_none()

@@ -87,7 +87,9 @@ pub enum Scheduling {
 /// every tile whole.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KSplits {
-    /// Chosen from the shape and grid (1 with clusters or communicator CTAs).
+    /// Chosen from the shape and grid (1 with clusters, communicator CTAs or an sm_margin: a
+    /// plan that leaves SMs to another kernel runs beside it, and a statically scheduled split
+    /// waits for CTAs that only start once SMs free up).
     Auto,
     /// This many work units per tile (1: none), at most the K blocks and WEFT_GEMM_MAX_K_SPLITS.
     Fixed(u32),
@@ -262,6 +264,7 @@ impl GemmPlan {
             KSplits::Auto
                 if options.cluster_m == 1
                     && options.comm_ctas == 0
+                    && options.sm_margin == 0
                     && !(options.output.bytes() == 2
                         && tile_n == 256
                         && (options.epilogue == EpilogueChoice::Pipelined

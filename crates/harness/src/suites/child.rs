@@ -14,13 +14,19 @@ pub fn run_bounded(args: &[String], limit: Duration) -> anyhow::Result<Output> {
 }
 
 /// Runs `cmd` (`what` names it in errors) with its output piped, bounded by `limit` as above.
-/// Only the child itself is killed past the limit, not processes it started.
+/// The child leads a process group of its own, and past the limit the whole group is killed
+/// (a launcher's ranks too, which would otherwise hold the pipes open).
 pub fn run_command_bounded(
     mut cmd: Command,
     what: &str,
     limit: Duration,
 ) -> anyhow::Result<Output> {
-    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    use std::os::unix::process::CommandExt;
+    let child = cmd
+        .process_group(0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
     let pid = child.id();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -29,10 +35,10 @@ pub fn run_command_bounded(
     match rx.recv_timeout(limit).or_else(|_| rx.try_recv()) {
         Ok(out) => Ok(out?),
         Err(_) => {
-            // SAFETY: signals our own child. It had not been reaped a moment ago (the thread had
-            // sent nothing); a reap in between leaves a window of microseconds for its pid to be
-            // reused, as with any kill-after-timeout.
-            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            // SAFETY: signals our own child's process group. It had not been reaped a moment ago
+            // (the thread had sent nothing); a reap in between leaves a window of microseconds
+            // for its pid to be reused, as with any kill-after-timeout.
+            unsafe { libc::kill(-(pid as libc::pid_t), libc::SIGKILL) };
             anyhow::bail!(
                 "the child process `{what}` ran past {} s and was killed",
                 limit.as_secs()

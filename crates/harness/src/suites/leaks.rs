@@ -53,9 +53,10 @@ pub fn cases() -> Vec<Case> {
 /// `WEFT_LEAK_CYCLES`, else `default`.
 fn cycles(default: usize) -> anyhow::Result<usize> {
     match std::env::var("WEFT_LEAK_CYCLES") {
-        Ok(v) => v
-            .parse()
-            .with_context(|| format!("WEFT_LEAK_CYCLES={v:?} is not a count")),
+        Ok(v) => match v.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => anyhow::bail!("WEFT_LEAK_CYCLES={v:?} is not a count of at least 1"),
+        },
         Err(_) => Ok(default),
     }
 }

@@ -181,11 +181,14 @@ enum Launcher {
     Mpirun,
 }
 
+/// An Open MPI `mpirun` on the PATH (the flags and the report matched are Open MPI's).
 fn mpirun_available() -> bool {
     Command::new("mpirun")
         .arg("--version")
         .output()
-        .is_ok_and(|o| o.status.success())
+        .is_ok_and(|o| {
+            o.status.success() && String::from_utf8_lossy(&o.stdout).contains("Open MPI")
+        })
 }
 
 /// Whether `var` is one a launcher sets for its ranks (their rank, job and server), not the
@@ -201,7 +204,10 @@ fn set_by_a_launcher(var: &str) -> bool {
         "SLURM_",
         "TORCHELASTIC_",
     ];
-    const NAMES: [&str; 11] = [
+    const NAMES: [&str; 14] = [
+        "WEFT_MASTER_ADDR",
+        "WEFT_MASTER_PORT",
+        "WEFT_DEVICE",
         "WEFT_RANK",
         "WEFT_WORLD_SIZE",
         "WEFT_LOCAL_RANK",
@@ -295,7 +301,9 @@ fn trial(job: &mut Job, place: Place) -> anyhow::Result<()> {
         );
         let named = match launcher {
             Launcher::Weft => text.contains("rank 1 was killed by signal 9 (SIGKILL)"),
-            Launcher::Mpirun => text.contains("rank 1") && text.contains("signal 9"),
+            // Open MPI: "process rank 1 with PID … exited on signal 9". (The kill line also
+            // says "rank 1", so the launcher's own wording is matched.)
+            Launcher::Mpirun => text.contains("process rank 1") && text.contains("signal 9"),
         };
         ensure!(
             named,
@@ -315,6 +323,8 @@ mod tests {
         for v in [
             "OMPI_COMM_WORLD_RANK",
             "OMPI_MCA_ess_base_jobid",
+            "WEFT_MASTER_PORT",
+            "WEFT_DEVICE",
             "OMPI_MCA_orte_hnp_uri",
             "PMIX_NAMESPACE",
             "PMIX_SERVER_URI41",

@@ -37,10 +37,11 @@ struct GemmConfig {
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static_assert(kThreads == WEFT_GEMM_THREADS && kConsumers == WEFT_GEMM_CONSUMERS, "the host launches WEFT_GEMM_THREADS threads");
   static constexpr int kAccumulators = kBN / 2;  // fp32 per thread for a 64 x kBN warpgroup tile
-  // Split-K (split_k.cuh) in this kernel: not with 16-bit outputs, 128 x 256 tiles and the
-  // pipelined epilogue, whose consumers then spill their accumulators (the host plans split
+  // Split-K (split_k.cuh) in this kernel: not with clusters (the host refuses them), nor with
+  // 16-bit outputs, 128 x 256 tiles and the pipelined epilogue, whose consumers then spill their accumulators (the host plans split
   // 128 x 256 16-bit GEMMs with the whole-tile epilogue instead; GemmPlan::new).
-  static constexpr bool kSplitK = !(kBN == 256 && sizeof(Out) == 2 && kEpilogue == WEFT_GEMM_EPI_PIPELINED);
+  static constexpr bool kSplitK =
+      kClusterM_ == 1 && !(kBN == 256 && sizeof(Out) == 2 && kEpilogue == WEFT_GEMM_EPI_PIPELINED);
   using Mma = WgmmaSS<kBN, typename InputTag<In>::type, kBNK ? 0 : 1>;
 
   // One 128-byte swizzle row per operand row: kBK elements of 2 bytes.
