@@ -672,7 +672,8 @@ pub(super) fn ring_cast(rank: usize, world: usize, rows: usize) -> GroupCastMeta
     }
 }
 
-fn ring_reduce(rank: usize, world: usize, rows: usize) -> GroupReduceMeta {
+/// A valid ring pattern: every rank reduces `rows` rows into the next rank.
+pub(super) fn ring_reduce(rank: usize, world: usize, rows: usize) -> GroupReduceMeta {
     GroupReduceMeta {
         input_rows: rows,
         input_split_rows: vec![rows],

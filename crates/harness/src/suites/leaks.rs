@@ -18,7 +18,7 @@
 
 use super::fused_reduce_scatter::max_ctas;
 use super::gpu;
-use super::grpcoll::ring_cast;
+use super::grpcoll::{ring_cast, ring_reduce};
 use super::pgl::{free_memory_between_barriers, open_fds};
 use crate::data::shared_seed;
 use crate::gemm_data::{poisoned, uniform, upload};
@@ -28,7 +28,7 @@ use anyhow::{ensure, Context};
 use half::bf16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use weft_grpcoll::{GroupCast, GroupCastMeta, GroupReduce, GroupReduceMeta, Options, ReduceOp};
+use weft_grpcoll::{GroupCast, GroupCastMeta, GroupReduce, Options, ReduceOp};
 use weft_pgl::nccl::{Communicator, ReduceOp as NcclOp};
 use weft_signal_gemm::fused::FusedReduceScatter;
 use weft_signal_gemm::{device_sms, Gemm, GemmOptions, GemmShape, KSplits, Scheduling};
@@ -157,17 +157,6 @@ fn gemm_plans(job: &mut Job) -> anyhow::Result<()> {
             "n = 250 is not a multiple of 16",
         )
     })
-}
-
-fn ring_reduce(rank: usize, world: usize, rows: usize) -> GroupReduceMeta {
-    GroupReduceMeta {
-        input_rows: rows,
-        input_split_rows: vec![rows],
-        dst_index: vec![(rank + 1) % world],
-        output_rows: rows,
-        output_split_rows: vec![rows],
-        src_indices: vec![vec![(rank + world - 1) % world]],
-    }
 }
 
 fn grpcoll_plans(job: &mut Job) -> anyhow::Result<()> {
