@@ -240,8 +240,11 @@ impl GemmPlan {
             Some(g) => g.min(units_m),
             None => auto_group_m(ctas, tile_n).min(units_m).max(1),
         };
-        let k_blocks = k.div_ceil(WEFT_GEMM_TILE_K);
-        let tiles = unsafe { weft_gemm_tiles_m(sched) } as u64 * n.div_ceil(tile_n) as u64;
+        let k_blocks = unsafe { weft_gemm_k_blocks(sched) };
+        let tiles =
+            unsafe { weft_gemm_tiles_m(sched) } as u64 * unsafe { weft_gemm_tiles_n(sched) } as u64;
+        // The whole-tile epilogue exists for 16-bit outputs with 128 x 256 tiles.
+        let whole_ok = options.output.bytes() == 2 && tile_n == 256;
         sched.k_splits = match options.k_splits {
             KSplits::Fixed(s) => {
                 ensure!(
@@ -265,8 +268,7 @@ impl GemmPlan {
                 if options.cluster_m == 1
                     && options.comm_ctas == 0
                     && options.sm_margin == 0
-                    && !(options.output.bytes() == 2
-                        && tile_n == 256
+                    && !(whole_ok
                         && (options.epilogue == EpilogueChoice::Pipelined
                             || (options.epilogue == EpilogueChoice::Auto
                                 && k_blocks > WHOLE_TILE_MAX_K_BLOCKS))) =>
@@ -275,7 +277,6 @@ impl GemmPlan {
             }
             KSplits::Auto => 1,
         };
-        let whole_ok = options.output.bytes() == 2 && tile_n == 256;
         // The 16-bit 128 x 256 kernels split K only with the whole-tile epilogue
         // (kernels/include/weft/gemm/config.cuh, kSplitK).
         let split_needs_whole = sched.k_splits > 1 && whole_ok;
@@ -292,9 +293,7 @@ impl GemmPlan {
                 WEFT_GEMM_EPI_WHOLE_TILE
             }
             EpilogueChoice::Auto => {
-                if split_needs_whole
-                    || (whole_ok && k.div_ceil(WEFT_GEMM_TILE_K) <= WHOLE_TILE_MAX_K_BLOCKS)
-                {
+                if split_needs_whole || (whole_ok && k_blocks <= WHOLE_TILE_MAX_K_BLOCKS) {
                     WEFT_GEMM_EPI_WHOLE_TILE
                 } else {
                     WEFT_GEMM_EPI_PIPELINED

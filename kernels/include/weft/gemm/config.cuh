@@ -87,6 +87,19 @@ __device__ __forceinline__ uint32_t work_splits(const weft_gemm_params& p) {
   return Cfg::kSplitK ? weft_gemm_splits(p.sched) : 1u;
 }
 
+// The K blocks [begin, end) of work unit `work` (all of K without split-K): the one definition
+// the loader and the consumers share.
+struct KBlocks {
+  uint32_t begin, end;
+};
+template <class Cfg>
+__device__ __forceinline__ KBlocks work_k_blocks(const weft_gemm_params& p, uint32_t work) {
+  const uint32_t splits = work_splits<Cfg>(p);
+  if (splits == 1) return KBlocks{0u, weft_gemm_k_blocks(p.sched)};
+  const uint32_t split = work % splits;
+  return KBlocks{weft_gemm_split_begin(p.sched, split), weft_gemm_split_begin(p.sched, split + 1)};
+}
+
 // Shared-memory view of one CTA, from the dynamic shared memory base.
 template <class Cfg>
 struct SharedTiles {

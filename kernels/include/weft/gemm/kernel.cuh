@@ -120,10 +120,8 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
         if (work == WEFT_GEMM_NO_TILE) break;
         // Only `work` and the unit's K block count stay live across the main loop (the tile is
         // recomputed after it).
-        const uint32_t k_blocks = splits == 1 ? weft_gemm_k_blocks(p.sched)
-                                              : weft_gemm_split_begin(p.sched, work % splits + 1) -
-                                                    weft_gemm_split_begin(p.sched, work % splits);
-        if (!mma_tile<Cfg>(p, sm, consumer, work, k_blocks, ps, acc, stall)) break;
+        const KBlocks kbs = work_k_blocks<Cfg>(p, work);
+        if (!mma_tile<Cfg>(p, sm, consumer, work, kbs.end - kbs.begin, ps, acc, stall)) break;
         const uint32_t order = work / splits, split = work % splits;
         const weft_gemm_tile t = weft_gemm_tile_at(p.sched, order);
         if (splits > 1) {

@@ -34,10 +34,8 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
   bool peers_ready = false;  // AllGather: every rank's shard written (START passed)
   while (work < works) {
     const uint32_t next = next_order(p, work);  // the claim's latency hides behind this tile's loads
-    const uint32_t order = work / splits, split = work % splits;
-    const uint32_t kb_begin = splits == 1 ? 0u : weft_gemm_split_begin(s, split);
-    const uint32_t kb_end = splits == 1 ? weft_gemm_k_blocks(s) : weft_gemm_split_begin(s, split + 1);
-    const weft_gemm_tile t = weft_gemm_tile_at(s, order);
+    const KBlocks kbs = work_k_blocks<Cfg>(p, work);
+    const weft_gemm_tile t = weft_gemm_tile_at(s, work / splits);
     const int32_t m0 = static_cast<int32_t>(t.tm * Cfg::kBM), n0 = static_cast<int32_t>(t.tn * Cfg::kBN);
     // Where the A tile comes from: `a`, or (AllGather) its owner's shard, local or peer. A peer's
     // shard only after START (acquire, system scope), then a proxy fence: its generic writes
@@ -61,12 +59,12 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
         *sm.ag_stall() = t.tm + 1;  // reported by the peer-barrier thread, as above
       }
     }
-    for (uint32_t kb = kb_begin; kb < kb_end; ++kb) {
+    for (uint32_t kb = kbs.begin; kb < kbs.end; ++kb) {
       // Parity phase ^ 1: a fresh barrier counts as having completed the phase before phase 0.
       weft::sync::mbarrier_wait<true>(sm.empty(ps.stage), ps.phase ^ 1u, p.bound, 0,
                                 weft_tile_coord{kRoleLoader, static_cast<uint32_t>(ps.stage), t.tm, t.tn});
       uint64_t* full = sm.full(ps.stage);
-      if (kb == kb_begin) *sm.order(ps.stage) = work;  // released to the consumers by the arrival below
+      if (kb == kbs.begin) *sm.order(ps.stage) = work;  // released to the consumers by the arrival below
       mbar_arrive_expect_tx(full, Cfg::kABytes + Cfg::kBBytes);
       const int32_t k0 = static_cast<int32_t>(kb * Cfg::kBK);
       tensor_load_2d(sm.a(ps.stage), a_map, full, k0, a_row);
