@@ -1,19 +1,24 @@
-// One extern "C" entry point per (input, output, B layout, tile width, cluster, epilogue): the host
-// picks a kernel by name (GemmPlan::kernel_name in crates/signal-gemm/src/plan.rs spells them). Included by the per-input
-// .cu files of this folder, which the build compiles in parallel.
+// One extern "C" entry point per (input, output, B layout, tile width, cluster, epilogue, fusions):
+// the host picks a kernel by name (GemmPlan::kernel_name in crates/signal-gemm/src/plan.rs spells
+// them). Included by the per-input .cu files of this folder, which the build compiles in parallel.
 #pragma once
 #include "weft/gemm/kernel.cuh"
 
-// Name: weft_gemm_<in>_<out>_<B layout>_<tile width>_c<cluster CTAs>[_w: whole-tile epilogue].
-#define WEFT_GEMM_KERNEL_NAMED(NAME, IN, OUT, BNK, BN, CM, EPI)                                          \
+// Name: weft_gemm_<in>_<out>_<B layout>_<tile width>_c<cluster CTAs>[_w: whole-tile epilogue]
+// [_plain: the fusions compiled out, GemmConfig::kFused]. A fused kernel has the communicator
+// the launch's comm_op picks; a plain one none.
+#define WEFT_GEMM_KERNEL_NAMED(NAME, IN, OUT, BNK, BN, CM, EPI, FUSED, COMM)                                \
   extern "C" __global__ void __launch_bounds__(WEFT_GEMM_THREADS, 1) NAME(const __grid_constant__ weft_gemm_params p) { \
-    weft::gemm::gemm_kernel_body<weft::gemm::GemmConfig<IN, OUT, BN, BNK, CM, EPI>, weft::gemm::TmaStorer,    \
-                                 weft::gemm::LaunchCommunicator>(p);                                        \
+    weft::gemm::gemm_kernel_body<weft::gemm::GemmConfig<IN, OUT, BN, BNK, CM, EPI, FUSED>, weft::gemm::TmaStorer,    \
+                                 weft::gemm::COMM>(p);                                                     \
   }
+#define WEFT_GEMM_KERNEL_PAIR(NAME, IN, OUT, BNK, BN, CM, EPI)                              \
+  WEFT_GEMM_KERNEL_NAMED(NAME, IN, OUT, BNK, BN, CM, EPI, true, LaunchCommunicator) \
+  WEFT_GEMM_KERNEL_NAMED(NAME##_plain, IN, OUT, BNK, BN, CM, EPI, false, NoCommunicator)
 #define WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, LAYOUT, BNK, BN, CM) \
-  WEFT_GEMM_KERNEL_NAMED(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_##BN##_c##CM, IN, OUT, BNK, BN, CM, WEFT_GEMM_EPI_PIPELINED)
+  WEFT_GEMM_KERNEL_PAIR(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_##BN##_c##CM, IN, OUT, BNK, BN, CM, WEFT_GEMM_EPI_PIPELINED)
 #define WEFT_GEMM_KERNEL_WHOLE(IN_NAME, IN, OUT_NAME, OUT, LAYOUT, BNK, CM) \
-  WEFT_GEMM_KERNEL_NAMED(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_256_c##CM##_w, IN, OUT, BNK, 256, CM, WEFT_GEMM_EPI_WHOLE_TILE)
+  WEFT_GEMM_KERNEL_PAIR(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_256_c##CM##_w, IN, OUT, BNK, 256, CM, WEFT_GEMM_EPI_WHOLE_TILE)
 #define WEFT_GEMM_WHOLE_FOR_OUT(IN_NAME, IN, OUT_NAME, OUT)    \
   WEFT_GEMM_KERNEL_WHOLE(IN_NAME, IN, OUT_NAME, OUT, nk, true, 1)  \
   WEFT_GEMM_KERNEL_WHOLE(IN_NAME, IN, OUT_NAME, OUT, kn, false, 1) \

@@ -140,6 +140,25 @@ pub struct PeerRowsTarget {
     pub(crate) epoch: u64,
 }
 
+impl<TO: GemmElement> LaunchExtras<'_, TO> {
+    /// Whether the launch asks for none of the fusions (another output layout, tile flags, the
+    /// test communicator's copy, wave-group counters, a trace, a peer target or a fused
+    /// collective): it then runs the plain kernel, which has them compiled out. The timeline and
+    /// early release are not fusions (the plain kernel has them).
+    pub fn fusion_free(&self) -> bool {
+        self.layout == OutputLayout::Standard
+            && self.flags.is_none()
+            && self.copy_dst.is_none()
+            && self.trace.is_none()
+            && self.groups.is_none()
+            && self.row_slots.is_none()
+            && self.peer.is_none()
+            && self.peer_rows.is_none()
+            && self.all_reduce.is_none()
+            && self.all_gather.is_none()
+    }
+}
+
 impl<TO: GemmElement> Default for LaunchExtras<'_, TO> {
     fn default() -> Self {
         Self {
@@ -162,7 +181,9 @@ impl<TO: GemmElement> Default for LaunchExtras<'_, TO> {
 /// The GEMM kernel of one plan, loaded on one context.
 pub struct Gemm {
     plan: GemmPlan,
+    /// The kernel with the fusions compiled in, and the plain one (`LaunchExtras::fusion_free`).
     func: CudaFunction,
+    plain_func: CudaFunction,
     slot: ErrorSlot,
     bound: weft_sync_bound,
     /// Dynamic scheduling only: the claim counter and where the next launch starts on it.
@@ -379,25 +400,30 @@ impl Gemm {
             Dtype::F16 => &cubins::GEMM_GEMM_F16,
             Dtype::F32 => unreachable!("rejected by GemmPlan::new"),
         };
-        let name = plan.kernel_name();
         let module = cubin
             .load(ctx)
             .with_context(|| format!("loading {}", cubin.source))?;
-        let func = module
-            .load_function(&name)
-            .with_context(|| format!("{} has no kernel {name}", cubin.source))?;
-        func.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            plan.smem_bytes() as i32,
-        )
-        .with_context(|| {
-            format!(
-                "allowing {} bytes of dynamic shared memory for {name}",
-                plan.smem_bytes()
+        let load = |name: String| -> anyhow::Result<CudaFunction> {
+            let func = module
+                .load_function(&name)
+                .with_context(|| format!("{} has no kernel {name}", cubin.source))?;
+            func.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                plan.smem_bytes() as i32,
             )
-        })?;
+            .with_context(|| {
+                format!(
+                    "allowing {} bytes of dynamic shared memory for {name}",
+                    plan.smem_bytes()
+                )
+            })?;
+            Ok(func)
+        };
+        let func = load(plan.kernel_name())?;
+        let plain_func = load(plan.plain_kernel_name())?;
         let plan = if plan.cluster_m() > 1 {
-            fit_resident_clusters(&func, plan)?
+            // Both kernels use the same registers and shared memory; checked on each regardless.
+            fit_resident_clusters(&plain_func, fit_resident_clusters(&func, plan)?)?
         } else {
             plan
         };
@@ -427,6 +453,7 @@ impl Gemm {
             row_slots_check: Box::default(),
             plan,
             func,
+            plain_func,
             slot,
             bound,
             claims,
@@ -646,25 +673,20 @@ impl Gemm {
         if let OutputLayout::RankBands { ranks } = layout {
             fill_band_boxes(&mut p, ranks);
         }
-        // Split-K on plain launches only (the standard layout, no signals, no fused collective,
-        // no trace: the trace names the CTA the plan's schedule lists; no early release, which
-        // starts the GEMM beside another kernel): the others run every tile whole. A CUDA graph
-        // of a split launch shares the partials too: replay it in order with the Gemm's other
-        // launches (one stream), never two at once.
-        let plain = layout == OutputLayout::Standard
-            && !extras.early_release
-            && extras.trace.is_none()
-            && extras.flags.is_none()
-            && extras.copy_dst.is_none()
-            && extras.groups.is_none()
-            && extras.row_slots.is_none()
-            && extras.peer.is_none()
-            && extras.peer_rows.is_none()
-            && extras.all_reduce.is_none()
-            && extras.all_gather.is_none();
+        // A launch without fusions runs the plain kernel (the fusions compiled out). Split-K on
+        // those only, and not with early release, which starts the GEMM beside another kernel
+        // (the trace, a fusion, names the CTA the plan's schedule lists): the others run every
+        // tile whole. A CUDA graph of a split launch shares the partials too: replay it in order
+        // with the Gemm's other launches (one stream), never two at once.
+        let plain = extras.fusion_free();
+        let (func, kernel_name) = if plain {
+            (&self.plain_func, plan.plain_kernel_name())
+        } else {
+            (&self.func, plan.kernel_name())
+        };
         // Held to the end of the launch, as the claim counter.
         let mut split = match &self.split {
-            Some(sp) if plain => Some(
+            Some(sp) if plain && !extras.early_release => Some(
                 sp.lock()
                     .map_err(|_| anyhow::anyhow!("the GEMM's split-K lock is poisoned"))?,
             ),
@@ -949,7 +971,7 @@ impl Gemm {
                 block_dim: (plan.block_threads(), 1, 1),
                 shared_mem_bytes: plan.smem_bytes(),
             };
-            unsafe { stream.launch_builder(&self.func).arg(&p).launch(cfg) }.map(|_| ())
+            unsafe { stream.launch_builder(func).arg(&p).launch(cfg) }.map(|_| ())
         } else {
             stream.context().bind_to_thread()?;
             let cfg = launch_config(plan, grid, stream.cu_stream(), &mut attrs);
@@ -957,14 +979,14 @@ impl Gemm {
             unsafe {
                 sys::cuLaunchKernelEx(
                     &cfg,
-                    self.func.cu_function(),
+                    func.cu_function(),
                     args.as_mut_ptr(),
                     std::ptr::null_mut(),
                 )
             }
             .result()
         }
-        .with_context(|| format!("launching {} ({})", plan.kernel_name(), plan.describe()))?;
+        .with_context(|| format!("launching {kernel_name} ({})", plan.describe()))?;
         drop(claim_keep);
         if let Some(l) = launches {
             *l += 1;
@@ -1035,5 +1057,83 @@ impl Gemm {
     /// After a synchronisation: an error naming the wait that ran past its budget, if any.
     pub fn check(&self) -> anyhow::Result<()> {
         self.slot.check()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::bf16;
+
+    // The plain kernel has every fusion compiled out: a launch that asks for one must not get it
+    // (the GPU suites' fused trials then fail or time out). Here: the fusions a CPU can build.
+    #[test]
+    fn fusions_select_the_fused_kernel() {
+        let plain = LaunchExtras::<bf16>::default();
+        assert!(plain.fusion_free());
+        let not_fusions = LaunchExtras::<bf16> {
+            early_release: true,
+            ..Default::default()
+        };
+        assert!(
+            not_fusions.fusion_free(),
+            "early release is a launch attribute, not a fusion"
+        );
+        for layout in [
+            OutputLayout::TileOrder,
+            OutputLayout::RankBands { ranks: 2 },
+            OutputLayout::RowSlots { slots: 4 },
+            OutputLayout::PeerReduce { ranks: 2 },
+            OutputLayout::PeerRows { ranks: 2, rows: 8 },
+        ] {
+            let e = LaunchExtras::<bf16> {
+                layout,
+                ..Default::default()
+            };
+            assert!(!e.fusion_free(), "{}", layout.name());
+        }
+        let bar = weft_sync_counters::default();
+        let peer = LaunchExtras::<bf16> {
+            peer: Some(PeerReduceTarget {
+                maps: 0,
+                ranks: 2,
+                bar,
+                epoch: 0,
+            }),
+            ..Default::default()
+        };
+        assert!(!peer.fusion_free());
+        let peer_rows = LaunchExtras::<bf16> {
+            peer_rows: Some(PeerRowsTarget {
+                ptrs: 0,
+                table: 0,
+                table_rows: 0,
+                bar,
+                epoch: 0,
+            }),
+            ..Default::default()
+        };
+        assert!(!peer_rows.fusion_free());
+        let all_reduce = LaunchExtras::<bf16> {
+            all_reduce: Some(AllReduceTarget {
+                flags: 0,
+                flag_target: 0,
+                comm: None,
+            }),
+            ..Default::default()
+        };
+        assert!(!all_reduce.fusion_free());
+        let all_gather = LaunchExtras::<bf16> {
+            all_gather: Some(AllGatherSource {
+                maps: 0,
+                rows: 0,
+                bar,
+                epoch: 0,
+                copy: None,
+                host_copy: false,
+            }),
+            ..Default::default()
+        };
+        assert!(!all_gather.fusion_free());
     }
 }

@@ -411,7 +411,9 @@ impl GemmPlan {
     pub fn smem_bytes(&self) -> u32 {
         unsafe { weft_gemm_smem_bytes(self.sched.tile_n, self.epilogue) }
     }
-    /// The kernel's entry point (kernels/gemm/instantiate.cuh spells the same names).
+    /// The kernel's entry point with the fusions compiled in (kernels/gemm/instantiate.cuh spells
+    /// the same names): the one for launches with signals, another output layout, a fused
+    /// collective or a trace.
     pub fn kernel_name(&self) -> String {
         format!(
             "weft_gemm_{}_{}_{}_{}_c{}{}",
@@ -422,6 +424,11 @@ impl GemmPlan {
             self.sched.cluster_m,
             if self.whole_tile_epilogue() { "_w" } else { "" }
         )
+    }
+    /// The same kernel with the fusions compiled out (`GemmConfig::kFused`), for plain launches:
+    /// a third of the code, and faster on short GEMMs (crates/signal-gemm/README.md).
+    pub fn plain_kernel_name(&self) -> String {
+        format!("{}_plain", self.kernel_name())
     }
     /// Every tile with its execution order, wave and CTA (the kernel's own scheduler function).
     /// With dynamic scheduling the orders and waves hold, the CTAs are decided at run time.
@@ -586,6 +593,7 @@ mod tests {
         assert_eq!(p.ctas(), 124);
         assert_eq!(p.tile_n(), 256);
         assert_eq!(p.kernel_name(), "weft_gemm_bf16_f32_kn_256_c1");
+        assert_eq!(p.plain_kernel_name(), "weft_gemm_bf16_f32_kn_256_c1_plain");
         let p = GemmPlan::new(
             132,
             GemmShape::new(8192, 8192, 8192),

@@ -18,12 +18,18 @@ template <> struct InputTag<__nv_bfloat16> { using type = Bf16Tag; };
 template <> struct InputTag<__half> { using type = F16Tag; };
 
 // kBNK: B is n x k row-major (K-major, the usual weight layout); otherwise k x n row-major.
-template <class In_, class Out_, int kBN_, bool kBNK_, int kClusterM_, int kEpilogue_>
+// kFused: the kernel carries the fusions (output layouts other than the standard one, tile and
+// wave-group signals, peer stores and reduces, the fused AllGather, the communicator CTAs, the
+// trace); a plain kernel (kFused false) has them compiled out and serves plain launches only
+// (GemmPlan::kernel_name). The fused code made every plain launch pay: about 176 KB of kernel
+// against 57 KB, and up to 1.5x the time of a short GEMM (crates/signal-gemm/README.md).
+template <class In_, class Out_, int kBN_, bool kBNK_, int kClusterM_, int kEpilogue_, bool kFused_>
 struct GemmConfig {
   using In = In_;
   using Out = Out_;
   static constexpr int kBM = WEFT_GEMM_TILE_M, kBN = kBN_, kBK = WEFT_GEMM_TILE_K;
   static constexpr bool kBNK = kBNK_;
+  static constexpr bool kFused = kFused_;
   // Epilogue variant (WEFT_GEMM_EPI_*, gemm.h) and the pipeline depth that fits beside it: the
   // constexpr mirrors of weft_gemm_stages / weft_gemm_epi_bufs (the host's sizes). A mismatch is
   // caught at run time: the kernel checks %dynamic_smem_size against kSmemBytes.

@@ -78,9 +78,10 @@ struct DueSignals {
   __device__ __forceinline__ bool any() const { return flag_order != WEFT_GEMM_NO_TILE || group_tiles != 0; }
 };
 
+template <class Cfg>
 __device__ __forceinline__ DueSignals signals_due(const weft_gemm_params& p, const StoreState& st, uint32_t next) {
   DueSignals d;
-  const bool groups = p.group_counters != 0;
+  const bool groups = Cfg::kFused && p.group_counters != 0;
   // st.group is the group of this warpgroup's previous tile (0 before the first), and its orders
   // rise (static: + ctas; dynamic: successive claims), so the search starts there.
   d.next_group = groups && next != WEFT_GEMM_NO_TILE ? weft_gemm_group_of_from(&p.groups, next, st.group) : 0;
@@ -93,12 +94,13 @@ __device__ __forceinline__ DueSignals signals_due(const weft_gemm_params& p, con
 }
 
 // Every thread: `due` is handed over; counts the tile of `next` for its group.
+template <class Cfg>
 __device__ __forceinline__ void count_tile(const weft_gemm_params& p, StoreState& st, const DueSignals& due, uint32_t next) {
   st.pending = WEFT_GEMM_NO_TILE;
   if (due.group_tiles != 0) st.group_tiles = 0;
   // Phantoms count for their group too: its order count includes them (their TILE_ORDER slot is
   // written, with zeros, inside the group's range).
-  if (p.group_counters != 0 && next != WEFT_GEMM_NO_TILE) {
+  if (Cfg::kFused && p.group_counters != 0 && next != WEFT_GEMM_NO_TILE) {
     st.group = due.next_group;
     ++st.group_tiles;  // its stores are issued after this, before any later hand-over
   }
@@ -240,26 +242,28 @@ struct TmaStorer {
     constexpr uint32_t kIssuers = kWhole ? 4u : 1u;
     const bool issuer = kWhole ? lane == 0 : leader;
     uint32_t& epi_count = st.epi_count;
-    const bool peer = peer_reduce(p);
+    // A plain kernel (Cfg::kFused false) has the standard layout, no signals and no trace.
+    constexpr bool kFused = Cfg::kFused;
+    const bool peer = kFused && peer_reduce(p);
     // The warpgroup barriers below order every issuer (PEER_ROWS: every thread) after the
     // leader's wait.
-    if (peer_writes(p) && !st.peer_ready) {
+    if (kFused && peer_writes(p) && !st.peer_ready) {
       if (leader) st.peer_stalled = !peer_reduce_ready(p);
       st.peer_ready = true;
     }
-    const DueSignals due = signals_due(p, st, order);
+    const DueSignals due = signals_due<Cfg>(p, st, order);
     if (issuer) complete_stores(due);
-    count_tile(p, st, due, order);
+    count_tile<Cfg>(p, st, due, order);
     if (!kWhole && leader) post_due(p, sm, consumer, st, due);  // the leader is the only issuer
     const uint32_t bar_id = 1 + consumer;
     const uint32_t row0 = t.tm * Cfg::kBM + consumer * 64;  // in D's standard layout (beta reads)
     const uint32_t col0 = t.tn * Cfg::kBN;
     // Where the stores go: the standard position, the tile's slot in execution order, or (bands)
     // the slots of the bands the warpgroup's 64 rows cross.
-    const bool tile_order = p.layout == WEFT_GEMM_LAYOUT_TILE_ORDER;
-    const bool bands = p.layout == WEFT_GEMM_LAYOUT_RANK_BANDS;
-    const bool row_slots = p.layout == WEFT_GEMM_LAYOUT_ROW_SLOTS;
-    const bool to_peer_rows = peer_rows(p);
+    const bool tile_order = kFused && p.layout == WEFT_GEMM_LAYOUT_TILE_ORDER;
+    const bool bands = kFused && p.layout == WEFT_GEMM_LAYOUT_RANK_BANDS;
+    const bool row_slots = kFused && p.layout == WEFT_GEMM_LAYOUT_ROW_SLOTS;
+    const bool to_peer_rows = kFused && peer_rows(p);
     const int32_t store_row = static_cast<int32_t>(tile_order ? order * Cfg::kBM + consumer * 64 : row0);
     const int32_t store_col = static_cast<int32_t>(tile_order || bands ? 0 : col0);
     weft_gemm_band_slots slots{0, 0};
@@ -369,7 +373,7 @@ struct TmaStorer {
     // (PEER_ROWS signals only at the drain, whose barrier orders them.)
     if (row_slots) named_barrier_sync(bar_id, kWarpgroupThreads);
     if (p.tile_flags != 0) st.pending = order;
-    if (leader && consumer == 0 && p.trace != 0 && t.valid) {
+    if (kFused && leader && consumer == 0 && p.trace != 0 && t.valid) {
       uint32_t* slot = reinterpret_cast<uint32_t*>(p.trace) + 2 * weft_gemm_tile_index(p.sched, t);
       slot[0] = order + 1;
       slot[1] = blockIdx.x + 1;
@@ -392,10 +396,10 @@ struct TmaStorer {
     }
     named_barrier_sync(1 + consumer, kWarpgroupThreads);
     if (thread_in_warpgroup() == 0) {
-      const DueSignals due = signals_due(p, st, WEFT_GEMM_NO_TILE);
+      const DueSignals due = signals_due<Cfg>(p, st, WEFT_GEMM_NO_TILE);
       if (!stalled) post_due(p, sm, consumer, st, due);
-      count_tile(p, st, due, WEFT_GEMM_NO_TILE);
-      if (launch_signals(p) && !st.signal_stalled) st.signal_stalled = !post_signal(p, sm, consumer, st.ring, 0, 0);
+      count_tile<Cfg>(p, st, due, WEFT_GEMM_NO_TILE);
+      if (Cfg::kFused && launch_signals(p) && !st.signal_stalled) st.signal_stalled = !post_signal(p, sm, consumer, st.ring, 0, 0);
       if (st.signal_stalled) report_signal_stall(p, consumer, st.ring);
     }
   }
