@@ -178,12 +178,17 @@ impl<TO: GemmElement> Default for LaunchExtras<'_, TO> {
     }
 }
 
+/// A plan's kernel with the fusions compiled in, and the plain one (`LaunchExtras::fusion_free`).
+struct GemmKernels {
+    fused: CudaFunction,
+    plain: CudaFunction,
+}
+
 /// The GEMM kernel of one plan, loaded on one context.
 pub struct Gemm {
     plan: GemmPlan,
-    /// The kernel with the fusions compiled in, and the plain one (`LaunchExtras::fusion_free`).
-    func: CudaFunction,
-    plain_func: CudaFunction,
+    /// Boxed, as the row-slots check: a Gemm is held by value in enums.
+    kernels: Box<GemmKernels>,
     slot: ErrorSlot,
     bound: weft_sync_bound,
     /// Dynamic scheduling only: the claim counter and where the next launch starts on it.
@@ -452,8 +457,10 @@ impl Gemm {
         Ok(Self {
             row_slots_check: Box::default(),
             plan,
-            func,
-            plain_func,
+            kernels: Box::new(GemmKernels {
+                fused: func,
+                plain: plain_func,
+            }),
             slot,
             bound,
             claims,
@@ -680,9 +687,9 @@ impl Gemm {
         // with the Gemm's other launches (one stream), never two at once.
         let plain = extras.fusion_free();
         let (func, kernel_name) = if plain {
-            (&self.plain_func, plan.plain_kernel_name())
+            (&self.kernels.plain, plan.plain_kernel_name())
         } else {
-            (&self.func, plan.kernel_name())
+            (&self.kernels.fused, plan.kernel_name())
         };
         // Held to the end of the launch, as the claim counter.
         let mut split = match &self.split {

@@ -60,8 +60,10 @@ pub enum TileChoice {
 /// The epilogue variant (kernels/include/weft/gemm.h, WEFT_GEMM_EPI_*).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EpilogueChoice {
-    /// Whole-tile for 16-bit outputs with 128 × 256 tiles when K is short (few K blocks per
-    /// tile, so the epilogue weighs more than the pipeline depth it costs), else pipelined.
+    /// Pipelined, unless split-K needs the whole-tile one (16-bit outputs, 128 × 256 tiles).
+    /// Auto once picked whole-tile at K ≤ 2048 as well; since the plain kernels (af7ad0c) the
+    /// pipelined epilogue was as fast or faster there on every GEMM of the LLM grid (1.02–1.20×)
+    /// and every fused method's quick grid (results/gemm/README.md).
     Auto,
     /// Two buffers per consumer, chunk by chunk; the deepest pipeline.
     Pipelined,
@@ -151,9 +153,6 @@ pub struct GemmPlan {
     /// WEFT_GEMM_EPI_PIPELINED or WEFT_GEMM_EPI_WHOLE_TILE.
     pub(crate) epilogue: u32,
 }
-
-/// K blocks per tile up to which Auto picks the whole-tile epilogue.
-const WHOLE_TILE_MAX_K_BLOCKS: u32 = 32;
 
 /// Relative throughput per output element of the two tile widths on the main loop (128 × 128
 /// tiles reload A twice as often and issue half-width wgmma): used only to choose between them.
@@ -260,18 +259,15 @@ impl GemmPlan {
                 );
                 s
             }
-            // Not where the kernel would need another epilogue than the one asked for, or (16-bit
-            // 128 x 256 tiles over a long K) than the one Auto would pick: the whole-tile
-            // epilogue's pipeline is a stage shorter (on the grid's one such shape, 512 x 5120 x
-            // 8192, 3 splits ran 2.6 % slower than whole tiles).
+            // Not where the kernel would need another epilogue than the one asked for or Auto's
+            // (16-bit 128 x 256 tiles split only with the whole-tile epilogue, whose pipeline is a
+            // stage shorter: on the grid's one such shape, 512 x 5120 x 8192, 3 splits ran 2.6 %
+            // slower than whole tiles).
             KSplits::Auto
                 if options.cluster_m == 1
                     && options.comm_ctas == 0
                     && options.sm_margin == 0
-                    && !(whole_ok
-                        && (options.epilogue == EpilogueChoice::Pipelined
-                            || (options.epilogue == EpilogueChoice::Auto
-                                && k_blocks > WHOLE_TILE_MAX_K_BLOCKS))) =>
+                    && !(whole_ok && options.epilogue != EpilogueChoice::WholeTile) =>
             {
                 auto_k_splits(tiles, k_blocks, ctas)
             }
@@ -293,7 +289,7 @@ impl GemmPlan {
                 WEFT_GEMM_EPI_WHOLE_TILE
             }
             EpilogueChoice::Auto => {
-                if split_needs_whole || (whole_ok && k_blocks <= WHOLE_TILE_MAX_K_BLOCKS) {
+                if split_needs_whole {
                     WEFT_GEMM_EPI_WHOLE_TILE
                 } else {
                     WEFT_GEMM_EPI_PIPELINED
@@ -613,8 +609,8 @@ mod tests {
         let short_k = GemmPlan::new(132, GemmShape::new(8192, 8192, 1024), opts()).unwrap();
         assert_eq!(
             short_k.kernel_name(),
-            "weft_gemm_bf16_bf16_nk_256_c1_w",
-            "short K: whole-tile epilogue"
+            "weft_gemm_bf16_bf16_nk_256_c1",
+            "short K: pipelined epilogue too"
         );
         assert!(short_k.smem_bytes() <= 232448);
         assert!(GemmPlan::new(

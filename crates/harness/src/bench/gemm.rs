@@ -58,7 +58,7 @@ fn cases(quick: bool) -> Vec<Case> {
     if quick {
         v.truncate(2);
     }
-    // The other epilogue on each named shape (Auto: whole-tile for K <= 2048, else pipelined).
+    // Both epilogues on each named shape (Auto: pipelined unless split-K needs whole-tile).
     let pipelined = GemmOptions {
         epilogue: EpilogueChoice::Pipelined,
         ..base

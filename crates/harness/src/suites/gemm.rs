@@ -92,15 +92,25 @@ fn random_options(rng: &mut StdRng, i: usize) -> GemmOptions {
     } else {
         Scheduling::Static
     };
+    let output = [Dtype::Bf16, Dtype::F32, Dtype::F16][(i / 2) % 3];
+    let tile = [TileChoice::Auto, TileChoice::N128, TileChoice::N256][rng.random_range(0..3)];
+    // Auto picks pipelined unless split-K needs whole-tile: whole-tile is asked for where the
+    // kernel has it (16-bit outputs, 128 x 256 tiles).
+    let epilogue = match rng.random_range(0..3) {
+        0 => EpilogueChoice::Auto,
+        1 => EpilogueChoice::Pipelined,
+        _ if output != Dtype::F32 && tile == TileChoice::N256 => EpilogueChoice::WholeTile,
+        _ => EpilogueChoice::Auto,
+    };
     GemmOptions {
         input: [Dtype::Bf16, Dtype::F16][i % 2],
-        output: [Dtype::Bf16, Dtype::F32, Dtype::F16][(i / 2) % 3],
+        output,
         b_layout: if rng.random_bool(0.5) {
             BLayout::NxK
         } else {
             BLayout::KxN
         },
-        tile: [TileChoice::Auto, TileChoice::N128, TileChoice::N256][rng.random_range(0..3)],
+        tile,
         sm_margin: if rng.random_bool(0.3) {
             rng.random_range(1..=16)
         } else {
@@ -108,12 +118,7 @@ fn random_options(rng: &mut StdRng, i: usize) -> GemmOptions {
         },
         cluster_m,
         scheduling,
-        // Auto picks the whole-tile epilogue for 16-bit outputs, 128x256 tiles and K <= 2048.
-        epilogue: if rng.random_bool(0.5) {
-            EpilogueChoice::Auto
-        } else {
-            EpilogueChoice::Pipelined
-        },
+        epilogue,
         alpha: if i % 7 == 3 { 0.5 } else { 1.0 },
         beta: if i % 7 == 3 { -1.25 } else { 0.0 },
         ..GemmOptions::default()

@@ -372,6 +372,9 @@ struct TmaStorer {
     // ROW_SLOTS: every thread's stores of this tile before the leader's (deferred) release.
     // (PEER_ROWS signals only at the drain, whose barrier orders them.)
     if (row_slots) named_barrier_sync(bar_id, kWarpgroupThreads);
+    // Not gated by kFused (a plain launch has no tile flags, so this never fires there): with it
+    // compiled out ptxas spilled the 16-bit 128 x 256 pipelined plain kernels' accumulators and
+    // serialized their wgmma (CUDA 13.0).
     if (p.tile_flags != 0) st.pending = order;
     if (kFused && leader && consumer == 0 && p.trace != 0 && t.valid) {
       uint32_t* slot = reinterpret_cast<uint32_t*>(p.trace) + 2 * weft_gemm_tile_index(p.sched, t);
