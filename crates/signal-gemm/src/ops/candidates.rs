@@ -162,7 +162,11 @@ pub fn candidates(
                 && m.is_multiple_of(world)
                 && rows_per_rank.is_multiple_of(WEFT_GEMM_TILE_M)
             {
-                out.push(Method::FusedIntra);
+                // Not fused-intra (the loaders' TMA reads of the owners' shards): every tile
+                // column re-reads the peers' A tiles over the link, so its bytes grow with
+                // n / tile width; it lost to the sequential path on every shape measured, at 2
+                // and 4 GPUs (crates/signal-gemm/README.md, "fused-intra AllGather retired").
+                // Still a method to name explicitly.
                 out.extend(FUSED_COUNTS.map(|ctas| Method::FusedInter { ctas }));
                 out.extend(COPY_ENGINE_TILE_ROWS.map(|tile_rows| Method::FusedCe {
                     tile_rows,
@@ -255,14 +259,7 @@ mod tests {
         );
         assert_eq!(
             families(&candidates(OpKind::AllGather, s, o, 2, 132, false)),
-            [
-                SeqCublas,
-                SeqWeft,
-                Decomposition,
-                FusedIntra,
-                FusedInter,
-                FusedCe
-            ]
+            [SeqCublas, SeqWeft, Decomposition, FusedInter, FusedCe]
         );
         // 8 rows per rank: no fused ReduceScatter or AllGather; one rank: nothing to decompose.
         assert_eq!(
@@ -289,7 +286,7 @@ mod tests {
         );
         assert_eq!(
             families(&candidates(OpKind::AllGather, s, o, 1, 132, false))[..3],
-            [SeqCublas, SeqWeft, FusedIntra]
+            [SeqCublas, SeqWeft, FusedInter]
         );
         assert_eq!(
             families(&candidates(OpKind::AllToAll, s, o, 2, 132, false)),
