@@ -9,10 +9,8 @@
 
 extern "C" __global__ void __launch_bounds__(1, 1) weft_gemm_group_wait(const __grid_constant__ weft_gemm_group_wait_params p) {
   uint64_t* counter = reinterpret_cast<uint64_t*>(p.counter);
-  weft_sync_counters bound{};
-  bound.bound = p.bound;
-  bound.view.rank = static_cast<int32_t>(p.rank);
-  weft::sync::detail::spin_until(counter, p.target, bound, WEFT_SYNC_PRIM_WAVE_GROUP, static_cast<int32_t>(p.rank),
-                                 weft_tile_coord{p.group, 0, 0, 0}, weft::sync::detail::AcquireGpu{});
+  const int32_t rank = static_cast<int32_t>(p.rank);
+  weft::sync::wait_flag<weft::sync::FlagScope::Gpu>(
+      counter, p.target, p.bound, weft::sync::WaitSite{rank, WEFT_SYNC_PRIM_WAVE_GROUP, rank, weft_tile_coord{p.group, 0, 0, 0}});
   weft::sync::mo::st_relaxed_gpu(counter, 0);
 }

@@ -10,10 +10,8 @@ extern "C" __global__ void __launch_bounds__(32, 1) weft_gemm_peer_flags_wait(co
   const uint32_t i = threadIdx.x;
   if (i >= p.world || i == p.rank) return;
   uint64_t* flag = reinterpret_cast<uint64_t*>(p.flags) + i;
-  weft_sync_counters bound{};
-  bound.bound = p.bound;
-  bound.view.rank = static_cast<int32_t>(p.rank);
-  weft::sync::detail::spin_until(flag, 1, bound, WEFT_SYNC_PRIM_WAIT, static_cast<int32_t>(i), weft_tile_coord{p.row, i, 0, 0},
-                                 weft::sync::detail::AcquireSys{});
+  weft::sync::wait_flag<weft::sync::FlagScope::Sys>(
+      flag, 1, p.bound,
+      weft::sync::WaitSite{static_cast<int32_t>(p.rank), WEFT_SYNC_PRIM_WAIT, static_cast<int32_t>(i), weft_tile_coord{p.row, i, 0, 0}});
   weft::sync::mo::st_relaxed_sys(flag, 0);
 }

@@ -85,13 +85,11 @@ __device__ __forceinline__ OwnedTile owned_tile(const weft_tile_allreduce_params
 // scope); the __syncthreads extends its acquires to the block.
 __device__ __forceinline__ void await_tile(const weft_tile_allreduce_params& p, int32_t world, const OwnedTile& a) {
   if (threadIdx.x == 0) {
-    weft_sync_counters flag_bound{};
-    flag_bound.bound = p.bar.bound;
-    flag_bound.view.rank = p.partial.rank;
     for (int32_t r = 0; r < world; ++r) {
       const uint64_t* flag = reinterpret_cast<const uint64_t*>(p.flags.base[r]) + a.index;
-      weft::sync::detail::spin_until(flag, p.flag_target, flag_bound, WEFT_SYNC_PRIM_WAIT, r,
-                                     weft_tile_coord{kRoleAllReduce, a.order, a.t.tm, a.t.tn}, weft::sync::detail::AcquireSys{});
+      weft::sync::wait_flag<weft::sync::FlagScope::Sys>(
+          flag, p.flag_target, p.bar.bound,
+          weft::sync::WaitSite{p.partial.rank, WEFT_SYNC_PRIM_WAIT, r, weft_tile_coord{kRoleAllReduce, a.order, a.t.tm, a.t.tn}});
     }
   }
   __syncthreads();
