@@ -63,7 +63,8 @@ pub enum EpilogueChoice {
     /// Pipelined, unless split-K needs the whole-tile one (16-bit outputs, 128 × 256 tiles).
     /// Auto once picked whole-tile at K ≤ 2048 as well; since the plain kernels (af7ad0c) the
     /// pipelined epilogue was as fast or faster there on every GEMM of the LLM grid (1.02–1.20×)
-    /// and every fused method's quick grid (results/gemm/README.md).
+    /// and every fused method's quick grid
+    /// (results/gemm/plain-kernels-nvidia-h200-x2-2026-11-26/README.md).
     Auto,
     /// Two buffers per consumer, chunk by chunk; the deepest pipeline.
     Pipelined,
@@ -798,7 +799,7 @@ mod tests {
             let p = GemmPlan::new(132, GemmShape::new(512, 1280, 8192), o).unwrap();
             assert_eq!(p.k_splits(), 1);
         }
-        // A 16-bit 128 x 256 plan over a long K splits only when asked for the whole-tile
+        // A 16-bit 128 x 256 plan (at any K) splits only when asked for the whole-tile
         // epilogue, or asked to split (then it takes that epilogue).
         let n256 = |epilogue, k_splits| GemmOptions {
             tile: TileChoice::N256,

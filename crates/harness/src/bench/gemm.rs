@@ -58,11 +58,7 @@ fn cases(quick: bool) -> Vec<Case> {
     if quick {
         v.truncate(2);
     }
-    // Both epilogues on each named shape (Auto: pipelined unless split-K needs whole-tile).
-    let pipelined = GemmOptions {
-        epilogue: EpilogueChoice::Pipelined,
-        ..base
-    };
+    // The whole-tile epilogue beside Auto's pipelined one, at short and long K.
     let whole = GemmOptions {
         epilogue: EpilogueChoice::WholeTile,
         ..base
@@ -74,7 +70,7 @@ fn cases(quick: bool) -> Vec<Case> {
     ] {
         v.push(Case {
             shape,
-            options: pipelined,
+            options: whole,
             named: false,
             margin_of: None,
         });

@@ -372,8 +372,8 @@ fn communicator_copies_finished_tiles(job: &mut Job) -> anyhow::Result<()> {
     let (ctx, stream) = gpu(job)?;
     let mut rng = StdRng::seed_from_u64(seed ^ 0xC0);
     let s = GemmShape::new;
-    // fp32 output (pipelined epilogue), clusters of 1 and 2; bf16 output with K <= 2048 (the
-    // whole-tile epilogue), clusters of 1 and 2.
+    // fp32 output (pipelined epilogue), clusters of 1 and 2; bf16 output with the whole-tile
+    // epilogue asked for (Auto picks pipelined), 128 x 256 tiles, clusters of 1 and 2.
     let cases = [
         (s(4096, 4096, 512), 1u32, Dtype::F32),
         (s(2064, 3056, 272), 1, Dtype::F32),
@@ -395,7 +395,15 @@ fn communicator_copies_finished_tiles(job: &mut Job) -> anyhow::Result<()> {
             sm_margin: 0,
             output,
             scheduling,
-            ..GemmOptions::default()
+            ..if output == Dtype::Bf16 {
+                GemmOptions {
+                    tile: TileChoice::N256,
+                    epilogue: EpilogueChoice::WholeTile,
+                    ..GemmOptions::default()
+                }
+            } else {
+                GemmOptions::default()
+            }
         };
         let case_seed: u64 = rng.random();
         match output {

@@ -18,8 +18,9 @@ use std::time::Duration;
 use weft_pgl::nccl::ReduceOp;
 use weft_signal_gemm::overlap::AllReduceOverlap;
 use weft_signal_gemm::{
-    BLayout, CublasGemm, Dtype, Gemm, GemmElement, GemmOptions, GemmPlan, GemmShape, GroupCounters,
-    KSplits, LaunchExtras, OutputLayout, Restore, Scheduling, TileChoice, TileOrderMap, WaveGroups,
+    BLayout, CublasGemm, Dtype, EpilogueChoice, Gemm, GemmElement, GemmOptions, GemmPlan,
+    GemmShape, GroupCounters, KSplits, LaunchExtras, OutputLayout, Restore, Scheduling, TileChoice,
+    TileOrderMap, WaveGroups,
 };
 use weft_sync::WaitBudget;
 
@@ -52,6 +53,7 @@ pub fn cases() -> Vec<Case> {
                 j,
                 GemmOptions {
                     tile: TileChoice::N256,
+                    epilogue: EpilogueChoice::WholeTile,
                     sm_margin: 110,
                     ..GemmOptions::default()
                 },
@@ -82,6 +84,7 @@ pub(super) fn random_case(rng: &mut StdRng, max: u32, output: Dtype) -> (GemmSha
     let mut dim = |max: u32| 16 * rng.random_range(1..=max / 16);
     let shape = GemmShape::new(dim(max), dim(max), dim(max / 2));
     let cluster_m = rng.random_range(1..=2);
+    let tile = [TileChoice::Auto, TileChoice::N128, TileChoice::N256][rng.random_range(0..3)];
     let options = GemmOptions {
         output,
         b_layout: if rng.random_bool(0.5) {
@@ -89,7 +92,14 @@ pub(super) fn random_case(rng: &mut StdRng, max: u32, output: Dtype) -> (GemmSha
         } else {
             BLayout::KxN
         },
-        tile: [TileChoice::Auto, TileChoice::N128, TileChoice::N256][rng.random_range(0..3)],
+        tile,
+        // Auto picks pipelined: whole-tile (its wide and band stores) asked for where the kernel
+        // has it, half the time.
+        epilogue: if tile == TileChoice::N256 && output != Dtype::F32 && rng.random_bool(0.5) {
+            EpilogueChoice::WholeTile
+        } else {
+            EpilogueChoice::Auto
+        },
         sm_margin: rng.random_range(8..=124),
         cluster_m,
         scheduling: if cluster_m == 1 && rng.random_bool(0.5) {

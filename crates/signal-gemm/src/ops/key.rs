@@ -97,8 +97,14 @@ pub fn m_range(m: u32) -> (u32, u32) {
     )
 }
 
-/// weft's version as far as choices are concerned: this crate's version and a checksum of every
-/// embedded kernel (a rebuilt kernel may change which method wins).
+/// How the ops plan their candidates' GEMMs without touching a kernel (GemmPlan's automatic
+/// choices, `ops::candidates`): raised with every such change, so that choices cached before it
+/// are measured again. 2: Auto's epilogue pipelined at short K, fused-intra out of the AllGather
+/// candidates.
+const PLAN_POLICY: u32 = 2;
+
+/// weft's version as far as choices are concerned: this crate's version, the plan policy and a
+/// checksum of every embedded kernel (a rebuilt kernel may change which method wins).
 pub fn weft_version() -> &'static str {
     static VERSION: OnceLock<String> = OnceLock::new();
     VERSION.get_or_init(|| {
@@ -108,7 +114,7 @@ pub fn weft_version() -> &'static str {
             h.update(c.image);
         }
         format!(
-            "weft-signal-gemm {} kernels {:08x}",
+            "weft-signal-gemm {} plans {PLAN_POLICY} kernels {:08x}",
             env!("CARGO_PKG_VERSION"),
             h.finalize()
         )
