@@ -3,8 +3,8 @@
 // vectors, grid-stride, blocks of WEFT_OVERLAP_THREADS. Stamps its arrival, start and end.
 #include <stdint.h>
 #include "weft/sync/clock.cuh"
-#include "weft/kernel_barrier.cuh"
-#include "weft/overlap_work.h"
+#include "weft/barrier/kernel_barrier.cuh"
+#include "weft/abi/synthetic.h"
 
 namespace {
 

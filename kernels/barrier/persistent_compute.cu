@@ -2,10 +2,10 @@
 // "greedy" block per SM (1024 threads with 64 registers each take the whole register file, and
 // the host adds ~200 KB of dynamic shared memory), grid = SMs - sm_margin, tiles taken from a
 // global counter (dynamic scheduling: a block that starts late does fewer tiles). Each tile is
-// exact integer work the host recomputes in closed form (weft/overlap_work.h).
+// exact integer work the host recomputes in closed form (weft/abi/synthetic.h).
 #include <stdint.h>
 #include "weft/sync/clock.cuh"
-#include "weft/overlap_work.h"
+#include "weft/abi/synthetic.h"
 
 namespace {
 

@@ -6,7 +6,7 @@
 // context must stay usable); the host turns the report into an error.
 #include <stdint.h>
 #include "weft/sync/clock.cuh"
-#include "weft/kernel_barrier.cuh"
+#include "weft/barrier/kernel_barrier.cuh"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Standalone collectives over PGLs (crates/collectives, weft/collectives.h): AllReduce one-shot and
+// Standalone collectives over PGLs (crates/collectives, weft/abi/collectives.h): AllReduce one-shot and
 // two-shot, ReduceScatter, AllGather; f32, bf16 and f16 (sums accumulated in f32, in rank order
 // 0..world-1 on every rank, so every rank of an AllReduce gets the same bits).
 //
@@ -25,7 +25,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
-#include "weft/collectives.h"
+#include "weft/abi/collectives.h"
 #include "weft/sync.cuh"
 
 using namespace weft::sync;
@@ -203,7 +203,7 @@ struct Part {
 template <typename T>
 struct Collective {
   const weft_collective_params& p;
-  uint64_t seq_base;  // this launch's first round number (from the state, see weft/collectives.h)
+  uint64_t seq_base;  // this launch's first round number (from the state, see weft/abi/collectives.h)
   int32_t me, world;
   uint64_t per_block;  // elements per block per round (a multiple of the vector width)
 

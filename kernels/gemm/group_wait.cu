@@ -1,10 +1,10 @@
-// The wave-group wait kernel (weft_gemm_group_wait_params in weft/gemm.h): one thread, enqueued
+// The wave-group wait kernel (weft_gemm_group_wait_params in weft/abi/gemm.h): one thread, enqueued
 // on the communication stream before the collective of one wave group. Its acquire load pairs
 // with the storers' release adds, so the collective that follows in stream order reads the
 // group's finished tiles. Then it rearms the counter (relaxed store of 0): it is the only reader,
 // and the next GEMM launch is ordered after it. Bounded: past the budget it records group,
 // target and observed count in the error slot and traps.
-#include "weft/gemm.h"
+#include "weft/abi/gemm.h"
 #include "weft/sync/wait.cuh"
 
 extern "C" __global__ void __launch_bounds__(1, 1) weft_gemm_group_wait(const __grid_constant__ weft_gemm_group_wait_params p) {

@@ -1,11 +1,11 @@
-// Post-communication reorder (weft_gemm_restore_params in weft/gemm.h): reads a buffer of slots
+// Post-communication reorder (weft_gemm_restore_params in weft/abi/gemm.h): reads a buffer of slots
 // (TILE_ORDER, or a ReduceScatter's received bands) through the tile -> slot table and writes the
 // standard row-major layout, in 16-byte vectors (a vector never crosses a tile: tile_n and n are
 // multiples of 16 elements). COPY moves raw bytes,
 // so the round trip is bit-exact; ADD and RMSNORM compute in fp32 and round once to bf16.
 #include <cuda_bf16.h>
 #include <stdint.h>
-#include "weft/gemm.h"
+#include "weft/abi/gemm.h"
 
 namespace {
 

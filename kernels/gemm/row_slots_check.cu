@@ -1,6 +1,6 @@
-// The row-slots table check (weft_gemm_row_slots_check_params in weft/gemm.h): every entry is
+// The row-slots table check (weft_gemm_row_slots_check_params in weft/abi/gemm.h): every entry is
 // WEFT_GEMM_NO_SLOT or below D's slot count; the first bad one seen is reported and traps.
-#include "weft/gemm.h"
+#include "weft/abi/gemm.h"
 #include "weft/sync/error.cuh"
 
 constexpr uint32_t kRoleRowSlots = 7;  // error reports: coord.b (loader.cuh has the GEMM's other roles)

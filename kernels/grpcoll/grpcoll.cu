@@ -1,7 +1,7 @@
 // GroupCast (push) and GroupReduce (pull) over pgl peer buffers (crates/grpcoll).
 //
 // One block per SM of the configured count; blocks take the plan's work items (chunks of rows,
-// weft/grpcoll.h) round-robin — natively in a rank-rotated order spread over the peers
+// weft/abi/grpcoll.h) round-robin — natively in a rank-rotated order spread over the peers
 // (weft_grpcoll_walk_item) — and each item moves every tensor of a packed launch. Every launch
 // first arrives on its KernelBarrier (if any).
 //
@@ -29,8 +29,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
-#include "weft/grpcoll.h"
-#include "weft/kernel_barrier.cuh"
+#include "weft/abi/grpcoll.h"
+#include "weft/barrier/kernel_barrier.cuh"
 #include "weft/sync.cuh"
 
 using namespace weft::sync;

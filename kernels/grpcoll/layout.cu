@@ -13,7 +13,7 @@
 // A rejected layout writes a report (first one wins) and zero items: the transfer kernel still
 // runs its barriers with nothing to move, so no rank waits for another.
 #include <stdint.h>
-#include "weft/grpcoll.h"
+#include "weft/abi/grpcoll.h"
 #include "weft/sync.cuh"
 
 using namespace weft::sync;

@@ -2,7 +2,7 @@
 // the elements outside their bound (one atomic per bad element — fine for a check that expects
 // none) and keeping the smallest bad index; and |x| of a bf16 buffer as f32 (the bound's base).
 #include <cuda_bf16.h>
-#include "weft/bound_compare.h"
+#include "weft/abi/bound_compare.h"
 
 __device__ __forceinline__ float bf16_bits_to_float(uint16_t bits) {
   return __uint_as_float(static_cast<uint32_t>(bits) << 16);

@@ -1,6 +1,6 @@
 // Round trip through an embedded kernel: proves the build, the embedding, the shared ABI header
 // and the launch path end to end. Grid-stride, so any grid size covers any n.
-#include "weft/roundtrip.h"
+#include "weft/abi/roundtrip.h"
 
 extern "C" __global__ void weft_roundtrip(weft_roundtrip_params p) {
   const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;

@@ -1,7 +1,7 @@
 // Bitwise comparison of two device buffers, for checks of large outputs without a download: a
 // grid-stride pass counting differing 32-bit words (one atomic per differing word — fine for a
 // check that expects none) and keeping the smallest differing index.
-#include "weft/word_compare.h"
+#include "weft/abi/word_compare.h"
 
 extern "C" __global__ void weft_word_compare(const __grid_constant__ weft_word_compare_params p) {
   const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;

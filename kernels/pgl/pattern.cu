@@ -3,7 +3,7 @@
 // rank's buffer is written by exactly one rank and checked by its owner against an independent
 // host computation. The writes walk tiles with the shared tile-coordinate helpers, so a wrong
 // origin, ragged-edge extent or peer base shows up as wrong or unwritten elements.
-#include "weft/pgl.h"
+#include "weft/abi/pgl.h"
 
 // Must match pattern_value() in crates/harness/src/suites/pgl.rs.
 __device__ __forceinline__ uint32_t pattern_value(uint32_t writer, uint32_t owner, uint64_t offset) {

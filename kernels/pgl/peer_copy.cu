@@ -20,7 +20,7 @@
 //   cp.async.bulk.wait_group 0, so every byte is written when it exits.
 #include <stdint.h>
 #include <stdio.h>
-#include "weft/bulk_copy.cuh"
+#include "weft/tma/bulk_copy.cuh"
 
 namespace {
 

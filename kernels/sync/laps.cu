@@ -8,7 +8,7 @@
 // A value below e means rank p had not arrived (or its store was not visible) when this rank
 // passed; above e + 1 means p passed barrier e + 1 before this rank arrived at it.
 #include "weft/sync.cuh"
-#include "weft/sync_checks.h"
+#include "weft/abi/sync_checks.h"
 
 using namespace weft::sync;
 

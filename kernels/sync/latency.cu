@@ -10,7 +10,7 @@
 //   MBARRIER   the ping-pong between two warps of one block through shared-memory mbarriers
 // Counter targets continue from `first` (iterations done on these counters by earlier launches).
 #include "weft/sync.cuh"
-#include "weft/sync_checks.h"
+#include "weft/abi/sync_checks.h"
 
 using namespace weft::sync;
 

@@ -15,9 +15,9 @@
 // bulk stores (the fused GEMM epilogues' path) and releases it once they are complete. RELAY
 // puts each payload slot on the rank after the receiver, so data, flag and reads take three
 // different NVLink paths.
-#include "weft/bulk_copy.cuh"
+#include "weft/tma/bulk_copy.cuh"
 #include "weft/sync.cuh"
-#include "weft/sync_checks.h"
+#include "weft/abi/sync_checks.h"
 
 using namespace weft::sync;
 

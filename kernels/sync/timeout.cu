@@ -2,7 +2,7 @@
 // rank, primitive, coordinate, expected and observed value in the error slot, and trap. Run it in
 // a throwaway context (the trap ends the context it runs in).
 #include "weft/sync.cuh"
-#include "weft/sync_checks.h"
+#include "weft/abi/sync_checks.h"
 
 using namespace weft::sync;
 

@@ -1,5 +1,5 @@
 //! The synthetic workloads a KernelBarrier orders in the overlap-order bench and the barrier
-//! trials (kernels/barrier/persistent_compute.cu, comm_copy.cu; layouts in weft/overlap_work.h):
+//! trials (kernels/barrier/persistent_compute.cu, comm_copy.cu; layouts in weft/abi/synthetic.h):
 //!
 //! - a persistent compute kernel: one greedy block per SM (1024 threads × 64 registers fill the
 //!   register file, plus [`COMPUTE_SMEM`] of dynamic shared memory), grid = SMs − `sm_margin`,
@@ -255,7 +255,7 @@ impl ComputeWork {
     /// Output element `elem` as the host computes it: (mul, add)^rounds applied to every chain,
     /// summed (the steps are affine, so the sum is A · Σ starts + CHAINS · C).
     pub fn expected(&self, elem: u32, step: (u32, u32)) -> u32 {
-        // SAFETY: a pure function over integers (weft/overlap_work.h).
+        // SAFETY: a pure function over integers (weft/abi/synthetic.h).
         let starts = unsafe { abi::weft_overlap_start_sum(self.seed, elem) };
         step.0
             .wrapping_mul(starts)
@@ -303,7 +303,7 @@ impl ComputeWork {
     }
 }
 
-/// The kernels' `%globaltimer` stamps (ns), see weft/overlap_work.h.
+/// The kernels' `%globaltimer` stamps (ns), see weft/abi/synthetic.h.
 pub struct Stamps {
     buf: CudaSlice<u64>,
 }
@@ -387,7 +387,7 @@ pub fn memset_u32(stream: &Arc<CudaStream>, ptr: u64, value: u32, n: usize) -> a
 }
 
 fn abi_mix(x: u32) -> u32 {
-    // SAFETY: a pure function over integers (weft/overlap_work.h).
+    // SAFETY: a pure function over integers (weft/abi/synthetic.h).
     unsafe { abi::weft_overlap_mix(x) }
 }
 

@@ -86,7 +86,7 @@ impl Collectives {
         )?;
         // [slot][phase][sender] rows of slot_bytes, then [slot][sender] LL rows
         // (weft_collective_slot_offset, weft_collective_ll_slot_offset).
-        // SAFETY: a pure function of its argument (weft/collectives.h).
+        // SAFETY: a pure function of its argument (weft/abi/collectives.h).
         let rows = unsafe { abi::weft_collective_staging_rows(world as u32) };
         let slot_bytes = options.slot_bytes_at(world);
         let staging = Pgl::alloc(

@@ -1,6 +1,6 @@
 //! weft-kernels: every CUDA C++ kernel of weft (`kernels/` at the workspace root) compiled for
 //! sm_90a by this crate's build script, embedded as cubins, plus the plain-old-data structs that
-//! kernels and Rust share (declared once in `kernels/include/weft/*.h`, bound with bindgen).
+//! kernels and Rust share (declared once in `kernels/include/weft/abi/*.h`, bound with bindgen).
 //!
 //! Host crates load a module with [`Cubin::load`] and launch its functions through cudarc.
 

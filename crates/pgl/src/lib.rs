@@ -3,7 +3,7 @@
 //!
 //! Parallel global layouts (the seed's PGL):
 //! - [`Pgl`]: a buffer of one [`Shape`] on every rank, each peer's buffer mapped into this
-//!   process, and the plain-old-data view (`weft_pgl_view`, `kernels/include/weft/pgl.h`) that
+//!   process, and the plain-old-data view (`weft_pgl_view`, `kernels/include/weft/abi/pgl.h`) that
 //!   kernels take by value. Collective allocation and free in process mode; [`PglGroup`] for one
 //!   process driving several GPUs. Backends: [`Backend::Vmm`] (default) and [`Backend::Ipc`].
 //! - [`shape`]: shapes and tile coordinates, one C definition shared with the kernels.

@@ -1,5 +1,5 @@
 //! PGL shapes (batch, depth, rows, cols) and tile coordinates. The coordinate math is the C
-//! definition in `kernels/include/weft/pgl.h`, compiled for the host from the same source the
+//! definition in `kernels/include/weft/abi/pgl.h`, compiled for the host from the same source the
 //! kernels include; this module only adds safe wrappers and validation.
 
 use weft_kernels::abi::{self, weft_pgl_shape, weft_tile_coord};

@@ -593,7 +593,7 @@ impl Gemm {
             BLayout::KxN => encode_2d("B (k x n)", b_ptr, o.input, k, n, 64, 64)?,
         };
         let chunk_cols = (128 / o.output.bytes()) as u32;
-        // Wide stores (kernels/include/weft/gemm.h): with the whole-tile epilogue, one TMA box per run
+        // Wide stores (kernels/include/weft/abi/gemm.h): with the whole-tile epilogue, one TMA box per run
         // of a warpgroup's rows across the tile's width instead of one per 128-byte chunk.
         let wide = plan.whole_tile_epilogue()
             && match layout {

@@ -5,7 +5,7 @@
 //!
 //! - [`GemmPlan`]: shape, dtypes, B layout, `sm_margin`, validated once, with the tile shape and
 //!   the schedule ([`GemmPlan::schedule`]: every tile's order and wave, from the kernel's own
-//!   scheduler function in kernels/include/weft/gemm.h).
+//!   scheduler function in kernels/include/weft/abi/gemm.h).
 //! - [`Gemm`]: the plan's kernel loaded on a context; `launch` on a stream, `launch_with` for
 //!   per-tile flags ([`TileFlags`]), the test communicator's copy, a trace, a start/end
 //!   timeline, or early release after a `weft_barrier::KernelBarrier` wait. With

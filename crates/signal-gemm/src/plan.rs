@@ -57,7 +57,7 @@ pub enum TileChoice {
     N128,
 }
 
-/// The epilogue variant (kernels/include/weft/gemm.h, WEFT_GEMM_EPI_*).
+/// The epilogue variant (kernels/include/weft/abi/gemm.h, WEFT_GEMM_EPI_*).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EpilogueChoice {
     /// Pipelined, unless split-K needs the whole-tile one (16-bit outputs, 128 × 256 tiles).
@@ -84,7 +84,7 @@ pub enum Scheduling {
 }
 
 /// Split-K: each tile's K cut into work units that run on separate CTAs, the last adding the
-/// others' fp32 partials before it stores (kernels/include/weft/gemm.h, "Split-K"). For shapes
+/// others' fp32 partials before it stores (kernels/include/weft/abi/gemm.h, "Split-K"). For shapes
 /// with fewer tiles than SMs, or a last wave that leaves most of them idle. Applies to plain
 /// launches (standard layout, no signals or fused collective); other launches of the plan run
 /// every tile whole.

@@ -1,5 +1,5 @@
 //! The schedule as the host sees it: the kernel's own scheduler (`weft_gemm_tile_at` in
-//! kernels/include/weft/gemm.h, called here through bindgen) listed tile by tile.
+//! kernels/include/weft/abi/gemm.h, called here through bindgen) listed tile by tile.
 
 use weft_kernels::abi::{
     weft_gemm_order_count, weft_gemm_schedule, weft_gemm_tile_at, weft_gemm_wave_of,

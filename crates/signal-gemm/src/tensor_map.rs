@@ -63,7 +63,7 @@ pub(crate) fn encode_3d(
     )
 }
 
-/// The wide view of D for the whole-tile epilogue's stores (kernels/include/weft/gemm.h,
+/// The wide view of D for the whole-tile epilogue's stores (kernels/include/weft/abi/gemm.h,
 /// "Wide stores"): `slots` row-major matrices of `rows` × `cols` elements (one after the other)
 /// as (128 bytes of columns, row, 128-byte column chunk, slot), stored in boxes of 128 bytes ×
 /// `box_rows` × `box_chunks` × 1. The chunk dimension's stride (128 bytes) is smaller than the

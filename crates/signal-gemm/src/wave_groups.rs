@@ -1,7 +1,7 @@
 //! Wave groups: the signalling timing of signal-gemm II (FlashOverlap §3.2). The schedule's orders
 //! are cut at wave boundaries into consecutive groups; the epilogue adds to its group's counter
 //! once a tile's stores are complete, and the communication of a group starts when its counter is
-//! full. The group of an order comes from `weft_gemm_group_of` (kernels/include/weft/gemm.h), the
+//! full. The group of an order comes from `weft_gemm_group_of` (kernels/include/weft/abi/gemm.h), the
 //! same function the kernel calls.
 
 use crate::plan::GemmPlan;

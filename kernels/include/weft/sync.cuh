@@ -7,15 +7,15 @@
 //   barrier(bar, coord, epoch)          all ranks, epoch-numbered              (barrier.cuh)
 //   signal_gpu / wait_gpu / barrier_gpu the same between SMs of one GPU (.gpu scope)
 //
-// `bar` is a weft_sync_counters (weft/sync.h) passed to the kernel by value; the host side
+// `bar` is a weft_sync_counters (weft/abi/sync.h) passed to the kernel by value; the host side
 // (crates/sync: Counters) allocates it through pgl and tracks its epochs.
 #pragma once
-#include "weft/sync.h"
+#include "weft/abi/sync.h"
 #include "weft/sync/barrier.cuh"
 #include "weft/sync/clock.cuh"
 #include "weft/sync/counter.cuh"
 #include "weft/sync/error.cuh"
-#include "weft/sync/mbarrier.cuh"
+#include "weft/sync/mbarrier_wait.cuh"
 #include "weft/sync/memory_order.cuh"
 #include "weft/sync/signal.cuh"
 #include "weft/sync/wait.cuh"

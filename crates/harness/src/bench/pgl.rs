@@ -26,7 +26,7 @@
 //! `dst` and compares every word with rank r−1's source words regenerated on the CPU. Any
 //! mismatch (or an unwritten, still-poisoned word) fails the run on every rank, naming the rank.
 //!
-//! # Kernels (`kernels/pgl/peer_copy.cu`, helpers in `kernels/include/weft/bulk_copy.cuh`)
+//! # Kernels (`kernels/pgl/peer_copy.cu`, helpers in `kernels/include/weft/tma/bulk_copy.cuh`)
 //!
 //! - `plain write` / `plain read`: blocks of 1024 threads, one per SM (the suite checks occupancy
 //!   and pads shared memory if two could share an SM), grid-stride over 16-byte vectors with 4

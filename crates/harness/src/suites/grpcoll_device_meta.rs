@@ -273,7 +273,7 @@ fn wrapping_rows(job: &mut Job) -> anyhow::Result<()> {
             let from = 1u32 << ((rank + world - 1) % world);
             // huge + 8 = 4 modulo 2^32.
             let huge = u32::MAX - 3;
-            // The device layout (weft/grpcoll.h): split counts, then per side the rows and peer
+            // The device layout (weft/abi/grpcoll.h): split counts, then per side the rows and peer
             // masks of max_splits splits.
             let words = [2, 2, huge, 8, to, to, huge, 8, from, from];
             write(plan.input(), &vec![1.5f32; plan.input().len()])?;

@@ -4,7 +4,7 @@
 // tile row in shared memory (ag_stall), and the peer-barrier thread reports it once the consumers
 // drained (peer_reduce.cuh). Device-only C++.
 #pragma once
-#include "weft/gemm.h"
+#include "weft/abi/gemm.h"
 #include "weft/sync/error.cuh"
 #include "weft/sync/memory_order.cuh"
 

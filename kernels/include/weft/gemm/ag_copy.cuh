@@ -15,7 +15,7 @@
 //           peers' shards, and a peer's next shard is written only after them.
 // The chunk flags' poll and report: ag_chunk.cuh.
 #pragma once
-#include "weft/gemm.h"
+#include "weft/abi/gemm.h"
 #include "weft/gemm/ag_chunk.cuh"
 #include "weft/gemm/config.cuh"
 #include "weft/gemm/peer_reduce.cuh"

@@ -8,7 +8,7 @@
 // the launch's target, and copies the tile from D to copy_dst with 16-byte loads and stores. The
 // result is checked against D by the harness: a missing or early signal shows as a wrong copy.
 #pragma once
-#include "weft/gemm.h"
+#include "weft/abi/gemm.h"
 #include "weft/gemm/ag_copy.cuh"
 #include "weft/gemm/loader.cuh"
 #include "weft/gemm/tile_allreduce.cuh"

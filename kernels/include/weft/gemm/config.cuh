@@ -8,7 +8,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
-#include "weft/gemm.h"
+#include "weft/abi/gemm.h"
 #include "weft/gemm/wgmma.cuh"
 
 namespace weft::gemm {

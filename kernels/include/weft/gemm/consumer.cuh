@@ -2,11 +2,11 @@
 // registers, one wgmma batch per K block, keeping one batch in flight while it waits for the next
 // stage, and hands each stage back to the loader as soon as its batch has retired.
 #pragma once
-#include "weft/gemm.h"
-#include "weft/cluster.cuh"
+#include "weft/abi/gemm.h"
+#include "weft/sm90/cluster.cuh"
 #include "weft/gemm/config.cuh"
 #include "weft/gemm/loader.cuh"
-#include "weft/sync/mbarrier.cuh"
+#include "weft/sync/mbarrier_wait.cuh"
 
 namespace weft::gemm {
 

@@ -21,8 +21,8 @@
 // without touching the main loop. A plain kernel (Cfg::kFused false) compiles the fused roles
 // out: no signallers, peer barriers, fused AllGather source or communicator.
 #pragma once
-#include "weft/cluster.cuh"
-#include "weft/gemm.h"
+#include "weft/sm90/cluster.cuh"
+#include "weft/abi/gemm.h"
 #include "weft/gemm/communicator.cuh"
 #include "weft/gemm/config.cuh"
 #include "weft/gemm/consumer.cuh"
@@ -30,9 +30,9 @@
 #include "weft/gemm/peer_reduce.cuh"
 #include "weft/gemm/split_k.cuh"
 #include "weft/gemm/storer.cuh"
-#include "weft/mbarrier.cuh"
-#include "weft/tensor_copy.cuh"
-#include "weft/warpgroup.cuh"
+#include "weft/sm90/mbarrier.cuh"
+#include "weft/tma/tensor_copy.cuh"
+#include "weft/sm90/warpgroup.cuh"
 
 namespace weft::gemm {
 

@@ -4,13 +4,13 @@
 // the stage of the unit's first K block, and ends with a stage that carries WEFT_GEMM_NO_TILE and
 // no bytes.
 #pragma once
-#include "weft/gemm.h"
-#include "weft/cluster.cuh"
+#include "weft/abi/gemm.h"
+#include "weft/sm90/cluster.cuh"
 #include "weft/gemm/ag_chunk.cuh"
 #include "weft/gemm/config.cuh"
 #include "weft/gemm/peer_reduce.cuh"
-#include "weft/sync/mbarrier.cuh"
-#include "weft/tensor_copy.cuh"
+#include "weft/sync/mbarrier_wait.cuh"
+#include "weft/tma/tensor_copy.cuh"
 
 namespace weft::gemm {
 

@@ -29,14 +29,14 @@
 // weft::sync::fail anywhere in the consumer makes ptxas ignore setmaxnreg and spill the
 // accumulators, so weft/sync's signal_all / wait are not used as such.
 #pragma once
-#include "weft/gemm.h"
+#include "weft/abi/gemm.h"
 #include "weft/gemm/ag_chunk.cuh"
 #include "weft/gemm/config.cuh"
-#include "weft/mbarrier.cuh"
+#include "weft/sm90/mbarrier.cuh"
 #include "weft/sync/counter.cuh"
 #include "weft/sync/error.cuh"
 #include "weft/sync/memory_order.cuh"
-#include "weft/warpgroup.cuh"
+#include "weft/sm90/warpgroup.cuh"
 
 namespace weft::gemm {
 

@@ -15,10 +15,10 @@
 // before the barrier and the leader's arrival, which the signaller acquired, so a reader that
 // acquires the counter sees them — the same guarantee as the leader's own release had.
 #pragma once
-#include "weft/gemm.h"
+#include "weft/abi/gemm.h"
 #include "weft/gemm/config.cuh"
-#include "weft/mbarrier.cuh"
-#include "weft/sync/mbarrier.cuh"
+#include "weft/sm90/mbarrier.cuh"
+#include "weft/sync/mbarrier_wait.cuh"
 #include "weft/sync/error.cuh"
 #include "weft/sync/memory_order.cuh"
 

@@ -9,12 +9,12 @@
 // resets it for the next launch; the warpgroup meets at a barrier before any thread reads a
 // partial. Partials move through L2 (.cg): they are written once and read once, by another SM.
 #pragma once
-#include "weft/gemm.h"
+#include "weft/abi/gemm.h"
 #include "weft/gemm/config.cuh"
 #include "weft/gemm/consumer.cuh"
 #include "weft/sync/clock.cuh"
 #include "weft/sync/memory_order.cuh"
-#include "weft/warpgroup.cuh"
+#include "weft/sm90/warpgroup.cuh"
 
 namespace weft::gemm {
 

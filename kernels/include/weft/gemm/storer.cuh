@@ -26,14 +26,14 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include "weft/bulk_copy.cuh"
-#include "weft/gemm.h"
+#include "weft/tma/bulk_copy.cuh"
+#include "weft/abi/gemm.h"
 #include "weft/gemm/config.cuh"
 #include "weft/gemm/peer_reduce.cuh"
 #include "weft/gemm/signaller.cuh"
 #include "weft/sync/memory_order.cuh"
-#include "weft/tensor_copy.cuh"
-#include "weft/warpgroup.cuh"
+#include "weft/tma/tensor_copy.cuh"
+#include "weft/sm90/warpgroup.cuh"
 
 namespace weft::gemm {
 

@@ -1,4 +1,4 @@
-// The fused AllReduce's worker (weft_tile_allreduce_params, weft/gemm.h), run by every thread of
+// The fused AllReduce's worker (weft_tile_allreduce_params, weft/abi/gemm.h), run by every thread of
 // each worker CTA: the GEMM's communicator CTAs (fused-inter) or the CTAs of
 // weft_gemm_tile_allreduce (DistFuse). Device-only C++.
 //
@@ -16,7 +16,7 @@
 // ordered after this kernel, may overwrite them).
 #pragma once
 #include <cuda_bf16.h>
-#include "weft/gemm.h"
+#include "weft/abi/gemm.h"
 #include "weft/sync/signal.cuh"
 #include "weft/sync/wait.cuh"
 

@@ -17,7 +17,7 @@
 // block's writes precede the arrival) and after (so the block reads after the pass).
 #pragma once
 #include <stdint.h>
-#include "weft/sync.h"
+#include "weft/abi/sync.h"
 #include "weft/sync/signal.cuh"
 #include "weft/sync/wait.cuh"
 

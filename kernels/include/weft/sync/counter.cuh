@@ -4,8 +4,8 @@
 // instead of writing into someone else's memory.
 #pragma once
 #include <stdint.h>
-#include "weft/pgl.h"
-#include "weft/sync.h"
+#include "weft/abi/pgl.h"
+#include "weft/abi/sync.h"
 #include "weft/sync/error.cuh"
 
 namespace weft::sync {

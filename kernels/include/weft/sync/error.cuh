@@ -11,7 +11,7 @@
 // to publish before trapping, so their trap cannot cut the winner's report short.
 #pragma once
 #include <stdint.h>
-#include "weft/sync.h"
+#include "weft/abi/sync.h"
 #include "weft/sync/clock.cuh"
 
 namespace weft::sync {

@@ -11,7 +11,7 @@
 // there since it was zeroed, which is what makes monotonic targets work (README.md, "epochs").
 #pragma once
 #include <stdint.h>
-#include "weft/sync.h"
+#include "weft/abi/sync.h"
 #include "weft/sync/counter.cuh"
 #include "weft/sync/memory_order.cuh"
 

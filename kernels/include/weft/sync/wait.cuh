@@ -13,7 +13,7 @@
 // expected and observed value in the error slot and traps (error.cuh).
 #pragma once
 #include <stdint.h>
-#include "weft/sync.h"
+#include "weft/abi/sync.h"
 #include "weft/sync/clock.cuh"
 #include "weft/sync/counter.cuh"
 #include "weft/sync/error.cuh"

@@ -4,7 +4,7 @@
 // tile shape chosen by the kernel; edge tiles are ragged when rows or cols are not multiples.
 #pragma once
 #include <stdint.h>
-#include "weft/hd.h"
+#include "weft/abi/hd.h"
 
 // Enough for an 8-GPU NVLink domain and beyond; a view is 16 * 8 + 32 bytes.
 #define WEFT_PGL_MAX_RANKS 16

@@ -1,5 +1,5 @@
 // TMA bulk copies (non-tensor `cp.async.bulk`, sm_90); the global -> shared direction completes on
-// an mbarrier (weft/mbarrier.cuh). Device-only C++ (not read by bindgen): named wrappers so
+// an mbarrier (weft/sm90/mbarrier.cuh). Device-only C++ (not read by bindgen): named wrappers so
 // kernels never carry inline PTX of their own.
 //
 // Orderings, in one place:
@@ -24,7 +24,7 @@
 //   aligned, sizes multiples of 16 bytes. One transaction count is at most 2^20 - 1 bytes.
 #pragma once
 #include <stdint.h>
-#include "weft/mbarrier.cuh"
+#include "weft/sm90/mbarrier.cuh"
 
 namespace weft {
 

@@ -16,8 +16,8 @@
 // outside D and are clipped, and signals and traces nothing.
 #pragma once
 #include <stdint.h>
-#include "weft/hd.h"
-#include "weft/sync.h"
+#include "weft/abi/hd.h"
+#include "weft/abi/sync.h"
 
 // Fixed tile geometry (kernels/include/weft/gemm/config.cuh builds on these; the host sizes
 // launches from them): every tile is 128 rows by 128 or 256 columns, K steps of 64.

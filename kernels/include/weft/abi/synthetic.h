@@ -4,8 +4,8 @@
 // arrives on a KernelBarrier, and the %globaltimer stamps both leave.
 #pragma once
 #include <stdint.h>
-#include "weft/hd.h"
-#include "weft/kernel_barrier.h"
+#include "weft/abi/hd.h"
+#include "weft/abi/kernel_barrier.h"
 
 #define WEFT_OVERLAP_THREADS 1024  // threads per block of both kernels
 #define WEFT_OVERLAP_CHAINS 56     // independent affine chains per thread: 64 registers, the whole file at 1024 threads

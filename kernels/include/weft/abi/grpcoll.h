@@ -2,10 +2,10 @@
 // GroupCast / GroupReduce kernels (kernels/grpcoll/grpcoll.cu). Plain C (bindgen).
 #pragma once
 #include <stdint.h>
-#include "weft/hd.h"
-#include "weft/kernel_barrier.h"
-#include "weft/pgl.h"
-#include "weft/sync.h"
+#include "weft/abi/hd.h"
+#include "weft/abi/kernel_barrier.h"
+#include "weft/abi/pgl.h"
+#include "weft/abi/sync.h"
 
 // At most this many peers per work item (one per rank: a PGL spans at most WEFT_PGL_MAX_RANKS).
 #define WEFT_GRPCOLL_MAX_PEERS WEFT_PGL_MAX_RANKS

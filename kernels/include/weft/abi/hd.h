@@ -1,4 +1,4 @@
-// WEFT_HD marks a function usable from host and device code. Headers under weft/ are plain C so
+// WEFT_HD marks a function usable from host and device code. Headers under weft/abi/ are plain C so
 // that bindgen reads them; under nvcc the same functions compile for the device too, and on the
 // host side crates/kernels compiles bindgen's wrappers of them with cc: one definition for both.
 #pragma once

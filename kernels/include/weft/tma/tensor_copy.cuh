@@ -1,6 +1,6 @@
 // TMA tensor copies (cp.async.bulk.tensor, sm_90) through a CUtensorMap the host encoded
 // (weft_tensor_map, passed in a __grid_constant__ kernel parameter so its address is valid here).
-// Device-only C++. Orderings are those of weft/bulk_copy.cuh: a load completes complete_tx(bytes)
+// Device-only C++. Orderings are those of weft/tma/bulk_copy.cuh: a load completes complete_tx(bytes)
 // on an mbarrier whose current phase counts the box's full size (out-of-bounds elements are
 // zero-filled and still counted): the expect_tx may come before or, while an arrival of the phase
 // is still pending (a cluster peer's multicast), after the bytes land; a store joins the issuing thread's bulk group, and only
@@ -8,7 +8,7 @@
 // shared source). Elements of a stored box outside the tensor are not written.
 #pragma once
 #include <stdint.h>
-#include "weft/bulk_copy.cuh"
+#include "weft/tma/bulk_copy.cuh"
 
 namespace weft {
 

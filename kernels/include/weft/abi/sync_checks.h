@@ -2,9 +2,9 @@
 // payload / delay functions both the kernels and the host evaluate (one definition, WEFT_HD).
 #pragma once
 #include <stdint.h>
-#include "weft/hd.h"
-#include "weft/pgl.h"
-#include "weft/sync.h"
+#include "weft/abi/hd.h"
+#include "weft/abi/pgl.h"
+#include "weft/abi/sync.h"
 
 // ---- stress: data + signal between ranks (kernels/sync/stress.cu) ----------------------------
 

@@ -1,7 +1,7 @@
 // KernelBarrier (crates/barrier): communication kernels arrive on a device int32 counter when they
 // start; a 1-block, 1-thread wait kernel on the compute stream spins until the counter reaches a
 // target, so the compute kernel queued behind it cannot take the SMs the communication kernels
-// need. Plain C (bindgen reads it); the device side is weft/kernel_barrier.cuh.
+// need. Plain C (bindgen reads it); the device side is weft/barrier/kernel_barrier.cuh.
 #pragma once
 #include <stdint.h>
 

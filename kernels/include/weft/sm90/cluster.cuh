@@ -3,7 +3,7 @@
 // distributed shared memory of one cluster, unrelated to NVLink multicast.
 #pragma once
 #include <stdint.h>
-#include "weft/mbarrier.cuh"
+#include "weft/sm90/mbarrier.cuh"
 
 namespace weft {
 

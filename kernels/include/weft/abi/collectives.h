@@ -3,9 +3,9 @@
 // Plain C (bindgen reads it); the kernels are in kernels/collectives/collectives.cu.
 #pragma once
 #include <stdint.h>
-#include "weft/hd.h"
-#include "weft/pgl.h"
-#include "weft/sync.h"
+#include "weft/abi/hd.h"
+#include "weft/abi/pgl.h"
+#include "weft/abi/sync.h"
 
 // weft_collective_params.algo
 #define WEFT_COLL_ALL_REDUCE_ONE_SHOT 1  // every rank pushes its whole input to every peer, sums locally

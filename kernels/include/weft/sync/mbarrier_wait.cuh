@@ -1,10 +1,10 @@
-// Intra-SM synchronization through shared-memory mbarriers (weft/mbarrier.cuh), with a wait
+// Intra-SM synchronization through shared-memory mbarriers (weft/sm90/mbarrier.cuh), with a wait
 // bounded by the sync budget that reports through the error slot. Used for the intra-SM latency
 // reference; warps of one block hand off through it without leaving the SM.
 #pragma once
 #include <stdint.h>
-#include "weft/mbarrier.cuh"
-#include "weft/sync.h"
+#include "weft/sm90/mbarrier.cuh"
+#include "weft/abi/sync.h"
 #include "weft/sync/clock.cuh"
 #include "weft/sync/error.cuh"
 

@@ -3,7 +3,7 @@
 // The device primitives over these structs are in weft/sync/*.cuh (umbrella: weft/sync.cuh).
 #pragma once
 #include <stdint.h>
-#include "weft/pgl.h"
+#include "weft/abi/pgl.h"
 
 // weft_error_slot.status. The first failing thread (weft/sync/error.cuh) marks the slot WRITING,
 // fills the fields, then publishes one of the final codes. The host clears it to NONE.

@@ -1,4 +1,4 @@
-// Device side of KernelBarrier (weft/kernel_barrier.h, crates/barrier/README.md).
+// Device side of KernelBarrier (weft/abi/kernel_barrier.h, crates/barrier/README.md).
 //
 // Arrival orders no data: it says "this kernel holds its SMs and runs", nothing about what it has
 // written, so it is a relaxed GPU-scope atomic (the waiter and the arriving kernels run on one
@@ -6,7 +6,7 @@
 // results; for that use events or weft::sync signals.
 #pragma once
 #include <stdint.h>
-#include "weft/kernel_barrier.h"
+#include "weft/abi/kernel_barrier.h"
 
 namespace weft {
 
