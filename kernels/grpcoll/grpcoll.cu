@@ -69,7 +69,7 @@ __device__ __forceinline__ uint32_t item_count(const weft_grpcoll_params& p) {
   return p.nitems_at != 0 ? *reinterpret_cast<const uint32_t*>(p.nitems_at) : p.nitems;
 }
 
-// The walk over the launch's n items (weft_grpcoll_walk_item, grpcoll.h): spread over the peers
+// The walk over the launch's n items (weft_grpcoll_walk_item, abi/grpcoll.h): spread over the peers
 // natively (pushes interleaved, pulls by whole runs); in order (world 1) without SYNCED, the
 // baseline's local copies.
 __device__ __forceinline__ uint32_t walk_world(const weft_grpcoll_params& p) {

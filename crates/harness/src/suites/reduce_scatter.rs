@@ -177,7 +177,7 @@ fn band_round_trip<TO: GemmElement>(
     check_band_slots(&download(stream, &staging)?, &plan, &groups, ranks)
 }
 
-/// Every band slot of a RANK_BANDS buffer, located as gemm.h documents it (a tile's 16 atoms of
+/// Every band slot of a RANK_BANDS buffer, located as abi/gemm.h documents it (a tile's 16 atoms of
 /// 8 rows dealt in order, band r getting 16 / ranks atoms and one more if r < 16 % ranks; group
 /// g's range holds `ranks` parts of its order count slots each, part r holding band r of each
 /// of its tiles; a slot has the largest band's rows).

@@ -1,7 +1,7 @@
 //! AllGather + GEMM fused into the GEMM's loader (ParallelKittens' intra-SM method): A (m × k) is
 //! sharded by rows, rank q holding rows [q·m/world, (q + 1)·m/world) in a PGL; every rank computes
 //! all of D = A · B_rank (its own B, e.g. a column shard of a weight), its loader reading each A
-//! tile by TMA straight from the owner's shard, local or peer (`ag_maps`, gemm.h). The order is
+//! tile by TMA straight from the owner's shard, local or peer (`ag_maps`, abi/gemm.h). The order is
 //! rotated so that each rank starts on its own shard's rows: the wait for the peers' shards
 //! (START, every rank's CTAs launched, so their shards are written) comes after a rank's own
 //! tiles have started. END (every rank's loads done) lets the next run's shard be overwritten.

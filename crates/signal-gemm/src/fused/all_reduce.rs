@@ -1,4 +1,4 @@
-//! GEMM + AllReduce by tile flags (weft_tile_allreduce_params, gemm.h; the worker is
+//! GEMM + AllReduce by tile flags (weft_tile_allreduce_params, abi/gemm.h; the worker is
 //! kernels/include/weft/gemm/tile_allreduce.cuh). Every rank's GEMM stores its partial product
 //! in a PGL and raises each tile's flag at system scope; the tile's owner (tile index % world)
 //! waits for every rank's flag, sums the partials in fp32 in rank order and writes the bf16 sum

@@ -1,4 +1,4 @@
-//! GEMM + All-to-All fused into the GEMM kernel (WEFT_GEMM_LAYOUT_PEER_ROWS, gemm.h): the
+//! GEMM + All-to-All fused into the GEMM kernel (WEFT_GEMM_LAYOUT_PEER_ROWS, abi/gemm.h): the
 //! epilogue stores each row of this rank's product straight into its destination's output —
 //! its own, or a peer's through peer memory — at the row the routing gives it there (every
 //! source's rows in turn, each source's rows ascending). No pools, no copies, no NCCL, no second

@@ -1,4 +1,4 @@
-//! GEMM + ReduceScatter fused into the GEMM kernel (WEFT_GEMM_LAYOUT_PEER_REDUCE, gemm.h): rank q
+//! GEMM + ReduceScatter fused into the GEMM kernel (WEFT_GEMM_LAYOUT_PEER_REDUCE, abi/gemm.h): rank q
 //! owns standard rows [q·m/world, (q + 1)·m/world) — the rows ncclReduceScatter of the standard
 //! layout would give it — in a PGL; every rank's epilogue reduce-adds each finished tile, by TMA,
 //! into the owner's buffer (local or peer), and the kernel's START / END barriers make every

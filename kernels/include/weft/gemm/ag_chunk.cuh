@@ -1,4 +1,4 @@
-// The inter-SM AllGather's chunk flags (weft_gemm_ag_copy, gemm.h; the copy is ag_copy.cuh): the
+// The inter-SM AllGather's chunk flags (weft_gemm_ag_copy, abi/gemm.h; the copy is ag_copy.cuh): the
 // loader's poll before a tile of a copied row, and the report of a poll that gave up. The loader
 // only polls (its 40 registers leave no room for a report inline): a give-up leaves the chunk's
 // tile row in shared memory (ag_stall), and the peer-barrier thread reports it once the consumers

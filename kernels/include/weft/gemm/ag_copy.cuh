@@ -1,4 +1,4 @@
-// Inter-SM AllGather + GEMM (weft_gemm_ag_copy, gemm.h): the communicator CTAs copy the peers'
+// Inter-SM AllGather + GEMM (weft_gemm_ag_copy, abi/gemm.h): the communicator CTAs copy the peers'
 // A shards into this GPU's gathered A, a tile row (chunk) at a time, and release a flag per chunk;
 // the loader waits for a chunk's flag before it loads a tile of that row. Device-only C++.
 //

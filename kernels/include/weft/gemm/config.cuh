@@ -30,7 +30,7 @@ struct GemmConfig {
   static constexpr int kBM = WEFT_GEMM_TILE_M, kBN = kBN_, kBK = WEFT_GEMM_TILE_K;
   static constexpr bool kBNK = kBNK_;
   static constexpr bool kFused = kFused_;
-  // Epilogue variant (WEFT_GEMM_EPI_*, gemm.h) and the pipeline depth that fits beside it: the
+  // Epilogue variant (WEFT_GEMM_EPI_*, abi/gemm.h) and the pipeline depth that fits beside it: the
   // constexpr mirrors of weft_gemm_stages / weft_gemm_epi_bufs (the host's sizes). A mismatch is
   // caught at run time: the kernel checks %dynamic_smem_size against kSmemBytes.
   static constexpr int kEpilogue = kEpilogue_;

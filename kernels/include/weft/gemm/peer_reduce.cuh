@@ -1,4 +1,4 @@
-// The PEER_REDUCE epilogue's barriers (fused GEMM + ReduceScatter, gemm.h): every rank's D is
+// The PEER_REDUCE epilogue's barriers (fused GEMM + ReduceScatter, abi/gemm.h): every rank's D is
 // zeroed before any rank adds into it, and this rank's D is complete when the kernel ends. The
 // PEER_ROWS epilogue (fused GEMM + All-to-All) uses them as they are, without the zeroing: START
 // is thread 96's arrival as the kernel begins (the stream has run what read this rank's D), the
@@ -43,10 +43,10 @@ namespace weft::gemm {
 constexpr uint32_t kPeerBarrier = 1 + WEFT_GEMM_CONSUMERS;  // ids 1..kConsumers: one per consumer warpgroup
 
 __device__ __forceinline__ bool peer_reduce(const weft_gemm_params& p) { return p.layout == WEFT_GEMM_LAYOUT_PEER_REDUCE; }
-// The fused AllGather + GEMM (A read from its owners' shards; ag_maps in gemm.h) uses the same
+// The fused AllGather + GEMM (A read from its owners' shards; ag_maps in abi/gemm.h) uses the same
 // START / END counters: START = every rank's shard written, END = every rank's loads done.
 __device__ __forceinline__ bool all_gather_a(const weft_gemm_params& p) { return p.ag_maps != 0; }
-// The fused All-to-All (PEER_ROWS, gemm.h): the same counters, START = every rank's D was read,
+// The fused All-to-All (PEER_ROWS, abi/gemm.h): the same counters, START = every rank's D was read,
 // END = every rank's stores into this D done.
 __device__ __forceinline__ bool peer_rows(const weft_gemm_params& p) { return p.layout == WEFT_GEMM_LAYOUT_PEER_ROWS; }
 // Layouts whose epilogue writes into peers' D, its first write after START.

@@ -1,4 +1,4 @@
-// Split-K's fix-up (gemm.h, "Split-K"), run by each consumer warpgroup on its own 64 rows once its
+// Split-K's fix-up (abi/gemm.h, "Split-K"), run by each consumer warpgroup on its own 64 rows once its
 // work unit's main loop is done: an earlier split hands its fp32 accumulators to the tile's last
 // split through global memory; the last split adds them to its own before the storer runs.
 //

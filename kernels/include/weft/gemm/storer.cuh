@@ -1,7 +1,7 @@
 // The storer role (run by each consumer warpgroup on its own 64 rows): accumulators -> alpha/beta
 // -> output dtype -> a 128-byte-swizzled shared chunk -> TMA store, chunk by chunk with two
 // buffers per warpgroup, or with the whole-tile epilogue all chunks first, then their stores (one
-// wide box per run of rows where D's map allows: gemm.h, "Wide stores"); then, when the launch
+// wide box per run of rows where D's map allows: abi/gemm.h, "Wide stores"); then, when the launch
 // asks for tile signals, the per-tile flag.
 //
 // Signal ordering (DESIGN.md §2): every thread that issued a tile's TMA stores waits for its
@@ -132,7 +132,7 @@ __device__ __forceinline__ void post_due(const weft_gemm_params& p, const Shared
 // RANK_BANDS: the chunk of tile rows [row, row + 64) in boxes of weft_gemm_band_box_rows rows,
 // each inside one band: a box (shared rows from a multiple of box_rows, 1024-byte aligned) goes
 // to (col, its row within the band, the band's slot) of D, the 3-D tensor (tile_n columns, band
-// slot rows, slots), band and row from the parameters' table. Every coordinate is >= 0 (gemm.h).
+// slot rows, slots), band and row from the parameters' table. Every coordinate is >= 0 (abi/gemm.h).
 // Issues the boxes k (counted from `first_box`, one per box of the chunk) with k % `issuers` ==
 // `share`; returns whether it issued any.
 __device__ __forceinline__ bool store_bands(const weft_gemm_params& p, const uint8_t* buf, int32_t col, uint32_t row,
@@ -156,7 +156,7 @@ __device__ __forceinline__ bool store_bands(const weft_gemm_params& p, const uin
 // swizzle's row % 8). shift = 6 is one run: chunk c is buffer c (sm.epi(consumer, c)), as the
 // narrow whole-tile stores, ROW_SLOTS and PEER_REDUCE read them (the pipelined epilogue does not
 // use this: it rotates two buffers). Smaller runs (wide stores of bands) keep each run's chunks
-// adjacent, as one wide box reads them (gemm.h, "Wide stores").
+// adjacent, as one wide box reads them (abi/gemm.h, "Wide stores").
 template <class Cfg>
 __device__ __forceinline__ uint32_t wide_offset(uint32_t r, uint32_t c, uint32_t byte, uint32_t shift) {
   const uint32_t run_bytes = 128u << shift;
@@ -205,7 +205,7 @@ __device__ __forceinline__ void store_row_slots(const weft_gemm_params& p, const
 }
 
 // PEER_ROWS: the warpgroup's threads copy chunk `chunk` (64 rows x 128 bytes, swizzled) of the
-// tile rows [row0, row0 + 64), columns from col0, to each row's destination (gemm.h): 8 threads
+// tile rows [row0, row0 + 64), columns from col0, to each row's destination (abi/gemm.h): 8 threads
 // per row, each a 16-byte piece, so a row's 128 bytes go out as one coalesced write.
 __device__ __forceinline__ void store_peer_rows(const weft_gemm_params& p, const uint8_t* buf, uint32_t chunk,
                                                 uint32_t row0, uint32_t col0, uint32_t out_bytes) {

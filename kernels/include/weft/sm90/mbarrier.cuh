@@ -1,5 +1,5 @@
 // Shared-memory mbarriers (sm_90): the one set of wrappers every weft kernel uses, for TMA
-// completion (bulk_copy.cuh) and for intra-SM hand-offs (sync/mbarrier_wait.cuh). Device-only C++.
+// completion (tma/bulk_copy.cuh) and for intra-SM hand-offs (sync/mbarrier_wait.cuh). Device-only C++.
 // mbarrier.arrive has release semantics and a successful try_wait acquire semantics, at CTA scope.
 #pragma once
 #include <stdint.h>
