@@ -686,10 +686,10 @@ impl Gemm {
         // tile whole. A CUDA graph of a split launch shares the partials too: replay it in order
         // with the Gemm's other launches (one stream), never two at once.
         let plain = extras.fusion_free();
-        let (func, kernel_name) = if plain {
-            (&self.kernels.plain, plan.plain_kernel_name())
+        let func = if plain {
+            &self.kernels.plain
         } else {
-            (&self.kernels.fused, plan.kernel_name())
+            &self.kernels.fused
         };
         // Held to the end of the launch, as the claim counter.
         let mut split = match &self.split {
@@ -993,7 +993,15 @@ impl Gemm {
             }
             .result()
         }
-        .with_context(|| format!("launching {kernel_name} ({})", plan.describe()))?;
+        .with_context(|| {
+            // Named only on failure: no string is built on the launch path.
+            let name = if plain {
+                plan.plain_kernel_name()
+            } else {
+                plan.kernel_name()
+            };
+            format!("launching {name} ({})", plan.describe())
+        })?;
         drop(claim_keep);
         if let Some(l) = launches {
             *l += 1;

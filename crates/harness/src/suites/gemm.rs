@@ -389,21 +389,24 @@ fn communicator_copies_finished_tiles(job: &mut Job) -> anyhow::Result<()> {
             Scheduling::Static
         };
         let cluster_m = cluster_m.max(1);
+        let whole = output == Dtype::Bf16;
         let options = GemmOptions {
             cluster_m,
             comm_ctas: 4,
             sm_margin: 0,
             output,
             scheduling,
-            ..if output == Dtype::Bf16 {
-                GemmOptions {
-                    tile: TileChoice::N256,
-                    epilogue: EpilogueChoice::WholeTile,
-                    ..GemmOptions::default()
-                }
+            tile: if whole {
+                TileChoice::N256
             } else {
-                GemmOptions::default()
-            }
+                TileChoice::Auto
+            },
+            epilogue: if whole {
+                EpilogueChoice::WholeTile
+            } else {
+                EpilogueChoice::Auto
+            },
+            ..GemmOptions::default()
         };
         let case_seed: u64 = rng.random();
         match output {
