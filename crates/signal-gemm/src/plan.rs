@@ -221,21 +221,11 @@ impl GemmPlan {
             "no whole cluster of {} CTAs fits the SMs left ({sms} - sm_margin - comm_ctas)",
             options.cluster_m
         );
-        let splittable = options.cluster_m == 1
-            && options.comm_ctas == 0
-            && options.scheduling == Scheduling::Static;
-        // Auto may deal K to stream-K units only on the whole machine: a plan that leaves SMs to
-        // another kernel runs beside it, and a statically scheduled unit waits for CTAs that only
-        // start once SMs free up.
-        let auto_sk = splittable && options.k_splits == KSplits::Auto && options.sm_margin == 0;
-        let auto_for = |tile_n| AutoChoice::new(shape, tile_n, ctas, auto_sk, options);
         let tile_n = match options.tile {
             TileChoice::N256 => 256,
             TileChoice::N128 => 128,
-            TileChoice::Auto if auto_for(128).cost < auto_for(256).cost => 128,
-            TileChoice::Auto => 256,
+            TileChoice::Auto => auto_tile_n(shape, ctas),
         };
-        let auto = auto_for(tile_n);
         let mut sched = weft_gemm_schedule {
             m,
             n,
@@ -268,6 +258,9 @@ impl GemmPlan {
                 "GEMM shape {shape}: {tiles} output tiles do not fit the schedule's 32-bit orders"
             )
         })?;
+        let splittable = options.cluster_m == 1
+            && options.comm_ctas == 0
+            && options.scheduling == Scheduling::Static;
         let sk = match options.k_splits {
             KSplits::Fixed(s) => {
                 ensure!(
@@ -297,7 +290,22 @@ impl GemmPlan {
                 };
                 Some(sk)
             }
-            KSplits::Auto => auto.stream_k,
+            // Auto splits (every tile in s units, no whole orders) where the cost model predicts
+            // a gain, only on the whole machine (a plan that leaves SMs to another kernel runs
+            // beside it, and a statically scheduled unit waits for CTAs that only start once SMs
+            // free up), and not where the kernel would need another epilogue than the one asked
+            // for or Auto's (16-bit 128 x 256 tiles split only with the whole-tile epilogue,
+            // whose pipeline is a stage shorter). Auto never picks stream-K with whole orders:
+            // on the LLM grid it lost to the best unsplit plan on 13 of 15 shapes (crates/
+            // signal-gemm/README.md, "Stream-K").
+            KSplits::Auto
+                if splittable
+                    && options.sm_margin == 0
+                    && !(whole_ok && options.epilogue != EpilogueChoice::WholeTile) =>
+            {
+                stream_k::split_k(tiles, stream_k::auto_k_splits(tiles, k_blocks, ctas))
+            }
+            KSplits::Auto => None,
         };
         if let Some(StreamK { dp_orders, units }) = sk {
             let iters = (tiles - dp_orders) as u64 * k_blocks as u64;
@@ -324,7 +332,7 @@ impl GemmPlan {
                 WEFT_GEMM_EPI_WHOLE_TILE
             }
             EpilogueChoice::Auto => {
-                if split_needs_whole || auto.whole_tile {
+                if split_needs_whole {
                     WEFT_GEMM_EPI_WHOLE_TILE
                 } else {
                     WEFT_GEMM_EPI_PIPELINED
@@ -505,78 +513,17 @@ impl GemmPlan {
     }
 }
 
-/// Main-loop throughput of the whole-tile epilogue's pipeline (a stage shorter) relative to the
-/// pipelined one's, 128 × 256 tiles: 0.89–0.93 on the LLM grid's few-tile shapes
-/// (results/gemm/nvidia-h200-x2-2026-11-26-llm-grid-plain-kernels.json).
-const WHOLE_TILE_RELATIVE_SPEED: f64 = 0.91;
-
-/// What Auto picks for one tile width: the epilogue and stream-K with the smallest predicted time
-/// (K-block cost × tile area ÷ relative speed), among those the options leave open.
-struct AutoChoice {
-    cost: f64,
-    whole_tile: bool,
-    stream_k: Option<StreamK>,
-}
-
-impl AutoChoice {
-    fn new(shape: GemmShape, tile_n: u32, ctas: u32, auto_sk: bool, options: GemmOptions) -> Self {
-        let tiles = shape
-            .m
-            .div_ceil(WEFT_GEMM_TILE_M)
-            .saturating_mul(shape.n.div_ceil(tile_n));
-        let k_blocks = shape.k.div_ceil(WEFT_GEMM_TILE_K);
-        let area = (WEFT_GEMM_TILE_M * tile_n) as f64;
-        let speed = if tile_n == 128 {
-            N128_RELATIVE_SPEED
-        } else {
-            1.0
-        };
-        // The whole-tile epilogue exists for 16-bit outputs with 128 x 256 tiles, and the 16-bit
-        // 128 x 256 kernels run stream-K only with it (kernels/include/weft/gemm/config.cuh).
-        let whole_ok = options.output.bytes() == 2 && tile_n == 256;
-        let mut out = Vec::new();
-        for whole_tile in [false, true] {
-            let allowed = match options.epilogue {
-                EpilogueChoice::Pipelined => !whole_tile,
-                EpilogueChoice::WholeTile => whole_tile,
-                EpilogueChoice::Auto => !whole_tile || whole_ok,
-            };
-            if !allowed || (whole_tile && !whole_ok) {
-                continue;
-            }
-            let speed = if whole_tile {
-                speed * WHOLE_TILE_RELATIVE_SPEED
-            } else {
-                speed
-            };
-            let sk_ok = auto_sk && (whole_tile || !whole_ok);
-            let stream_k = if sk_ok {
-                stream_k::auto(tiles, k_blocks, ctas)
-            } else {
-                None
-            };
-            // Auto's whole-tile epilogue serves stream-K only: without it the pipelined one wins.
-            if whole_tile && options.epilogue == EpilogueChoice::Auto && stream_k.is_none() {
-                continue;
-            }
-            let k_cost = if sk_ok {
-                stream_k::auto_cost(tiles, k_blocks, ctas)
-            } else {
-                stream_k::whole_cost(tiles, k_blocks, ctas)
-            };
-            out.push(Self {
-                cost: k_cost * area / speed,
-                whole_tile,
-                stream_k,
-            });
-        }
-        out.into_iter()
-            .min_by(|a, b| a.cost.total_cmp(&b.cost))
-            .unwrap_or(Self {
-                cost: f64::INFINITY,
-                whole_tile: false,
-                stream_k: None,
-            })
+/// The tile width with the smaller predicted time: waves × tile area ÷ relative speed.
+fn auto_tile_n(shape: GemmShape, ctas: u32) -> u32 {
+    let cost = |tile_n: u32, speed: f64| {
+        let tiles = shape.m.div_ceil(WEFT_GEMM_TILE_M) as u64 * shape.n.div_ceil(tile_n) as u64;
+        let waves = tiles.div_ceil(ctas as u64);
+        waves as f64 * (WEFT_GEMM_TILE_M * tile_n) as f64 / speed
+    };
+    if cost(128, N128_RELATIVE_SPEED) < cost(256, 1.0) {
+        128
+    } else {
+        256
     }
 }
 
@@ -824,22 +771,27 @@ mod tests {
     }
 
     #[test]
-    fn stream_k_is_chosen_where_tiles_leave_sms_idle() {
-        // 512 x 1280: 40 tiles of 128 x 128 (or 20 of 128 x 256) on 132 CTAs, 128 K blocks: every
-        // tile dealt to units, none whole.
+    fn split_k_is_chosen_where_tiles_leave_sms_idle() {
+        // 512 x 1280: 40 tiles of 128 x 128 on 132 CTAs, 128 K blocks: 3 splits fill 120 CTAs.
         let p = GemmPlan::new(132, GemmShape::new(512, 1280, 8192), opts()).unwrap();
-        let sk = p.stream_k().unwrap();
-        assert_eq!((p.tile_n(), sk.dp_orders), (128, 0), "{}", p.describe());
-        assert!(sk.units >= 120, "{}", p.describe());
-        // 4096 x 1280: 160 tiles of 128 x 256, one wave and a fifth: stream-K, on the whole-tile
-        // epilogue (the 16-bit 128 x 256 kernels deal K only with it) or on 128 x 128 tiles.
-        let p = GemmPlan::new(132, GemmShape::new(4096, 1280, 8192), opts()).unwrap();
-        assert!(p.stream_k().is_some(), "{}", p.describe());
-        assert!(
-            p.tile_n() == 128 || p.whole_tile_epilogue(),
-            "{}",
-            p.describe()
+        assert_eq!(p.tile_n(), 128);
+        assert_eq!(
+            p.stream_k(),
+            Some(StreamK {
+                dp_orders: 0,
+                units: 120
+            })
         );
+        assert!(p.describe().ends_with("split_k 3"), "{}", p.describe());
+        // Auto never deals K after whole orders (stream-K lost on the LLM grid): 4096 x 1280 x
+        // 8192 stays whole, though KSplits::StreamK plans it.
+        let shape = GemmShape::new(4096, 1280, 8192);
+        assert_eq!(GemmPlan::new(132, shape, opts()).unwrap().stream_k(), None);
+        let o = GemmOptions {
+            k_splits: KSplits::StreamK,
+            ..opts()
+        };
+        assert!(GemmPlan::new(132, shape, o).unwrap().stream_k().is_some());
         // Many tiles, or a short K: none.
         for shape in [
             GemmShape::new(16384, 8192, 8192),

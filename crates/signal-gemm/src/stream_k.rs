@@ -3,7 +3,8 @@
 //! that chooses them, and the work items a CTA runs, listed by the kernel's own functions.
 
 use weft_kernels::abi::{
-    weft_gemm_next_work, weft_gemm_schedule, weft_gemm_work_at, WEFT_GEMM_NO_TILE,
+    weft_gemm_next_work, weft_gemm_schedule, weft_gemm_work_at, WEFT_GEMM_MAX_K_SPLITS,
+    WEFT_GEMM_NO_TILE,
 };
 
 /// Orders [0, dp_orders) run whole; the K blocks of the others are dealt to `units` units.
@@ -56,7 +57,7 @@ const MIN_GAIN: f64 = 0.1;
 const MIN_UNIT_K_BLOCKS: u32 = 4;
 
 /// Predicted time of every order whole.
-pub(crate) fn whole_cost(tiles: u32, k_blocks: u32, ctas: u32) -> f64 {
+fn whole_cost(tiles: u32, k_blocks: u32, ctas: u32) -> f64 {
     tiles.div_ceil(ctas) as f64 * (k_blocks as f64 + UNIT_OVERHEAD_K_BLOCKS)
 }
 
@@ -123,20 +124,22 @@ pub(crate) fn best(tiles: u32, k_blocks: u32, ctas: u32) -> Option<(StreamK, f64
         .min_by(|a, b| a.1.total_cmp(&b.1))
 }
 
-/// Auto: the best candidate where it saves MIN_GAIN of running every order whole.
-pub(crate) fn auto(tiles: u32, k_blocks: u32, ctas: u32) -> Option<StreamK> {
+/// Split-K units per tile with the smallest predicted time (each unit keeps at least
+/// MIN_UNIT_K_BLOCKS); 1 unless that saves MIN_GAIN.
+pub(crate) fn auto_k_splits(tiles: u32, k_blocks: u32, ctas: u32) -> u32 {
+    let max = (k_blocks / MIN_UNIT_K_BLOCKS).clamp(1, WEFT_GEMM_MAX_K_SPLITS);
     let whole = whole_cost(tiles, k_blocks, ctas);
-    best(tiles, k_blocks, ctas)
-        .filter(|&(_, c)| c <= whole * (1.0 - MIN_GAIN))
-        .map(|(sk, _)| sk)
-}
-
-/// Predicted time (K blocks) of the plan Auto would pick: for choosing the tile width.
-pub(crate) fn auto_cost(tiles: u32, k_blocks: u32, ctas: u32) -> f64 {
-    let whole = whole_cost(tiles, k_blocks, ctas);
-    match best(tiles, k_blocks, ctas) {
-        Some((_, c)) if c <= whole * (1.0 - MIN_GAIN) => c,
-        _ => whole,
+    let cost = |s: u32| match split_k(tiles, s) {
+        Some(sk) => cost(sk, tiles, k_blocks, ctas),
+        None => whole,
+    };
+    let best = (1..=max)
+        .min_by(|&a, &b| cost(a).total_cmp(&cost(b)))
+        .unwrap_or(1);
+    if cost(best) <= whole * (1.0 - MIN_GAIN) {
+        best
+    } else {
+        1
     }
 }
 
@@ -145,16 +148,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn few_tiles_go_to_every_cta_and_full_waves_stay_whole() {
-        // 512 x 2560 x 8192 in 128 x 256 tiles: 40 tiles of 128 K blocks on 132 CTAs.
-        let sk = auto(40, 128, 132).unwrap();
-        assert_eq!(sk.dp_orders, 0);
-        assert!(sk.units >= 120, "{sk:?}");
-        // 16384 x 8192: 4096 tiles, 32 waves; the last (4 tiles short of full) is not worth it.
-        assert_eq!(auto(4096, 128, 132), None);
-        // A whole number of waves: nothing to balance.
-        assert_eq!(auto(264, 128, 132), None);
-        // Short K: the overheads eat the gain.
-        assert_eq!(auto(40, 2, 132), None);
+    fn splits_only_where_tiles_leave_sms_idle() {
+        // 512 x 1280 x 8192 in 128 x 128 tiles: 40 tiles of 128 K blocks on 132 CTAs: 3 splits.
+        assert_eq!(auto_k_splits(40, 128, 132), 3);
+        // 32 waves, a whole number of waves, or a short K: none.
+        assert_eq!(auto_k_splits(4096, 128, 132), 1);
+        assert_eq!(auto_k_splits(264, 128, 132), 1);
+        assert_eq!(auto_k_splits(40, 2, 132), 1);
+    }
+
+    #[test]
+    fn stream_k_balances_the_last_wave() {
+        // 160 tiles of 128 K blocks on 132 CTAs: the model deals the last wave (or everything)
+        // to units, predicting a gain over two waves.
+        let (sk, c) = best(160, 128, 132).unwrap();
+        assert!(
+            sk.units <= 132 && c < whole_cost(160, 128, 132) * 0.8,
+            "{sk:?} {c}"
+        );
+        // Nothing to deal in units of 4 K blocks.
+        assert_eq!(best(40, 2, 132), None);
     }
 }

@@ -680,7 +680,7 @@ fn split_k_across_launches(job: &mut Job) -> anyhow::Result<()> {
             true,
         ),
         (
-            GemmShape::new(4096, 1280, 8192),
+            GemmShape::new(4096, 2560, 2048),
             KSplits::StreamK,
             TileChoice::N256,
             Dtype::F32,
