@@ -115,8 +115,8 @@ WEFT_HD weft_gemm_tile weft_gemm_tile_at(weft_gemm_schedule s, uint32_t order) {
 // Stream-K (split-K is its special case). With sk_units = U > 0 (cluster_m 1, static
 // scheduling, standard layout, no signals) the orders [0, sk_first) run whole, data-parallel,
 // and the K blocks of the other orders (the *stream-K tiles*) are laid end to end, tile after
-// tile, as I = (orders - sk_first) x k_blocks iterations and dealt to U balanced units of
-// consecutive iterations (the first I % U units get one more). CTA c runs its data-parallel orders
+// tile, as I = (orders - sk_first) x k_blocks iterations and dealt to U units of consecutive
+// iterations: a whole number per tile (split-K), or balanced. CTA c runs its data-parallel orders
 // c, c + ctas, ..., then units c, c + ctas, ... A unit's iterations, cut at tile boundaries, are
 // its *work items*; work item ids are the order (data-parallel) or sk_first + the item's first
 // iteration. The item holding a tile's first K block (k_begin 0) stores the tile; every other
@@ -132,14 +132,31 @@ WEFT_HD uint32_t weft_gemm_dp_orders(weft_gemm_schedule s) {
 WEFT_HD uint32_t weft_gemm_sk_iters(weft_gemm_schedule s) {
   return (weft_gemm_order_count(s) - weft_gemm_dp_orders(s)) * weft_gemm_k_blocks(s);
 }
-// First iteration of unit u (u = U: the end). 32-bit arithmetic throughout: a 64-bit division is
-// a call, which makes the consumers spill their accumulators around it.
+// Units per stream-K tile when they divide evenly (split-K), else 0. Then a tile's units are its
+// own: unit u is split u % per of stream-K tile u / per, over K blocks [j x kb / per, (j + 1) x
+// kb / per) of it (the host keeps per <= kb: none empty), so units of different tiles that run
+// side by side read the same K range (their shared A and B panels stay in L2 together).
+WEFT_HD uint32_t weft_gemm_sk_per_tile(weft_gemm_schedule s) {
+  const uint32_t tiles = weft_gemm_order_count(s) - weft_gemm_dp_orders(s);
+  return tiles != 0u && s.sk_units % tiles == 0u ? s.sk_units / tiles : 0u;
+}
+// First iteration of unit u (u = U: the end). Otherwise units are balanced over the iterations
+// laid end to end (the first I % U get one more). 32-bit arithmetic throughout: a 64-bit
+// division is a call, which makes the consumers spill their accumulators around it.
 WEFT_HD uint32_t weft_gemm_sk_unit_begin(weft_gemm_schedule s, uint32_t u) {
+  const uint32_t per = weft_gemm_sk_per_tile(s), kb = weft_gemm_k_blocks(s);
+  if (per != 0u) return (u / per) * kb + (u % per) * kb / per;
   const uint32_t iters = weft_gemm_sk_iters(s), q = iters / s.sk_units, r = iters % s.sk_units;
   return u * q + (u < r ? u : r);
 }
 // The unit holding iteration x.
 WEFT_HD uint32_t weft_gemm_sk_unit_of(weft_gemm_schedule s, uint32_t x) {
+  const uint32_t per = weft_gemm_sk_per_tile(s), kb = weft_gemm_k_blocks(s);
+  if (per != 0u) {
+    // The last split j of the tile with j x kb / per <= k.
+    const uint32_t t = x / kb, k = x - t * kb;
+    return t * per + ((k + 1u) * per - 1u) / kb;
+  }
   const uint32_t iters = weft_gemm_sk_iters(s), q = iters / s.sk_units, r = iters % s.sk_units;
   const uint32_t long_end = r * (q + 1u);
   return x < long_end ? x / (q + 1u) : r + (x - long_end) / q;
