@@ -14,7 +14,7 @@ use cudarc::driver::{
 use std::sync::{Arc, Mutex};
 use weft_kernels::abi::{
     weft_gemm_ag_copy, weft_gemm_band_box_rows, weft_gemm_band_of_row, weft_gemm_band_start,
-    weft_gemm_order_count, weft_gemm_params, weft_gemm_row_slots_check_params, weft_sync_bound,
+    weft_gemm_params, weft_gemm_row_slots_check_params, weft_gemm_work_count, weft_sync_bound,
     weft_sync_counters, weft_tile_allreduce_params, WEFT_GEMM_COMM_ALLGATHER,
     WEFT_GEMM_COMM_ALLREDUCE, WEFT_GEMM_CONSUMERS, WEFT_GEMM_TILE_M,
 };
@@ -193,7 +193,7 @@ pub struct Gemm {
     bound: weft_sync_bound,
     /// Dynamic scheduling only: the claim counter and where the next launch starts on it.
     claims: Option<Mutex<TileClaims>>,
-    /// Stream-K plans only: the units' partials and the tiles' flags (boxed, as the
+    /// Split-K plans only: the earlier splits' partials and the tiles' flags (boxed, as the
     /// row-slots check: a Gemm is held by value in enums).
     split: Option<Box<Mutex<SplitPartials>>>,
     /// The row-slots table check, loaded at the first row-slots launch (boxed: most GEMMs never
@@ -216,8 +216,8 @@ struct TileClaims {
 // SAFETY: the CUstream handle is only compared, never used to enqueue work.
 unsafe impl Send for TileClaims {}
 
-/// Stream-K's device state (kernels/include/weft/gemm/stream_k.cuh): per unit and consumer a
-/// partial of 64 × tile_n fp32, and per stream-K tile and consumer a flag the kernel leaves at 0.
+/// Split-K's device state (kernels/include/weft/gemm/split_k.cuh): per tile, consumer and earlier
+/// split a partial of 64 × tile_n fp32, and per tile and consumer a flag the kernel leaves at 0.
 /// Launches must be ordered (two at once would share the partials): the stream is remembered and
 /// another refused, as for the claim counter.
 struct SplitPartials {
@@ -231,23 +231,27 @@ unsafe impl Send for SplitPartials {}
 
 impl SplitPartials {
     fn new(ctx: &Arc<CudaContext>, plan: &GemmPlan) -> anyhow::Result<Option<Box<Mutex<Self>>>> {
-        let Some(sk) = plan.stream_k() else {
+        let splits = plan.k_splits();
+        if splits <= 1 {
             return Ok(None);
-        };
-        let per_slot = WEFT_GEMM_CONSUMERS as usize;
-        let floats =
-            sk.units as usize * per_slot * (WEFT_GEMM_TILE_M as usize / 2) * plan.tile_n() as usize;
+        }
+        let per_tile = WEFT_GEMM_CONSUMERS as usize;
+        let floats = plan.tiles() as usize
+            * per_tile
+            * (splits as usize - 1)
+            * (WEFT_GEMM_TILE_M as usize / 2)
+            * plan.tile_n() as usize;
         let stream = ctx.default_stream();
         let partials = stream.alloc_zeros::<f32>(floats).with_context(|| {
             format!(
-                "allocating stream-K partials for {} ({} MiB)",
+                "allocating split-K partials for {} ({} MiB)",
                 plan.describe(),
                 (floats * 4) >> 20
             )
         })?;
         let flags = stream
-            .alloc_zeros::<u64>((plan.orders() - sk.dp_orders) as usize * per_slot)
-            .context("allocating the stream-K tile flags")?;
+            .alloc_zeros::<u64>(plan.tiles() as usize * per_tile)
+            .context("allocating the split-K tile flags")?;
         stream.synchronize()?;
         Ok(Some(Box::new(Mutex::new(Self {
             partials,
@@ -676,10 +680,10 @@ impl Gemm {
         if let OutputLayout::RankBands { ranks } = layout {
             fill_band_boxes(&mut p, ranks);
         }
-        // A launch without fusions runs the plain kernel (the fusions compiled out). Stream-K on
+        // A launch without fusions runs the plain kernel (the fusions compiled out). Split-K on
         // those only, and not with early release, which starts the GEMM beside another kernel
         // (the trace, a fusion, names the CTA the plan's schedule lists): the others run every
-        // tile whole. A CUDA graph of a stream-K launch shares the partials too: replay it in order
+        // tile whole. A CUDA graph of a split launch shares the partials too: replay it in order
         // with the Gemm's other launches (one stream), never two at once.
         let plain = extras.fusion_free();
         let func = if plain {
@@ -691,7 +695,7 @@ impl Gemm {
         let mut split = match &self.split {
             Some(sp) if plain && !extras.early_release => Some(
                 sp.lock()
-                    .map_err(|_| anyhow::anyhow!("the GEMM's stream-K lock is poisoned"))?,
+                    .map_err(|_| anyhow::anyhow!("the GEMM's split-K lock is poisoned"))?,
             ),
             _ => None,
         };
@@ -700,7 +704,7 @@ impl Gemm {
                 let s = stream.cu_stream();
                 ensure!(
                     sp.stream.is_none_or(|prev| prev == s),
-                    "a stream-K (or split-K) GEMM launches on one stream (its launches share the partials): this Gemm already launched on another stream; make one Gemm per stream or plan it with KSplits::Fixed(1)"
+                    "a split-K GEMM launches on one stream (its launches share the partials): this Gemm already launched on another stream; make one Gemm per stream or plan it with KSplits::Fixed(1)"
                 );
                 sp.stream = Some(s);
                 let SplitPartials {
@@ -713,7 +717,7 @@ impl Gemm {
                 Some((r1, r2))
             }
             None => {
-                p.sched.sk_units = 0;
+                p.sched.k_splits = 1;
                 None
             }
         };
@@ -1004,9 +1008,8 @@ impl Gemm {
         }
         if let Some(c) = claims.as_mut() {
             // SAFETY: a pure function of the launch's schedule.
-            // (Dynamic plans have no stream-K: every work item is an order.)
-            let orders = unsafe { weft_gemm_order_count(p.sched) };
-            c.base = c.base.wrapping_add(orders + plan.ctas());
+            let works = unsafe { weft_gemm_work_count(p.sched) };
+            c.base = c.base.wrapping_add(works + plan.ctas());
         }
         Ok(())
     }

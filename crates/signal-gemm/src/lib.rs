@@ -32,7 +32,6 @@ pub mod reference;
 mod reorder;
 mod row_gather;
 mod schedule;
-mod stream_k;
 mod tensor_map;
 pub mod timing;
 pub mod tuner;
@@ -52,5 +51,4 @@ pub use plan::{
 pub use reorder::{OutputLayout, Restore, TileOrderMap, MAX_BAND_RANKS};
 pub use row_gather::RowGather;
 pub use schedule::ScheduledTile;
-pub use stream_k::{StreamK, WorkItem};
 pub use wave_groups::{GroupCounters, WaveGroups};

@@ -3,12 +3,11 @@
 
 use crate::dtype::Dtype;
 use crate::schedule::{list_schedule, ScheduledTile};
-use crate::stream_k::{self, StreamK, WorkItem};
 use anyhow::{bail, ensure};
 use weft_kernels::abi::{
     weft_gemm_k_blocks, weft_gemm_order_count, weft_gemm_schedule, weft_gemm_smem_bytes,
-    weft_gemm_tiles_m, weft_gemm_tiles_n, WEFT_GEMM_EPI_PIPELINED, WEFT_GEMM_EPI_WHOLE_TILE,
-    WEFT_GEMM_MAX_K_SPLITS, WEFT_GEMM_NO_TILE, WEFT_GEMM_THREADS, WEFT_GEMM_TILE_K,
+    weft_gemm_split_begin, weft_gemm_tiles_m, weft_gemm_tiles_n, WEFT_GEMM_EPI_PIPELINED,
+    WEFT_GEMM_EPI_WHOLE_TILE, WEFT_GEMM_MAX_K_SPLITS, WEFT_GEMM_THREADS, WEFT_GEMM_TILE_K,
     WEFT_GEMM_TILE_M,
 };
 
@@ -84,25 +83,19 @@ pub enum Scheduling {
     Dynamic,
 }
 
-/// Stream-K and split-K: tiles' K cut into units that run on separate CTAs, the CTA holding a
-/// tile's first K block adding the others' fp32 partials before it stores
-/// (kernels/include/weft/abi/gemm.h, "Stream-K"). For shapes with fewer tiles than SMs, or a
-/// last wave that leaves most of them idle. Applies to plain launches (standard layout, no
-/// signals or fused collective) of statically scheduled plans with clusters of 1; other launches
-/// of the plan run every tile whole.
+/// Split-K: each tile's K cut into work units that run on separate CTAs, the last adding the
+/// others' fp32 partials before it stores (kernels/include/weft/abi/gemm.h, "Split-K"). For shapes
+/// with fewer tiles than SMs, or a last wave that leaves most of them idle. Applies to plain
+/// launches (standard layout, no signals or fused collective); other launches of the plan run
+/// every tile whole.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KSplits {
-    /// Chosen from the shape and grid by a cost model (none with clusters, communicator CTAs,
-    /// dynamic scheduling or an sm_margin: a plan that leaves SMs to another kernel runs beside
-    /// it, and a statically scheduled unit waits for CTAs that only start once SMs free up).
+    /// Chosen from the shape and grid (1 with clusters, communicator CTAs or an sm_margin: a
+    /// plan that leaves SMs to another kernel runs beside it, and a statically scheduled split
+    /// waits for CTAs that only start once SMs free up).
     Auto,
-    /// Split-K: every tile's K in this many units (1: none), at most the K blocks and
-    /// WEFT_GEMM_MAX_K_SPLITS.
+    /// This many work units per tile (1: none), at most the K blocks and WEFT_GEMM_MAX_K_SPLITS.
     Fixed(u32),
-    /// Stream-K: whole waves data-parallel, the other tiles' K blocks dealt to units of equal
-    /// length (as many as the model prefers, at most one per CTA), whether or not the model
-    /// predicts a gain.
-    StreamK,
 }
 
 /// Everything about a GEMM besides its shape.
@@ -238,8 +231,7 @@ impl GemmPlan {
             ctas,
             tm_offset: 0,
             tm_blocks: 0,
-            sk_first: 0,
-            sk_units: 0,
+            k_splits: 1,
         };
         // SAFETY (all weft_gemm_* calls): pure functions of the struct, from the C header.
         let units_m = unsafe { weft_gemm_tiles_m(sched) }.div_ceil(sched.cluster_m);
@@ -253,15 +245,7 @@ impl GemmPlan {
             unsafe { weft_gemm_tiles_m(sched) } as u64 * unsafe { weft_gemm_tiles_n(sched) } as u64;
         // The whole-tile epilogue exists for 16-bit outputs with 128 x 256 tiles.
         let whole_ok = options.output.bytes() == 2 && tile_n == 256;
-        let tiles = u32::try_from(tiles).map_err(|_| {
-            anyhow::anyhow!(
-                "GEMM shape {shape}: {tiles} output tiles do not fit the schedule's 32-bit orders"
-            )
-        })?;
-        let splittable = options.cluster_m == 1
-            && options.comm_ctas == 0
-            && options.scheduling == Scheduling::Static;
-        let sk = match options.k_splits {
+        sched.k_splits = match options.k_splits {
             KSplits::Fixed(s) => {
                 ensure!(
                     (1..=WEFT_GEMM_MAX_K_SPLITS).contains(&s) && s <= k_blocks,
@@ -269,61 +253,35 @@ impl GemmPlan {
                     WEFT_GEMM_MAX_K_SPLITS
                 );
                 ensure!(
-                    s == 1 || splittable,
-                    "GEMM shape {shape}: split-K (k_splits = {s}) needs cluster_m 1, no communicator CTAs and static scheduling (have cluster_m {}, {} communicator CTAs, {:?})",
+                    s == 1 || (options.cluster_m == 1 && options.comm_ctas == 0),
+                    "GEMM shape {shape}: split-K (k_splits = {s}) needs cluster_m 1 and no communicator CTAs (have {} and {})",
                     options.cluster_m,
-                    options.comm_ctas,
-                    options.scheduling
+                    options.comm_ctas
                 );
-                stream_k::split_k(tiles, s)
+                s
             }
-            KSplits::StreamK => {
-                ensure!(
-                    splittable,
-                    "GEMM shape {shape}: stream-K needs cluster_m 1, no communicator CTAs and static scheduling (have cluster_m {}, {} communicator CTAs, {:?})",
-                    options.cluster_m,
-                    options.comm_ctas,
-                    options.scheduling
-                );
-                let Some((sk, _)) = stream_k::best(tiles, k_blocks, ctas) else {
-                    bail!("GEMM shape {shape}: stream-K has no units of at least 4 K blocks to deal ({tiles} tiles of {k_blocks} K blocks on {ctas} CTAs)");
-                };
-                Some(sk)
-            }
-            // Auto splits (every tile in s units, no whole orders) where the cost model predicts
-            // a gain, only on the whole machine (a plan that leaves SMs to another kernel runs
-            // beside it, and a statically scheduled unit waits for CTAs that only start once SMs
-            // free up), and not where the kernel would need another epilogue than the one asked
-            // for or Auto's (16-bit 128 x 256 tiles split only with the whole-tile epilogue,
-            // whose pipeline is a stage shorter). Auto never picks stream-K with whole orders:
-            // on the LLM grid it lost to the best unsplit plan on 13 of 15 shapes (crates/
-            // signal-gemm/README.md, "Stream-K").
+            // Not where the kernel would need another epilogue than the one asked for or Auto's
+            // (16-bit 128 x 256 tiles split only with the whole-tile epilogue, whose pipeline is a
+            // stage shorter: on the grid's one such shape, 512 x 5120 x 8192, 3 splits ran 2.6 %
+            // slower than whole tiles).
             KSplits::Auto
-                if splittable
+                if options.cluster_m == 1
+                    && options.comm_ctas == 0
                     && options.sm_margin == 0
                     && !(whole_ok && options.epilogue != EpilogueChoice::WholeTile) =>
             {
-                stream_k::split_k(tiles, stream_k::auto_k_splits(tiles, k_blocks, ctas))
+                auto_k_splits(tiles, k_blocks, ctas)
             }
-            KSplits::Auto => None,
+            KSplits::Auto => 1,
         };
-        if let Some(StreamK { dp_orders, units }) = sk {
-            let iters = (tiles - dp_orders) as u64 * k_blocks as u64;
-            ensure!(
-                units as u64 <= iters && dp_orders as u64 + iters < WEFT_GEMM_NO_TILE as u64,
-                "GEMM shape {shape}: {units} stream-K units after {dp_orders} whole orders do not fit its {iters} K-block iterations in 32-bit work ids"
-            );
-            sched.sk_first = dp_orders;
-            sched.sk_units = units;
-        }
-        // The 16-bit 128 x 256 kernels run stream-K only with the whole-tile epilogue
-        // (kernels/include/weft/gemm/config.cuh, kStreamK).
-        let split_needs_whole = sched.sk_units > 0 && whole_ok;
+        // The 16-bit 128 x 256 kernels split K only with the whole-tile epilogue
+        // (kernels/include/weft/gemm/config.cuh, kSplitK).
+        let split_needs_whole = sched.k_splits > 1 && whole_ok;
         let epilogue = match options.epilogue {
             EpilogueChoice::Pipelined => {
                 ensure!(
                     !split_needs_whole,
-                    "GEMM shape {shape}: split-K or stream-K with 16-bit outputs and 128x256 tiles needs the whole-tile epilogue (asked: pipelined)"
+                    "GEMM shape {shape}: split-K with 16-bit outputs and 128x256 tiles needs the whole-tile epilogue (asked: pipelined)"
                 );
                 WEFT_GEMM_EPI_PIPELINED
             }
@@ -428,18 +386,16 @@ impl GemmPlan {
     pub fn orders(&self) -> u32 {
         unsafe { weft_gemm_order_count(self.sched) }
     }
-    /// Stream-K in a plain launch (split-K is the case of no whole orders and a whole number of
-    /// units per tile); None: every tile whole. Other launches run every tile whole.
-    pub fn stream_k(&self) -> Option<StreamK> {
-        (self.sched.sk_units > 0).then_some(StreamK {
-            dp_orders: self.sched.sk_first,
-            units: self.sched.sk_units,
-        })
+    /// Work units per tile in a plain launch (split-K; 1: none). Other launches run whole tiles.
+    pub fn k_splits(&self) -> u32 {
+        self.sched.k_splits
     }
-    /// CTA `cta`'s work items in a plain launch, in the order it runs them (the kernel's own
-    /// scheduler functions).
-    pub fn work_items(&self, cta: u32) -> Vec<WorkItem> {
-        stream_k::work_items(self.sched, cta)
+    /// K blocks of split `split` of every tile (split-K; the whole K without it).
+    pub fn split_k_blocks(&self, split: u32) -> std::ops::Range<u32> {
+        // SAFETY: a pure function of the struct.
+        unsafe {
+            weft_gemm_split_begin(self.sched, split)..weft_gemm_split_begin(self.sched, split + 1)
+        }
     }
     /// Waves of the persistent grid: ⌈orders ÷ CTAs⌉.
     pub fn waves(&self) -> u32 {
@@ -503,11 +459,10 @@ impl GemmPlan {
             },
             self.sched.group_m,
             self.waves(),
-            match self.stream_k() {
-                None => String::new(),
-                Some(sk) if sk.dp_orders == 0 && sk.units.is_multiple_of(self.tiles()) =>
-                    format!(" split_k {}", sk.units / self.tiles()),
-                Some(sk) => format!(" stream_k {} units after {} orders", sk.units, sk.dp_orders),
+            if self.sched.k_splits > 1 {
+                format!(" split_k {}", self.sched.k_splits)
+            } else {
+                String::new()
             }
         )
     }
@@ -524,6 +479,39 @@ fn auto_tile_n(shape: GemmShape, ctas: u32) -> u32 {
         128
     } else {
         256
+    }
+}
+
+/// Split-K's cost model, in K blocks of the plan's tile, fitted to `weft bench gemm-llm` on one
+/// H200 (results/gemm/nvidia-h200-x2-2026-11-26-split-k-first.json, 128 × 128 tiles unsplit and
+/// split 2 and 3 at 3008 × 4096 × 4096; it then predicted split 4 within 3 %): a wave of units
+/// takes its units' K blocks, plus the fill and epilogue, plus per earlier split its partial
+/// written by one CTA and read by the last.
+const UNIT_OVERHEAD_K_BLOCKS: f64 = 8.5;
+const SPLIT_OVERHEAD_K_BLOCKS: f64 = 3.75;
+/// Splits only pay when they save this fraction of the predicted time.
+const SPLIT_MIN_GAIN: f64 = 0.1;
+
+/// Work units per tile with the smallest predicted time (each split keeps at least 4 K blocks);
+/// 1 unless that saves SPLIT_MIN_GAIN. With fewer units than CTAs the model is optimistic (fewer
+/// CTAs each load faster): on the grid's one-wave shapes it predicted 1.8× for splits that gave
+/// 1.4×, but ranked them right.
+fn auto_k_splits(tiles: u64, k_blocks: u32, ctas: u32) -> u32 {
+    let cost = |s: u32| {
+        let waves = (tiles * s as u64).div_ceil(ctas as u64) as f64;
+        waves
+            * (k_blocks.div_ceil(s) as f64
+                + UNIT_OVERHEAD_K_BLOCKS
+                + (s - 1) as f64 * SPLIT_OVERHEAD_K_BLOCKS)
+    };
+    let max = (k_blocks / 4).clamp(1, WEFT_GEMM_MAX_K_SPLITS);
+    let best = (1..=max)
+        .min_by(|&a, &b| cost(a).total_cmp(&cost(b)))
+        .unwrap_or(1);
+    if cost(best) <= cost(1) * (1.0 - SPLIT_MIN_GAIN) {
+        best
+    } else {
+        1
     }
 }
 
@@ -774,35 +762,25 @@ mod tests {
     fn split_k_is_chosen_where_tiles_leave_sms_idle() {
         // 512 x 1280: 40 tiles of 128 x 128 on 132 CTAs, 128 K blocks: 3 splits fill 120 CTAs.
         let p = GemmPlan::new(132, GemmShape::new(512, 1280, 8192), opts()).unwrap();
-        assert_eq!(p.tile_n(), 128);
-        assert_eq!(
-            p.stream_k(),
-            Some(StreamK {
-                dp_orders: 0,
-                units: 120
-            })
-        );
+        assert_eq!((p.tile_n(), p.k_splits()), (128, 3));
         assert!(p.describe().ends_with("split_k 3"), "{}", p.describe());
-        // Auto never deals K after whole orders (stream-K lost on the LLM grid): 4096 x 1280 x
-        // 8192 stays whole, though KSplits::StreamK plans it.
-        let shape = GemmShape::new(4096, 1280, 8192);
-        assert_eq!(GemmPlan::new(132, shape, opts()).unwrap().stream_k(), None);
-        let o = GemmOptions {
-            k_splits: KSplits::StreamK,
-            ..opts()
-        };
-        assert!(GemmPlan::new(132, shape, o).unwrap().stream_k().is_some());
+        // The splits cover K once, in order, none empty.
+        let ranges: Vec<_> = (0..3).map(|s| p.split_k_blocks(s)).collect();
+        assert_eq!(ranges, vec![0..42, 42..85, 85..128]);
         // Many tiles, or a short K: none.
         for shape in [
             GemmShape::new(16384, 8192, 8192),
             GemmShape::new(512, 1280, 128),
             GemmShape::new(16, 16, 16),
         ] {
-            let p = GemmPlan::new(132, shape, opts()).unwrap();
-            assert_eq!(p.stream_k(), None, "{}", p.describe());
+            assert_eq!(
+                GemmPlan::new(132, shape, opts()).unwrap().k_splits(),
+                1,
+                "{shape}"
+            );
         }
-        // Clusters, communicator CTAs, dynamic scheduling and an SM margin run whole tiles, as a
-        // 16-bit 128 x 256 plan that asks for the pipelined epilogue.
+        // Clusters and communicator CTAs run whole tiles, as a 16-bit 128 x 256 plan that asks
+        // for the pipelined epilogue (the split kernel would need the whole-tile one).
         for o in [
             GemmOptions {
                 cluster_m: 2,
@@ -813,135 +791,44 @@ mod tests {
                 ..opts()
             },
             GemmOptions {
-                scheduling: Scheduling::Dynamic,
-                ..opts()
-            },
-            GemmOptions {
-                sm_margin: 8,
-                ..opts()
-            },
-            GemmOptions {
                 tile: TileChoice::N256,
                 epilogue: EpilogueChoice::Pipelined,
                 ..opts()
             },
         ] {
             let p = GemmPlan::new(132, GemmShape::new(512, 1280, 8192), o).unwrap();
-            assert_eq!(p.stream_k(), None, "{}", p.describe());
+            assert_eq!(p.k_splits(), 1);
         }
-        // Asked to split, a 16-bit 128 x 256 plan takes the whole-tile epilogue.
-        let p = GemmPlan::new(
-            132,
-            GemmShape::new(512, 2048, 8192),
-            GemmOptions {
-                tile: TileChoice::N256,
-                k_splits: KSplits::Fixed(2),
-                ..opts()
-            },
-        )
-        .unwrap();
+        // A 16-bit 128 x 256 plan (at any K) splits only when asked for the whole-tile
+        // epilogue, or asked to split (then it takes that epilogue).
+        let n256 = |epilogue, k_splits| GemmOptions {
+            tile: TileChoice::N256,
+            epilogue,
+            k_splits,
+            ..opts()
+        };
+        let shape = GemmShape::new(512, 2048, 8192);
+        let plan = |o| GemmPlan::new(132, shape, o).unwrap();
         assert_eq!(
-            p.stream_k(),
-            Some(StreamK {
-                dp_orders: 0,
-                units: 32 * 2
-            })
+            plan(n256(EpilogueChoice::Auto, KSplits::Auto)).k_splits(),
+            1
         );
+        let p = plan(n256(EpilogueChoice::WholeTile, KSplits::Auto));
         assert!(
-            p.whole_tile_epilogue() && p.describe().ends_with("split_k 2"),
+            p.k_splits() > 1 && p.whole_tile_epilogue(),
+            "{}",
+            p.describe()
+        );
+        let p = plan(n256(EpilogueChoice::Auto, KSplits::Fixed(2)));
+        assert!(
+            p.k_splits() == 2 && p.whole_tile_epilogue(),
             "{}",
             p.describe()
         );
     }
 
-    /// Over random shapes, grids and requests, the work items every CTA runs (the kernel's own
-    /// functions) cover each tile's K blocks exactly once; each tile has one storer (the item with
-    /// K block 0) whose contributors are exactly the tile's other items, each the first item of a
-    /// later unit, in the unit order the storer adds them; data-parallel orders run whole.
     #[test]
-    fn stream_k_items_cover_every_tile_once_and_storers_wait_only_for_later_units() {
-        use rand::{Rng, SeedableRng};
-        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-        for case in 0..400 {
-            let shape = GemmShape::new(
-                16 * rng.random_range(1..160),
-                16 * rng.random_range(1..160),
-                16 * rng.random_range(1..300),
-            );
-            let k_blocks = shape.k.div_ceil(64);
-            let k_splits = match rng.random_range(0..3) {
-                0 => KSplits::Fixed(rng.random_range(1..=k_blocks.min(16))),
-                1 if k_blocks >= 4 => KSplits::StreamK,
-                _ => KSplits::Auto,
-            };
-            let o = GemmOptions {
-                k_splits,
-                tile: [TileChoice::N128, TileChoice::N256][case % 2],
-                output: [Dtype::Bf16, Dtype::F32][case / 2 % 2],
-                ..opts()
-            };
-            let sms = rng.random_range(8..140);
-            let p = GemmPlan::new(sms, shape, o).unwrap();
-            let what = p.describe();
-            let mut covered = vec![vec![false; k_blocks as usize]; p.orders() as usize];
-            let mut storer: Vec<Option<WorkItem>> = vec![None; p.orders() as usize];
-            let mut others: Vec<Vec<u32>> = vec![Vec::new(); p.orders() as usize];
-            for cta in 0..p.ctas() {
-                let items = p.work_items(cta);
-                let mut prev_unit = None;
-                for (j, w) in items.iter().enumerate() {
-                    let o = w.order as usize;
-                    for kb in w.k_blocks.clone() {
-                        assert!(
-                            !covered[o][kb as usize],
-                            "{what}: order {o} K block {kb} twice"
-                        );
-                        covered[o][kb as usize] = true;
-                    }
-                    match w.unit {
-                        None => assert_eq!(w.k_blocks, 0..k_blocks, "{what}: a whole order"),
-                        Some(u) => {
-                            assert_eq!(u % p.ctas(), cta, "{what}: unit {u} on CTA {cta}");
-                            let first_of_unit = prev_unit != Some(u);
-                            if w.k_blocks.start == 0 {
-                                assert!(storer[o].is_none(), "{what}: two storers of order {o}");
-                                storer[o] = Some(w.clone());
-                            } else {
-                                assert!(
-                                    first_of_unit,
-                                    "{what}: a partial item that does not start unit {u}"
-                                );
-                                assert_eq!(w.contributors, 0);
-                                others[o].push(u);
-                            }
-                            prev_unit = Some(u);
-                        }
-                    }
-                    let _ = j;
-                }
-            }
-            for o in 0..p.orders() as usize {
-                assert!(
-                    covered[o].iter().all(|&c| c),
-                    "{what}: order {o} not fully covered"
-                );
-                if let Some(s) = &storer[o] {
-                    let u = s.unit.unwrap();
-                    let want: Vec<u32> = (u + 1..=u + s.contributors).collect();
-                    others[o].sort();
-                    assert_eq!(others[o], want, "{what}: order {o}'s contributors");
-                } else {
-                    assert!(
-                        others[o].is_empty(),
-                        "{what}: order {o} has partials and no storer"
-                    );
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn split_k_and_stream_k_requests_are_checked() {
+    fn split_k_requests_are_checked() {
         let shape = GemmShape::new(512, 1280, 1024); // 16 K blocks
         let err = |o: GemmOptions| format!("{:#}", GemmPlan::new(132, shape, o).unwrap_err());
         let fixed = |s| GemmOptions {
@@ -955,44 +842,17 @@ mod tests {
             format!("{short:#}").contains("at most the 2 K blocks"),
             "{short:#}"
         );
-        for o in [
-            GemmOptions {
-                cluster_m: 2,
-                ..fixed(2)
-            },
-            GemmOptions {
-                scheduling: Scheduling::Dynamic,
-                ..fixed(2)
-            },
-            GemmOptions {
-                comm_ctas: 2,
-                k_splits: KSplits::StreamK,
-                ..opts()
-            },
-        ] {
-            assert!(
-                err(o).contains("needs cluster_m 1, no communicator CTAs and static scheduling")
-            );
-        }
+        assert!(err(GemmOptions {
+            cluster_m: 2,
+            ..fixed(2)
+        })
+        .contains("needs cluster_m 1 and no communicator CTAs"));
         assert!(err(GemmOptions {
             tile: TileChoice::N256,
             epilogue: EpilogueChoice::Pipelined,
             ..fixed(2)
         })
         .contains("needs the whole-tile epilogue"));
-        let short = GemmPlan::new(
-            132,
-            GemmShape::new(512, 1280, 192),
-            GemmOptions {
-                k_splits: KSplits::StreamK,
-                ..opts()
-            },
-        )
-        .unwrap_err();
-        assert!(
-            format!("{short:#}").contains("no units of at least 4 K blocks"),
-            "{short:#}"
-        );
         // f32 outputs keep the pipelined epilogue; 16 splits of one K block each are fine.
         let p = GemmPlan::new(
             132,
@@ -1005,18 +865,7 @@ mod tests {
             },
         )
         .unwrap();
-        assert_eq!(
-            p.stream_k(),
-            Some(StreamK {
-                dp_orders: 0,
-                units: p.tiles() * 16
-            })
-        );
-        let items = p.work_items(0);
-        assert_eq!(items[0].k_blocks, 0..1);
-        assert_eq!(
-            items[0].contributors, 15,
-            "the storer adds the tile's 15 other splits"
-        );
+        assert_eq!(p.k_splits(), 16);
+        assert_eq!(p.split_k_blocks(15), 15..16);
     }
 }

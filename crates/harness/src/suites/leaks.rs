@@ -126,8 +126,6 @@ fn gemm_plans(job: &mut Job) -> anyhow::Result<()> {
     flat_over(job, "GEMM plan", cycles(200)?, |_, i| {
         let mut dim = |max: u32| 16 * rng.random_range(1..=max / 16);
         let shape = GemmShape::new(dim(512), dim(512), dim(1024));
-        // Half split-K (static scheduling: stream-K's units wait for each other), a quarter
-        // dynamic, a quarter Auto.
         let split = rng.random_bool(0.5);
         let options = GemmOptions {
             k_splits: if split {
@@ -135,7 +133,7 @@ fn gemm_plans(job: &mut Job) -> anyhow::Result<()> {
             } else {
                 KSplits::Auto
             },
-            scheduling: if !split && rng.random_bool(0.5) {
+            scheduling: if rng.random_bool(0.5) {
                 Scheduling::Dynamic
             } else {
                 Scheduling::Static

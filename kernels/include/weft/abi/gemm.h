@@ -69,8 +69,8 @@ typedef struct weft_gemm_schedule {
                            // ReduceScatter's owners) visited in turn, cluster row u of the order
                            // landing in block u % B (units_m a multiple of B, no phantoms);
                            // applied before the rotation
-  uint32_t sk_first;       // stream-K ("Stream-K" below): orders below it run whole, the rest are
-  uint32_t sk_units;       // dealt to sk_units units of K blocks; sk_units 0: every order whole
+  uint32_t k_splits;       // 0 or 1: each tile's K in one work unit; S > 1 (split-K, cluster_m 1,
+                           // standard layout, no signals): S work units per tile ("Split-K" below)
 } weft_gemm_schedule;
 
 typedef struct weft_gemm_tile {
@@ -112,101 +112,21 @@ WEFT_HD weft_gemm_tile weft_gemm_tile_at(weft_gemm_schedule s, uint32_t order) {
   return t;
 }
 
-// Stream-K (split-K is its special case). With sk_units = U > 0 (cluster_m 1, static
-// scheduling, standard layout, no signals) the orders [0, sk_first) run whole, data-parallel,
-// and the K blocks of the other orders (the *stream-K tiles*) are laid end to end, tile after
-// tile, as I = (orders - sk_first) x k_blocks iterations and dealt to U units of consecutive
-// iterations: a whole number per tile (split-K), or balanced. CTA c runs its data-parallel orders
-// c, c + ctas, ..., then units c, c + ctas, ... A unit's iterations, cut at tile boundaries, are
-// its *work items*; work item ids are the order (data-parallel) or sk_first + the item's first
-// iteration. The item holding a tile's first K block (k_begin 0) stores the tile; every other
-// item of the tile starts a unit, leaves its fp32 accumulators in that unit's partial slot and
-// adds 1 to the tile's flag; the storer waits for the tile's other items (the units that start
-// inside it), adds their partials in unit order and stores. A storer waits only for higher units'
-// first items, and a first item waits for nothing but its CTA's earlier items (lower units or
-// data-parallel orders): with every CTA resident, no cycle.
-WEFT_HD uint32_t weft_gemm_dp_orders(weft_gemm_schedule s) {
-  return s.sk_units != 0u ? s.sk_first : weft_gemm_order_count(s);
-}
-// Stream-K iterations (the host keeps sk_first + I below WEFT_GEMM_NO_TILE and U <= I).
-WEFT_HD uint32_t weft_gemm_sk_iters(weft_gemm_schedule s) {
-  return (weft_gemm_order_count(s) - weft_gemm_dp_orders(s)) * weft_gemm_k_blocks(s);
-}
-// Units per stream-K tile when they divide evenly (split-K), else 0. Then a tile's units are its
-// own: unit u is split u % per of stream-K tile u / per, over K blocks [j x kb / per, (j + 1) x
-// kb / per) of it (the host keeps per <= kb: none empty), so units of different tiles that run
-// side by side read the same K range (their shared A and B panels stay in L2 together).
-WEFT_HD uint32_t weft_gemm_sk_per_tile(weft_gemm_schedule s) {
-  const uint32_t tiles = weft_gemm_order_count(s) - weft_gemm_dp_orders(s);
-  return tiles != 0u && s.sk_units % tiles == 0u ? s.sk_units / tiles : 0u;
-}
-// First iteration of unit u (u = U: the end). Otherwise units are balanced over the iterations
-// laid end to end (the first I % U get one more). 32-bit arithmetic throughout: a 64-bit
-// division is a call, which makes the consumers spill their accumulators around it.
-WEFT_HD uint32_t weft_gemm_sk_unit_begin(weft_gemm_schedule s, uint32_t u) {
-  const uint32_t per = weft_gemm_sk_per_tile(s), kb = weft_gemm_k_blocks(s);
-  if (per != 0u) return (u / per) * kb + (u % per) * kb / per;
-  const uint32_t iters = weft_gemm_sk_iters(s), q = iters / s.sk_units, r = iters % s.sk_units;
-  return u * q + (u < r ? u : r);
-}
-// The unit holding iteration x.
-WEFT_HD uint32_t weft_gemm_sk_unit_of(weft_gemm_schedule s, uint32_t x) {
-  const uint32_t per = weft_gemm_sk_per_tile(s), kb = weft_gemm_k_blocks(s);
-  if (per != 0u) {
-    // The last split j of the tile with j x kb / per <= k.
-    const uint32_t t = x / kb, k = x - t * kb;
-    return t * per + ((k + 1u) * per - 1u) / kb;
-  }
-  const uint32_t iters = weft_gemm_sk_iters(s), q = iters / s.sk_units, r = iters % s.sk_units;
-  const uint32_t long_end = r * (q + 1u);
-  return x < long_end ? x / (q + 1u) : r + (x - long_end) / q;
-}
-
-// A work item decoded: its order, K blocks [k_begin, k_end) of the tile, and its unit
-// (WEFT_GEMM_NO_TILE for a data-parallel order). `contributors`: for a storer (k_begin 0) the
-// units that start inside its tile (their partials are unit + 1 .. unit + contributors), else 0.
-typedef struct weft_gemm_work {
-  uint32_t order, k_begin, k_end, unit, contributors;
-} weft_gemm_work;
-
-WEFT_HD weft_gemm_work weft_gemm_work_at(weft_gemm_schedule s, uint32_t work) {
-  weft_gemm_work w;
-  const uint32_t dp = weft_gemm_dp_orders(s), kb = weft_gemm_k_blocks(s);
-  if (work < dp) {
-    w.order = work;
-    w.k_begin = 0u;
-    w.k_end = kb;
-    w.unit = WEFT_GEMM_NO_TILE;
-    w.contributors = 0u;
-    return w;
-  }
-  const uint32_t x = work - dp, t = x / kb, tile_begin = t * kb;
-  w.order = dp + t;
-  w.unit = weft_gemm_sk_unit_of(s, x);
-  const uint32_t unit_end = weft_gemm_sk_unit_begin(s, w.unit + 1u);
-  w.k_begin = x - tile_begin;
-  w.k_end = (unit_end < tile_begin + kb ? unit_end : tile_begin + kb) - tile_begin;
-  w.contributors = w.k_begin == 0u ? weft_gemm_sk_unit_of(s, tile_begin + kb - 1u) - w.unit : 0u;
-  return w;
-}
-
-// The first stream-K item of unit u, or WEFT_GEMM_NO_TILE past the last unit.
-WEFT_HD uint32_t weft_gemm_sk_unit_start(weft_gemm_schedule s, uint32_t u) {
-  return u < s.sk_units ? weft_gemm_dp_orders(s) + weft_gemm_sk_unit_begin(s, u) : WEFT_GEMM_NO_TILE;
-}
-
-// CTA `cta`'s work item after `work` (WEFT_GEMM_NO_TILE: its first) in the static schedule;
-// WEFT_GEMM_NO_TILE after its last.
-WEFT_HD uint32_t weft_gemm_next_work(weft_gemm_schedule s, uint32_t cta, uint32_t work) {
-  const uint32_t dp = weft_gemm_dp_orders(s);
-  if (work == WEFT_GEMM_NO_TILE || work < dp) {
-    const uint32_t next = work == WEFT_GEMM_NO_TILE ? cta : work + s.ctas;
-    return next < dp ? next : weft_gemm_sk_unit_start(s, cta);
-  }
-  const uint32_t x = work - dp, kb = weft_gemm_k_blocks(s);
-  const uint32_t unit = weft_gemm_sk_unit_of(s, x), tile_end = (x / kb + 1u) * kb;
-  if (tile_end < weft_gemm_sk_unit_begin(s, unit + 1u)) return dp + tile_end;
-  return weft_gemm_sk_unit_start(s, unit + s.ctas);
+// Split-K. With k_splits = S > 1 the CTAs walk *work units* instead of orders: work w is split
+// w % S of the tile of order w / S, and split j multiplies the K blocks [begin(j), begin(j + 1)).
+// A tile's S units are consecutive, so they run side by side, and its last split comes last:
+// splits 0..S-2 leave their fp32 accumulators in the launch's partials and release the tile's
+// flag; the last split waits for them, adds them to its own and stores the tile (the only one
+// that does). Every wait is on a lower work unit, which a running CTA has claimed or will reach
+// first: with every CTA resident, no cycle. Without splits works are orders (S = 1).
+WEFT_HD uint32_t weft_gemm_splits(weft_gemm_schedule s) { return s.k_splits > 1u ? s.k_splits : 1u; }
+WEFT_HD uint32_t weft_gemm_work_count(weft_gemm_schedule s) { return weft_gemm_order_count(s) * weft_gemm_splits(s); }
+// First K block of split `split` (split = S: the end); balanced, each split gets
+// floor or ceil of k_blocks / S (the host keeps S <= k_blocks: no split is empty). 32-bit
+// arithmetic (k_blocks < 2^25, S <= WEFT_GEMM_MAX_K_SPLITS): a 64-bit division is a call, which
+// makes the consumers spill their accumulators around it.
+WEFT_HD uint32_t weft_gemm_split_begin(weft_gemm_schedule s, uint32_t split) {
+  return split * weft_gemm_k_blocks(s) / weft_gemm_splits(s);
 }
 #define WEFT_GEMM_MAX_K_SPLITS 16
 
@@ -462,12 +382,11 @@ typedef struct weft_gemm_params {
   uint32_t ag_reserved;
   weft_tile_allreduce_params allreduce;  // comm_op ALLREDUCE
   weft_gemm_ag_copy ag_copy;             // comm_op ALLGATHER
-  // Stream-K (sched.sk_units > 0, "Stream-K" above): split_partials holds, per (unit, consumer),
-  // that consumer's fp32 accumulators of the unit's first item when it does not store
-  // (WEFT_GEMM_TILE_M / 2 x tile_n floats, as float4 j of thread i at [j x 128 + i]); split_flags a
-  // uint64_t per (stream-K tile, consumer) that each such item adds 1 to (release, GPU scope) once
-  // its partial is written and the tile's storer resets to 0 once it has read them (launches are
-  // stream-ordered): 0 between launches.
+  // Split-K (sched.k_splits > 1, "Split-K" above): split_partials holds, per (tile index,
+  // consumer, split < S - 1), that consumer's fp32 accumulators (WEFT_GEMM_TILE_M / 2 x tile_n floats,
+  // as float4 j of thread i at [j x 128 + i]); split_flags a uint64_t per (tile index, consumer)
+  // that each earlier split adds 1 to (release, GPU scope) once its partial is written and the
+  // last split resets to 0 once it has read them (launches are stream-ordered): 0 between launches.
   uint64_t split_partials;
   uint64_t split_flags;
 } weft_gemm_params;

@@ -43,12 +43,11 @@ struct GemmConfig {
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static_assert(kThreads == WEFT_GEMM_THREADS && kConsumers == WEFT_GEMM_CONSUMERS, "the host launches WEFT_GEMM_THREADS threads");
   static constexpr int kAccumulators = kBN / 2;  // fp32 per thread for a 64 x kBN warpgroup tile
-  // Stream-K (stream_k.cuh; split-K is its special case): plain kernels with clusters of 1 only
-  // (the host deals K on plain launches only, and refuses clusters), and not with 16-bit outputs,
-  // 128 x 256 tiles and the pipelined epilogue, whose consumers then spill their accumulators (the
-  // host plans those with the whole-tile epilogue instead; GemmPlan::new).
-  static constexpr bool kStreamK = !kFused_ && kClusterM_ == 1 &&
-                                   !(kBN == 256 && sizeof(Out) == 2 && kEpilogue == WEFT_GEMM_EPI_PIPELINED);
+  // Split-K (split_k.cuh) in this kernel: not with clusters (the host refuses them), nor with
+  // 16-bit outputs, 128 x 256 tiles and the pipelined epilogue, whose consumers then spill their accumulators (the host plans split
+  // 128 x 256 16-bit GEMMs with the whole-tile epilogue instead; GemmPlan::new).
+  static constexpr bool kSplitK =
+      kClusterM_ == 1 && !(kBN == 256 && sizeof(Out) == 2 && kEpilogue == WEFT_GEMM_EPI_PIPELINED);
   using Mma = WgmmaSS<kBN, typename InputTag<In>::type, kBNK ? 0 : 1>;
 
   // One 128-byte swizzle row per operand row: kBK elements of 2 bytes.
@@ -88,14 +87,23 @@ struct GemmConfig {
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stage buffers keep 1024-byte alignment");
 };
 
-// Work item `work` decoded (abi/gemm.h, "Stream-K"): the one definition the loader and the
-// consumers share. Without stream-K in this kernel every item is a whole order.
+// Work units per tile order in this launch: the schedule's splits where the kernel has split-K.
 template <class Cfg>
-__device__ __forceinline__ weft_gemm_work work_at(const weft_gemm_params& p, uint32_t work) {
-  if constexpr (Cfg::kStreamK) {
-    if (p.sched.sk_units != 0u) return weft_gemm_work_at(p.sched, work);
-  }
-  return weft_gemm_work{work, 0u, weft_gemm_k_blocks(p.sched), WEFT_GEMM_NO_TILE, 0u};
+__device__ __forceinline__ uint32_t work_splits(const weft_gemm_params& p) {
+  return Cfg::kSplitK ? weft_gemm_splits(p.sched) : 1u;
+}
+
+// The K blocks [begin, end) of work unit `work` (all of K without split-K): the one definition
+// the loader and the consumers share.
+struct KBlocks {
+  uint32_t begin, end;
+};
+template <class Cfg>
+__device__ __forceinline__ KBlocks work_k_blocks(const weft_gemm_params& p, uint32_t work) {
+  const uint32_t splits = work_splits<Cfg>(p);
+  if (splits == 1) return KBlocks{0u, weft_gemm_k_blocks(p.sched)};
+  const uint32_t split = work % splits;
+  return KBlocks{weft_gemm_split_begin(p.sched, split), weft_gemm_split_begin(p.sched, split + 1)};
 }
 
 // Shared-memory view of one CTA, from the dynamic shared memory base.
@@ -116,7 +124,7 @@ struct SharedTiles {
   __device__ __forceinline__ uint64_t* empty(int stage) const {
     return reinterpret_cast<uint64_t*>(base + Cfg::kOffBars) + Cfg::kStages + stage;
   }
-  // The work item (the tile's order unless stream-K) whose first K block is in stage s (or
+  // The work unit (the tile's order unless split-K) whose first K block is in stage s (or
   // WEFT_GEMM_NO_TILE): written by the loader before its arrival on full[s], read by the
   // consumers after their wait on it.
   __device__ __forceinline__ uint32_t* order(int stage) const {

@@ -26,7 +26,7 @@ __device__ __forceinline__ void release_stage(const SharedTiles<Cfg>& sm, int st
 
 // A consumer's wait that ran past its budget: reported by report_stall() once the accumulators
 // are dead (a report inside the main loop, with 128 accumulators live, makes ptxas spill).
-// A stream-K wait (stream_k.cuh) reports itself here too: primitive GEMM_SPLIT_K, `stage` = the
+// A split-K wait (split_k.cuh) reports itself here too: primitive GEMM_SPLIT_K, `stage` = the
 // consumer, `parity` = the flag value awaited, `observed` the last value seen.
 struct ConsumerStall {
   uint32_t stalled = 0;
@@ -37,7 +37,7 @@ struct ConsumerStall {
   uint32_t observed = 0;
 };
 
-// The consumer's next work item (WEFT_GEMM_NO_TILE after the last), from the stage the loader
+// The consumer's next work unit (WEFT_GEMM_NO_TILE after the last), from the stage the loader
 // filled next; WEFT_GEMM_NO_TILE and `stall` filled when it never arrived within the budget.
 template <class Cfg>
 __device__ __forceinline__ uint32_t next_tile_order(const weft_gemm_params& p, const SharedTiles<Cfg>& sm,
@@ -58,8 +58,8 @@ __device__ __forceinline__ uint32_t next_tile_order(const weft_gemm_params& p, c
   return __shfl_sync(0xffffffffu, order, 0);
 }
 
-// acc = A[tile rows of consumer c] * B[tile columns], over work item `work`'s `k_blocks` K blocks
-// (all of K unless stream-K) as the loader fills them. False (and `stall` filled) when a stage never
+// acc = A[tile rows of consumer c] * B[tile columns], over work unit `work`'s `k_blocks` K blocks
+// (all of K unless split-K) as the loader fills them. False (and `stall` filled) when a stage never
 // arrived within the budget.
 template <class Cfg>
 __device__ __forceinline__ bool mma_tile(const weft_gemm_params& p, const SharedTiles<Cfg>& sm, int consumer,
@@ -72,7 +72,7 @@ __device__ __forceinline__ bool mma_tile(const weft_gemm_params& p, const Shared
       if (!mbar_wait_bounded(sm.full(ps.stage), ps.phase, p.bound.budget_cycles)) {
         // Waited at least the whole budget (mbar_wait_bounded does not return its count).
         stall = ConsumerStall{1, static_cast<uint32_t>(ps.stage), ps.phase,
-                              weft_gemm_tile_at(p.sched, work_at<Cfg>(p, work).order), p.bound.budget_cycles,
+                              weft_gemm_tile_at(p.sched, work / work_splits<Cfg>(p)), p.bound.budget_cycles,
                               weft::sync::globaltimer_ns() - t0};
         wgmma_wait<0>();  // leave no batch in flight on the way out
         accumulator_fence(acc);

@@ -12,9 +12,9 @@
 // tiles of one column in lockstep and share the B tile through TMA multicast; every thread of
 // the cluster meets at a cluster barrier after initialisation and before exit.
 //
-// Every compute CTA walks the same schedule (weft_gemm_next_work: orders blockIdx.x, + ctas, ...,
-// or orders claimed from a counter with dynamic scheduling; with stream-K, then work items of its
-// units' K ranges, stream_k.cuh): the loader picks the items and hands each to the consumers with the
+// Every compute CTA walks the same schedule (weft_gemm_tile_at: orders blockIdx.x, + ctas, ...,
+// or orders claimed from a counter with dynamic scheduling; with split-K, work units of an order's
+// K range, split_k.cuh): the loader picks the orders and hands each to the consumers with the
 // tile's first stage, through a ring of kStages shared-memory
 // stages paced by mbarriers (full: TMA bytes landed; empty: all consumer warps done). New epilogues (signals,
 // reorder maps, peer stores) and communicators plug in as the Storer / Communicator parameters
@@ -28,7 +28,7 @@
 #include "weft/gemm/consumer.cuh"
 #include "weft/gemm/loader.cuh"
 #include "weft/gemm/peer_reduce.cuh"
-#include "weft/gemm/stream_k.cuh"
+#include "weft/gemm/split_k.cuh"
 #include "weft/gemm/storer.cuh"
 #include "weft/sm90/mbarrier.cuh"
 #include "weft/tma/tensor_copy.cuh"
@@ -115,29 +115,25 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
     ConsumerStall stall;
     {
       float acc[Cfg::kAccumulators];
+      const uint32_t splits = work_splits<Cfg>(p);
       for (;;) {
         const uint32_t work = next_tile_order<Cfg>(p, sm, ps, stall);
         if (work == WEFT_GEMM_NO_TILE) break;
-        // Only `work` and the item's K block count stay live across the main loop (the rest of
-        // the item is decoded again after it).
-        uint32_t k_blocks;
-        {
-          const weft_gemm_work w = work_at<Cfg>(p, work);
-          k_blocks = w.k_end - w.k_begin;
-        }
-        if (!mma_tile<Cfg>(p, sm, consumer, work, k_blocks, ps, acc, stall)) break;
-        const weft_gemm_work w = work_at<Cfg>(p, work);
-        if constexpr (Cfg::kStreamK) {
-          // Stream-K: an item without the tile's first K block hands its partial over; the
-          // tile's storer adds the partials and stores.
-          if (w.k_begin != 0u) {
-            hand_over_partial<Cfg>(p, consumer, w, acc);
+        // Only `work` and the unit's K block count stay live across the main loop (the tile is
+        // recomputed after it).
+        const KBlocks kbs = work_k_blocks<Cfg>(p, work);
+        if (!mma_tile<Cfg>(p, sm, consumer, work, kbs.end - kbs.begin, ps, acc, stall)) break;
+        const uint32_t order = work / splits, split = work % splits;
+        const weft_gemm_tile t = weft_gemm_tile_at(p.sched, order);
+        if (splits > 1) {
+          // Split-K: an earlier split hands its partial over; the last adds them and stores.
+          if (split + 1 < splits) {
+            hand_over_partial<Cfg>(p, consumer, t, split, acc);
             continue;
           }
-          if (w.contributors != 0u && !add_partials<Cfg>(p, consumer, w, acc, stall)) break;
+          if (!add_partials<Cfg>(p, consumer, t, acc, stall)) break;
         }
-        const weft_gemm_tile t = weft_gemm_tile_at(p.sched, w.order);
-        Storer::template store<Cfg>(p, sm, consumer, t, w.order, acc, store_state);
+        Storer::template store<Cfg>(p, sm, consumer, t, order, acc, store_state);
       }
     }
     Storer::template drain<Cfg>(p, sm, consumer, store_state, stall.stalled != 0);

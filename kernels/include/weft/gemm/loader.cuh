@@ -1,5 +1,5 @@
-// The loader role: one thread of warpgroup 0 takes the CTA's work items (tiles, and with
-// stream-K parts of their K ranges) in schedule order and, for each K block, waits for a free stage and issues the
+// The loader role: one thread of warpgroup 0 takes the CTA's work units (tiles, or with split-K
+// their K ranges) in schedule order and, for each K block, waits for a free stage and issues the
 // TMA loads of the A and B tiles into it. It tells the consumers which unit comes next through
 // the stage of the unit's first K block, and ends with a stage that carries WEFT_GEMM_NO_TILE and
 // no bytes.
@@ -17,15 +17,10 @@ namespace weft::gemm {
 // Role ids for error reports (weft_error_slot.coord.b).
 constexpr uint32_t kRoleLoader = 1, kRoleConsumer = 2, kRoleCommunicator = 3;  // kRoleSignaller = 4: signaller.cuh
 
-// The CTA's next work item (its tile's order unless stream-K): stream-K, weft_gemm_next_work
-// (WEFT_GEMM_NO_TILE after the last); otherwise static, `current` + ctas, or dynamic, a claim on
-// the launch's counter (a relaxed atomic: the claim carries no data), the orders ending at the
-// order count. `current` = WEFT_GEMM_NO_TILE asks for the first.
-template <class Cfg>
-__device__ __forceinline__ uint32_t next_work(const weft_gemm_params& p, uint32_t current) {
-  if constexpr (Cfg::kStreamK) {
-    if (p.sched.sk_units != 0u) return weft_gemm_next_work(p.sched, blockIdx.x, current);
-  }
+// The CTA's next work unit (its tile's order unless split-K): static, `current` + ctas; dynamic, a
+// claim on the launch's counter (a relaxed atomic: the claim carries no data). `current` =
+// WEFT_GEMM_NO_TILE asks for the first.
+__device__ __forceinline__ uint32_t next_order(const weft_gemm_params& p, uint32_t current) {
   if (p.claim_counter == 0) return current == WEFT_GEMM_NO_TILE ? blockIdx.x : current + p.sched.ctas;
   return atomicAdd(reinterpret_cast<unsigned int*>(p.claim_counter), 1u) - p.claim_base;
 }
@@ -33,15 +28,14 @@ __device__ __forceinline__ uint32_t next_work(const weft_gemm_params& p, uint32_
 template <class Cfg>
 __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const SharedTiles<Cfg>& sm) {
   const weft_gemm_schedule& s = p.sched;
+  const uint32_t splits = work_splits<Cfg>(p), works = weft_gemm_order_count(s) * splits;
   PipelineState<Cfg::kStages> ps;
-  // Work ids end at the order count, or with stream-K at WEFT_GEMM_NO_TILE.
-  const uint32_t end = Cfg::kStreamK && s.sk_units != 0u ? WEFT_GEMM_NO_TILE : weft_gemm_order_count(s);
-  uint32_t work = next_work<Cfg>(p, WEFT_GEMM_NO_TILE);
+  uint32_t work = next_order(p, WEFT_GEMM_NO_TILE);  // a work unit: the order itself unless split-K
   bool peers_ready = false;  // AllGather: every rank's shard written (START passed)
-  while (work < end) {
-    const uint32_t next = next_work<Cfg>(p, work);  // the claim's latency hides behind this tile's loads
-    const weft_gemm_work w = work_at<Cfg>(p, work);
-    const weft_gemm_tile t = weft_gemm_tile_at(s, w.order);
+  while (work < works) {
+    const uint32_t next = next_order(p, work);  // the claim's latency hides behind this tile's loads
+    const KBlocks kbs = work_k_blocks<Cfg>(p, work);
+    const weft_gemm_tile t = weft_gemm_tile_at(s, work / splits);
     const int32_t m0 = static_cast<int32_t>(t.tm * Cfg::kBM), n0 = static_cast<int32_t>(t.tn * Cfg::kBN);
     // Where the A tile comes from: `a`, or (AllGather) its owner's shard, local or peer. A peer's
     // shard only after START (acquire, system scope), then a proxy fence: its generic writes
@@ -65,12 +59,12 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
         *sm.ag_stall() = t.tm + 1;  // reported by the peer-barrier thread, as above
       }
     }
-    for (uint32_t kb = w.k_begin; kb < w.k_end; ++kb) {
+    for (uint32_t kb = kbs.begin; kb < kbs.end; ++kb) {
       // Parity phase ^ 1: a fresh barrier counts as having completed the phase before phase 0.
       weft::sync::mbarrier_wait<true>(sm.empty(ps.stage), ps.phase ^ 1u, p.bound, 0,
                                 weft_tile_coord{kRoleLoader, static_cast<uint32_t>(ps.stage), t.tm, t.tn});
       uint64_t* full = sm.full(ps.stage);
-      if (kb == w.k_begin) *sm.order(ps.stage) = work;  // released to the consumers by the arrival below
+      if (kb == kbs.begin) *sm.order(ps.stage) = work;  // released to the consumers by the arrival below
       mbar_arrive_expect_tx(full, Cfg::kABytes + Cfg::kBBytes);
       const int32_t k0 = static_cast<int32_t>(kb * Cfg::kBK);
       tensor_load_2d(sm.a(ps.stage), a_map, full, k0, a_row);
