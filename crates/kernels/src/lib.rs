@@ -2,11 +2,13 @@
 //! sm_90a by this crate's build script, embedded as cubins, plus the plain-old-data structs that
 //! kernels and Rust share (declared once in `kernels/include/weft/abi/*.h`, bound with bindgen).
 //!
-//! Host crates load a module with [`Cubin::load`] and launch its functions through cudarc.
+//! Host crates load a module with [`Cubin::load`] (once per context and cubin) and launch its
+//! functions through cudarc.
 
 use cudarc::driver::{CudaContext, CudaModule, DeviceRepr, DriverError};
 use cudarc::nvrtc::Ptx;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// One compiled `.cu` file.
 #[derive(Clone, Copy, Debug)]
@@ -18,10 +20,37 @@ pub struct Cubin {
 }
 
 impl Cubin {
-    /// Loads the image into `ctx` (the driver checks that it matches the device's architecture).
+    /// The image's module in `ctx`: loaded at the first call for this context (the driver checks
+    /// that it matches the device's architecture), the same module at every later one.
+    ///
+    /// Modules stay loaded, with the context they hold, until the process exits: a plan made and
+    /// dropped in a loop then loads nothing (a GEMM cubin is megabytes; on one host the driver
+    /// kept about 126 KiB of device memory per load and unload, results/trials/nvidia-h100-x2-2026-11-26/).
+    /// The cache holds each context alive, so a context's handle is never reused while cached.
+    /// Device globals are per module, so per (context, cubin) for the process: weft's only one,
+    /// the error-report claim, is set just before a trap, which poisons the process's contexts.
     pub fn load(&self, ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>, DriverError> {
-        ctx.load_module(Ptx::from_binary(self.image.to_vec()))
+        let key = (ctx.cu_ctx() as usize, self.image.as_ptr() as usize);
+        // A panic while holding the lock leaves the map consistent (insert is the last step).
+        let mut cache = modules().lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = cache.get(&key) {
+            return Ok(m.clone());
+        }
+        let m = ctx.load_module(Ptx::from_binary(self.image.to_vec()))?;
+        cache.insert(key, m.clone());
+        Ok(m)
     }
+}
+
+/// Every module [`Cubin::load`] has loaded, by (context handle, image address).
+fn modules() -> &'static Mutex<HashMap<(usize, usize), Arc<CudaModule>>> {
+    static MODULES: OnceLock<Mutex<HashMap<(usize, usize), Arc<CudaModule>>>> = OnceLock::new();
+    MODULES.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// How many modules [`Cubin::load`] holds (all contexts): for tests and reports.
+pub fn loaded_modules() -> usize {
+    modules().lock().unwrap_or_else(|e| e.into_inner()).len()
 }
 
 /// The embedded cubins, one constant per `kernels/**/*.cu` (path with `/` → `_`, upper case).

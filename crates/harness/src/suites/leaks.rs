@@ -11,6 +11,9 @@
 //! - fused_reduce_scatter_plans: the fused GEMM + ReduceScatter (its GEMM module, peer outputs
 //!   and barriers), a run every 25 cycles, and each cycle a plan refused for its shape.
 //! - nccl_communicators: a communicator made, used for an all-reduce, dropped.
+//! - modules_load_once: a cubin loaded twice on one context is one module, and GEMM plans of
+//!   every kernel family made after the first load none (`Cubin::load` keeps each module for the
+//!   process: per-plan loads and unloads lost device memory on one host's driver).
 //!
 //! `weft test` runs 200 GEMM, 300 grpcoll, 100 fused and 50 NCCL cycles; `WEFT_LEAK_CYCLES=1000`
 //! sets every count (issue #26's figure). On two H200s 1000 cycles took 26 s (GEMM), 31 s
@@ -46,6 +49,7 @@ pub fn cases() -> Vec<Case> {
             fused_reduce_scatter_plans,
         ),
         Case::gpu("leaks::nccl_communicators", nccl_communicators),
+        Case::gpu("leaks::modules_load_once", modules_load_once),
     ]
 }
 
@@ -252,4 +256,43 @@ fn nccl_communicators(job: &mut Job) -> anyhow::Result<()> {
         drop(comm);
         Ok(())
     })
+}
+
+fn modules_load_once(job: &mut Job) -> anyhow::Result<()> {
+    let (ctx, _) = gpu(job)?;
+    let cubin = &weft_kernels::cubins::GEMM_GEMM_BF16;
+    let (a, b) = (cubin.load(&ctx)?, cubin.load(&ctx)?);
+    ensure!(
+        std::sync::Arc::ptr_eq(&a, &b),
+        "{} loaded twice on one context gave two modules",
+        cubin.source
+    );
+    let options = |tile, cluster_m, k_splits| GemmOptions {
+        tile,
+        cluster_m,
+        k_splits,
+        ..GemmOptions::default()
+    };
+    use weft_signal_gemm::TileChoice::{N128, N256};
+    let first = Gemm::new(&ctx, GemmShape::new(256, 256, 256), GemmOptions::default())?;
+    let loaded = weft_kernels::loaded_modules();
+    for (i, o) in [
+        options(N256, 1, KSplits::Fixed(1)),
+        options(N128, 1, KSplits::Fixed(2)),
+        options(N256, 2, KSplits::Fixed(1)),
+        options(N128, 2, KSplits::Fixed(1)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let g = Gemm::new(&ctx, GemmShape::new(512, 512, 256 * (i as u32 + 1)), o)?;
+        drop(g);
+    }
+    drop(first);
+    ensure!(
+        weft_kernels::loaded_modules() == loaded,
+        "GEMM plans made after the first loaded modules: {loaded} before, {} after",
+        weft_kernels::loaded_modules()
+    );
+    Ok(())
 }
