@@ -2,7 +2,7 @@
 //! sm_90a by this crate's build script, embedded as cubins, plus the plain-old-data structs that
 //! kernels and Rust share (declared once in `kernels/include/weft/abi/*.h`, bound with bindgen).
 //!
-//! Host crates load a module with [`Cubin::load`] (once per context and cubin) and launch its
+//! Host crates load a module with [`Cubin::load`] (once per primary context and cubin) and launch its
 //! functions through cudarc.
 
 use cudarc::driver::{CudaContext, CudaModule, DeviceRepr, DriverError};
@@ -20,18 +20,26 @@ pub struct Cubin {
 }
 
 impl Cubin {
-    /// The image's module in `ctx`: loaded at the first call for this context (the driver checks
-    /// that it matches the device's architecture), the same module at every later one.
+    /// The image's module in `ctx`: in a primary context, loaded at the first call (the driver
+    /// checks that it matches the device's architecture) and the same module at every later one;
+    /// in a context of its own (`CudaContext::new_non_primary`), loaded afresh each time.
     ///
-    /// Modules stay loaded, with the context they hold, until the process exits: a plan made and
-    /// dropped in a loop then loads nothing (a GEMM cubin is megabytes; on one host the driver
-    /// kept about 126 KiB of device memory per load and unload, results/trials/nvidia-h100-x2-2026-11-26/).
-    /// The cache holds each context alive, so a context's handle is never reused while cached.
-    /// Device globals are per module, so per (context, cubin) for the process: weft's only one,
-    /// the error-report claim, is set just before a trap, which poisons the process's contexts.
+    /// Cached modules stay loaded, with the primary context they hold, until the process exits:
+    /// a plan made and dropped in a loop then loads nothing (a GEMM cubin is megabytes; on H100
+    /// hosts the driver kept about 129 KiB of device memory per load and unload,
+    /// results/trials/nvidia-h100-x1-2026-11-26-module-cache/). Holding the context keeps its
+    /// handle from being reused while cached. Device globals are then per (context, cubin) for
+    /// the process: weft's only one, the error-report claim, is set just before a trap, which
+    /// poisons the process's contexts. The key is the cubin's source path, not its address (a
+    /// `const` may have a copy per crate).
     pub fn load(&self, ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>, DriverError> {
-        let key = (ctx.cu_ctx() as usize, self.image.as_ptr() as usize);
+        if !ctx.is_primary() {
+            // A context of its own is destroyed when its last user drops it: not held here.
+            return ctx.load_module(Ptx::from_binary(self.image.to_vec()));
+        }
+        let key = (ctx.cu_ctx() as usize, self.source);
         // A panic while holding the lock leaves the map consistent (insert is the last step).
+        // Loads on other contexts wait for this one: loads are rare once cached.
         let mut cache = modules().lock().unwrap_or_else(|e| e.into_inner());
         if let Some(m) = cache.get(&key) {
             return Ok(m.clone());
@@ -42,13 +50,15 @@ impl Cubin {
     }
 }
 
-/// Every module [`Cubin::load`] has loaded, by (context handle, image address).
-fn modules() -> &'static Mutex<HashMap<(usize, usize), Arc<CudaModule>>> {
-    static MODULES: OnceLock<Mutex<HashMap<(usize, usize), Arc<CudaModule>>>> = OnceLock::new();
+type ModuleKey = (usize, &'static str);
+
+/// Every module [`Cubin::load`] has cached, by (primary context handle, cubin source path).
+fn modules() -> &'static Mutex<HashMap<ModuleKey, Arc<CudaModule>>> {
+    static MODULES: OnceLock<Mutex<HashMap<ModuleKey, Arc<CudaModule>>>> = OnceLock::new();
     MODULES.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// How many modules [`Cubin::load`] holds (all contexts): for tests and reports.
+/// How many modules [`Cubin::load`] holds (all primary contexts): for tests and reports.
 pub fn loaded_modules() -> usize {
     modules().lock().unwrap_or_else(|e| e.into_inner()).len()
 }

@@ -11,9 +11,9 @@
 //! - fused_reduce_scatter_plans: the fused GEMM + ReduceScatter (its GEMM module, peer outputs
 //!   and barriers), a run every 25 cycles, and each cycle a plan refused for its shape.
 //! - nccl_communicators: a communicator made, used for an all-reduce, dropped.
-//! - modules_load_once: a cubin loaded twice on one context is one module, and GEMM plans of
-//!   every kernel family made after the first load none (`Cubin::load` keeps each module for the
-//!   process: per-plan loads and unloads lost device memory on one host's driver).
+//! - modules_load_once: a cubin loaded twice on one (primary) context is one module, and GEMM
+//!   plans of every kernel family load no other (`Cubin::load` keeps each module for the process:
+//!   per-plan loads and unloads lost device memory on H100 hosts' driver).
 //!
 //! `weft test` runs 200 GEMM, 300 grpcoll, 100 fused and 50 NCCL cycles; `WEFT_LEAK_CYCLES=1000`
 //! sets every count (issue #26's figure). On two H200s 1000 cycles took 26 s (GEMM), 31 s
@@ -274,8 +274,9 @@ fn modules_load_once(job: &mut Job) -> anyhow::Result<()> {
         ..GemmOptions::default()
     };
     use weft_signal_gemm::TileChoice::{N128, N256};
-    let first = Gemm::new(&ctx, GemmShape::new(256, 256, 256), GemmOptions::default())?;
+    // The GEMM plans below load the same cubin through weft-signal-gemm's copy of the constant.
     let loaded = weft_kernels::loaded_modules();
+    let first = Gemm::new(&ctx, GemmShape::new(256, 256, 256), GemmOptions::default())?;
     for (i, o) in [
         options(N256, 1, KSplits::Fixed(1)),
         options(N128, 1, KSplits::Fixed(2)),
@@ -291,7 +292,7 @@ fn modules_load_once(job: &mut Job) -> anyhow::Result<()> {
     drop(first);
     ensure!(
         weft_kernels::loaded_modules() == loaded,
-        "GEMM plans made after the first loaded modules: {loaded} before, {} after",
+        "GEMM plans loaded modules of a cubin already loaded: {loaded} before, {} after",
         weft_kernels::loaded_modules()
     );
     Ok(())
