@@ -2,8 +2,8 @@
 //! sm_90a by this crate's build script, embedded as cubins, plus the plain-old-data structs that
 //! kernels and Rust share (declared once in `kernels/include/weft/abi/*.h`, bound with bindgen).
 //!
-//! Host crates load a module with [`Cubin::load`] (once per primary context and cubin) and launch its
-//! functions through cudarc.
+//! Host crates load a module with [`Cubin::load`] (once per primary context and cubin) and
+//! launch its functions through cudarc.
 
 use cudarc::driver::{CudaContext, CudaModule, DeviceRepr, DriverError};
 use cudarc::nvrtc::Ptx;

@@ -16,8 +16,9 @@
 //!   per-plan loads and unloads lost device memory on H100 hosts' driver).
 //!
 //! `weft test` runs 200 GEMM, 300 grpcoll, 100 fused and 50 NCCL cycles; `WEFT_LEAK_CYCLES=1000`
-//! sets every count (issue #26's figure). On two H200s 1000 cycles took 26 s (GEMM), 31 s
-//! (grpcoll) and 41 s (fused), a NCCL cycle 0.7 s (its connections are set up each time).
+//! sets every count (issue #26's figure). On two H200s 1000 cycles took 2.5 s (GEMM), 28 s
+//! (grpcoll) and 13 s (fused) with modules loaded once (d5de479; 26, 31 and 41 s before), a NCCL
+//! cycle 0.7 s (its connections are set up each time).
 
 use super::fused_reduce_scatter::max_ctas;
 use super::gpu;
