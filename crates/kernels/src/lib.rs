@@ -30,8 +30,10 @@ impl Cubin {
     /// results/trials/nvidia-h100-x1-2026-11-26-module-cache/). Holding the context keeps its
     /// handle from being reused while cached. Device globals are then per (context, cubin) for
     /// the process: weft's only one, the error-report claim, is set just before a trap, which
-    /// poisons the process's contexts. The key is the cubin's source path, not its address (a
-    /// `const` may have a copy per crate).
+    /// poisons the process's contexts. Function attributes are shared the same way: weft sets
+    /// only each function's dynamic shared memory limit, always to the same value for a given
+    /// function. The key is the cubin's source path, not its address (a `const` may have a copy
+    /// per crate).
     pub fn load(&self, ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>, DriverError> {
         if !ctx.is_primary() {
             // A context of its own is destroyed when its last user drops it: not held here.
