@@ -5,16 +5,22 @@
 #include "weft/gemm/kernel.cuh"
 
 // Name: weft_gemm_<in>_<out>_<B layout>_<tile width>_c<cluster CTAs>[_w: whole-tile epilogue]
-// [_plain: the fusions compiled out, GemmConfig::kFused]. A fused kernel has the communicator
-// the launch's comm_op picks; a plain one none.
-#define WEFT_GEMM_KERNEL_NAMED(NAME, IN, OUT, BNK, BN, CM, EPI, FUSED, COMM)                                \
+// [_plain: the fusions compiled out, GemmConfig::kFused; _plain_split: the same with split-K, for
+// split launches (clusters of 1 only)]. A fused kernel has the communicator the launch's comm_op
+// picks; a plain one none.
+#define WEFT_GEMM_KERNEL_NAMED(NAME, IN, OUT, BNK, BN, CM, EPI, FUSED, SPLIT, COMM)                         \
   extern "C" __global__ void __launch_bounds__(WEFT_GEMM_THREADS, 1) NAME(const __grid_constant__ weft_gemm_params p) { \
-    weft::gemm::gemm_kernel_body<weft::gemm::GemmConfig<IN, OUT, BN, BNK, CM, EPI, FUSED>, weft::gemm::TmaStorer,    \
-                                 weft::gemm::COMM>(p);                                                     \
+    weft::gemm::gemm_kernel_body<weft::gemm::GemmConfig<IN, OUT, BN, BNK, CM, EPI, FUSED, SPLIT>,                  \
+                                 weft::gemm::TmaStorer, weft::gemm::COMM>(p);                                      \
   }
-#define WEFT_GEMM_KERNEL_PAIR(NAME, IN, OUT, BNK, BN, CM, EPI)                              \
-  WEFT_GEMM_KERNEL_NAMED(NAME, IN, OUT, BNK, BN, CM, EPI, true, LaunchCommunicator) \
-  WEFT_GEMM_KERNEL_NAMED(NAME##_plain, IN, OUT, BNK, BN, CM, EPI, false, NoCommunicator)
+// The split variant exists for clusters of 1 (CM pasted: _1 defines it, _2 nothing).
+#define WEFT_GEMM_PLAIN_SPLIT_1(NAME, IN, OUT, BNK, BN, EPI) \
+  WEFT_GEMM_KERNEL_NAMED(NAME##_plain_split, IN, OUT, BNK, BN, 1, EPI, false, true, NoCommunicator)
+#define WEFT_GEMM_PLAIN_SPLIT_2(NAME, IN, OUT, BNK, BN, EPI)
+#define WEFT_GEMM_KERNEL_PAIR(NAME, IN, OUT, BNK, BN, CM, EPI)                                    \
+  WEFT_GEMM_KERNEL_NAMED(NAME, IN, OUT, BNK, BN, CM, EPI, true, true, LaunchCommunicator)        \
+  WEFT_GEMM_KERNEL_NAMED(NAME##_plain, IN, OUT, BNK, BN, CM, EPI, false, false, NoCommunicator) \
+  WEFT_GEMM_PLAIN_SPLIT_##CM(NAME, IN, OUT, BNK, BN, EPI)
 #define WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, LAYOUT, BNK, BN, CM) \
   WEFT_GEMM_KERNEL_PAIR(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_##BN##_c##CM, IN, OUT, BNK, BN, CM, WEFT_GEMM_EPI_PIPELINED)
 #define WEFT_GEMM_KERNEL_WHOLE(IN_NAME, IN, OUT_NAME, OUT, LAYOUT, BNK, CM) \

@@ -178,10 +178,13 @@ impl<TO: GemmElement> Default for LaunchExtras<'_, TO> {
     }
 }
 
-/// A plan's kernel with the fusions compiled in, and the plain one (`LaunchExtras::fusion_free`).
+/// A plan's kernel with the fusions compiled in, the plain one (`LaunchExtras::fusion_free`),
+/// and for split-K plans the plain one with split-K (split launches only: the split path slows
+/// the unsplit kernels).
 struct GemmKernels {
     fused: CudaFunction,
     plain: CudaFunction,
+    plain_split: Option<CudaFunction>,
 }
 
 /// The GEMM kernel of one plan, loaded on one context.
@@ -426,6 +429,11 @@ impl Gemm {
         };
         let func = load(plan.kernel_name())?;
         let plain_func = load(plan.plain_kernel_name())?;
+        let plain_split = if plan.k_splits() > 1 {
+            Some(load(plan.plain_split_kernel_name())?)
+        } else {
+            None
+        };
         let plan = if plan.cluster_m() > 1 {
             // Both kernels use the same registers and shared memory; checked on each regardless.
             fit_resident_clusters(&plain_func, fit_resident_clusters(&func, plan)?)?
@@ -460,6 +468,7 @@ impl Gemm {
             kernels: Box::new(GemmKernels {
                 fused: func,
                 plain: plain_func,
+                plain_split,
             }),
             slot,
             bound,
@@ -686,11 +695,6 @@ impl Gemm {
         // tile whole. A CUDA graph of a split launch shares the partials too: replay it in order
         // with the Gemm's other launches (one stream), never two at once.
         let plain = extras.fusion_free();
-        let func = if plain {
-            &self.kernels.plain
-        } else {
-            &self.kernels.fused
-        };
         // Held to the end of the launch, as the claim counter.
         let mut split = match &self.split {
             Some(sp) if plain && !extras.early_release => Some(
@@ -720,6 +724,11 @@ impl Gemm {
                 p.sched.k_splits = 1;
                 None
             }
+        };
+        let func = match (&self.kernels.plain_split, plain) {
+            (Some(f), true) if p.sched.k_splits > 1 => f,
+            (_, true) => &self.kernels.plain,
+            (_, false) => &self.kernels.fused,
         };
         let LaunchExtras {
             flags,
@@ -995,10 +1004,10 @@ impl Gemm {
         }
         .with_context(|| {
             // Named only on failure: no string is built on the launch path.
-            let name = if plain {
-                plan.plain_kernel_name()
-            } else {
-                plan.kernel_name()
+            let name = match (plain, p.sched.k_splits > 1) {
+                (true, true) => plan.plain_split_kernel_name(),
+                (true, false) => plan.plain_kernel_name(),
+                (false, _) => plan.kernel_name(),
             };
             format!("launching {name} ({})", plan.describe())
         })?;

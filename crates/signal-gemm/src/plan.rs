@@ -427,6 +427,11 @@ impl GemmPlan {
     pub fn plain_kernel_name(&self) -> String {
         format!("{}_plain", self.kernel_name())
     }
+    /// The plain kernel with split-K, for this plan's split launches (`k_splits` > 1; clusters
+    /// of 1): the `_plain` one has the split path compiled out.
+    pub fn plain_split_kernel_name(&self) -> String {
+        format!("{}_plain_split", self.kernel_name())
+    }
     /// Every tile with its execution order, wave and CTA (the kernel's own scheduler function).
     /// With dynamic scheduling the orders and waves hold, the CTAs are decided at run time.
     pub fn schedule(&self) -> Vec<ScheduledTile> {
@@ -591,6 +596,10 @@ mod tests {
         assert_eq!(p.tile_n(), 256);
         assert_eq!(p.kernel_name(), "weft_gemm_bf16_f32_kn_256_c1");
         assert_eq!(p.plain_kernel_name(), "weft_gemm_bf16_f32_kn_256_c1_plain");
+        assert_eq!(
+            p.plain_split_kernel_name(),
+            "weft_gemm_bf16_f32_kn_256_c1_plain_split"
+        );
         let p = GemmPlan::new(
             132,
             GemmShape::new(8192, 8192, 8192),
@@ -637,6 +646,64 @@ mod tests {
         assert_eq!(p.tiles(), 64 * 32);
         assert_eq!(p.k_blocks(), 128);
         assert!(p.smem_bytes() <= 232448);
+    }
+
+    /// Every kernel a plan can name — fused, plain, and for plans that may split K the plain
+    /// split one — is in its input's cubin (the name and its NUL in the ELF string table).
+    #[test]
+    fn every_kernel_a_plan_names_is_in_the_cubin() {
+        use weft_kernels::cubins;
+        let has = |image: &[u8], name: &str| {
+            let needle = [name.as_bytes(), b"\0"].concat();
+            image.windows(needle.len()).any(|w| w == needle)
+        };
+        let mut split_names = 0;
+        for input in [Dtype::Bf16, Dtype::F16] {
+            let image = match input {
+                Dtype::Bf16 => cubins::GEMM_GEMM_BF16.image,
+                _ => cubins::GEMM_GEMM_F16.image,
+            };
+            for output in [Dtype::Bf16, Dtype::F16, Dtype::F32] {
+                for b_layout in [BLayout::NxK, BLayout::KxN] {
+                    for tile in [TileChoice::N128, TileChoice::N256] {
+                        for cluster_m in [1, 2] {
+                            for epilogue in [EpilogueChoice::Pipelined, EpilogueChoice::WholeTile] {
+                                let o = GemmOptions {
+                                    input,
+                                    output,
+                                    b_layout,
+                                    tile,
+                                    cluster_m,
+                                    epilogue,
+                                    ..opts()
+                                };
+                                let Ok(p) = GemmPlan::new(132, GemmShape::new(512, 512, 512), o)
+                                else {
+                                    continue; // whole-tile with a 32-bit output or 128-wide tiles
+                                };
+                                for name in [p.kernel_name(), p.plain_kernel_name()] {
+                                    assert!(has(image, &name), "{name} is not in the cubin");
+                                }
+                                let split = GemmPlan::new(
+                                    132,
+                                    GemmShape::new(512, 512, 512),
+                                    GemmOptions {
+                                        k_splits: KSplits::Fixed(2),
+                                        ..o
+                                    },
+                                );
+                                if let Ok(p) = split {
+                                    let name = p.plain_split_kernel_name();
+                                    assert!(has(image, &name), "{name} is not in the cubin");
+                                    split_names += 1;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(split_names > 0);
     }
 
     /// A rotated order visits every tile once, and its first orders are the rotation's rows.

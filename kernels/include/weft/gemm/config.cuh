@@ -23,7 +23,7 @@ template <> struct InputTag<__half> { using type = F16Tag; };
 // trace); a plain kernel (kFused false) has them compiled out and serves plain launches only
 // (GemmPlan::kernel_name). The fused code made every plain launch pay: about 176 KB of kernel
 // against 57 KB, and up to 1.5x the time of a short GEMM (crates/signal-gemm/README.md).
-template <class In_, class Out_, int kBN_, bool kBNK_, int kClusterM_, int kEpilogue_, bool kFused_>
+template <class In_, class Out_, int kBN_, bool kBNK_, int kClusterM_, int kEpilogue_, bool kFused_, bool kSplit_>
 struct GemmConfig {
   using In = In_;
   using Out = Out_;
@@ -43,11 +43,13 @@ struct GemmConfig {
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static_assert(kThreads == WEFT_GEMM_THREADS && kConsumers == WEFT_GEMM_CONSUMERS, "the host launches WEFT_GEMM_THREADS threads");
   static constexpr int kAccumulators = kBN / 2;  // fp32 per thread for a 64 x kBN warpgroup tile
-  // Split-K (split_k.cuh) in this kernel: not with clusters (the host refuses them), nor with
-  // 16-bit outputs, 128 x 256 tiles and the pipelined epilogue, whose consumers then spill their accumulators (the host plans split
-  // 128 x 256 16-bit GEMMs with the whole-tile epilogue instead; GemmPlan::new).
-  static constexpr bool kSplitK =
-      kClusterM_ == 1 && !(kBN == 256 && sizeof(Out) == 2 && kEpilogue == WEFT_GEMM_EPI_PIPELINED);
+  // Split-K (split_k.cuh) in this kernel: where asked (kSplit_: the fused kernels and the
+  // `_plain_split` ones; the `_plain` ones run unsplit launches without its code), not with
+  // clusters (the host refuses them), nor with 16-bit outputs, 128 x 256 tiles and the pipelined
+  // epilogue, whose consumers then spill their accumulators (the host plans split 128 x 256
+  // 16-bit GEMMs with the whole-tile epilogue instead; GemmPlan::new).
+  static constexpr bool kSplitK = kSplit_ && kClusterM_ == 1 &&
+                                  !(kBN == 256 && sizeof(Out) == 2 && kEpilogue == WEFT_GEMM_EPI_PIPELINED);
   using Mma = WgmmaSS<kBN, typename InputTag<In>::type, kBNK ? 0 : 1>;
 
   // One 128-byte swizzle row per operand row: kBK elements of 2 bytes.
