@@ -178,6 +178,29 @@ impl<TO: GemmElement> Default for LaunchExtras<'_, TO> {
     }
 }
 
+/// Which of a plan's kernels a launch runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KernelVariant {
+    /// The fusions compiled in: any launch that uses one.
+    Fused,
+    /// Neither fusions nor split-K: an unsplit plain launch.
+    Plain,
+    /// Split-K without fusions: a plain launch that splits (`sched.k_splits` > 1 at launch).
+    PlainSplit,
+}
+
+impl KernelVariant {
+    /// The one place a launch's kernel is decided: only a fusion-free launch may split (the
+    /// caller sets its splits to 1 otherwise), and a split launch needs the split path.
+    fn of(fusion_free: bool, k_splits: u32) -> Self {
+        match (fusion_free, k_splits > 1) {
+            (true, true) => Self::PlainSplit,
+            (true, false) => Self::Plain,
+            (false, _) => Self::Fused,
+        }
+    }
+}
+
 /// A plan's kernel with the fusions compiled in, the plain one (`LaunchExtras::fusion_free`),
 /// and for split-K plans the plain one with split-K (split launches only: the split path slows
 /// the unsplit kernels).
@@ -725,10 +748,16 @@ impl Gemm {
                 None
             }
         };
-        let func = match (&self.kernels.plain_split, plain) {
-            (Some(f), true) if p.sched.k_splits > 1 => f,
-            (_, true) => &self.kernels.plain,
-            (_, false) => &self.kernels.fused,
+        let variant = KernelVariant::of(plain, p.sched.k_splits);
+        let func = match variant {
+            KernelVariant::Fused => &self.kernels.fused,
+            KernelVariant::Plain => &self.kernels.plain,
+            // Loaded with the plan whenever it may split (k_splits > 1), which a split launch needs.
+            KernelVariant::PlainSplit => self
+                .kernels
+                .plain_split
+                .as_ref()
+                .context("a split launch of a plan loaded without its split kernel")?,
         };
         let LaunchExtras {
             flags,
@@ -1004,10 +1033,10 @@ impl Gemm {
         }
         .with_context(|| {
             // Named only on failure: no string is built on the launch path.
-            let name = match (plain, p.sched.k_splits > 1) {
-                (true, true) => plan.plain_split_kernel_name(),
-                (true, false) => plan.plain_kernel_name(),
-                (false, _) => plan.kernel_name(),
+            let name = match variant {
+                KernelVariant::PlainSplit => plan.plain_split_kernel_name(),
+                KernelVariant::Plain => plan.plain_kernel_name(),
+                KernelVariant::Fused => plan.kernel_name(),
             };
             format!("launching {name} ({})", plan.describe())
         })?;
@@ -1091,6 +1120,16 @@ mod tests {
 
     // The plain kernel has every fusion compiled out: a launch that asks for one must not get it
     // (the GPU suites' fused trials then fail or time out). Here: the fusions a CPU can build.
+    #[test]
+    fn split_launches_run_the_split_kernel() {
+        // The _plain kernels have split-K compiled out: a split launch on one would silently run
+        // every tile whole (correct, without the split's speed).
+        assert_eq!(KernelVariant::of(true, 3), KernelVariant::PlainSplit);
+        assert_eq!(KernelVariant::of(true, 1), KernelVariant::Plain);
+        assert_eq!(KernelVariant::of(false, 1), KernelVariant::Fused);
+        assert_eq!(KernelVariant::of(false, 3), KernelVariant::Fused);
+    }
+
     #[test]
     fn fusions_select_the_fused_kernel() {
         let plain = LaunchExtras::<bf16>::default();

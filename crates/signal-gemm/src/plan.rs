@@ -703,7 +703,10 @@ mod tests {
                 }
             }
         }
-        assert!(split_names > 0);
+        // Every cluster-1 (input, output, layout, tile, epilogue) a plan can split: 2 inputs x
+        // (3 outputs x 2 layouts x 128-wide pipelined, f32 256-wide pipelined x 2 layouts, 2
+        // 16-bit outputs x 2 layouts x 256-wide whole-tile).
+        assert_eq!(split_names, 2 * (3 * 2 + 2 + 2 * 2));
     }
 
     /// A rotated order visits every tile once, and its first orders are the rotation's rows.
