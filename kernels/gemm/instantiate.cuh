@@ -17,14 +17,15 @@
 #define WEFT_GEMM_PLAIN_SPLIT_1(NAME, IN, OUT, BNK, BN, EPI) \
   WEFT_GEMM_KERNEL_NAMED(NAME##_plain_split, IN, OUT, BNK, BN, 1, EPI, false, true, NoCommunicator)
 #define WEFT_GEMM_PLAIN_SPLIT_2(NAME, IN, OUT, BNK, BN, EPI)
-#define WEFT_GEMM_KERNEL_PAIR(NAME, IN, OUT, BNK, BN, CM, EPI)                                    \
+// A kernel's variants: fused, plain and (clusters of 1) plain with split-K.
+#define WEFT_GEMM_KERNEL_VARIANTS(NAME, IN, OUT, BNK, BN, CM, EPI)                                    \
   WEFT_GEMM_KERNEL_NAMED(NAME, IN, OUT, BNK, BN, CM, EPI, true, true, LaunchCommunicator)        \
   WEFT_GEMM_KERNEL_NAMED(NAME##_plain, IN, OUT, BNK, BN, CM, EPI, false, false, NoCommunicator) \
   WEFT_GEMM_PLAIN_SPLIT_##CM(NAME, IN, OUT, BNK, BN, EPI)
 #define WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, LAYOUT, BNK, BN, CM) \
-  WEFT_GEMM_KERNEL_PAIR(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_##BN##_c##CM, IN, OUT, BNK, BN, CM, WEFT_GEMM_EPI_PIPELINED)
+  WEFT_GEMM_KERNEL_VARIANTS(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_##BN##_c##CM, IN, OUT, BNK, BN, CM, WEFT_GEMM_EPI_PIPELINED)
 #define WEFT_GEMM_KERNEL_WHOLE(IN_NAME, IN, OUT_NAME, OUT, LAYOUT, BNK, CM) \
-  WEFT_GEMM_KERNEL_PAIR(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_256_c##CM##_w, IN, OUT, BNK, 256, CM, WEFT_GEMM_EPI_WHOLE_TILE)
+  WEFT_GEMM_KERNEL_VARIANTS(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_256_c##CM##_w, IN, OUT, BNK, 256, CM, WEFT_GEMM_EPI_WHOLE_TILE)
 #define WEFT_GEMM_WHOLE_FOR_OUT(IN_NAME, IN, OUT_NAME, OUT)    \
   WEFT_GEMM_KERNEL_WHOLE(IN_NAME, IN, OUT_NAME, OUT, nk, true, 1)  \
   WEFT_GEMM_KERNEL_WHOLE(IN_NAME, IN, OUT_NAME, OUT, kn, false, 1) \

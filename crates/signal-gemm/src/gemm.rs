@@ -1118,18 +1118,18 @@ mod tests {
     use super::*;
     use half::bf16;
 
-    // The plain kernel has every fusion compiled out: a launch that asks for one must not get it
-    // (the GPU suites' fused trials then fail or time out). Here: the fusions a CPU can build.
+    // The _plain kernels have split-K compiled out: a split launch on one would silently run
+    // every tile whole (correct, without the split's speed).
     #[test]
     fn split_launches_run_the_split_kernel() {
-        // The _plain kernels have split-K compiled out: a split launch on one would silently run
-        // every tile whole (correct, without the split's speed).
         assert_eq!(KernelVariant::of(true, 3), KernelVariant::PlainSplit);
         assert_eq!(KernelVariant::of(true, 1), KernelVariant::Plain);
         assert_eq!(KernelVariant::of(false, 1), KernelVariant::Fused);
         assert_eq!(KernelVariant::of(false, 3), KernelVariant::Fused);
     }
 
+    // The plain kernel has every fusion compiled out: a launch that asks for one must not get it
+    // (the GPU suites' fused trials then fail or time out). Here: the fusions a CPU can build.
     #[test]
     fn fusions_select_the_fused_kernel() {
         let plain = LaunchExtras::<bf16>::default();
