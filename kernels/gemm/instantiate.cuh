@@ -32,6 +32,17 @@
   WEFT_GEMM_KERNEL_WHOLE(IN_NAME, IN, OUT_NAME, OUT, nk, true, 2)  \
   WEFT_GEMM_KERNEL_WHOLE(IN_NAME, IN, OUT_NAME, OUT, kn, false, 2)
 
+// 128 x 192 tiles: plain kernels only, clusters of 1 (and their split variant). The width fills
+// the SMs where 128 x 256 tiles leave a wave short and 128 x 128 ones reload A too often
+// (crates/signal-gemm/README.md, "128 x 192 tiles"); fused launches plan 128 or 256.
+#define WEFT_GEMM_KERNEL_PLAIN_192(IN_NAME, IN, OUT_NAME, OUT, LAYOUT, BNK)                                          \
+  WEFT_GEMM_KERNEL_NAMED(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_192_c1_plain, IN, OUT, BNK, 192, 1,             \
+                         WEFT_GEMM_EPI_PIPELINED, false, false, NoCommunicator)                                       \
+  WEFT_GEMM_PLAIN_SPLIT_1(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_192_c1, IN, OUT, BNK, 192, WEFT_GEMM_EPI_PIPELINED)
+#define WEFT_GEMM_PLAIN_192_FOR_OUT(IN_NAME, IN, OUT_NAME, OUT)       \
+  WEFT_GEMM_KERNEL_PLAIN_192(IN_NAME, IN, OUT_NAME, OUT, nk, true) \
+  WEFT_GEMM_KERNEL_PLAIN_192(IN_NAME, IN, OUT_NAME, OUT, kn, false)
+
 #define WEFT_GEMM_KERNELS_FOR_OUT(IN_NAME, IN, OUT_NAME, OUT)     \
   WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, nk, true, 256, 1)  \
   WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, nk, true, 128, 1)  \
@@ -47,4 +58,7 @@
   WEFT_GEMM_KERNELS_FOR_OUT(IN_NAME, IN, f16, __half)         \
   WEFT_GEMM_KERNELS_FOR_OUT(IN_NAME, IN, f32, float)          \
   WEFT_GEMM_WHOLE_FOR_OUT(IN_NAME, IN, bf16, __nv_bfloat16)   \
-  WEFT_GEMM_WHOLE_FOR_OUT(IN_NAME, IN, f16, __half)
+  WEFT_GEMM_WHOLE_FOR_OUT(IN_NAME, IN, f16, __half)           \
+  WEFT_GEMM_PLAIN_192_FOR_OUT(IN_NAME, IN, bf16, __nv_bfloat16) \
+  WEFT_GEMM_PLAIN_192_FOR_OUT(IN_NAME, IN, f16, __half)         \
+  WEFT_GEMM_PLAIN_192_FOR_OUT(IN_NAME, IN, f32, float)

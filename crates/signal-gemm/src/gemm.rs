@@ -205,7 +205,8 @@ impl KernelVariant {
 /// and for split-K plans the plain one with split-K (split launches only: the split path slows
 /// the unsplit kernels).
 struct GemmKernels {
-    fused: CudaFunction,
+    /// None where the plan's tile has no fused kernel ([`GemmPlan::has_fused_kernel`]).
+    fused: Option<CudaFunction>,
     plain: CudaFunction,
     plain_split: Option<CudaFunction>,
 }
@@ -450,7 +451,11 @@ impl Gemm {
             })?;
             Ok(func)
         };
-        let func = load(plan.kernel_name())?;
+        let func = if plan.has_fused_kernel() {
+            Some(load(plan.kernel_name())?)
+        } else {
+            None
+        };
         let plain_func = load(plan.plain_kernel_name())?;
         let plain_split = if plan.k_splits() > 1 {
             Some(load(plan.plain_split_kernel_name())?)
@@ -459,7 +464,11 @@ impl Gemm {
         };
         let plan = if plan.cluster_m() > 1 {
             // Both kernels use the same registers and shared memory; checked on each regardless.
-            fit_resident_clusters(&plain_func, fit_resident_clusters(&func, plan)?)?
+            let plan = match &func {
+                Some(f) => fit_resident_clusters(f, plan)?,
+                None => plan,
+            };
+            fit_resident_clusters(&plain_func, plan)?
         } else {
             plan
         };
@@ -750,7 +759,13 @@ impl Gemm {
         };
         let variant = KernelVariant::of(plain, p.sched.k_splits);
         let func = match variant {
-            KernelVariant::Fused => &self.kernels.fused,
+            KernelVariant::Fused => self.kernels.fused.as_ref().with_context(|| {
+                format!(
+                    "GEMM {}: a fused launch (signals, another output layout, a fused collective or a trace) of a plan with 128x{} tiles, which have plain kernels only: plan it with TileChoice::N128, N256 or Auto",
+                    plan.shape,
+                    plan.tile_n()
+                )
+            })?,
             KernelVariant::Plain => &self.kernels.plain,
             // Loaded with the plan whenever it may split (k_splits > 1), which a split launch needs.
             KernelVariant::PlainSplit => self

@@ -49,11 +49,14 @@ impl BLayout {
     }
 }
 
-/// Output tile: 128 × 256 or 128 × 128, or chosen from the shape.
+/// Output tile: 128 × 256, 128 × 192 or 128 × 128, or chosen from the shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TileChoice {
     Auto,
     N256,
+    /// Plain launches only (no fusion: the kernels exist without them), clusters of 1: fills the
+    /// SMs where 128 × 256 tiles leave a wave short. A fused launch of such a plan is refused.
+    N192,
     N128,
 }
 
@@ -214,8 +217,14 @@ impl GemmPlan {
             "no whole cluster of {} CTAs fits the SMs left ({sms} - sm_margin - comm_ctas)",
             options.cluster_m
         );
+        ensure!(
+            options.tile != TileChoice::N192 || options.cluster_m == 1,
+            "128x192 tiles have kernels for clusters of 1 only (asked: cluster_m {})",
+            options.cluster_m
+        );
         let tile_n = match options.tile {
             TileChoice::N256 => 256,
+            TileChoice::N192 => 192,
             TileChoice::N128 => 128,
             TileChoice::Auto => auto_tile_n(shape, ctas),
         };
@@ -306,9 +315,14 @@ impl GemmPlan {
         })
     }
 
-    /// Output tile width (128 or 256); tiles are 128 rows.
+    /// Output tile width (128, 192 or 256); tiles are 128 rows.
     pub fn tile_n(&self) -> u32 {
         self.sched.tile_n
+    }
+    /// Whether the plan's kernels include the fused one ([`Self::kernel_name`]): not for 128 × 192
+    /// tiles, which serve plain launches only.
+    pub fn has_fused_kernel(&self) -> bool {
+        self.sched.tile_n != 192
     }
     pub fn tile_m(&self) -> u32 {
         self.sched.tile_m
@@ -665,7 +679,7 @@ mod tests {
             };
             for output in [Dtype::Bf16, Dtype::F16, Dtype::F32] {
                 for b_layout in [BLayout::NxK, BLayout::KxN] {
-                    for tile in [TileChoice::N128, TileChoice::N256] {
+                    for tile in [TileChoice::N128, TileChoice::N192, TileChoice::N256] {
                         for cluster_m in [1, 2] {
                             for epilogue in [EpilogueChoice::Pipelined, EpilogueChoice::WholeTile] {
                                 let o = GemmOptions {
@@ -679,9 +693,13 @@ mod tests {
                                 };
                                 let Ok(p) = GemmPlan::new(132, GemmShape::new(512, 512, 512), o)
                                 else {
-                                    continue; // whole-tile with a 32-bit output or 128-wide tiles
+                                    // whole-tile with a 32-bit output or narrower tiles;
+                                    // 192-wide tiles in clusters of 2
+                                    continue;
                                 };
-                                for name in [p.kernel_name(), p.plain_kernel_name()] {
+                                assert_eq!(p.has_fused_kernel(), tile != TileChoice::N192);
+                                let fused = p.has_fused_kernel().then(|| p.kernel_name());
+                                for name in fused.into_iter().chain([p.plain_kernel_name()]) {
                                     assert!(has(image, &name), "{name} is not in the cubin");
                                 }
                                 let split = GemmPlan::new(
@@ -704,9 +722,9 @@ mod tests {
             }
         }
         // Every cluster-1 (input, output, layout, tile, epilogue) a plan can split: 2 inputs x
-        // (3 outputs x 2 layouts x 128-wide pipelined, f32 256-wide pipelined x 2 layouts, 2
-        // 16-bit outputs x 2 layouts x 256-wide whole-tile).
-        assert_eq!(split_names, 2 * (3 * 2 + 2 + 2 * 2));
+        // (3 outputs x 2 layouts x 128- and 192-wide pipelined, f32 256-wide pipelined x 2
+        // layouts, 2 16-bit outputs x 2 layouts x 256-wide whole-tile).
+        assert_eq!(split_names, 2 * (3 * 2 * 2 + 2 + 2 * 2));
     }
 
     /// A rotated order visits every tile once, and its first orders are the rotation's rows.

@@ -118,11 +118,12 @@ fn configurations() -> Vec<(&'static str, GemmOptions)> {
     };
     let with = |tile, cluster_m, epilogue| split(tile, cluster_m, epilogue, 1);
     use EpilogueChoice::{Pipelined, WholeTile};
-    use TileChoice::{N128, N256};
+    use TileChoice::{N128, N192, N256};
     vec![
         ("default", base),
         ("128x256 c1 pipelined", with(N256, 1, Pipelined)),
         ("128x256 c1 whole", with(N256, 1, WholeTile)),
+        ("128x192 c1 pipelined", with(N192, 1, Pipelined)),
         ("128x128 c1 pipelined", with(N128, 1, Pipelined)),
         ("128x256 c2 pipelined", with(N256, 2, Pipelined)),
         ("128x256 c2 whole", with(N256, 2, WholeTile)),
@@ -130,6 +131,8 @@ fn configurations() -> Vec<(&'static str, GemmOptions)> {
         ("128x128 c1 split 2", split(N128, 1, Pipelined, 2)),
         ("128x128 c1 split 3", split(N128, 1, Pipelined, 3)),
         ("128x128 c1 split 4", split(N128, 1, Pipelined, 4)),
+        ("128x192 c1 split 2", split(N192, 1, Pipelined, 2)),
+        ("128x192 c1 split 3", split(N192, 1, Pipelined, 3)),
         ("128x256 c1 whole split 2", split(N256, 1, WholeTile, 2)),
         ("128x256 c1 whole split 3", split(N256, 1, WholeTile, 3)),
     ]

@@ -86,14 +86,24 @@ fn random_shape(rng: &mut StdRng, max: u32) -> GemmShape {
 }
 
 fn random_options(rng: &mut StdRng, i: usize) -> GemmOptions {
-    let cluster_m = rng.random_range(1..=2);
+    let tile = [
+        TileChoice::Auto,
+        TileChoice::N128,
+        TileChoice::N192,
+        TileChoice::N256,
+    ][rng.random_range(0..4)];
+    // 128 x 192 tiles have kernels for clusters of 1 only.
+    let cluster_m = if tile == TileChoice::N192 {
+        1
+    } else {
+        rng.random_range(1..=2)
+    };
     let scheduling = if cluster_m == 1 && rng.random_bool(0.5) {
         Scheduling::Dynamic
     } else {
         Scheduling::Static
     };
     let output = [Dtype::Bf16, Dtype::F32, Dtype::F16][(i / 2) % 3];
-    let tile = [TileChoice::Auto, TileChoice::N128, TileChoice::N256][rng.random_range(0..3)];
     // Auto picks pipelined unless split-K needs whole-tile: whole-tile is asked for where the
     // kernel has it (16-bit outputs, 128 x 256 tiles).
     let epilogue = match rng.random_range(0..3) {

@@ -36,9 +36,10 @@
 #define WEFT_GEMM_EPI_PIPELINED 0
 #define WEFT_GEMM_EPI_WHOLE_TILE 1
 
-// Pipeline stages: as many as fit next to the epilogue buffers.
+// Pipeline stages: as many as fit next to the epilogue buffers (128 x 192 tiles: 4 of 40 KB; a
+// fifth would need 233 KB with the pipelined epilogue's buffers).
 WEFT_HD uint32_t weft_gemm_stages(uint32_t tile_n, uint32_t epilogue) {
-  return tile_n == 256 ? (epilogue == WEFT_GEMM_EPI_WHOLE_TILE ? 3u : 4u) : 6u;
+  return tile_n == 256 ? (epilogue == WEFT_GEMM_EPI_WHOLE_TILE ? 3u : 4u) : tile_n == 192 ? 4u : 6u;
 }
 // Epilogue buffers per consumer warpgroup (chunks of a 16-bit 64 x tile_n half tile when whole).
 WEFT_HD uint32_t weft_gemm_epi_bufs(uint32_t tile_n, uint32_t epilogue) {

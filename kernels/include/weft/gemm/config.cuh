@@ -34,11 +34,12 @@ struct GemmConfig {
   // constexpr mirrors of weft_gemm_stages / weft_gemm_epi_bufs (the host's sizes). A mismatch is
   // caught at run time: the kernel checks %dynamic_smem_size against kSmemBytes.
   static constexpr int kEpilogue = kEpilogue_;
-  static constexpr int kStages = kBN_ == 256 ? (kEpilogue == WEFT_GEMM_EPI_WHOLE_TILE ? 3 : 4) : 6;
+  static constexpr int kStages = kBN_ == 256 ? (kEpilogue == WEFT_GEMM_EPI_WHOLE_TILE ? 3 : 4) : kBN_ == 192 ? 4 : 6;
   // CTAs per cluster along M: they compute vertically adjacent tiles of one column and share its
   // B tile, each loading 1/kClusterM of it with TMA multicast to all.
   static constexpr int kClusterM = kClusterM_;
   static_assert(kClusterM == 1 || kClusterM == 2, "clusters of 1 or 2 CTAs");
+  static_assert(kBN == 128 || kBN == 192 || kBN == 256, "tiles 128, 192 or 256 columns wide (whole 64-column B blocks)");
   static constexpr int kConsumers = kBM / 64;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static_assert(kThreads == WEFT_GEMM_THREADS && kConsumers == WEFT_GEMM_CONSUMERS, "the host launches WEFT_GEMM_THREADS threads");
