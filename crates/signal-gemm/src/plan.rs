@@ -52,7 +52,12 @@ impl BLayout {
 /// Output tile: 128 × 256, 128 × 192 or 128 × 128, or chosen from the shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TileChoice {
+    /// 128 × 256 or 128 × 128 from the shape: the widths with fused kernels, so any launch.
     Auto,
+    /// 128 × 256, 128 × 192 (clusters of 1) or 128 × 128 from the shape: for GEMMs launched
+    /// without fusions only ([`crate::Gemm::launch`]); a fused launch of a plan that got 128 × 192
+    /// is refused.
+    AutoPlain,
     N256,
     /// Plain launches only (no fusion: the kernels exist without them), clusters of 1: fills the
     /// SMs where 128 × 256 tiles leave a wave short. A fused launch of such a plan is refused.
@@ -158,9 +163,14 @@ pub struct GemmPlan {
     pub(crate) epilogue: u32,
 }
 
-/// Relative throughput per output element of the two tile widths on the main loop (128 × 128
-/// tiles reload A twice as often and issue half-width wgmma): used only to choose between them.
+/// Relative throughput per output element of the tile widths against 128 × 256 on the main loop
+/// (narrower tiles reload A more often per output and issue narrower wgmma): used only to choose
+/// between them. 128 × 192: fitted on `weft bench gemm-llm`'s grid on one H200
+/// (results/gemm/n192-nvidia-h200-2026-11-26/README.md): every value from 0.94 to 0.98 picks
+/// the same tiles there (12 shapes move to 192, each faster; 128 × 128 stays at 0.85, which any
+/// value from 0.75 to 0.95 ties with there).
 const N128_RELATIVE_SPEED: f64 = 0.85;
+const N192_RELATIVE_SPEED: f64 = 0.96;
 
 impl GemmPlan {
     /// Validates `shape` and `options` for a device with `sms` SMs.
@@ -226,7 +236,8 @@ impl GemmPlan {
             TileChoice::N256 => 256,
             TileChoice::N192 => 192,
             TileChoice::N128 => 128,
-            TileChoice::Auto => auto_tile_n(shape, ctas),
+            TileChoice::Auto => auto_tile_n(shape, ctas, false),
+            TileChoice::AutoPlain => auto_tile_n(shape, ctas, options.cluster_m == 1),
         };
         let mut sched = weft_gemm_schedule {
             m,
@@ -323,6 +334,17 @@ impl GemmPlan {
     /// tiles, which serve plain launches only.
     pub fn has_fused_kernel(&self) -> bool {
         self.sched.tile_n != 192
+    }
+    /// An error naming the tile unless [`Self::has_fused_kernel`]: what the fused methods check
+    /// when they plan, before any launch.
+    pub fn require_fused_kernel(&self) -> anyhow::Result<()> {
+        ensure!(
+            self.has_fused_kernel(),
+            "GEMM {}: 128x{} tiles have plain kernels only, and this GEMM is launched with fusions: plan it with TileChoice::Auto, N128 or N256",
+            self.shape,
+            self.sched.tile_n
+        );
+        Ok(())
     }
     pub fn tile_m(&self) -> u32 {
         self.sched.tile_m
@@ -487,18 +509,26 @@ impl GemmPlan {
     }
 }
 
-/// The tile width with the smaller predicted time: waves × tile area ÷ relative speed.
-fn auto_tile_n(shape: GemmShape, ctas: u32) -> u32 {
+/// The tile width with the smallest predicted time, waves × tile area ÷ relative speed, among
+/// 128 and 256 (and 192 with `with_192`); ties go to the wider tile.
+fn auto_tile_n(shape: GemmShape, ctas: u32, with_192: bool) -> u32 {
     let cost = |tile_n: u32, speed: f64| {
         let tiles = shape.m.div_ceil(WEFT_GEMM_TILE_M) as u64 * shape.n.div_ceil(tile_n) as u64;
         let waves = tiles.div_ceil(ctas as u64);
         waves as f64 * (WEFT_GEMM_TILE_M * tile_n) as f64 / speed
     };
-    if cost(128, N128_RELATIVE_SPEED) < cost(256, 1.0) {
-        128
-    } else {
-        256
+    let mut best = (256, cost(256, 1.0));
+    let narrower = [
+        (192, N192_RELATIVE_SPEED, with_192),
+        (128, N128_RELATIVE_SPEED, true),
+    ];
+    for (tile_n, speed, allowed) in narrower {
+        let c = cost(tile_n, speed);
+        if allowed && c < best.1 {
+            best = (tile_n, c);
+        }
     }
+    best.0
 }
 
 /// Split-K's cost model, in K blocks of the plan's tile, fitted to `weft bench gemm-llm` on one
@@ -844,6 +874,50 @@ mod tests {
         assert_eq!(p.tile_n(), 128);
         let p = GemmPlan::new(132, GemmShape::new(8192, 8192, 1024), opts()).unwrap();
         assert_eq!(p.tile_n(), 256);
+    }
+
+    #[test]
+    fn auto_plain_takes_192_where_it_saves_a_wave_or_fills_one() {
+        let plain = |cluster_m| GemmOptions {
+            tile: TileChoice::AutoPlain,
+            cluster_m,
+            ..opts()
+        };
+        // 512 x 6144: 4 x 24 = 96 tiles of 128 x 256 (one wave, 36 SMs idle) or 4 x 32 = 128 of
+        // 128 x 192 (one wave): 32768 against 24576 / 0.96 = 25600 elements per CTA -> 192.
+        let shape = GemmShape::new(512, 6144, 4096);
+        let p = GemmPlan::new(132, shape, plain(1)).unwrap();
+        assert_eq!((p.tile_n(), p.has_fused_kernel()), (192, false));
+        // Auto keeps to the widths with fused kernels; clusters of 2 have no 192 kernel.
+        assert_eq!(GemmPlan::new(132, shape, opts()).unwrap().tile_n(), 256);
+        assert_eq!(GemmPlan::new(132, shape, plain(2)).unwrap().tile_n(), 256);
+        // 3008 x 7168: 24 x 28 = 672 tiles of 128 x 256 (6 waves: 196608) or 24 x 38 = 912 of
+        // 128 x 192 (7 waves: 172032 / 0.96 = 179200) -> 192.
+        let p = GemmPlan::new(132, GemmShape::new(3008, 7168, 8192), plain(1)).unwrap();
+        assert_eq!(p.tile_n(), 192);
+        // 8192 x 8192: 64 x 32 = 2048 tiles (16 waves: 524288) against 64 x 43 = 2752 (21 waves:
+        // 516096 / 0.96 = 537600) -> 256.
+        let p = GemmPlan::new(132, GemmShape::new(8192, 8192, 4096), plain(1)).unwrap();
+        assert_eq!(p.tile_n(), 256);
+        // Auto never plans 192, whatever the shape.
+        for m in (256..=8192).step_by(752) {
+            for n in (256..=16384).step_by(1040) {
+                let p = GemmPlan::new(132, GemmShape::new(m, n, 1024), opts()).unwrap();
+                assert_ne!(p.tile_n(), 192, "{m} x {n}");
+            }
+        }
+        // 192 in clusters of 2 is refused by name.
+        let e = GemmPlan::new(
+            132,
+            shape,
+            GemmOptions {
+                tile: TileChoice::N192,
+                cluster_m: 2,
+                ..opts()
+            },
+        )
+        .unwrap_err();
+        assert!(format!("{e}").contains("clusters of 1 only"), "{e}");
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! `weft bench gemm-llm [--quick] [--shape MxNxK,…]`: weft's GEMM against cuBLAS over LLM
-//! projection shapes, every tile configuration beside the default (`Auto`) one, in the same run.
+//! projection shapes, every tile configuration beside the default one, in the same run.
 //!
 //! Shapes (bf16 → bf16, B = the weight, N × K as nn.Linear holds it): the four projections of a
 //! layer — QKV (N = (q + 2·kv)/TP, K = hidden), O (N = hidden, K = q/TP), gate+up (N =
@@ -7,8 +7,10 @@
 //! Llama-3.1-70B at TP 2, 4 and 8, Qwen2.5-72B at TP 8 (inter 29568: a ragged K and N) and a
 //! Mixtral-8x7B expert (gate+up and down at TP 1); M (tokens) 512, 4096, 16384 and a ragged
 //! 3008 (not a whole number of 128-row tiles; weft's GEMM needs multiples of 16).
-//! Configurations: the default plan, and 128 × 256 or 128 × 128 tiles, clusters of 1 or 2, the
-//! pipelined or whole-tile epilogue (those a shape admits), unsplit, and split-K in 2 to 4.
+//! Configurations: the default plan (`TileChoice::AutoPlain`: these GEMMs are launched plain),
+//! `Auto` (the widths with fused kernels, as the fused methods plan), and 128 × 256, 128 × 192 or
+//! 128 × 128 tiles, clusters of 1 or 2 (192: 1 only), the pipelined or whole-tile epilogue (those a
+//! shape admits), unsplit, and split-K in 2 to 4.
 //!
 //! Per shape: every configuration's D checked on the GPU against cuBLAS's (2⁻⁷ relative plus
 //! k · 2⁻¹⁸); then all timed interleaved (bench/rig.rs: each run after an L2 flush, between its own
@@ -108,7 +110,11 @@ fn grid(quick: bool) -> Vec<(String, GemmShape)> {
 
 /// The configurations tried at each shape: the default first.
 fn configurations() -> Vec<(&'static str, GemmOptions)> {
-    let base = GemmOptions::default();
+    // Plain launches: Auto among all three tile widths (TileChoice::AutoPlain).
+    let base = GemmOptions {
+        tile: TileChoice::AutoPlain,
+        ..GemmOptions::default()
+    };
     let split = |tile, cluster_m, epilogue, splits| GemmOptions {
         tile,
         cluster_m,
@@ -121,6 +127,7 @@ fn configurations() -> Vec<(&'static str, GemmOptions)> {
     use TileChoice::{N128, N192, N256};
     vec![
         ("default", base),
+        ("auto, fused widths", GemmOptions::default()),
         ("128x256 c1 pipelined", with(N256, 1, Pipelined)),
         ("128x256 c1 whole", with(N256, 1, WholeTile)),
         ("128x192 c1 pipelined", with(N192, 1, Pipelined)),

@@ -88,10 +88,11 @@ fn random_shape(rng: &mut StdRng, max: u32) -> GemmShape {
 fn random_options(rng: &mut StdRng, i: usize) -> GemmOptions {
     let tile = [
         TileChoice::Auto,
+        TileChoice::AutoPlain,
         TileChoice::N128,
         TileChoice::N192,
         TileChoice::N256,
-    ][rng.random_range(0..4)];
+    ][rng.random_range(0..5)];
     // 128 x 192 tiles have kernels for clusters of 1 only.
     let cluster_m = if tile == TileChoice::N192 {
         1
@@ -741,6 +742,29 @@ fn bad_inputs_are_rejected(job: &mut Job) -> anyhow::Result<()> {
     expect(
         gemm.launch(&stream, &a, &b, &mut d32),
         "planned for bf16 output, given a f32",
+    )?;
+    // 128 x 192 tiles have plain kernels only: a fused launch (here: with a trace) is refused.
+    let plain_only = Gemm::new(
+        &ctx,
+        shape,
+        GemmOptions {
+            tile: TileChoice::N192,
+            ..GemmOptions::default()
+        },
+    )?;
+    let mut trace = stream.alloc_zeros::<u32>(2 * plain_only.plan().tiles() as usize)?;
+    expect(
+        plain_only.launch_with(
+            &stream,
+            &a,
+            &b,
+            &mut d,
+            LaunchExtras {
+                trace: Some(&mut trace),
+                ..Default::default()
+            },
+        ),
+        "which have plain kernels only",
     )?;
     let e = Gemm::new(&ctx, GemmShape::new(256, 250, 128), GemmOptions::default())
         .err()

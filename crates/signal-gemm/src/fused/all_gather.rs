@@ -247,6 +247,7 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
             f64::from(shape.m) / f64::from(world)
         );
         let plan = GemmPlan::new(device_sms(ctx)?, shape, options)?;
+        plan.require_fused_kernel()?;
         let plan = plan.with_tm_offset(rank * (shape.m / world) / WEFT_GEMM_TILE_M)?;
         Gemm::from_plan(ctx, plan)
     }

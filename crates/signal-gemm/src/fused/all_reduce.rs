@@ -211,7 +211,9 @@ impl FusedAllReduce {
                 options
             }
         };
-        Gemm::from_plan(ctx, GemmPlan::new(device_sms(ctx)?, shape, options)?)
+        let plan = GemmPlan::new(device_sms(ctx)?, shape, options)?;
+        plan.require_fused_kernel()?;
+        Gemm::from_plan(ctx, plan)
     }
 
     pub fn gemm(&self) -> &Gemm {

@@ -210,6 +210,7 @@ impl<T: GemmElement + PglElement> FusedAllToAll<T> {
         let (table, received) = peer_row_table(routes, rank)?;
         let capacity = received.iter().copied().max().unwrap_or(0);
         let plan = GemmPlan::new(crate::gemm::device_sms(ctx)?, shape, options)?;
+        plan.require_fused_kernel()?;
         OutputLayout::PeerRows {
             ranks,
             rows: capacity,

@@ -134,6 +134,7 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
             "the fused ReduceScatter has no communicator CTAs (comm_ctas must be 0)"
         );
         let plan = GemmPlan::new(device_sms(ctx)?, shape, options)?;
+        plan.require_fused_kernel()?;
         OutputLayout::PeerReduce { ranks }.check(&plan)?;
         Gemm::from_plan(ctx, order_for_owners(plan, ranks, rank)?)
     }

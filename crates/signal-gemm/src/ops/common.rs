@@ -174,6 +174,12 @@ impl SeqGemm {
                 SeqGemm::Cublas(crate::cublas::CublasGemm::new(stream, shape, options)?)
             }
             Method::SeqWeft => {
+                // Launched plain only: Auto may take the 128 x 192 tiles too.
+                let tile = match options.tile {
+                    crate::plan::TileChoice::Auto => crate::plan::TileChoice::AutoPlain,
+                    other => other,
+                };
+                let options = GemmOptions { tile, ..options };
                 SeqGemm::Weft(crate::gemm::Gemm::new(stream.context(), shape, options)?)
             }
             other => anyhow::bail!("{other} is not a sequential method"),

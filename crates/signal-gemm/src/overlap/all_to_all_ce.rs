@@ -196,6 +196,7 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
         };
         let gemm = Gemm::new(ctx, shape, options)?;
         let plan = gemm.plan();
+        plan.require_fused_kernel()?;
         let groups = WaveGroups::new(plan, waves)?;
         let map = AllToAllMap::new(stream, plan, &groups, routes, rank)?;
         map.layout().check(plan)?;

@@ -60,6 +60,7 @@ impl GroupPipeline {
         );
         let gemm = Gemm::new(ctx, shape, options)?;
         let plan = gemm.plan();
+        plan.require_fused_kernel()?;
         layout.check(plan)?;
         let groups = match waves_per_group {
             Some(w) => WaveGroups::new(plan, w)?,
