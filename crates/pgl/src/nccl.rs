@@ -8,9 +8,11 @@
 //! asynchronous errors polled, at most a budget ([`TIMEOUT_VAR`], default [`DEFAULT_TIMEOUT`]);
 //! past it, or on an error, the communicator is aborted (ncclCommAbort, its kernels stop) and the
 //! error names the operation, this rank and the budget; every later call fails at once.
-//! Communicators are blocking by default (NCCL's launch latency); with [`NONBLOCKING_VAR`]=1 they
-//! are non-blocking, and init, group ends, calls that need connection setup and teardown are
-//! bounded by the same budget too.
+//! Init is always bounded: the communicator is first made non-blocking (a rank that never joins
+//! costs the budget), then, unless [`NONBLOCKING_VAR`]=1 asks for a non-blocking communicator,
+//! a blocking one (NCCL's launch latency per call) is split from it and the first torn down.
+//! Non-blocking, group ends, calls that need connection setup and teardown are bounded by the
+//! same budget too; blocking, they are not.
 
 use crate::nccl_budget::{self, Unsettled};
 pub use crate::nccl_budget::{timeout_from, Waits, DEFAULT_TIMEOUT, NONBLOCKING_VAR, TIMEOUT_VAR};
@@ -223,9 +225,11 @@ impl Communicator {
             "NCCL communicator: rank {rank} is not below world {world}"
         );
         keep_nvls_off();
+        // The communicator's own config: blocking is NCCL's default (blocking, or
+        // NCCL_COMM_BLOCKING) unless asked for non-blocking.
         let mut config = default_config();
         if waits.nonblocking {
-            config.blocking = 0; // else NCCL's default (blocking, or NCCL_COMM_BLOCKING)
+            config.blocking = 0;
         }
         if let Some(ctas) = max_ctas {
             anyhow::ensure!(
@@ -245,6 +249,10 @@ impl Communicator {
             "ncclCommInitRankConfig(rank {rank} of {world}{})",
             max_ctas.map_or(String::new(), |c| format!(", maxCTAs {c}"))
         );
+        // The init is always non-blocking, so that a rank that never joins costs the budget, not
+        // forever; a blocking communicator is then split from it (`split_blocking`).
+        let mut init_config = config;
+        init_config.blocking = 0;
         // SAFETY: out-parameter; the config is NCCL_CONFIG_INITIALIZER's with fields set.
         let r = unsafe {
             sys::ncclCommInitRankConfig(
@@ -252,14 +260,41 @@ impl Communicator {
                 world as i32,
                 sys::ncclUniqueId { internal },
                 rank as i32,
-                &mut config,
+                &mut init_config,
             )
         };
         if comm.is_null() {
             check(&what, std::ptr::null_mut(), r.result())?;
             bail!("{what} returned no communicator");
         }
-        let this = Self {
+        let init = Self::wrap(
+            comm,
+            ctx,
+            rank,
+            world,
+            Waits {
+                nonblocking: true,
+                ..waits
+            },
+        );
+        // The call returns at once and the joining goes on in NCCL's threads, polled within the
+        // budget; past it (or on an error) `finish` aborts the half-made communicator
+        // (ncclCommAbort is NCCL's cleanup for it), and Drop then leaves it alone.
+        init.finish(&what, r.result())?;
+        if waits.nonblocking {
+            return Ok(init);
+        }
+        init.split_blocking(config, waits)
+    }
+
+    fn wrap(
+        comm: sys::ncclComm_t,
+        ctx: &Arc<CudaContext>,
+        rank: usize,
+        world: usize,
+        waits: Waits,
+    ) -> Self {
+        Self {
             comm,
             ctx: ctx.clone(),
             rank,
@@ -268,12 +303,32 @@ impl Communicator {
             aborted: AtomicBool::new(false),
             groups: AtomicUsize::new(0),
             abort_pending: AtomicBool::new(false),
-        };
-        // Non-blocking: the call returns at once and the joining goes on in NCCL's threads. A
-        // blocking init that failed can leave `comm` set: `finish` aborts it (ncclCommAbort is
-        // NCCL's cleanup for a half-made communicator), and Drop then leaves it alone.
-        this.finish(&what, r.result())?;
-        Ok(this)
+        }
+    }
+
+    /// The blocking communicator of the same ranks (ncclCommSplit, every rank one color, ranks
+    /// kept), then this non-blocking one torn down within the budget. The split is collective
+    /// and, with a blocking config, waited for inside the call: it follows an init every rank
+    /// completed, so only a rank that dies in between could hold it.
+    fn split_blocking(self, mut config: sys::ncclConfig_t, waits: Waits) -> anyhow::Result<Self> {
+        let what = format!(
+            "ncclCommSplit(rank {} of {}: the blocking communicator from the non-blocking init)",
+            self.rank, self.world
+        );
+        self.ctx.bind_to_thread()?;
+        let mut child: sys::ncclComm_t = std::ptr::null_mut();
+        // SAFETY: a valid, initialised communicator; out-parameter; the config as above.
+        let r =
+            unsafe { sys::ncclCommSplit(self.comm, 0, self.rank as i32, &mut child, &mut config) };
+        if child.is_null() {
+            let e = self.finish(&what, r.result()).err();
+            self.abort();
+            return Err(e.unwrap_or_else(|| anyhow::anyhow!("{what} returned no communicator")));
+        }
+        let split = Self::wrap(child, &self.ctx, self.rank, self.world, waits);
+        split.finish(&what, r.result())?;
+        drop(self); // finalize and destroy, non-blocking: within the budget
+        Ok(split)
     }
 
     pub fn rank(&self) -> usize {

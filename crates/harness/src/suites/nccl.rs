@@ -35,7 +35,12 @@ pub fn cases() -> Vec<Case> {
         Case::gpu("nccl::all_gather::bf16", all_gather::<bf16>),
         Case::gpu("nccl::all_to_all::f32", all_to_all::<f32>),
         Case::gpu("nccl::send_recv::ring_f32", send_recv_ring::<f32>),
-        Case::gpu("nccl::bounded::init_without_peers", init_without_peers),
+        Case::gpu("nccl::bounded::init_without_peers", |j| {
+            init_without_peers(j, true)
+        }),
+        Case::gpu("nccl::bounded::blocking_init_without_peers", |j| {
+            init_without_peers(j, false)
+        }),
         Case::gpu(
             "nccl::bounded::collective_a_peer_never_joins",
             collective_a_peer_never_joins,
@@ -88,14 +93,15 @@ fn stream_idle_within(stream: &CudaStream, limit: Duration) -> anyhow::Result<()
 }
 
 /// Every rank makes a communicator of world 2 from an id no other process has: the init can
-/// never complete, and must fail after the budget (a blocking init would wait forever).
-fn init_without_peers(job: &mut Job) -> anyhow::Result<()> {
+/// never complete, and must fail after the budget (an init that blocked would wait forever),
+/// for a non-blocking communicator and for a blocking one (whose init is non-blocking too).
+fn init_without_peers(job: &mut Job, nonblocking: bool) -> anyhow::Result<()> {
     let gpu = job.gpu().map_err(|r| anyhow::anyhow!("no GPU: {r}"))?;
     let id = new_unique_id()?;
     let t0 = Instant::now();
     let waits = Waits {
         budget: TRIAL_BUDGET,
-        nonblocking: true,
+        nonblocking,
     };
     let r = Communicator::from_unique_id(&id, 0, 2, &gpu.ctx, None, waits);
     expect_bounded("a communicator of 2 ranks that only this rank joins", t0, r)
