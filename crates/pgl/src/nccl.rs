@@ -316,17 +316,23 @@ impl Communicator {
             self.rank, self.world
         );
         self.ctx.bind_to_thread()?;
-        let mut child: sys::ncclComm_t = std::ptr::null_mut();
+        // On a non-blocking parent the split runs in NCCL's threads, which write the new
+        // communicator into `slot` once it is complete: the slot lives on the heap and is leaked
+        // if the wait gives up, so a late write cannot land in freed memory.
+        let slot_ptr: *mut sys::ncclComm_t = Box::into_raw(Box::new(std::ptr::null_mut()));
         // SAFETY: a valid, initialised communicator; out-parameter; the config as above.
         let r =
-            unsafe { sys::ncclCommSplit(self.comm, 0, self.rank as i32, &mut child, &mut config) };
-        if child.is_null() {
-            let e = self.finish(&what, r.result()).err();
-            self.abort();
-            return Err(e.unwrap_or_else(|| anyhow::anyhow!("{what} returned no communicator")));
+            unsafe { sys::ncclCommSplit(self.comm, 0, self.rank as i32, slot_ptr, &mut config) };
+        if let Err(e) = r.result() {
+            return Err(self.fail(&what, Unsettled::Failed(e.0)));
         }
+        let child = nccl_budget::settle_slot(self.comm, slot_ptr, self.waits.budget)
+            .map_err(|u| self.fail(&what, u))?;
+        // SAFETY: NCCL wrote the slot and writes it no more: it can be freed.
+        drop(unsafe { Box::from_raw(slot_ptr) });
         let split = Self::wrap(child, &self.ctx, self.rank, self.world, waits);
-        split.finish(&what, r.result())?;
+        // The new communicator's own state (its init ran inside the split).
+        split.finish(&what, Ok(nc::NcclStatus::InProgress))?;
         drop(self); // finalize and destroy, non-blocking: within the budget
         Ok(split)
     }

@@ -122,6 +122,33 @@ pub fn settle(comm: sys::ncclComm_t, budget: Duration) -> Result<(), Unsettled> 
     }
 }
 
+/// Polls until NCCL's thread has written a communicator into `slot` (a split on a non-blocking
+/// parent), checking `parent` for asynchronous errors meanwhile, at most `budget`.
+pub fn settle_slot(
+    parent: sys::ncclComm_t,
+    slot: *const sys::ncclComm_t,
+    budget: Duration,
+) -> Result<sys::ncclComm_t, Unsettled> {
+    let start = Instant::now();
+    let mut backoff = Backoff(0);
+    loop {
+        // SAFETY: `slot` stays valid for the whole wait (the caller leaks it on failure), and
+        // NCCL's thread writes it once.
+        let comm = unsafe { std::ptr::read_volatile(slot) };
+        if !comm.is_null() {
+            return Ok(comm);
+        }
+        match async_state(parent) {
+            sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress => {}
+            e => return Err(Unsettled::Failed(e)),
+        }
+        if start.elapsed() > budget {
+            return Err(Unsettled::TimedOut(start.elapsed()));
+        }
+        backoff.pause();
+    }
+}
+
 /// Polls until `stream` has finished its work, checking the communicator for asynchronous
 /// errors meanwhile, at most `budget`. The stream's context must be current.
 pub fn drain(
