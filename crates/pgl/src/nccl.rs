@@ -208,9 +208,10 @@ impl Communicator {
     }
 
     /// Joins the communicator of `id` as `rank` of `world` on `ctx`'s device (the other ranks
-    /// must join with the same id, world, `max_ctas` and `waits.nonblocking`). Non-blocking, it
-    /// waits at most `waits.budget` for all of them (past it the half-made communicator is
-    /// aborted and the error says so); blocking, NCCL's init is not bounded.
+    /// must join with the same id, world, `max_ctas` and `waits.nonblocking`). It waits at most
+    /// `waits.budget` for all of them (past it the half-made communicator is aborted and the
+    /// error says so): the init is non-blocking whatever `waits.nonblocking` asks, and a blocking
+    /// communicator is split from it (the split then waits inside NCCL, after every rank joined).
     pub fn from_unique_id(
         id: &[u8; 128],
         rank: usize,
