@@ -140,4 +140,69 @@ mod tests {
         assert_eq!(peer_uid(&a).unwrap(), uid());
         require_same_user(&b).unwrap();
     }
+
+    /// Runs `f` on a new thread whose real and effective user are `user` (the raw setresuid
+    /// system call changes only the calling thread on Linux; the saved uid stays 0, so the thread
+    /// can change back, which it does before it ends).
+    fn on_thread_as<T: Send + 'static>(user: u32, f: impl FnOnce() -> T + Send + 'static) -> T {
+        std::thread::spawn(move || {
+            let keep = u32::MAX; // setresuid's "leave unchanged"
+                                 // SAFETY: the raw system call on this thread's own credentials.
+            let r = unsafe { libc::syscall(libc::SYS_setresuid, user, user, keep) };
+            assert_eq!(
+                r,
+                0,
+                "setresuid to uid {user}: {}",
+                io::Error::last_os_error()
+            );
+            let out = f();
+            // SAFETY: as above; the saved uid 0 allows the way back.
+            let r = unsafe { libc::syscall(libc::SYS_setresuid, 0u32, 0u32, keep) };
+            assert_eq!(r, 0, "setresuid back to 0: {}", io::Error::last_os_error());
+            out
+        })
+        .join()
+        .unwrap()
+    }
+
+    /// A process of another user is refused at both ends: the peer a listener accepts, and the
+    /// listener a connector reaches (here in an open directory, so that only the check stands
+    /// between them). The other user is a thread of this test running as `nobody`: that needs
+    /// root (CAP_SETUID), which the CI container and the GPU machines have; elsewhere the test
+    /// says so and checks nothing.
+    #[test]
+    fn a_peer_of_another_user_is_refused() {
+        use std::os::unix::net::UnixListener;
+        if uid() != 0 {
+            eprintln!("a_peer_of_another_user_is_refused: needs root to run a thread as another user; not checked");
+            return;
+        }
+        const NOBODY: u32 = 65534;
+        let base = temp_base("other");
+        let open = std::fs::Permissions::from_mode(0o777);
+        std::fs::set_permissions(&base, open.clone()).unwrap();
+        let refused = |s: &UnixStream| {
+            let e = require_same_user(s).expect_err("a peer of another user passed");
+            assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+            assert!(
+                e.to_string().contains(&format!("runs as uid {NOBODY}")),
+                "{e}"
+            );
+        };
+        // The other user connects to this user's listener.
+        let ours = base.join("ours.sock");
+        let listener = UnixListener::bind(&ours).unwrap();
+        std::fs::set_permissions(&ours, open.clone()).unwrap();
+        let theirs = on_thread_as(NOBODY, move || UnixStream::connect(&ours).unwrap());
+        let (accepted, _) = listener.accept().unwrap();
+        refused(&accepted);
+        // This user connects to the other user's listener.
+        let path = base.join("theirs.sock");
+        let at = path.clone();
+        let their_listener = on_thread_as(NOBODY, move || UnixListener::bind(&at).unwrap());
+        let ours = UnixStream::connect(&path).unwrap();
+        refused(&ours);
+        drop((theirs, their_listener));
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 }
