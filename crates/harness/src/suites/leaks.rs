@@ -10,12 +10,18 @@
 //!   run every 100 cycles, and each cycle a plan refused for bad split sizes.
 //! - fused_reduce_scatter_plans: the fused GEMM + ReduceScatter (its GEMM module, peer outputs
 //!   and barriers), a run every 25 cycles, and each cycle a plan refused for its shape.
+//! - fused_all_reduce_plans: the fused GEMM + AllReduce, DistFuse and communicator-CTA methods in
+//!   turn (partials, outputs, flags, the workers' stream), a run every 25 cycles, and each cycle a
+//!   DistFuse refused for an sm_margin that leaves its workers no SMs.
+//! - fused_all_gather_plans: the fused AllGather + GEMM, copy-engine and communicator-CTA methods
+//!   in turn (shards, gathered A, chunk flags, side stream), a run every 25 cycles, and each cycle
+//!   a plan refused for a shard that is not whole tile rows.
 //! - nccl_communicators: a communicator made, used for an all-reduce, dropped.
 //! - modules_load_once: a cubin loaded twice on one (primary) context is one module, and GEMM
 //!   plans of every kernel family load no other (`Cubin::load` keeps each module for the process:
 //!   per-plan loads and unloads lost device memory on H100 hosts' driver).
 //!
-//! `weft test` runs 200 GEMM, 300 grpcoll, 100 fused and 50 NCCL cycles; `WEFT_LEAK_CYCLES=1000`
+//! `weft test` runs 200 GEMM, 300 grpcoll, 100 of each fused and 50 NCCL cycles; `WEFT_LEAK_CYCLES=1000`
 //! sets every count (issue #26's figure). On two H200s 1000 cycles took 2.5 s (GEMM), 28 s
 //! (grpcoll) and 13 s (fused) with modules loaded once (d5de479; 26, 31 and 41 s before), a NCCL
 //! cycle 0.7 s (its connections are set up each time).
@@ -34,7 +40,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use weft_grpcoll::{GroupCast, GroupCastMeta, GroupReduce, Options, ReduceOp};
 use weft_pgl::nccl::{Communicator, ReduceOp as NcclOp};
-use weft_signal_gemm::fused::FusedReduceScatter;
+use weft_signal_gemm::fused::{
+    AllGatherMethod, AllReduceMethod, FusedAllGatherGemm, FusedAllReduce, FusedReduceScatter,
+};
 use weft_signal_gemm::{device_sms, Gemm, GemmOptions, GemmShape, KSplits, Scheduling};
 
 const WARMUP: usize = 5;
@@ -49,6 +57,8 @@ pub fn cases() -> Vec<Case> {
             "leaks::fused_reduce_scatter_plans",
             fused_reduce_scatter_plans,
         ),
+        Case::gpu("leaks::fused_all_reduce_plans", fused_all_reduce_plans),
+        Case::gpu("leaks::fused_all_gather_plans", fused_all_gather_plans),
         Case::gpu("leaks::nccl_communicators", nccl_communicators),
         Case::gpu("leaks::modules_load_once", modules_load_once),
     ]
@@ -240,6 +250,105 @@ fn fused_reduce_scatter_plans(job: &mut Job) -> anyhow::Result<()> {
             "a fused ReduceScatter of 96 rows per rank",
             made.and_then(|op| op.free(&mut job.rdzv)),
             "whole multiple of 64",
+        )
+    })
+}
+
+fn fused_all_reduce_plans(job: &mut Job) -> anyhow::Result<()> {
+    let (ctx, stream) = gpu(job)?;
+    let sms = device_sms(&ctx)?;
+    let budget = max_ctas(job, &ctx)?.min(16);
+    ensure!(
+        budget >= 4,
+        "each rank has only {budget} SMs: the trial needs 4"
+    );
+    let (gemm_ctas, workers) = (budget - 2, 2);
+    // DistFuse: the GEMM leaves its workers' SMs; communicator CTAs: the GEMM kernel has them.
+    let distfuse = GemmOptions {
+        sm_margin: sms - gemm_ctas,
+        ..GemmOptions::default()
+    };
+    let inter = GemmOptions {
+        sm_margin: sms - gemm_ctas - workers,
+        ..GemmOptions::default()
+    };
+    let shape = GemmShape::new(256, 256, 64);
+    let a = upload(&stream, &uniform::<bf16>(5, (shape.m * shape.k) as usize))?;
+    let b = upload(&stream, &uniform::<bf16>(6, (shape.k * shape.n) as usize))?;
+    flat_over(job, "fused AllReduce plan", cycles(100)?, |job, i| {
+        let (options, method) = if i % 2 == 0 {
+            (distfuse, AllReduceMethod::DistFuse { workers })
+        } else {
+            (inter, AllReduceMethod::Inter { comm_ctas: workers })
+        };
+        let mut op = FusedAllReduce::new(&mut job.rdzv, &ctx, &stream, shape, options, method)?;
+        let ran = if i % 25 < 2 {
+            op.run(&stream, &a, &b)
+                .and_then(|()| op.synchronize(&stream))
+        } else {
+            Ok(())
+        };
+        let freed = op.free(&mut job.rdzv);
+        ran.and(freed)?;
+        // No SM left for DistFuse's workers: refused on every rank alike.
+        let made = FusedAllReduce::new(
+            &mut job.rdzv,
+            &ctx,
+            &stream,
+            shape,
+            GemmOptions::default(),
+            AllReduceMethod::DistFuse { workers },
+        );
+        refused(
+            "DistFuse with sm_margin 0",
+            made.and_then(|op| op.free(&mut job.rdzv)),
+            "must leave them at least",
+        )
+    })
+}
+
+fn fused_all_gather_plans(job: &mut Job) -> anyhow::Result<()> {
+    let (ctx, stream) = gpu(job)?;
+    let world = job.world() as u32;
+    let sms = device_sms(&ctx)?;
+    let fits = GemmOptions {
+        sm_margin: sms - max_ctas(job, &ctx)?.min(16),
+        ..GemmOptions::default()
+    };
+    let shape = GemmShape::new(128 * world, 256, 64);
+    let shard = upload(&stream, &uniform::<bf16>(7, (128 * shape.k) as usize))?;
+    let b = upload(&stream, &uniform::<bf16>(8, (shape.k * shape.n) as usize))?;
+    let mut d = poisoned::<bf16>(&stream, (shape.m * shape.n) as usize)?;
+    flat_over(job, "fused AllGather plan", cycles(100)?, |job, i| {
+        let method = if i % 2 == 0 {
+            AllGatherMethod::CopyEngine { tile_rows: 1 }
+        } else {
+            AllGatherMethod::Inter { comm_ctas: 2 }
+        };
+        let mut op =
+            FusedAllGatherGemm::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, fits, method)?;
+        let ran = if i % 25 < 2 {
+            op.copy_shard(&stream, &shard)
+                .and_then(|()| op.run(&stream, &b, &mut d))
+                .and_then(|()| op.synchronize(&stream))
+        } else {
+            Ok(())
+        };
+        let freed = op.free(&mut job.rdzv);
+        ran.and(freed)?;
+        // 96 rows per rank: not whole tile rows, refused on every rank alike.
+        let made = FusedAllGatherGemm::<bf16>::new(
+            &mut job.rdzv,
+            &ctx,
+            &stream,
+            GemmShape::new(96 * world, 256, 64),
+            fits,
+            method,
+        );
+        refused(
+            "a fused AllGather of 96 rows per rank",
+            made.and_then(|op| op.free(&mut job.rdzv)),
+            "whole multiple of 128",
         )
     })
 }
