@@ -23,8 +23,10 @@
 //!
 //! `weft test` runs 200 GEMM, 300 grpcoll, 100 of each fused and 50 NCCL cycles; `WEFT_LEAK_CYCLES=1000`
 //! sets every count (issue #26's figure). On two H200s 1000 cycles took 2.5 s (GEMM), 28 s
-//! (grpcoll) and 13 s (fused) with modules loaded once (d5de479; 26, 31 and 41 s before), a NCCL
-//! cycle 0.7 s (its connections are set up each time).
+//! (grpcoll) and 13 s (fused ReduceScatter) with modules loaded once (d5de479; 26, 31 and 41 s
+//! before), 20 s (fused AllReduce) and 17 s (fused AllGather) at c132b8b, a NCCL cycle 1.2 s
+//! (its connections are set up each time, and the communicator made twice: a bounded init,
+//! then the blocking split).
 
 use super::fused_reduce_scatter::max_ctas;
 use super::gpu;
