@@ -8,9 +8,10 @@
 //! asynchronous errors polled, at most a budget ([`TIMEOUT_VAR`], default [`DEFAULT_TIMEOUT`]);
 //! past it, or on an error, the communicator is aborted (ncclCommAbort, its kernels stop) and the
 //! error names the operation, this rank and the budget; every later call fails at once.
-//! Init is always bounded: the communicator is first made non-blocking (a rank that never joins
-//! costs the budget), then, unless [`NONBLOCKING_VAR`]=1 asks for a non-blocking communicator,
-//! a blocking one (NCCL's launch latency per call) is split from it and the first torn down.
+//! Init is bounded: the communicator is first made non-blocking (a rank that never joins costs
+//! the budget; unless NCCL_COMM_BLOCKING=1, which NCCL lets override the config), then, unless
+//! [`NONBLOCKING_VAR`]=1 asks for a non-blocking communicator, a blocking one (NCCL's launch
+//! latency per call) is split from it, polled within the budget as well, and the first torn down.
 //! Non-blocking, group ends, calls that need connection setup and teardown are bounded by the
 //! same budget too; blocking, they are not.
 
@@ -20,7 +21,7 @@ use crate::rendezvous::Rendezvous;
 use anyhow::{bail, Context};
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 use cudarc::nccl::{result as nc, sys, Id, NcclType};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -208,10 +209,12 @@ impl Communicator {
     }
 
     /// Joins the communicator of `id` as `rank` of `world` on `ctx`'s device (the other ranks
-    /// must join with the same id, world, `max_ctas` and `waits.nonblocking`). It waits at most
-    /// `waits.budget` for all of them (past it the half-made communicator is aborted and the
-    /// error says so): the init is non-blocking whatever `waits.nonblocking` asks, and a blocking
-    /// communicator is split from it (the split then waits inside NCCL, after every rank joined).
+    /// must join with the same id, world, `max_ctas` and `waits.nonblocking`). The init is
+    /// non-blocking whatever `waits.nonblocking` asks and waits at most `waits.budget` for all of
+    /// them (past it the half-made communicator is aborted and the error says so); a blocking
+    /// communicator is then split from it, that split polled within the budget too, and the
+    /// first torn down (at most a minute more). NCCL_COMM_BLOCKING=1 in the environment overrides
+    /// the non-blocking init (NCCL reads it over the config): the init is then unbounded.
     pub fn from_unique_id(
         id: &[u8; 128],
         rank: usize,
@@ -308,31 +311,44 @@ impl Communicator {
     }
 
     /// The blocking communicator of the same ranks (ncclCommSplit, every rank one color, ranks
-    /// kept), then this non-blocking one torn down within the budget. The split is collective
-    /// and, with a blocking config, waited for inside the call: it follows an init every rank
-    /// completed, so only a rank that dies in between could hold it.
+    /// kept), then this non-blocking one torn down. On a non-blocking parent the split runs in
+    /// NCCL's threads: it is polled within the budget like the init (past it, or on an error,
+    /// both communicators are aborted and the error names the split).
     fn split_blocking(self, mut config: sys::ncclConfig_t, waits: Waits) -> anyhow::Result<Self> {
         let what = format!(
             "ncclCommSplit(rank {} of {}: the blocking communicator from the non-blocking init)",
             self.rank, self.world
         );
         self.ctx.bind_to_thread()?;
-        // On a non-blocking parent the split runs in NCCL's threads, which write the new
-        // communicator into `slot` once it is complete: the slot lives on the heap and is leaked
-        // if the wait gives up, so a late write cannot land in freed memory.
-        let slot_ptr: *mut sys::ncclComm_t = Box::into_raw(Box::new(std::ptr::null_mut()));
-        // SAFETY: a valid, initialised communicator; out-parameter; the config as above.
-        let r =
-            unsafe { sys::ncclCommSplit(self.comm, 0, self.rank as i32, slot_ptr, &mut config) };
-        if let Err(e) = r.result() {
-            return Err(self.fail(&what, Unsettled::Failed(e.0)));
+        // NCCL's thread stores the new communicator here (a release store) when the split ends,
+        // successfully or not; this thread reads it (acquire) only after the parent's state has
+        // left ncclInProgress, or after aborting the parent, which joins that thread.
+        let slot = Box::new(AtomicPtr::new(std::ptr::null_mut()));
+        // SAFETY: a valid, initialised communicator; `slot` (an AtomicPtr has the layout of the
+        // pointer it holds) outlives NCCL's use of it as argued above; the config as above.
+        let r = unsafe {
+            sys::ncclCommSplit(self.comm, 0, self.rank as i32, slot.as_ptr(), &mut config)
+        };
+        let settled = match r.result() {
+            Ok(_) => nccl_budget::settle(self.comm, self.waits.budget),
+            Err(e) => Err(Unsettled::Failed(e.0)),
+        };
+        if let Err(u) = settled {
+            let e = self.fail(&what, u); // aborts the parent: NCCL's split thread has ended
+            let child = slot.load(Ordering::Acquire);
+            if !child.is_null() {
+                // SAFETY: a communicator NCCL made and nobody else holds.
+                let _ = unsafe { nc::comm_abort(child) };
+            }
+            return Err(e);
         }
-        let child = nccl_budget::settle_slot(self.comm, slot_ptr, self.waits.budget)
-            .map_err(|u| self.fail(&what, u))?;
-        // SAFETY: NCCL wrote the slot and writes it no more: it can be freed.
-        drop(unsafe { Box::from_raw(slot_ptr) });
+        let child = slot.load(Ordering::Acquire);
+        if child.is_null() {
+            self.abort();
+            bail!("{what} ended without a communicator");
+        }
         let split = Self::wrap(child, &self.ctx, self.rank, self.world, waits);
-        // The new communicator's own state (its init ran inside the split).
+        // The new communicator's own state (its init ran inside the split): an error aborts it.
         split.finish(&what, Ok(nc::NcclStatus::InProgress))?;
         drop(self); // finalize and destroy, non-blocking: within the budget
         Ok(split)

@@ -1,10 +1,10 @@
 //! How long weft waits on NCCL, and the polling that bounds it.
 //!
 //! [`crate::nccl::Communicator::synchronize`] polls a stream and the communicator's
-//! asynchronous state until the work is done, an error shows, or the budget is spent. A
-//! non-blocking communicator (opt-in, [`NONBLOCKING_VAR`]) also returns ncclInProgress from
-//! init, group ends, finalize and calls that need connection setup; its state is then polled
-//! here until it settles. A wait past the budget is a failure the caller turns into
+//! asynchronous state until the work is done, an error shows, or the budget is spent. Every
+//! communicator's init (and the split that makes a blocking one from it) returns ncclInProgress
+//! and is polled here until it settles; a non-blocking communicator (opt-in, [`NONBLOCKING_VAR`])
+//! also returns it from group ends, finalize and calls that need connection setup. A wait past the budget is a failure the caller turns into
 //! ncclCommAbort and an error naming the operation: a rank that died or never joined then ends
 //! the others within the budget instead of hanging them.
 
@@ -32,8 +32,8 @@ pub fn timeout_from(value: Option<&str>) -> anyhow::Result<Duration> {
     }
 }
 
-/// The variable that makes weft's communicators non-blocking ("1"; default "0"): init and
-/// every call bounded too, at a cost per call (measured on two H200s: NCCL's 8-byte all-reduce
+/// The variable that makes weft's communicators non-blocking ("1"; default "0"): every call
+/// and the teardown bounded too (the init is either way), at a cost per call (measured on two H200s: NCCL's 8-byte all-reduce
 /// 8.8 µs blocking, 164 µs non-blocking, each launch going through NCCL's helper thread:
 /// `results/nccl/nvidia-h200-x2-2026-11-26-*blocking-*.json`).
 pub const NONBLOCKING_VAR: &str = "WEFT_NCCL_NONBLOCKING";
@@ -113,33 +113,6 @@ pub fn settle(comm: sys::ncclComm_t, budget: Duration) -> Result<(), Unsettled> 
         match async_state(comm) {
             sys::ncclResult_t::ncclSuccess => return Ok(()),
             sys::ncclResult_t::ncclInProgress => {}
-            e => return Err(Unsettled::Failed(e)),
-        }
-        if start.elapsed() > budget {
-            return Err(Unsettled::TimedOut(start.elapsed()));
-        }
-        backoff.pause();
-    }
-}
-
-/// Polls until NCCL's thread has written a communicator into `slot` (a split on a non-blocking
-/// parent), checking `parent` for asynchronous errors meanwhile, at most `budget`.
-pub fn settle_slot(
-    parent: sys::ncclComm_t,
-    slot: *const sys::ncclComm_t,
-    budget: Duration,
-) -> Result<sys::ncclComm_t, Unsettled> {
-    let start = Instant::now();
-    let mut backoff = Backoff(0);
-    loop {
-        // SAFETY: `slot` stays valid for the whole wait (the caller leaks it on failure), and
-        // NCCL's thread writes it once.
-        let comm = unsafe { std::ptr::read_volatile(slot) };
-        if !comm.is_null() {
-            return Ok(comm);
-        }
-        match async_state(parent) {
-            sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress => {}
             e => return Err(Unsettled::Failed(e)),
         }
         if start.elapsed() > budget {

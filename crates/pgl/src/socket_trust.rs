@@ -146,9 +146,11 @@ mod tests {
     /// can change back, which it does before it ends).
     fn on_thread_as<T: Send + 'static>(user: u32, f: impl FnOnce() -> T + Send + 'static) -> T {
         std::thread::spawn(move || {
-            let keep = u32::MAX; // setresuid's "leave unchanged"
-                                 // SAFETY: the raw system call on this thread's own credentials.
-            let r = unsafe { libc::syscall(libc::SYS_setresuid, user, user, keep) };
+            // setresuid's "leave unchanged" is (uid_t) -1; the variadic call takes longs.
+            let keep = libc::c_long::from(u32::MAX);
+            let id = libc::c_long::from(user);
+            // SAFETY: the raw system call on this thread's own credentials.
+            let r = unsafe { libc::syscall(libc::SYS_setresuid, id, id, keep) };
             assert_eq!(
                 r,
                 0,
@@ -156,8 +158,9 @@ mod tests {
                 io::Error::last_os_error()
             );
             let out = f();
+            let root: libc::c_long = 0;
             // SAFETY: as above; the saved uid 0 allows the way back.
-            let r = unsafe { libc::syscall(libc::SYS_setresuid, 0u32, 0u32, keep) };
+            let r = unsafe { libc::syscall(libc::SYS_setresuid, root, root, keep) };
             assert_eq!(r, 0, "setresuid back to 0: {}", io::Error::last_os_error());
             out
         })

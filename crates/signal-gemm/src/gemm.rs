@@ -759,13 +759,13 @@ impl Gemm {
         };
         let variant = KernelVariant::of(plain, p.sched.k_splits);
         let func = match variant {
-            KernelVariant::Fused => self.kernels.fused.as_ref().with_context(|| {
-                format!(
-                    "GEMM {}: a fused launch (signals, another output layout, a fused collective or a trace) of a plan with 128x{} tiles, which have plain kernels only: plan it with TileChoice::N128, N256 or Auto",
-                    plan.shape,
-                    plan.tile_n()
-                )
-            })?,
+            KernelVariant::Fused => {
+                plan.require_fused_kernel()?;
+                self.kernels
+                    .fused
+                    .as_ref()
+                    .context("a plan with a fused kernel loaded without it")?
+            }
             KernelVariant::Plain => &self.kernels.plain,
             // Loaded with the plan whenever it may split (k_splits > 1), which a split launch needs.
             KernelVariant::PlainSplit => self

@@ -1,6 +1,7 @@
 //! weft's GEMM (crates/signal-gemm, kernels/gemm/) on each rank's own GPU:
 //! - random_shapes_vs_cublas: 60 seeded random shapes (ragged edges, both B layouts, every
-//!   input/output dtype, both tile widths and the automatic choice, random sm_margin, some with
+//!   input/output dtype, the three tile widths (192 in clusters of 1) and both automatic choices
+//!   (`Auto`, `AutoPlain`), random sm_margin, some with
 //!   alpha/beta), fresh inputs, weft's output poisoned with NaN, every element within the output
 //!   dtype's tolerance of cuBLAS (cublasGemmEx, fp32 compute, fp32 output) on the same inputs.
 //! - small_shapes_vs_f64: 14 small shapes against a float64 CPU reference.

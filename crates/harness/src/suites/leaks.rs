@@ -11,10 +11,10 @@
 //! - fused_reduce_scatter_plans: the fused GEMM + ReduceScatter (its GEMM module, peer outputs
 //!   and barriers), a run every 25 cycles, and each cycle a plan refused for its shape.
 //! - fused_all_reduce_plans: the fused GEMM + AllReduce, DistFuse and communicator-CTA methods in
-//!   turn (partials, outputs, flags, the workers' stream), a run every 25 cycles, and each cycle a
+//!   turn (partials, outputs, flags, the workers' stream), a run of each every 25 cycles, and each cycle a
 //!   DistFuse refused for an sm_margin that leaves its workers no SMs.
 //! - fused_all_gather_plans: the fused AllGather + GEMM, copy-engine and communicator-CTA methods
-//!   in turn (shards, gathered A, chunk flags, side stream), a run every 25 cycles, and each cycle
+//!   in turn (shards, gathered A, chunk flags, side stream), a run of each every 25 cycles, and each cycle
 //!   a plan refused for a shard that is not whole tile rows.
 //! - nccl_communicators: a communicator made, used for an all-reduce, dropped.
 //! - modules_load_once: a cubin loaded twice on one (primary) context is one module, and GEMM

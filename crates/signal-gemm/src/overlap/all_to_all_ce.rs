@@ -35,7 +35,7 @@
 use crate::a2a_map::AllToAllMap;
 use crate::gemm::Gemm;
 use crate::overlap::comm_stream::high_priority_stream;
-use crate::plan::{GemmOptions, GemmShape};
+use crate::plan::{GemmOptions, GemmPlan, GemmShape};
 use crate::wave_groups::{GroupCounters, WaveGroups};
 use crate::{GemmElement, LaunchExtras};
 use anyhow::{ensure, Context};
@@ -194,9 +194,10 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
             sm_margin: COPY_ENGINE_SM_MARGIN,
             ..options
         };
-        let gemm = Gemm::new(ctx, shape, options)?;
-        let plan = gemm.plan();
+        let plan = GemmPlan::new(crate::gemm::device_sms(ctx)?, shape, options)?;
         plan.require_fused_kernel()?;
+        let gemm = Gemm::from_plan(ctx, plan)?;
+        let plan = gemm.plan();
         let groups = WaveGroups::new(plan, waves)?;
         let map = AllToAllMap::new(stream, plan, &groups, routes, rank)?;
         map.layout().check(plan)?;

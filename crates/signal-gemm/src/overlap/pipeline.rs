@@ -10,7 +10,7 @@
 
 use crate::gemm::{Gemm, RowSlotTable};
 use crate::overlap::comm_stream::high_priority_stream;
-use crate::plan::{GemmOptions, GemmShape};
+use crate::plan::{GemmOptions, GemmPlan, GemmShape};
 use crate::reorder::OutputLayout;
 use crate::wave_groups::{GroupCounters, WaveGroups};
 use crate::{GemmElement, LaunchExtras};
@@ -58,9 +58,10 @@ impl GroupPipeline {
              taking a group's range of the staging buffer makes the communication stream wait for the whole GEMM, \
              and nothing overlaps"
         );
-        let gemm = Gemm::new(ctx, shape, options)?;
-        let plan = gemm.plan();
+        let plan = GemmPlan::new(crate::gemm::device_sms(ctx)?, shape, options)?;
         plan.require_fused_kernel()?;
+        let gemm = Gemm::from_plan(ctx, plan)?;
+        let plan = gemm.plan();
         layout.check(plan)?;
         let groups = match waves_per_group {
             Some(w) => WaveGroups::new(plan, w)?,

@@ -20,7 +20,8 @@
 #include "weft/abi/sync.h"
 
 // Fixed tile geometry (kernels/include/weft/gemm/config.cuh builds on these; the host sizes
-// launches from them): every tile is 128 rows by 128 or 256 columns, K steps of 64.
+// launches from them): every tile is 128 rows by 128, 192 (plain kernels only) or 256 columns,
+// K steps of 64.
 #define WEFT_GEMM_TILE_M 128
 #define WEFT_GEMM_TILE_K 64
 #define WEFT_GEMM_THREADS 384          // loader warpgroup + 2 consumer warpgroups
