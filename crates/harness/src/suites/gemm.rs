@@ -765,7 +765,7 @@ fn bad_inputs_are_rejected(job: &mut Job) -> anyhow::Result<()> {
                 ..Default::default()
             },
         ),
-        "which have plain kernels only",
+        "128x192 tiles have plain kernels only, and this GEMM is launched with fusions",
     )?;
     let e = Gemm::new(&ctx, GemmShape::new(256, 250, 128), GemmOptions::default())
         .err()
