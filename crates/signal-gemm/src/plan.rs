@@ -294,6 +294,18 @@ impl GemmPlan {
             }
             KSplits::Auto => 1,
         };
+        // Orders, work units and tile indices are 32-bit in the schedule (abi/gemm.h) and the
+        // kernels: a plan whose work units would not fit is refused (no shape whose D fits in a
+        // GPU's memory comes near).
+        let orders =
+            units_m as u64 * options.cluster_m as u64 * unsafe { weft_gemm_tiles_n(sched) } as u64;
+        let works = orders * sched.k_splits as u64;
+        ensure!(
+            works <= u32::MAX as u64,
+            "GEMM shape {shape}: {orders} tile orders x {} splits exceed the schedule's 32-bit counts ({})",
+            sched.k_splits,
+            u32::MAX
+        );
         // The 16-bit 128 x 256 kernels split K only with the whole-tile epilogue
         // (kernels/include/weft/gemm/config.cuh, kSplitK).
         let split_needs_whole = sched.k_splits > 1 && whole_ok;
@@ -1042,5 +1054,139 @@ mod tests {
         .unwrap();
         assert_eq!(p.k_splits(), 16);
         assert_eq!(p.split_k_blocks(15), 15..16);
+    }
+
+    mod hostile_options {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// A dimension: mostly near the sizes GEMMs have, sometimes anything at all.
+        fn dim() -> impl Strategy<Value = u32> {
+            prop_oneof![
+                4 => (0u32..=2048).prop_map(|v| v * 16),
+                1 => 0u32..=40_000,
+                1 => any::<u32>(),
+                1 => (1u32..=(1 << 27)).prop_map(|v| v * 16),
+            ]
+        }
+
+        fn options() -> impl Strategy<Value = GemmOptions> {
+            (
+                (0usize..3, 0usize..3, any::<bool>(), 0usize..5, 0usize..3),
+                (
+                    prop_oneof![0u32..=140, any::<u32>()],
+                    prop_oneof![0u32..=140, any::<u32>()],
+                ),
+                (
+                    0u32..=3,
+                    any::<bool>(),
+                    prop_oneof![Just(None), (0u32..=70).prop_map(Some)],
+                ),
+                prop_oneof![Just(KSplits::Auto), (0u32..=20).prop_map(KSplits::Fixed)],
+                prop_oneof![
+                    Just(1.0f32),
+                    Just(f32::NAN),
+                    Just(f32::INFINITY),
+                    -4.0f32..4.0
+                ],
+            )
+                .prop_map(
+                    |(
+                        (i, o, nk, t, e),
+                        (sm_margin, comm_ctas),
+                        (cluster_m, dynamic, group_m),
+                        k_splits,
+                        beta,
+                    )| {
+                        let dtypes = [Dtype::Bf16, Dtype::F16, Dtype::F32];
+                        GemmOptions {
+                            input: dtypes[i],
+                            output: dtypes[o],
+                            b_layout: if nk { BLayout::NxK } else { BLayout::KxN },
+                            sm_margin,
+                            comm_ctas,
+                            tile: [
+                                TileChoice::Auto,
+                                TileChoice::AutoPlain,
+                                TileChoice::N128,
+                                TileChoice::N192,
+                                TileChoice::N256,
+                            ][t],
+                            group_m,
+                            cluster_m,
+                            epilogue: [
+                                EpilogueChoice::Auto,
+                                EpilogueChoice::Pipelined,
+                                EpilogueChoice::WholeTile,
+                            ][e],
+                            scheduling: if dynamic {
+                                Scheduling::Dynamic
+                            } else {
+                                Scheduling::Static
+                            },
+                            k_splits,
+                            alpha: 1.0,
+                            beta,
+                        }
+                    },
+                )
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(4096))]
+            /// Whatever it is given, GemmPlan::new returns (no panic) and accepts only what the
+            /// kernels can run, checked here against the rules written out independently: shape
+            /// and dtypes, SMs, clusters, tile and epilogue, splits, the 32-bit counts of the
+            /// schedule, shared memory, and the kernels it names being in the cubin.
+            #[test]
+            fn accepts_only_what_the_kernels_run(
+                m in dim(), n in dim(), k in dim(), sms in prop_oneof![Just(132u32), 0u32..=200], o in options()
+            ) {
+                let shape = GemmShape::new(m, n, k);
+                let Ok(p) = GemmPlan::new(sms, shape, o) else { return Ok(()); };
+                for v in [m, n, k] {
+                    prop_assert!(v > 0 && v % 16 == 0 && v < (1 << 31));
+                }
+                prop_assert!(matches!(o.input, Dtype::Bf16 | Dtype::F16));
+                prop_assert!(o.beta.is_finite());
+                prop_assert!((o.sm_margin as u64 + o.comm_ctas as u64) < sms as u64);
+                prop_assert!(matches!(o.cluster_m, 1 | 2));
+                prop_assert!(o.scheduling == Scheduling::Static || o.cluster_m == 1);
+                prop_assert!(p.ctas() > 0 && p.ctas() % o.cluster_m == 0);
+                prop_assert!(p.ctas() <= sms - o.sm_margin - o.comm_ctas);
+                let tile_n = p.tile_n();
+                prop_assert!([128, 192, 256].contains(&tile_n));
+                prop_assert!(tile_n != 192 || o.cluster_m == 1);
+                if !matches!(o.tile, TileChoice::AutoPlain | TileChoice::N192) {
+                    prop_assert!(tile_n != 192);
+                }
+                if p.whole_tile_epilogue() {
+                    prop_assert!(o.output.bytes() == 2 && tile_n == 256);
+                }
+                let k_blocks = k.div_ceil(64);
+                let splits = p.k_splits();
+                prop_assert!((1..=16).contains(&splits) && splits <= k_blocks);
+                prop_assert!(splits == 1 || (o.cluster_m == 1 && o.comm_ctas == 0));
+                let tiles = (m as u64).div_ceil(128) * (n as u64).div_ceil(tile_n as u64);
+                let orders = (m as u64).div_ceil(128).div_ceil(o.cluster_m as u64) * o.cluster_m as u64 * (n as u64).div_ceil(tile_n as u64);
+                prop_assert!(orders * splits as u64 <= u32::MAX as u64);
+                prop_assert_eq!(p.orders() as u64, orders);
+                prop_assert!(tiles <= orders);
+                prop_assert!(p.smem_bytes() <= 232_448);
+                let image = match o.input {
+                    Dtype::Bf16 => weft_kernels::cubins::GEMM_GEMM_BF16.image,
+                    _ => weft_kernels::cubins::GEMM_GEMM_F16.image,
+                };
+                let has = |name: &str| {
+                    let needle = [name.as_bytes(), b"\0"].concat();
+                    image.windows(needle.len()).any(|w| w == needle)
+                };
+                prop_assert!(has(&p.plain_kernel_name()), "{}", p.plain_kernel_name());
+                prop_assert_eq!(has(&p.kernel_name()), p.has_fused_kernel());
+                if splits > 1 {
+                    prop_assert!(has(&p.plain_split_kernel_name()), "{}", p.plain_split_kernel_name());
+                }
+            }
+        }
     }
 }
