@@ -4,9 +4,10 @@
 //! asynchronous state until the work is done, an error shows, or the budget is spent. Every
 //! communicator's init (and the split that makes a blocking one from it) returns ncclInProgress
 //! and is polled here until it settles; a non-blocking communicator (opt-in, [`NONBLOCKING_VAR`])
-//! also returns it from group ends, finalize and calls that need connection setup. A wait past the budget is a failure the caller turns into
-//! ncclCommAbort and an error naming the operation: a rank that died or never joined then ends
-//! the others within the budget instead of hanging them.
+//! also returns it from group ends, finalize and calls that need connection setup. A wait past
+//! the budget is a failure the caller turns into ncclCommAbort and an error naming the
+//! operation: a rank that died or never joined then ends the others within the budget instead
+//! of hanging them.
 
 use cudarc::driver::sys as cu;
 use cudarc::nccl::sys;
@@ -33,8 +34,9 @@ pub fn timeout_from(value: Option<&str>) -> anyhow::Result<Duration> {
 }
 
 /// The variable that makes weft's communicators non-blocking ("1"; default "0"): every call
-/// and the teardown bounded too (the init is either way), at a cost per call (measured on two H200s: NCCL's 8-byte all-reduce
-/// 8.8 µs blocking, 164 µs non-blocking, each launch going through NCCL's helper thread:
+/// and the teardown bounded too (the init is either way), at a cost per call (measured on two
+/// H200s: NCCL's 8-byte all-reduce 8.8 µs blocking, 164 µs non-blocking, each launch going
+/// through NCCL's helper thread:
 /// `results/nccl/nvidia-h200-x2-2026-11-26-*blocking-*.json`).
 pub const NONBLOCKING_VAR: &str = "WEFT_NCCL_NONBLOCKING";
 

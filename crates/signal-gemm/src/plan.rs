@@ -296,7 +296,7 @@ impl GemmPlan {
         };
         // Orders, work units and tile indices are 32-bit in the schedule (abi/gemm.h) and the
         // kernels: a plan whose work units would not fit is refused (no shape whose D fits in a
-        // GPU's memory comes near).
+        // GPU's memory comes near). Counted here in 64 bits: weft_gemm_order_count would wrap.
         let orders =
             units_m as u64 * options.cluster_m as u64 * unsafe { weft_gemm_tiles_n(sched) } as u64;
         let works = orders * sched.k_splits as u64;
