@@ -261,7 +261,7 @@ pub fn run(job: &mut Job, quick: bool, shapes: &[GemmShape]) -> anyhow::Result<S
             )?;
             outs.push(d);
         }
-        // cuBLAS and each configuration, interleaved (the order rotating every iteration).
+        // cuBLAS and each configuration, interleaved (each iteration in its own shuffled order).
         let mut want_d = nans(&stream, mn)?;
         let count = 1 + gemms.len();
         let times = rig.time_each(

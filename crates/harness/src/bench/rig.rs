@@ -6,6 +6,9 @@ use super::gather_f64;
 use crate::job::Job;
 use crate::timing::median;
 use cudarc::driver::{sys, CudaSlice, CudaStream};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
 use std::sync::Arc;
 
 /// Bytes written before each timed iteration (more than the L2).
@@ -63,9 +66,9 @@ impl Rig {
 }
 
 impl Rig {
-    /// Median ms of each of `count` ops, timed interleaved: every iteration runs every op (op it,
-    /// it + 1, … mod count), each
-    /// after an L2 flush and `align` (outside its events), between its own events, so a drift of
+    /// Median ms of each of `count` ops, timed interleaved: every iteration runs every op, in an
+    /// order of its own ([`iteration_orders`]: shuffled, the same on every rank), each after an L2
+    /// flush and `align` (outside its events), between its own events, so a drift of
     /// the GPU's clocks or temperature during the measurement weighs on every op alike. `align`
     /// lines the ranks up on the stream (a tiny collective), so an op does not count, as its own,
     /// the time its peers still spent on the op before.
@@ -86,10 +89,8 @@ impl Rig {
             .map(|_| ctx.new_event(flags))
             .collect::<Result<_, _>>()?;
         self.compute.synchronize()?;
-        for it in 0..self.iters {
-            // Each iteration starts one op further on, so no op always follows the same one.
-            for j in 0..count {
-                let i = (it + j) % count;
+        for (it, order) in iteration_orders(count, self.iters).iter().enumerate() {
+            for &i in order {
                 let e = 2 * (it * count + i);
                 self.compute.memset_zeros(&mut self.flush)?;
                 align()?;
@@ -113,6 +114,22 @@ impl Rig {
     }
 }
 
+/// The order of the ops in each of `iters` iterations: a permutation of 0..count per iteration,
+/// shuffled by a fixed seed, so every rank (the same binary) launches the collective ops alike,
+/// and each op follows each other op about as often. (Rotating a fixed order, as before, has op i
+/// follow op i − 1 in all but one slot of every iteration: an op that slows or speeds up its
+/// successor — through NCCL's state, clocks or memory — then weighs on one column only.)
+pub fn iteration_orders(count: usize, iters: usize) -> Vec<Vec<usize>> {
+    let mut rng = StdRng::seed_from_u64(0x0de5_0f0f);
+    (0..iters)
+        .map(|_| {
+            let mut order: Vec<usize> = (0..count).collect();
+            order.shuffle(&mut rng);
+            order
+        })
+        .collect()
+}
+
 /// The slowest rank's value of each entry.
 pub fn slowest(job: &mut Job, mine: &[f64]) -> anyhow::Result<Vec<f64>> {
     let all = gather_f64(job, mine)?;
@@ -120,4 +137,46 @@ pub fn slowest(job: &mut Job, mine: &[f64]) -> anyhow::Result<Vec<f64>> {
     Ok((0..mine.len())
         .map(|i| all.iter().map(|r| r[i]).fold(f64::NAN, f64::max))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::iteration_orders;
+
+    #[test]
+    fn every_iteration_runs_each_op_once() {
+        for count in 1..6 {
+            for order in iteration_orders(count, 50) {
+                let mut sorted = order.clone();
+                sorted.sort_unstable();
+                assert_eq!(sorted, (0..count).collect::<Vec<_>>());
+            }
+        }
+    }
+
+    #[test]
+    fn no_op_mostly_follows_one_other() {
+        // 4 ops, 300 iterations: each op has a predecessor in about 225 slots; shuffled, each of
+        // the other three takes about a third of them (a rotation gives one of them all but 75).
+        let (count, iters) = (4, 300);
+        let mut follows = vec![vec![0usize; count]; count];
+        for order in iteration_orders(count, iters) {
+            for w in order.windows(2) {
+                follows[w[1]][w[0]] += 1;
+            }
+        }
+        for (op, before) in follows.iter().enumerate() {
+            let total: usize = before.iter().sum();
+            let most = *before.iter().max().unwrap();
+            assert!(
+                (most as f64) < 0.45 * total as f64,
+                "op {op} follows one op in {most} of {total} slots: {before:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_same_on_every_call() {
+        assert_eq!(iteration_orders(5, 40), iteration_orders(5, 40));
+    }
 }
