@@ -11,7 +11,7 @@ use cudarc::driver::{
 use std::sync::Arc;
 use weft_kernels::abi::{self, weft_collective_params};
 use weft_kernels::cubins;
-use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::Bootstrap;
 use weft_pgl::{agree, Backend, Pgl, Shape};
 use weft_sync::launch::{load, sync_checked};
 use weft_sync::{Counters, WaitBudget};
@@ -38,7 +38,7 @@ pub struct Collectives {
 impl Collectives {
     /// Collective: staging and flags on every rank of `rdzv` for launches on `stream`.
     pub fn new(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         stream: &Arc<CudaStream>,
         options: Options,
     ) -> Result<Self, CollectiveError> {
@@ -364,7 +364,7 @@ impl Collectives {
     }
 
     /// Collective: frees staging and flags on every rank (after the stream drained).
-    pub fn free(self, rdzv: &mut Rendezvous) -> Result<(), CollectiveError> {
+    pub fn free(self, rdzv: &mut dyn Bootstrap) -> Result<(), CollectiveError> {
         agree(
             rdzv,
             "collectives free (drain)",

@@ -33,7 +33,7 @@ use meta::{Desc, Kind};
 use plan::{Core, MetaSource};
 use std::sync::Arc;
 use weft_kernels::abi::{weft_kernel_barrier_view, WEFT_GRPCOLL_MAX_TENSORS};
-use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::Bootstrap;
 use weft_pgl::{DType, Pgl, PglElement};
 use weft_sync::ErrorSlot;
 
@@ -167,7 +167,7 @@ macro_rules! common_methods {
             self.core.device.as_ref().map(|d| &d.meta)
         }
         /// Collective: frees the buffers and counters on every rank.
-        pub fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+        pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
             self.core.free(rdzv)
         }
     };
@@ -183,7 +183,7 @@ pub trait GroupCollective<T: PglElement> {
     fn run(&mut self) -> anyhow::Result<()>;
     fn run_baseline(&mut self, comm: &Communicator) -> anyhow::Result<()>;
     fn synchronize(&self) -> anyhow::Result<()>;
-    fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()>;
+    fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()>;
 }
 
 macro_rules! group_collective {
@@ -210,7 +210,7 @@ macro_rules! group_collective {
             fn synchronize(&self) -> anyhow::Result<()> {
                 $plan::synchronize(self)
             }
-            fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+            fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
                 $plan::free(self, rdzv)
             }
         }
@@ -229,7 +229,7 @@ impl<T: PglElement> GroupCast<T> {
     /// Collective: validates `meta` (locally, then against every rank's), allocates the input and
     /// output PGLs (rows = the largest input / output across ranks), and uploads this rank's work.
     pub fn new(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         stream: &Arc<CudaStream>,
         meta: &GroupCastMeta,
         row_elems: usize,
@@ -241,7 +241,7 @@ impl<T: PglElement> GroupCast<T> {
     /// Collective, as [`GroupCast::new`], for 1 to [`MAX_TENSORS`] tensors of these row widths
     /// that share the metadata (e.g. K and V): one launch moves them all.
     pub fn new_packed(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         stream: &Arc<CudaStream>,
         meta: &GroupCastMeta,
         row_elems: &[usize],
@@ -265,7 +265,7 @@ impl<T: PglElement> GroupCast<T> {
     /// (or with [`write_device_meta`](Self::write_device_meta)); the run matches it on the
     /// GPU. The AlltoAll-v baseline needs host metadata and is refused.
     pub fn new_device(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         stream: &Arc<CudaStream>,
         cap: Capacity,
         row_elems: &[usize],
@@ -301,7 +301,7 @@ impl<T: PglElement> GroupReduce<T> {
     /// Collective, as [`GroupCast::new`]; with [`ReduceOp::Lse`] it also allocates the f32 lse
     /// PGLs (`input_lse()`, `output_lse()`, `lse_per_row` columns).
     pub fn new(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         stream: &Arc<CudaStream>,
         meta: &GroupReduceMeta,
         row_elems: usize,
@@ -314,7 +314,7 @@ impl<T: PglElement> GroupReduce<T> {
     /// Collective, as [`GroupReduce::new`], for 1 to [`MAX_TENSORS`] tensors sharing the
     /// metadata (op `Lse` takes one).
     pub fn new_packed(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         stream: &Arc<CudaStream>,
         meta: &GroupReduceMeta,
         row_elems: &[usize],
@@ -336,7 +336,7 @@ impl<T: PglElement> GroupReduce<T> {
 
     /// Collective: a plan whose metadata lives on the GPU, as [`GroupCast::new_device`].
     pub fn new_device(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         stream: &Arc<CudaStream>,
         cap: Capacity,
         row_elems: &[usize],

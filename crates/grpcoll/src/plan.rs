@@ -19,7 +19,7 @@ use weft_kernels::abi::{
     WEFT_GRPCOLL_CONVERT, WEFT_GRPCOLL_SYNCED, WEFT_GRPCOLL_TRANSFER,
 };
 use weft_kernels::cubins;
-use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::Bootstrap;
 use weft_pgl::{agree, Backend, DType, Pgl, PglElement, Shape};
 use weft_sync::{Counters, WaitBudget};
 
@@ -205,7 +205,7 @@ pub(crate) fn validate_args(
 impl<T: PglElement> Core<T> {
     pub(crate) fn build(
         kind: Kind,
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         stream: &Arc<CudaStream>,
         source: MetaSource,
         row_elems: &[usize],
@@ -665,7 +665,7 @@ impl<T: PglElement> Core<T> {
         }
     }
 
-    pub(crate) fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+    pub(crate) fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         let synced = self.stream.synchronize().map_err(anyhow::Error::from);
         agree(rdzv, "grpcoll plan free (drain)", synced)?;
         drop(self.staging);

@@ -14,6 +14,7 @@
 mod bench;
 mod bound_compare;
 mod data;
+mod file_store;
 mod gemm_data;
 mod info;
 mod job;

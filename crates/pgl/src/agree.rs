@@ -1,11 +1,15 @@
 //! Collective agreement on a local outcome: every rank learns whether every rank succeeded, so
 //! that a failure on one rank never leaves the others waiting in a later step.
 
-use crate::rendezvous::Rendezvous;
+use crate::Bootstrap;
 
 /// All-gathers `local`'s success or error text. Ok only if every rank succeeded; otherwise every
 /// rank returns the same error, naming each failing rank and what it reported, prefixed by `step`.
-pub fn agree<T>(rdzv: &mut Rendezvous, step: &str, local: anyhow::Result<T>) -> anyhow::Result<T> {
+pub fn agree<T>(
+    rdzv: &mut dyn Bootstrap,
+    step: &str,
+    local: anyhow::Result<T>,
+) -> anyhow::Result<T> {
     let mine = match &local {
         Ok(_) => Vec::new(),
         // A non-empty text marks failure, so an error always carries some.

@@ -108,7 +108,7 @@ pub fn driver_cuda_version() -> anyhow::Result<(i32, i32)> {
 /// wait on other ranks' CTAs needs every rank's grid resident at once, which a shared GPU holds
 /// only if the grids of all the ranks on it fit together.
 pub fn max_ranks_per_gpu(
-    rdzv: &mut crate::rendezvous::Rendezvous,
+    rdzv: &mut dyn crate::Bootstrap,
     ctx: &cudarc::driver::CudaContext,
 ) -> anyhow::Result<usize> {
     let mine = crate::pgl::pci_bus_id(ctx.cu_device());

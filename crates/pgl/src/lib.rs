@@ -11,6 +11,8 @@
 //!
 //! Rank runtime (one process per GPU is the main mode):
 //! - [`rank_env`]: rank, world size, local rank and a job id from the launcher's variables.
+//! - [`Bootstrap`]: what every collective constructor takes — rank, world, all-gather, broadcast
+//!   and barrier of bytes; bring your own (MPI, a key-value store, …) or use [`rendezvous`].
 //! - [`rendezvous`]: rank 0 listens, the others connect; broadcast, all-gather and barrier of
 //!   bytes, each bounded by a timeout that names the rank that did not answer.
 //! - [`launch`]: `weft launch -n N -- CMD…` — N local ranks, stopped together on failure.
@@ -19,6 +21,7 @@
 
 mod agree;
 mod backend;
+mod bootstrap;
 mod driver;
 mod element;
 mod group;
@@ -39,6 +42,7 @@ mod socket_trust;
 
 pub use agree::agree;
 pub use backend::Backend;
+pub use bootstrap::Bootstrap;
 pub use element::{DType, PglElement};
 pub use group::{enable_peer_access, PglGroup};
 pub use pgl::Pgl;

@@ -14,8 +14,8 @@ use crate::agree::agree;
 use crate::driver::check;
 use crate::element::PglElement;
 use crate::pgl::{Own, Pgl};
-use crate::rendezvous::Rendezvous;
 use crate::vmm;
+use crate::Bootstrap;
 use anyhow::bail;
 use cudarc::driver::sys::{self, CUdeviceptr};
 use std::os::fd::{AsRawFd, RawFd};
@@ -66,7 +66,7 @@ impl MulticastMapping {
 /// Collective: creates a multicast object spanning every rank of `pgl` (VMM backend) and maps it
 /// (the seed's Appendix F). Refused, on every rank alike, unless [`multicast_permitted`] allows.
 pub fn bind_multicast<T: PglElement>(
-    rdzv: &mut Rendezvous,
+    rdzv: &mut dyn Bootstrap,
     pgl: &Pgl<T>,
     _opt_in: &MulticastOptIn,
 ) -> anyhow::Result<MulticastMapping> {

@@ -17,7 +17,7 @@
 
 use crate::nccl_budget::{self, Unsettled};
 pub use crate::nccl_budget::{timeout_from, Waits, DEFAULT_TIMEOUT, NONBLOCKING_VAR, TIMEOUT_VAR};
-use crate::rendezvous::Rendezvous;
+use crate::Bootstrap;
 use anyhow::{bail, Context};
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 use cudarc::nccl::{result as nc, sys, Id, NcclType};
@@ -165,7 +165,7 @@ pub fn new_unique_id() -> anyhow::Result<[u8; 128]> {
 impl Communicator {
     /// Collective: every rank of `rdzv` must call it. Rank 0 creates the unique id and the
     /// rendezvous broadcasts it; each rank then joins on `ctx`'s device.
-    pub fn new(rdzv: &mut Rendezvous, ctx: &Arc<CudaContext>) -> anyhow::Result<Self> {
+    pub fn new(rdzv: &mut dyn Bootstrap, ctx: &Arc<CudaContext>) -> anyhow::Result<Self> {
         Self::with_max_ctas(rdzv, ctx, None)
     }
 
@@ -174,7 +174,7 @@ impl Communicator {
     /// runs beside every collective of this communicator. Every rank must pass the same value.
     /// Its waits come from [`Waits::from_env`].
     pub fn with_max_ctas(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         ctx: &Arc<CudaContext>,
         max_ctas: Option<u32>,
     ) -> anyhow::Result<Self> {
@@ -184,7 +184,7 @@ impl Communicator {
     /// As [`Communicator::with_max_ctas`], waiting as `waits` says (every rank must pass the
     /// same `nonblocking`).
     pub fn with_waits(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         ctx: &Arc<CudaContext>,
         max_ctas: Option<u32>,
         waits: Waits,

@@ -13,8 +13,8 @@ use crate::agree::agree;
 use crate::backend::Backend;
 use crate::driver::check;
 use crate::element::{DType, PglElement};
-use crate::rendezvous::Rendezvous;
 use crate::shape::Shape;
+use crate::Bootstrap;
 use crate::{ipc, vmm};
 use anyhow::{bail, Context};
 use cudarc::driver::sys::{self, CUdevice, CUdeviceptr};
@@ -185,7 +185,7 @@ impl<T: PglElement> Pgl<T> {
     /// a disagreement, an allocation that does not fit, or a pair of ranks without peer access
     /// fails on every rank with an error naming the ranks involved.
     pub fn alloc(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         ctx: &Arc<CudaContext>,
         shape: Shape,
         backend: Backend,
@@ -200,7 +200,7 @@ impl<T: PglElement> Pgl<T> {
     /// `ptr` must point to device memory of `ctx`'s device holding at least `shape.elems()`
     /// elements of T, live until this `Pgl` is freed.
     pub unsafe fn share(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         ctx: &Arc<CudaContext>,
         shape: Shape,
         ptr: CUdeviceptr,
@@ -209,7 +209,7 @@ impl<T: PglElement> Pgl<T> {
     }
 
     fn build(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         ctx: &Arc<CudaContext>,
         shape: Shape,
         backend: Backend,
@@ -470,7 +470,7 @@ impl<T: PglElement> Pgl<T> {
     }
 
     /// Collective: frees this PGL on every rank (see the module docs for the ordering).
-    pub fn free(mut self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+    pub fn free(mut self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         if self.mode != Mode::Process {
             bail!("a single-process PGL is freed through its PglGroup");
         }
@@ -479,7 +479,7 @@ impl<T: PglElement> Pgl<T> {
 
     /// Synchronise; barrier (nobody uses any buffer); unmap peers; barrier (nobody maps ours);
     /// free our memory.
-    fn release(&mut self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+    fn release(&mut self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         self.ctx.bind_to_thread()?;
         let synced = self.ctx.synchronize().map_err(anyhow::Error::from);
         agree(rdzv, "PGL free (synchronise)", synced)?;

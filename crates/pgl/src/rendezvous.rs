@@ -1118,6 +1118,29 @@ impl Rendezvous {
 
 /// Rank 0's side of a collective: reads one frame of `kind` and `seq` from every member,
 /// whichever is ready first, all within `timeout`. On failure: the text, naming the rank.
+/// weft's own bootstrap: the inherent collectives, unchanged.
+impl crate::Bootstrap for Rendezvous {
+    fn rank(&self) -> usize {
+        Rendezvous::rank(self)
+    }
+
+    fn world(&self) -> usize {
+        Rendezvous::world(self)
+    }
+
+    fn all_gather(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
+        Rendezvous::all_gather(self, bytes)
+    }
+
+    fn broadcast(&mut self, root: usize, bytes: &[u8]) -> Result<Vec<u8>> {
+        Rendezvous::broadcast(self, root, bytes)
+    }
+
+    fn barrier(&mut self) -> Result<()> {
+        Rendezvous::barrier(self)
+    }
+}
+
 fn gather_from(
     members: &mut [Stream],
     kind: Kind,

@@ -8,7 +8,7 @@ use anyhow::Context;
 use cudarc::driver::{result, CudaContext, CudaStream};
 use std::sync::Arc;
 use weft_kernels::abi::{weft_sync_bound, weft_sync_counters};
-use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::Bootstrap;
 use weft_pgl::{agree, Backend, Pgl, Shape};
 
 pub struct Counters {
@@ -22,7 +22,7 @@ impl Counters {
     /// Collective: zeroed counters of `shape` on every rank (pgl's default backend), this rank's
     /// error slot, and waits bounded by `budget`.
     pub fn alloc(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         ctx: &Arc<CudaContext>,
         shape: Shape,
         budget: WaitBudget,
@@ -83,7 +83,11 @@ impl Counters {
     /// Collective: back to zero without reallocating. Waits for `stream` and for every rank
     /// (nobody may still signal into these counters), zeroes this rank's buffer, waits for every
     /// rank again (nobody signals into a buffer not yet zeroed), and restarts the epoch.
-    pub fn reset(&mut self, rdzv: &mut Rendezvous, stream: &Arc<CudaStream>) -> anyhow::Result<()> {
+    pub fn reset(
+        &mut self,
+        rdzv: &mut dyn Bootstrap,
+        stream: &Arc<CudaStream>,
+    ) -> anyhow::Result<()> {
         agree(
             rdzv,
             "sync counters reset (drain)",
@@ -104,7 +108,7 @@ impl Counters {
     }
 
     /// Collective: frees the counters on every rank.
-    pub fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+    pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         self.pgl.free(rdzv)
     }
 }

@@ -8,7 +8,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKe
 use std::sync::Arc;
 use weft_kernels::abi::{self, weft_laps_params, weft_laps_result};
 use weft_kernels::cubins;
-use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::Bootstrap;
 use weft_pgl::{agree, Backend, Pgl, Shape};
 
 pub struct Laps {
@@ -69,7 +69,7 @@ impl LapsReport {
 impl Laps {
     /// Collective: one barrier counter and one row of `seen` slots per block.
     pub fn alloc(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         ctx: &Arc<CudaContext>,
         blocks: u32,
         budget: WaitBudget,
@@ -172,7 +172,7 @@ impl Laps {
     }
 
     /// Collective.
-    pub fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+    pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         self.seen.free(rdzv)?;
         self.barrier.free(rdzv)
     }

@@ -9,7 +9,7 @@ use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, P
 use std::sync::Arc;
 use weft_kernels::abi::{self, weft_latency_params, weft_latency_summary};
 use weft_kernels::cubins;
-use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::Bootstrap;
 use weft_pgl::{agree, Shape};
 
 /// Dynamic shared memory requested by each INTER_SM block: more than half of an SM's, so the two
@@ -106,7 +106,7 @@ pub struct Latency {
 impl Latency {
     /// Collective: two counters per rank for one kind's launches.
     pub fn alloc(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         ctx: &Arc<CudaContext>,
         budget: WaitBudget,
     ) -> anyhow::Result<Self> {
@@ -173,7 +173,7 @@ impl Latency {
     }
 
     /// Collective.
-    pub fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+    pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         self.counters.free(rdzv)
     }
 }

@@ -8,7 +8,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKe
 use std::sync::Arc;
 use weft_kernels::abi::{self, weft_stress_params, weft_stress_result};
 use weft_kernels::cubins;
-use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::Bootstrap;
 use weft_pgl::{agree, Backend, Pgl, Shape};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,7 +130,7 @@ impl StressReport {
 impl Stress {
     /// Collective: payload buffers (`slots` per sender, `max_elems` u32 each) and counters.
     pub fn alloc(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         ctx: &Arc<CudaContext>,
         mode: StressMode,
         max_elems: u32,
@@ -176,7 +176,7 @@ impl Stress {
     /// content; the next messages overwrite them).
     pub fn reset_counters(
         &mut self,
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         stream: &Arc<CudaStream>,
     ) -> anyhow::Result<()> {
         self.counters.reset(rdzv, stream)
@@ -293,7 +293,7 @@ impl Stress {
     }
 
     /// Collective.
-    pub fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+    pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         self.data.free(rdzv)?;
         self.counters.free(rdzv)
     }

@@ -4,6 +4,7 @@ mod all_to_all;
 mod all_to_all_ce;
 mod auto_choice;
 mod barrier;
+mod bootstrap;
 mod child;
 mod collectives;
 mod fused_all_gather;
@@ -50,6 +51,7 @@ pub fn all() -> Vec<Case> {
     let mut cases = rendezvous::cases();
     cases.extend(watchdog::cases());
     cases.extend(rank_death::cases());
+    cases.extend(bootstrap::cases());
     cases.extend(roundtrip::cases());
     cases.extend(nccl::cases());
     cases.extend(pgl::cases());

@@ -59,7 +59,7 @@ fn pattern_value(writer: u32, owner: u32, offset: u64) -> u32 {
 
 /// (slice shape (batch 1), tile rows, tile cols) cases for a world size; the buffer is the
 /// slice stacked `world` times, one slice per writer.
-fn pattern_cases(world: u32, rng: &mut StdRng) -> Vec<(Shape, u32, u32)> {
+pub(super) fn pattern_cases(world: u32, rng: &mut StdRng) -> Vec<(Shape, u32, u32)> {
     // Over 1 GiB per rank: world slices of 16384-column rows.
     let big_rows = (1u32 << 28).div_ceil(world * 16384);
     vec![
@@ -81,7 +81,7 @@ fn pattern_cases(world: u32, rng: &mut StdRng) -> Vec<(Shape, u32, u32)> {
     ]
 }
 
-fn launch_pattern(
+pub(super) fn launch_pattern(
     stream: &Arc<CudaStream>,
     pgl: &Pgl<u32>,
     tile_rows: u32,
@@ -118,7 +118,7 @@ fn launch_pattern(
 }
 
 /// Checks every element of `owner`'s buffer: slice w holds writer w's pattern.
-fn check_pattern(pgl: &Pgl<u32>, owner: usize, what: &str) -> anyhow::Result<()> {
+pub(super) fn check_pattern(pgl: &Pgl<u32>, owner: usize, what: &str) -> anyhow::Result<()> {
     let n = pgl.len();
     let mut host = vec![0u32; n];
     pgl.context().bind_to_thread()?;

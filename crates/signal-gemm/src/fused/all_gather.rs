@@ -27,7 +27,7 @@ use anyhow::{ensure, Context};
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
 use weft_kernels::abi::{weft_gemm_ag_copy, WEFT_GEMM_TILE_M};
-use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::Bootstrap;
 use weft_pgl::{agree, Backend, Pgl, PglElement, Shape};
 use weft_sync::{Counters, WaitBudget};
 
@@ -85,7 +85,7 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
     /// flags. A failed allocation frees what was allocated before it, collectively.
     /// m/world must be a multiple of 128 (of 256 with clusters of 2).
     pub fn new(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         ctx: &Arc<CudaContext>,
         stream: &Arc<CudaStream>,
         shape: GemmShape,
@@ -420,7 +420,7 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
     }
 
     /// Collective: frees the shards, counters and chunk flags on every rank.
-    pub fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+    pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         let shard = self.shard.free(rdzv);
         let bar = self.bar.free(rdzv);
         let flags = self.gathered.map_or(Ok(()), |g| g.chunk_flags.free(rdzv));

@@ -21,7 +21,7 @@ use half::bf16;
 use std::sync::Arc;
 use weft_kernels::abi::weft_tile_allreduce_params;
 use weft_kernels::cubins;
-use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::Bootstrap;
 use weft_pgl::{agree, Backend, Pgl, Shape};
 use weft_sync::{Counters, WaitBudget};
 
@@ -78,7 +78,7 @@ impl FusedAllReduce {
     /// `comm_ctas` communicator CTAs), the same on every rank, and allocates the partials,
     /// outputs, tile flags and the END counter.
     pub fn new(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         ctx: &Arc<CudaContext>,
         stream: &Arc<CudaStream>,
         shape: GemmShape,
@@ -344,7 +344,7 @@ impl FusedAllReduce {
     }
 
     /// Collective: frees the buffers and counters on every rank.
-    pub fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+    pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         let results = [
             self.partial.free(rdzv),
             self.out.free(rdzv),

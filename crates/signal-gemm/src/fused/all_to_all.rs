@@ -24,7 +24,7 @@ use weft_kernels::abi::{
     WEFT_GEMM_PEER_BAR_END, WEFT_GEMM_PEER_BAR_START, WEFT_GEMM_PEER_ROW_BITS,
     WEFT_GEMM_PEER_ROW_MASK,
 };
-use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::Bootstrap;
 use weft_pgl::{agree, Backend, Pgl, PglElement, Shape};
 use weft_sync::{Counters, WaitBudget};
 
@@ -96,7 +96,7 @@ impl<T: GemmElement + PglElement> FusedAllToAll<T> {
     /// counters. `routes[s][i]` = the destination of rank s's row i (every rank's routing, the
     /// same on every rank). `options.output` must be T; beta must be 0.
     pub fn new(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         ctx: &Arc<CudaContext>,
         stream: &Arc<CudaStream>,
         shape: GemmShape,
@@ -317,7 +317,7 @@ impl<T: GemmElement + PglElement> FusedAllToAll<T> {
     }
 
     /// Collective: frees the outputs and counters on every rank.
-    pub fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+    pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         let out = self.out.free(rdzv);
         let bar = self.bar.free(rdzv);
         out.and(bar)

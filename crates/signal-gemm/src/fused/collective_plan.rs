@@ -9,14 +9,14 @@ use anyhow::{ensure, Context};
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtrMut};
 use std::sync::Arc;
 use weft_kernels::abi::weft_tensor_map;
-use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::Bootstrap;
 use weft_pgl::{agree, Pgl, PglElement, Shape};
 use weft_sync::{Counters, WaitBudget};
 
 /// Collective: every rank's `describe` (its plan, and whatever else enters the cross-rank
 /// targets) must be this rank's; the error names the ranks that differ.
 pub(crate) fn agree_on_plan(
-    rdzv: &mut Rendezvous,
+    rdzv: &mut dyn Bootstrap,
     what: &str,
     describe: &str,
 ) -> anyhow::Result<()> {
@@ -38,7 +38,7 @@ pub(crate) fn agree_on_plan(
 /// Collective: `ctas` per rank (all its kernels that wait across ranks) fit the GPU together with
 /// those of the ranks sharing it.
 pub(crate) fn check_resident(
-    rdzv: &mut Rendezvous,
+    rdzv: &mut dyn Bootstrap,
     ctx: &Arc<CudaContext>,
     what: &str,
     ctas: u32,
@@ -88,7 +88,7 @@ pub(crate) fn peer_tensor_maps(
 /// (kernels/include/weft/gemm/peer_reduce.cuh), bounded by weft-sync's default budget (agreed:
 /// a rank that cannot read it fails every rank alike).
 pub(crate) fn peer_barrier_counters(
-    rdzv: &mut Rendezvous,
+    rdzv: &mut dyn Bootstrap,
     ctx: &Arc<CudaContext>,
     what: &str,
 ) -> anyhow::Result<Counters> {

@@ -22,7 +22,7 @@ use anyhow::{ensure, Context};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use std::sync::Arc;
 use weft_kernels::abi::{WEFT_GEMM_PEER_BAR_END, WEFT_GEMM_PEER_BAR_START};
-use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::Bootstrap;
 use weft_pgl::{agree, Backend, Pgl, PglElement, Shape};
 use weft_sync::{Counters, WaitBudget};
 
@@ -61,7 +61,7 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
     /// rank if any rank refuses), allocates each rank's m/world × n output and the barrier
     /// counters. `options.output` must be T; beta must be 0.
     pub fn new(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         ctx: &Arc<CudaContext>,
         stream: &Arc<CudaStream>,
         shape: GemmShape,
@@ -270,7 +270,7 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
     }
 
     /// Collective: frees the outputs and counters on every rank.
-    pub fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+    pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         let out = self.out.free(rdzv);
         let bar = self.bar.free(rdzv);
         out.and(bar)

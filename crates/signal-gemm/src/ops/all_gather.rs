@@ -31,7 +31,7 @@ use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
 use half::{bf16, f16};
 use std::sync::Arc;
 use weft_pgl::agree;
-use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::Bootstrap;
 
 // One Imp per op, held for the op's life: the fused variant's size costs nothing worth a Box.
 #[allow(clippy::large_enum_variant)]
@@ -68,7 +68,7 @@ impl<TI: OpElement> AllGatherGemm<TI> {
     /// Collective, as [`super::GemmAllReduce::plan`], for inputs TI (= options.input); m must
     /// split evenly over the ranks. D's dtype is options.output.
     pub fn plan(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         env: &mut OverlapEnv,
         stream: &Arc<CudaStream>,
         shape: GemmShape,
@@ -292,7 +292,7 @@ impl<TI: OpElement> AllGatherGemm<TI> {
     }
 
     /// Collective: frees the op's peer memory (fused methods) on every rank.
-    pub fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+    pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         match self.imp {
             Imp::Fused(f) => f.free(rdzv),
             _ => Ok(()),
@@ -301,7 +301,7 @@ impl<TI: OpElement> AllGatherGemm<TI> {
 }
 
 fn plan_imp<TI: OpElement>(
-    rdzv: &mut Rendezvous,
+    rdzv: &mut dyn Bootstrap,
     env: &mut OverlapEnv,
     stream: &Arc<CudaStream>,
     shape: GemmShape,
@@ -340,7 +340,7 @@ impl<TI: OpElement> Candidate for AllGatherGemm<TI> {
     fn synchronize(&self) -> anyhow::Result<()> {
         Self::synchronize(self)
     }
-    fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+    fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         Self::free(self, rdzv)
     }
 }

@@ -30,7 +30,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
 use weft_pgl::agree;
 use weft_pgl::nccl::ReduceOp;
-use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::Bootstrap;
 
 enum Imp<TO: OpElement> {
     /// seq-cublas, seq-weft: the GEMM into the output, then an in-place ncclAllReduce.
@@ -70,7 +70,7 @@ impl<TO: OpElement> GemmAllReduce<TO> {
     /// launched on `stream`. `capturable` keeps to methods a CUDA graph can replay. `Auto` and
     /// families measure their candidates at first use (or take them from the cache).
     pub fn plan(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         env: &mut OverlapEnv,
         stream: &Arc<CudaStream>,
         shape: GemmShape,
@@ -234,7 +234,7 @@ impl<TO: OpElement> GemmAllReduce<TO> {
     }
 
     /// Collective: frees the op's peer memory (fused methods) on every rank.
-    pub fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+    pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         match self.imp {
             Imp::Fused(f) => f.free(rdzv),
             _ => Ok(()),
@@ -245,7 +245,7 @@ impl<TO: OpElement> GemmAllReduce<TO> {
 /// This rank's part of planning `method` (collective for the fused methods and for a signal
 /// method's first communicator of its margin).
 fn plan_imp<TO: OpElement>(
-    rdzv: &mut Rendezvous,
+    rdzv: &mut dyn Bootstrap,
     env: &mut OverlapEnv,
     stream: &Arc<CudaStream>,
     shape: GemmShape,
@@ -346,7 +346,7 @@ impl<TO: OpElement> Candidate for GemmAllReduce<TO> {
     fn synchronize(&self) -> anyhow::Result<()> {
         Self::synchronize(self)
     }
-    fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+    fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         Self::free(self, rdzv)
     }
 }

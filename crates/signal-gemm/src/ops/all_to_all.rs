@@ -33,7 +33,7 @@ use anyhow::{bail, ensure};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
 use weft_pgl::agree;
-use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::Bootstrap;
 
 // One Imp per op, held for the op's life: the fused variant's size costs nothing worth a Box.
 #[allow(clippy::large_enum_variant)]
@@ -115,7 +115,7 @@ impl<TO: OpElement> GemmAllToAll<TO> {
     /// rank of rank s's output row (every rank's routing, the same on every rank).
     #[allow(clippy::too_many_arguments)]
     pub fn plan(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         env: &mut OverlapEnv,
         stream: &Arc<CudaStream>,
         shape: GemmShape,
@@ -281,7 +281,7 @@ impl<TO: OpElement> GemmAllToAll<TO> {
     }
 
     /// Collective: frees the op's peer memory (signal-ce, fused-intra) on every rank.
-    pub fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+    pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         match self.imp {
             Imp::CopyEngine(ce) => ce.free(rdzv),
             Imp::Fused(f) => f.free(rdzv),
@@ -291,7 +291,7 @@ impl<TO: OpElement> GemmAllToAll<TO> {
 }
 
 fn plan_imp<TO: OpElement>(
-    rdzv: &mut Rendezvous,
+    rdzv: &mut dyn Bootstrap,
     env: &mut OverlapEnv,
     stream: &Arc<CudaStream>,
     shape: GemmShape,
@@ -358,7 +358,7 @@ impl<TO: OpElement> Candidate for GemmAllToAll<TO> {
     fn synchronize(&self) -> anyhow::Result<()> {
         Self::synchronize(self)
     }
-    fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+    fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         Self::free(self, rdzv)
     }
 }

@@ -18,7 +18,7 @@ use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use weft_pgl::agree;
 use weft_pgl::nccl::ReduceOp;
-use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::Bootstrap;
 
 /// What an op was asked for and what it runs.
 #[derive(Clone, Debug)]
@@ -50,11 +50,11 @@ pub(crate) struct PlanRequest<'a> {
 /// Collective: plans `req.choice` (see the module). `plan_exact` plans one method on this rank
 /// (it may itself be collective); `measure` makes, times and frees one (collective).
 pub(crate) fn choose_and_plan<T>(
-    rdzv: &mut Rendezvous,
+    rdzv: &mut dyn Bootstrap,
     env: &mut OverlapEnv,
     req: PlanRequest<'_>,
-    mut plan_exact: impl FnMut(&mut Rendezvous, &mut OverlapEnv, &Method) -> anyhow::Result<T>,
-    mut measure: impl FnMut(&mut Rendezvous, &mut OverlapEnv, &Method) -> anyhow::Result<f64>,
+    mut plan_exact: impl FnMut(&mut dyn Bootstrap, &mut OverlapEnv, &Method) -> anyhow::Result<T>,
+    mut measure: impl FnMut(&mut dyn Bootstrap, &mut OverlapEnv, &Method) -> anyhow::Result<f64>,
 ) -> anyhow::Result<(T, ChoiceReport)> {
     let PlanRequest {
         kind,
@@ -140,7 +140,7 @@ pub(crate) trait Candidate: Sized {
     /// Waits for the op's stream, naming any wait of the op that ran past its bound.
     fn synchronize(&self) -> anyhow::Result<()>;
     /// Collective: frees the op's peer memory.
-    fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()>;
+    fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()>;
 }
 
 /// The report of a candidate planned exactly, to be measured.
@@ -156,7 +156,7 @@ pub(crate) fn exact_report(method: &Method) -> ChoiceReport {
 /// Collective: `time`s a candidate planned on every rank, waits for it and frees it (freed even
 /// when the timing failed, so every rank takes part); this rank's median ms.
 pub(crate) fn time_candidate<O: Candidate>(
-    rdzv: &mut Rendezvous,
+    rdzv: &mut dyn Bootstrap,
     mut op: O,
     time: impl FnOnce(&mut O) -> anyhow::Result<f64>,
 ) -> anyhow::Result<f64> {

@@ -19,7 +19,7 @@ use super::method::Method;
 use anyhow::Context;
 use std::time::{Duration, Instant};
 use weft_pgl::agree;
-use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::Bootstrap;
 
 /// How a first use measures.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -110,13 +110,13 @@ impl Ranking {
 /// Collective: the ranking of `candidates` for `key` at `m`. `measure` makes, runs and frees one
 /// candidate (collectively) and returns this rank's median ms.
 pub fn rank_candidates(
-    rdzv: &mut Rendezvous,
+    rdzv: &mut dyn Bootstrap,
     cache: &mut ChoiceCache,
     key: &ChoiceKey,
     m: u32,
     candidates: &[Method],
     policy: &AutoPolicy,
-    measure: impl FnMut(&mut Rendezvous, &Method) -> anyhow::Result<f64>,
+    measure: impl FnMut(&mut dyn Bootstrap, &Method) -> anyhow::Result<f64>,
 ) -> anyhow::Result<Ranking> {
     rank_candidates_predicted(rdzv, cache, key, m, candidates, policy, |_| None, measure)
 }
@@ -128,14 +128,14 @@ pub fn rank_candidates(
 /// measured (and cached), and the ranking redone.
 #[allow(clippy::too_many_arguments)]
 pub fn rank_candidates_predicted(
-    rdzv: &mut Rendezvous,
+    rdzv: &mut dyn Bootstrap,
     cache: &mut ChoiceCache,
     key: &ChoiceKey,
     m: u32,
     candidates: &[Method],
     policy: &AutoPolicy,
     mut predict: impl FnMut(&Method) -> Option<f64>,
-    mut measure: impl FnMut(&mut Rendezvous, &Method) -> anyhow::Result<f64>,
+    mut measure: impl FnMut(&mut dyn Bootstrap, &Method) -> anyhow::Result<f64>,
 ) -> anyhow::Result<Ranking> {
     // Rank 0's entry, as JSON, or nothing.
     let cached = match cache.lookup(key) {
@@ -240,7 +240,7 @@ pub fn rank_candidates_predicted(
 /// Collective, one exchange: the non-sequential candidates of `missing` every rank predicts,
 /// each with the slowest rank's prediction.
 fn agreed_predictions(
-    rdzv: &mut Rendezvous,
+    rdzv: &mut dyn Bootstrap,
     missing: &[&Method],
     predict: &mut impl FnMut(&Method) -> Option<f64>,
 ) -> anyhow::Result<Vec<(Method, f64)>> {
@@ -286,10 +286,10 @@ impl Timer {
     /// Collective: measures `c` on every rank; the slowest rank's time, or why it failed.
     fn measure(
         &mut self,
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         key: &ChoiceKey,
         c: &Method,
-        measure: &mut impl FnMut(&mut Rendezvous, &Method) -> anyhow::Result<f64>,
+        measure: &mut impl FnMut(&mut dyn Bootstrap, &Method) -> anyhow::Result<f64>,
     ) -> anyhow::Result<Outcome> {
         let step = format!("measuring {c} for {key}");
         let mine = measure(rdzv, c);

@@ -11,7 +11,7 @@ use anyhow::{ensure, Context};
 use cudarc::driver::{sys, CudaStream, ValidAsZeroBits};
 use cudarc::nccl::NcclType;
 use std::sync::Arc;
-use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::Bootstrap;
 use weft_pgl::PglElement;
 
 /// An element type an op can produce: a GEMM output NCCL can reduce and a PGL can hold.
@@ -23,7 +23,7 @@ impl<T: GemmElement + NcclType + PglElement + ValidAsZeroBits> OpElement for T {
 /// with anything more every rank must agree on (e.g. a digest of the routing) as text.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn agree_on_request(
-    rdzv: &mut Rendezvous,
+    rdzv: &mut dyn Bootstrap,
     env: &OverlapEnv,
     stream: &Arc<CudaStream>,
     kind: OpKind,

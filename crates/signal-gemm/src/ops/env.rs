@@ -16,7 +16,7 @@ use anyhow::{ensure, Context};
 use cudarc::driver::CudaContext;
 use std::sync::{Arc, Mutex};
 use weft_pgl::nccl::Communicator;
-use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::Bootstrap;
 
 /// A communicator the ops of one rank share (NCCL communicators are used by one thread at a
 /// time: each launch holds the lock while it enqueues).
@@ -41,7 +41,7 @@ impl OverlapEnv {
     /// machine and, on rank 0, opens the choice cache at [`ChoiceCache::default_path`] (the other
     /// ranks hear its answers). The context must have cudarc's event tracking off (weft orders
     /// its streams itself).
-    pub fn new(rdzv: &mut Rendezvous, ctx: &Arc<CudaContext>) -> anyhow::Result<Self> {
+    pub fn new(rdzv: &mut dyn Bootstrap, ctx: &Arc<CudaContext>) -> anyhow::Result<Self> {
         let comm = Communicator::new(rdzv, ctx)?;
         let cache = if rdzv.rank() == 0 {
             let path = ChoiceCache::default_path()?;
@@ -57,7 +57,7 @@ impl OverlapEnv {
     /// Collective: as [`OverlapEnv::new`] with a communicator of the caller's (over the same ranks
     /// in the same order) and a cache of the caller's (only rank 0's is read and written).
     pub fn with_communicator(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         ctx: &Arc<CudaContext>,
         comm: Communicator,
         cache: ChoiceCache,
@@ -186,7 +186,7 @@ impl OverlapEnv {
     /// CTAs (NCCL beside a GEMM that leaves as many SMs free).
     pub(crate) fn limited_comm(
         &mut self,
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         max_ctas: u32,
     ) -> anyhow::Result<SharedComm> {
         if let Some((_, c)) = self.limited.iter().find(|(m, _)| *m == max_ctas) {

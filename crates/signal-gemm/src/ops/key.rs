@@ -9,7 +9,7 @@ use anyhow::Context;
 use cudarc::driver::{sys, CudaContext};
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, OnceLock};
-use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::Bootstrap;
 
 /// The key of one cached choice.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -194,7 +194,7 @@ fn link_to(ctx: &Arc<CudaContext>, bus_id: &str) -> String {
 /// rank's host and GPU (model, SMs, driver), and for every pair of ranks on one host how their
 /// GPUs are linked (as rank 0 of the pair sees it).
 pub fn machine_fingerprint(
-    rdzv: &mut Rendezvous,
+    rdzv: &mut dyn Bootstrap,
     ctx: &Arc<CudaContext>,
 ) -> anyhow::Result<String> {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")

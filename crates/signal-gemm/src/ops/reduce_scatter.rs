@@ -30,7 +30,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
 use weft_pgl::agree;
 use weft_pgl::nccl::ReduceOp;
-use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::Bootstrap;
 
 // One Imp per op, held for the op's life: the fused variant's size costs nothing worth a Box.
 #[allow(clippy::large_enum_variant)]
@@ -70,7 +70,7 @@ pub struct GemmReduceScatter<TO: OpElement> {
 impl<TO: OpElement> GemmReduceScatter<TO> {
     /// Collective, as [`super::GemmAllReduce::plan`]; m must split evenly over the ranks.
     pub fn plan(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         env: &mut OverlapEnv,
         stream: &Arc<CudaStream>,
         shape: GemmShape,
@@ -244,7 +244,7 @@ impl<TO: OpElement> GemmReduceScatter<TO> {
     }
 
     /// Collective: frees the op's peer memory (fused method) on every rank.
-    pub fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+    pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         match self.imp {
             Imp::Fused(f) => f.free(rdzv),
             _ => Ok(()),
@@ -253,7 +253,7 @@ impl<TO: OpElement> GemmReduceScatter<TO> {
 }
 
 fn plan_imp<TO: OpElement>(
-    rdzv: &mut Rendezvous,
+    rdzv: &mut dyn Bootstrap,
     env: &mut OverlapEnv,
     stream: &Arc<CudaStream>,
     shape: GemmShape,
@@ -285,7 +285,7 @@ impl<TO: OpElement> Candidate for GemmReduceScatter<TO> {
     fn synchronize(&self) -> anyhow::Result<()> {
         Self::synchronize(self)
     }
-    fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+    fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         Self::free(self, rdzv)
     }
 }

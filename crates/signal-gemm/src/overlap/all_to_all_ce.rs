@@ -47,7 +47,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use weft_kernels::abi::{weft_gemm_peer_flags_params, weft_sync_bound};
 use weft_kernels::cubins;
-use weft_pgl::rendezvous::Rendezvous;
+use weft_pgl::Bootstrap;
 use weft_pgl::{agree, Backend, Pgl, PglElement, Shape};
 use weft_sync::{ErrorSlot, WaitBudget};
 
@@ -86,7 +86,7 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
     /// same on every rank); `options.sm_margin` and `comm_ctas` must be 0 (the margin is this
     /// method's own); `waves` per group as for the signal path.
     pub fn new(
-        rdzv: &mut Rendezvous,
+        rdzv: &mut dyn Bootstrap,
         stream: &Arc<CudaStream>,
         shape: GemmShape,
         options: GemmOptions,
@@ -400,7 +400,7 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
     }
 
     /// Collective: frees the received buffers and flags on every rank.
-    pub fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
+    pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         let received = self.received.free(rdzv);
         let flags = self.flags.free(rdzv);
         received.and(flags)
