@@ -1,6 +1,6 @@
 //! The per-job secret every rendezvous member proves it knows, and rank 0 proves to each member:
 //! HMAC-SHA256 over the member's rank and world and both sides' fresh nonces, so nothing that
-//! could be replayed or that reveals the secret crosses the wire (rendezvous.rs, the handshake).
+//! could be replayed or that reveals the secret crosses the wire (rendezvous/handshake.rs).
 //!
 //! `WEFT_JOB_SECRET` holds it: 64 hex digits (32 bytes), the same on every rank. `weft launch`
 //! makes one for its ranks when the variable is unset; under mpirun, srun or torchrun export it
