@@ -19,6 +19,7 @@ mod gemm_data;
 mod info;
 mod job;
 mod json;
+mod launch;
 mod nvml;
 mod reduce_check;
 mod results;
@@ -28,12 +29,12 @@ mod trials;
 mod watchdog;
 mod word_compare;
 
+use crate::launch::LaunchSpec;
 use anyhow::Context;
 use job::Job;
 use std::ffi::OsString;
 use std::process::ExitCode;
 use weft_pgl::gpu::{self, GpuAvailability};
-use weft_pgl::launch::{self, LaunchSpec};
 use weft_pgl::rank_env::{Launcher, RankEnv};
 
 const USAGE: &str = "\

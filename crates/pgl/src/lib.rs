@@ -15,7 +15,6 @@
 //!   and barrier of bytes; bring your own (MPI, a key-value store, …) or use [`rendezvous`].
 //! - [`rendezvous`]: rank 0 listens, the others connect; broadcast, all-gather and barrier of
 //!   bytes, each bounded by a timeout that names the rank that did not answer.
-//! - [`launch`]: `weft launch -n N -- CMD…` — N local ranks, stopped together on failure.
 //! - [`gpu`]: which GPU a rank drives, and whether any GPU is usable at all.
 //! - [`nccl`]: NCCL communicators created through the rendezvous.
 
@@ -31,7 +30,6 @@ mod vmm;
 
 pub mod gpu;
 pub mod job_secret;
-pub mod launch;
 pub mod multicast;
 pub mod nccl;
 mod nccl_budget;

@@ -6,7 +6,6 @@
 //! for the same reason ranks get /dev/null as stdin (a background process group reading the
 //! terminal would be stopped).
 
-use crate::job_secret::{JobSecret, SECRET_VAR};
 use anyhow::{anyhow, bail, Result};
 use std::ffi::{OsStr, OsString};
 use std::io;
@@ -15,6 +14,7 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use weft_pgl::job_secret::{JobSecret, SECRET_VAR};
 
 /// Most ranks one `weft launch` starts.
 pub const MAX_LOCAL_RANKS: usize = 1024;
