@@ -36,6 +36,9 @@ pub struct LaunchSpec {
 
 /// Parses the words after `launch`: `-n N [--] CMD [ARGS…]` (also `--nranks N`, `--nranks=N`).
 /// The first word that is not an option (or the word after `--`) is the command.
+/// weft's subcommands, which as a launched command would name a program of the same name.
+const WEFT_SUBCOMMANDS: [&str; 6] = ["test", "bench", "tune", "info", "secret", "launch"];
+
 pub fn parse_launch_args(args: &[OsString]) -> Result<LaunchSpec> {
     let mut ranks = None;
     let mut i = 0;
@@ -73,6 +76,17 @@ pub fn parse_launch_args(args: &[OsString]) -> Result<LaunchSpec> {
     let Some(program) = args.get(i) else {
         bail!("no command given after the options; {USAGE}")
     };
+    // `weft launch -n 4 test` would run the shell's `test` on every rank (which exits 1 and
+    // prints nothing): a bare weft subcommand name is refused, naming the command meant.
+    if let Some(sub) = program.to_str().filter(|p| WEFT_SUBCOMMANDS.contains(p)) {
+        let weft = std::env::current_exe()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| "weft".into());
+        bail!(
+            "the command {sub:?} is a weft subcommand, not a program: to run it on every rank, \
+             weft launch -n {ranks} -- {weft} {sub} …"
+        );
+    }
     Ok(LaunchSpec {
         ranks,
         program: program.clone(),
@@ -491,6 +505,18 @@ mod tests {
         assert!(parse_err(&["-n", "-2", "prog"]).contains("must be a positive integer"));
         assert!(parse_err(&["-n", "0", "prog"]).contains("at least one rank"));
         assert!(parse_err(&["-n", "1025", "prog"]).contains("at most 1024"));
+        // A weft subcommand as the command (the shell's `test` would run): refused, naming the
+        // command meant; with a path it is a program.
+        let e = parse_err(&["-n", "4", "test"]);
+        assert!(
+            e.contains("\"test\" is a weft subcommand")
+                && e.contains("-n 4 -- ")
+                && e.ends_with("test …"),
+            "{e}"
+        );
+        assert!(parse_err(&["-n", "2", "--", "bench", "nccl"])
+            .contains("\"bench\" is a weft subcommand"));
+        assert!(parse_launch_args(&words(&["-n", "2", "--", "/usr/bin/test", "-e", "/"])).is_ok());
         assert!(parse_err(&["-n", "2"]).contains("no command given"));
         assert!(parse_err(&["-n", "2", "--"]).contains("no command given"));
         assert!(parse_err(&["-n", "2", "-v", "prog"]).contains("unknown option \"-v\""));
