@@ -7,6 +7,10 @@
 //! its version are printed as a cargo warning (a warning too when it is not CUDA 13.0). ptxas resource usage
 //! (registers, shared memory, stack, spills) is kept in `$OUT_DIR/ptxas.log` and in this build
 //! script's output; any spill is raised as a cargo warning.
+//!
+//! Exports (`links = "weft_kernels"`): `DEP_WEFT_KERNELS_INCLUDE` (the device headers,
+//! `kernels/include`) and `DEP_WEFT_KERNELS_NVCC` (this nvcc) to the build scripts of crates
+//! that depend on weft-kernels.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -37,6 +41,16 @@ fn main() {
              or point NVCC at an nvcc binary (or CUDA_HOME at a CUDA 13 toolkit).\n"
         )
     });
+
+    // For dependents that compile kernels of their own against weft's device headers (the
+    // `links` convention: their build scripts read DEP_WEFT_KERNELS_INCLUDE and
+    // DEP_WEFT_KERNELS_NVCC), and for NVRTC users (weft_kernels::INCLUDE_DIR).
+    println!("cargo:include={}", include.display());
+    println!("cargo:nvcc={}", nvcc.display());
+    println!(
+        "cargo:rustc-env=WEFT_KERNELS_INCLUDE_DIR={}",
+        include.display()
+    );
 
     let release = nvcc_release(&nvcc);
     println!(

@@ -65,6 +65,11 @@ pub fn loaded_modules() -> usize {
     modules().lock().unwrap_or_else(|e| e.into_inner()).len()
 }
 
+/// weft's device headers (`kernels/include`) where this crate was built: `-I` this for NVRTC or
+/// nvcc to include `weft/sync.cuh` and the rest in a kernel of your own (build scripts: read
+/// `DEP_WEFT_KERNELS_INCLUDE` instead, see `examples/own-kernel`).
+pub const INCLUDE_DIR: &str = env!("WEFT_KERNELS_INCLUDE_DIR");
+
 /// The embedded cubins, one constant per `kernels/**/*.cu` (path with `/` → `_`, upper case).
 pub mod cubins {
     use super::Cubin;
