@@ -2,6 +2,7 @@
 # weft's test command (the README's, and what .ci/run calls). On a machine with nothing but the
 # Rust toolchain: installs the CUDA compiler and libclang (ci/setup.sh), checks formatting
 # (rustfmt) and lints (clippy -D warnings), builds every crate and
+# packages every library crate (cargo package, which builds each package as a user would get it),
 # compiles every kernels/**/*.cu for sm_90a, runs the CPU unit and process tests, then the `weft`
 # harness trials on 1 rank and on several local ranks: 3 without a GPU (the GPU trials are then
 # reported as ignored with the reason) or with 3 GPUs or more; one per GPU on a 2-GPU machine (3
@@ -18,6 +19,9 @@ done
 cargo fmt --all -- --check
 cargo build --release --locked --workspace
 cargo clippy --release --locked --workspace --all-targets -- -D warnings
+echo "== cargo package: every library crate packaged and its package built (offline, from the lock)"
+NVCC="${NVCC:-$root/.toolchain/cuda/nvidia/cu13/bin/nvcc}" \
+  cargo package --workspace --exclude weft-harness --exclude weft-example-own-kernel --locked --offline
 cargo test --release --locked --workspace
 echo "== weft test (1 rank)"
 target/release/weft test

@@ -15,17 +15,30 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The kernels/ folders, one cargo feature each.
+const FOLDERS: [&str; 7] = [
+    "barrier",
+    "collectives",
+    "gemm",
+    "grpcoll",
+    "harness",
+    "pgl",
+    "sync",
+];
+
 /// Hopper with the architecture-specific features (wgmma, setmaxnreg). The -gencode form is the
 /// one that does not also run a plain sm_90 pass.
 const GENCODE: &str = "-gencode=arch=compute_90a,code=sm_90a";
 
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
-    let root = manifest
-        .join("../..")
+    // `cuda` is a link to the workspace's kernels/ (the one place the CUDA sources live); a
+    // packaged crate holds a copy of it there.
+    let kernels = manifest
+        .join("cuda")
         .canonicalize()
-        .expect("workspace root");
-    let kernels = root.join("kernels");
+        .expect("crates/kernels/cuda (a link to kernels/)");
+    let root = manifest.join("../..");
     let include = kernels.join("include");
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
 
@@ -37,8 +50,10 @@ fn main() {
     let nvcc = find_nvcc(&root).unwrap_or_else(|searched| {
         panic!(
             "\n\nweft-kernels: nvcc (CUDA 13.0) not found. Searched: {searched}.\n\
-             Install the compiler into the workspace with:\n    bash ci/setup.sh\n\
-             or point NVCC at an nvcc binary (or CUDA_HOME at a CUDA 13 toolkit).\n"
+             In the weft repository: bash ci/setup.sh (installs it into .toolchain/). Elsewhere:\n    \
+             python3 -m pip install --no-deps --target $HOME/.cuda13 nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 \
+             nvidia-cuda-crt==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85\n\
+             then NVCC=$HOME/.cuda13/nvidia/cu13/bin/nvcc, or point NVCC at any CUDA 13 nvcc.\n"
         )
     });
 
@@ -61,8 +76,13 @@ fn main() {
         println!("cargo:warning=weft-kernels: weft is built and tested with CUDA 13.0; this nvcc is {release} (bash ci/setup.sh installs 13.0; NVCC picks another)");
     }
 
+    // The folders this build embeds: those whose feature a dependent enabled.
     let mut sources = Vec::new();
-    collect_sources(&kernels, &mut sources);
+    for folder in FOLDERS {
+        if std::env::var_os(format!("CARGO_FEATURE_{}", folder.to_uppercase())).is_some() {
+            collect_sources(&kernels.join(folder), &mut sources);
+        }
+    }
     sources.sort();
 
     // nvcc runs for several files at once (one per available core); results are reported in

@@ -104,12 +104,17 @@ pub fn m_range(m: u32) -> (u32, u32) {
 const PLAN_POLICY: u32 = 2;
 
 /// weft's version as far as choices are concerned: this crate's version, the plan policy and a
-/// checksum of every embedded kernel (a rebuilt kernel may change which method wins).
+/// checksum of the GEMM's kernels (a rebuilt kernel may change which method wins).
 pub fn weft_version() -> &'static str {
     static VERSION: OnceLock<String> = OnceLock::new();
     VERSION.get_or_init(|| {
         let mut h = crc32fast::Hasher::new();
-        for c in weft_kernels::cubins::ALL {
+        // The GEMM's own cubins (the ops' other kernels are NCCL's): the same set whichever
+        // other weft crates a program builds.
+        for c in weft_kernels::cubins::ALL
+            .iter()
+            .filter(|c| c.source.starts_with("kernels/gemm/"))
+        {
             h.update(c.source.as_bytes());
             h.update(c.image);
         }
