@@ -1,4 +1,5 @@
-//! Compiles every `kernels/**/*.cu` of the workspace for sm_90a into a cubin, embeds them, and
+//! Compiles the `kernels/<folder>/*.cu` of every folder whose cargo feature is on (each library
+//! crate enables its own) for sm_90a into a cubin each, embeds them, and
 //! binds the plain-old-data structs and WEFT_HD functions of `kernels/include/weft/abi.h` with
 //! bindgen (the functions' host copies compiled with cc from bindgen's wrappers).
 //!
@@ -76,7 +77,15 @@ fn main() {
         println!("cargo:warning=weft-kernels: weft is built and tested with CUDA 13.0; this nvcc is {release} (bash ci/setup.sh installs 13.0; NVCC picks another)");
     }
 
-    // The folders this build embeds: those whose feature a dependent enabled.
+    // The folders this build embeds: those whose feature a dependent enabled. A folder without
+    // a feature would never be built: refused.
+    for entry in std::fs::read_dir(&kernels).expect("reading kernels/") {
+        let path = entry.expect("reading kernels/").path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if path.is_dir() && name != "include" && !FOLDERS.contains(&name.as_str()) {
+            panic!("kernels/{name}: a folder without a cargo feature; add it to FOLDERS in crates/kernels/build.rs and to [features] in crates/kernels/Cargo.toml");
+        }
+    }
     let mut sources = Vec::new();
     for folder in FOLDERS {
         if std::env::var_os(format!("CARGO_FEATURE_{}", folder.to_uppercase())).is_some() {

@@ -5,7 +5,9 @@
 //! rank's file, polling until the bound and then naming the ranks that did not write.
 //!
 //! Trust: the directory must be this user's and closed to everyone else (mode 0700), the
-//! guarantee weft's own rendezvous gives with its job secret and uid check.
+//! guarantee weft's own rendezvous gives with its job secret and uid check. After a failure every
+//! later collective fails at once. Unlike weft's rendezvous it cannot tell a rank that is out of
+//! step (one that skipped a collective meets the others' next one).
 
 use anyhow::{bail, ensure, Context, Result};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
@@ -20,6 +22,8 @@ pub struct FileStore {
     /// The next collective's number.
     seq: u64,
     timeout: Duration,
+    /// The first failure; later collectives return it.
+    failed: Option<String>,
 }
 
 /// Creates a new directory for a file store under `parent`, closed to other users.
@@ -57,6 +61,7 @@ impl FileStore {
             world,
             seq: 0,
             timeout,
+            failed: None,
         })
     }
 
@@ -74,7 +79,20 @@ impl Bootstrap for FileStore {
         self.world
     }
 
-    fn all_gather(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
+    fn exchange(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
+        if let Some(why) = &self.failed {
+            bail!("file store: an earlier collective failed: {why}");
+        }
+        let result = self.exchange_once(bytes);
+        if let Err(e) = &result {
+            self.failed = Some(format!("{e:#}"));
+        }
+        result
+    }
+}
+
+impl FileStore {
+    fn exchange_once(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
         let seq = self.seq;
         self.seq += 1;
         // Every rank has read collective #seq − 2 before writing #seq − 1, which this rank has

@@ -34,11 +34,11 @@ pub struct LaunchSpec {
     pub args: Vec<OsString>,
 }
 
-/// Parses the words after `launch`: `-n N [--] CMD [ARGS…]` (also `--nranks N`, `--nranks=N`).
-/// The first word that is not an option (or the word after `--`) is the command.
 /// weft's subcommands, which as a launched command would name a program of the same name.
 const WEFT_SUBCOMMANDS: [&str; 6] = ["test", "bench", "tune", "info", "secret", "launch"];
 
+/// Parses the words after `launch`: `-n N [--] CMD [ARGS…]` (also `--nranks N`, `--nranks=N`).
+/// The first word that is not an option (or the word after `--`) is the command.
 pub fn parse_launch_args(args: &[OsString]) -> Result<LaunchSpec> {
     let mut ranks = None;
     let mut i = 0;

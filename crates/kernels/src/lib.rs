@@ -1,5 +1,5 @@
-//! weft-kernels: every CUDA C++ kernel of weft (`kernels/` at the workspace root) compiled for
-//! sm_90a by this crate's build script, embedded as cubins, plus the plain-old-data structs that
+//! weft-kernels: weft's CUDA C++ kernels (`kernels/` at the workspace root), the folders its
+//! dependents enable (a cargo feature per folder) compiled for sm_90a by this crate's build script, embedded as cubins, plus the plain-old-data structs that
 //! kernels and Rust share (declared once in `kernels/include/weft/abi/*.h`, bound with bindgen).
 //!
 //! Host crates load a module with [`Cubin::load`] (once per primary context and cubin) and
@@ -70,7 +70,8 @@ pub fn loaded_modules() -> usize {
 /// `DEP_WEFT_KERNELS_INCLUDE` instead, see `examples/own-kernel`).
 pub const INCLUDE_DIR: &str = env!("WEFT_KERNELS_INCLUDE_DIR");
 
-/// The embedded cubins, one constant per `kernels/**/*.cu` (path with `/` → `_`, upper case).
+/// The embedded cubins, one constant per `kernels/<enabled folder>/*.cu` (path with `/` → `_`,
+/// upper case).
 pub mod cubins {
     use super::Cubin;
     include!(concat!(env!("OUT_DIR"), "/cubins.rs"));

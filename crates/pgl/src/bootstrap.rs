@@ -1,12 +1,19 @@
 //! What weft's collective constructors need from a job: this rank, the world, and three
 //! collectives of bytes. [`crate::rendezvous::Rendezvous`] (weft's own: authenticated, bounded)
 //! implements it; a program that already has MPI, a key-value store or an NCCL communicator of
-//! its own implements it over that and passes it wherever weft asks for `&mut dyn Bootstrap`.
+//! its own implements [`Bootstrap::exchange`] over that and passes it wherever weft asks for
+//! `&mut dyn Bootstrap`.
 //!
-//! What an implementation carries: CUDA IPC and VMM handles, NCCL unique ids, shapes, plans and
-//! choices. It must deliver them only to the job's own processes (weft's rendezvous checks a job
-//! secret and the peer's uid; yours must give the same guarantee) and bound its waits (an error
-//! naming the rank waited for, never a hang). Every rank calls the collectives in the same order.
+//! What an implementation must guarantee:
+//! - it carries CUDA IPC and VMM handles, NCCL unique ids, shapes, plans and choices: deliver
+//!   them only to the job's own processes (weft's rendezvous checks a job secret and the peer's
+//!   uid; yours must give the same guarantee);
+//! - every wait is bounded: an error naming the rank waited for, never a hang;
+//! - every rank calls the same collectives in the same order; a rank that is out of step should
+//!   make the collective fail (weft's rendezvous numbers and types its collectives), else its
+//!   bytes are paired with another step's;
+//! - after a collective has failed, every later one fails too (weft's constructors may still
+//!   call one to release what a failed step allocated; it must not block).
 
 use anyhow::{ensure, Result};
 
@@ -17,8 +24,26 @@ pub trait Bootstrap {
     /// The number of ranks.
     fn world(&self) -> usize;
 
-    /// Every rank's `bytes`, indexed by rank (`world` entries, this rank's own included).
-    fn all_gather(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>>;
+    /// Every rank's `bytes`, indexed by rank (`world` entries, this rank's own included). What
+    /// an implementation provides; weft calls it through [`Bootstrap::all_gather`].
+    fn exchange(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>>;
+
+    /// [`Bootstrap::exchange`], checked: `world` parts, this rank's own as it sent it. (Not
+    /// meant to be overridden: weft indexes the result by rank.)
+    fn all_gather(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let (rank, world) = (self.rank(), self.world());
+        let all = self.exchange(bytes)?;
+        ensure!(
+            all.len() == world,
+            "the bootstrap's exchange returned {} parts for {world} ranks",
+            all.len()
+        );
+        ensure!(
+            all[rank] == bytes,
+            "the bootstrap's exchange returned another part than rank {rank} sent as its own"
+        );
+        Ok(all)
+    }
 
     /// Rank `root`'s `bytes` on every rank (`bytes` is ignored on the other ranks). The default
     /// all-gathers (the root's bytes, empty from the others).
@@ -29,24 +54,66 @@ pub trait Bootstrap {
             "broadcast from root {root}, which is not below world size {world}"
         );
         let own = if self.rank() == root { bytes } else { &[][..] };
-        let mut all = self.all_gather(own)?;
-        ensure!(
-            all.len() == world,
-            "the bootstrap's all_gather returned {} parts for {world} ranks",
-            all.len()
-        );
-        Ok(all.swap_remove(root))
+        Ok(self.all_gather(own)?.swap_remove(root))
     }
 
     /// Returns once every rank has called it. The default all-gathers nothing.
     fn barrier(&mut self) -> Result<()> {
-        let world = self.world();
-        let all = self.all_gather(&[])?;
-        ensure!(
-            all.len() == world,
-            "the bootstrap's all_gather returned {} parts for {world} ranks",
-            all.len()
-        );
-        Ok(())
+        self.all_gather(&[]).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Bootstrap;
+    use anyhow::Result;
+
+    /// Rank 1 of 3 whose exchange returns what `reply` makes of its bytes.
+    struct Faulty {
+        reply: fn(&[u8]) -> Vec<Vec<u8>>,
+    }
+
+    impl Bootstrap for Faulty {
+        fn rank(&self) -> usize {
+            1
+        }
+        fn world(&self) -> usize {
+            3
+        }
+        fn exchange(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
+            Ok((self.reply)(bytes))
+        }
+    }
+
+    fn err(b: &mut Faulty) -> String {
+        match b.all_gather(b"mine") {
+            Ok(parts) => panic!("a faulty exchange passed: {parts:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_faulty_exchange_is_refused_not_indexed() {
+        let short = |b: &[u8]| vec![b.to_vec(), b.to_vec()];
+        assert!(err(&mut Faulty { reply: short }).contains("2 parts for 3 ranks"));
+        let long = |b: &[u8]| vec![b.to_vec(); 4];
+        assert!(err(&mut Faulty { reply: long }).contains("4 parts for 3 ranks"));
+        let swapped = |b: &[u8]| vec![b.to_vec(), Vec::new(), Vec::new()];
+        assert!(err(&mut Faulty { reply: swapped }).contains("another part than rank 1 sent"));
+        // agree over a short exchange fails instead of missing a refusal.
+        let mut b = Faulty { reply: short };
+        assert!(crate::agree(&mut b, "a step", Ok(())).is_err());
+        // The defaults: broadcast and barrier go through the checked all_gather.
+        assert!(b.broadcast(0, b"x").is_err());
+        assert!(b.barrier().is_err());
+        let good = |b: &[u8]| vec![b"zero".to_vec(), b.to_vec(), b"two".to_vec()];
+        let mut b = Faulty { reply: good };
+        assert_eq!(b.broadcast(2, b"ignored").unwrap(), b"two");
+        assert!(b
+            .broadcast(3, b"")
+            .unwrap_err()
+            .to_string()
+            .contains("root 3"));
+        assert!(b.barrier().is_ok());
     }
 }

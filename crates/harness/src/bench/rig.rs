@@ -6,9 +6,6 @@ use super::gather_f64;
 use crate::job::Job;
 use crate::timing::median;
 use cudarc::driver::{sys, CudaSlice, CudaStream};
-use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
-use rand::SeedableRng;
 use std::sync::Arc;
 
 /// Bytes written before each timed iteration (more than the L2).
@@ -115,16 +112,28 @@ impl Rig {
 }
 
 /// The order of the ops in each of `iters` iterations: a permutation of 0..count per iteration,
-/// shuffled by a fixed seed, so every rank (the same binary) launches the collective ops alike,
-/// and each op follows each other op about as often. (Rotating a fixed order, as before, has op i
-/// follow op i − 1 in all but one slot of every iteration: an op that slows or speeds up its
-/// successor — through NCCL's state, clocks or memory — then weighs on one column only.)
+/// shuffled (Fisher–Yates) by a fixed-seed SplitMix64 written out here, so every rank launches
+/// the collective ops in the same order whatever the build (a library's generator may change
+/// between versions), and each op follows each other op about as often. (Rotating a fixed order,
+/// as before, has op i follow op i − 1 in all but one slot of every iteration: an op that slows
+/// or speeds up its successor — through NCCL's state, clocks or memory — then weighs on one
+/// column only.)
 pub fn iteration_orders(count: usize, iters: usize) -> Vec<Vec<usize>> {
-    let mut rng = StdRng::seed_from_u64(0x0de5_0f0f);
+    let mut state: u64 = 0x0de5_0f0f;
+    let mut next = move || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
     (0..iters)
         .map(|_| {
             let mut order: Vec<usize> = (0..count).collect();
-            order.shuffle(&mut rng);
+            for i in (1..count).rev() {
+                let j = (next() % (i as u64 + 1)) as usize;
+                order.swap(i, j);
+            }
             order
         })
         .collect()
@@ -157,7 +166,7 @@ mod tests {
     #[test]
     fn no_op_mostly_follows_one_other() {
         // 4 ops, 300 iterations: each op has a predecessor in about 225 slots; shuffled, each of
-        // the other three takes about a third of them (a rotation gives one of them all but 75).
+        // the other three takes about a third of them (a rotation gives one of them all 225).
         let (count, iters) = (4, 300);
         let mut follows = vec![vec![0usize; count]; count];
         for order in iteration_orders(count, iters) {

@@ -420,7 +420,7 @@ impl crate::Bootstrap for Rendezvous {
         Rendezvous::world(self)
     }
 
-    fn all_gather(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
+    fn exchange(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
         Rendezvous::all_gather(self, bytes)
     }
 
