@@ -21,7 +21,7 @@ cargo build --release --locked --workspace
 cargo clippy --release --locked --workspace --all-targets -- -D warnings
 echo "== cargo package: every library crate packaged and its package built (offline, from the lock)"
 NVCC="${NVCC:-$root/.toolchain/cuda/nvidia/cu13/bin/nvcc}" \
-  cargo package --workspace --exclude weft-harness --exclude weft-example-own-kernel --locked --offline
+  cargo package --workspace --exclude weft-harness --exclude weft-testkit --exclude weft-example-own-kernel --locked --offline
 cargo test --release --locked --workspace
 echo "== weft test (1 rank)"
 target/release/weft test

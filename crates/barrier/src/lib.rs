@@ -2,14 +2,13 @@
 //! and a one-thread wait kernel that holds the compute stream until they are resident, so a greedy
 //! compute kernel issued first cannot starve them of SMs. Rules in `README.md`.
 //!
-//! [`synthetic`] holds the workloads the overlap-order bench and the barrier trials order: a
-//! persistent compute kernel with an `sm_margin` knob and a copy kernel that arrives.
+//! The workloads the overlap-order bench and the barrier trials order (a persistent compute
+//! kernel with an `sm_margin` knob, a copy kernel that arrives) live in `weft-testkit`.
 
 mod bound;
 mod early_release;
 mod kernel_barrier;
 mod report;
-pub mod synthetic;
 
 pub use bound::{default_timeout, TIMEOUT_VAR};
 pub use early_release::early_release_attribute;

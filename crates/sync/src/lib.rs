@@ -7,18 +7,15 @@
 //! - [`ErrorSlot`]: pinned, device-mapped; `check()` turns a recorded timeout into an error.
 //! - [`WaitBudget`]: a duration as SM cycles.
 //! - [`epoch`]: the monotonic-target scheme that makes counters reusable without memsets.
-//! - [`stress`], [`laps`], [`latency`], [`timeout`]: launch helpers for weft's own sync kernels
-//!   (`kernels/sync/*.cu`), used by the harness's `sync` trials and benchmark.
+//! - [`launch`]: loading a kernel and a synchronisation that reports a recorded timeout.
+//!
+//! The launchers of weft's own sync test kernels (`kernels/sync/*.cu`) live in `weft-testkit`.
 
 pub mod budget;
 pub mod counters;
 pub mod epoch;
 pub mod error_slot;
-pub mod laps;
-pub mod latency;
 pub mod launch;
-pub mod stress;
-pub mod timeout;
 
 pub use budget::WaitBudget;
 pub use counters::Counters;

@@ -52,7 +52,7 @@ const GOAL_WAIT_US: f64 = 5.0;
 /// The compute kernel of the pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Compute {
-    /// The synthetic persistent kernel (weft_barrier::synthetic), tiles from a counter.
+    /// The synthetic persistent kernel (weft_testkit::synthetic), tiles from a counter.
     Synthetic,
     /// weft's GEMM (gemm_load::SHAPE), statically or dynamically scheduled.
     Gemm(Scheduling),
@@ -599,10 +599,10 @@ fn report(cfg: &Config, measured: &[(Compute, Mode, Measured)]) -> SuiteResult {
         cfg.peer_gpu,
         sms,
         cfg.tiles,
-        weft_barrier::synthetic::THREADS,
+        weft_testkit::synthetic::THREADS,
         base.compute_regs,
         cfg.comm_blocks,
-        weft_barrier::synthetic::THREADS,
+        weft_testkit::synthetic::THREADS,
         base.comm_regs,
         cfg.bytes >> 20
     );

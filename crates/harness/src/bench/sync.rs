@@ -19,9 +19,9 @@ use crate::timing::{median, time_iterations};
 use cudarc::driver::{CudaContext, CudaStream};
 use std::sync::Arc;
 use weft_pgl::nccl::ReduceOp;
-use weft_sync::latency::{Latency, LatencyKind};
-use weft_sync::stress::{Ordering, PendingStress, Stress, StressMode};
 use weft_sync::WaitBudget;
+use weft_testkit::latency::{Latency, LatencyKind};
+use weft_testkit::stress::{Ordering, PendingStress, Stress, StressMode};
 
 /// The seed's (parallelkittens.md §3.1.3) and DESIGN.md §4's reference figures, in µs.
 const SEED_MBARRIER_US: f64 = 0.064;

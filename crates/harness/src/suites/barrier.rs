@@ -21,8 +21,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use weft_barrier::synthetic::{memset_u32, ComputeWork, CopyArgs, Kernels, Stamps, DEFAULT_ROUNDS};
 use weft_barrier::KernelBarrier;
+use weft_testkit::synthetic::{memset_u32, ComputeWork, CopyArgs, Kernels, Stamps, DEFAULT_ROUNDS};
 
 const COMM_BLOCKS: u32 = 16;
 const POISON: u32 = 0xA5A5_A5A5;

@@ -136,7 +136,7 @@ pub fn child(args: &[String]) -> anyhow::Result<()> {
                 c: 0,
             };
             let (rank, world) = (job.rank(), job.world());
-            let out = weft_sync::timeout::run_missing_signal(
+            let out = weft_testkit::timeout::run_missing_signal(
                 ordinal,
                 rank,
                 world,

@@ -27,10 +27,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use weft_kernels::abi::{self, weft_tile_coord};
 use weft_pgl::Shape;
-use weft_sync::laps::Laps;
-use weft_sync::stress::{Ordering, Stress, StressMode};
-use weft_sync::timeout::run_missing_signal;
 use weft_sync::{ErrorSlot, WaitBudget};
+use weft_testkit::laps::Laps;
+use weft_testkit::stress::{Ordering, Stress, StressMode};
+use weft_testkit::timeout::run_missing_signal;
 
 /// Rounds of the long launch (the issue asks for at least 10^5) and of the continuation.
 const ROUNDS: u32 = 100_000;

@@ -11,9 +11,9 @@ use anyhow::Context;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use half::bf16;
 use std::sync::Arc;
-use weft_barrier::synthetic::{memset_u32, Stamps};
 use weft_signal_gemm::reference::{check_all, Tolerance};
 use weft_signal_gemm::{CublasGemm, Dtype, Gemm, GemmOptions, GemmShape, LaunchExtras, Scheduling};
+use weft_testkit::synthetic::{memset_u32, Stamps};
 
 /// About 3 ms on an H200 alone; 128 x 256 tiles of K = 4096 (about 50 us each), 64 x 64 of them,
 /// so a CTA that starts late loses little to the tile granularity.

@@ -13,11 +13,11 @@ use cudarc::driver::{sys, CudaContext, CudaEvent, CudaSlice, CudaStream, DeviceP
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
-use weft_barrier::synthetic::{
-    memset_u32, ComputeWork, CopyArgs, Kernels, StampValues, Stamps, DEFAULT_ROUNDS,
-};
 use weft_barrier::KernelBarrier;
 use weft_pgl::{Backend, PglGroup, Shape};
+use weft_testkit::synthetic::{
+    memset_u32, ComputeWork, CopyArgs, Kernels, StampValues, Stamps, DEFAULT_ROUNDS,
+};
 
 const POISON: u32 = 0xA5A5_A5A5;
 /// Targets of the calibration: compute alone on all SMs, and the copy alone.

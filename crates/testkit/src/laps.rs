@@ -1,15 +1,15 @@
 //! Host side of the barrier-laps kernel (`kernels/sync/laps.cu`): `blocks` independent barriers,
 //! random per-rank delays, and a check after every barrier that no rank passed early.
 
-use crate::budget::WaitBudget;
-use crate::counters::Counters;
-use crate::launch::{load, sync_checked, DeviceStruct};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
 use weft_kernels::abi::{self, weft_laps_params, weft_laps_result};
 use weft_kernels::cubins;
 use weft_pgl::Bootstrap;
 use weft_pgl::{agree, Backend, Pgl, Shape};
+use weft_sync::launch::{load, sync_checked, DeviceStruct};
+use weft_sync::Counters;
+use weft_sync::WaitBudget;
 
 pub struct Laps {
     barrier: Counters,

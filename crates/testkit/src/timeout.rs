@@ -3,9 +3,6 @@
 //! of its process unusable on driver 580, so callers run this in a process of its own (the
 //! harness uses a child process).
 
-use crate::budget::WaitBudget;
-use crate::error_slot::ErrorSlot;
-use crate::launch::{load, sync_checked};
 use cudarc::driver::{CudaContext, LaunchConfig, PushKernelArg};
 use std::time::{Duration, Instant};
 use weft_kernels::abi::{
@@ -14,6 +11,9 @@ use weft_kernels::abi::{
 };
 use weft_kernels::cubins;
 use weft_pgl::Shape;
+use weft_sync::launch::{load, sync_checked};
+use weft_sync::ErrorSlot;
+use weft_sync::WaitBudget;
 
 /// What waiting for a signal nobody sends did.
 pub struct MissingSignal {

@@ -1,15 +1,15 @@
 //! Host side of the data + signal stress kernel (`kernels/sync/stress.cu`): allocation, launches
 //! that continue the counters' epoch, and the report checked against host-computed expectations.
 
-use crate::budget::WaitBudget;
-use crate::counters::Counters;
-use crate::launch::{load, sync_checked, DeviceStruct};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
 use weft_kernels::abi::{self, weft_stress_params, weft_stress_result};
 use weft_kernels::cubins;
 use weft_pgl::Bootstrap;
 use weft_pgl::{agree, Backend, Pgl, Shape};
+use weft_sync::launch::{load, sync_checked, DeviceStruct};
+use weft_sync::Counters;
+use weft_sync::WaitBudget;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StressMode {

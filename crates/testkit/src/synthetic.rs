@@ -91,7 +91,7 @@ impl Kernels {
     }
 
     /// The persistent kernel on SMs − `sm_margin` blocks. `early_release`: launched with
-    /// [`early_release_attribute`](crate::early_release_attribute) — only directly after a
+    /// [`early_release_attribute`](weft_barrier::early_release_attribute) — only directly after a
     /// `KernelBarrier::wait` on `stream`, with the context's event tracking off (refused
     /// otherwise by the attribute).
     pub fn launch_compute(
@@ -125,7 +125,7 @@ impl Kernels {
         };
         let mut attrs = Vec::new();
         if early_release {
-            attrs.push(crate::early_release_attribute(stream)?);
+            attrs.push(weft_barrier::early_release_attribute(stream)?);
         }
         stream.context().bind_to_thread()?;
         let ex = sys::CUlaunchConfig {
@@ -356,7 +356,7 @@ impl Stamps {
         &mut self.buf
     }
 
-    /// Device address of the wait-exit slot, for [`KernelBarrier::wait_stamped`](crate::KernelBarrier::wait_stamped).
+    /// Device address of the wait-exit slot, for [`KernelBarrier::wait_stamped`](weft_barrier::KernelBarrier::wait_stamped).
     pub fn wait_exit_ptr(&self, stream: &Arc<CudaStream>) -> u64 {
         self.buf.device_ptr(stream).0 + 8 * abi::WEFT_STAMP_WAIT_EXIT as u64
     }

@@ -2,15 +2,15 @@
 //! per-iteration cycle samples to nanoseconds at the clock the SM actually ran (measured by the
 //! kernel with both clock64 and the GPU timer over the timed loop).
 
-use crate::budget::WaitBudget;
-use crate::counters::Counters;
-use crate::launch::{load, sync_checked, DeviceStruct};
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
 use weft_kernels::abi::{self, weft_latency_params, weft_latency_summary};
 use weft_kernels::cubins;
 use weft_pgl::Bootstrap;
 use weft_pgl::{agree, Shape};
+use weft_sync::launch::{load, sync_checked, DeviceStruct};
+use weft_sync::Counters;
+use weft_sync::WaitBudget;
 
 /// Dynamic shared memory requested by each INTER_SM block: more than half of an SM's, so the two
 /// blocks cannot share one.
