@@ -127,7 +127,8 @@ pub struct Limits {
 /// AllGather: the input per rank). `count` > 0, `slot_bytes` a positive multiple of 16.
 /// LL where the algorithm allows it (not two-shot) and the payload per sender fits both
 /// `ll_max_bytes` and a slot at 8 bytes per 4-byte word; else the simple protocol in rounds.
-/// None when the call would take more than u32::MAX rounds.
+/// None when the call would take more than u32::MAX rounds, or its size in bytes (or rounded
+/// up to whole 16-byte vectors) would pass 2^64.
 pub fn geometry(
     algo: Algorithm,
     count: u64,
@@ -141,9 +142,11 @@ pub fn geometry(
         blocks,
         max_blocks,
     } = limits;
-    let payload = count * elem_bytes as u64;
+    // None beyond 2^64 bytes (no buffer is that large; wrapping would pick LL for a huge call).
+    let payload = count.checked_mul(elem_bytes as u64)?;
     let words = payload.div_ceil(4);
-    if algo != Algorithm::AllReduceTwoShot && payload <= ll_max_bytes && 8 * words <= slot_bytes {
+    // 8 bytes a word in the slot (words ≤ slot / 8: no product to wrap).
+    if algo != Algorithm::AllReduceTwoShot && payload <= ll_max_bytes && words <= slot_bytes / 8 {
         let auto =
             (words.div_ceil(THREADS as u64).min(LL_MAX_BLOCKS as u64) as u32).max(LL_MIN_BLOCKS);
         return Some(Geometry {
@@ -158,10 +161,13 @@ pub fn geometry(
     let vec = (16 / elem_bytes) as u64;
     let slot_elems = slot_bytes / elem_bytes as u64;
     let shard = match algo {
-        Algorithm::AllReduceTwoShot => count.div_ceil(world as u64).div_ceil(vec) * vec,
+        Algorithm::AllReduceTwoShot => count
+            .div_ceil(world as u64)
+            .div_ceil(vec)
+            .checked_mul(vec)?,
         _ => count,
     };
-    let window = slot_elems.min(shard.div_ceil(vec) * vec);
+    let window = slot_elems.min(shard.div_ceil(vec).checked_mul(vec)?);
     let rounds = u32::try_from(shard.div_ceil(window)).ok()?;
     let window_bytes = window * elem_bytes as u64;
     // Up to 4 MiB a round: a block per 8 KiB, at most 64 (more blocks cost more than they move
@@ -356,5 +362,81 @@ mod tests {
                 .protocol,
             Protocol::Simple
         );
+    }
+
+    /// Hostile sizes and limits (counts up to 2^64, any world, any slot, LL limit and block
+    /// request): geometry never panics, and every cut it returns keeps the kernel inside its
+    /// staging slots and covers the data — checked in 128-bit arithmetic written out here.
+    mod hostile_sizes {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        fn algorithm() -> impl Strategy<Value = Algorithm> {
+            prop_oneof![
+                Just(Algorithm::AllReduceOneShot),
+                Just(Algorithm::AllReduceTwoShot),
+                Just(Algorithm::ReduceScatter),
+                Just(Algorithm::AllGather),
+            ]
+        }
+
+        fn count() -> impl Strategy<Value = u64> {
+            // Small, large, any, and where count × element size or the rounding to whole
+            // vectors passes 2^64.
+            prop_oneof![
+                1u64..100_000,
+                1u64..1 << 40,
+                any::<u64>().prop_map(|c| c.max(1)),
+                (0u64..1 << 20).prop_map(|k| (1 << 63) + k),
+                (0u64..1 << 20).prop_map(|k| (1 << 62) + k),
+                (0u64..64).prop_map(|k| u64::MAX - k),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(4096))]
+            #[test]
+            fn every_cut_fits_its_slots_and_covers_the_data(
+                algo in algorithm(),
+                count in count(),
+                world in 1usize..1025,
+                eb in prop_oneof![Just(2usize), Just(4usize)],
+                slot_16s in 1u64..=(1 << 26),
+                ll_max_bytes in prop_oneof![Just(0u64), 0u64..(1 << 22), any::<u64>()],
+                blocks in proptest::option::of(any::<u32>()),
+                max_blocks in 1u32..=128,
+            ) {
+                let slot_bytes = 16 * slot_16s; // a positive multiple of 16, at most 1 GiB
+                let limits = Limits { slot_bytes, ll_max_bytes, blocks, max_blocks };
+                let Some(g) = geometry(algo, count, world, eb, limits) else {
+                    return Ok(());
+                };
+                let (eb, vec) = (eb as u128, 16 / eb as u128);
+                let (count128, slot) = (count as u128, slot_bytes as u128);
+                prop_assert!((1..=max_blocks).contains(&g.blocks));
+                prop_assert_eq!(g.count, count);
+                match g.protocol {
+                    Protocol::LowLatency => {
+                        let payload = count128 * eb;
+                        prop_assert!(algo != Algorithm::AllReduceTwoShot);
+                        prop_assert!(payload <= ll_max_bytes as u128, "LL for {} bytes", payload);
+                        prop_assert!(8 * payload.div_ceil(4) <= slot, "LL words overflow the slot");
+                        prop_assert_eq!((g.rounds, g.shard, g.window), (1, count, count));
+                    }
+                    Protocol::Simple => {
+                        let (shard, window) = (g.shard as u128, g.window as u128);
+                        prop_assert!(window >= 1 && window * eb <= slot, "window {} elements", window);
+                        prop_assert!(window % vec == 0, "window {} not whole vectors", window);
+                        prop_assert!(window * g.rounds as u128 >= shard, "rounds leave a gap");
+                        prop_assert!(window * (g.rounds as u128 - 1) < shard, "an empty round");
+                        if algo == Algorithm::AllReduceTwoShot {
+                            prop_assert!(shard * world as u128 >= count128 && shard % vec == 0);
+                        } else {
+                            prop_assert_eq!(shard, count128);
+                        }
+                    }
+                }
+            }
+        }
     }
 }
