@@ -29,8 +29,8 @@ pub enum CollectiveError {
         device: i32,
         expected: i32,
     },
-    /// A call that would take more rounds than a launch counts (u32).
-    #[error("{op}: {count} elements need more than 2^32 rounds of {slot_bytes}-byte slots: use larger slots")]
+    /// A call that would take more rounds than a launch counts (u32), or more than 2^64 bytes.
+    #[error("{op}: {count} elements need more than 2^32 rounds of {slot_bytes}-byte slots (use larger slots), or more than 2^64 bytes")]
     TooLarge {
         op: &'static str,
         count: usize,
