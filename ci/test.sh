@@ -20,6 +20,10 @@ cargo fmt --all -- --check
 cargo build --release --locked --workspace
 cargo clippy --release --locked --workspace --all-targets -- -D warnings
 echo "== cargo package: every library crate packaged and its package built (offline, from the lock)"
+# The verification builds each package against the others through a local registry, whose
+# packages cargo extracts once per name and version into its registry sources and then reuses:
+# weft's from an earlier run (same version, older code) would be built instead of these.
+rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/weft-*-[0-9]*
 NVCC="${NVCC:-$root/.toolchain/cuda/nvidia/cu13/bin/nvcc}" \
   cargo package --workspace --exclude weft-harness --exclude weft-testkit --exclude weft-example-own-kernel --locked --offline
 cargo test --release --locked --workspace
