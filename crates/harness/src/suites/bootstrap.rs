@@ -4,7 +4,7 @@
 //! results, `agree` over it must name a failing rank, a silent rank must end a collective by its
 //! bound, and a PGL exchanged through it must carry every rank's writes.
 
-use super::pgl::{check_pattern, launch_pattern, pattern_cases};
+use super::pgl::pattern_exchange;
 use crate::data::shared_seed;
 use crate::file_store::{create_private_dir, FileStore};
 use crate::job::Job;
@@ -13,7 +13,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
 use std::time::Duration;
-use weft_pgl::{Backend, Bootstrap, Pgl, Shape};
+use weft_pgl::{Backend, Bootstrap};
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -167,30 +167,19 @@ fn file_store_silent_rank(job: &mut Job) -> anyhow::Result<()> {
 fn file_store_pgl(job: &mut Job) -> anyhow::Result<()> {
     let (ctx, stream) = super::gpu(job)?;
     let seed = shared_seed(job)?;
-    let (rank, world) = (job.rank(), job.world() as u32);
     let (dir, mut store) = open_store(job, Duration::from_secs(60))?;
-    let result = (|| -> anyhow::Result<()> {
-        for backend in [Backend::Vmm, Backend::Ipc] {
-            let cases = pattern_cases(world, &mut StdRng::seed_from_u64(seed));
-            for (slice, tr, tc) in cases.into_iter().take(4) {
-                let shape = Shape {
-                    batch: world,
-                    ..slice
-                };
-                let what = format!(
-                    "{} over the file store, shape {shape}, tiles {tr}×{tc}, seed {seed}",
-                    backend.name()
-                );
-                let pgl: Pgl<u32> = Pgl::alloc(&mut store, &ctx, shape, backend)?;
-                launch_pattern(&stream, &pgl, tr, tc)?;
-                stream.synchronize()?;
-                store.barrier()?;
-                let checked = check_pattern(&pgl, rank, &what);
-                pgl.free(&mut store)?;
-                checked?;
-            }
-        }
-        Ok(())
-    })();
+    let result = [Backend::Vmm, Backend::Ipc]
+        .into_iter()
+        .try_for_each(|backend| {
+            pattern_exchange(
+                &mut store,
+                &ctx,
+                &stream,
+                backend,
+                seed,
+                4,
+                "over the file store",
+            )
+        });
     close_store(job, dir, result)
 }

@@ -13,7 +13,7 @@ use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use weft_kernels::cubins;
 use weft_pgl::multicast::{bind_multicast, MulticastOptIn};
-use weft_pgl::{Backend, Pgl, PglGroup, Shape};
+use weft_pgl::{Backend, Bootstrap, Pgl, PglGroup, Shape};
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -59,7 +59,7 @@ fn pattern_value(writer: u32, owner: u32, offset: u64) -> u32 {
 
 /// (slice shape (batch 1), tile rows, tile cols) cases for a world size; the buffer is the
 /// slice stacked `world` times, one slice per writer.
-pub(super) fn pattern_cases(world: u32, rng: &mut StdRng) -> Vec<(Shape, u32, u32)> {
+fn pattern_cases(world: u32, rng: &mut StdRng) -> Vec<(Shape, u32, u32)> {
     // Over 1 GiB per rank: world slices of 16384-column rows.
     let big_rows = (1u32 << 28).div_ceil(world * 16384);
     vec![
@@ -81,7 +81,7 @@ pub(super) fn pattern_cases(world: u32, rng: &mut StdRng) -> Vec<(Shape, u32, u3
     ]
 }
 
-pub(super) fn launch_pattern(
+fn launch_pattern(
     stream: &Arc<CudaStream>,
     pgl: &Pgl<u32>,
     tile_rows: u32,
@@ -118,7 +118,7 @@ pub(super) fn launch_pattern(
 }
 
 /// Checks every element of `owner`'s buffer: slice w holds writer w's pattern.
-pub(super) fn check_pattern(pgl: &Pgl<u32>, owner: usize, what: &str) -> anyhow::Result<()> {
+fn check_pattern(pgl: &Pgl<u32>, owner: usize, what: &str) -> anyhow::Result<()> {
     let n = pgl.len();
     let mut host = vec![0u32; n];
     pgl.context().bind_to_thread()?;
@@ -154,27 +154,49 @@ pub(super) fn check_pattern(pgl: &Pgl<u32>, owner: usize, what: &str) -> anyhow:
 
 fn pattern_process(job: &mut Job, backend: Backend) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
-    let (rank, world) = (job.rank(), job.world() as u32);
-    let (ctx, stream) = {
-        let gpu = job.gpu().map_err(|w| anyhow::anyhow!("no GPU: {w}"))?;
-        (gpu.ctx.clone(), gpu.stream.clone())
-    };
-    for (slice, tr, tc) in pattern_cases(world, &mut StdRng::seed_from_u64(seed)) {
+    let (ctx, stream) = super::gpu(job)?;
+    pattern_exchange(
+        &mut job.rdzv,
+        &ctx,
+        &stream,
+        backend,
+        seed,
+        usize::MAX,
+        "process mode",
+    )
+}
+
+/// The first `cases` pattern cases of `seed`, each a PGL allocated through `bootstrap`, written by
+/// every rank into every peer's buffer, checked by its owner, and freed.
+pub(super) fn pattern_exchange(
+    bootstrap: &mut dyn Bootstrap,
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    backend: Backend,
+    seed: u64,
+    cases: usize,
+    label: &str,
+) -> anyhow::Result<()> {
+    let (rank, world) = (bootstrap.rank(), bootstrap.world() as u32);
+    for (slice, tr, tc) in pattern_cases(world, &mut StdRng::seed_from_u64(seed))
+        .into_iter()
+        .take(cases)
+    {
         let shape = Shape {
             batch: world,
             ..slice
         };
         let what = format!(
-            "{} process mode, shape {shape}, tiles {tr}×{tc}, seed {seed}",
+            "{} {label}, shape {shape}, tiles {tr}×{tc}, seed {seed}",
             backend.name()
         );
-        let pgl: Pgl<u32> = Pgl::alloc(&mut job.rdzv, &ctx, shape, backend)?;
-        launch_pattern(&stream, &pgl, tr, tc)?;
+        let pgl: Pgl<u32> = Pgl::alloc(bootstrap, ctx, shape, backend)?;
+        launch_pattern(stream, &pgl, tr, tc)?;
         stream.synchronize()?;
         // Every rank's writes have landed before anyone checks.
-        job.rdzv.barrier()?;
+        bootstrap.barrier()?;
         let checked = check_pattern(&pgl, rank, &what);
-        pgl.free(&mut job.rdzv)?;
+        pgl.free(bootstrap)?;
         checked?;
     }
     Ok(())
