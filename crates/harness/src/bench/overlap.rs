@@ -23,7 +23,7 @@
 //! stderr.
 
 use super::overlap_breakdown::GemmAlone;
-use super::rig::{slowest, Rig};
+use super::rig::{row_iterations, slowest, Rig};
 use super::SuiteResult;
 use crate::bound_compare::{Bound, BoundCompare};
 use crate::gemm_data::{poisoned, uniform, upload};
@@ -301,7 +301,8 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
     let (rank, world) = (job.rank(), job.world());
     let gpu = job.gpu().map_err(|w| anyhow::anyhow!("no GPU: {w}"))?;
     let compute = gpu.stream.clone();
-    let mut rig = Rig::with_comm_stream(&compute, if run.quick { 8 } else { 15 }, 3)?;
+    let base_iters = if run.quick { 8 } else { 15 };
+    let mut rig = Rig::with_comm_stream(&compute, base_iters, 3)?;
     let mut cmp = BoundCompare::load(&compute)?;
     {
         let (_, env) = job.overlap()?;
@@ -409,7 +410,12 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
         };
         // The GEMM and the collective alone, and the bound of the checks.
         let cublas = CublasGemm::new(&compute, shape, GemmOptions::default())?;
+        rig.iters = base_iters;
         let (t_gemm, t_comm, bound_buf) = alone(job, &mut rig, &mut cmp, op, &cublas, shape, &x)?;
+        // Slowest rank's values, so every rank derives the same iteration count from them.
+        let v = slowest(job, &[t_gemm, t_comm])?;
+        let (t_gemm, t_comm) = (v[0], v[1]);
+        rig.iters = row_iterations(base_iters, t_gemm + t_comm);
         let bound = match &bound_buf {
             Some(b) => Bound {
                 per_element: Some((b, world as f32 / 128.0)),
@@ -546,9 +552,6 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
             });
         }
         measured.sort_by_key(|m| columns.iter().position(|c| *c == m.choice));
-        // Slowest rank's values (the times from check_and_time are already the slowest rank's).
-        let v = slowest(job, &[t_gemm, t_comm])?;
-        let (t_gemm, t_comm) = (v[0], v[1]);
         let ideal = t_gemm.max(t_comm);
         // The breakdown: each measured method's GEMM alone (the same list on every rank: the
         // methods were agreed when planned), the slowest rank's.
@@ -622,6 +625,7 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
             ("t_gemm_cublas_ms", Json::Num(t_gemm)),
             ("t_comm_nccl_ms", Json::Num(t_comm)),
             ("ideal_ms", Json::Num(ideal)),
+            ("iterations", Json::Num(rig.iters as f64)),
         ];
         if let Some(g) = gemm_alone("seq-cublas") {
             json.extend([
