@@ -32,6 +32,10 @@ pub fn cases() -> Vec<Case> {
             matches_reference,
         ),
         Case::gpu("fused_reduce_scatter::stress_back_to_back_exact", stress),
+        Case::gpu(
+            "fused_reduce_scatter::a_late_rank_reads_its_own_run",
+            late_rank,
+        ),
         Case::gpu("fused_reduce_scatter::bad_inputs_are_rejected", bad_inputs),
     ]
 }
@@ -301,6 +305,69 @@ fn stress(job: &mut Job) -> anyhow::Result<()> {
         op.synchronize(&stream)?;
         let diff = cmp.take(&stream)?;
         anyhow::ensure!(diff.is_none(), "{STRESS_ITERATIONS} runs on {world} ranks: rank {rank}'s output differed from the exact result: {diff:?}");
+        Ok(())
+    })();
+    let freed = op.free(&mut job.rdzv);
+    result.and(freed)
+}
+
+/// Rank 0 checks its output of run 0 only after a host sleep while the other ranks go straight
+/// on to run 1, then checks run 1's: the peers' adds of run 1 must wait until rank 0 has zeroed,
+/// in run 1, the round of each tile they add into (which its stream reaches after the check), or
+/// rank 0 reads run 0 with run 1's adds in it, or zeroes adds that came early. The shape gives
+/// several zero rounds (weft_gemm_zero_rounds_of: 4 at world 2, on 8 CTAs).
+fn late_rank(job: &mut Job) -> anyhow::Result<()> {
+    let seed = shared_seed(job)?;
+    let (ctx, stream) = gpu(job)?;
+    let (world, rank) = (job.world(), job.rank());
+    let max_ctas = max_ctas(job, &ctx)?;
+    let sms = device_sms(&ctx)?;
+    let shape = GemmShape::new(512 * world as u32, 1024, 32);
+    let options = GemmOptions {
+        sm_margin: sms - max_ctas.min(8),
+        tile: TileChoice::N256,
+        ..GemmOptions::default()
+    };
+    let mut op = FusedReduceScatter::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, options)?;
+    op.set_budget(WaitBudget::for_device(&ctx, TRIAL_WAIT)?);
+    let result = (|| -> anyhow::Result<()> {
+        let (first, rows) = op.rows();
+        let bytes = op.output().len() * 2;
+        let mut cmp = WordCompare::load(&stream)?;
+        for run in 0..2u64 {
+            let (a, b) = inputs(seed, rank, run, shape, true);
+            let (a, b) = (upload(&stream, &a)?, upload(&stream, &b)?);
+            let (want, _) = reference(seed, run, world, shape, options.b_layout, first, rows, true);
+            anyhow::ensure!(
+                want.iter().all(|v| v.fract() == 0.0 && v.abs() <= 256.0),
+                "the late-rank data is not exact in bf16"
+            );
+            let want: Vec<bf16> = want.iter().map(|&v| bf16::from_f64(v)).collect();
+            let want = upload(&stream, &want)?;
+            op.run(&stream, &a, &b)?;
+            if rank == 0 && run == 0 {
+                op.synchronize(&stream)?;
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            cmp.reset(&stream)?;
+            cmp.enqueue_raw(
+                &stream,
+                op.output().local_ptr(),
+                device_addr(&stream, &want),
+                bytes,
+            )?;
+            op.synchronize(&stream)?;
+            if let Some(d) = cmp.take(&stream)? {
+                anyhow::bail!(
+                    "rank {rank} of {world}: run {run}'s output differed from the exact result: {d:?}{}",
+                    if rank == 0 && run == 0 {
+                        " (a peer's next run added into it before this rank read it)"
+                    } else {
+                        ""
+                    }
+                );
+            }
+        }
         Ok(())
     })();
     let freed = op.free(&mut job.rdzv);

@@ -33,6 +33,7 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
   uint32_t work = next_order(p, WEFT_GEMM_NO_TILE);  // a work unit: the order itself unless split-K
   bool peers_ready = false;  // AllGather: every rank's shard written (START passed)
   while (work < works) {
+    if (Cfg::kFused && peer_reduce(p)) *sm.zero_pace() = work;  // paces the zero rounds
     const uint32_t next = next_order(p, work);  // the claim's latency hides behind this tile's loads
     const KBlocks kbs = work_k_blocks<Cfg>(p, work);
     const weft_gemm_tile t = weft_gemm_tile_at(s, work / splits);
@@ -103,6 +104,7 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
                                   weft_tile_coord{kRoleLoader, static_cast<uint32_t>(ps.stage), WEFT_GEMM_NO_TILE, 0});
   *sm.order(ps.stage) = WEFT_GEMM_NO_TILE;
   mbar_arrive(sm.full(ps.stage));
+  if (Cfg::kFused && peer_reduce(p)) *sm.zero_pace() = WEFT_GEMM_NO_TILE;
 }
 
 }  // namespace weft::gemm

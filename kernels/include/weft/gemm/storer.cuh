@@ -63,8 +63,10 @@ struct StoreState {
   uint32_t group_tiles = 0;               // stored tiles of `group` not yet added to its counter
   SignalRing ring;                        // the leader's position in its signaller's ring
   bool signal_stalled = false;            // a post found no free slot: reported at the drain
-  bool peer_ready = false;                // PEER_REDUCE / PEER_ROWS: START passed (every rank's D zeroed / read)
-  bool peer_stalled = false;              // PEER_REDUCE / PEER_ROWS: the leader's wait for that gave up
+  uint32_t rounds_ready = 0;              // PEER_REDUCE / PEER_ROWS: START passed for rounds below this
+                                          // (every rank zeroed them / read its D: one round)
+  bool peer_stalled = false;              // PEER_REDUCE / PEER_ROWS: the leader's wait for round
+                                          // rounds_ready - 1 gave up (no wait after that)
 };
 
 // The deferred signals due before storing the tile of `next` (WEFT_GEMM_NO_TILE when draining):
@@ -247,9 +249,13 @@ struct TmaStorer {
     const bool peer = kFused && peer_reduce(p);
     // The warpgroup barriers below order every issuer (PEER_ROWS: every thread) after the
     // leader's wait.
-    if (kFused && peer_writes(p) && !st.peer_ready) {
-      if (leader) st.peer_stalled = !peer_reduce_ready(p);
-      st.peer_ready = true;
+    if (kFused && peer_writes(p) && !st.peer_stalled) {
+      // The tile's zero round (PEER_REDUCE; rounds never decrease along the order) or round 0.
+      const uint32_t round = peer ? weft_gemm_zero_round(p.sched, p.zero, t) : 0u;
+      if (round >= st.rounds_ready) {
+        if (leader) st.peer_stalled = !peer_reduce_ready(p, round);
+        st.rounds_ready = round + 1;
+      }
     }
     const DueSignals due = signals_due<Cfg>(p, st, order);
     if (issuer) complete_stores(due);
