@@ -17,8 +17,9 @@
 // leaders (START waits, drained). Orderings:
 //   start:  per round, each zeroing thread zeroes its share of the round's part of this rank's D
 //           (generic stores) and fences them against later async-proxy operations; barrier
-//           kPeerBarrier; thread 32 arrives on every rank's START counter (signal_all:
-//           fence.acq_rel.sys, then the adds). The consumers' main loops run meanwhile.
+//           kPeerBarrier; thread 32 waits (acquire) until START shows the previous round complete,
+//           then arrives on every rank's START counter (signal_all: fence.acq_rel.sys, then the
+//           adds). The consumers' main loops run meanwhile.
 //   ready:  before a consumer's first TMA reduce into a tile of a round it has not waited for, its
 //           leader waits (acquire, system scope) for its own START counter to reach that round's
 //           target, then fences the async proxy; the warpgroup barrier that follows in the storer
@@ -31,14 +32,17 @@
 //           world x ctas arrivals: every rank's reduces into this D are complete.
 // Epochs: launch e waits for world x ctas x e at END and for the round targets above at START. A
 // rank reaches launch e + 1 only after its own launch e ended, i.e. after CTA 0 saw all of launch
-// e's END arrivals, and every CTA makes all its START arrivals of a launch (thread 96 zeroes
-// before it arrives at END) before its END arrival: so launch e + 1's arrivals never complete a
-// target of launch e (the counters already hold every launch-e arrival when they begin).
-// No deadlock: a consumer waits only for the round of its own tile; take the lowest round any
-// consumer of any rank is at: every loader is at it or past it (or done), so every CTA's zeroing
-// may run that round and the next, and they complete.
-// Every wait is bounded by peer_bar's budget and reports the counter row (START / END) it was on;
-// the zeroing's pacing gives up silently (zeroing early is only slower, never wrong).
+// e's END arrivals, and every CTA makes all its START arrivals of a launch before its END arrival
+// (a barrier of the zeroing threads, thread 96 among them, after thread 32's last one): so launch
+// e + 1's arrivals never complete a target of launch e (the counters already hold every launch-e
+// arrival when they begin).
+// No deadlock: a consumer waits only for the round of its own tile; take the lowest round k any
+// consumer of any rank is at: every loader is at k or past it (or done), so every CTA's zeroing
+// may run rounds up to k + 1, and they complete in turn (round j once every CTA arrived for it,
+// which each does once j - 1 completed).
+// Every wait is bounded by peer_bar's budget and reports the counter row (START / END) it was on
+// and its target; the zeroing's pacing gives up silently (zeroing early is only slower, never
+// wrong).
 // Everything here is inline, reports included (fail_inline): one call to the out-of-line
 // weft::sync::fail anywhere in the consumer makes ptxas ignore setmaxnreg and spill the
 // accumulators, so weft/sync's signal_all / wait are not used as such.
@@ -142,13 +146,15 @@ __device__ __forceinline__ bool peer_bar_poll(const weft_gemm_params& p, uint32_
 }
 
 // The same, reporting a timeout (or a bad layout) and trapping.
-__device__ __forceinline__ void peer_bar_wait(const weft_gemm_params& p, uint32_t row) {
+__device__ __forceinline__ void peer_bar_wait(const weft_gemm_params& p, uint32_t row, uint64_t target) {
   const long long c0 = clock64();
-  if (peer_bar_poll(p, row)) return;
+  if (peer_bar_poll(p, row, target)) return;
   const int32_t rank = p.peer_bar.view.rank;
   const uint64_t observed = weft::sync::mo::ld_relaxed_sys(peer_counter(p, row, rank, WEFT_SYNC_PRIM_WAIT));
-  peer_bar_fail(p, WEFT_SYNC_STATUS_TIMEOUT, WEFT_SYNC_PRIM_WAIT, row, rank, peer_bar_target(p), observed,
-                uint64_t(clock64() - c0));
+  peer_bar_fail(p, WEFT_SYNC_STATUS_TIMEOUT, WEFT_SYNC_PRIM_WAIT, row, rank, target, observed, uint64_t(clock64() - c0));
+}
+__device__ __forceinline__ void peer_bar_wait(const weft_gemm_params& p, uint32_t row) {
+  peer_bar_wait(p, row, peer_bar_target(p));
 }
 
 // How many rounds the zeroing runs ahead of its CTA's loader: zeroes round r once the loader
@@ -156,8 +162,10 @@ __device__ __forceinline__ void peer_bar_wait(const weft_gemm_params& p, uint32_
 // come, and the adds of every rank's round r find it zeroed unless a CTA lags a round behind.
 constexpr uint32_t kZeroAhead = 1;
 
-// Thread 32: waits until this CTA's loader is near `round` (zero_pace: its latest work unit, or
-// WEFT_GEMM_NO_TILE when it ran out); gives up silently after the budget.
+// A zeroing warp, all lanes: waits until this CTA's loader is near `round` (zero_pace: its latest
+// work unit, or WEFT_GEMM_NO_TILE when it ran out); gives up silently after the budget. Lane 0
+// decides and the warp follows (a lane-0-only wait right before a named barrier let lanes 1-31
+// pass it early with nvcc 13.0: kernels/grpcoll/grpcoll.cu).
 template <class Cfg>
 __device__ __forceinline__ void zero_pace(const weft_gemm_params& p, const SharedTiles<Cfg>& sm,
                                           const weft_gemm_zero_rounds& z, uint32_t round) {
@@ -165,10 +173,14 @@ __device__ __forceinline__ void zero_pace(const weft_gemm_params& p, const Share
   const uint32_t orders = weft_gemm_order_count(p.sched);
   const long long c0 = clock64();
   for (;;) {
-    const uint32_t order = *sm.zero_pace();
-    if (order >= orders) return;  // done (or a split-K unit: not with PEER_REDUCE)
-    if (weft_gemm_zero_round(p.sched, z, weft_gemm_tile_at(p.sched, order)) + kZeroAhead >= round) return;
-    if (uint64_t(clock64() - c0) > p.peer_bar.bound.budget_cycles) return;
+    uint32_t go = 0;
+    if (threadIdx.x % 32 == 0) {
+      const uint32_t order = *sm.zero_pace();
+      go = order >= orders  // done (or a split-K unit: not with PEER_REDUCE)
+           || weft_gemm_zero_round(p.sched, z, weft_gemm_tile_at(p.sched, order)) + kZeroAhead >= round ||
+           uint64_t(clock64() - c0) > p.peer_bar.bound.budget_cycles;
+    }
+    if (__shfl_sync(0xffffffffu, go, 0) != 0) return;
     __nanosleep(256);
   }
 }
@@ -176,7 +188,14 @@ __device__ __forceinline__ void zero_pace(const weft_gemm_params& p, const Share
 // The zeroing threads of a compute CTA (warps 1..3 of the loader warpgroup, idle otherwise in a
 // PEER_REDUCE launch: the consumers run their main loops meanwhile): per round, once the loader is
 // near it, zero this CTA's share of the round's part of this rank's D (a row per warp, the lanes
-// along it), then arrive at START.
+// along it), then arrive at START — from round 1 on only once every CTA of every rank arrived for
+// the round before (thread 32 waits for its own START counter to show it). That keeps the arrivals
+// in round order across the job, so START holding round r's target means every CTA zeroed rounds
+// 0..r: the first counter to reach it had only arrivals of rounds up to r (a later round's needs an
+// earlier observation of r's target), hence all of them, and any later observer of it synchronizes,
+// through the arrivals it read, with every zeroing thread's release (the counter's adds form one
+// release sequence; happens-before is transitive). A sum of arrivals in any order would not: one
+// CTA's rounds 0..3 count as much as four CTAs' round 0.
 constexpr uint32_t kZeroThreads = 96;
 template <class Cfg>
 __device__ __forceinline__ void peer_reduce_start(const weft_gemm_params& p, const SharedTiles<Cfg>& sm) {
@@ -188,8 +207,7 @@ __device__ __forceinline__ void peer_reduce_start(const weft_gemm_params& p, con
   const uint64_t row_vectors = uint64_t(p.sched.n) * sizeof(typename Cfg::Out) / 16;
   int4* d = reinterpret_cast<int4*>(p.d_ptr);
   for (uint32_t round = 0; round < z.count; ++round) {
-    if (t == 0) zero_pace<Cfg>(p, sm, z, round);
-    named_barrier_sync(kPeerBarrier, kZeroThreads);
+    zero_pace<Cfg>(p, sm, z, round);
     const weft_gemm_zero_region r = weft_gemm_zero_region_of(p.sched, z, round, p.peer_rows);
     const uint32_t v0 = r.col0 * sizeof(typename Cfg::Out) / 16, v1 = r.col1 * sizeof(typename Cfg::Out) / 16;
     for (uint32_t row = r.row0 + warp; row < r.row1; row += warps) {
@@ -197,9 +215,18 @@ __device__ __forceinline__ void peer_reduce_start(const weft_gemm_params& p, con
       for (uint32_t v = v0 + lane; v < v1; v += 32) line[v] = make_int4(0, 0, 0, 0);
     }
     weft::sync::mo::fence_proxy_async_global();  // the zeros before any async-proxy add to them
+    __syncwarp();
     named_barrier_sync(kPeerBarrier, kZeroThreads);
-    if (t == 0) peer_bar_arrive(p, WEFT_GEMM_PEER_BAR_START);
+    if (t == 0) {
+      if (round > 0) peer_bar_wait(p, WEFT_GEMM_PEER_BAR_START, start_target(p, z, round - 1));
+      peer_bar_arrive(p, WEFT_GEMM_PEER_BAR_START);
+    }
   }
+  // Thread 96 arrives at END next: after this barrier, so after every START arrival of this CTA
+  // (its fence.acq_rel.sys is cumulative over them). Warp 1 reconverged first (thread 32 alone
+  // waited and arrived).
+  __syncwarp();
+  named_barrier_sync(kPeerBarrier, kZeroThreads);
 }
 
 // A consumer's leader, before its warpgroup's first reduce into a tile of `round` (PEER_ROWS:
