@@ -82,7 +82,7 @@ struct GemmConfig {
   static constexpr uint32_t kOffSignals = kOffOrders + ((kStages * 4 + 15) & ~15);
   static constexpr uint32_t kSignalBytes = kConsumers * kSignalSlots * 32;
   // PEER_REDUCE (peer_reduce.cuh): the consumers-drained mbarrier, the START-stall flag, the
-  // inter-SM AllGather's chunk-stall row (ag_copy.cuh) and the zeroing's pace (16 bytes spare).
+  // inter-SM AllGather's chunk-stall row (ag_copy.cuh), the zeroing's pace and the rounds zeroed.
   static constexpr uint32_t kOffPeer = kOffSignals + kSignalBytes;
   static constexpr uint32_t kPeerBytes = 32;
   static constexpr uint32_t kSmemBytes = 1024 + kOffPeer + kPeerBytes;  // + alignment slack
@@ -151,10 +151,15 @@ struct SharedTiles {
   __device__ __forceinline__ volatile uint32_t* ag_stall() const {
     return reinterpret_cast<volatile uint32_t*>(base + Cfg::kOffPeer + 12);
   }
-  // PEER_REDUCE: the loader's latest work unit (WEFT_GEMM_NO_TILE once it ran out), which paces
-  // the zero rounds (peer_reduce.cuh); written by the loader, read by the zeroing threads.
+  // PEER_REDUCE (peer_reduce.cuh): the zero round of the loader's latest tile (WEFT_GEMM_NO_TILE
+  // once it ran out), which paces the zeroing threads; and the rounds every CTA of every rank has
+  // zeroed as thread 32 last saw START (release / acquire, CTA scope), which spares the consumers
+  // a system-scope poll.
   __device__ __forceinline__ volatile uint32_t* zero_pace() const {
     return reinterpret_cast<volatile uint32_t*>(base + Cfg::kOffPeer + 16);
+  }
+  __device__ __forceinline__ volatile uint32_t* zero_done() const {
+    return reinterpret_cast<volatile uint32_t*>(base + Cfg::kOffPeer + 20);
   }
   __device__ __forceinline__ uint64_t* signal_slot(int consumer, int slot) const {
     return reinterpret_cast<uint64_t*>(base + Cfg::kOffSignals) + 2 * Cfg::kConsumers * Cfg::kSignalSlots +

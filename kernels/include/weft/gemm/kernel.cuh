@@ -75,6 +75,7 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
     *sm.peer_flag() = 0;
     *sm.ag_stall() = 0;
     *sm.zero_pace() = 0;
+    *sm.zero_done() = 0;
     mbar_fence_init();
     if (p.timeline != 0) atomicMin(reinterpret_cast<unsigned long long*>(p.timeline), weft::sync::globaltimer_ns());
     tensor_map_prefetch(&p.a);

@@ -162,26 +162,26 @@ __device__ __forceinline__ void peer_bar_wait(const weft_gemm_params& p, uint32_
 // come, and the adds of every rank's round r find it zeroed unless a CTA lags a round behind.
 constexpr uint32_t kZeroAhead = 1;
 
-// A zeroing warp, all lanes: waits until this CTA's loader is near `round` (zero_pace: its latest
-// work unit, or WEFT_GEMM_NO_TILE when it ran out); gives up silently after the budget. Lane 0
+// Warp 1 (all lanes): waits until this CTA's loader is near `round` (zero_pace: the round of its
+// latest tile, or WEFT_GEMM_NO_TILE when it ran out); gives up silently after the budget. Lane 0
 // decides and the warp follows (a lane-0-only wait right before a named barrier let lanes 1-31
-// pass it early with nvcc 13.0: kernels/grpcoll/grpcoll.cu).
+// pass it early with nvcc 13.0: kernels/grpcoll/grpcoll.cu); warps 2 and 3 wait at the barrier
+// after it, issuing nothing. Rounds are tens of microseconds apart: a microsecond's sleep between
+// polls keeps the poll off the consumers' issue slots.
 template <class Cfg>
 __device__ __forceinline__ void zero_pace(const weft_gemm_params& p, const SharedTiles<Cfg>& sm,
                                           const weft_gemm_zero_rounds& z, uint32_t round) {
   if (z.keyed == 0 || round <= kZeroAhead) return;
-  const uint32_t orders = weft_gemm_order_count(p.sched);
   const long long c0 = clock64();
   for (;;) {
     uint32_t go = 0;
     if (threadIdx.x % 32 == 0) {
-      const uint32_t order = *sm.zero_pace();
-      go = order >= orders  // done (or a split-K unit: not with PEER_REDUCE)
-           || weft_gemm_zero_round(p.sched, z, weft_gemm_tile_at(p.sched, order)) + kZeroAhead >= round ||
+      const uint32_t at = *sm.zero_pace();  // WEFT_GEMM_NO_TILE: done
+      go = at == WEFT_GEMM_NO_TILE || at + kZeroAhead >= round ||
            uint64_t(clock64() - c0) > p.peer_bar.bound.budget_cycles;
     }
     if (__shfl_sync(0xffffffffu, go, 0) != 0) return;
-    __nanosleep(256);
+    __nanosleep(1000);
   }
 }
 
@@ -207,7 +207,9 @@ __device__ __forceinline__ void peer_reduce_start(const weft_gemm_params& p, con
   const uint64_t row_vectors = uint64_t(p.sched.n) * sizeof(typename Cfg::Out) / 16;
   int4* d = reinterpret_cast<int4*>(p.d_ptr);
   for (uint32_t round = 0; round < z.count; ++round) {
-    zero_pace<Cfg>(p, sm, z, round);
+    if (t < 32) zero_pace<Cfg>(p, sm, z, round);
+    __syncwarp();
+    named_barrier_sync(kPeerBarrier, kZeroThreads);
     const weft_gemm_zero_region r = weft_gemm_zero_region_of(p.sched, z, round, p.peer_rows);
     const uint32_t v0 = r.col0 * sizeof(typename Cfg::Out) / 16, v1 = r.col1 * sizeof(typename Cfg::Out) / 16;
     for (uint32_t row = r.row0 + warp; row < r.row1; row += warps) {
@@ -218,7 +220,10 @@ __device__ __forceinline__ void peer_reduce_start(const weft_gemm_params& p, con
     __syncwarp();
     named_barrier_sync(kPeerBarrier, kZeroThreads);
     if (t == 0) {
-      if (round > 0) peer_bar_wait(p, WEFT_GEMM_PEER_BAR_START, start_target(p, z, round - 1));
+      if (round > 0) {
+        peer_bar_wait(p, WEFT_GEMM_PEER_BAR_START, start_target(p, z, round - 1));
+        weft::sync::mo::st_release_cta_shared(sm.zero_done(), round);  // rounds 0..round-1 zeroed
+      }
       peer_bar_arrive(p, WEFT_GEMM_PEER_BAR_START);
     }
   }
@@ -233,8 +238,13 @@ __device__ __forceinline__ void peer_reduce_start(const weft_gemm_params& p, con
 // round 0, before its first peer store); a barrier of the warpgroup follows.
 // Runs with the accumulators live, so it only polls: false when the budget ran out, and the
 // peer-barrier thread reports it once the consumers drained (peer_flag), as for ConsumerStall.
-__device__ __forceinline__ bool peer_reduce_ready(const weft_gemm_params& p, uint32_t round) {
-  if (!peer_bar_poll(p, WEFT_GEMM_PEER_BAR_START, start_target(p, zero_rounds(p), round))) return false;
+// With zero rounds it first asks shared memory whether thread 32 has already seen the round
+// complete (acquire, CTA scope: thread 32's acquire of START makes that transitive).
+template <class Cfg>
+__device__ __forceinline__ bool peer_reduce_ready(const weft_gemm_params& p, const SharedTiles<Cfg>& sm, uint32_t round) {
+  if (!(peer_reduce(p) && weft::sync::mo::ld_acquire_cta_shared(sm.zero_done()) > round) &&
+      !peer_bar_poll(p, WEFT_GEMM_PEER_BAR_START, start_target(p, zero_rounds(p), round)))
+    return false;
   weft::sync::mo::fence_proxy_async_global();
   return true;
 }

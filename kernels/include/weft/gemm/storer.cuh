@@ -253,7 +253,7 @@ struct TmaStorer {
       // The tile's zero round (PEER_REDUCE; rounds never decrease along the order) or round 0.
       const uint32_t round = peer ? weft_gemm_zero_round(p.sched, p.zero, t) : 0u;
       if (round >= st.rounds_ready) {
-        if (leader) st.peer_stalled = !peer_reduce_ready(p, round);
+        if (leader) st.peer_stalled = !peer_reduce_ready<Cfg>(p, sm, round);
         // The leader's warp reconverges here: a lane-0-only wait right before a named barrier
         // let lanes 1-31 pass it early with nvcc 13.0 (kernels/grpcoll/grpcoll.cu), and the
         // barriers below are what hold every issuer until the wait is over.
