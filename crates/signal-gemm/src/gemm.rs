@@ -14,9 +14,9 @@ use cudarc::driver::{
 use std::sync::{Arc, Mutex};
 use weft_kernels::abi::{
     weft_gemm_ag_copy, weft_gemm_band_box_rows, weft_gemm_band_of_row, weft_gemm_band_start,
-    weft_gemm_params, weft_gemm_row_slots_check_params, weft_gemm_work_count,
-    weft_gemm_zero_rounds_of, weft_sync_bound, weft_sync_counters, weft_tile_allreduce_params,
-    WEFT_GEMM_COMM_ALLGATHER, WEFT_GEMM_COMM_ALLREDUCE, WEFT_GEMM_CONSUMERS, WEFT_GEMM_TILE_M,
+    weft_gemm_params, weft_gemm_row_slots_check_params, weft_gemm_work_count, weft_sync_bound,
+    weft_sync_counters, weft_tile_allreduce_params, WEFT_GEMM_COMM_ALLGATHER,
+    WEFT_GEMM_COMM_ALLREDUCE, WEFT_GEMM_CONSUMERS, WEFT_GEMM_TILE_M,
 };
 use weft_kernels::cubins;
 use weft_sync::{ErrorSlot, WaitBudget};
@@ -857,7 +857,6 @@ impl Gemm {
                 p.peer_rows = plan.shape.m / ranks;
                 p.peer_bar = t.bar;
                 p.peer_epoch = t.epoch;
-                p.zero = unsafe { weft_gemm_zero_rounds_of(plan.sched, ranks) };
             }
             (OutputLayout::PeerReduce { .. }, None) => anyhow::bail!("GEMM {}: the peer-reduce layout needs its peers' outputs and barriers (use weft_signal_gemm::fused::FusedReduceScatter)", plan.shape),
             (_, Some(_)) => anyhow::bail!("GEMM {}: peer targets were given for the {} layout", plan.shape, layout.name()),

@@ -401,13 +401,6 @@ impl GemmPlan {
         p.sched.tm_offset = tiles % self.tiles_m();
         Ok(p)
     }
-    /// The same plan with L2 groups of `group_m` cluster rows (at most the plan's cluster rows).
-    pub fn with_group_m(&self, group_m: u32) -> anyhow::Result<Self> {
-        ensure!(group_m >= 1, "group_m must be at least 1");
-        let mut p = self.clone();
-        p.sched.group_m = group_m.min(self.tiles_m().div_ceil(self.sched.cluster_m));
-        Ok(p)
-    }
     /// The same plan visiting its tile rows as `blocks` equal blocks in turn (cluster row u of
     /// the order in block u % blocks): every wave then holds rows of every block (the fused
     /// ReduceScatter's owners), instead of one block after another. The blocks must be whole

@@ -312,10 +312,10 @@ fn stress(job: &mut Job) -> anyhow::Result<()> {
 }
 
 /// Rank 0 checks its output of run 0 only after a host sleep while the other ranks go straight
-/// on to run 1, then checks run 1's: the peers' adds of run 1 must wait until rank 0 has zeroed,
-/// in run 1, the round of each tile they add into (which its stream reaches after the check), or
-/// rank 0 reads run 0 with run 1's adds in it, or zeroes adds that came early. The shape gives
-/// several zero rounds (weft_gemm_zero_rounds_of: 4 at world 2, on 8 CTAs).
+/// on to run 1, then checks run 1's: the peers' adds of run 1 must wait (the kernel's START
+/// barrier, kernels/include/weft/gemm/peer_reduce.cuh) until rank 0 has zeroed its output in run
+/// 1, which its stream reaches after the check, or rank 0 reads run 0 with run 1's adds in it, or
+/// zeroes adds that came early.
 fn late_rank(job: &mut Job) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
     let (ctx, stream) = gpu(job)?;

@@ -31,21 +31,14 @@ use weft_sync::{Counters, WaitBudget};
 /// block after another), and rotated so that rank r starts on rank r + 1's block and ends on its
 /// own (no owner takes every rank's adds at once; the adds that end the kernel are local). Order
 /// only: the adds commute and the barriers cover the whole kernel. Either is skipped where the
-/// blocks are not whole cluster rows. With the blocks, the L2 group height is rounded up to a
-/// multiple of the ranks, so that every rank's schedule puts a tile in the same L2 group: the
-/// kernel then zeroes each owner's D round by round just before the adds
-/// (`weft_gemm_zero_rounds_of`, kernels/include/weft/abi/gemm.h), not all of it first.
+/// blocks are not whole cluster rows.
 fn order_for_owners(plan: GemmPlan, ranks: u32, rank: u32) -> anyhow::Result<GemmPlan> {
     let cm = plan.cluster_m();
     if ranks < 2 || !plan.tiles_m().is_multiple_of(cm) {
         return Ok(plan);
     }
     let plan = match plan.with_tm_blocks(ranks) {
-        Ok(p) if (plan.shape.m / ranks).is_multiple_of(plan.tile_m() * cm) => {
-            // The cluster rows are a multiple of the ranks (equal blocks), so a rounded height
-            // capped by them stays a multiple.
-            p.with_group_m(p.group_m().div_ceil(ranks) * ranks)?
-        }
+        Ok(p) if (plan.shape.m / ranks).is_multiple_of(plan.tile_m() * cm) => p,
         _ => plan,
     };
     let first_row = u64::from((rank + 1) % ranks) * u64::from(plan.shape.m / ranks);
@@ -281,130 +274,5 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
         let out = self.out.free(rdzv);
         let bar = self.bar.free(rdzv);
         out.and(bar)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::plan::TileChoice;
-    use weft_kernels::abi::{
-        weft_gemm_tile, weft_gemm_zero_region_of, weft_gemm_zero_round, weft_gemm_zero_rounds_of,
-    };
-
-    /// The zero rounds against what the kernel relies on, from each rank's real schedule and the
-    /// owners' row arithmetic: every rank's plan gives the same rounds; along each rank's order
-    /// the round never decreases (the no-deadlock argument, peer_reduce.cuh); an owner's rounds
-    /// zero each of its tiles exactly once; and every tile lies inside the region its round zeroes
-    /// on its owner (the adds into it wait for that round).
-    #[test]
-    fn zero_rounds_cover_each_owner_once_and_follow_every_rank_order() {
-        let mut keyed = 0;
-        for (m, n, world, tile, cluster_m, ctas, group_m) in [
-            (8192, 8192, 2, TileChoice::N256, 1, 132, None),
-            (8192, 8192, 2, TileChoice::N256, 2, 132, None),
-            (4096, 8192, 2, TileChoice::N128, 1, 132, None),
-            (16384, 16384, 2, TileChoice::N256, 2, 132, None),
-            (6144, 7168, 3, TileChoice::N256, 1, 114, None),
-            (8192, 4096, 4, TileChoice::N128, 2, 132, Some(3)),
-            (4096, 1008, 4, TileChoice::N256, 1, 16, Some(1)),
-            (1536, 384, 2, TileChoice::N256, 1, 16, None),
-            (256, 384, 2, TileChoice::N256, 1, 16, None),
-            // Blocks that are not whole cluster rows: one round.
-            (384, 512, 3, TileChoice::N256, 2, 132, None),
-        ] {
-            let what = format!(
-                "{m}x{n} world {world} {tile:?} cluster {cluster_m} ctas {ctas} group {group_m:?}"
-            );
-            let options = GemmOptions {
-                tile,
-                cluster_m,
-                group_m,
-                ..GemmOptions::default()
-            };
-            let base = GemmPlan::new(ctas, GemmShape::new(m, n, 256), options).unwrap();
-            let owner_rows = m / world;
-            let (tile_m, tile_n) = (base.tile_m(), base.tile_n());
-            let mut rounds = None;
-            for rank in 0..world {
-                let plan = order_for_owners(base.clone(), world, rank).unwrap();
-                let z = unsafe { weft_gemm_zero_rounds_of(plan.sched, world) };
-                let key = (z.count, z.cols, z.chunks, z.keyed);
-                assert_eq!(
-                    *rounds.get_or_insert(key),
-                    key,
-                    "{what}: rank {rank}'s rounds"
-                );
-                let mut previous = 0;
-                let mut zeroed =
-                    vec![0u32; (owner_rows.div_ceil(tile_m) * n.div_ceil(tile_n)) as usize];
-                let mut regions = Vec::new();
-                for round in 0..z.count {
-                    let r = unsafe { weft_gemm_zero_region_of(plan.sched, z, round, owner_rows) };
-                    assert!(
-                        r.row0 <= r.row1 && r.row1 <= owner_rows && r.col0 <= r.col1 && r.col1 <= n,
-                        "{what}: round {round}"
-                    );
-                    assert!(
-                        r.row0.is_multiple_of(tile_m) && r.col0.is_multiple_of(tile_n),
-                        "{what}: round {round} is not tile-aligned"
-                    );
-                    for lt in (r.row0 / tile_m)..r.row1.div_ceil(tile_m) {
-                        for tn in (r.col0 / tile_n)..r.col1.div_ceil(tile_n) {
-                            zeroed[(lt * n.div_ceil(tile_n) + tn) as usize] += 1;
-                        }
-                    }
-                    regions.push(r);
-                }
-                assert!(
-                    zeroed.iter().all(|&c| c == 1),
-                    "{what}: an owner's tile zeroed {:?} times",
-                    zeroed.iter().find(|&&c| c != 1)
-                );
-                let mut tiles = plan.schedule();
-                tiles.sort_by_key(|t| t.order);
-                for t in tiles {
-                    let tile = weft_gemm_tile {
-                        tm: t.tm,
-                        tn: t.tn,
-                        valid: 1,
-                    };
-                    let round = unsafe { weft_gemm_zero_round(plan.sched, z, tile) };
-                    assert!(
-                        round < z.count,
-                        "{what}: tile {t:?} in round {round} of {}",
-                        z.count
-                    );
-                    assert!(round >= previous, "{what}: rank {rank}'s order goes back from round {previous} to {round} at {t:?}");
-                    previous = round;
-                    // The tile's rows on its owner, and its columns, inside what its round zeroes.
-                    let row = t.tm * tile_m;
-                    let owner = row / owner_rows;
-                    let local = row - owner * owner_rows;
-                    let r = &regions[round as usize];
-                    assert!(
-                        local >= r.row0 && (local + tile_m).min(owner_rows) <= r.row1,
-                        "{what}: tile {t:?} (owner {owner}, rows {local}..) outside round {round}'s rows {}..{}",
-                        r.row0,
-                        r.row1
-                    );
-                    assert!(
-                        t.tn * tile_n >= r.col0 && (t.tn * tile_n + tile_n).min(n) <= r.col1,
-                        "{what}: tile {t:?} outside round {round}'s columns {}..{}",
-                        r.col0,
-                        r.col1
-                    );
-                }
-            }
-            keyed += rounds.unwrap().3;
-            if what.starts_with("384x") {
-                assert_eq!(
-                    rounds.unwrap().0,
-                    1,
-                    "{what}: blocks of half clusters take one round"
-                );
-            }
-        }
-        assert!(keyed >= 8, "only {keyed} cases were keyed");
     }
 }

@@ -49,12 +49,12 @@ WEFT_HD uint32_t weft_gemm_epi_bufs(uint32_t tile_n, uint32_t epilogue) {
 // Dynamic shared memory of one CTA with 2-byte inputs: 1024 bytes of alignment slack, the
 // stages, the epilogue buffers, a full and an empty mbarrier per stage, a tile order per stage
 // (rounded up to 16 bytes), per consumer a ring of signal slots (16 bytes and a full and an
-// empty mbarrier each), and 32 bytes for the PEER_REDUCE epilogue's barrier and pace.
+// empty mbarrier each), and 16 bytes for the PEER_REDUCE epilogue's barrier.
 WEFT_HD uint32_t weft_gemm_smem_bytes(uint32_t tile_n, uint32_t epilogue) {
   const uint32_t stages = weft_gemm_stages(tile_n, epilogue);
   return 1024u + stages * (WEFT_GEMM_TILE_M + tile_n) * WEFT_GEMM_TILE_K * 2u +
          WEFT_GEMM_CONSUMERS * weft_gemm_epi_bufs(tile_n, epilogue) * WEFT_GEMM_EPI_BUF_BYTES + 2u * stages * 8u +
-         ((stages * 4u + 15u) & ~15u) + WEFT_GEMM_CONSUMERS * WEFT_GEMM_SIGNAL_SLOTS * 32u + 32u;
+         ((stages * 4u + 15u) & ~15u) + WEFT_GEMM_CONSUMERS * WEFT_GEMM_SIGNAL_SLOTS * 32u + 16u;
 }
 
 typedef struct weft_gemm_schedule {
@@ -131,71 +131,6 @@ WEFT_HD uint32_t weft_gemm_split_begin(weft_gemm_schedule s, uint32_t split) {
   return split * weft_gemm_k_blocks(s) / weft_gemm_splits(s);
 }
 #define WEFT_GEMM_MAX_K_SPLITS 16
-
-// Zero rounds of the fused GEMM + ReduceScatter (WEFT_GEMM_LAYOUT_PEER_REDUCE; why and how in
-// kernels/include/weft/gemm/peer_reduce.cuh): each owner zeroes its D in `count` rounds, and every
-// rank's adds into a tile wait for the tile's round only. A tile's round must be the same on
-// every rank's schedule: keyed by its L2 group and column chunk, which every rank shares when the
-// tile rows are the owners' blocks (tm_blocks = world; each rank's order rotated by whole blocks)
-// and an L2 group's cluster rows are a multiple of world: cluster row u = x * world + slot (x: the
-// row within its block; slot < world, rank-dependent) gives u / group_m = x / (group_m / world) on
-// every rank. Along any rank's order the round never decreases (groups in turn, columns in turn
-// within a group). Otherwise (keyed 0) one round: the whole D before the first add.
-// The host computes them once per plan (weft_gemm_zero_rounds_of) into the launch's parameters,
-// so the consumers, whose accumulators are live when they look a tile's round up, divide by
-// parameters only.
-typedef struct weft_gemm_zero_rounds {
-  uint32_t count;       // rounds per launch (>= 1; 0 in a launch without PEER_REDUCE)
-  uint32_t cols;        // tile columns per round
-  uint32_t chunks;      // rounds per L2 group
-  uint32_t keyed;       // 0: one round
-  uint32_t per_block;   // cluster rows of an owner's block (keyed)
-  uint32_t group_rows;  // cluster rows of a block in one L2 group: group_m / world (keyed)
-} weft_gemm_zero_rounds;
-
-WEFT_HD weft_gemm_zero_rounds weft_gemm_zero_rounds_of(weft_gemm_schedule s, uint32_t world) {
-  weft_gemm_zero_rounds z = {1u, 1u, 1u, 0u, 1u, 1u};
-  if (world < 2 || s.tm_blocks != world || s.group_m == 0 || s.group_m % world != 0 || s.cluster_m == 0) return z;
-  // About a wave of tiles a round: an L2 group is group_m cluster rows of every column.
-  z.cols = s.ctas / (s.group_m * s.cluster_m);
-  if (z.cols == 0) z.cols = 1;
-  z.chunks = weft_gemm_div_up(weft_gemm_tiles_n(s), z.cols);
-  z.count = weft_gemm_div_up(weft_gemm_units_m(s), s.group_m) * z.chunks;
-  z.keyed = 1u;
-  z.per_block = weft_gemm_units_m(s) / world;
-  z.group_rows = s.group_m / world;
-  return z;
-}
-
-// The round of tile `t` (a scheduled, valid one).
-WEFT_HD uint32_t weft_gemm_zero_round(weft_gemm_schedule s, weft_gemm_zero_rounds z, weft_gemm_tile t) {
-  if (z.keyed == 0) return 0u;
-  return (t.tm / s.cluster_m) % z.per_block / z.group_rows * z.chunks + t.tn / z.cols;
-}
-
-// The part of an owner's D (its `owner_rows` x n) that `round` zeroes: rows [row0, row1), columns
-// [col0, col1) — one L2 group's rows of the owner's block, one chunk of the tile columns (unkeyed:
-// all of it).
-typedef struct weft_gemm_zero_region {
-  uint32_t row0, row1, col0, col1;
-} weft_gemm_zero_region;
-
-WEFT_HD uint32_t weft_gemm_min_u32(uint32_t a, uint32_t b) { return a < b ? a : b; }
-
-WEFT_HD weft_gemm_zero_region weft_gemm_zero_region_of(weft_gemm_schedule s, weft_gemm_zero_rounds z, uint32_t round,
-                                                       uint32_t owner_rows) {
-  weft_gemm_zero_region r = {0u, owner_rows, 0u, s.n};
-  if (z.keyed == 0) return r;
-  const uint32_t per_block = z.per_block, h = z.group_rows;
-  const uint32_t g = round / z.chunks, chunk = round % z.chunks;
-  const uint64_t rows = (uint64_t)s.cluster_m * s.tile_m, cols = (uint64_t)z.cols * s.tile_n;
-  const uint64_t x0 = (uint64_t)g * h, x1 = x0 + h < per_block ? x0 + h : per_block;
-  r.row0 = (uint32_t)(x0 * rows < owner_rows ? x0 * rows : owner_rows);
-  r.row1 = (uint32_t)(x1 * rows < owner_rows ? x1 * rows : owner_rows);
-  r.col0 = (uint32_t)(chunk * cols < s.n ? chunk * cols : s.n);
-  r.col1 = (uint32_t)((chunk + 1) * cols < s.n ? (chunk + 1) * cols : s.n);
-  return r;
-}
 
 // Wave groups (signal-gemm II, FlashOverlap's signalling timing): the orders are cut into
 // `count` consecutive ranges, group g ending (exclusive) at end_order[g]; the last ends at the order
@@ -432,7 +367,6 @@ typedef struct weft_gemm_params {
   uint32_t peer_rows;
   uint32_t peer_reserved;
   uint64_t peer_epoch;
-  weft_gemm_zero_rounds zero;  // PEER_REDUCE: its zero rounds (weft_gemm_zero_rounds_of)
   weft_sync_counters peer_bar;
   // Tile flags released at system scope (peers read them: fused AllReduce), and the
   // communicator role the communicator CTAs run (WEFT_GEMM_COMM_*).

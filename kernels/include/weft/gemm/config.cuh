@@ -81,10 +81,10 @@ struct GemmConfig {
   static constexpr int kSignalSlots = WEFT_GEMM_SIGNAL_SLOTS;
   static constexpr uint32_t kOffSignals = kOffOrders + ((kStages * 4 + 15) & ~15);
   static constexpr uint32_t kSignalBytes = kConsumers * kSignalSlots * 32;
-  // PEER_REDUCE (peer_reduce.cuh): the consumers-drained mbarrier, the START-stall flag, the
-  // inter-SM AllGather's chunk-stall row (ag_copy.cuh), the zeroing's pace and the rounds zeroed.
+  // PEER_REDUCE (peer_reduce.cuh): the consumers-drained mbarrier, the START-stall flag and the
+  // inter-SM AllGather's chunk-stall row (ag_copy.cuh).
   static constexpr uint32_t kOffPeer = kOffSignals + kSignalBytes;
-  static constexpr uint32_t kPeerBytes = 32;
+  static constexpr uint32_t kPeerBytes = 16;
   static constexpr uint32_t kSmemBytes = 1024 + kOffPeer + kPeerBytes;  // + alignment slack
   static_assert(kSmemBytes <= 232448, "shared memory over the sm_90 per-block limit");
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stage buffers keep 1024-byte alignment");
@@ -142,7 +142,7 @@ struct SharedTiles {
     return reinterpret_cast<uint64_t*>(base + Cfg::kOffSignals) + (Cfg::kConsumers + consumer) * Cfg::kSignalSlots + slot;
   }
   // PEER_REDUCE: peer_done completes when every consumer's leader has drained (its reduces
-  // complete); peer_flag is set by a leader whose wait for START gave up (1 + the zero round).
+  // complete); peer_flag is set by a leader whose wait for START gave up.
   __device__ __forceinline__ uint64_t* peer_done() const { return reinterpret_cast<uint64_t*>(base + Cfg::kOffPeer); }
   __device__ __forceinline__ volatile uint32_t* peer_flag() const {
     return reinterpret_cast<volatile uint32_t*>(base + Cfg::kOffPeer + 8);
@@ -150,16 +150,6 @@ struct SharedTiles {
   // Inter-SM AllGather: 0, or 1 + the tile row whose chunk the loader gave up waiting for.
   __device__ __forceinline__ volatile uint32_t* ag_stall() const {
     return reinterpret_cast<volatile uint32_t*>(base + Cfg::kOffPeer + 12);
-  }
-  // PEER_REDUCE (peer_reduce.cuh): the zero round of the loader's latest tile (WEFT_GEMM_NO_TILE
-  // once it ran out), which paces the zeroing threads; and the rounds every CTA of every rank has
-  // zeroed as thread 32 last saw START (release / acquire, CTA scope), which spares the consumers
-  // a system-scope poll.
-  __device__ __forceinline__ volatile uint32_t* zero_pace() const {
-    return reinterpret_cast<volatile uint32_t*>(base + Cfg::kOffPeer + 16);
-  }
-  __device__ __forceinline__ volatile uint32_t* zero_done() const {
-    return reinterpret_cast<volatile uint32_t*>(base + Cfg::kOffPeer + 20);
   }
   __device__ __forceinline__ uint64_t* signal_slot(int consumer, int slot) const {
     return reinterpret_cast<uint64_t*>(base + Cfg::kOffSignals) + 2 * Cfg::kConsumers * Cfg::kSignalSlots +

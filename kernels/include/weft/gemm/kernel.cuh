@@ -74,8 +74,6 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
     mbar_init(sm.peer_done(), Cfg::kConsumers);  // peer barriers: each consumer's leader, drained
     *sm.peer_flag() = 0;
     *sm.ag_stall() = 0;
-    *sm.zero_pace() = 0;
-    *sm.zero_done() = 0;
     mbar_fence_init();
     if (p.timeline != 0) atomicMin(reinterpret_cast<unsigned long long*>(p.timeline), weft::sync::globaltimer_ns());
     tensor_map_prefetch(&p.a);
@@ -98,7 +96,7 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
       run_loader<Cfg>(p, sm);
     } else if (Cfg::kFused && warp >= 1 && peer_barriers(p)) {  // warps 1..3; no signallers then (launch_signals is false)
       if (peer_reduce(p)) {
-        peer_reduce_start<Cfg>(p, sm);
+        peer_reduce_start<Cfg>(p);
       } else if (threadIdx.x == 96) {
         // AllGather: this rank's shard was written before the launch (stream order); PEER_ROWS:
         // this rank's D was read before it.
@@ -140,7 +138,7 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
     }
     Storer::template drain<Cfg>(p, sm, consumer, store_state, stall.stalled != 0);
     if (Cfg::kFused && peer_barriers(p) && !stall.stalled && thread_in_warpgroup() == 0)
-      peer_reduce_drained(sm, store_state.peer_stalled, store_state.rounds_ready - 1);
+      peer_reduce_drained(sm, store_state.peer_stalled);
     // After drain: this warpgroup's stores have completed and its last signals are handed to its
     // signaller (which issues them a moment later: the timeline's end leaves that out).
     if (p.timeline != 0 && thread_in_warpgroup() == 0)

@@ -36,7 +36,6 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
     const uint32_t next = next_order(p, work);  // the claim's latency hides behind this tile's loads
     const KBlocks kbs = work_k_blocks<Cfg>(p, work);
     const weft_gemm_tile t = weft_gemm_tile_at(s, work / splits);
-    if (Cfg::kFused && peer_reduce(p)) *sm.zero_pace() = weft_gemm_zero_round(s, p.zero, t);  // paces the zeroing
     const int32_t m0 = static_cast<int32_t>(t.tm * Cfg::kBM), n0 = static_cast<int32_t>(t.tn * Cfg::kBN);
     // Where the A tile comes from: `a`, or (AllGather) its owner's shard, local or peer. A peer's
     // shard only after START (acquire, system scope), then a proxy fence: its generic writes
@@ -104,7 +103,6 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
                                   weft_tile_coord{kRoleLoader, static_cast<uint32_t>(ps.stage), WEFT_GEMM_NO_TILE, 0});
   *sm.order(ps.stage) = WEFT_GEMM_NO_TILE;
   mbar_arrive(sm.full(ps.stage));
-  if (Cfg::kFused && peer_reduce(p)) *sm.zero_pace() = WEFT_GEMM_NO_TILE;
 }
 
 }  // namespace weft::gemm

@@ -63,10 +63,8 @@ struct StoreState {
   uint32_t group_tiles = 0;               // stored tiles of `group` not yet added to its counter
   SignalRing ring;                        // the leader's position in its signaller's ring
   bool signal_stalled = false;            // a post found no free slot: reported at the drain
-  uint32_t rounds_ready = 0;              // PEER_REDUCE / PEER_ROWS: START passed for rounds below this
-                                          // (every rank zeroed them / read its D: one round)
-  bool peer_stalled = false;              // PEER_REDUCE / PEER_ROWS: the leader's wait for round
-                                          // rounds_ready - 1 gave up (no wait after that)
+  bool peer_ready = false;                // PEER_REDUCE / PEER_ROWS: START passed (every rank's D zeroed / read)
+  bool peer_stalled = false;              // PEER_REDUCE / PEER_ROWS: the leader's wait for that gave up
 };
 
 // The deferred signals due before storing the tile of `next` (WEFT_GEMM_NO_TILE when draining):
@@ -249,17 +247,9 @@ struct TmaStorer {
     const bool peer = kFused && peer_reduce(p);
     // The warpgroup barriers below order every issuer (PEER_ROWS: every thread) after the
     // leader's wait.
-    if (kFused && peer_writes(p) && !st.peer_stalled) {
-      // The tile's zero round (PEER_REDUCE; rounds never decrease along the order) or round 0.
-      const uint32_t round = peer ? weft_gemm_zero_round(p.sched, p.zero, t) : 0u;
-      if (round >= st.rounds_ready) {
-        if (leader) st.peer_stalled = !peer_reduce_ready<Cfg>(p, sm, round);
-        // The leader's warp reconverges here: a lane-0-only wait right before a named barrier
-        // let lanes 1-31 pass it early with nvcc 13.0 (kernels/grpcoll/grpcoll.cu), and the
-        // barriers below are what hold every issuer until the wait is over.
-        __syncwarp();
-        st.rounds_ready = round + 1;
-      }
+    if (kFused && peer_writes(p) && !st.peer_ready) {
+      if (leader) st.peer_stalled = !peer_reduce_ready(p);
+      st.peer_ready = true;
     }
     const DueSignals due = signals_due<Cfg>(p, st, order);
     if (issuer) complete_stores(due);

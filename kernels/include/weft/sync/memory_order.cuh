@@ -40,18 +40,7 @@ __device__ __forceinline__ uint64_t ld_relaxed_gpu(const uint64_t* p) {
   return v;
 }
 
-// Within one CTA, on shared memory (a flag one thread hands to others of its block).
-__device__ __forceinline__ uint32_t ld_acquire_cta_shared(const volatile uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.cta.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
 // ---- stores ----
-
-__device__ __forceinline__ void st_release_cta_shared(volatile uint32_t* p, uint32_t v) {
-  asm volatile("st.release.cta.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
 
 __device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
