@@ -16,8 +16,11 @@ mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
 nvidia-cuda-mps-control -d || { echo "ci/gpu-shared.sh: could not start the MPS control daemon"; exit 1; }
 trap 'echo quit | nvidia-cuda-mps-control' EXIT
 status=0
+# The GPUs the ranks see (nvidia-smi lists the host's whatever CUDA_VISIBLE_DEVICES says).
+gpus=$(nvidia-smi -L | wc -l)
+[ -n "${CUDA_VISIBLE_DEVICES:-}" ] && gpus=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
 for n in ${RANKS:-2 3 4}; do
-  echo "== $n ranks sharing $(nvidia-smi -L | wc -l) GPU(s): weft test $filter"
+  echo "== $n ranks sharing $gpus GPU(s) (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset}): weft test $filter"
   WEFT_SHARED_GPU=1 "$weft" launch -n "$n" -- "$weft" test $filter 2>&1 | tee "$out/shared-$n.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 done

@@ -315,11 +315,17 @@ fn stress(job: &mut Job) -> anyhow::Result<()> {
 /// on to run 1, then checks run 1's: the peers' adds of run 1 must wait (the kernel's START
 /// barrier, kernels/include/weft/gemm/peer_reduce.cuh) until rank 0 has zeroed its output in run
 /// 1, which its stream reaches after the check, or rank 0 reads run 0 with run 1's adds in it, or
-/// zeroes adds that came early.
+/// zeroes adds that came early. Every rank runs both runs whatever it found (a rank that left
+/// after a wrong run 0 would leave its peers' run 1 waiting out its barrier) and reports after.
 fn late_rank(job: &mut Job) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
     let (ctx, stream) = gpu(job)?;
     let (world, rank) = (job.world(), job.rank());
+    // Partial sums of 32 products in {-1, 0, 1} over `world` ranks stay exact in bf16 up to 256.
+    anyhow::ensure!(
+        world <= 8,
+        "the late-rank trial's data is exact in bf16 for at most 8 ranks, not {world}"
+    );
     let max_ctas = max_ctas(job, &ctx)?;
     let sms = device_sms(&ctx)?;
     let shape = GemmShape::new(512 * world as u32, 1024, 32);
@@ -334,6 +340,7 @@ fn late_rank(job: &mut Job) -> anyhow::Result<()> {
         let (first, rows) = op.rows();
         let bytes = op.output().len() * 2;
         let mut cmp = WordCompare::load(&stream)?;
+        let mut wrong = Vec::new();
         for run in 0..2u64 {
             let (a, b) = inputs(seed, rank, run, shape, true);
             let (a, b) = (upload(&stream, &a)?, upload(&stream, &b)?);
@@ -358,16 +365,21 @@ fn late_rank(job: &mut Job) -> anyhow::Result<()> {
             )?;
             op.synchronize(&stream)?;
             if let Some(d) = cmp.take(&stream)? {
-                anyhow::bail!(
-                    "rank {rank} of {world}: run {run}'s output differed from the exact result: {d:?}{}",
+                wrong.push(format!(
+                    "run {run}'s output differed from the exact result: {d:?}{}",
                     if rank == 0 && run == 0 {
                         " (a peer's next run added into it before this rank read it)"
                     } else {
                         ""
                     }
-                );
+                ));
             }
         }
+        anyhow::ensure!(
+            wrong.is_empty(),
+            "rank {rank} of {world}: {}",
+            wrong.join("; ")
+        );
         Ok(())
     })();
     let freed = op.free(&mut job.rdzv);
