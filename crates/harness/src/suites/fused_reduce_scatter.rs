@@ -254,6 +254,27 @@ fn check_case<T: GemmElement + PglElement>(
 /// order), each output compared bit for bit on the GPU with the set's exact result: a reduce
 /// that read or zeroed a buffer too early, or an output read before every rank's adds landed,
 /// shows as a difference.
+/// Rank `rank`'s integer inputs of set `set` and its rows of the exact result (`rows` = (first,
+/// count) of its output), in bf16; refused unless every partial sum is exact in bf16 (integers up
+/// to 256), which the bit-exact trials need.
+fn exact_set(
+    seed: u64,
+    rank: usize,
+    set: u64,
+    world: usize,
+    shape: GemmShape,
+    options: GemmOptions,
+    (first, rows): (u32, u32),
+) -> anyhow::Result<(Vec<bf16>, Vec<bf16>, Vec<bf16>)> {
+    let (a, b) = inputs(seed, rank, set, shape, true);
+    let (want, _) = reference(seed, set, world, shape, options.b_layout, first, rows, true);
+    anyhow::ensure!(
+        want.iter().all(|v| v.fract() == 0.0 && v.abs() <= 256.0),
+        "{shape} over {world} ranks: the integer data is not exact in bf16"
+    );
+    Ok((a, b, want.iter().map(|&v| bf16::from_f64(v)).collect()))
+}
+
 fn stress(job: &mut Job) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
     let (ctx, stream) = gpu(job)?;
@@ -272,14 +293,9 @@ fn stress(job: &mut Job) -> anyhow::Result<()> {
         let mut sets = Vec::new();
         let mut wants = Vec::new();
         for set in 0..2u64 {
-            let (a, b) = inputs(seed, rank, set, shape, true);
+            let (a, b, want) = exact_set(seed, rank, set, world, shape, options, (first, rows))?;
             sets.push((upload(&stream, &a)?, upload(&stream, &b)?));
-            let (want, _) = reference(seed, set, world, shape, options.b_layout, first, rows, true);
-            anyhow::ensure!(
-                want.iter().all(|v| v.fract() == 0.0 && v.abs() <= 256.0),
-                "stress data is not exact in bf16"
-            );
-            wants.push(want.iter().map(|&v| bf16::from_f64(v)).collect::<Vec<_>>());
+            wants.push(want);
         }
         anyhow::ensure!(
             wants[0] != wants[1],
@@ -342,15 +358,12 @@ fn late_rank(job: &mut Job) -> anyhow::Result<()> {
         let mut cmp = WordCompare::load(&stream)?;
         let mut wrong = Vec::new();
         for run in 0..2u64 {
-            let (a, b) = inputs(seed, rank, run, shape, true);
-            let (a, b) = (upload(&stream, &a)?, upload(&stream, &b)?);
-            let (want, _) = reference(seed, run, world, shape, options.b_layout, first, rows, true);
-            anyhow::ensure!(
-                want.iter().all(|v| v.fract() == 0.0 && v.abs() <= 256.0),
-                "the late-rank data is not exact in bf16"
+            let (a, b, want) = exact_set(seed, rank, run, world, shape, options, (first, rows))?;
+            let (a, b, want) = (
+                upload(&stream, &a)?,
+                upload(&stream, &b)?,
+                upload(&stream, &want)?,
             );
-            let want: Vec<bf16> = want.iter().map(|&v| bf16::from_f64(v)).collect();
-            let want = upload(&stream, &want)?;
             op.run(&stream, &a, &b)?;
             if rank == 0 && run == 0 {
                 op.synchronize(&stream)?;
