@@ -11,6 +11,7 @@ mod interference;
 mod nccl;
 pub mod overlap;
 mod overlap_breakdown;
+mod overlap_lone;
 pub mod overlap_ops;
 pub mod overlap_order;
 mod pgl;

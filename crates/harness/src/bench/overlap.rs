@@ -10,11 +10,15 @@
 //!   cache — `WEFT_CHOICES`, else the per-user cache directory — already holds them) is its own;
 //!   the time it took and the method chosen are columns.
 //!
-//! Also the GEMM alone (cuBLAS) and the collective alone (NCCL), the ideal max(T_gemm, T_comm)
-//! and the share of it `auto` reaches, auto ÷ seq-cublas and auto against the fastest method of
-//! the row (auto's own op included). The time breakdown (bench/overlap_breakdown.rs): each
-//! method's GEMM timed alone on the SMs the method leaves it, and the rest of its time, exposed —
-//! `gemm_alone_ms` / `exposed_ms` per method in the JSON rows, `auto gemm+exposed` in the table.
+//! Also the GEMM alone (cuBLAS, T_gemm) and the collective alone (NCCL, T_comm), the ideal
+//! max(T_gemm, T_comm) and the share of it `auto` reaches, auto ÷ seq-cublas and auto against the
+//! fastest method of the row (auto's own op included). The time breakdown
+//! (bench/overlap_breakdown.rs): each method's GEMM timed alone on the SMs the method leaves it,
+//! and the rest of its time, exposed — `gemm_alone_ms` / `exposed_ms` per method in the JSON
+//! rows, `auto gemm+exposed` in the table. T_gemm, T_comm and the breakdown's GEMMs are timed
+//! interleaved with the methods (bench/overlap_lone.rs); T_gemm and T_comm timed once more
+//! before, alone, set the row's iteration count (`t_gemm_cublas_first_ms`,
+//! `t_comm_nccl_first_ms` in the JSON).
 //! Every op's result is poisoned, then checked element by element on the GPU against
 //! seq-cublas's before it is timed (sums: world · 2⁻⁷ · Σ_r |partial_r|; AllGather and
 //! All-to-All: 2⁻⁷ relative plus k · 2⁻¹⁸). Timing: bench/rig.rs (events; before each run
@@ -23,6 +27,7 @@
 //! stderr.
 
 use super::overlap_breakdown::GemmAlone;
+use super::overlap_lone::{CommAlone, Lones};
 use super::rig::{row_iterations, slowest, Rig};
 use super::SuiteResult;
 use crate::bound_compare::{Bound, BoundCompare};
@@ -408,14 +413,16 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
             Some(r) => format!("{shape} {r}"),
             None => shape.to_string(),
         };
-        // The GEMM and the collective alone, and the bound of the checks.
+        // The GEMM and the collective alone first (for the iteration count), and the bound of
+        // the checks.
         let cublas = CublasGemm::new(&compute, shape, GemmOptions::default())?;
         rig.iters = base_iters;
-        let (t_gemm, t_comm, bound_buf) = alone(job, &mut rig, &mut cmp, op, &cublas, shape, &x)?;
+        let (t_gemm_first, t_comm_first, bound_buf, comm_alone) =
+            alone(job, &mut rig, &mut cmp, op, &cublas, shape, &x)?;
         // Slowest rank's values, so every rank derives the same iteration count from them.
-        let v = slowest(job, &[t_gemm, t_comm])?;
-        let (t_gemm, t_comm) = (v[0], v[1]);
-        rig.iters = row_iterations(base_iters, t_gemm + t_comm);
+        let v = slowest(job, &[t_gemm_first, t_comm_first])?;
+        let (t_gemm_first, t_comm_first) = (v[0], v[1]);
+        rig.iters = row_iterations(base_iters, t_gemm_first + t_comm_first);
         let bound = match &bound_buf {
             Some(b) => Bound {
                 per_element: Some((b, world as f32 / 128.0)),
@@ -496,13 +503,24 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
                 }
             }
         }
-        // Every op checked against the reference, then all timed interleaved, then freed.
+        // The references timed with the ops: the GEMM and the collective alone, and each op's
+        // GEMM for the breakdown (the same list on every rank: the methods were agreed when
+        // planned).
+        let gemms: Vec<GemmAlone> = planned
+            .iter()
+            .filter_map(|(_, o)| o.report().method.to_string().parse::<Method>().ok())
+            .map(|m| GemmAlone::of(op, &m, world as u32))
+            .collect();
+        let mut lones = Lones::new(&compute, shape, &gemms, comm_alone)?;
+        // Every op checked against the reference, then all timed interleaved with the
+        // references, then freed.
         progress(
             job,
             &format!(
-                "[{}/{total}] {shape}: checking and timing {} ops",
+                "[{}/{total}] {shape}: checking {} ops, timing them with {} references",
                 i + 1,
-                planned.len()
+                planned.len(),
+                lones.len()
             ),
         );
         let timed = check_and_time_all(
@@ -511,6 +529,7 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
             &mut cmp,
             op,
             &mut planned,
+            &mut lones,
             &mut x,
             &reference,
             &bound,
@@ -520,8 +539,10 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
         for (_, anyop) in planned.drain(..).rev().collect::<Vec<_>>() {
             freed = freed.and(anyop.free(&mut job.rdzv));
         }
-        let (labels, times) = timed?;
+        let (labels, times, lone_times) = timed?;
         freed?;
+        let (t_gemm, t_comm, gemm_ms) = lones.split(&lone_times);
+        drop(lones);
         let seq_ms = times[0];
         let mut auto = None;
         let mut measured = Vec::new();
@@ -553,35 +574,9 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
         }
         measured.sort_by_key(|m| columns.iter().position(|c| *c == m.choice));
         let ideal = t_gemm.max(t_comm);
-        // The breakdown: each measured method's GEMM alone (the same list on every rank: the
-        // methods were agreed when planned), the slowest rank's.
-        progress(
-            job,
-            &format!("[{}/{total}] {shape}: the methods' GEMMs alone", i + 1),
-        );
-        let mut gemms: Vec<GemmAlone> = Vec::new();
-        let ran = std::iter::once("seq-cublas")
-            .chain(measured.iter().map(|c| c.method.as_str()))
-            .chain(auto.as_ref().map(|a| a.0.method.as_str()));
-        for method in ran.filter_map(|t| t.parse::<Method>().ok()) {
-            let g = GemmAlone::of(op, &method, world as u32);
-            if !gemms.contains(&g) {
-                gemms.push(g);
-            }
-        }
-        let full_a = if op == OpKind::AllGather {
-            Some(upload(&compute, &uniform::<bf16>(seed ^ 3, mu * ku))?)
-        } else {
-            None
-        };
-        let mut gemm_ms = Vec::with_capacity(gemms.len());
-        for g in &gemms {
-            gemm_ms.push(g.time(&mut rig, shape, full_a.as_ref().unwrap_or(&x.a), &x.b)?);
-        }
-        let gemm_ms = slowest(job, &gemm_ms)?;
         let gemm_alone = |method: &str| -> Option<f64> {
             let g = GemmAlone::of(op, &method.parse().ok()?, world as u32);
-            gemms.iter().position(|x| *x == g).map(|i| gemm_ms[i])
+            gemm_ms.iter().find(|(x, _)| *x == g).map(|(_, ms)| *ms)
         };
         let breakdown = |method: &str, ms: f64| -> Vec<(&'static str, Json)> {
             match gemm_alone(method) {
@@ -624,6 +619,8 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
             ("baseline_ms", Json::Num(seq_ms)),
             ("t_gemm_cublas_ms", Json::Num(t_gemm)),
             ("t_comm_nccl_ms", Json::Num(t_comm)),
+            ("t_gemm_cublas_first_ms", Json::Num(t_gemm_first)),
+            ("t_comm_nccl_first_ms", Json::Num(t_comm_first)),
             ("ideal_ms", Json::Num(ideal)),
             ("iterations", Json::Num(rig.iters as f64)),
         ];
@@ -709,8 +706,10 @@ fn params(method: &str) -> String {
     }
 }
 
-/// The GEMM alone (cuBLAS), the collective alone (NCCL, the env's communicator) and, for the sums,
-/// Σ_r |partial_r| (f32, this rank's rows) for the checks' bound.
+/// The GEMM alone (cuBLAS) and the collective alone (NCCL, the env's communicator), timed each in
+/// a block of its own before the row (they set its iteration count; the row's T_gemm and T_comm
+/// are timed again with its methods), the collective with its buffers for that, and, for the
+/// sums, Σ_r |partial_r| (f32, this rank's rows) for the checks' bound.
 fn alone(
     job: &mut Job,
     rig: &mut Rig,
@@ -719,7 +718,7 @@ fn alone(
     cublas: &CublasGemm,
     shape: GemmShape,
     x: &Operands,
-) -> anyhow::Result<(f64, f64, Option<CudaSlice<f32>>)> {
+) -> anyhow::Result<(f64, f64, Option<CudaSlice<f32>>, CommAlone)> {
     let world = job.world();
     let rank = job.rank();
     let (mu, nu, ku) = (shape.m as usize, shape.n as usize, shape.k as usize);
@@ -733,28 +732,20 @@ fn alone(
         OpKind::AllReduce | OpKind::ReduceScatter => {
             let mut d = poisoned::<bf16>(&compute, mu * nu)?;
             let t_gemm = rig.time(|| cublas.launch(&x.a, &x.b, &mut d))?;
-            let out_len = if op == OpKind::AllReduce {
-                mu * nu
-            } else {
-                mu * nu / world
-            };
-            let mut out = poisoned::<bf16>(&compute, out_len)?;
-            let t_comm = if op == OpKind::AllReduce {
-                rig.time(|| comm.all_reduce(&d, &mut out, ReduceOp::Sum, &compute))?
-            } else {
-                rig.time(|| comm.reduce_scatter(&d, &mut out, ReduceOp::Sum, &compute))?
-            };
-            cublas.launch(&x.a, &x.b, &mut d)?;
+            let all = op == OpKind::AllReduce;
+            let out = poisoned::<bf16>(&compute, if all { mu * nu } else { mu * nu / world })?;
             let abs = cmp.abs_sum_over_ranks(&comm, &compute, &d)?;
-            let rows = if op == OpKind::AllReduce {
+            let rows = if all {
                 0..mu
             } else {
                 rank * mu / world..(rank + 1) * mu / world
             };
             let mut mine = compute.alloc_zeros::<f32>(rows.len() * nu)?;
             compute.memcpy_dtod(&abs.slice(rows.start * nu..rows.end * nu), &mut mine)?;
+            let mut lone = CommAlone::Reduce { d, out, all };
+            let t_comm = rig.time(|| lone.launch(&comm, &x.a, &compute))?;
             compute.synchronize()?;
-            (t_gemm, t_comm, Some(mine))
+            (t_gemm, t_comm, Some(mine), lone)
         }
         OpKind::AllToAll => {
             let mut d = poisoned::<bf16>(&compute, mu * nu)?;
@@ -762,17 +753,22 @@ fn alone(
             let gather = RowGather::new(&compute, &x.routes, rank, shape.m, shape.n)?;
             let mut send = poisoned::<bf16>(&compute, gather.send_len().max(1))?;
             gather.gather(&compute, &d, &mut send)?;
-            let mut out = poisoned::<bf16>(&compute, gather.recv_len().max(1))?;
             let (sends, recvs) = gather.ranges();
-            let t_comm = rig.time(|| comm.all_to_all_v(&send, sends, &mut out, recvs, &compute))?;
-            (t_gemm, t_comm, None)
+            let mut lone = CommAlone::AllToAll {
+                send,
+                sends: sends.to_vec(),
+                recv: poisoned::<bf16>(&compute, gather.recv_len().max(1))?,
+                recvs: recvs.to_vec(),
+            };
+            let t_comm = rig.time(|| lone.launch(&comm, &x.a, &compute))?;
+            (t_gemm, t_comm, None, lone)
         }
         OpKind::AllGather => {
             let mut a = poisoned::<bf16>(&compute, mu * ku)?;
-            let mut d = poisoned::<bf16>(&compute, mu * nu)?;
             let t_comm = rig.time(|| comm.all_gather(&x.a, &mut a, &compute))?;
+            let mut d = poisoned::<bf16>(&compute, mu * nu)?;
             let t_gemm = rig.time(|| cublas.launch(&a, &x.b, &mut d))?;
-            (t_gemm, t_comm, None)
+            (t_gemm, t_comm, None, CommAlone::AllGather { a })
         }
     })
 }
@@ -786,11 +782,12 @@ fn check_and_time_all(
     cmp: &mut BoundCompare,
     op: OpKind,
     ops: &mut [(MethodChoice, AnyOp)],
+    lones: &mut Lones,
     x: &mut Operands,
     reference: &CudaSlice<bf16>,
     bound: &Bound<'_>,
     shape: GemmShape,
-) -> anyhow::Result<(Vec<(MethodChoice, String)>, Vec<f64>)> {
+) -> anyhow::Result<(Vec<(MethodChoice, String)>, Vec<f64>, Vec<f64>)> {
     let compute = rig.compute.clone();
     let labels: Vec<(MethodChoice, String)> = ops
         .iter()
@@ -818,10 +815,17 @@ fn check_and_time_all(
         for (_, anyop) in ops.iter() {
             anyop.prepare(&compute, x)?;
         }
+        let n = ops.len();
         let t = rig.time_each(
-            ops.len(),
+            n + lones.len(),
             || align(&comm, &mut tiny, &compute),
-            |i| ops[i].1.launch(&compute, x),
+            |i| {
+                if i < n {
+                    ops[i].1.launch(&compute, x)
+                } else {
+                    lones.launch(i - n, &comm, &x.a, &x.b, &compute)
+                }
+            },
         )?;
         for (_, anyop) in ops.iter() {
             anyop.synchronize()?;
@@ -833,7 +837,9 @@ fn check_and_time_all(
         &format!("timing {} ops at {shape}", ops.len()),
         timed,
     )?;
-    Ok((labels, slowest(job, &times)?))
+    let mut times = slowest(job, &times)?;
+    let lone_times = times.split_off(ops.len());
+    Ok((labels, times, lone_times))
 }
 
 /// Lines the ranks up on `stream`: a one-element ncclAllReduce, which ends on every rank once all

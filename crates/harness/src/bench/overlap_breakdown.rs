@@ -7,9 +7,9 @@
 //! method's time = T_gemm(cuBLAS) × (GEMM alone ÷ T_gemm) + exposed, and each ratio of a row
 //! splits into the GEMM it runs and what overlapping it failed to hide.
 
-use super::rig::Rig;
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
+use std::sync::Arc;
 use weft_signal_gemm::ops::{Method, OpKind};
 use weft_signal_gemm::{CublasGemm, Gemm, GemmOptions, GemmShape, TileChoice};
 
@@ -61,52 +61,86 @@ impl GemmAlone {
         }
     }
 
-    /// Median ms of this GEMM of `shape` (A m × k, B as the ops take it) on `rig`'s stream.
-    pub fn time(
+    /// This GEMM of `shape` planned on `stream` (timed by the row with its methods:
+    /// bench/overlap_lone.rs).
+    pub fn prepare(
         self,
-        rig: &mut Rig,
+        stream: &Arc<CudaStream>,
         shape: GemmShape,
-        a: &CudaSlice<bf16>,
-        b: &CudaSlice<bf16>,
-    ) -> anyhow::Result<f64> {
-        let compute = rig.compute.clone();
-        let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
-        let mut d = compute.alloc_zeros::<bf16>(m * n)?;
-        match self {
+    ) -> anyhow::Result<GemmLauncher> {
+        Ok(match self {
             GemmAlone::Cublas { bands } => {
                 anyhow::ensure!(
                     bands >= 1 && shape.m.is_multiple_of(bands),
                     "GEMM {shape}: M does not split into {bands} bands"
                 );
-                let rows = m / bands as usize;
+                let rows = (shape.m / bands) as usize;
                 let band = CublasGemm::new(
-                    &compute,
+                    stream,
                     GemmShape::new(rows as u32, shape.n, shape.k),
                     GemmOptions::default(),
                 )?;
-                rig.time(|| {
-                    for c in 0..bands as usize {
-                        band.launch(
-                            &a.slice(c * rows * k..(c + 1) * rows * k),
-                            b,
-                            &mut d.slice_mut(c * rows * n..(c + 1) * rows * n),
-                        )?;
-                    }
-                    Ok(())
-                })
+                GemmLauncher::Cublas {
+                    band,
+                    bands: bands as usize,
+                    rows,
+                    n: shape.n as usize,
+                    k: shape.k as usize,
+                }
             }
-            GemmAlone::Weft { sm_margin, tile } => {
-                let gemm = Gemm::new(
-                    compute.context(),
-                    shape,
-                    GemmOptions {
-                        sm_margin,
-                        tile,
-                        ..GemmOptions::default()
-                    },
-                )?;
-                rig.time(|| gemm.launch(&compute, a, b, &mut d))
+            GemmAlone::Weft { sm_margin, tile } => GemmLauncher::Weft(Gemm::new(
+                stream.context(),
+                shape,
+                GemmOptions {
+                    sm_margin,
+                    tile,
+                    ..GemmOptions::default()
+                },
+            )?),
+        })
+    }
+}
+
+/// A planned [`GemmAlone`].
+pub enum GemmLauncher {
+    /// cuBLAS over `bands` bands of `rows` rows, one after the other.
+    Cublas {
+        band: CublasGemm,
+        bands: usize,
+        rows: usize,
+        n: usize,
+        k: usize,
+    },
+    Weft(Gemm),
+}
+
+impl GemmLauncher {
+    /// D (m × n) = A (m × k) · B on `stream`.
+    pub fn launch(
+        &self,
+        stream: &Arc<CudaStream>,
+        a: &CudaSlice<bf16>,
+        b: &CudaSlice<bf16>,
+        d: &mut CudaSlice<bf16>,
+    ) -> anyhow::Result<()> {
+        match self {
+            GemmLauncher::Cublas {
+                band,
+                bands,
+                rows,
+                n,
+                k,
+            } => {
+                for c in 0..*bands {
+                    band.launch(
+                        &a.slice(c * rows * k..(c + 1) * rows * k),
+                        b,
+                        &mut d.slice_mut(c * rows * n..(c + 1) * rows * n),
+                    )?;
+                }
+                Ok(())
             }
+            GemmLauncher::Weft(gemm) => gemm.launch(stream, a, b, d),
         }
     }
 }
