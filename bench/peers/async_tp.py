@@ -34,7 +34,7 @@ and writes --json after every shape; the exit status is 1 if any check failed or
   torchrun --standalone --nproc_per_node 4 bench/peers/async_tp.py --op all-gather --json out.json
   mpirun --allow-run-as-root -np 4 python3 bench/peers/async_tp.py --op reduce-scatter --json out.json
 """
-import argparse, datetime, json, os, re, statistics, sys, warnings
+import argparse, datetime, json, os, re, statistics, subprocess, sys, warnings
 
 # Under mpirun: take the rank from Open MPI and rendezvous on this host.
 for var, ompi in (("RANK", "OMPI_COMM_WORLD_RANK"), ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"),
@@ -185,8 +185,20 @@ def weft_commit():
     except Exception:
         return os.environ.get("WEFT_COMMIT", "unknown")
 
+def driver_version():
+    """The NVIDIA driver's version (nvidia-smi), or None."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", str(local)],
+                             capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+        return out or None
+    except Exception:
+        return None
+
+
+# The envelope and rows of weft's results files (crates/harness/src/results_file.rs).
 results, failed = [], False
-report = {"suite": f"async-tp-{args.op}", "device": torch.cuda.get_device_name(dev), "commit": weft_commit(),
+report = {"suite": f"async-tp-{args.op}", "device": torch.cuda.get_device_name(dev), "gpus": world,
+          "driver": driver_version(), "commit": weft_commit(),
           "torch": torch.__version__,
           "nccl": ".".join(map(str, torch.cuda.nccl.version())) if isinstance(torch.cuda.nccl.version(), tuple)
                   else torch.cuda.nccl.version(),
@@ -195,7 +207,7 @@ report = {"suite": f"async-tp-{args.op}", "device": torch.cuda.get_device_name(d
           "symm_mem_backend": symm_mem_backend(),
           "env": {v: os.environ.get(v) for v in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
           "method": "CUDA events per call; L2 flush (256 MiB write) + barrier before each; median per rank, max over ranks",
-          "results": results}
+          "rows": results}
 
 for layout in args.b_layout.split(","):
     assert layout in ("nk", "kn"), f"--b-layout: {layout}"

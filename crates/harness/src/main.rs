@@ -7,6 +7,7 @@
 //! weft bench [SUITE] [--quick] [--json PATH] [--csv PATH] [--method M]
 //! weft tune [--quick] [--out PATH] [--json PATH]   the overlap tuner's profile and its check
 //! weft launch -n N -- CMD …    N local ranks (one per GPU), stopped together on any failure
+//! weft plot RESULTS.json … [--out PATH.png|.svg]   speedup or bandwidth chart of results files
 //! ```
 //! Under a launcher (mpirun, srun, torchrun, `weft launch`) every rank runs the same command;
 //! rank 0 prints.
@@ -21,8 +22,10 @@ mod job;
 mod json;
 mod launch;
 mod nvml;
+mod plot;
 mod reduce_check;
 mod results;
+mod results_file;
 mod suites;
 mod timing;
 mod trials;
@@ -46,6 +49,7 @@ usage:
   weft tune [--quick] [--out PATH] [--json PATH]   profile NCCL and the GEMM, write the overlap tuning file, check its predictions
   weft launch -n N -- CMD [ARGS…]   start N local ranks of CMD (with a fresh WEFT_JOB_SECRET unless set)
   weft secret                   print a fresh job secret: export WEFT_JOB_SECRET=$(weft secret) to every rank
+  weft plot RESULTS.json… [--out PATH.png|.svg] [--kind speedup|bandwidth]   chart of results files (no GPU)
 Under mpirun / srun / torchrun / weft launch every rank runs the same command; rank 0 prints.";
 
 fn main() -> ExitCode {
@@ -62,6 +66,7 @@ fn main() -> ExitCode {
         Some("test") => test(&args[1..]),
         Some("bench") => bench_command(&args[1..]),
         Some("tune") => tune_command(&args[1..]),
+        Some("plot") => plot_command(&args[1..]),
         Some("secret") if args.len() == 1 => weft_pgl::job_secret::JobSecret::generate().map(|s| {
             println!("{}", s.to_hex());
             ExitCode::SUCCESS
@@ -112,6 +117,27 @@ fn subcommand_usage(cmd: &str) -> &'static str {
         "info" => "Usage: weft info\n\nDescribe the local GPUs, their links and the driver, CUDA and NCCL versions.",
         "launch" => "Usage: weft launch -n N [--] CMD [ARGS...]\n\nStart N local ranks of CMD (rank r on GPU r), with a fresh WEFT_JOB_SECRET unless one is set;\nwhen a rank fails, or on Ctrl-C, stop the others and name the rank and how it ended.",
         _ => "Usage: weft secret\n\nPrint a fresh job secret (64 hex digits): export WEFT_JOB_SECRET=$(weft secret) and pass it\nto every rank (mpirun -x WEFT_JOB_SECRET).",
+    }
+}
+
+/// `weft plot`: no job, no GPU; clap prints `--help` and usage errors itself.
+fn plot_command(args: &[String]) -> anyhow::Result<ExitCode> {
+    match plot::command(args) {
+        Ok(out) => {
+            println!("wrote {}", out.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => match e.downcast_ref::<clap::Error>() {
+            Some(c) => {
+                c.print()?;
+                Ok(if c.use_stderr() {
+                    ExitCode::FAILURE
+                } else {
+                    ExitCode::SUCCESS
+                })
+            }
+            None => Err(e),
+        },
     }
 }
 

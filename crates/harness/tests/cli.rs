@@ -97,6 +97,7 @@ fn subcommands_print_their_help() {
         ("info", "Usage: weft info"),
         ("launch", "Usage: weft launch"),
         ("secret", "Usage: weft secret"),
+        ("plot", "Usage: weft plot"),
     ] {
         let o = weft(&[cmd, "--help"]);
         let out = String::from_utf8_lossy(&o.stdout);
@@ -106,6 +107,14 @@ fn subcommands_print_their_help() {
             stderr(&o)
         );
     }
+}
+
+/// `weft plot` without files is a usage error naming what is missing, not a success.
+#[test]
+fn plot_without_files_is_a_usage_error() {
+    let o = weft(&["plot"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("RESULTS.json"), "{}", stderr(&o));
 }
 
 /// Without a GPU the main job says so and exits with status 2; with one, this test has nothing
