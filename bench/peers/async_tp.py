@@ -195,6 +195,9 @@ def driver_version():
         return None
 
 
+SEQ_NAME = {"reduce-scatter": "seq: the matmul, then NCCL reduce-scatter",
+            "all-gather": "seq: NCCL all-gather, then the matmul"}
+
 # The envelope and rows of weft's results files (crates/harness/src/results_file.rs).
 results, failed = [], False
 report = {"suite": f"async-tp-{args.op}", "device": torch.cuda.get_device_name(dev), "gpus": world,
@@ -219,7 +222,7 @@ for layout in args.b_layout.split(","):
         B = W.t() if layout == "nk" else W
         def regen():
             A.normal_(0.0, k ** -0.25); W.normal_(0.0, k ** -0.25)
-        row = {"m": m, "n": n, "k": k, "b_layout": layout}
+        row = {"case": f"{m}x{n}x{k} B={layout}", "m": m, "n": n, "k": k, "b_layout": layout}
         regen()
         err, ok, mad = check(A, B)
         e_any, mad, bad = all_max([err is not None, mad, not ok])
@@ -239,8 +242,10 @@ for layout in args.b_layout.split(","):
             if not e_any:
                 fused_t.append(timed(fused, A, B))
         seq_ms, fused_ms = all_max([statistics.median(seq_t), statistics.median(fused_t) if fused_t else float("nan")])
-        row.update(seq_ms=seq_ms, async_tp_ms=finite_or_none(fused_ms),
-                   speedup=finite_or_none(seq_ms / fused_ms) if not e_any else None,
+        speedup = finite_or_none(seq_ms / fused_ms) if not e_any else None
+        # baseline_ms / ratio: the schema's names for seq and seq / async-tp (no weft_ms here).
+        row.update(seq_ms=seq_ms, async_tp_ms=finite_or_none(fused_ms), speedup=speedup,
+                   baseline=SEQ_NAME[args.op], baseline_ms=seq_ms, ratio=speedup,
                    max_abs_diff=finite_or_none(mad), ok=(not bad) if not e_any else None,
                    path=f"{fused_call}; "
                         f"enable_symm_mem_for_group {enable_state}")
