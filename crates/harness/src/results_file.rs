@@ -2,7 +2,8 @@
 //! committed file under `results/` follows it): an envelope naming the suite, device, commit,
 //! date and command, and rows `{case, weft_ms, baseline, baseline_ms, ratio, …}` whose further
 //! fields are the suite's own. A row's `ratio`, where it has one with both times, is
-//! `baseline_ms / weft_ms`.
+//! `baseline_ms / weft_ms`. (In the PyTorch peer files the measured op is async-TP: their rows
+//! have `baseline_ms` and `ratio` = seq ÷ async-TP, and no `weft_ms`.)
 
 use serde::Deserialize;
 use serde_json::{Map, Value};

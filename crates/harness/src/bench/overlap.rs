@@ -511,35 +511,43 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
             .filter_map(|(_, o)| o.report().method.to_string().parse::<Method>().ok())
             .map(|m| GemmAlone::of(op, &m, world as u32))
             .collect();
-        let mut lones = Lones::new(&compute, shape, &gemms, comm_alone)?;
         // Every op checked against the reference, then all timed interleaved with the
-        // references, then freed.
+        // references, then freed (also when the references could not be planned).
         progress(
             job,
             &format!(
-                "[{}/{total}] {shape}: checking {} ops, timing them with {} references",
+                "[{}/{total}] {shape}: checking {} ops, timing them with the references",
                 i + 1,
                 planned.len(),
-                lones.len()
             ),
         );
-        let timed = check_and_time_all(
-            job,
-            &mut rig,
-            &mut cmp,
-            op,
-            &mut planned,
-            &mut lones,
-            &mut x,
-            &reference,
-            &bound,
-            shape,
+        // Planned on every rank alike or refused on all (the timing below is collective).
+        let lones = Lones::new(&compute, shape, &gemms, comm_alone);
+        let lones = weft_pgl::agree(
+            &mut job.rdzv,
+            &format!("planning the references at {shape}"),
+            lones,
         );
+        let timed = lones.and_then(|mut lones| {
+            let t = check_and_time_all(
+                job,
+                &mut rig,
+                &mut cmp,
+                op,
+                &mut planned,
+                &mut lones,
+                &mut x,
+                &reference,
+                &bound,
+                shape,
+            )?;
+            Ok((t, lones))
+        });
         let mut freed = Ok(());
         for (_, anyop) in planned.drain(..).rev().collect::<Vec<_>>() {
             freed = freed.and(anyop.free(&mut job.rdzv));
         }
-        let (labels, times, lone_times) = timed?;
+        let ((labels, times, lone_times), lones) = timed?;
         freed?;
         let (t_gemm, t_comm, gemm_ms) = lones.split(&lone_times);
         drop(lones);
@@ -774,7 +782,8 @@ fn alone(
 }
 
 /// Checks every op against `reference` (result poisoned, one launch), then times them all
-/// interleaved; (choice, method) and the slowest rank's median per op, in `ops`' order.
+/// interleaved with `lones`' references; (choice, method), the slowest rank's median per op in
+/// `ops`' order, and per reference in `lones`' order.
 #[allow(clippy::too_many_arguments)]
 fn check_and_time_all(
     job: &mut Job,

@@ -118,8 +118,8 @@ pub const ROW_TIMED_MS: f64 = 10.0;
 /// T_comm, so every rank computes the same count): enough for [`ROW_TIMED_MS`] of it, at least
 /// `base` and at most 10 × `base` (with `base` 15, rows of 0.67 ms and more keep it). A median of
 /// 15 left ±2.5 % of noise on 40 µs rows (four 4-GPU runs of the AllGather and ReduceScatter
-/// grids, 2026-11-26). T_gemm and T_comm themselves, timed before the count is known, keep
-/// `base`.
+/// grids, 2026-11-26). The first timing of T_gemm and T_comm, which gives `seq_ms` before the
+/// count is known, keeps `base`.
 pub fn row_iterations(base: usize, seq_ms: f64) -> usize {
     let wanted = if seq_ms.is_finite() && seq_ms > 0.0 {
         (ROW_TIMED_MS / seq_ms).ceil().min(1e6) as usize
