@@ -49,6 +49,12 @@ fn main() -> anyhow::Result<()> {
         &env,
         CudaContext::device_count()? as usize,
     )?)?;
+    // The ops run work on their own streams beside the caller's and order it with their own
+    // events; cudarc's per-buffer event tracking would serialise them (the ops refuse to plan
+    // with it on).
+    // SAFETY: this program uses its buffers on `stream` only, and synchronises it before
+    // reading results or freeing anything.
+    unsafe { ctx.disable_event_tracking() };
     let stream = ctx.new_stream()?;
     let (m, n, k) = (shape.m as usize, shape.n as usize, shape.k as usize);
     anyhow::ensure!(m % world == 0, "{shape}: M must split over {world} ranks");
