@@ -38,85 +38,18 @@ pub fn chart(files: &[(PathBuf, ResultsFile)], kind: Option<Kind>) -> anyhow::Re
     if suites.iter().any(|s| *s != suites[0]) {
         title = suites.join(", ");
     }
-    // Series are named by file stem, or by path where two files share a stem.
-    let stem = |p: &Path| p.file_stem().map(|s| s.to_string_lossy().into_owned());
-    let stems: Vec<Option<String>> = files.iter().map(|(p, _)| stem(p)).collect();
-    let unique = (1..stems.len()).all(|i| !stems[..i].contains(&stems[i]));
-    let name = |p: &Path| match (unique, stem(p)) {
-        (true, Some(s)) => s,
-        _ => p.display().to_string(),
-    };
-    let mut series = Vec::new();
+    let names = series_names(files);
     let mut cases: Vec<String> = Vec::new();
-    match kind {
+    let mut series = match kind {
         Kind::Speedup => {
             title.push_str(": speedup over the baseline (baseline ms / measured ms)");
-            for (path, file) in files {
-                let mut points = Vec::new();
-                for row in &file.rows {
-                    let Some(ratio) = row.ratio.filter(|r| r.is_finite()) else {
-                        continue;
-                    };
-                    let label = row.label();
-                    let x = match cases.iter().position(|c| *c == label) {
-                        Some(i) => i,
-                        None => {
-                            cases.push(label);
-                            cases.len() - 1
-                        }
-                    };
-                    points.push((x as f64, ratio));
-                }
-                series.push(Series {
-                    label: name(path),
-                    points,
-                    dashed: false,
-                });
-            }
+            speedup_series(files, &names, &mut cases)
         }
         Kind::Bandwidth => {
             title.push_str(": bandwidth against size (GB/s)");
-            for (path, file) in files {
-                let mut keyed: Vec<Series> = Vec::new();
-                for row in &file.rows {
-                    let Some(bytes) = row.num("bytes").filter(|b| *b > 0.0) else {
-                        continue;
-                    };
-                    let key = series_key(row);
-                    let lines = [
-                        (
-                            first(row, &BANDWIDTH),
-                            format!("{} {key}", name(path)),
-                            false,
-                        ),
-                        (
-                            first(row, &BASELINE_BANDWIDTH),
-                            format!(
-                                "{} {key}: {}",
-                                name(path),
-                                row.text("baseline").unwrap_or("baseline")
-                            ),
-                            true,
-                        ),
-                    ];
-                    for (value, label, dashed) in lines {
-                        let Some(v) = value.filter(|v| v.is_finite()) else {
-                            continue;
-                        };
-                        match keyed.iter_mut().find(|s| s.label == label) {
-                            Some(s) => s.points.push((bytes, v)),
-                            None => keyed.push(Series {
-                                label,
-                                points: vec![(bytes, v)],
-                                dashed,
-                            }),
-                        }
-                    }
-                }
-                series.extend(keyed);
-            }
+            bandwidth_series(files, &names)
         }
-    }
+    };
     series.retain(|s| !s.points.is_empty());
     anyhow::ensure!(
         !series.is_empty(),
@@ -134,19 +67,8 @@ pub fn chart(files: &[(PathBuf, ResultsFile)], kind: Option<Kind>) -> anyhow::Re
     for s in &mut series {
         s.points.sort_by(|a, b| a.0.total_cmp(&b.0));
     }
-    // A first word every case shares (the op: "reduce_scatter 16x8192x4096") goes to the title.
-    if let Some(word) = cases
-        .first()
-        .and_then(|c| c.split_once(' '))
-        .map(|w| w.0.to_string())
-    {
-        let prefix = format!("{word} ");
-        if cases.iter().all(|c| c.starts_with(&prefix)) {
-            for c in &mut cases {
-                c.drain(..prefix.len());
-            }
-            title = format!("{title} [{word}]");
-        }
+    if let Some(word) = strip_common_word(&mut cases) {
+        title = format!("{title} [{word}]");
     }
     Ok(Chart {
         title,
@@ -154,6 +76,102 @@ pub fn chart(files: &[(PathBuf, ResultsFile)], kind: Option<Kind>) -> anyhow::Re
         series,
         cases,
     })
+}
+
+/// Each file's series name: its stem, or its path where two files share a stem.
+fn series_names(files: &[(PathBuf, ResultsFile)]) -> Vec<String> {
+    let stem = |p: &Path| p.file_stem().map(|s| s.to_string_lossy().into_owned());
+    let stems: Vec<Option<String>> = files.iter().map(|(p, _)| stem(p)).collect();
+    let unique = (1..stems.len()).all(|i| !stems[..i].contains(&stems[i]));
+    files
+        .iter()
+        .zip(stems)
+        .map(|((p, _), s)| match (unique, s) {
+            (true, Some(s)) => s,
+            _ => p.display().to_string(),
+        })
+        .collect()
+}
+
+/// One series per file: each row's ratio at its case's x index (`cases` gathers the cases of
+/// every file, first seen first).
+fn speedup_series(
+    files: &[(PathBuf, ResultsFile)],
+    names: &[String],
+    cases: &mut Vec<String>,
+) -> Vec<Series> {
+    let mut series = Vec::new();
+    for ((_, file), name) in files.iter().zip(names) {
+        let mut points = Vec::new();
+        for row in &file.rows {
+            let Some(ratio) = row.ratio.filter(|r| r.is_finite()) else {
+                continue;
+            };
+            let label = row.label();
+            let x = cases.iter().position(|c| *c == label).unwrap_or_else(|| {
+                cases.push(label);
+                cases.len() - 1
+            });
+            points.push((x as f64, ratio));
+        }
+        series.push(Series {
+            label: name.clone(),
+            points,
+            dashed: false,
+        });
+    }
+    series
+}
+
+/// Per file, one series per op (or method and SM count) of its rows' bandwidth against bytes,
+/// and a dashed one of the baseline's where the rows carry it.
+fn bandwidth_series(files: &[(PathBuf, ResultsFile)], names: &[String]) -> Vec<Series> {
+    let mut series: Vec<Series> = Vec::new();
+    for ((_, file), name) in files.iter().zip(names) {
+        for row in &file.rows {
+            let Some(bytes) = row.num("bytes").filter(|b| *b > 0.0) else {
+                continue;
+            };
+            let key = series_key(row);
+            let baseline = row.text("baseline").unwrap_or("baseline");
+            let lines = [
+                (first(row, &BANDWIDTH), format!("{name} {key}"), false),
+                (
+                    first(row, &BASELINE_BANDWIDTH),
+                    format!("{name} {key}: {baseline}"),
+                    true,
+                ),
+            ];
+            for (value, label, dashed) in lines {
+                let Some(v) = value.filter(|v| v.is_finite()) else {
+                    continue;
+                };
+                match series.iter_mut().find(|s| s.label == label) {
+                    Some(s) => s.points.push((bytes, v)),
+                    None => series.push(Series {
+                        label,
+                        points: vec![(bytes, v)],
+                        dashed,
+                    }),
+                }
+            }
+        }
+    }
+    series
+}
+
+/// Strips a first word every case shares (the op: "reduce_scatter 16x8192x4096") and returns
+/// it, for the title.
+fn strip_common_word(cases: &mut [String]) -> Option<String> {
+    let word = cases.first()?.split_once(' ')?.0.to_string();
+    let prefix = format!("{word} ");
+    if !cases.iter().all(|c| c.starts_with(&prefix)) {
+        return None;
+    }
+    for c in cases.iter_mut() {
+        c.drain(..prefix.len());
+    }
+    Some(word)
 }
 
 fn first(row: &Row, keys: &[&str]) -> Option<f64> {
