@@ -513,35 +513,201 @@ __device__ void run_ll(const weft_collective_params& p, uint64_t seq) {
   // cost 2.4 us per call (nvidia-h100-x2, 4 KiB AllReduce under graph replay: 6.9 -> 9.4 us).
 }
 
-// The launch's round numbers: every block reads the state's seq at its start; the last block to
-// finish advances it by the launch's rounds (its acq_rel add orders every other block's read
-// before its write).
+// ---- Sentinel protocol (one round, Lamport-style) ----
+// Sentinel slots hold 0xff bytes wherever no data is. A sender pushes its vectors in place with
+// 16-byte stores; the receiver polls each vector until none of its elements is the sentinel (an
+// element is written whole, so a vector seen in pieces just waits for the rest), uses it, and
+// writes the sentinel back. That reset is safe: the sender wrote the slot of round S before this
+// rank read it (coherence), and writes it next in round S + 3, after seeing this rank's round S + 2
+// data, which this rank sends after its launch of round S (resets included) ended.
+// An element whose bits are all ones (one NaN pattern) is sent as 0x7f..f, another NaN: the only
+// change of bits this protocol makes (every rank's own elements go through the same change, so all
+// ranks still get the same bits).
+
+__device__ __forceinline__ uint4 ld_v4_relaxed(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.relaxed.sys.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void st_v4_relaxed(uint4* p, uint4 v) {
+  asm volatile("st.relaxed.sys.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+template <typename T> struct SentinelBits {
+  // The word with every element that is the sentinel replaced by 0x7f..f.
+  __device__ static uint32_t canon(uint32_t w) {
+    if constexpr (sizeof(T) == 4) {
+      return w == 0xFFFFFFFFu ? 0x7FFFFFFFu : w;
+    } else {
+      return w & ~(__vcmpeq2(w, 0xFFFFFFFFu) & 0x80008000u);  // a 0xffff half loses its top bit
+    }
+  }
+  // Whether any element of the word is the sentinel.
+  __device__ static bool has(uint32_t w) {
+    if constexpr (sizeof(T) == 4) {
+      return w == 0xFFFFFFFFu;
+    } else {
+      return __vcmpeq2(w, 0xFFFFFFFFu) != 0;
+    }
+  }
+  __device__ static uint4 canon(uint4 v) { return make_uint4(canon(v.x), canon(v.y), canon(v.z), canon(v.w)); }
+  __device__ static bool has(uint4 v) { return has(v.x) || has(v.y) || has(v.z) || has(v.w); }
+};
+
+// Polls the vector until no element is the sentinel; bounded like every weft wait (reported as an
+// unordered wait on coordinate (0, 0, sender, vector), expected 0 sentinel elements).
+template <typename T>
+__device__ __noinline__ uint4 poll_sentinel(const uint4* p, const weft_collective_params& prm, int32_t sender, uint64_t vec) {
+  const long long c0 = clock64();
+  const uint64_t t0 = globaltimer_ns();
+  for (;;) {
+    const uint4 v = ld_v4_relaxed(p);
+    if (!SentinelBits<T>::has(v)) return v;
+    const uint64_t spent = uint64_t(clock64() - c0);
+    if (spent > prm.flags.bound.budget_cycles) {
+      failure f{};
+      f.status = WEFT_SYNC_STATUS_TIMEOUT;
+      f.primitive = WEFT_SYNC_PRIM_WAIT_UNORDERED;
+      f.target_rank = sender;
+      f.coord = coord4(0, 0, uint32_t(sender), uint32_t(vec));
+      f.expected = 0;
+      f.observed = (uint64_t(v.y) << 32) | v.x;
+      f.elapsed_cycles = spent;
+      f.elapsed_ns = globaltimer_ns() - t0;
+      fail(prm.flags.bound, prm.staging.rank, f);
+    }
+  }
+}
+
+constexpr int kSentinelUnroll = 2;  // vectors per thread in flight
+
+// One-shot AllReduce, ReduceScatter, AllGather of n elements per shard, n · sizeof(T) a multiple
+// of 16 (the host's condition for this protocol). Reads the launch's round number from `seq_copy`
+// after its first input loads are out (neither waits for the other) and returns it.
+template <typename T>
+__device__ uint64_t run_sentinel(const weft_collective_params& p, const volatile uint64_t* seq_copy) {
+  constexpr int N = Vec<T>::N, U = kSentinelUnroll;
+  using Bits = SentinelBits<T>;
+  const int32_t me = p.staging.rank, world = p.staging.world;
+  const uint64_t n = p.count, nv = n / N;
+  const bool scatter = p.algo == WEFT_COLL_REDUCE_SCATTER, gather = p.algo == WEFT_COLL_ALL_GATHER;
+  auto source = [&](int32_t shard) {
+    return reinterpret_cast<const uint4*>(reinterpret_cast<const T*>(p.input) + (scatter ? uint64_t(shard) * n : 0));
+  };
+  uint4* out = reinterpret_cast<uint4*>(p.output);
+  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+  const uint64_t first = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  // Vectors v0 + u · stride (u < U) of a pass; `x` holds them for one peer.
+  uint4 x[U];
+  auto load = [&](uint64_t v0, const uint4* src) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (v0 + u * stride < nv) x[u] = src[v0 + u * stride];
+  };
+  load(first, source((me + 1) % world));
+  const uint64_t seq = *seq_copy + 1;
+  auto slot = [&](int32_t owner, int32_t sender) {
+    return reinterpret_cast<uint4*>(p.staging.base[owner] +
+                                    weft_collective_sentinel_slot_offset(seq, sender, world, p.slot_bytes, p.sentinel_bytes));
+  };
+  // Send: to every peer (ReduceScatter: peer p's shard to peer p; else the input, loaded once).
+  for (uint64_t v0 = first; v0 < nv; v0 += U * stride) {
+    for (int32_t k = 1; k < world; ++k) {
+      const int32_t peer = (me + k) % world;
+      // (first, k = 1) is loaded above; without scatter, k > 1 sends what k = 1 loaded.
+      if ((k == 1 || scatter) && !(v0 == first && k == 1)) load(v0, source(peer));
+      uint4* dst = slot(peer, me);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (v0 + u * stride < nv) st_v4_relaxed(dst + v0 + u * stride, Bits::canon(x[u]));
+    }
+  }
+  // Receive the same vectors from every peer (rank order), then sum or copy; reset what was read.
+  const uint4 sentinel = make_uint4(~0u, ~0u, ~0u, ~0u);
+  for (uint64_t v0 = first; v0 < nv; v0 += U * stride) {
+    float acc[U][N];
+    for (int32_t r = 0; r < world; ++r) {
+      uint4 x[U];
+      if (r == me) {
+        const uint4* src = source(me);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (v0 + u * stride < nv) x[u] = Bits::canon(src[v0 + u * stride]);
+      } else {
+        uint4* from = slot(me, r);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (v0 + u * stride < nv) x[u] = ld_v4_relaxed(from + v0 + u * stride);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const uint64_t v = v0 + u * stride;
+          if (v >= nv) continue;
+          if (Bits::has(x[u])) x[u] = poll_sentinel<T>(from + v, p, r, v);
+          from[v] = sentinel;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const uint64_t v = v0 + u * stride;
+        if (v >= nv) continue;
+        if (gather) {
+          out[uint64_t(r) * nv + v] = x[u];
+        } else {
+          float f[N];
+          Vec<T>::widen(x[u], f);
+#pragma unroll
+          for (int e = 0; e < N; ++e) acc[u][e] = r == 0 ? f[e] : acc[u][e] + f[e];
+        }
+      }
+    }
+    if (!gather) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (v0 + u * stride < nv) out[v0 + u * stride] = Vec<T>::narrow(acc[u]);
+    }
+  }
+  return seq;
+}
+
+// The launch's round numbers (weft/abi/collectives.h, weft_collective_state): block b reads its
+// own copy seq[b] at its start; after the CTA barrier (every thread's read is done) its threads
+// write the advanced value into the copies b, b + G, b + 2G, ... — a store each, in parallel.
 template <typename T>
 __device__ __forceinline__ void collective(const weft_collective_params& p) {
   weft_collective_state* state = reinterpret_cast<weft_collective_state*>(p.state);
   uint64_t first;
-  if (p.protocol == WEFT_COLL_PROTO_LL) {
+  if (p.protocol == WEFT_COLL_PROTO_SENTINEL) {
+    first = run_sentinel<T>(p, &state->seq[blockIdx.x]);
+  } else if (p.protocol == WEFT_COLL_PROTO_LL) {
     // Every thread reads the round number itself: its first sends need not wait for a barrier.
-    first = *reinterpret_cast<volatile uint64_t*>(&state->seq) + 1;
+    first = *reinterpret_cast<volatile uint64_t*>(&state->seq[blockIdx.x]) + 1;
     run_ll<T>(p, first);
   } else {
     __shared__ uint64_t shared_first;
-    if (threadIdx.x == 0) shared_first = *reinterpret_cast<volatile uint64_t*>(&state->seq) + 1;
+    if (threadIdx.x == 0) shared_first = *reinterpret_cast<volatile uint64_t*>(&state->seq[blockIdx.x]) + 1;
     __syncthreads();
     first = shared_first;
     Collective<T>(p, first).run();
   }
   __syncthreads();
-  if (threadIdx.x == 0 && mo::atom_add_acq_rel_gpu(&state->blocks_done, 1) == gridDim.x - 1) {
-    state->seq = first - 1 + p.rounds;
-    state->blocks_done = 0;
-  }
+  const uint32_t copy = blockIdx.x + threadIdx.x * gridDim.x;
+  if (copy < WEFT_COLL_MAX_BLOCKS) state->seq[copy] = first - 1 + p.rounds;
 }
 
 }  // namespace
 
-#define WEFT_COLLECTIVE_KERNEL(NAME, T) \
-  extern "C" __global__ void __launch_bounds__(kThreads) NAME(weft_collective_params p) { collective<T>(p); }
+// __grid_constant__: the kernel takes the params' address (references to them, indexing
+// staging.base[] by rank), which without it makes every thread copy the whole struct (about 400
+// bytes) to its stack first.
+#define WEFT_COLLECTIVE_KERNEL(NAME, T)                                                      \
+  extern "C" __global__ void __launch_bounds__(kThreads) NAME(const __grid_constant__ weft_collective_params p) { \
+    collective<T>(p);                                                                         \
+  }
 
 WEFT_COLLECTIVE_KERNEL(weft_collective_f32, float)
 WEFT_COLLECTIVE_KERNEL(weft_collective_bf16, bf16)

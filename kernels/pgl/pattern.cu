@@ -12,7 +12,7 @@ __device__ __forceinline__ uint32_t pattern_value(uint32_t writer, uint32_t owne
   return uint32_t(x) | 1u;  // never 0: zero-filled memory never passes for written
 }
 
-extern "C" __global__ void weft_pgl_pattern(weft_pgl_view view, uint32_t tile_rows, uint32_t tile_cols) {
+extern "C" __global__ void weft_pgl_pattern(const __grid_constant__ weft_pgl_view view, uint32_t tile_rows, uint32_t tile_cols) {
   weft_pgl_shape slice = view.shape;  // one batch entry: this rank's slice
   slice.batch = 1;
   const uint64_t tiles = weft_tile_count(slice, tile_rows, tile_cols);

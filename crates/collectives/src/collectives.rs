@@ -61,10 +61,11 @@ impl Collectives {
         }
         let max_blocks = checked?;
         let cut = format!(
-            "slot_bytes {} blocks {:?} max_blocks {max_blocks} ll_max_bytes {} all_reduce {:?}",
+            "slot_bytes {} blocks {:?} max_blocks {max_blocks} ll_max_bytes {} sentinel_bytes {} all_reduce {:?}",
             options.slot_bytes_at(world),
             options.blocks,
             options.ll_max_bytes,
+            options.sentinel_bytes_at(world),
             options.all_reduce
         );
         let all = rdzv.all_gather(cut.as_bytes())?;
@@ -85,22 +86,45 @@ impl Collectives {
             load_kernels(&ctx),
         )?;
         // [slot][phase][sender] rows of slot_bytes, then [slot][sender] LL rows
-        // (weft_collective_slot_offset, weft_collective_ll_slot_offset).
-        // SAFETY: a pure function of its argument (weft/abi/collectives.h).
+        // (weft_collective_slot_offset, weft_collective_ll_slot_offset), then the sentinel
+        // area, [slot][sender] rows of sentinel_bytes (weft_collective_sentinel_slot_offset),
+        // rounded up to whole rows of slot_bytes.
+        // SAFETY: pure functions of their arguments (weft/abi/collectives.h).
         let rows = unsafe { abi::weft_collective_staging_rows(world as u32) };
         let slot_bytes = options.slot_bytes_at(world);
+        let sentinel_bytes = options.sentinel_bytes_at(world);
+        let sentinel_area =
+            unsafe { abi::weft_collective_sentinel_area_bytes(world as u32, sentinel_bytes) };
+        let sentinel_rows = u32::try_from(sentinel_area.div_ceil(slot_bytes)).map_err(|_| {
+            CollectiveError::Options(format!("sentinel area of {sentinel_area} bytes"))
+        })?;
         let staging = Pgl::alloc(
             rdzv,
             &ctx,
-            Shape::new(1, 1, rows, slot_bytes as u32),
+            Shape::new(1, 1, rows + sentinel_rows, slot_bytes as u32),
             Backend::default(),
         )
         .map_err(|e| {
             e.context(format!(
                 "allocating {} bytes of collective staging",
-                rows as u64 * slot_bytes
+                (rows + sentinel_rows) as u64 * slot_bytes
             ))
         })?;
+        if sentinel_area > 0 {
+            // Every byte of the sentinel area starts as the sentinel (kernels leave it so).
+            let at = staging.local_ptr() + rows as u64 * slot_bytes;
+            ctx.bind_to_thread()?;
+            // SAFETY: [at, at + sentinel_area) lies inside this rank's staging allocation of
+            // (rows + sentinel_rows) · slot_bytes bytes, alive while `staging` is.
+            unsafe {
+                cudarc::driver::result::memset_d8_async(
+                    at,
+                    0xff,
+                    sentinel_area as usize,
+                    stream.cu_stream(),
+                )
+            }?;
+        }
         let budget = agree(
             rdzv,
             "collectives wait budget",
@@ -124,10 +148,12 @@ impl Collectives {
             staging: staging.view(),
             flags: flags.device()?,
             slot_bytes,
+            sentinel_bytes,
             state: state_ptr,
             ..Default::default()
         };
-        stream.synchronize()?; // the zeroed state is in place before any rank's first launch
+        // The zeroed state and the sentinel area are in place before any rank's first launch.
+        stream.synchronize()?;
         agree(rdzv, "collectives state", Ok(()))?;
         Ok(Self {
             stream: stream.clone(),
@@ -250,6 +276,7 @@ impl Collectives {
     ) -> Result<Geometry, CollectiveError> {
         let limits = Limits {
             slot_bytes: self.slot_bytes,
+            sentinel_bytes: self.base.sentinel_bytes,
             ll_max_bytes: self.options.ll_max_bytes,
             blocks: self.options.blocks,
             max_blocks: self.max_blocks,
@@ -346,8 +373,8 @@ impl Collectives {
         // callers (count elements; world·count where the op says so), 16-byte aligned; the
         // staging and flag views are this value's PGLs, alive while it is; the kernel writes the
         // staging only inside slots of slot_bytes (window ≤ slot_bytes / size of T; LL: 8 bytes
-        // per 4-byte word, checked by geometry()); the state
-        // is this value's two words. Capturable: nothing here depends on earlier launches.
+        // per 4-byte word; sentinel: payload ≤ sentinel_bytes; checked by geometry()); the state
+        // is this value's WEFT_COLL_MAX_BLOCKS words. Capturable: nothing here depends on earlier launches.
         unsafe { self.stream.launch_builder(func).arg(&params).launch(cfg) }?;
         Ok(())
     }

@@ -71,6 +71,10 @@ pub enum Protocol {
     /// Low latency, one round: each 4-byte word travels with its round number in one 8-byte
     /// store and the receiver polls the words themselves (no flag, no fence); half the bandwidth.
     LowLatency,
+    /// One round, Lamport-style: data pushed in place (16-byte stores) into slots that hold a
+    /// sentinel (every bit set) where no data is; the receiver polls until no element of a vector
+    /// is the sentinel, uses it and sets it back. One NVLink hop of latency, full bandwidth.
+    Sentinel,
 }
 
 impl Protocol {
@@ -78,6 +82,7 @@ impl Protocol {
         (match self {
             Protocol::Simple => abi::WEFT_COLL_PROTO_SIMPLE,
             Protocol::LowLatency => abi::WEFT_COLL_PROTO_LL,
+            Protocol::Sentinel => abi::WEFT_COLL_PROTO_SENTINEL,
         }) as i32
     }
 }
@@ -91,6 +96,14 @@ impl Protocol {
 /// `results/collectives/before-after-nvidia-h200-x4-2026-11-26/`).
 pub const LL_MIN_BLOCKS: u32 = 16;
 pub const LL_MAX_BLOCKS: u32 = 64;
+/// A sentinel launch gets a block per [`SENTINEL_BYTES_PER_BLOCK`] of payload (one 16-byte
+/// vector per thread), between [`SENTINEL_MIN_BLOCKS`] and [`SENTINEL_MAX_BLOCKS`]. On two H200s
+/// (AllReduce under graph replay): 16 blocks were best up to 64 KiB, 32–64 at 256 KiB (4.1 µs
+/// against 4.6 with 16), 64–128 at 512 KiB (4.9 against 5.6), 128 from 1 MiB (6.5 against 7.2
+/// with 64).
+pub const SENTINEL_BYTES_PER_BLOCK: u64 = 8 << 10;
+pub const SENTINEL_MIN_BLOCKS: u32 = 16;
+pub const SENTINEL_MAX_BLOCKS: u32 = 128;
 /// Threads per block of the collective kernels (kThreads in collectives.cu).
 pub const THREADS: u32 = 512;
 
@@ -117,6 +130,9 @@ pub struct Geometry {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     pub slot_bytes: u64,
+    /// Bytes of one sentinel slot (a multiple of 16); payloads up to this that are whole 16-byte
+    /// vectors go by the sentinel protocol; 0 never.
+    pub sentinel_bytes: u64,
     /// Largest payload per sender (bytes) sent with the LL protocol; 0 never.
     pub ll_max_bytes: u64,
     pub blocks: Option<u32>,
@@ -125,8 +141,10 @@ pub struct Limits {
 
 /// `count` as the kernel reads it (AllReduce: the buffer; ReduceScatter: the output per rank;
 /// AllGather: the input per rank). `count` > 0, `slot_bytes` a positive multiple of 16.
-/// LL where the algorithm allows it (not two-shot) and the payload per sender fits both
-/// `ll_max_bytes` and a slot at 8 bytes per 4-byte word; else the simple protocol in rounds.
+/// Sentinel where the algorithm allows it (not two-shot) and the payload per sender is whole
+/// 16-byte vectors fitting a sentinel slot; else LL where the algorithm allows it and the payload
+/// fits both `ll_max_bytes` and a slot at 8 bytes per 4-byte word; else the simple protocol in
+/// rounds.
 /// None when the call would take more than u32::MAX rounds, or its size in bytes (or rounded
 /// up to whole 16-byte vectors) would pass 2^64.
 pub fn geometry(
@@ -138,6 +156,7 @@ pub fn geometry(
 ) -> Option<Geometry> {
     let Limits {
         slot_bytes,
+        sentinel_bytes,
         ll_max_bytes,
         blocks,
         max_blocks,
@@ -145,6 +164,21 @@ pub fn geometry(
     // None beyond 2^64 bytes (no buffer is that large; wrapping would pick LL for a huge call).
     let payload = count.checked_mul(elem_bytes as u64)?;
     let words = payload.div_ceil(4);
+    if algo != Algorithm::AllReduceTwoShot
+        && payload.is_multiple_of(16)
+        && payload <= sentinel_bytes
+    {
+        let auto = (payload.div_ceil(SENTINEL_BYTES_PER_BLOCK) as u32)
+            .clamp(SENTINEL_MIN_BLOCKS, SENTINEL_MAX_BLOCKS);
+        return Some(Geometry {
+            protocol: Protocol::Sentinel,
+            count,
+            shard: count,
+            window: count,
+            rounds: 1,
+            blocks: blocks.unwrap_or(auto).clamp(1, max_blocks),
+        });
+    }
     // 8 bytes a word in the slot (words ≤ slot / 8: no product to wrap).
     if algo != Algorithm::AllReduceTwoShot && payload <= ll_max_bytes && words <= slot_bytes / 8 {
         let auto =
@@ -287,6 +321,7 @@ mod tests {
     fn simple(max_blocks: u32) -> Limits {
         Limits {
             slot_bytes: 4 << 20,
+            sentinel_bytes: 0,
             ll_max_bytes: 0,
             blocks: None,
             max_blocks,
@@ -364,6 +399,50 @@ mod tests {
         );
     }
 
+    #[test]
+    fn sentinel_for_whole_vectors_up_to_its_slot() {
+        let limits = Limits {
+            sentinel_bytes: 1 << 20,
+            ll_max_bytes: 256 << 10,
+            ..simple(128)
+        };
+        let cut = |algo, count, eb| geometry(algo, count, 2, eb, limits).unwrap();
+        let tiny = cut(Algorithm::AllReduceOneShot, 4, 4); // 16 bytes
+        assert_eq!(
+            (tiny.protocol, tiny.rounds, tiny.blocks),
+            (Protocol::Sentinel, 1, SENTINEL_MIN_BLOCKS)
+        );
+        assert_eq!(cut(Algorithm::AllReduceOneShot, 1 << 16, 4).blocks, 32); // 256 KiB / 8 KiB
+        assert_eq!(cut(Algorithm::AllGather, 1 << 18, 4).blocks, 128); // 1 MiB
+        assert_eq!(
+            cut(Algorithm::ReduceScatter, 8, 2).protocol,
+            Protocol::Sentinel
+        );
+        // Not whole vectors: LL; above the sentinel slot: simple; two-shot: never.
+        assert_eq!(
+            cut(Algorithm::AllReduceOneShot, 7, 2).protocol,
+            Protocol::LowLatency
+        );
+        assert_eq!(
+            cut(Algorithm::AllReduceOneShot, (1 << 18) + 4, 4).protocol,
+            Protocol::Simple
+        );
+        assert_eq!(
+            cut(Algorithm::AllReduceTwoShot, 64, 4).protocol,
+            Protocol::Simple
+        );
+        let capped = Limits {
+            max_blocks: 8,
+            ..limits
+        };
+        assert_eq!(
+            geometry(Algorithm::AllGather, 1 << 18, 2, 4, capped)
+                .unwrap()
+                .blocks,
+            8
+        );
+    }
+
     /// Hostile sizes and limits (counts up to 2^64, any world, any slot, LL limit and block
     /// request): geometry never panics, and every cut it returns keeps the kernel inside its
     /// staging slots and covers the data — checked in 128-bit arithmetic written out here.
@@ -403,11 +482,13 @@ mod tests {
                 eb in prop_oneof![Just(2usize), Just(4usize)],
                 slot_16s in 1u64..=(1 << 26),
                 ll_max_bytes in prop_oneof![Just(0u64), 0u64..(1 << 22), any::<u64>()],
+                sentinel_16s in prop_oneof![Just(0u64), 0u64..=(1 << 26)],
                 blocks in proptest::option::of(any::<u32>()),
                 max_blocks in 1u32..=128,
             ) {
                 let slot_bytes = 16 * slot_16s; // a positive multiple of 16, at most 1 GiB
-                let limits = Limits { slot_bytes, ll_max_bytes, blocks, max_blocks };
+                let sentinel_bytes = 16 * sentinel_16s; // as Options::sentinel_bytes_at makes it
+                let limits = Limits { slot_bytes, sentinel_bytes, ll_max_bytes, blocks, max_blocks };
                 let Some(g) = geometry(algo, count, world, eb, limits) else {
                     return Ok(());
                 };
@@ -416,6 +497,13 @@ mod tests {
                 prop_assert!((1..=max_blocks).contains(&g.blocks));
                 prop_assert_eq!(g.count, count);
                 match g.protocol {
+                    Protocol::Sentinel => {
+                        let payload = count128 * eb;
+                        prop_assert!(algo != Algorithm::AllReduceTwoShot);
+                        prop_assert!(payload <= sentinel_bytes as u128, "sentinel for {} bytes", payload);
+                        prop_assert!(payload % 16 == 0, "sentinel payload {} not whole vectors", payload);
+                        prop_assert_eq!((g.rounds, g.shard, g.window), (1, count, count));
+                    }
                     Protocol::LowLatency => {
                         let payload = count128 * eb;
                         prop_assert!(algo != Algorithm::AllReduceTwoShot);

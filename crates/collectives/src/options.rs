@@ -8,9 +8,9 @@ use weft_kernels::abi;
 pub struct Options {
     /// Bytes of one staging slot: a round moves at most this much per (sender, receiver) pair.
     /// Staging per rank is 9 × world × slot_bytes (three rounds in flight, two phases and the LL
-    /// area). A positive multiple of 16, at most 1 GiB; `None`:
-    /// [`DEFAULT_STAGING_PER_SLOT_SET`] / world (16 MiB at two ranks, 288 MiB of staging at any
-    /// world).
+    /// area) plus the sentinel area (3 × world × the sentinel slot). A positive multiple of 16,
+    /// at most 1 GiB; `None`: [`DEFAULT_STAGING_PER_SLOT_SET`] / world (16 MiB at two ranks,
+    /// 288 MiB of staging at any world, plus 24 MiB of sentinel area at two ranks).
     pub slot_bytes: Option<u64>,
     /// Blocks per launch; `None`: one per 8 KiB of a round, at most 64, for rounds up to 4 MiB;
     /// `max_blocks` for larger rounds; LL launches: see [`crate::geometry::LL_MIN_BLOCKS`]
@@ -21,8 +21,14 @@ pub struct Options {
     pub max_blocks: u32,
     pub all_reduce: AllReduceChoice,
     /// Payloads per sender up to this many bytes go by the LL protocol (one round, latency of
-    /// one NVLink hop, half the bandwidth); 0 turns it off.
+    /// one NVLink hop, half the bandwidth) when the sentinel protocol does not take them; 0 turns
+    /// it off.
     pub ll_max_bytes: u64,
+    /// Payloads per sender up to this many bytes (and at most a slot) that are whole 16-byte
+    /// vectors go by the sentinel protocol (one round, latency of one NVLink hop, full
+    /// bandwidth; an element whose bits are all ones arrives as 0x7f..f, another NaN); 0 turns
+    /// it off. Its staging area is 3 × world × min(this, slot_bytes) bytes.
+    pub sentinel_max_bytes: u64,
 }
 
 impl Default for Options {
@@ -33,6 +39,7 @@ impl Default for Options {
             max_blocks: 128,
             all_reduce: AllReduceChoice::Auto,
             ll_max_bytes: 256 << 10,
+            sentinel_max_bytes: DEFAULT_SENTINEL_MAX_BYTES,
         }
     }
 }
@@ -40,19 +47,26 @@ impl Default for Options {
 /// The default slots of all senders together: `slot_bytes` = this / world.
 pub const DEFAULT_STAGING_PER_SLOT_SET: u64 = 32 << 20;
 
+/// The default [`Options::sentinel_max_bytes`]: on two H200s the sentinel protocol beat the LL
+/// one at every size up to its 256 KiB (AllReduce 4 KiB 2.99 against 3.20 µs, 256 KiB 4.1
+/// against 5.1) and the simple one up to 4 MiB (16.3 against 19.5 µs; 1 MiB 6.5 against 9.1),
+/// under CUDA graph replay.
+pub const DEFAULT_SENTINEL_MAX_BYTES: u64 = 4 << 20;
+
 /// The variables [`Options::from_env`] reads.
-pub const ENV_VARS: [&str; 5] = [
+pub const ENV_VARS: [&str; 6] = [
     "WEFT_COLL_SLOT_BYTES",
     "WEFT_COLL_BLOCKS",
     "WEFT_COLL_MAX_BLOCKS",
     "WEFT_COLL_ALL_REDUCE",
     "WEFT_COLL_LL_MAX_BYTES",
+    "WEFT_COLL_SENTINEL_MAX_BYTES",
 ];
 
 impl Options {
     /// The defaults, overridden by `WEFT_COLL_SLOT_BYTES`, `WEFT_COLL_BLOCKS`,
-    /// `WEFT_COLL_MAX_BLOCKS`, `WEFT_COLL_ALL_REDUCE` (`auto`, `one-shot`, `two-shot`) and
-    /// `WEFT_COLL_LL_MAX_BYTES`.
+    /// `WEFT_COLL_MAX_BLOCKS`, `WEFT_COLL_ALL_REDUCE` (`auto`, `one-shot`, `two-shot`),
+    /// `WEFT_COLL_LL_MAX_BYTES` and `WEFT_COLL_SENTINEL_MAX_BYTES`.
     pub fn from_env() -> Result<Self, CollectiveError> {
         Self::from_vars(|k| std::env::var(k).ok())
     }
@@ -89,6 +103,9 @@ impl Options {
         if let Some(v) = get(ENV_VARS[4]) {
             o.ll_max_bytes = num(ENV_VARS[4], v)?;
         }
+        if let Some(v) = get(ENV_VARS[5]) {
+            o.sentinel_max_bytes = num(ENV_VARS[5], v)?;
+        }
         Ok(o)
     }
 
@@ -96,6 +113,12 @@ impl Options {
     pub fn slot_bytes_at(&self, world: usize) -> u64 {
         self.slot_bytes
             .unwrap_or((DEFAULT_STAGING_PER_SLOT_SET / world.max(1) as u64) / 16 * 16)
+    }
+
+    /// Bytes of one sentinel slot at `world` ranks: `sentinel_max_bytes`, at most a slot, down
+    /// to a multiple of 16 (0: the protocol is off).
+    pub fn sentinel_bytes_at(&self, world: usize) -> u64 {
+        self.sentinel_max_bytes.min(self.slot_bytes_at(world)) / 16 * 16
     }
 
     /// Checks the options against `world` ranks on GPUs of `sms` SMs, `ranks_per_gpu` of them

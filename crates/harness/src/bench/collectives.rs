@@ -182,10 +182,10 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                     path: format!(
                         "{}{}",
                         path.name(),
-                        if g.protocol == Protocol::LowLatency {
-                            " LL"
-                        } else {
-                            ""
+                        match g.protocol {
+                            Protocol::LowLatency => " LL",
+                            Protocol::Sentinel => " sentinel",
+                            Protocol::Simple => "",
                         }
                     ),
                     blocks: g.blocks,
@@ -280,6 +280,10 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             ("rounds", Json::from(m.rounds as usize)),
             ("slot_bytes", Json::from(slot_bytes as usize)),
             ("ll_max_bytes", Json::from(options.ll_max_bytes as usize)),
+            (
+                "sentinel_max_bytes",
+                Json::from(options.sentinel_max_bytes as usize),
+            ),
         ]));
     }
     Ok(SuiteResult { table, rows })

@@ -4,7 +4,9 @@
 //! One `Collectives` per trial runs a sequence of counts (1, 7, random small and large) twice
 //! with fresh inputs, so staging slots and round numbers are reused across calls of different
 //! grids; further setups make every large call many rounds (64 KiB slots, 3 blocks), keep to the
-//! simple protocol, or send everything up to 8 MiB per sender by the LL protocol.
+//! simple protocol, send everything up to 8 MiB per sender by the LL protocol, or everything of
+//! whole 16-byte vectors up to 16 MiB by the sentinel protocol. The sentinel protocol's one change
+//! of bits (an all-ones element arrives as 0x7f..f) is checked on its own.
 
 use crate::data::{check_equal, shared_seed, small_ints, Elem};
 use crate::job::Job;
@@ -60,6 +62,15 @@ pub fn cases() -> Vec<Case> {
     ));
     v.extend(typed!("reduce_scatter", Op::ReduceScatter));
     v.extend(typed!("all_gather", Op::AllGather));
+    v.push(Case::gpu("collectives::sentinel_bits::f32", |j| {
+        sentinel_bits::<f32>(j)
+    }));
+    v.push(Case::gpu("collectives::sentinel_bits::bf16", |j| {
+        sentinel_bits::<bf16>(j)
+    }));
+    v.push(Case::gpu("collectives::sentinel_bits::f16", |j| {
+        sentinel_bits::<f16>(j)
+    }));
     v.push(Case::gpu("collectives::graph_replay::f32", graph_replay));
     v.push(Case::gpu(
         "collectives::errors::lengths_alignment_options",
@@ -77,14 +88,16 @@ fn counts(seed: u64) -> Vec<usize> {
         rng.random_range(8..5000),
         rng.random_range(100_000..1_500_000),
         4096,
+        1 << 18, // whole 16-byte vectors, 0.5–1 MiB: the sentinel protocol by default
     ]
 }
 
 fn trial<T: Elem + CollectiveElement>(job: &mut Job, op: Op) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
     let stream = super::gpu(job)?.1;
-    // Default; small slots (many rounds, LL only below 32 KiB); the simple protocol only; LL up to
-    // 8 MiB per sender (many LL blocks).
+    // Default; small slots (many rounds, sentinel and LL only up to 64 KiB); the simple protocol
+    // only; the same with many rounds; LL up to 8 MiB per sender (many LL blocks); sentinel up to
+    // 16 MiB per sender (many sentinel blocks).
     let setups = [
         Options::default(),
         Options {
@@ -94,16 +107,25 @@ fn trial<T: Elem + CollectiveElement>(job: &mut Job, op: Op) -> anyhow::Result<(
         },
         Options {
             ll_max_bytes: 0,
+            sentinel_max_bytes: 0,
             ..Options::default()
         },
         // Many rounds with the grid changing from call to call (blocks by size).
         Options {
             slot_bytes: Some(64 << 10),
             ll_max_bytes: 0,
+            sentinel_max_bytes: 0,
             ..Options::default()
         },
         Options {
             ll_max_bytes: u64::MAX,
+            sentinel_max_bytes: 0,
+            slot_bytes: Some(16 << 20),
+            ..Options::default()
+        },
+        Options {
+            ll_max_bytes: 0,
+            sentinel_max_bytes: 16 << 20,
             slot_bytes: Some(16 << 20),
             ..Options::default()
         },
@@ -191,46 +213,51 @@ fn graph_replay(job: &mut Job) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
     let stream = super::gpu(job)?.1;
     let (rank, world) = (job.rank(), job.world());
-    // Three simple-protocol calls and a small (LL) AllReduce.
-    let (n, m) = (300_001, 1000);
+    // Three simple-protocol calls, a small sentinel AllReduce (whole 16-byte vectors) and a small
+    // LL one (not).
+    let (n, m, l) = (300_001, 1000, 999);
     let mut coll = Collectives::new(&mut job.rdzv, &stream, Options::default())?;
     let mut ins = [
         stream.alloc_zeros::<f32>(n)?,
         stream.alloc_zeros::<f32>(n * world)?,
         stream.alloc_zeros::<f32>(n)?,
         stream.alloc_zeros::<f32>(m)?,
+        stream.alloc_zeros::<f32>(l)?,
     ];
     let mut outs = [
         stream.alloc_zeros::<f32>(n)?,
         stream.alloc_zeros::<f32>(n)?,
         stream.alloc_zeros::<f32>(n * world)?,
         stream.alloc_zeros::<f32>(m)?,
+        stream.alloc_zeros::<f32>(l)?,
     ];
     stream.synchronize()?;
     stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
     let captured = (|| -> Result<(), CollectiveError> {
-        let [o0, o1, o2, o3] = &mut outs;
+        let [o0, o1, o2, o3, o4] = &mut outs;
         coll.all_reduce(&ins[0], o0)?;
         coll.reduce_scatter(&ins[1], o1)?;
         coll.all_gather(&ins[2], o2)?;
-        coll.all_reduce(&ins[3], o3)
+        coll.all_reduce(&ins[3], o3)?;
+        coll.all_reduce(&ins[4], o4)
     })();
     let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
     captured?;
     let graph = graph?.ok_or_else(|| anyhow::anyhow!("the capture produced no graph"))?;
     for replay in 0..4u64 {
         let s = seed.wrapping_add(replay);
-        let inputs: Vec<[Vec<i32>; 4]> = (0..world)
+        let inputs: Vec<[Vec<i32>; 5]> = (0..world)
             .map(|r| {
                 [
                     small_ints(s, r, n),
                     small_ints(s ^ 1, r, n * world),
                     small_ints(s ^ 2, r, n),
                     small_ints(s ^ 3, r, m),
+                    small_ints(s ^ 4, r, l),
                 ]
             })
             .collect();
-        for k in 0..4 {
+        for k in 0..5 {
             let v: Vec<f32> = inputs[rank][k].iter().map(|&x| x as f32).collect();
             stream.memcpy_htod(&v, &mut ins[k])?;
             let len = outs[k].len();
@@ -239,7 +266,7 @@ fn graph_replay(job: &mut Job) -> anyhow::Result<()> {
         graph.launch()?;
         coll.synchronize()?;
         let sum = |k: usize, i: usize| inputs.iter().map(|v| v[k][i]).sum::<i32>() as f32;
-        let want: [Vec<f32>; 4] = [
+        let want: [Vec<f32>; 5] = [
             (0..n).map(|i| sum(0, i)).collect(),
             (0..n).map(|i| sum(1, rank * n + i)).collect(),
             inputs
@@ -247,11 +274,13 @@ fn graph_replay(job: &mut Job) -> anyhow::Result<()> {
                 .flat_map(|v| v[2].iter().map(|&x| x as f32))
                 .collect(),
             (0..m).map(|i| sum(3, i)).collect(),
+            (0..l).map(|i| sum(4, i)).collect(),
         ];
         for (k, what) in [
             "all_reduce",
             "reduce_scatter",
             "all_gather",
+            "all_reduce sentinel",
             "all_reduce LL",
         ]
         .iter()
@@ -265,6 +294,128 @@ fn graph_replay(job: &mut Job) -> anyhow::Result<()> {
         }
     }
     drop(graph);
+    coll.free(&mut job.rdzv)?;
+    Ok(())
+}
+
+/// Element bits for [`sentinel_bits`]: the all-ones pattern (the protocol's sentinel, a NaN) and
+/// what the protocol sends in its place (0x7f..f, another NaN).
+trait SentinelBits: Elem + CollectiveElement {
+    const ALL_ONES: Self;
+    const SENT_AS: Self;
+    fn bits(self) -> u32;
+}
+impl SentinelBits for f32 {
+    const ALL_ONES: Self = f32::from_bits(u32::MAX);
+    const SENT_AS: Self = f32::from_bits(0x7fff_ffff);
+    fn bits(self) -> u32 {
+        self.to_bits()
+    }
+}
+impl SentinelBits for bf16 {
+    const ALL_ONES: Self = bf16::from_bits(0xffff);
+    const SENT_AS: Self = bf16::from_bits(0x7fff);
+    fn bits(self) -> u32 {
+        self.to_bits() as u32
+    }
+}
+impl SentinelBits for f16 {
+    const ALL_ONES: Self = f16::from_bits(0xffff);
+    const SENT_AS: Self = f16::from_bits(0x7fff);
+    fn bits(self) -> u32 {
+        self.to_bits() as u32
+    }
+}
+
+/// The sentinel protocol's one change of bits, written out here: an AllGather (by the sentinel
+/// protocol) of inputs holding all-ones elements at random places returns them as 0x7f..f on
+/// every rank, every other element exactly; an AllReduce returns NaN exactly where some rank's
+/// element was all ones, the same bits on every rank, and the exact sums elsewhere. Without the
+/// substitution the receiver would wait for those elements until its bound expired.
+fn sentinel_bits<T: SentinelBits>(job: &mut Job) -> anyhow::Result<()> {
+    let seed = shared_seed(job)?;
+    let stream = super::gpu(job)?.1;
+    let (rank, world) = (job.rank(), job.world());
+    let n = 4096; // whole 16-byte vectors in f32 and bf16: the sentinel protocol by default
+    let mut coll = Collectives::new(&mut job.rdzv, &stream, Options::default())?;
+    let g = coll.geometry::<T>(weft_collectives::Algorithm::AllGather, n)?;
+    anyhow::ensure!(
+        g.protocol == weft_collectives::Protocol::Sentinel,
+        "{n} elements of {} did not take the sentinel protocol: {g:?}",
+        T::NAME
+    );
+    // Rank r's input: small integers, all ones where the seeded draw says so.
+    let ones: Vec<Vec<bool>> = (0..world)
+        .map(|r| {
+            let mut rng = StdRng::seed_from_u64(seed ^ (r as u64 + 1));
+            (0..n)
+                .map(|i| i == r || rng.random_range(0..16) == 0)
+                .collect()
+        })
+        .collect();
+    let input_of = |r: usize| -> Vec<T> {
+        small_ints(seed, r, n)
+            .into_iter()
+            .zip(&ones[r])
+            .map(|(x, &one)| {
+                if one {
+                    T::ALL_ONES
+                } else {
+                    T::from_small_int(x)
+                }
+            })
+            .collect()
+    };
+    let input = stream.clone_htod(&input_of(rank))?;
+    let mut gathered = stream.clone_htod(&vec![T::from_small_int(0); n * world])?;
+    coll.all_gather(&input, &mut gathered)?;
+    let mut summed = stream.clone_htod(&vec![T::from_small_int(0); n])?;
+    coll.all_reduce(&input, &mut summed)?;
+    coll.synchronize()?;
+    let want_gathered: Vec<u32> = (0..world)
+        .flat_map(|r| input_of(r).into_iter())
+        .map(|x| {
+            if x.bits() == T::ALL_ONES.bits() {
+                T::SENT_AS.bits()
+            } else {
+                x.bits()
+            }
+        })
+        .collect();
+    let got: Vec<u32> = stream
+        .clone_dtoh(&gathered)?
+        .into_iter()
+        .map(|x| x.bits())
+        .collect();
+    if let Some(i) = (0..got.len()).find(|&i| got[i] != want_gathered[i]) {
+        anyhow::bail!(
+            "all_gather rank {rank}: element {i} has bits {:#x}, expected {:#x}",
+            got[i],
+            want_gathered[i]
+        );
+    }
+    let summed = stream.clone_dtoh(&summed)?;
+    let ints: Vec<Vec<i32>> = (0..world).map(|r| small_ints(seed, r, n)).collect();
+    for i in 0..n {
+        let nan = (0..world).any(|r| ones[r][i]);
+        let x = summed[i];
+        let ok = if nan {
+            x.is_poison() // NaN for the float types
+        } else {
+            x == T::from_small_int(ints.iter().map(|v| v[i]).sum())
+        };
+        anyhow::ensure!(
+            ok,
+            "all_reduce rank {rank}: element {i} is {x:?} (NaN expected: {nan})"
+        );
+    }
+    // The same bits on every rank.
+    let bits: Vec<u8> = summed.iter().flat_map(|x| x.bits().to_le_bytes()).collect();
+    let all = job.rdzv.all_gather(&bits)?;
+    anyhow::ensure!(
+        all.iter().all(|b| *b == bits),
+        "all_reduce: the ranks' results differ in their bits"
+    );
     coll.free(&mut job.rdzv)?;
     Ok(())
 }

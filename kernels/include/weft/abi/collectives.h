@@ -18,6 +18,10 @@
 #define WEFT_COLL_PROTO_LL 1      // low latency, one round: every 4-byte word travels with its round
                                   // number in one 8-byte store (low half data, high half the round),
                                   // the receiver polls the words themselves: no flag, no fence
+#define WEFT_COLL_PROTO_SENTINEL 2  // one round, Lamport-style: data pushed in place (16-byte stores)
+                                    // into slots that hold the sentinel (every bit set) where no
+                                    // data is; the receiver polls until no element of a vector is
+                                    // the sentinel, uses it and sets it back; full link bandwidth
 
 // Flag layout (a weft_sync_counters of shape (WEFT_COLL_PHASES, 1, world, WEFT_COLL_MAX_BLOCKS)):
 // the counter (phase, 0, sender, block) on the receiver holds the last round sequence number whose
@@ -41,7 +45,8 @@ typedef struct weft_collective_params {
                              // shard rounded up to whole 16-byte vectors)
   uint64_t slot_bytes;       // bytes of one staging slot (multiple of 16)
   uint64_t state;            // device address of this rank's weft_collective_state
-  uint32_t rounds;           // ceil(shard or count / window), at least 1 (LL: 1)
+  uint64_t sentinel_bytes;   // bytes of one sentinel slot (multiple of 16)
+  uint32_t rounds;           // ceil(shard or count / window), at least 1 (LL, sentinel: 1)
   int32_t algo;              // WEFT_COLL_*
   int32_t protocol;          // WEFT_COLL_PROTO_*
   uint32_t reserved;
@@ -49,12 +54,15 @@ typedef struct weft_collective_params {
 
 // Per rank, in device memory, zeroed at creation: where the round numbers stand. Kept on the
 // device (not passed by the host) so that a launch captured in a CUDA graph takes fresh round
-// numbers at every replay. A launch's blocks read `seq` at their start; the last block to finish
-// adds the launch's rounds to it and clears `blocks_done` (the next launch on the stream starts
-// after this one ended, so it reads the new value).
+// numbers at every replay. One copy per possible block, all equal between launches: block b of a
+// launch of G blocks reads seq[b] at its start and, at its end, writes the advanced value into
+// seq[b], seq[b + G], seq[b + 2G], ... (one thread each). No block of the launch reads what
+// another writes (block b reads only seq[b]), so no atomic or fence is needed; the next launch on
+// the stream starts after this one ended and finds every copy advanced. (A last-block counter
+// with an acq_rel add did the same for 0.5-1 us more per call: its release waited for the
+// block's NVLink stores.)
 typedef struct weft_collective_state {
-  uint64_t seq;          // rounds done so far by this rank's launches (a launch's first is seq + 1)
-  uint64_t blocks_done;  // blocks of the running launch that finished
+  uint64_t seq[WEFT_COLL_MAX_BLOCKS];  // rounds done so far by this rank's launches (a launch's first is seq + 1)
 } weft_collective_state;
 
 // Byte offset of the staging slot of round `seq`, `phase` and `sender` in a rank's staging buffer.
@@ -70,7 +78,22 @@ WEFT_HD uint64_t weft_collective_ll_slot_offset(uint64_t seq, uint32_t sender, u
          slot_bytes;
 }
 
-// Rows of `slot_bytes` in a rank's staging: the simple slots, then the LL slots.
+// Byte offset of the sentinel slot of round `seq` written by `sender`: after the simple and LL
+// slots, rows of `sentinel_bytes`; every byte of this area is 0xff (the sentinel) except where a
+// round's data sit between their arrival and their use.
+WEFT_HD uint64_t weft_collective_sentinel_slot_offset(uint64_t seq, uint32_t sender, uint32_t world,
+                                                      uint64_t slot_bytes, uint64_t sentinel_bytes) {
+  return ((uint64_t)WEFT_COLL_DEPTH * WEFT_COLL_PHASES * world + (uint64_t)WEFT_COLL_DEPTH * world) * slot_bytes +
+         ((uint64_t)(uint32_t)(seq % WEFT_COLL_DEPTH) * world + sender) * sentinel_bytes;
+}
+
+// Rows of `slot_bytes` in a rank's staging before the sentinel area: the simple slots, then the
+// LL slots.
 WEFT_HD uint32_t weft_collective_staging_rows(uint32_t world) {
   return WEFT_COLL_DEPTH * WEFT_COLL_PHASES * world + WEFT_COLL_DEPTH * world;
+}
+
+// Bytes of the sentinel area (after the rows above).
+WEFT_HD uint64_t weft_collective_sentinel_area_bytes(uint32_t world, uint64_t sentinel_bytes) {
+  return (uint64_t)WEFT_COLL_DEPTH * world * sentinel_bytes;
 }
