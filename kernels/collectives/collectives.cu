@@ -677,8 +677,17 @@ __device__ uint64_t run_sentinel(const weft_collective_params& p, const volatile
 // The launch's round numbers (weft/abi/collectives.h, weft_collective_state): block b reads its
 // own copy seq[b] at its start; after the CTA barrier (every thread's read is done) its threads
 // write the advanced value into the copies b, b + G, b + 2G, ... — a store each, in parallel.
+// Programmatic dependent launch (the host sets the attribute unless ranks share a GPU): this grid
+// may be scheduled before the previous kernel on the stream ended, so it waits for that kernel's
+// end (and its memory) before touching anything; then it lets the next kernel be scheduled, which
+// waits in turn. A launch without the attribute passes both at once.
+__device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void allow_next_grid() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
 template <typename T>
 __device__ __forceinline__ void collective(const weft_collective_params& p) {
+  wait_for_previous_grid();
+  allow_next_grid();
   weft_collective_state* state = reinterpret_cast<weft_collective_state*>(p.state);
   uint64_t first;
   if (p.protocol == WEFT_COLL_PROTO_SENTINEL) {

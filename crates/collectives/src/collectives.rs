@@ -33,6 +33,9 @@ pub struct Collectives {
     state: CudaSlice<u64>,
     /// Every launch's params but the call's own (input, output, count, cut, algorithm).
     base: weft_collective_params,
+    /// Launches carry the programmatic-serialization attribute (options.pdl, ranks not sharing
+    /// a GPU).
+    pdl: bool,
 }
 
 impl Collectives {
@@ -165,11 +168,18 @@ impl Collectives {
             slot_bytes,
             state,
             base,
+            pdl: options.pdl && sharing <= 1,
         })
     }
 
     pub fn options(&self) -> &Options {
         &self.options
+    }
+
+    /// Whether launches carry the programmatic-dependent-launch attribute (`options.pdl`, and
+    /// the ranks do not share a GPU).
+    pub fn pdl(&self) -> bool {
+        self.pdl
     }
 
     /// Bytes of one staging slot.
@@ -364,18 +374,52 @@ impl Collectives {
             ..self.base
         };
         let func = &self.kernels[T::INDEX];
-        let cfg = LaunchConfig {
-            grid_dim: (g.blocks, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: input and output are this device's buffers of the lengths checked by the
-        // callers (count elements; world·count where the op says so), 16-byte aligned; the
-        // staging and flag views are this value's PGLs, alive while it is; the kernel writes the
-        // staging only inside slots of slot_bytes (window ≤ slot_bytes / size of T; LL: 8 bytes
-        // per 4-byte word; sentinel: payload ≤ sentinel_bytes; checked by geometry()); the state
-        // is this value's WEFT_COLL_MAX_BLOCKS words. Capturable: nothing here depends on earlier launches.
-        unsafe { self.stream.launch_builder(func).arg(&params).launch(cfg) }?;
+        // SAFETY (both launches): input and output are this device's buffers of the lengths
+        // checked by the callers (count elements; world·count where the op says so), 16-byte
+        // aligned; the staging and flag views are this value's PGLs, alive while it is; the kernel
+        // writes the staging only inside slots of slot_bytes (window ≤ slot_bytes / size of T;
+        // LL: 8 bytes per 4-byte word; sentinel: payload ≤ sentinel_bytes; checked by
+        // geometry()); the state is this value's WEFT_COLL_MAX_BLOCKS words; the kernel takes
+        // exactly weft_collective_params by value. Capturable: nothing here depends on earlier
+        // launches.
+        if self.pdl {
+            // SAFETY: an all-zero attribute is valid plain data; id and value are set here. The
+            // kernel waits for the previous grid (griddepcontrol.wait) before any memory access.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let cfg = sys::CUlaunchConfig {
+                gridDimX: g.blocks,
+                gridDimY: 1,
+                gridDimZ: 1,
+                blockDimX: THREADS,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: 0,
+                hStream: self.stream.cu_stream(),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            let mut args = [&params as *const weft_collective_params as *mut std::ffi::c_void];
+            self.stream.context().bind_to_thread()?;
+            unsafe {
+                sys::cuLaunchKernelEx(
+                    &cfg,
+                    func.cu_function(),
+                    args.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            }
+            .result()?;
+        } else {
+            let cfg = LaunchConfig {
+                grid_dim: (g.blocks, 1, 1),
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            unsafe { self.stream.launch_builder(func).arg(&params).launch(cfg) }?;
+        }
         Ok(())
     }
 

@@ -29,6 +29,11 @@ pub struct Options {
     /// bandwidth; an element whose bits are all ones arrives as 0x7f..f, another NaN); 0 turns
     /// it off. Its staging area is 3 × world × min(this, slot_bytes) bytes.
     pub sentinel_max_bytes: u64,
+    /// Launch with programmatic dependent launch: a call's blocks may be scheduled while the
+    /// kernel before it on the stream ends (they wait for its end before touching memory), and a
+    /// kernel after it that is launched the same way may be scheduled while the call ends. Off
+    /// whenever ranks share a GPU (early blocks would hold SMs a peer's blocks need).
+    pub pdl: bool,
 }
 
 impl Default for Options {
@@ -40,6 +45,7 @@ impl Default for Options {
             all_reduce: AllReduceChoice::Auto,
             ll_max_bytes: 256 << 10,
             sentinel_max_bytes: DEFAULT_SENTINEL_MAX_BYTES,
+            pdl: true,
         }
     }
 }
@@ -54,19 +60,20 @@ pub const DEFAULT_STAGING_PER_SLOT_SET: u64 = 32 << 20;
 pub const DEFAULT_SENTINEL_MAX_BYTES: u64 = 4 << 20;
 
 /// The variables [`Options::from_env`] reads.
-pub const ENV_VARS: [&str; 6] = [
+pub const ENV_VARS: [&str; 7] = [
     "WEFT_COLL_SLOT_BYTES",
     "WEFT_COLL_BLOCKS",
     "WEFT_COLL_MAX_BLOCKS",
     "WEFT_COLL_ALL_REDUCE",
     "WEFT_COLL_LL_MAX_BYTES",
     "WEFT_COLL_SENTINEL_MAX_BYTES",
+    "WEFT_COLL_PDL",
 ];
 
 impl Options {
     /// The defaults, overridden by `WEFT_COLL_SLOT_BYTES`, `WEFT_COLL_BLOCKS`,
     /// `WEFT_COLL_MAX_BLOCKS`, `WEFT_COLL_ALL_REDUCE` (`auto`, `one-shot`, `two-shot`),
-    /// `WEFT_COLL_LL_MAX_BYTES` and `WEFT_COLL_SENTINEL_MAX_BYTES`.
+    /// `WEFT_COLL_LL_MAX_BYTES`, `WEFT_COLL_SENTINEL_MAX_BYTES` and `WEFT_COLL_PDL` (0 or 1).
     pub fn from_env() -> Result<Self, CollectiveError> {
         Self::from_vars(|k| std::env::var(k).ok())
     }
@@ -105,6 +112,18 @@ impl Options {
         }
         if let Some(v) = get(ENV_VARS[5]) {
             o.sentinel_max_bytes = num(ENV_VARS[5], v)?;
+        }
+        if let Some(v) = get(ENV_VARS[6]) {
+            o.pdl = match v.trim() {
+                "0" => false,
+                "1" => true,
+                _ => {
+                    return Err(CollectiveError::Options(format!(
+                        "{}={v:?}: expected 0 or 1",
+                        ENV_VARS[6]
+                    )))
+                }
+            };
         }
         Ok(o)
     }
@@ -187,6 +206,16 @@ mod tests {
         let e = Options::from_vars(|k| (k == "WEFT_COLL_ALL_REDUCE").then(|| "ring".into()))
             .unwrap_err();
         assert!(e.to_string().contains("one-shot"), "{e}");
+        let o = Options::from_vars(|k| match k {
+            "WEFT_COLL_PDL" => Some("0".into()),
+            "WEFT_COLL_SENTINEL_MAX_BYTES" => Some("65536".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!((o.pdl, o.sentinel_max_bytes), (false, 65536));
+        assert_eq!(o.sentinel_bytes_at(2), 65536);
+        let e = Options::from_vars(|k| (k == "WEFT_COLL_PDL").then(|| "yes".into())).unwrap_err();
+        assert!(e.to_string().contains("WEFT_COLL_PDL=\"yes\""), "{e}");
     }
 
     #[test]

@@ -199,6 +199,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         }
     }
     let slot_bytes = coll.slot_bytes();
+    let pdl = coll.pdl();
     coll.free(&mut job.rdzv)?;
     let mine: Vec<f64> = measured
         .iter()
@@ -284,6 +285,8 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 "sentinel_max_bytes",
                 Json::from(options.sentinel_max_bytes as usize),
             ),
+            // 1: launches carried the programmatic-dependent-launch attribute.
+            ("pdl", Json::from(usize::from(pdl))),
         ]));
     }
     Ok(SuiteResult { table, rows })
