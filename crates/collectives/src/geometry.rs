@@ -47,10 +47,12 @@ pub enum AllReduceChoice {
     TwoShot,
 }
 
-/// Above this size, at more than two ranks, `Auto` takes two-shot (at 512 KiB one-shot took
-/// 20.5 µs against two-shot's best 21.3 at four H200s, 17.8 against 19.9 at three; at 1 MiB
-/// neither won at both worlds: `results/collectives/sweep-nvidia-h200-x4-2026-11-26/`).
-pub const ONE_SHOT_MAX_BYTES: u64 = 512 << 10;
+/// Above this size, at more than two ranks, `Auto` takes two-shot. With the sentinel protocol
+/// (commit 6ac0cc8, four H200s, graph replay), one-shot took 13.3 µs against two-shot's 15.5 at
+/// 1 MiB and world 4 (10.2 against 14.0 at world 3), 23.4 against 20.0 at 2 MiB (17.3 against
+/// 18.1 at world 3, 29.4 against 26.3 at 4 MiB):
+/// `results/collectives/sweep-nvidia-h200-x4-2026-11-27-6ac0cc8/`.
+pub const ONE_SHOT_MAX_BYTES: u64 = 1 << 20;
 
 pub fn all_reduce_algorithm(choice: AllReduceChoice, world: usize, bytes: u64) -> Algorithm {
     match choice {
@@ -237,11 +239,11 @@ mod tests {
             Algorithm::AllReduceOneShot
         );
         assert_eq!(
-            all_reduce_algorithm(AllReduceChoice::Auto, 8, 512 << 10),
+            all_reduce_algorithm(AllReduceChoice::Auto, 8, 1 << 20),
             Algorithm::AllReduceOneShot
         );
         assert_eq!(
-            all_reduce_algorithm(AllReduceChoice::Auto, 8, (512 << 10) + 1),
+            all_reduce_algorithm(AllReduceChoice::Auto, 8, (1 << 20) + 1),
             Algorithm::AllReduceTwoShot
         );
         assert_eq!(
