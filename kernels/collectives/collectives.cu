@@ -677,6 +677,72 @@ __device__ uint64_t run_sentinel(const weft_collective_params& p, const volatile
 // The launch's round numbers (weft/abi/collectives.h, weft_collective_state): block b reads its
 // own copy seq[b] at its start; after the CTA barrier (every thread's read is done) its threads
 // write the advanced value into the copies b, b + G, b + 2G, ... — a store each, in parallel.
+// Receives vector `v` of `slot` from `sender` (polled until no element is the sentinel) and sets
+// it back to the sentinel.
+template <typename T>
+__device__ __forceinline__ uint4 take_sentinel(uint4* slot, uint64_t v, const weft_collective_params& p, int32_t sender) {
+  uint4 x = ld_v4_relaxed(slot + v);
+  if (SentinelBits<T>::has(x)) x = poll_sentinel<T>(slot + v, p, sender, v);
+  slot[v] = make_uint4(~0u, ~0u, ~0u, ~0u);
+  return x;
+}
+
+// Two-shot AllReduce by the sentinel protocol: two rounds per launch (seq for phase 0, seq + 1
+// for phase 1; the host advances the state by 2). Phase 0 pushes shard p of the input to rank p;
+// rank p sums its shard (rank order, f32) per vector as the peers' vectors arrive, writes it to its
+// output and pushes it to every peer (phase 1); every rank takes the peers' sums into its output.
+// Per vector, with no barrier: a thread owns vectors v, v + stride, … of every shard. The slot
+// argument of the one-shot path holds per round (the sender writes round R + 3 only after seeing
+// this rank's round R + 2 data, which this rank sends after the launch holding round R ended).
+// Shards of p.shard elements (whole vectors), the last one shorter; count whole vectors.
+template <typename T>
+__device__ uint64_t run_sentinel_two_shot(const weft_collective_params& p, const volatile uint64_t* seq_copy) {
+  constexpr int N = Vec<T>::N;
+  using Bits = SentinelBits<T>;
+  const int32_t me = p.staging.rank, world = p.staging.world;
+  const uint64_t sv = p.shard / N, cv = p.count / N;  // vectors per shard, in all
+  auto shard_vectors = [&](int32_t s) { return uint64_t(s) * sv >= cv ? 0 : min(sv, cv - uint64_t(s) * sv); };
+  const uint4* in = reinterpret_cast<const uint4*>(p.input);
+  uint4* out = reinterpret_cast<uint4*>(p.output);
+  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+  const uint64_t first = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const uint64_t seq = *seq_copy + 1;
+  auto slot = [&](int32_t owner, int32_t sender, uint64_t round) {
+    return reinterpret_cast<uint4*>(p.staging.base[owner] +
+                                    weft_collective_sentinel_slot_offset(round, sender, world, p.slot_bytes, p.sentinel_bytes));
+  };
+  // Phase 0: shard `peer` of the input to `peer`.
+  for (int32_t k = 1; k < world; ++k) {
+    const int32_t peer = (me + k) % world;
+    uint4* dst = slot(peer, me, seq);
+    for (uint64_t v = first; v < shard_vectors(peer); v += stride) st_v4_relaxed(dst + v, Bits::canon(in[uint64_t(peer) * sv + v]));
+  }
+  // This rank's shard: sum, keep, push (phase 1).
+  for (uint64_t v = first; v < shard_vectors(me); v += stride) {
+    float acc[N];
+    for (int32_t r = 0; r < world; ++r) {
+      const uint4 x = r == me ? Bits::canon(in[uint64_t(me) * sv + v]) : take_sentinel<T>(slot(me, r, seq), v, p, r);
+      float f[N];
+      Vec<T>::widen(x, f);
+#pragma unroll
+      for (int e = 0; e < N; ++e) acc[e] = r == 0 ? f[e] : acc[e] + f[e];
+    }
+    const uint4 sum = Bits::canon(Vec<T>::narrow(acc));
+    out[uint64_t(me) * sv + v] = sum;
+    for (int32_t k = 1; k < world; ++k) {
+      const int32_t peer = (me + k) % world;
+      st_v4_relaxed(slot(peer, me, seq + 1) + v, sum);
+    }
+  }
+  // The peers' sums.
+  for (int32_t k = 1; k < world; ++k) {
+    const int32_t peer = (me + k) % world;
+    uint4* from = slot(me, peer, seq + 1);
+    for (uint64_t v = first; v < shard_vectors(peer); v += stride) out[uint64_t(peer) * sv + v] = take_sentinel<T>(from, v, p, peer);
+  }
+  return seq;
+}
+
 // Programmatic dependent launch (the host sets the attribute unless ranks share a GPU): this grid
 // may be scheduled before the previous kernel on the stream ended, so it waits for that kernel's
 // end (and its memory) before touching anything; then it lets the next kernel be scheduled, which
@@ -691,7 +757,8 @@ __device__ __forceinline__ void collective(const weft_collective_params& p) {
   weft_collective_state* state = reinterpret_cast<weft_collective_state*>(p.state);
   uint64_t first;
   if (p.protocol == WEFT_COLL_PROTO_SENTINEL) {
-    first = run_sentinel<T>(p, &state->seq[blockIdx.x]);
+    first = p.algo == WEFT_COLL_ALL_REDUCE_TWO_SHOT ? run_sentinel_two_shot<T>(p, &state->seq[blockIdx.x])
+                                                     : run_sentinel<T>(p, &state->seq[blockIdx.x]);
   } else if (p.protocol == WEFT_COLL_PROTO_LL) {
     // Every thread reads the round number itself: its first sends need not wait for a barrier.
     first = *reinterpret_cast<volatile uint64_t*>(&state->seq[blockIdx.x]) + 1;

@@ -143,8 +143,8 @@ pub struct Limits {
 
 /// `count` as the kernel reads it (AllReduce: the buffer; ReduceScatter: the output per rank;
 /// AllGather: the input per rank). `count` > 0, `slot_bytes` a positive multiple of 16.
-/// Sentinel where the algorithm allows it (not two-shot) and the payload per sender is whole
-/// 16-byte vectors fitting a sentinel slot; else LL where the algorithm allows it and the payload
+/// Sentinel where the payload is whole 16-byte vectors and what a rank sends each peer in a round
+/// (two-shot: a shard of whole vectors, two rounds) fits a sentinel slot; else LL where the algorithm allows it and the payload
 /// fits both `ll_max_bytes` and a slot at 8 bytes per 4-byte word; else the simple protocol in
 /// rounds.
 /// None when the call would take more than u32::MAX rounds, or its size in bytes (or rounded
@@ -166,20 +166,32 @@ pub fn geometry(
     // None beyond 2^64 bytes (no buffer is that large; wrapping would pick LL for a huge call).
     let payload = count.checked_mul(elem_bytes as u64)?;
     let words = payload.div_ceil(4);
-    if algo != Algorithm::AllReduceTwoShot
-        && payload.is_multiple_of(16)
-        && payload <= sentinel_bytes
-    {
-        let auto = (payload.div_ceil(SENTINEL_BYTES_PER_BLOCK) as u32)
-            .clamp(SENTINEL_MIN_BLOCKS, SENTINEL_MAX_BLOCKS);
-        return Some(Geometry {
-            protocol: Protocol::Sentinel,
-            count,
-            shard: count,
-            window: count,
-            rounds: 1,
-            blocks: blocks.unwrap_or(auto).clamp(1, max_blocks),
-        });
+    let vec = (16 / elem_bytes) as u64;
+    if payload.is_multiple_of(16) {
+        // Two-shot: shards of whole vectors, two rounds (reduce-scatter, all-gather) per launch.
+        let (shard, rounds) = match algo {
+            Algorithm::AllReduceTwoShot => (
+                count
+                    .div_ceil(world as u64)
+                    .div_ceil(vec)
+                    .checked_mul(vec)?,
+                2,
+            ),
+            _ => (count, 1),
+        };
+        let sent = shard.checked_mul(elem_bytes as u64)?; // per sender and round
+        if sent <= sentinel_bytes {
+            let auto = (sent.div_ceil(SENTINEL_BYTES_PER_BLOCK) as u32)
+                .clamp(SENTINEL_MIN_BLOCKS, SENTINEL_MAX_BLOCKS);
+            return Some(Geometry {
+                protocol: Protocol::Sentinel,
+                count,
+                shard,
+                window: shard,
+                rounds,
+                blocks: blocks.unwrap_or(auto).clamp(1, max_blocks),
+            });
+        }
     }
     // 8 bytes a word in the slot (words ≤ slot / 8: no product to wrap).
     if algo != Algorithm::AllReduceTwoShot && payload <= ll_max_bytes && words <= slot_bytes / 8 {
@@ -194,7 +206,6 @@ pub fn geometry(
             blocks: blocks.unwrap_or(auto).clamp(1, max_blocks),
         });
     }
-    let vec = (16 / elem_bytes) as u64;
     let slot_elems = slot_bytes / elem_bytes as u64;
     let shard = match algo {
         Algorithm::AllReduceTwoShot => count
@@ -420,7 +431,7 @@ mod tests {
             cut(Algorithm::ReduceScatter, 8, 2).protocol,
             Protocol::Sentinel
         );
-        // Not whole vectors: LL; above the sentinel slot: simple; two-shot: never.
+        // Not whole vectors: LL; above the sentinel slot: simple.
         assert_eq!(
             cut(Algorithm::AllReduceOneShot, 7, 2).protocol,
             Protocol::LowLatency
@@ -429,8 +440,15 @@ mod tests {
             cut(Algorithm::AllReduceOneShot, (1 << 18) + 4, 4).protocol,
             Protocol::Simple
         );
+        // Two-shot: shards of whole vectors (here 300 → 152 elements at world 2), two rounds.
+        let two = cut(Algorithm::AllReduceTwoShot, 300, 4);
         assert_eq!(
-            cut(Algorithm::AllReduceTwoShot, 64, 4).protocol,
+            (two.protocol, two.shard, two.window, two.rounds),
+            (Protocol::Sentinel, 152, 152, 2)
+        );
+        // A shard of just over 1 MiB: simple.
+        assert_eq!(
+            cut(Algorithm::AllReduceTwoShot, (1 << 19) + 4, 4).protocol,
             Protocol::Simple
         );
         let capped = Limits {
@@ -500,11 +518,16 @@ mod tests {
                 prop_assert_eq!(g.count, count);
                 match g.protocol {
                     Protocol::Sentinel => {
-                        let payload = count128 * eb;
-                        prop_assert!(algo != Algorithm::AllReduceTwoShot);
-                        prop_assert!(payload <= sentinel_bytes as u128, "sentinel for {} bytes", payload);
+                        let (payload, shard) = (count128 * eb, g.shard as u128);
                         prop_assert!(payload % 16 == 0, "sentinel payload {} not whole vectors", payload);
-                        prop_assert_eq!((g.rounds, g.shard, g.window), (1, count, count));
+                        prop_assert!(shard * eb <= sentinel_bytes as u128, "sentinel shard of {} bytes", shard * eb);
+                        prop_assert_eq!(g.window, g.shard);
+                        if algo == Algorithm::AllReduceTwoShot {
+                            prop_assert_eq!(g.rounds, 2);
+                            prop_assert!(shard * world as u128 >= count128 && shard % vec == 0);
+                        } else {
+                            prop_assert_eq!((g.rounds, g.shard), (1, count));
+                        }
                     }
                     Protocol::LowLatency => {
                         let payload = count128 * eb;

@@ -18,7 +18,7 @@
 #define WEFT_COLL_PROTO_LL 1      // low latency, one round: every 4-byte word travels with its round
                                   // number in one 8-byte store (low half data, high half the round),
                                   // the receiver polls the words themselves: no flag, no fence
-#define WEFT_COLL_PROTO_SENTINEL 2  // one round, Lamport-style: data pushed in place (16-byte stores)
+#define WEFT_COLL_PROTO_SENTINEL 2  // one round (two-shot AllReduce: two), Lamport-style: data pushed in place (16-byte stores)
                                     // into slots that hold the sentinel (every bit set) where no
                                     // data is; the receiver polls until no element of a vector is
                                     // the sentinel, uses it and sets it back; full link bandwidth
@@ -46,7 +46,8 @@ typedef struct weft_collective_params {
   uint64_t slot_bytes;       // bytes of one staging slot (multiple of 16)
   uint64_t state;            // device address of this rank's weft_collective_state
   uint64_t sentinel_bytes;   // bytes of one sentinel slot (multiple of 16)
-  uint32_t rounds;           // ceil(shard or count / window), at least 1 (LL, sentinel: 1)
+  uint32_t rounds;           // ceil(shard or count / window), at least 1 (LL, sentinel: 1;
+                             // sentinel two-shot: 2, its two phases)
   int32_t algo;              // WEFT_COLL_*
   int32_t protocol;          // WEFT_COLL_PROTO_*
   uint32_t reserved;
