@@ -47,12 +47,12 @@ pub enum AllReduceChoice {
     TwoShot,
 }
 
-/// Above this size, at more than two ranks, `Auto` takes two-shot. With the sentinel protocol
-/// (commit 6ac0cc8, four H200s, graph replay), one-shot took 13.3 µs against two-shot's 15.5 at
-/// 1 MiB and world 4 (10.2 against 14.0 at world 3), 23.4 against 20.0 at 2 MiB (17.3 against
-/// 18.1 at world 3, 29.4 against 26.3 at 4 MiB):
-/// `results/collectives/sweep-nvidia-h200-x4-2026-11-27-6ac0cc8/`.
-pub const ONE_SHOT_MAX_BYTES: u64 = 1 << 20;
+/// Above this size, at more than two ranks, `Auto` takes two-shot. With the sentinel protocol in
+/// both (commit 571ba02, four H200s, graph replay), two-shot took 7.7 µs against one-shot's 8.9 at
+/// 512 KiB and world 4 (6.7 against 7.2 at world 3), 9.7 against 13.3 at 1 MiB; one-shot 6.5
+/// against 7.2 at 256 KiB (5.4 against 6.0 at world 3):
+/// `results/collectives/sweep-nvidia-h200-x4-2026-11-27-571ba02/`.
+pub const ONE_SHOT_MAX_BYTES: u64 = 256 << 10;
 
 pub fn all_reduce_algorithm(choice: AllReduceChoice, world: usize, bytes: u64) -> Algorithm {
     match choice {
@@ -250,11 +250,11 @@ mod tests {
             Algorithm::AllReduceOneShot
         );
         assert_eq!(
-            all_reduce_algorithm(AllReduceChoice::Auto, 8, 1 << 20),
+            all_reduce_algorithm(AllReduceChoice::Auto, 8, 256 << 10),
             Algorithm::AllReduceOneShot
         );
         assert_eq!(
-            all_reduce_algorithm(AllReduceChoice::Auto, 8, (1 << 20) + 1),
+            all_reduce_algorithm(AllReduceChoice::Auto, 8, (256 << 10) + 1),
             Algorithm::AllReduceTwoShot
         );
         assert_eq!(
