@@ -674,9 +674,6 @@ __device__ uint64_t run_sentinel(const weft_collective_params& p, const volatile
   return seq;
 }
 
-// The launch's round numbers (weft/abi/collectives.h, weft_collective_state): block b reads its
-// own copy seq[b] at its start; after the CTA barrier (every thread's read is done) its threads
-// write the advanced value into the copies b, b + G, b + 2G, ... — a store each, in parallel.
 // Receives vector `v` of `slot` from `sender` (polled until no element is the sentinel) and sets
 // it back to the sentinel.
 template <typename T>
@@ -695,6 +692,9 @@ __device__ __forceinline__ uint4 take_sentinel(uint4* slot, uint64_t v, const we
 // argument of the one-shot path holds per round (the sender writes round R + 3 only after seeing
 // this rank's round R + 2 data, which this rank sends after the launch holding round R ended).
 // Shards of p.shard elements (whole vectors), the last one shorter; count whole vectors.
+// A kernel of its own (weft_collective_two_shot_*): inlined into the other paths' kernel it
+// changed their code, and the simple protocol lost 7–13 % of its bandwidth from 64 MiB (A/B on
+// four H200s: results/collectives/codegen-nvidia-h200-x4-2026-11-27/).
 template <typename T>
 __device__ uint64_t run_sentinel_two_shot(const weft_collective_params& p, const volatile uint64_t* seq_copy) {
   constexpr int N = Vec<T>::N;
@@ -750,6 +750,16 @@ __device__ uint64_t run_sentinel_two_shot(const weft_collective_params& p, const
 __device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void allow_next_grid() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
+// The launch's round numbers (weft/abi/collectives.h, weft_collective_state): block b reads its
+// own copy seq[b] at its start; after the CTA barrier (every thread's read is done) its threads
+// write the advanced value into the copies b, b + G, b + 2G, ... — a store each, in parallel.
+__device__ __forceinline__ void advance_rounds(weft_collective_state* state, uint64_t first, uint32_t rounds) {
+  __syncthreads();
+  const uint32_t copy = blockIdx.x + threadIdx.x * gridDim.x;
+  if (copy < WEFT_COLL_MAX_BLOCKS) state->seq[copy] = first - 1 + rounds;
+}
+
+// Every path but the sentinel two-shot AllReduce.
 template <typename T>
 __device__ __forceinline__ void collective(const weft_collective_params& p) {
   wait_for_previous_grid();
@@ -757,8 +767,7 @@ __device__ __forceinline__ void collective(const weft_collective_params& p) {
   weft_collective_state* state = reinterpret_cast<weft_collective_state*>(p.state);
   uint64_t first;
   if (p.protocol == WEFT_COLL_PROTO_SENTINEL) {
-    first = p.algo == WEFT_COLL_ALL_REDUCE_TWO_SHOT ? run_sentinel_two_shot<T>(p, &state->seq[blockIdx.x])
-                                                     : run_sentinel<T>(p, &state->seq[blockIdx.x]);
+    first = run_sentinel<T>(p, &state->seq[blockIdx.x]);
   } else if (p.protocol == WEFT_COLL_PROTO_LL) {
     // Every thread reads the round number itself: its first sends need not wait for a barrier.
     first = *reinterpret_cast<volatile uint64_t*>(&state->seq[blockIdx.x]) + 1;
@@ -770,9 +779,17 @@ __device__ __forceinline__ void collective(const weft_collective_params& p) {
     first = shared_first;
     Collective<T>(p, first).run();
   }
-  __syncthreads();
-  const uint32_t copy = blockIdx.x + threadIdx.x * gridDim.x;
-  if (copy < WEFT_COLL_MAX_BLOCKS) state->seq[copy] = first - 1 + p.rounds;
+  advance_rounds(state, first, p.rounds);
+}
+
+// The sentinel two-shot AllReduce (algo two-shot, protocol sentinel, rounds 2).
+template <typename T>
+__device__ __forceinline__ void collective_two_shot(const weft_collective_params& p) {
+  wait_for_previous_grid();
+  allow_next_grid();
+  weft_collective_state* state = reinterpret_cast<weft_collective_state*>(p.state);
+  if (p.protocol != WEFT_COLL_PROTO_SENTINEL || p.algo != WEFT_COLL_ALL_REDUCE_TWO_SHOT) __trap();
+  advance_rounds(state, run_sentinel_two_shot<T>(p, &state->seq[blockIdx.x]), p.rounds);
 }
 
 }  // namespace
@@ -783,6 +800,9 @@ __device__ __forceinline__ void collective(const weft_collective_params& p) {
 #define WEFT_COLLECTIVE_KERNEL(NAME, T)                                                      \
   extern "C" __global__ void __launch_bounds__(kThreads) NAME(const __grid_constant__ weft_collective_params p) { \
     collective<T>(p);                                                                         \
+  }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(kThreads, 1) NAME##_two_shot(const __grid_constant__ weft_collective_params p) { \
+    collective_two_shot<T>(p);                                                                \
   }
 
 WEFT_COLLECTIVE_KERNEL(weft_collective_f32, float)

@@ -2,7 +2,9 @@
 
 use crate::element::CollectiveElement;
 use crate::error::CollectiveError;
-use crate::geometry::{all_reduce_algorithm, geometry, Algorithm, Geometry, Limits, THREADS};
+use crate::geometry::{
+    all_reduce_algorithm, geometry, Algorithm, Geometry, Limits, Protocol, THREADS,
+};
 use crate::options::Options;
 use cudarc::driver::{
     sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig,
@@ -24,7 +26,10 @@ pub struct Collectives {
     stream: Arc<CudaStream>,
     staging: Pgl<u8>,
     flags: Counters,
+    /// Per element type (`CollectiveElement::INDEX`): every path but the sentinel two-shot
+    /// AllReduce, and that one (a kernel of its own, so that its code cannot change the others').
     kernels: [CudaFunction; 3],
+    two_shot_kernels: [CudaFunction; 3],
     options: Options,
     max_blocks: u32,
     /// Bytes of one staging slot (the options' or the default at this world).
@@ -83,7 +88,7 @@ impl Collectives {
                 String::from_utf8_lossy(theirs)
             )));
         }
-        let kernels = agree(
+        let (kernels, two_shot_kernels) = agree(
             rdzv,
             "loading kernels/collectives/collectives.cu",
             load_kernels(&ctx),
@@ -163,6 +168,7 @@ impl Collectives {
             staging,
             flags,
             kernels,
+            two_shot_kernels,
             options,
             max_blocks,
             slot_bytes,
@@ -373,7 +379,11 @@ impl Collectives {
             protocol: g.protocol.code(),
             ..self.base
         };
-        let func = &self.kernels[T::INDEX];
+        let func = if g.protocol == Protocol::Sentinel && algo == Algorithm::AllReduceTwoShot {
+            &self.two_shot_kernels[T::INDEX]
+        } else {
+            &self.kernels[T::INDEX]
+        };
         // SAFETY (both launches): input and output are this device's buffers of the lengths
         // checked by the callers (count elements; world·count where the op says so), 16-byte
         // aligned; the staging and flag views are this value's PGLs, alive while it is; the kernel
@@ -468,13 +478,24 @@ fn expect_len(
     }
 }
 
-fn load_kernels(ctx: &Arc<CudaContext>) -> anyhow::Result<[CudaFunction; 3]> {
-    let f = |name| load(ctx, &cubins::COLLECTIVES_COLLECTIVES, name);
-    Ok([
-        f(<f32 as CollectiveElement>::KERNEL)?,
-        f(<half::bf16 as CollectiveElement>::KERNEL)?,
-        f(<half::f16 as CollectiveElement>::KERNEL)?,
-    ])
+/// The kernels of every path but the sentinel two-shot AllReduce, and that one's.
+type Kernels = ([CudaFunction; 3], [CudaFunction; 3]);
+
+fn load_kernels(ctx: &Arc<CudaContext>) -> anyhow::Result<Kernels> {
+    let f = |name: &str| load(ctx, &cubins::COLLECTIVES_COLLECTIVES, name);
+    let names = [
+        <f32 as CollectiveElement>::KERNEL,
+        <half::bf16 as CollectiveElement>::KERNEL,
+        <half::f16 as CollectiveElement>::KERNEL,
+    ];
+    Ok((
+        [f(names[0])?, f(names[1])?, f(names[2])?],
+        [
+            f(&format!("{}_two_shot", names[0]))?,
+            f(&format!("{}_two_shot", names[1]))?,
+            f(&format!("{}_two_shot", names[2]))?,
+        ],
+    ))
 }
 
 fn sm_count(ctx: &Arc<CudaContext>) -> anyhow::Result<u32> {

@@ -10,7 +10,8 @@ mod sealed {
 }
 
 /// A type the collective kernels handle (sealed: exactly f32, bf16 and f16); `KERNEL` is its
-/// kernel in kernels/collectives/collectives.cu, `INDEX` its place among the loaded kernels.
+/// kernel in kernels/collectives/collectives.cu (the sentinel two-shot AllReduce: `KERNEL` +
+/// `_two_shot`), `INDEX` its place among the loaded kernels.
 pub trait CollectiveElement: PglElement + sealed::Sealed {
     const KERNEL: &'static str;
     const INDEX: usize;
