@@ -354,6 +354,23 @@ __device__ __forceinline__ uint64_t ld_ll_once(const uint64_t* p) {
   return v;
 }
 
+// A poll of LL or sentinel data that ran past its bound: reported as an unordered wait (LL and
+// sentinel data have no flag: the coordinate names the word or vector polled, column, and its
+// sender, row), then the thread traps.
+__device__ __forceinline__ void give_up_poll(const weft_collective_params& prm, int32_t sender, uint64_t index,
+                                             uint64_t expected, uint64_t observed, uint64_t spent, uint64_t t0) {
+  failure f{};
+  f.status = WEFT_SYNC_STATUS_TIMEOUT;
+  f.primitive = WEFT_SYNC_PRIM_WAIT_UNORDERED;
+  f.target_rank = sender;
+  f.coord = coord4(0, 0, uint32_t(sender), uint32_t(index));
+  f.expected = expected;
+  f.observed = observed;
+  f.elapsed_cycles = spent;
+  f.elapsed_ns = globaltimer_ns() - t0;
+  fail(prm.flags.bound, prm.staging.rank, f);
+}
+
 // Polls the word until it carries `tag`; bounded like every weft wait (reports into the flags'
 // error slot as an unordered wait on coordinate (0, 0, sender, word)).
 __device__ __forceinline__ uint32_t ld_ll(const uint64_t* p, uint32_t tag, const weft_collective_params& prm,
@@ -367,19 +384,7 @@ __device__ __forceinline__ uint32_t ld_ll(const uint64_t* p, uint32_t tag, const
     asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     if (uint32_t(v >> 32) == tag) return uint32_t(v);
     const uint64_t spent = uint64_t(clock64() - c0);
-    if (spent > prm.flags.bound.budget_cycles) {
-      failure f{};
-      f.status = WEFT_SYNC_STATUS_TIMEOUT;
-      f.primitive = WEFT_SYNC_PRIM_WAIT_UNORDERED;
-      f.target_rank = sender;
-      // LL has no flag: the coordinate names the word polled (column) and its sender (row).
-      f.coord = coord4(0, 0, uint32_t(sender), uint32_t(word));
-      f.expected = tag;
-      f.observed = v >> 32;
-      f.elapsed_cycles = spent;
-      f.elapsed_ns = globaltimer_ns() - t0;
-      fail(prm.flags.bound, prm.staging.rank, f);
-    }
+    if (spent > prm.flags.bound.budget_cycles) give_up_poll(prm, sender, word, tag, v >> 32, spent, t0);
   }
 }
 
@@ -569,18 +574,7 @@ __device__ __noinline__ uint4 poll_sentinel(const uint4* p, const weft_collectiv
     const uint4 v = ld_v4_relaxed(p);
     if (!SentinelBits<T>::has(v)) return v;
     const uint64_t spent = uint64_t(clock64() - c0);
-    if (spent > prm.flags.bound.budget_cycles) {
-      failure f{};
-      f.status = WEFT_SYNC_STATUS_TIMEOUT;
-      f.primitive = WEFT_SYNC_PRIM_WAIT_UNORDERED;
-      f.target_rank = sender;
-      f.coord = coord4(0, 0, uint32_t(sender), uint32_t(vec));
-      f.expected = 0;
-      f.observed = (uint64_t(v.y) << 32) | v.x;
-      f.elapsed_cycles = spent;
-      f.elapsed_ns = globaltimer_ns() - t0;
-      fail(prm.flags.bound, prm.staging.rank, f);
-    }
+    if (spent > prm.flags.bound.budget_cycles) give_up_poll(prm, sender, vec, 0, (uint64_t(v.y) << 32) | v.x, spent, t0);
   }
 }
 
