@@ -683,9 +683,12 @@ __device__ __forceinline__ uint4 take_sentinel(uint4* slot, uint64_t v, const we
 // rank p sums its shard (rank order, f32) per vector as the peers' vectors arrive, writes it to its
 // output and pushes it to every peer (phase 1); every rank takes the peers' sums into its output.
 // Per vector, with no barrier: a thread owns vectors v, v + stride, … of every shard. The slot
-// argument of the one-shot path holds per round (the sender writes round R + 3 only after seeing
-// this rank's round R + 2 data, which this rank sends after the launch holding round R ended).
-// Shards of p.shard elements (whole vectors), the last one shorter; count whole vectors.
+// argument of the one-shot path holds per round: a sender writes this rank's slot of round R + 3
+// only after its launch took data this rank sent after the launch holding round R ended (its own
+// shard's phase-0 vectors from this rank for a phase-0 round; this rank's phase-1 sums, which
+// follow this rank's phase-0 receipt, for a phase-1 round). That needs every shard to hold data:
+// the host takes this path only then (geometry.rs). Shards of p.shard elements (whole vectors),
+// the last one shorter; count whole vectors.
 // A kernel of its own (weft_collective_two_shot_*): inlined into the other paths' kernel it
 // changed their code, and the simple protocol lost 7–13 % of its bandwidth from 64 MiB (A/B on
 // four H200s: results/collectives/codegen-nvidia-h200-x4-2026-11-27/).

@@ -118,21 +118,6 @@ impl Collectives {
                 (rows + sentinel_rows) as u64 * slot_bytes
             ))
         })?;
-        if sentinel_area > 0 {
-            // Every byte of the sentinel area starts as the sentinel (kernels leave it so).
-            let at = staging.local_ptr() + rows as u64 * slot_bytes;
-            ctx.bind_to_thread()?;
-            // SAFETY: [at, at + sentinel_area) lies inside this rank's staging allocation of
-            // (rows + sentinel_rows) · slot_bytes bytes, alive while `staging` is.
-            unsafe {
-                cudarc::driver::result::memset_d8_async(
-                    at,
-                    0xff,
-                    sentinel_area as usize,
-                    stream.cu_stream(),
-                )
-            }?;
-        }
         let budget = agree(
             rdzv,
             "collectives wait budget",
@@ -149,20 +134,39 @@ impl Collectives {
             ),
             budget,
         )?;
-        let state =
-            stream.alloc_zeros::<u64>(std::mem::size_of::<abi::weft_collective_state>() / 8)?;
-        let state_ptr = state.device_ptr(stream).0;
-        let base = weft_collective_params {
-            staging: staging.view(),
-            flags: flags.device()?,
-            slot_bytes,
-            sentinel_bytes,
-            state: state_ptr,
-            ..Default::default()
-        };
-        // The zeroed state and the sentinel area are in place before any rank's first launch.
-        stream.synchronize()?;
-        agree(rdzv, "collectives state", Ok(()))?;
+        // This rank's local set-up, agreed on by all (a rank that fails here must not leave the
+        // others waiting): the sentinel area filled with the sentinel, the zeroed round state, the
+        // launch params; all in place before any rank's first launch.
+        let local = (|| -> anyhow::Result<(CudaSlice<u64>, weft_collective_params)> {
+            ctx.bind_to_thread()?;
+            if sentinel_area > 0 {
+                let at = staging.local_ptr() + rows as u64 * slot_bytes;
+                // SAFETY: [at, at + sentinel_area) lies inside this rank's staging allocation of
+                // (rows + sentinel_rows) · slot_bytes bytes, alive while `staging` is.
+                unsafe {
+                    cudarc::driver::result::memset_d8_async(
+                        at,
+                        0xff,
+                        sentinel_area as usize,
+                        stream.cu_stream(),
+                    )
+                }?;
+            }
+            let state =
+                stream.alloc_zeros::<u64>(std::mem::size_of::<abi::weft_collective_state>() / 8)?;
+            let state_ptr = state.device_ptr(stream).0;
+            let base = weft_collective_params {
+                staging: staging.view(),
+                flags: flags.device()?,
+                slot_bytes,
+                sentinel_bytes,
+                state: state_ptr,
+                ..Default::default()
+            };
+            stream.synchronize()?;
+            Ok((state, base))
+        })();
+        let (state, base) = agree(rdzv, "collectives state and sentinel area", local)?;
         Ok(Self {
             stream: stream.clone(),
             staging,
@@ -178,6 +182,8 @@ impl Collectives {
         })
     }
 
+    /// The options as given (what launches do may be less: [`Collectives::pdl`],
+    /// [`Collectives::sentinel_bytes`]).
     pub fn options(&self) -> &Options {
         &self.options
     }
@@ -186,6 +192,12 @@ impl Collectives {
     /// the ranks do not share a GPU).
     pub fn pdl(&self) -> bool {
         self.pdl
+    }
+
+    /// Bytes of one sentinel slot: the largest payload per sender the sentinel protocol takes
+    /// (`options.sentinel_max_bytes`, at most a slot; 0: off).
+    pub fn sentinel_bytes(&self) -> u64 {
+        self.base.sentinel_bytes
     }
 
     /// Bytes of one staging slot.
@@ -197,7 +209,10 @@ impl Collectives {
         &self.stream
     }
 
-    /// `output[i]` = sum over ranks of `input[i]`; equal lengths. Every rank gets the same bits.
+    /// `output[i]` = sum over ranks of `input[i]`; equal lengths. Every rank gets the same bits. By the sentinel protocol
+    /// (see [`crate::Options::sentinel_max_bytes`]) an element whose bits are all ones (one NaN
+    /// pattern) moves as 0x7f…f (another NaN), on every rank alike; every other value moves bit for
+    /// bit.
     pub fn all_reduce<T: CollectiveElement>(
         &mut self,
         input: &impl DevicePtr<T>,
@@ -234,16 +249,14 @@ impl Collectives {
         output: u64,
         n: usize,
     ) -> Result<(), CollectiveError> {
-        let world = self.staging.world();
-        let algo = all_reduce_algorithm(
-            self.options.all_reduce,
-            world,
-            (n * std::mem::size_of::<T>()) as u64,
-        );
+        let algo = self.all_reduce_path::<T>(n);
         self.launch::<T>(algo, input, output, n)
     }
 
-    /// `output` (n elements) = sum over ranks of `input[rank·n .. (rank+1)·n]`; `input` holds world·n.
+    /// `output` (n elements) = sum over ranks of `input[rank·n .. (rank+1)·n]`; `input` holds world·n. By the sentinel protocol
+    /// (see [`crate::Options::sentinel_max_bytes`]) an element whose bits are all ones (one NaN
+    /// pattern) moves as 0x7f…f (another NaN), on every rank alike; every other value moves bit for
+    /// bit.
     pub fn reduce_scatter<T: CollectiveElement>(
         &mut self,
         input: &impl DevicePtr<T>,
@@ -263,7 +276,11 @@ impl Collectives {
         self.launch::<T>(Algorithm::ReduceScatter, i, o, n)
     }
 
-    /// `output[r·n .. (r+1)·n]` = rank r's `input` (n elements); `output` holds world·n.
+    /// `output[r·n .. (r+1)·n]` = rank r's `input` (n elements); `output` holds world·n. By the sentinel protocol
+    /// (see [`crate::Options::sentinel_max_bytes`]) an element whose bits are all ones (one NaN
+    /// pattern) moves as 0x7f…f (another NaN), on every rank alike; every other value moves bit for
+    /// bit.
+    /// Data that are not floats (integers seen as f32) should go with `sentinel_max_bytes = 0`.
     pub fn all_gather<T: CollectiveElement>(
         &mut self,
         input: &impl DevicePtr<T>,
@@ -313,10 +330,14 @@ impl Collectives {
 
     /// The AllReduce path a call of `count` elements of `T` takes.
     pub fn all_reduce_path<T: CollectiveElement>(&self, count: usize) -> Algorithm {
+        let sentinel_two_shot = self
+            .geometry::<T>(Algorithm::AllReduceTwoShot, count)
+            .is_ok_and(|g| g.protocol == Protocol::Sentinel);
         all_reduce_algorithm(
             self.options.all_reduce,
             self.staging.world(),
             (count * std::mem::size_of::<T>()) as u64,
+            sentinel_two_shot,
         )
     }
 

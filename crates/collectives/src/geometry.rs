@@ -40,27 +40,43 @@ impl Algorithm {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AllReduceChoice {
     /// One-shot at two ranks (it moves as many bytes as two-shot there, with one round trip less)
-    /// and up to [`ONE_SHOT_MAX_BYTES`] beyond; two-shot above.
+    /// and up to [`ONE_SHOT_MAX_BYTES`] beyond ([`ONE_SHOT_MAX_BYTES_SIMPLE`] where the two-shot
+    /// would take the simple protocol); two-shot above.
     #[default]
     Auto,
     OneShot,
     TwoShot,
 }
 
-/// Above this size, at more than two ranks, `Auto` takes two-shot. With the sentinel protocol in
-/// both (commit 571ba02, four H200s, graph replay), two-shot took 7.7 µs against one-shot's 8.9 at
-/// 512 KiB and world 4 (6.7 against 7.2 at world 3), 9.7 against 13.3 at 1 MiB; one-shot 6.5
-/// against 7.2 at 256 KiB (5.4 against 6.0 at world 3):
-/// `results/collectives/sweep-nvidia-h200-x4-2026-11-27-571ba02/`.
+/// Above this size, at more than two ranks, `Auto` takes two-shot when the two-shot would go by
+/// the sentinel protocol. With the sentinel protocol in both (commit 571ba02, four H200s, graph
+/// replay), two-shot took 7.7 µs against one-shot's 8.9 at 512 KiB and world 4 (6.7 against 7.2
+/// at world 3), 9.7 against 13.3 at 1 MiB; one-shot 6.5 against 7.2 at 256 KiB (5.4 against 6.0
+/// at world 3): `results/collectives/sweep-nvidia-h200-x4-2026-11-27-571ba02/`.
 pub const ONE_SHOT_MAX_BYTES: u64 = 256 << 10;
 
-pub fn all_reduce_algorithm(choice: AllReduceChoice, world: usize, bytes: u64) -> Algorithm {
+/// As [`ONE_SHOT_MAX_BYTES`] when the two-shot would go by the simple protocol (at 512 KiB
+/// one-shot took 20.5 µs against two-shot's best 21.3 at four H200s, 17.8 against 19.9 at three:
+/// `results/collectives/sweep-nvidia-h200-x4-2026-11-26/`).
+pub const ONE_SHOT_MAX_BYTES_SIMPLE: u64 = 512 << 10;
+
+/// The AllReduce algorithm for a call of `bytes` at `world` ranks; `sentinel_two_shot`: a two-shot
+/// of this call would go by the sentinel protocol.
+pub fn all_reduce_algorithm(
+    choice: AllReduceChoice,
+    world: usize,
+    bytes: u64,
+    sentinel_two_shot: bool,
+) -> Algorithm {
+    let one_shot_max = if sentinel_two_shot {
+        ONE_SHOT_MAX_BYTES
+    } else {
+        ONE_SHOT_MAX_BYTES_SIMPLE
+    };
     match choice {
         AllReduceChoice::OneShot => Algorithm::AllReduceOneShot,
         AllReduceChoice::TwoShot => Algorithm::AllReduceTwoShot,
-        AllReduceChoice::Auto if world <= 2 || bytes <= ONE_SHOT_MAX_BYTES => {
-            Algorithm::AllReduceOneShot
-        }
+        AllReduceChoice::Auto if world <= 2 || bytes <= one_shot_max => Algorithm::AllReduceOneShot,
         AllReduceChoice::Auto => Algorithm::AllReduceTwoShot,
     }
 }
@@ -180,7 +196,11 @@ pub fn geometry(
             _ => (count, 1),
         };
         let sent = shard.checked_mul(elem_bytes as u64)?; // per sender and round
-        if sent <= sentinel_bytes {
+                                                          // Two-shot only where every shard holds data: then each rank's round R + 3 sends wait for
+                                                          // data the receiver sent after its round-R launch ended (collectives.cu); with empty
+                                                          // shards that would hold only through a third rank.
+        let every_shard = rounds == 1 || shard.saturating_mul(world as u64 - 1) < count;
+        if sent <= sentinel_bytes && every_shard {
             let auto = (sent.div_ceil(SENTINEL_BYTES_PER_BLOCK) as u32)
                 .clamp(SENTINEL_MIN_BLOCKS, SENTINEL_MAX_BLOCKS);
             return Some(Geometry {
@@ -242,23 +262,32 @@ mod tests {
     #[test]
     fn auto_takes_one_shot_at_two_ranks_and_for_small_sizes() {
         assert_eq!(
-            all_reduce_algorithm(AllReduceChoice::Auto, 2, 1 << 30),
+            all_reduce_algorithm(AllReduceChoice::Auto, 2, 1 << 30, false),
             Algorithm::AllReduceOneShot
         );
         assert_eq!(
-            all_reduce_algorithm(AllReduceChoice::Auto, 8, 4096),
+            all_reduce_algorithm(AllReduceChoice::Auto, 8, 4096, true),
             Algorithm::AllReduceOneShot
         );
         assert_eq!(
-            all_reduce_algorithm(AllReduceChoice::Auto, 8, 256 << 10),
+            all_reduce_algorithm(AllReduceChoice::Auto, 8, 256 << 10, true),
             Algorithm::AllReduceOneShot
         );
         assert_eq!(
-            all_reduce_algorithm(AllReduceChoice::Auto, 8, (256 << 10) + 1),
+            all_reduce_algorithm(AllReduceChoice::Auto, 8, (256 << 10) + 1, true),
+            Algorithm::AllReduceTwoShot
+        );
+        // Where the two-shot would take the simple protocol: one-shot up to 512 KiB.
+        assert_eq!(
+            all_reduce_algorithm(AllReduceChoice::Auto, 8, 512 << 10, false),
+            Algorithm::AllReduceOneShot
+        );
+        assert_eq!(
+            all_reduce_algorithm(AllReduceChoice::Auto, 8, (512 << 10) + 1, false),
             Algorithm::AllReduceTwoShot
         );
         assert_eq!(
-            all_reduce_algorithm(AllReduceChoice::TwoShot, 2, 16),
+            all_reduce_algorithm(AllReduceChoice::TwoShot, 2, 16, true),
             Algorithm::AllReduceTwoShot
         );
     }
@@ -446,6 +475,12 @@ mod tests {
             (two.protocol, two.shard, two.window, two.rounds),
             (Protocol::Sentinel, 152, 152, 2)
         );
+        // Shards that would leave the last ones empty (5 vectors at world 8: one-vector shards,
+        // ranks 5.. get none): simple.
+        let eight = geometry(Algorithm::AllReduceTwoShot, 20, 8, 4, limits).unwrap();
+        assert_eq!(eight.protocol, Protocol::Simple);
+        let full = geometry(Algorithm::AllReduceTwoShot, 8 * 4, 4, 4, limits).unwrap();
+        assert_eq!((full.protocol, full.shard), (Protocol::Sentinel, 8));
         // A shard of just over 1 MiB: simple.
         assert_eq!(
             cut(Algorithm::AllReduceTwoShot, (1 << 19) + 4, 4).protocol,
@@ -525,6 +560,7 @@ mod tests {
                         if algo == Algorithm::AllReduceTwoShot {
                             prop_assert_eq!(g.rounds, 2);
                             prop_assert!(shard * world as u128 >= count128 && shard % vec == 0);
+                            prop_assert!(shard * (world as u128 - 1) < count128, "an empty shard");
                         } else {
                             prop_assert_eq!((g.rounds, g.shard), (1, count));
                         }

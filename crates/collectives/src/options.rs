@@ -13,8 +13,10 @@ pub struct Options {
     /// 288 MiB of staging at any world, plus 24 MiB of sentinel area at two ranks).
     pub slot_bytes: Option<u64>,
     /// Blocks per launch; `None`: one per 8 KiB of a round, at most 64, for rounds up to 4 MiB;
-    /// `max_blocks` for larger rounds; LL launches: see [`crate::geometry::LL_MIN_BLOCKS`]
-    /// (measured on two, three and four H200s: README.md).
+    /// `max_blocks` for larger rounds; LL launches: see [`crate::geometry::LL_MIN_BLOCKS`];
+    /// sentinel launches: one per 8 KiB sent to each peer, 16 to 128
+    /// ([`crate::geometry::SENTINEL_BYTES_PER_BLOCK`]) (measured on two, three and four H200s:
+    /// README.md).
     pub blocks: Option<u32>,
     /// Upper bound on blocks per launch (and on `blocks`); at most 128 and, with ranks sharing a
     /// GPU, at most its SMs divided among them (every block of every rank must be resident).
@@ -27,7 +29,9 @@ pub struct Options {
     /// Payloads per sender up to this many bytes (and at most a slot) that are whole 16-byte
     /// vectors go by the sentinel protocol (one round, latency of one NVLink hop, full
     /// bandwidth; an element whose bits are all ones arrives as 0x7f..f, another NaN); 0 turns
-    /// it off. Its staging area is 3 × world × min(this, slot_bytes) bytes.
+    /// it off. Its staging area, 3 × world × min(this, slot_bytes) bytes (24 MiB at two ranks, 96 at
+    /// eight), is allocated at creation. Integers carried as f32 would be changed by the NaN
+    /// substitution: turn it off for them.
     pub sentinel_max_bytes: u64,
     /// Launch with programmatic dependent launch: a call's blocks may be scheduled while the
     /// kernel before it on the stream ends (they wait for its end before touching memory), and a

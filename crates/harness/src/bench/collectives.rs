@@ -200,6 +200,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
     }
     let slot_bytes = coll.slot_bytes();
     let pdl = coll.pdl();
+    let sentinel_bytes = coll.sentinel_bytes();
     coll.free(&mut job.rdzv)?;
     let mine: Vec<f64> = measured
         .iter()
@@ -285,6 +286,8 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 "sentinel_max_bytes",
                 Json::from(options.sentinel_max_bytes as usize),
             ),
+            // What launches used: the option, at most a slot.
+            ("sentinel_bytes", Json::from(sentinel_bytes as usize)),
             // 1: launches carried the programmatic-dependent-launch attribute.
             ("pdl", Json::from(usize::from(pdl))),
         ]));

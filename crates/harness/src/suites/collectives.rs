@@ -16,7 +16,9 @@ use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
-use weft_collectives::{AllReduceChoice, CollectiveElement, CollectiveError, Collectives, Options};
+use weft_collectives::{
+    Algorithm, AllReduceChoice, CollectiveElement, CollectiveError, Collectives, Options, Protocol,
+};
 
 #[derive(Clone, Copy, Debug)]
 enum Op {
@@ -72,6 +74,10 @@ pub fn cases() -> Vec<Case> {
         sentinel_bits::<f16>(j)
     }));
     v.push(Case::gpu("collectives::graph_replay::f32", graph_replay));
+    v.push(Case::gpu(
+        "collectives::sentinel_back_to_back::f32",
+        sentinel_back_to_back,
+    ));
     v.push(Case::gpu(
         "collectives::errors::lengths_alignment_options",
         errors,
@@ -217,6 +223,15 @@ fn graph_replay(job: &mut Job) -> anyhow::Result<()> {
     // LL one (not).
     let (n, m, l) = (300_001, 1000, 999);
     let mut coll = Collectives::new(&mut job.rdzv, &stream, Options::default())?;
+    for (count, want) in [(m, Protocol::Sentinel), (l, Protocol::LowLatency)] {
+        let path = coll.all_reduce_path::<f32>(count);
+        let g = coll.geometry::<f32>(path, count)?;
+        anyhow::ensure!(
+            g.protocol == want,
+            "graph replay: an AllReduce of {count} f32 takes {:?}, the trial needs {want:?}",
+            g.protocol
+        );
+    }
     let mut ins = [
         stream.alloc_zeros::<f32>(n)?,
         stream.alloc_zeros::<f32>(n * world)?,
@@ -338,9 +353,9 @@ fn sentinel_bits<T: SentinelBits>(job: &mut Job) -> anyhow::Result<()> {
     let (rank, world) = (job.rank(), job.world());
     let n = 4096; // whole 16-byte vectors in f32 and bf16: the sentinel protocol by default
     let mut coll = Collectives::new(&mut job.rdzv, &stream, Options::default())?;
-    let g = coll.geometry::<T>(weft_collectives::Algorithm::AllGather, n)?;
+    let g = coll.geometry::<T>(Algorithm::AllGather, n)?;
     anyhow::ensure!(
-        g.protocol == weft_collectives::Protocol::Sentinel,
+        g.protocol == Protocol::Sentinel,
         "{n} elements of {} did not take the sentinel protocol: {g:?}",
         T::NAME
     );
@@ -395,10 +410,77 @@ fn sentinel_bits<T: SentinelBits>(job: &mut Job) -> anyhow::Result<()> {
         );
     }
     let summed = stream.clone_dtoh(&summed)?;
-    let ints: Vec<Vec<i32>> = (0..world).map(|r| small_ints(seed, r, n)).collect();
-    for i in 0..n {
+    check_sums(job, "all_reduce one-shot", &summed, &ones, seed)?;
+    coll.free(&mut job.rdzv)?;
+    // The two-shot AllReduce (its sums pushed by the sentinel protocol too) and ReduceScatter.
+    let mut coll = Collectives::new(
+        &mut job.rdzv,
+        &stream,
+        Options {
+            all_reduce: AllReduceChoice::TwoShot,
+            ..Options::default()
+        },
+    )?;
+    let g = coll.geometry::<T>(Algorithm::AllReduceTwoShot, n)?;
+    anyhow::ensure!(g.protocol == Protocol::Sentinel, "two-shot of {n}: {g:?}");
+    let mut summed = stream.clone_htod(&vec![T::from_small_int(0); n])?;
+    coll.all_reduce(&input, &mut summed)?;
+    coll.synchronize()?;
+    check_sums(
+        job,
+        "all_reduce two-shot",
+        &stream.clone_dtoh(&summed)?,
+        &ones,
+        seed,
+    )?;
+    if world > 1 {
+        // ReduceScatter of m per rank (whole 16-byte vectors): rank r's shard is elements r·m..
+        // of the sums.
+        let m = n / world / 8 * 8;
+        let g = coll.geometry::<T>(Algorithm::ReduceScatter, m)?;
+        anyhow::ensure!(
+            g.protocol == Protocol::Sentinel,
+            "reduce_scatter of {m}: {g:?}"
+        );
+        let mut part = stream.clone_htod(&vec![T::from_small_int(0); m])?;
+        coll.reduce_scatter(&input.slice(..m * world), &mut part)?;
+        coll.synchronize()?;
+        let got = stream.clone_dtoh(&part)?;
+        let offset = rank * m;
+        let ints: Vec<Vec<i32>> = (0..world).map(|r| small_ints(seed, r, n)).collect();
+        for (i, x) in got.iter().enumerate() {
+            let j = offset + i;
+            let nan = (0..world).any(|r| ones[r][j]);
+            let ok = if nan {
+                x.is_poison()
+            } else {
+                *x == T::from_small_int(ints.iter().map(|v| v[j]).sum())
+            };
+            anyhow::ensure!(
+                ok,
+                "reduce_scatter rank {rank}: element {i} is {x:?} (NaN expected: {nan})"
+            );
+        }
+    }
+    coll.free(&mut job.rdzv)?;
+    Ok(())
+}
+
+/// AllReduce results with all-ones inputs at `ones`: NaN exactly there, exact sums elsewhere, the
+/// same bits on every rank.
+fn check_sums<T: SentinelBits>(
+    job: &mut Job,
+    what: &str,
+    summed: &[T],
+    ones: &[Vec<bool>],
+    seed: u64,
+) -> anyhow::Result<()> {
+    let (rank, world) = (job.rank(), job.world());
+    let ints: Vec<Vec<i32>> = (0..world)
+        .map(|r| small_ints(seed, r, summed.len()))
+        .collect();
+    for (i, &x) in summed.iter().enumerate() {
         let nan = (0..world).any(|r| ones[r][i]);
-        let x = summed[i];
         let ok = if nan {
             x.is_poison() // NaN for the float types
         } else {
@@ -406,17 +488,92 @@ fn sentinel_bits<T: SentinelBits>(job: &mut Job) -> anyhow::Result<()> {
         };
         anyhow::ensure!(
             ok,
-            "all_reduce rank {rank}: element {i} is {x:?} (NaN expected: {nan})"
+            "{what} rank {rank}: element {i} is {x:?} (NaN expected: {nan})"
         );
     }
-    // The same bits on every rank.
     let bits: Vec<u8> = summed.iter().flat_map(|x| x.bits().to_le_bytes()).collect();
     let all = job.rdzv.all_gather(&bits)?;
     anyhow::ensure!(
         all.iter().all(|b| *b == bits),
-        "all_reduce: the ranks' results differ in their bits"
+        "{what}: the ranks' results differ in their bits"
     );
-    coll.free(&mut job.rdzv)?;
+    Ok(())
+}
+
+/// Many sentinel calls enqueued back to back with no synchronisation between them (one-round and
+/// two-round launches interleaved, sizes and grids changing from call to call, programmatic launch
+/// on where the ranks have GPUs of their own), each into its own output, all checked at the end:
+/// slot reuse and the reset of the sentinel from one call to the next are seen only this way.
+fn sentinel_back_to_back(job: &mut Job) -> anyhow::Result<()> {
+    let seed = shared_seed(job)?;
+    let stream = super::gpu(job)?.1;
+    let (rank, world) = (job.rank(), job.world());
+    let sizes = [4096usize, 1000, 1 << 16, 24, 1 << 18, 4];
+    for choice in [AllReduceChoice::OneShot, AllReduceChoice::TwoShot] {
+        let mut coll = Collectives::new(
+            &mut job.rdzv,
+            &stream,
+            Options {
+                all_reduce: choice,
+                ..Options::default()
+            },
+        )?;
+        let mut calls = Vec::new();
+        for k in 0..24usize {
+            let n = sizes[k % sizes.len()] * 4; // f32 elements: whole 16-byte vectors
+            let op = [Op::AllReduce(choice), Op::ReduceScatter, Op::AllGather][k % 3];
+            let (algo, count) = match op {
+                Op::AllReduce(_) => (coll.all_reduce_path::<f32>(n), n),
+                Op::ReduceScatter => (Algorithm::ReduceScatter, n),
+                _ => (Algorithm::AllGather, n),
+            };
+            let g = coll.geometry::<f32>(algo, count)?;
+            if g.protocol != Protocol::Sentinel {
+                continue; // (a two-shot of shards too small to hold data everywhere)
+            }
+            let s = seed.wrapping_add(1000 + k as u64);
+            let input_len = if matches!(op, Op::ReduceScatter) {
+                n * world
+            } else {
+                n
+            };
+            let output_len = if matches!(op, Op::AllGather) {
+                n * world
+            } else {
+                n
+            };
+            let inputs: Vec<Vec<i32>> = (0..world).map(|r| small_ints(s, r, input_len)).collect();
+            let mine: Vec<f32> = inputs[rank].iter().map(|&x| x as f32).collect();
+            let input = stream.clone_htod(&mine)?;
+            let mut output = stream.clone_htod(&vec![f32::NAN; output_len])?;
+            match op {
+                Op::AllReduce(_) => coll.all_reduce(&input, &mut output)?,
+                Op::ReduceScatter => coll.reduce_scatter(&input, &mut output)?,
+                _ => coll.all_gather(&input, &mut output)?,
+            }
+            calls.push((op, n, inputs, input, output, g));
+        }
+        anyhow::ensure!(
+            calls.len() >= 16,
+            "only {} of 24 calls took the sentinel protocol",
+            calls.len()
+        );
+        coll.synchronize()?;
+        for (k, (op, n, inputs, _input, output, g)) in calls.iter().enumerate() {
+            let sum = |i: usize| inputs.iter().map(|v| v[i]).sum::<i32>() as f32;
+            let want: Vec<f32> = match op {
+                Op::AllReduce(_) => (0..*n).map(sum).collect(),
+                Op::ReduceScatter => (0..*n).map(|i| sum(rank * n + i)).collect(),
+                _ => inputs.iter().flatten().map(|&x| x as f32).collect(),
+            };
+            check_equal(
+                &format!("{choice:?} call {k} ({op:?} of {n}, {g:?}) rank {rank}"),
+                &stream.clone_dtoh(output)?,
+                &want,
+            )?;
+        }
+        coll.free(&mut job.rdzv)?;
+    }
     Ok(())
 }
 

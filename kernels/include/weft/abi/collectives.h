@@ -36,7 +36,8 @@
 typedef struct weft_collective_params {
   uint64_t input;            // this rank's input (local device memory, 16-byte aligned)
   uint64_t output;           // this rank's output (local device memory, 16-byte aligned)
-  weft_pgl_view staging;     // u8 PGL: [slot WEFT_COLL_DEPTH][phase 2][sender world][slot_bytes]
+  weft_pgl_view staging;     // u8 PGL: [slot WEFT_COLL_DEPTH][phase 2][sender world][slot_bytes], then
+                             // the LL rows and the sentinel area (the offset functions below)
   weft_sync_counters flags;  // round flags (layout above) and the bound of every wait
   uint64_t count;            // elements: AllReduce the buffer, ReduceScatter the output (per rank),
                              // AllGather the input (per rank)
@@ -59,7 +60,8 @@ typedef struct weft_collective_params {
 // launch of G blocks reads seq[b] at its start and, at its end, writes the advanced value into
 // seq[b], seq[b + G], seq[b + 2G], ... (one thread each). No block of the launch reads what
 // another writes (block b reads only seq[b]), so no atomic or fence is needed; the next launch on
-// the stream starts after this one ended and finds every copy advanced. (A last-block counter
+// the stream reads its copy after this one ended (stream order, or, under programmatic dependent
+// launch, its griddepcontrol.wait) and finds every copy advanced. (A last-block counter
 // with an acq_rel add did the same for 0.5-1 us more per call: its release waited for the
 // block's NVLink stores.)
 typedef struct weft_collective_state {
