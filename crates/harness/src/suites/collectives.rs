@@ -446,28 +446,14 @@ fn sentinel_bits<T: SentinelBits>(job: &mut Job) -> anyhow::Result<()> {
         coll.reduce_scatter(&input.slice(..m * world), &mut part)?;
         coll.synchronize()?;
         let got = stream.clone_dtoh(&part)?;
-        let offset = rank * m;
-        let ints: Vec<Vec<i32>> = (0..world).map(|r| small_ints(seed, r, n)).collect();
-        for (i, x) in got.iter().enumerate() {
-            let j = offset + i;
-            let nan = (0..world).any(|r| ones[r][j]);
-            let ok = if nan {
-                x.is_poison()
-            } else {
-                *x == T::from_small_int(ints.iter().map(|v| v[j]).sum())
-            };
-            anyhow::ensure!(
-                ok,
-                "reduce_scatter rank {rank}: element {i} is {x:?} (NaN expected: {nan})"
-            );
-        }
+        check_nan_sums("reduce_scatter", rank, &got, rank * m, &ones, seed, n)?;
     }
     coll.free(&mut job.rdzv)?;
     Ok(())
 }
 
-/// AllReduce results with all-ones inputs at `ones`: NaN exactly there, exact sums elsewhere, the
-/// same bits on every rank.
+/// AllReduce results with all-ones inputs at `ones`: as [`check_nan_sums`], and the same bits on
+/// every rank.
 fn check_sums<T: SentinelBits>(
     job: &mut Job,
     what: &str,
@@ -475,28 +461,42 @@ fn check_sums<T: SentinelBits>(
     ones: &[Vec<bool>],
     seed: u64,
 ) -> anyhow::Result<()> {
-    let (rank, world) = (job.rank(), job.world());
-    let ints: Vec<Vec<i32>> = (0..world)
-        .map(|r| small_ints(seed, r, summed.len()))
-        .collect();
-    for (i, &x) in summed.iter().enumerate() {
-        let nan = (0..world).any(|r| ones[r][i]);
-        let ok = if nan {
-            x.is_poison() // NaN for the float types
-        } else {
-            x == T::from_small_int(ints.iter().map(|v| v[i]).sum())
-        };
-        anyhow::ensure!(
-            ok,
-            "{what} rank {rank}: element {i} is {x:?} (NaN expected: {nan})"
-        );
-    }
+    check_nan_sums(what, job.rank(), summed, 0, ones, seed, summed.len())?;
     let bits: Vec<u8> = summed.iter().flat_map(|x| x.bits().to_le_bytes()).collect();
     let all = job.rdzv.all_gather(&bits)?;
     anyhow::ensure!(
         all.iter().all(|b| *b == bits),
         "{what}: the ranks' results differ in their bits"
     );
+    Ok(())
+}
+
+/// `got[i]` is the sum over ranks of element `offset + i` of their n inputs (small integers from
+/// `seed`, all ones at `ones`): NaN exactly where some rank's element was all ones, the exact sum
+/// elsewhere.
+fn check_nan_sums<T: SentinelBits>(
+    what: &str,
+    rank: usize,
+    got: &[T],
+    offset: usize,
+    ones: &[Vec<bool>],
+    seed: u64,
+    n: usize,
+) -> anyhow::Result<()> {
+    let ints: Vec<Vec<i32>> = (0..ones.len()).map(|r| small_ints(seed, r, n)).collect();
+    for (i, &x) in got.iter().enumerate() {
+        let j = offset + i;
+        let nan = ones.iter().any(|o| o[j]);
+        let ok = if nan {
+            x.is_poison() // NaN for the float types
+        } else {
+            x == T::from_small_int(ints.iter().map(|v| v[j]).sum())
+        };
+        anyhow::ensure!(
+            ok,
+            "{what} rank {rank}: element {i} is {x:?} (NaN expected: {nan})"
+        );
+    }
     Ok(())
 }
 
