@@ -27,9 +27,5 @@ pub fn early_release_attribute(stream: &Arc<CudaStream>) -> anyhow::Result<sys::
         "early release needs the context's event tracking off (CudaContext::disable_event_tracking): with it on, \
          cudarc enqueues event waits before the launch, after the KernelBarrier wait, and the early release would not happen"
     );
-    // SAFETY: an all-zero attribute is valid plain data; id and value are set below.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
-    Ok(attr)
+    Ok(weft_sync::launch::programmatic_serialization_attribute())
 }

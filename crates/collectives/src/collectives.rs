@@ -3,19 +3,18 @@
 use crate::element::CollectiveElement;
 use crate::error::CollectiveError;
 use crate::geometry::{
-    all_reduce_algorithm, geometry, Algorithm, Geometry, Limits, Protocol, THREADS,
+    all_reduce_algorithm, geometry, Algorithm, AllReduceChoice, Geometry, Limits, Protocol, THREADS,
 };
 use crate::options::Options;
 use cudarc::driver::{
-    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig,
-    PushKernelArg,
+    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
 };
 use std::sync::Arc;
 use weft_kernels::abi::{self, weft_collective_params};
 use weft_kernels::cubins;
 use weft_pgl::Bootstrap;
 use weft_pgl::{agree, Backend, Pgl, Shape};
-use weft_sync::launch::{load, sync_checked};
+use weft_sync::launch::{load, programmatic_serialization_attribute, sync_checked};
 use weft_sync::{Counters, WaitBudget};
 
 /// AllReduce, ReduceScatter and AllGather of this rank's device buffers, on one stream, with every
@@ -209,10 +208,8 @@ impl Collectives {
         &self.stream
     }
 
-    /// `output[i]` = sum over ranks of `input[i]`; equal lengths. Every rank gets the same bits. By the sentinel protocol
-    /// (see [`crate::Options::sentinel_max_bytes`]) an element whose bits are all ones (one NaN
-    /// pattern) moves as 0x7f…f (another NaN), on every rank alike; every other value moves bit for
-    /// bit.
+    /// `output[i]` = sum over ranks of `input[i]`; equal lengths. Every rank gets the same bits.
+    /// The sentinel protocol changes one NaN bit pattern: [`crate::Options::sentinel_max_bytes`].
     pub fn all_reduce<T: CollectiveElement>(
         &mut self,
         input: &impl DevicePtr<T>,
@@ -253,10 +250,8 @@ impl Collectives {
         self.launch::<T>(algo, input, output, n)
     }
 
-    /// `output` (n elements) = sum over ranks of `input[rank·n .. (rank+1)·n]`; `input` holds world·n. By the sentinel protocol
-    /// (see [`crate::Options::sentinel_max_bytes`]) an element whose bits are all ones (one NaN
-    /// pattern) moves as 0x7f…f (another NaN), on every rank alike; every other value moves bit for
-    /// bit.
+    /// `output` (n elements) = sum over ranks of `input[rank·n .. (rank+1)·n]`; `input` holds world·n.
+    /// The sentinel protocol changes one NaN bit pattern: [`crate::Options::sentinel_max_bytes`].
     pub fn reduce_scatter<T: CollectiveElement>(
         &mut self,
         input: &impl DevicePtr<T>,
@@ -276,11 +271,8 @@ impl Collectives {
         self.launch::<T>(Algorithm::ReduceScatter, i, o, n)
     }
 
-    /// `output[r·n .. (r+1)·n]` = rank r's `input` (n elements); `output` holds world·n. By the sentinel protocol
-    /// (see [`crate::Options::sentinel_max_bytes`]) an element whose bits are all ones (one NaN
-    /// pattern) moves as 0x7f…f (another NaN), on every rank alike; every other value moves bit for
-    /// bit.
-    /// Data that are not floats (integers seen as f32) should go with `sentinel_max_bytes = 0`.
+    /// `output[r·n .. (r+1)·n]` = rank r's `input` (n elements); `output` holds world·n.
+    /// The sentinel protocol changes one NaN bit pattern: [`crate::Options::sentinel_max_bytes`].
     pub fn all_gather<T: CollectiveElement>(
         &mut self,
         input: &impl DevicePtr<T>,
@@ -330,9 +322,12 @@ impl Collectives {
 
     /// The AllReduce path a call of `count` elements of `T` takes.
     pub fn all_reduce_path<T: CollectiveElement>(&self, count: usize) -> Algorithm {
-        let sentinel_two_shot = self
-            .geometry::<T>(Algorithm::AllReduceTwoShot, count)
-            .is_ok_and(|g| g.protocol == Protocol::Sentinel);
+        // Only Auto beyond two ranks looks at the two-shot's protocol.
+        let sentinel_two_shot = self.options.all_reduce == AllReduceChoice::Auto
+            && self.staging.world() > 2
+            && self
+                .geometry::<T>(Algorithm::AllReduceTwoShot, count)
+                .is_ok_and(|g| g.protocol == Protocol::Sentinel);
         all_reduce_algorithm(
             self.options.all_reduce,
             self.staging.world(),
@@ -405,7 +400,7 @@ impl Collectives {
         } else {
             &self.kernels[T::INDEX]
         };
-        // SAFETY (both launches): input and output are this device's buffers of the lengths
+        // SAFETY: input and output are this device's buffers of the lengths
         // checked by the callers (count elements; world·count where the op says so), 16-byte
         // aligned; the staging and flag views are this value's PGLs, alive while it is; the kernel
         // writes the staging only inside slots of slot_bytes (window ≤ slot_bytes / size of T;
@@ -413,44 +408,31 @@ impl Collectives {
         // geometry()); the state is this value's WEFT_COLL_MAX_BLOCKS words; the kernel takes
         // exactly weft_collective_params by value. Capturable: nothing here depends on earlier
         // launches.
-        if self.pdl {
-            // SAFETY: an all-zero attribute is valid plain data; id and value are set here. The
-            // kernel waits for the previous grid (griddepcontrol.wait) before any memory access.
-            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-            attr.id =
-                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            attr.value.programmaticStreamSerializationAllowed = 1;
-            let cfg = sys::CUlaunchConfig {
-                gridDimX: g.blocks,
-                gridDimY: 1,
-                gridDimZ: 1,
-                blockDimX: THREADS,
-                blockDimY: 1,
-                blockDimZ: 1,
-                sharedMemBytes: 0,
-                hStream: self.stream.cu_stream(),
-                attrs: &mut attr,
-                numAttrs: 1,
-            };
-            let mut args = [&params as *const weft_collective_params as *mut std::ffi::c_void];
-            self.stream.context().bind_to_thread()?;
-            unsafe {
-                sys::cuLaunchKernelEx(
-                    &cfg,
-                    func.cu_function(),
-                    args.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            }
-            .result()?;
-        } else {
-            let cfg = LaunchConfig {
-                grid_dim: (g.blocks, 1, 1),
-                block_dim: (THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            unsafe { self.stream.launch_builder(func).arg(&params).launch(cfg) }?;
+        let mut attrs = [programmatic_serialization_attribute()];
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: g.blocks,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: THREADS,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: self.stream.cu_stream(),
+            // The kernel waits for the previous grid (griddepcontrol.wait) before any memory access.
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: u32::from(self.pdl),
+        };
+        let mut args = [&params as *const weft_collective_params as *mut std::ffi::c_void];
+        self.stream.context().bind_to_thread()?;
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &cfg,
+                func.cu_function(),
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
         }
+        .result()?;
         Ok(())
     }
 

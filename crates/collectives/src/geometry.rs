@@ -118,7 +118,9 @@ pub const LL_MAX_BLOCKS: u32 = 64;
 /// vector per thread), between [`SENTINEL_MIN_BLOCKS`] and [`SENTINEL_MAX_BLOCKS`]. On two H200s
 /// (AllReduce under graph replay): 16 blocks were best up to 64 KiB, 32–64 at 256 KiB (4.1 µs
 /// against 4.6 with 16), 64–128 at 512 KiB (4.9 against 5.6), 128 from 1 MiB (6.5 against 7.2
-/// with 64).
+/// with 64): `results/collectives/kernel-ab-nvidia-h200-x2-2026-11-27/sentinel.log`; at four
+/// H200s the rule was within 0.061 µs of the best fixed count
+/// (`results/collectives/sweep-nvidia-h200-x4-2026-11-27-6ac0cc8/`).
 pub const SENTINEL_BYTES_PER_BLOCK: u64 = 8 << 10;
 pub const SENTINEL_MIN_BLOCKS: u32 = 16;
 pub const SENTINEL_MAX_BLOCKS: u32 = 128;
@@ -160,9 +162,9 @@ pub struct Limits {
 /// `count` as the kernel reads it (AllReduce: the buffer; ReduceScatter: the output per rank;
 /// AllGather: the input per rank). `count` > 0, `slot_bytes` a positive multiple of 16.
 /// Sentinel where the payload is whole 16-byte vectors and what a rank sends each peer in a round
-/// (two-shot: a shard of whole vectors, two rounds) fits a sentinel slot; else LL where the algorithm allows it and the payload
-/// fits both `ll_max_bytes` and a slot at 8 bytes per 4-byte word; else the simple protocol in
-/// rounds.
+/// (two-shot: a shard of whole vectors, two rounds, every shard holding data) fits a sentinel
+/// slot; else LL where the algorithm allows it (not two-shot) and the payload fits both
+/// `ll_max_bytes` and a slot at 8 bytes per 4-byte word; else the simple protocol in rounds.
 /// None when the call would take more than u32::MAX rounds, or its size in bytes (or rounded
 /// up to whole 16-byte vectors) would pass 2^64.
 pub fn geometry(
@@ -183,17 +185,19 @@ pub fn geometry(
     let payload = count.checked_mul(elem_bytes as u64)?;
     let words = payload.div_ceil(4);
     let vec = (16 / elem_bytes) as u64;
+    // What each rank sends each peer per round: two-shot, a shard of whole vectors; else all.
+    let shard = match algo {
+        Algorithm::AllReduceTwoShot => count
+            .div_ceil(world as u64)
+            .div_ceil(vec)
+            .checked_mul(vec)?,
+        _ => count,
+    };
     if payload.is_multiple_of(16) {
-        // Two-shot: shards of whole vectors, two rounds (reduce-scatter, all-gather) per launch.
-        let (shard, rounds) = match algo {
-            Algorithm::AllReduceTwoShot => (
-                count
-                    .div_ceil(world as u64)
-                    .div_ceil(vec)
-                    .checked_mul(vec)?,
-                2,
-            ),
-            _ => (count, 1),
+        let rounds = if algo == Algorithm::AllReduceTwoShot {
+            2
+        } else {
+            1
         };
         let sent = shard.checked_mul(elem_bytes as u64)?; // per sender and round
                                                           // Two-shot only where every shard holds data: then each rank's round R + 3 sends wait for
@@ -227,13 +231,6 @@ pub fn geometry(
         });
     }
     let slot_elems = slot_bytes / elem_bytes as u64;
-    let shard = match algo {
-        Algorithm::AllReduceTwoShot => count
-            .div_ceil(world as u64)
-            .div_ceil(vec)
-            .checked_mul(vec)?,
-        _ => count,
-    };
     let window = slot_elems.min(shard.div_ceil(vec).checked_mul(vec)?);
     let rounds = u32::try_from(shard.div_ceil(window)).ok()?;
     let window_bytes = window * elem_bytes as u64;

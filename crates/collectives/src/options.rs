@@ -28,10 +28,11 @@ pub struct Options {
     pub ll_max_bytes: u64,
     /// Payloads per sender up to this many bytes (and at most a slot) that are whole 16-byte
     /// vectors go by the sentinel protocol (one round, latency of one NVLink hop, full
-    /// bandwidth; an element whose bits are all ones arrives as 0x7f..f, another NaN); 0 turns
-    /// it off. Its staging area, 3 × world × min(this, slot_bytes) bytes (24 MiB at two ranks, 96 at
-    /// eight), is allocated at creation. Integers carried as f32 would be changed by the NaN
-    /// substitution: turn it off for them.
+    /// bandwidth); 0 turns it off. Its one change of bits: an element whose bits are all ones
+    /// (one NaN pattern) arrives as 0x7f…f (another NaN), on every rank alike; every other value
+    /// moves bit for bit. Integers carried as floats would be changed: turn it off for them. Its
+    /// staging area, 3 × world × min(this, slot_bytes) bytes (24 MiB at two ranks, 96 at eight),
+    /// is allocated at creation.
     pub sentinel_max_bytes: u64,
     /// Launch with programmatic dependent launch: a call's blocks may be scheduled while the
     /// kernel before it on the stream ends (they wait for its end before touching memory), and a
@@ -60,7 +61,7 @@ pub const DEFAULT_STAGING_PER_SLOT_SET: u64 = 32 << 20;
 /// The default [`Options::sentinel_max_bytes`]: on two H200s the sentinel protocol beat the LL
 /// one at every size up to its 256 KiB (AllReduce 4 KiB 2.99 against 3.20 µs, 256 KiB 4.1
 /// against 5.1) and the simple one up to 4 MiB (16.3 against 19.5 µs; 1 MiB 6.5 against 9.1),
-/// under CUDA graph replay.
+/// under CUDA graph replay (`results/collectives/kernel-ab-nvidia-h200-x2-2026-11-27/sentinel.log`).
 pub const DEFAULT_SENTINEL_MAX_BYTES: u64 = 4 << 20;
 
 /// The variables [`Options::from_env`] reads.

@@ -3,7 +3,7 @@
 
 use crate::error_slot::ErrorSlot;
 use anyhow::{bail, Context};
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr};
 use std::marker::PhantomData;
 use std::sync::Arc;
 use weft_kernels::Cubin;
@@ -16,6 +16,18 @@ pub fn load(ctx: &Arc<CudaContext>, cubin: &Cubin, name: &str) -> anyhow::Result
     module
         .load_function(name)
         .with_context(|| format!("{} has no kernel {name}", cubin.source))
+}
+
+/// The launch attribute (for `cuLaunchKernelEx`) of programmatic dependent launch: the kernel may
+/// be scheduled before the previous kernel on its stream ended, so it must execute
+/// `griddepcontrol.wait` before touching anything that kernel wrote, unless (as after
+/// `KernelBarrier::wait`) the previous kernel writes nothing it reads.
+pub fn programmatic_serialization_attribute() -> sys::CUlaunchAttribute {
+    // SAFETY: an all-zero attribute is valid plain data; id and value are set below.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    attr
 }
 
 /// A zero-initialised plain-old-data struct in device memory that a kernel fills.
