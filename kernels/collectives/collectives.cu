@@ -580,21 +580,6 @@ __device__ __noinline__ uint4 poll_sentinel(const uint4* p, const weft_collectiv
 
 constexpr int kSentinelUnroll = 2;  // vectors per thread in flight
 
-// The vectors a thread takes in a pass over `nv` vectors: first, first + stride, ... The pass is
-// spread evenly over the grid's blocks in whole warps of consecutive vectors (at most blockDim.x a
-// block), so that a small call's NVLink stores leave from every block's SM rather than from the
-// first few blocks' (each SM's stores to peers are limited in rate of their own). A thread beyond
-// its block's share gets first = nv: no vector.
-struct VectorSpread {
-  uint64_t first, stride;
-};
-__device__ __forceinline__ VectorSpread spread_vectors(uint64_t nv) {
-  const uint64_t per_block = (nv + gridDim.x - 1) / gridDim.x;
-  const uint64_t share = min(uint64_t(blockDim.x), (per_block + 31) / 32 * 32);
-  const uint64_t first = threadIdx.x < share ? uint64_t(blockIdx.x) * share + threadIdx.x : nv;
-  return {first, uint64_t(gridDim.x) * share};
-}
-
 // One-shot AllReduce, ReduceScatter, AllGather of n elements per shard, n · sizeof(T) a multiple
 // of 16 (the host's condition for this protocol). Reads the launch's round number from `seq_copy`
 // after its first input loads are out (neither waits for the other) and returns it.
@@ -609,8 +594,8 @@ __device__ uint64_t run_sentinel(const weft_collective_params& p, const volatile
     return reinterpret_cast<const uint4*>(reinterpret_cast<const T*>(p.input) + (scatter ? uint64_t(shard) * n : 0));
   };
   uint4* out = reinterpret_cast<uint4*>(p.output);
-  const VectorSpread spread = spread_vectors(nv);
-  const uint64_t first = spread.first, stride = spread.stride;
+  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+  const uint64_t first = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   // Vectors v0 + u · stride (u < U) of a pass; `x` holds them for one peer.
   uint4 x[U];
   auto load = [&](uint64_t v0, const uint4* src) {
@@ -716,8 +701,8 @@ __device__ uint64_t run_sentinel_two_shot(const weft_collective_params& p, const
   auto shard_vectors = [&](int32_t s) { return uint64_t(s) * sv >= cv ? 0 : min(sv, cv - uint64_t(s) * sv); };
   const uint4* in = reinterpret_cast<const uint4*>(p.input);
   uint4* out = reinterpret_cast<uint4*>(p.output);
-  const VectorSpread spread = spread_vectors(sv);  // first = sv: none (every shard ≤ sv)
-  const uint64_t first = spread.first, stride = spread.stride;
+  const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+  const uint64_t first = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const uint64_t seq = *seq_copy + 1;
   auto slot = [&](int32_t owner, int32_t sender, uint64_t round) {
     return reinterpret_cast<uint4*>(p.staging.base[owner] +
@@ -764,11 +749,12 @@ __device__ __forceinline__ void allow_next_grid() { asm volatile("griddepcontrol
 
 // The launch's round numbers (weft/abi/collectives.h, weft_collective_state): block b reads its
 // own copy seq[b] at its start; after the CTA barrier (every thread's read is done) its threads
-// write the advanced value into the copies b, b + G, b + 2G, ... — a store each, in parallel.
+// write the advanced value into the copies b, b + G, b + 2G, ... — in parallel, a store each
+// where the grid has enough threads (sentinel launches may have as few as 32 a block).
 __device__ __forceinline__ void advance_rounds(weft_collective_state* state, uint64_t first, uint32_t rounds) {
   __syncthreads();
-  const uint32_t copy = blockIdx.x + threadIdx.x * gridDim.x;
-  if (copy < WEFT_COLL_MAX_BLOCKS) state->seq[copy] = first - 1 + rounds;
+  for (uint32_t copy = blockIdx.x + threadIdx.x * gridDim.x; copy < WEFT_COLL_MAX_BLOCKS; copy += blockDim.x * gridDim.x)
+    state->seq[copy] = first - 1 + rounds;
 }
 
 // Every path but the sentinel two-shot AllReduce.

@@ -3,7 +3,7 @@
 use crate::element::CollectiveElement;
 use crate::error::CollectiveError;
 use crate::geometry::{
-    all_reduce_algorithm, geometry, Algorithm, AllReduceChoice, Geometry, Limits, Protocol, THREADS,
+    all_reduce_algorithm, geometry, Algorithm, AllReduceChoice, Geometry, Limits, Protocol,
 };
 use crate::options::Options;
 use cudarc::driver::{
@@ -413,7 +413,7 @@ impl Collectives {
             gridDimX: g.blocks,
             gridDimY: 1,
             gridDimZ: 1,
-            blockDimX: THREADS,
+            blockDimX: g.threads,
             blockDimY: 1,
             blockDimZ: 1,
             sharedMemBytes: 0,

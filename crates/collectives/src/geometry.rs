@@ -114,18 +114,29 @@ impl Protocol {
 /// `results/collectives/before-after-nvidia-h200-x4-2026-11-26/`).
 pub const LL_MIN_BLOCKS: u32 = 16;
 pub const LL_MAX_BLOCKS: u32 = 64;
-/// A sentinel launch gets a block per [`SENTINEL_BYTES_PER_BLOCK`] of payload (one 16-byte
-/// vector per thread), between [`SENTINEL_MIN_BLOCKS`] and [`SENTINEL_MAX_BLOCKS`]. On two H200s
-/// (AllReduce under graph replay): 16 blocks were best up to 64 KiB, 32–64 at 256 KiB (4.1 µs
-/// against 4.6 with 16), 64–128 at 512 KiB (4.9 against 5.6), 128 from 1 MiB (6.5 against 7.2
-/// with 64): `results/collectives/kernel-ab-nvidia-h200-x2-2026-11-27/sentinel.log`; at four
-/// H200s the rule was within 0.061 µs of the best fixed count
-/// (`results/collectives/sweep-nvidia-h200-x4-2026-11-27-6ac0cc8/`).
-pub const SENTINEL_BYTES_PER_BLOCK: u64 = 8 << 10;
+/// A sentinel launch gets a block per [`SENTINEL_BYTES_PER_BLOCK`] of what a rank sends each peer,
+/// between [`SENTINEL_MIN_BLOCKS`] and [`SENTINEL_MAX_BLOCKS`], and the vectors spread evenly over
+/// the blocks: a thread per 16-byte vector, whole warps, at most [`THREADS`] a block
+/// ([`sentinel_threads`]). Spread this way, a small call's NVLink stores leave from every block's
+/// SM instead of from the first few blocks' (512 vectors each before); on four H200s that took
+/// 0.2–0.3 µs off calls of 8–128 KiB, and with it 64 blocks beat 16–32 from 128 KiB a peer, 128
+/// from 256 KiB (`results/collectives/spread-nvidia-h200-x4-2026-11-27/`). Before, with 512
+/// threads a block: `results/collectives/kernel-ab-nvidia-h200-x2-2026-11-27/sentinel.log`,
+/// `results/collectives/sweep-nvidia-h200-x4-2026-11-27-6ac0cc8/`.
+pub const SENTINEL_BYTES_PER_BLOCK: u64 = 2 << 10;
 pub const SENTINEL_MIN_BLOCKS: u32 = 16;
 pub const SENTINEL_MAX_BLOCKS: u32 = 128;
-/// Threads per block of the collective kernels (kThreads in collectives.cu).
+/// Threads per block of the collective kernels (kThreads in collectives.cu): every launch of the
+/// simple and LL protocols has exactly this many (the simple protocol's loops assume it).
 pub const THREADS: u32 = 512;
+
+/// Threads a block of a sentinel launch of `blocks` blocks gets for `vectors` 16-byte vectors
+/// per peer: an even share, in whole warps, at most [`THREADS`] (more vectors than threads: the
+/// kernel's threads take several, strided over the grid).
+pub fn sentinel_threads(vectors: u64, blocks: u32) -> u32 {
+    let warps = vectors.div_ceil(u64::from(blocks.max(1))).div_ceil(32);
+    warps.clamp(1, u64::from(THREADS / 32)) as u32 * 32
+}
 
 /// Rounds up to this many bytes (per sender and receiver) get a block per [`BYTES_PER_BLOCK`].
 pub const SMALL_ROUND_BYTES: u64 = 4 << 20;
@@ -144,6 +155,8 @@ pub struct Geometry {
     pub window: u64,
     pub rounds: u32,
     pub blocks: u32,
+    /// Threads per block: [`THREADS`], or fewer for a small sentinel launch.
+    pub threads: u32,
 }
 
 /// The limits a cut obeys (from [`crate::Options`]).
@@ -205,15 +218,19 @@ pub fn geometry(
                                                           // shards that would hold only through a third rank.
         let every_shard = rounds == 1 || shard.saturating_mul(world as u64 - 1) < count;
         if sent <= sentinel_bytes && every_shard {
-            let auto = (sent.div_ceil(SENTINEL_BYTES_PER_BLOCK) as u32)
-                .clamp(SENTINEL_MIN_BLOCKS, SENTINEL_MAX_BLOCKS);
+            let auto = sent
+                .div_ceil(SENTINEL_BYTES_PER_BLOCK)
+                .clamp(SENTINEL_MIN_BLOCKS.into(), SENTINEL_MAX_BLOCKS.into())
+                as u32;
+            let blocks = blocks.unwrap_or(auto).clamp(1, max_blocks);
             return Some(Geometry {
                 protocol: Protocol::Sentinel,
                 count,
                 shard,
                 window: shard,
                 rounds,
-                blocks: blocks.unwrap_or(auto).clamp(1, max_blocks),
+                blocks,
+                threads: sentinel_threads(sent / 16, blocks),
             });
         }
     }
@@ -228,6 +245,7 @@ pub fn geometry(
             window: count,
             rounds: 1,
             blocks: blocks.unwrap_or(auto).clamp(1, max_blocks),
+            threads: THREADS,
         });
     }
     let slot_elems = slot_bytes / elem_bytes as u64;
@@ -249,6 +267,7 @@ pub fn geometry(
         window,
         rounds,
         blocks,
+        threads: THREADS,
     })
 }
 
@@ -451,8 +470,15 @@ mod tests {
             (tiny.protocol, tiny.rounds, tiny.blocks),
             (Protocol::Sentinel, 1, SENTINEL_MIN_BLOCKS)
         );
-        assert_eq!(cut(Algorithm::AllReduceOneShot, 1 << 16, 4).blocks, 32); // 256 KiB / 8 KiB
-        assert_eq!(cut(Algorithm::AllGather, 1 << 18, 4).blocks, 128); // 1 MiB
+        assert_eq!(tiny.threads, 32);
+        // A block per 2 KiB a peer, its vectors spread: 64 KiB, 32 blocks of 128 threads.
+        let mid = cut(Algorithm::AllReduceOneShot, 1 << 14, 4);
+        assert_eq!((mid.blocks, mid.threads), (32, 128));
+        // ReduceScatter counts the output: 4 KiB a peer, 16 blocks (the least) of 32 threads.
+        let rs = cut(Algorithm::ReduceScatter, 1 << 10, 4);
+        assert_eq!((rs.blocks, rs.threads), (SENTINEL_MIN_BLOCKS, 32));
+        let big = cut(Algorithm::AllGather, 1 << 18, 4); // 1 MiB: 128 blocks of 512 threads
+        assert_eq!((big.blocks, big.threads), (SENTINEL_MAX_BLOCKS, THREADS));
         assert_eq!(
             cut(Algorithm::ReduceScatter, 8, 2).protocol,
             Protocol::Sentinel
@@ -487,12 +513,24 @@ mod tests {
             max_blocks: 8,
             ..limits
         };
+        let few = geometry(Algorithm::AllGather, 1 << 18, 2, 4, capped).unwrap();
+        assert_eq!((few.blocks, few.threads), (8, THREADS)); // 2 vectors a thread
+                                                             // The LL and simple protocols: every launch THREADS a block.
+        assert_eq!(cut(Algorithm::AllReduceOneShot, 7, 2).threads, THREADS);
         assert_eq!(
-            geometry(Algorithm::AllGather, 1 << 18, 2, 4, capped)
-                .unwrap()
-                .blocks,
-            8
+            cut(Algorithm::AllReduceOneShot, (1 << 18) + 4, 4).threads,
+            THREADS
         );
+    }
+
+    #[test]
+    fn sentinel_threads_share_the_vectors_in_whole_warps() {
+        assert_eq!(sentinel_threads(1, 16), 32);
+        assert_eq!(sentinel_threads(16 * 32, 16), 32);
+        assert_eq!(sentinel_threads(16 * 32 + 1, 16), 64);
+        assert_eq!(sentinel_threads(16 * 512, 16), THREADS);
+        assert_eq!(sentinel_threads(u64::MAX, 1), THREADS);
+        assert_eq!(sentinel_threads(100, 0), 128); // no blocks: as one
     }
 
     /// Hostile sizes and limits (counts up to 2^64, any world, any slot, LL limit and block
@@ -561,8 +599,15 @@ mod tests {
                         } else {
                             prop_assert_eq!((g.rounds, g.shard), (1, count));
                         }
+                        // Whole warps, at most THREADS, and no more warps than the vectors need.
+                        let threads = g.threads as u128;
+                        prop_assert!(threads % 32 == 0 && (32..=THREADS as u128).contains(&threads));
+                        let vectors = shard * eb / 16;
+                        prop_assert!(threads == 32 || (threads - 32) * (g.blocks as u128) < vectors,
+                            "{} threads a block for {} vectors over {} blocks", threads, vectors, g.blocks);
                     }
                     Protocol::LowLatency => {
+                        prop_assert_eq!(g.threads, THREADS);
                         let payload = count128 * eb;
                         prop_assert!(algo != Algorithm::AllReduceTwoShot);
                         prop_assert!(payload <= ll_max_bytes as u128, "LL for {} bytes", payload);
@@ -570,6 +615,7 @@ mod tests {
                         prop_assert_eq!((g.rounds, g.shard, g.window), (1, count, count));
                     }
                     Protocol::Simple => {
+                        prop_assert_eq!(g.threads, THREADS);
                         let (shard, window) = (g.shard as u128, g.window as u128);
                         prop_assert!(window >= 1 && window * eb <= slot, "window {} elements", window);
                         prop_assert!(window % vec == 0, "window {} not whole vectors", window);

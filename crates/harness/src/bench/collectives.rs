@@ -62,6 +62,7 @@ struct Measured {
     bytes: usize,
     path: String,
     blocks: u32,
+    threads: u32,
     rounds: u32,
     weft_ms: f64,
     nccl_ms: f64,
@@ -189,6 +190,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                         }
                     ),
                     blocks: g.blocks,
+                    threads: g.threads,
                     rounds: g.rounds,
                     weft_ms: median(&w),
                     nccl_ms: median(&n),
@@ -222,7 +224,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             "NCCL (us)",
             "NCCL / weft",
             "path",
-            "blocks",
+            "blocks×threads",
             "rounds",
         ],
         rows: Vec::new(),
@@ -260,7 +262,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 String::new()
             },
             m.path.clone(),
-            m.blocks.to_string(),
+            format!("{}×{}", m.blocks, m.threads),
             m.rounds.to_string(),
         ]);
         rows.push(Json::obj([
@@ -279,6 +281,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             ("graph_ratio", Json::from(graphed.then_some(ng / wg))),
             ("path", Json::from(m.path.as_str())),
             ("blocks", Json::from(m.blocks as usize)),
+            ("threads", Json::from(m.threads as usize)),
             ("rounds", Json::from(m.rounds as usize)),
             ("slot_bytes", Json::from(slot_bytes as usize)),
             ("ll_max_bytes", Json::from(options.ll_max_bytes as usize)),
