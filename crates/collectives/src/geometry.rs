@@ -118,13 +118,15 @@ pub const LL_MAX_BLOCKS: u32 = 64;
 /// between [`SENTINEL_MIN_BLOCKS`] and [`SENTINEL_MAX_BLOCKS`], and the vectors spread evenly over
 /// the blocks: a thread per 16-byte vector, whole warps, at most [`THREADS`] a block
 /// ([`sentinel_threads`]). Spread this way, a small call's NVLink stores leave from every block's
-/// SM instead of from the first few blocks' (512 vectors each before); on four H200s that took
-/// 0.2–0.3 µs off calls of 8–128 KiB, and with it 64 blocks beat 16–32 from 128 KiB a peer, 128
-/// from 256 KiB (`results/collectives/spread-nvidia-h200-x4-2026-11-27/`). Before, with 512
+/// SM instead of from the first few blocks' (512 vectors each before); on two and four H200s
+/// that took up to 0.3 µs (world 2) and 0.6 µs (world 4) off calls of 8 KiB to 1 MiB, 64 blocks
+/// beat 16–32 from 128 KiB a peer and 128 from 256 KiB; below that, 64 blocks were never more
+/// than 0.03 µs behind the fewer ones and up to 0.1 µs ahead (the blocks beyond the vectors'
+/// warps idle): `results/collectives/spread-nvidia-h200-x4-2026-11-27/`. Before, with 512
 /// threads a block: `results/collectives/kernel-ab-nvidia-h200-x2-2026-11-27/sentinel.log`,
 /// `results/collectives/sweep-nvidia-h200-x4-2026-11-27-6ac0cc8/`.
 pub const SENTINEL_BYTES_PER_BLOCK: u64 = 2 << 10;
-pub const SENTINEL_MIN_BLOCKS: u32 = 16;
+pub const SENTINEL_MIN_BLOCKS: u32 = 64;
 pub const SENTINEL_MAX_BLOCKS: u32 = 128;
 /// Threads per block of the collective kernels (kThreads in collectives.cu): every launch of the
 /// simple and LL protocols has exactly this many (the simple protocol's loops assume it).
@@ -471,11 +473,11 @@ mod tests {
             (Protocol::Sentinel, 1, SENTINEL_MIN_BLOCKS)
         );
         assert_eq!(tiny.threads, 32);
-        // A block per 2 KiB a peer, its vectors spread: 64 KiB, 32 blocks of 128 threads.
-        let mid = cut(Algorithm::AllReduceOneShot, 1 << 14, 4);
-        assert_eq!((mid.blocks, mid.threads), (32, 128));
-        // ReduceScatter counts the output: 4 KiB a peer, 16 blocks (the least) of 32 threads.
-        let rs = cut(Algorithm::ReduceScatter, 1 << 10, 4);
+        // A block per 2 KiB a peer, its vectors spread: 192 KiB, 96 blocks of 128 threads.
+        let mid = cut(Algorithm::AllReduceOneShot, 3 << 14, 4);
+        assert_eq!((mid.blocks, mid.threads), (96, 128));
+        // ReduceScatter counts the output: 16 KiB a peer, 64 blocks (the least) of 32 threads.
+        let rs = cut(Algorithm::ReduceScatter, 1 << 12, 4);
         assert_eq!((rs.blocks, rs.threads), (SENTINEL_MIN_BLOCKS, 32));
         let big = cut(Algorithm::AllGather, 1 << 18, 4); // 1 MiB: 128 blocks of 512 threads
         assert_eq!((big.blocks, big.threads), (SENTINEL_MAX_BLOCKS, THREADS));

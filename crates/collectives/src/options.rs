@@ -14,7 +14,7 @@ pub struct Options {
     pub slot_bytes: Option<u64>,
     /// Blocks per launch; `None`: one per 8 KiB of a round, at most 64, for rounds up to 4 MiB;
     /// `max_blocks` for larger rounds; LL launches: see [`crate::geometry::LL_MIN_BLOCKS`];
-    /// sentinel launches: one per 2 KiB sent to each peer, 16 to 128, the vectors spread evenly
+    /// sentinel launches: one per 2 KiB sent to each peer, 64 to 128, the vectors spread evenly
     /// over them ([`crate::geometry::SENTINEL_BYTES_PER_BLOCK`]) (measured on two, three and four
     /// H200s: README.md).
     pub blocks: Option<u32>,
