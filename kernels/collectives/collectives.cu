@@ -578,27 +578,14 @@ __device__ __noinline__ uint4 poll_sentinel(const uint4* p, const weft_collectiv
   }
 }
 
-// Takes vector `v` of `slot` from `sender`, `x` as first loaded: polled until no element is the
-// sentinel, then its slot set back to the sentinel.
-template <typename T>
-__device__ __forceinline__ uint4 take_loaded(uint4 x, uint4* slot, uint64_t v, const weft_collective_params& p, int32_t sender) {
-  if (SentinelBits<T>::has(x)) x = poll_sentinel<T>(slot + v, p, sender, v);
-  slot[v] = make_uint4(~0u, ~0u, ~0u, ~0u);
-  return x;
-}
-
 constexpr int kSentinelUnroll = 2;  // vectors per thread in flight
-// Ranks whose vectors a thread loads together before it uses any: a use waits for its load, so
-// loading one rank's vectors, using them, then loading the next rank's would chain one memory
-// latency per rank (at four ranks that cost about 0.5 µs a call).
-constexpr int kSentinelGroup = 4;
 
 // One-shot AllReduce, ReduceScatter, AllGather of n elements per shard, n · sizeof(T) a multiple
 // of 16 (the host's condition for this protocol). Reads the launch's round number from `seq_copy`
 // after its first input loads are out (neither waits for the other) and returns it.
 template <typename T>
 __device__ uint64_t run_sentinel(const weft_collective_params& p, const volatile uint64_t* seq_copy) {
-  constexpr int N = Vec<T>::N, U = kSentinelUnroll, G = kSentinelGroup;
+  constexpr int N = Vec<T>::N, U = kSentinelUnroll;
   using Bits = SentinelBits<T>;
   const int32_t me = p.staging.rank, world = p.staging.world;
   const uint64_t n = p.count, nv = n / N;
@@ -609,100 +596,86 @@ __device__ uint64_t run_sentinel(const weft_collective_params& p, const volatile
   uint4* out = reinterpret_cast<uint4*>(p.output);
   const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
   const uint64_t first = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  // Vectors v0 + u · stride (u < U) of a pass.
-  auto in_range = [&](uint64_t v0, int u) { return v0 + u * stride < nv; };
-  auto load = [&](uint4 (&x)[U], uint64_t v0, const uint4* src) {
+  // Vectors v0 + u · stride (u < U) of a pass; `x` holds them for one peer.
+  uint4 x[U];
+  auto load = [&](uint64_t v0, const uint4* src) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      if (in_range(v0, u)) x[u] = src[v0 + u * stride];
+      if (v0 + u * stride < nv) x[u] = src[v0 + u * stride];
   };
-  // The first pass's vectors for peer me + 1 (without scatter: for every peer).
-  uint4 x[U];
-  load(x, first, source((me + 1) % world));
+  load(first, source((me + 1) % world));
   const uint64_t seq = *seq_copy + 1;
   auto slot = [&](int32_t owner, int32_t sender) {
     return reinterpret_cast<uint4*>(p.staging.base[owner] +
                                     weft_collective_sentinel_slot_offset(seq, sender, world, p.slot_bytes, p.sentinel_bytes));
   };
-  auto send = [&](const uint4 (&x)[U], uint64_t v0, int32_t peer) {
-    uint4* dst = slot(peer, me);
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (in_range(v0, u)) st_v4_relaxed(dst + v0 + u * stride, Bits::canon(x[u]));
-  };
-  // Send: the input to every peer, loaded once; ReduceScatter: peer p's shard to peer p, the
-  // shards of G peers loaded before any is stored.
+  // Send: to every peer (ReduceScatter: peer p's shard to peer p; else the input, loaded once).
   for (uint64_t v0 = first; v0 < nv; v0 += U * stride) {
-    if (!scatter) {
-      if (v0 != first) load(x, v0, source(0));
-      for (int32_t k = 1; k < world; ++k) send(x, v0, (me + k) % world);
-      continue;
-    }
-    for (int32_t k0 = 1; k0 < world; k0 += G) {
-      uint4 y[G][U];
+    for (int32_t k = 1; k < world; ++k) {
+      const int32_t peer = (me + k) % world;
+      // (first, k = 1) is loaded above; without scatter, k > 1 sends what k = 1 loaded.
+      if ((k == 1 || scatter) && !(v0 == first && k == 1)) load(v0, source(peer));
+      uint4* dst = slot(peer, me);
 #pragma unroll
-      for (int j = 0; j < G; ++j) {
-        const int32_t k = k0 + j;
-        if (k >= world) continue;
-        if (v0 == first && k == 1) {
-#pragma unroll
-          for (int u = 0; u < U; ++u) y[j][u] = x[u];
-        } else {
-          load(y[j], v0, source((me + k) % world));
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < G; ++j)
-        if (k0 + j < world) send(y[j], v0, (me + k0 + j) % world);
+      for (int u = 0; u < U; ++u)
+        if (v0 + u * stride < nv) st_v4_relaxed(dst + v0 + u * stride, Bits::canon(x[u]));
     }
   }
-  // Receive the same vectors from every rank, G ranks' loads at a time, and sum (in rank order)
-  // or copy; reset what was read to the sentinel.
+  // Receive the same vectors from every peer (rank order), then sum or copy; reset what was read.
+  const uint4 sentinel = make_uint4(~0u, ~0u, ~0u, ~0u);
   for (uint64_t v0 = first; v0 < nv; v0 += U * stride) {
     float acc[U][N];
-    for (int32_t r0 = 0; r0 < world; r0 += G) {
-      uint4 y[G][U];
+    for (int32_t r = 0; r < world; ++r) {
+      uint4 x[U];
+      if (r == me) {
+        const uint4* src = source(me);
 #pragma unroll
-      for (int j = 0; j < G; ++j) {
-        const int32_t r = r0 + j;
-        if (r >= world) continue;
-        if (r == me) {
-          load(y[j], v0, source(me));
-        } else {
-          const uint4* from = slot(me, r);
+        for (int u = 0; u < U; ++u)
+          if (v0 + u * stride < nv) x[u] = Bits::canon(src[v0 + u * stride]);
+      } else {
+        uint4* from = slot(me, r);
 #pragma unroll
-          for (int u = 0; u < U; ++u)
-            if (in_range(v0, u)) y[j][u] = ld_v4_relaxed(from + v0 + u * stride);
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < G; ++j) {
-        const int32_t r = r0 + j;
-        if (r >= world) continue;
+        for (int u = 0; u < U; ++u)
+          if (v0 + u * stride < nv) x[u] = ld_v4_relaxed(from + v0 + u * stride);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           const uint64_t v = v0 + u * stride;
           if (v >= nv) continue;
-          // This rank's vector as every peer receives it; a peer's once whole, its slot reset.
-          y[j][u] = r == me ? Bits::canon(y[j][u]) : take_loaded<T>(y[j][u], slot(me, r), v, p, r);
-          if (gather) {
-            out[uint64_t(r) * nv + v] = y[j][u];
-          } else {
-            float f[N];
-            Vec<T>::widen(y[j][u], f);
+          if (Bits::has(x[u])) x[u] = poll_sentinel<T>(from + v, p, r, v);
+          from[v] = sentinel;
+        }
+      }
 #pragma unroll
-            for (int e = 0; e < N; ++e) acc[u][e] = r == 0 ? f[e] : acc[u][e] + f[e];
-          }
+      for (int u = 0; u < U; ++u) {
+        const uint64_t v = v0 + u * stride;
+        if (v >= nv) continue;
+        if (gather) {
+          out[uint64_t(r) * nv + v] = x[u];
+        } else {
+          float f[N];
+          Vec<T>::widen(x[u], f);
+#pragma unroll
+          for (int e = 0; e < N; ++e) acc[u][e] = r == 0 ? f[e] : acc[u][e] + f[e];
         }
       }
     }
     if (!gather) {
 #pragma unroll
       for (int u = 0; u < U; ++u)
-        if (in_range(v0, u)) out[v0 + u * stride] = Vec<T>::narrow(acc[u]);
+        if (v0 + u * stride < nv) out[v0 + u * stride] = Vec<T>::narrow(acc[u]);
     }
   }
   return seq;
+}
+
+// Receives vector `v` of `slot` from `sender` (polled until no element is the sentinel) and sets
+// it back to the sentinel.
+template <typename T>
+__device__ __forceinline__ uint4 take_sentinel(uint4* slot, uint64_t v, const weft_collective_params& p, int32_t sender) {
+  uint4 x = ld_v4_relaxed(slot + v);
+  if (SentinelBits<T>::has(x)) x = poll_sentinel<T>(slot + v, p, sender, v);
+  slot[v] = make_uint4(~0u, ~0u, ~0u, ~0u);
+  return x;
 }
 
 // Two-shot AllReduce by the sentinel protocol: two rounds per launch (seq for phase 0, seq + 1
@@ -721,7 +694,7 @@ __device__ uint64_t run_sentinel(const weft_collective_params& p, const volatile
 // four H200s: results/collectives/codegen-nvidia-h200-x4-2026-11-27/).
 template <typename T>
 __device__ uint64_t run_sentinel_two_shot(const weft_collective_params& p, const volatile uint64_t* seq_copy) {
-  constexpr int N = Vec<T>::N, G = kSentinelGroup;
+  constexpr int N = Vec<T>::N;
   using Bits = SentinelBits<T>;
   const int32_t me = p.staging.rank, world = p.staging.world;
   const uint64_t sv = p.shard / N, cv = p.count / N;  // vectors per shard, in all
@@ -735,41 +708,21 @@ __device__ uint64_t run_sentinel_two_shot(const weft_collective_params& p, const
     return reinterpret_cast<uint4*>(p.staging.base[owner] +
                                     weft_collective_sentinel_slot_offset(round, sender, world, p.slot_bytes, p.sentinel_bytes));
   };
-  // Phase 0: shard `peer` of the input to `peer`, G peers' vectors loaded before any is stored.
-  for (uint64_t v = first; v < sv; v += stride) {
-    for (int32_t k0 = 1; k0 < world; k0 += G) {
-      uint4 x[G];
-#pragma unroll
-      for (int j = 0; j < G; ++j) {
-        const int32_t peer = (me + k0 + j) % world;
-        if (k0 + j < world && v < shard_vectors(peer)) x[j] = in[uint64_t(peer) * sv + v];
-      }
-#pragma unroll
-      for (int j = 0; j < G; ++j) {
-        const int32_t peer = (me + k0 + j) % world;
-        if (k0 + j < world && v < shard_vectors(peer)) st_v4_relaxed(slot(peer, me, seq) + v, Bits::canon(x[j]));
-      }
-    }
+  // Phase 0: shard `peer` of the input to `peer`.
+  for (int32_t k = 1; k < world; ++k) {
+    const int32_t peer = (me + k) % world;
+    uint4* dst = slot(peer, me, seq);
+    for (uint64_t v = first; v < shard_vectors(peer); v += stride) st_v4_relaxed(dst + v, Bits::canon(in[uint64_t(peer) * sv + v]));
   }
-  // This rank's shard: sum (G ranks' vectors loaded before any is used), keep, push (phase 1).
+  // This rank's shard: sum, keep, push (phase 1).
   for (uint64_t v = first; v < shard_vectors(me); v += stride) {
     float acc[N];
-    for (int32_t r0 = 0; r0 < world; r0 += G) {
-      uint4 x[G];
+    for (int32_t r = 0; r < world; ++r) {
+      const uint4 x = r == me ? Bits::canon(in[uint64_t(me) * sv + v]) : take_sentinel<T>(slot(me, r, seq), v, p, r);
+      float f[N];
+      Vec<T>::widen(x, f);
 #pragma unroll
-      for (int j = 0; j < G; ++j) {
-        const int32_t r = r0 + j;
-        if (r < world) x[j] = r == me ? in[uint64_t(me) * sv + v] : ld_v4_relaxed(slot(me, r, seq) + v);
-      }
-#pragma unroll
-      for (int j = 0; j < G; ++j) {
-        const int32_t r = r0 + j;
-        if (r >= world) continue;
-        float f[N];
-        Vec<T>::widen(r == me ? Bits::canon(x[j]) : take_loaded<T>(x[j], slot(me, r, seq), v, p, r), f);
-#pragma unroll
-        for (int e = 0; e < N; ++e) acc[e] = r == 0 ? f[e] : acc[e] + f[e];
-      }
+      for (int e = 0; e < N; ++e) acc[e] = r == 0 ? f[e] : acc[e] + f[e];
     }
     const uint4 sum = Bits::canon(Vec<T>::narrow(acc));
     out[uint64_t(me) * sv + v] = sum;
@@ -778,22 +731,11 @@ __device__ uint64_t run_sentinel_two_shot(const weft_collective_params& p, const
       st_v4_relaxed(slot(peer, me, seq + 1) + v, sum);
     }
   }
-  // The peers' sums, G peers' vectors loaded before any is used.
-  for (uint64_t v = first; v < sv; v += stride) {
-    for (int32_t k0 = 1; k0 < world; k0 += G) {
-      uint4 x[G];
-#pragma unroll
-      for (int j = 0; j < G; ++j) {
-        const int32_t peer = (me + k0 + j) % world;
-        if (k0 + j < world && v < shard_vectors(peer)) x[j] = ld_v4_relaxed(slot(me, peer, seq + 1) + v);
-      }
-#pragma unroll
-      for (int j = 0; j < G; ++j) {
-        const int32_t peer = (me + k0 + j) % world;
-        if (k0 + j < world && v < shard_vectors(peer))
-          out[uint64_t(peer) * sv + v] = take_loaded<T>(x[j], slot(me, peer, seq + 1), v, p, peer);
-      }
-    }
+  // The peers' sums.
+  for (int32_t k = 1; k < world; ++k) {
+    const int32_t peer = (me + k) % world;
+    uint4* from = slot(me, peer, seq + 1);
+    for (uint64_t v = first; v < shard_vectors(peer); v += stride) out[uint64_t(peer) * sv + v] = take_sentinel<T>(from, v, p, peer);
   }
   return seq;
 }
