@@ -52,7 +52,10 @@ pub enum AllReduceChoice {
 /// the sentinel protocol. With the sentinel protocol in both (commit 571ba02, four H200s, graph
 /// replay), two-shot took 7.7 µs against one-shot's 8.9 at 512 KiB and world 4 (6.7 against 7.2
 /// at world 3), 9.7 against 13.3 at 1 MiB; one-shot 6.5 against 7.2 at 256 KiB (5.4 against 6.0
-/// at world 3): `results/collectives/sweep-nvidia-h200-x4-2026-11-27-571ba02/`.
+/// at world 3): `results/collectives/sweep-nvidia-h200-x4-2026-11-27-571ba02/`. With the launches
+/// spread over their blocks (26e694a): one-shot 6.33 against 6.38 at 256 KiB and world 4, 8.70
+/// against 7.20 at 512 KiB (world 3: 5.20 against 5.57, 6.99 against 6.42):
+/// `results/collectives/spread-nvidia-h200-x4-2026-11-27/one-vs-two-shot/`.
 pub const ONE_SHOT_MAX_BYTES: u64 = 256 << 10;
 
 /// As [`ONE_SHOT_MAX_BYTES`] when the two-shot would go by the simple protocol (at 512 KiB
