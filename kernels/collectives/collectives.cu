@@ -32,6 +32,8 @@ using namespace weft::sync;
 
 namespace {
 
+// Threads a block of the simple and LL protocols has, exactly (the simple protocol's copy and
+// reduce loops stride by it); a sentinel launch may have fewer (the host's choice, whole warps).
 constexpr int kThreads = 512;
 constexpr int kUnroll = 4;  // 16-byte vectors in flight per thread
 
@@ -750,7 +752,10 @@ __device__ __forceinline__ void allow_next_grid() { asm volatile("griddepcontrol
 // The launch's round numbers (weft/abi/collectives.h, weft_collective_state): block b reads its
 // own copy seq[b] at its start; after the CTA barrier (every thread's read is done) its threads
 // write the advanced value into the copies b, b + G, b + 2G, ... — in parallel, a store each
-// where the grid has enough threads (sentinel launches may have as few as 32 a block).
+// where the grid has enough threads (sentinel launches may have as few as 32 a block). Copies a
+// launch's own blocks do not read matter only to a later launch with more blocks, which weft's
+// choices never follow with fewer than 4 (G · 32 ≥ 128 copies): the loop is a safeguard no trial
+// can tell from a single pass.
 __device__ __forceinline__ void advance_rounds(weft_collective_state* state, uint64_t first, uint32_t rounds) {
   __syncthreads();
   for (uint32_t copy = blockIdx.x + threadIdx.x * gridDim.x; copy < WEFT_COLL_MAX_BLOCKS; copy += blockDim.x * gridDim.x)

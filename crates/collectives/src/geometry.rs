@@ -123,9 +123,10 @@ pub const LL_MAX_BLOCKS: u32 = 64;
 /// ([`sentinel_threads`]). Spread this way, a small call's NVLink stores leave from every block's
 /// SM instead of from the first few blocks' (512 vectors each before); on two and four H200s
 /// that took up to 0.3 µs (world 2) and 0.6 µs (world 4) off calls of 8 KiB to 1 MiB, 64 blocks
-/// beat 16–32 from 128 KiB a peer and 128 from 256 KiB; below that, 64 blocks were never more
-/// than 0.03 µs behind the fewer ones and up to 0.1 µs ahead (the blocks beyond the vectors'
-/// warps idle): `results/collectives/spread-nvidia-h200-x4-2026-11-27/`. Before, with 512
+/// beat 16–32 from 128 KiB a peer and 128 from 256 KiB; below that, 64 blocks were within
+/// 0.05 µs of the better of 16 and 32 either way and up to 0.1 µs ahead of the count a block per
+/// 2 KiB gave (the blocks beyond the vectors' warps idle):
+/// `results/collectives/spread-nvidia-h200-x4-2026-11-27/`. Before, with 512
 /// threads a block: `results/collectives/kernel-ab-nvidia-h200-x2-2026-11-27/sentinel.log`,
 /// `results/collectives/sweep-nvidia-h200-x4-2026-11-27-6ac0cc8/`.
 pub const SENTINEL_BYTES_PER_BLOCK: u64 = 2 << 10;
@@ -519,8 +520,9 @@ mod tests {
             ..limits
         };
         let few = geometry(Algorithm::AllGather, 1 << 18, 2, 4, capped).unwrap();
-        assert_eq!((few.blocks, few.threads), (8, THREADS)); // 2 vectors a thread
-                                                             // The LL and simple protocols: every launch THREADS a block.
+        // 65536 vectors over 8 blocks: THREADS a block, 16 vectors a thread.
+        assert_eq!((few.blocks, few.threads), (8, THREADS));
+        // The LL and simple protocols: every launch THREADS a block.
         assert_eq!(cut(Algorithm::AllReduceOneShot, 7, 2).threads, THREADS);
         assert_eq!(
             cut(Algorithm::AllReduceOneShot, (1 << 18) + 4, 4).threads,
@@ -606,10 +608,13 @@ mod tests {
                         }
                         // Whole warps, at most THREADS, and no more warps than the vectors need.
                         let threads = g.threads as u128;
-                        prop_assert!(threads % 32 == 0 && (32..=THREADS as u128).contains(&threads));
+                        prop_assert!(threads.is_multiple_of(32) && (32..=THREADS as u128).contains(&threads));
                         let vectors = shard * eb / 16;
                         prop_assert!(threads == 32 || (threads - 32) * (g.blocks as u128) < vectors,
                             "{} threads a block for {} vectors over {} blocks", threads, vectors, g.blocks);
+                        // ... and a thread per vector unless every block has THREADS.
+                        prop_assert!(threads == THREADS as u128 || threads * (g.blocks as u128) >= vectors,
+                            "{} threads a block leave vectors of {} over {} blocks", threads, vectors, g.blocks);
                     }
                     Protocol::LowLatency => {
                         prop_assert_eq!(g.threads, THREADS);

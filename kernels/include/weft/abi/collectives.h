@@ -58,7 +58,8 @@ typedef struct weft_collective_params {
 // device (not passed by the host) so that a launch captured in a CUDA graph takes fresh round
 // numbers at every replay. One copy per possible block, all equal between launches: block b of a
 // launch of G blocks reads seq[b] at its start and, at its end, writes the advanced value into
-// seq[b], seq[b + G], seq[b + 2G], ... (one thread each). No block of the launch reads what
+// seq[b], seq[b + G], seq[b + 2G], ... (its threads' stores strided by the grid's thread count,
+// so every copy is written whatever the grid and block sizes). No block of the launch reads what
 // another writes (block b reads only seq[b]), so no atomic or fence is needed; the next launch on
 // the stream reads its copy after this one ended (stream order, or, under programmatic dependent
 // launch, its griddepcontrol.wait) and finds every copy advanced. (A last-block counter
