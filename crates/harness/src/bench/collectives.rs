@@ -10,6 +10,7 @@
 //! as inference engines run small collectives: launch costs on the host then drop out.
 
 use super::nccl::Op;
+use super::sweep::Sweep;
 use super::SuiteResult;
 use crate::job::Job;
 use crate::json::Json;
@@ -93,9 +94,9 @@ fn time_graph(
     Ok(median(&ms) / GRAPH_CALLS as f64)
 }
 
-pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
+pub fn run(job: &mut Job, quick: bool, sweep: &Sweep) -> anyhow::Result<SuiteResult> {
     let (world, rank) = (job.world(), job.rank());
-    let sizes = sizes(quick);
+    let sizes = sweep.sizes_or(sizes(quick));
     let max_elems = OPS
         .iter()
         .map(|op| {
@@ -145,19 +146,20 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                         d.first_word
                     );
                 }
-                let iters = if bytes <= 1 << 24 {
+                let iters = sweep.iters_or(if bytes <= 1 << 24 {
                     50
                 } else if bytes < 1 << 30 {
                     20
                 } else {
                     10
-                };
+                });
+                let warmup = sweep.warmup_or(5);
                 let (mut w, mut n) = (Vec::new(), Vec::new());
                 for _ in 0..2 {
-                    w.extend(time_iterations(&stream, 5, iters, || {
+                    w.extend(time_iterations(&stream, warmup, iters, || {
                         weft_call(&mut coll, op, &send, &mut weft_out, s, r)
                     })?);
-                    n.extend(time_iterations(&stream, 5, iters, || {
+                    n.extend(time_iterations(&stream, warmup, iters, || {
                         super::nccl::enqueue(comm, op, &send, &mut nccl_out, s, r, &stream)
                     })?);
                 }

@@ -16,6 +16,7 @@ pub mod overlap_ops;
 pub mod overlap_order;
 mod pgl;
 pub mod rig;
+pub mod sweep;
 mod sync;
 pub mod tune;
 
@@ -52,6 +53,8 @@ pub struct BenchOptions {
     pub methods: Vec<String>,
     /// `--shape MxNxK[,…]` (repeatable): the overlap suites' shapes instead of their grid.
     pub shapes: Vec<weft_signal_gemm::GemmShape>,
+    /// nccl-tests' `-b -e -f -n -w`: the sized suites' sizes and iterations.
+    pub sweep: sweep::Sweep,
 }
 
 /// What one suite measured: the table rank 0 prints and the rows of its results file.
@@ -90,6 +93,21 @@ struct BenchArgs {
     /// The overlap suites' and gemm-llm's shapes instead of their grid (repeatable)
     #[arg(long = "shape", value_name = "MxNxK[,MxNxK…]", value_parser = parse_shape_list)]
     shapes: Vec<Vec<weft_signal_gemm::GemmShape>>,
+    /// nccl and collectives: the smallest size (bytes, or with K, M or G), as nccl-tests' -b
+    #[arg(short = 'b', long = "minbytes", value_name = "SIZE", value_parser = sweep::parse_size)]
+    minbytes: Option<usize>,
+    /// nccl and collectives: the largest size, as nccl-tests' -e
+    #[arg(short = 'e', long = "maxbytes", value_name = "SIZE", value_parser = sweep::parse_size)]
+    maxbytes: Option<usize>,
+    /// nccl and collectives: the factor between sizes (default 2), as nccl-tests' -f
+    #[arg(short = 'f', long = "stepfactor", value_name = "N")]
+    stepfactor: Option<usize>,
+    /// nccl and collectives: timed calls per size (per timing block), as nccl-tests' -n
+    #[arg(short = 'n', long = "iters", value_name = "N")]
+    iters: Option<usize>,
+    /// nccl and collectives: untimed calls before them, as nccl-tests' -w
+    #[arg(short = 'w', long = "warmup_iters", value_name = "N")]
+    warmup_iters: Option<usize>,
 }
 
 fn parse_shape_list(text: &str) -> Result<Vec<weft_signal_gemm::GemmShape>, String> {
@@ -126,6 +144,15 @@ pub fn parse(args: &[String]) -> anyhow::Result<BenchCommand> {
     if a.list {
         return Ok(BenchCommand::Print(SUITES.join("\n")));
     }
+    if a.iters == Some(0) {
+        bail!("weft bench: -n/--iters 0: at least one timed call");
+    }
+    let sweep = sweep::Sweep {
+        sizes: sweep::SizeSweep::new(a.minbytes, a.maxbytes, a.stepfactor)
+            .map_err(|e| anyhow::anyhow!("weft bench: {e}"))?,
+        iters: a.iters,
+        warmup: a.warmup_iters,
+    };
     let mut o = BenchOptions {
         suites: a.suites,
         json: a.json,
@@ -133,6 +160,7 @@ pub fn parse(args: &[String]) -> anyhow::Result<BenchCommand> {
         quick: a.quick,
         methods: a.methods,
         shapes: a.shapes.into_iter().flatten().collect(),
+        sweep,
     };
     if o.suites.is_empty() {
         o.suites = SUITES.iter().map(|s| s.to_string()).collect();
@@ -148,6 +176,17 @@ pub fn parse(args: &[String]) -> anyhow::Result<BenchCommand> {
         bail!(
             "weft bench: --shape applies to {} only: name the suite",
             shaped.join(", ")
+        );
+    }
+    if !o.sweep.is_empty()
+        && !o
+            .suites
+            .iter()
+            .all(|s| sweep::SIZED_SUITES.contains(&s.as_str()))
+    {
+        bail!(
+            "weft bench: -b/-e/-f/-n/-w apply to {} only: name the suite",
+            sweep::SIZED_SUITES.join(", ")
         );
     }
     if (o.json.is_some() || o.csv.is_some()) && o.suites.len() > 1 {
@@ -167,8 +206,8 @@ pub fn run(job: &mut Job, opts: &BenchOptions) -> anyhow::Result<()> {
     for suite in &opts.suites {
         crate::watchdog::step(&format!("bench {suite}"));
         let result = match suite.as_str() {
-            "nccl" => nccl::run(job, opts.quick)?,
-            "collectives" => collectives::run(job, opts.quick)?,
+            "nccl" => nccl::run(job, opts.quick, &opts.sweep)?,
+            "collectives" => collectives::run(job, opts.quick, &opts.sweep)?,
             "grpcoll" => grpcoll::run(job, opts.quick)?,
             "gemm" => gemm::run(job, opts.quick)?,
             "gemm-llm" => gemm_llm::run(job, opts.quick, &opts.shapes)?,
@@ -341,5 +380,51 @@ mod tests {
         );
         assert!(err("nccl --shape 16x16x16").contains("--shape applies to"));
         assert!(err("nccl gemm --json r.json").contains("one suite's results"));
+    }
+
+    #[test]
+    fn takes_nccl_tests_sweep_flags_for_the_sized_suites() {
+        let o = match parse(&words("collectives -b 4K -e 1M -f 4 -n 7 -w 0")).unwrap() {
+            BenchCommand::Run(o) => o,
+            p => panic!("{p:?}"),
+        };
+        assert_eq!(
+            o.sweep.sizes_or(Vec::new()),
+            vec![4096, 16384, 65536, 262144, 1 << 20]
+        );
+        assert_eq!((o.sweep.iters, o.sweep.warmup), (Some(7), Some(0)));
+        let o = match parse(&words("nccl --minbytes 8 --maxbytes 64")).unwrap() {
+            BenchCommand::Run(o) => o,
+            p => panic!("{p:?}"),
+        };
+        assert_eq!(o.sweep.sizes_or(Vec::new()), vec![8, 16, 32, 64]);
+        assert!(
+            matches!(parse(&words("nccl")).unwrap(), BenchCommand::Run(o) if o.sweep.is_empty())
+        );
+        let err = |a: &str| parse(&words(a)).unwrap_err().to_string();
+        for (a, says) in [
+            ("gemm -b 4K", "apply to nccl, collectives only"),
+            ("-n 5", "apply to nccl, collectives only"),
+            (
+                "nccl collectives pgl -w 1",
+                "apply to nccl, collectives only",
+            ),
+            ("nccl -n 0", "-n/--iters 0"),
+            (
+                "collectives -b 8K -e 4K",
+                "-b/--minbytes 8192 is above -e/--maxbytes 4096",
+            ),
+            ("collectives -b 4X", "ends in K, M or G"),
+            ("collectives -f 4", "needs -b/--minbytes"),
+        ] {
+            let e = err(a);
+            assert!(e.contains(says), "{a}: {e}");
+        }
+        match parse(&words("--help")).unwrap() {
+            BenchCommand::Print(t) => {
+                assert!(t.contains("--minbytes") && t.contains("-w, --warmup_iters"))
+            }
+            r => panic!("{r:?}"),
+        }
     }
 }

@@ -7,6 +7,7 @@
 //! (world × output); all_gather — the receive buffer (world × input); all_to_all — each rank's
 //! send buffer; send_recv — the message. Data are f32, random, never zeros.
 
+use super::sweep::Sweep;
 use super::SuiteResult;
 use crate::job::Job;
 use crate::json::Json;
@@ -146,10 +147,10 @@ pub(super) fn random_buffer_of(
     Ok(buf)
 }
 
-pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
+pub fn run(job: &mut Job, quick: bool, sweep: &Sweep) -> anyhow::Result<SuiteResult> {
     let world = job.world();
     let rank = job.rank();
-    let sizes = sizes(quick);
+    let sizes = sweep.sizes_or(sizes(quick));
     let max_elems = OPS
         .iter()
         .map(|op| {
@@ -167,14 +168,14 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         for op in OPS {
             for &bytes in &sizes {
                 let (s, r) = op.counts(bytes, world);
-                let iters = if quick {
+                let iters = sweep.iters_or(if quick {
                     10
                 } else if bytes <= 1 << 24 {
                     50
                 } else {
                     20
-                };
-                let ms = time_iterations(stream, 5, iters, || {
+                });
+                let ms = time_iterations(stream, sweep.warmup_or(5), iters, || {
                     enqueue(comm, op, &send, &mut recv, s, r, stream)
                 })?;
                 medians.push((op, op.reported_bytes(s, r), median(&ms)));
