@@ -4,7 +4,7 @@
 //! weft                         info, the correctness suite, then seq-cublas against Auto per overlapped op, on all local GPUs
 //! weft info                    GPUs, SMs, memory, peer access, NVLink, driver/CUDA/NCCL versions
 //! weft test [FILTER] [FLAGS]   correctness trials (libtest flags: --list, --exact, --ignored, …)
-//! weft bench [SUITE] [--quick] [--json PATH] [--csv PATH] [--method M]
+//! weft bench [SUITE] [--quick] [--json PATH] [--csv PATH] [--method M] [-b SIZE -e SIZE -f N -n N -w N]
 //! weft tune [--quick] [--out PATH] [--json PATH]   the overlap tuner's profile and its check
 //! weft launch -n N -- CMD …    N local ranks (one per GPU), stopped together on any failure
 //! weft plot RESULTS.json … [--out PATH.png|.svg]   speedup or bandwidth chart of results files
@@ -45,7 +45,7 @@ usage:
   weft                          info, correctness suite, then cuBLAS+NCCL against Auto per overlapped op, on all local GPUs
   weft info                     describe the GPUs, links and library versions
   weft test [FILTER] [FLAGS]    correctness trials (libtest flags: --list, --exact, --skip, …)
-  weft bench [SUITE] [--quick] [--json PATH] [--csv PATH] [--method M] [--shape MxNxK,…]   timing suites (see `weft bench --list`)
+  weft bench [SUITE] [--quick] [--json PATH] [--csv PATH] [--method M] [--shape MxNxK,…] [-b SIZE -e SIZE -f N -n N -w N]   timing suites (`weft bench --help`, `--list`)
   weft tune [--quick] [--out PATH] [--json PATH]   profile NCCL and the GEMM, write the overlap tuning file, check its predictions
   weft launch -n N -- CMD [ARGS…]   start N local ranks of CMD (with a fresh WEFT_JOB_SECRET unless set)
   weft secret                   print a fresh job secret: export WEFT_JOB_SECRET=$(weft secret) to every rank

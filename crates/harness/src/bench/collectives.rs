@@ -1,5 +1,6 @@
 //! `weft bench collectives`: weft-collectives' AllReduce, ReduceScatter and AllGather against NCCL
-//! in the same run, 4 KiB to 1 GiB (`--quick`: seven sizes), in nccl-tests' columns (size
+//! in the same run, 4 KiB to 1 GiB (`--quick`: seven sizes; or nccl-tests' `-b -e -f`,
+//! bench/sweep.rs), in nccl-tests' columns (size
 //! conventions, algbw, busbw: see bench/nccl.rs) plus weft ÷ NCCL.
 //!
 //! Per size: both outputs are poisoned, each implementation runs once, and weft's output must equal
@@ -120,8 +121,13 @@ pub fn run(job: &mut Job, quick: bool, sweep: &Sweep) -> anyhow::Result<SuiteRes
         let mut nccl_out = int_buffer(&stream, max_elems, 2000 + rank as u64)?;
         let mut compare = WordCompare::load(&stream)?;
         for op in OPS {
+            let mut last = None;
             for &bytes in &sizes {
                 let (s, r) = op.counts(bytes, world);
+                // A size that rounds to the previous one's counts (a few bytes a rank): once.
+                if last.replace((s, r)) == Some((s, r)) {
+                    continue;
+                }
                 if rank == 0 {
                     eprintln!(
                         "weft bench: collectives {} {} B",

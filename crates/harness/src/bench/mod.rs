@@ -93,19 +93,19 @@ struct BenchArgs {
     /// The overlap suites' and gemm-llm's shapes instead of their grid (repeatable)
     #[arg(long = "shape", value_name = "MxNxK[,MxNxK…]", value_parser = parse_shape_list)]
     shapes: Vec<Vec<weft_signal_gemm::GemmShape>>,
-    /// nccl and collectives: the smallest size (bytes, or with K, M or G), as nccl-tests' -b
+    /// nccl and collectives: the smallest size (whole bytes, or with K, M or G; alone: that one size), as nccl-tests' -b
     #[arg(short = 'b', long = "minbytes", value_name = "SIZE", value_parser = sweep::parse_size)]
     minbytes: Option<usize>,
-    /// nccl and collectives: the largest size, as nccl-tests' -e
+    /// nccl and collectives: the largest size (alone: that one size), as nccl-tests' -e
     #[arg(short = 'e', long = "maxbytes", value_name = "SIZE", value_parser = sweep::parse_size)]
     maxbytes: Option<usize>,
-    /// nccl and collectives: the factor between sizes (default 2), as nccl-tests' -f
+    /// nccl and collectives: the factor between sizes (default 2; needs -b and -e), as nccl-tests' -f
     #[arg(short = 'f', long = "stepfactor", value_name = "N")]
     stepfactor: Option<usize>,
-    /// nccl and collectives: timed calls per size (per timing block), as nccl-tests' -n
+    /// nccl and collectives: timed eager calls per size and timing block (1 to 100000; graph replay keeps its own), as nccl-tests' -n
     #[arg(short = 'n', long = "iters", value_name = "N")]
     iters: Option<usize>,
-    /// nccl and collectives: untimed calls before them, as nccl-tests' -w
+    /// nccl and collectives: untimed calls before each timing block, per size (nccl-tests' -w warms up once)
     #[arg(short = 'w', long = "warmup_iters", value_name = "N")]
     warmup_iters: Option<usize>,
 }
@@ -144,15 +144,14 @@ pub fn parse(args: &[String]) -> anyhow::Result<BenchCommand> {
     if a.list {
         return Ok(BenchCommand::Print(SUITES.join("\n")));
     }
-    if a.iters == Some(0) {
-        bail!("weft bench: -n/--iters 0: at least one timed call");
-    }
-    let sweep = sweep::Sweep {
-        sizes: sweep::SizeSweep::new(a.minbytes, a.maxbytes, a.stepfactor)
-            .map_err(|e| anyhow::anyhow!("weft bench: {e}"))?,
-        iters: a.iters,
-        warmup: a.warmup_iters,
-    };
+    let sweep = sweep::Sweep::from_flags(
+        a.minbytes,
+        a.maxbytes,
+        a.stepfactor,
+        a.iters,
+        a.warmup_iters,
+    )
+    .map_err(|e| anyhow::anyhow!("weft bench: {e}"))?;
     let mut o = BenchOptions {
         suites: a.suites,
         json: a.json,
@@ -410,12 +409,15 @@ mod tests {
                 "apply to nccl, collectives only",
             ),
             ("nccl -n 0", "-n/--iters 0"),
+            ("nccl -n 100001", "-n/--iters 100001"),
+            ("nccl -e 2", "-e/--maxbytes 2"),
             (
                 "collectives -b 8K -e 4K",
                 "-b/--minbytes 8192 is above -e/--maxbytes 4096",
             ),
             ("collectives -b 4X", "ends in K, M or G"),
-            ("collectives -f 4", "needs -b/--minbytes"),
+            ("collectives -f 4", "needs both"),
+            ("collectives -b 4K -f 4", "needs both"),
         ] {
             let e = err(a);
             assert!(e.contains(says), "{a}: {e}");
