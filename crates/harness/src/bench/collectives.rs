@@ -113,6 +113,7 @@ pub fn run(job: &mut Job, quick: bool, sweep: &Sweep) -> anyhow::Result<SuiteRes
         .stream
         .clone();
     let mut coll = Collectives::new(&mut job.rdzv, &stream, options)?;
+    super::sweep::check_buffers_fit(stream.context(), 3, max_elems, *sizes.last().unwrap())?;
     let mut measured = Vec::new();
     {
         let (comm, _) = job.comm_and_gpu()?;

@@ -165,6 +165,7 @@ pub fn run(job: &mut Job, quick: bool, sweep: &Sweep) -> anyhow::Result<SuiteRes
     {
         let (comm, gpu) = job.comm_and_gpu()?;
         let stream = &gpu.stream;
+        super::sweep::check_buffers_fit(stream.context(), 2, max_elems, *sizes.last().unwrap())?;
         let send = random_buffer(stream, max_elems, 1 + rank as u64)?;
         let mut recv = random_buffer(stream, max_elems, 1000 + rank as u64)?;
         for op in OPS {

@@ -89,6 +89,38 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("{text:?}: too large"))
 }
 
+/// Whether a sized suite's `buffers` buffers of `elems` f32 each (what its largest size,
+/// `largest` bytes, needs) fit in `free` bytes; else why not, naming the flag that sets it.
+pub fn buffers_fit(
+    buffers: usize,
+    elems: usize,
+    largest: usize,
+    free: usize,
+) -> Result<(), String> {
+    let need = buffers.saturating_mul(elems).saturating_mul(4);
+    if need <= free {
+        return Ok(());
+    }
+    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+    Err(format!(
+        "the largest size, {largest} B (-e/--maxbytes, or the suite's grid), needs {:.2} GiB of \
+         buffers a rank; this GPU has {:.2} GiB free",
+        gib(need),
+        gib(free)
+    ))
+}
+
+/// [`buffers_fit`] with the free memory of `ctx`'s GPU, before a suite allocates.
+pub fn check_buffers_fit(
+    ctx: &cudarc::driver::CudaContext,
+    buffers: usize,
+    elems: usize,
+    largest: usize,
+) -> anyhow::Result<()> {
+    let (free, _) = ctx.mem_get_info()?;
+    buffers_fit(buffers, elems, largest, free).map_err(|e| anyhow::anyhow!("weft bench: {e}"))
+}
+
 /// At most this many timed calls per size (each takes two CUDA events).
 pub const MAX_ITERS: usize = 100_000;
 
@@ -219,6 +251,18 @@ mod tests {
             Sweep::from_flags(Some(8), Some(32), None, Some(7), Some(0)),
             Ok(some)
         );
+    }
+
+    #[test]
+    fn buffers_that_do_not_fit_are_named_before_allocation() {
+        assert!(buffers_fit(3, 1 << 28, 1 << 30, 3 << 30).is_ok());
+        let e = buffers_fit(3, 1 << 28, 1 << 30, (3 << 30) - 1).unwrap_err();
+        assert!(
+            e.contains("1073741824 B (-e/--maxbytes") && e.contains("3.00 GiB"),
+            "{e}"
+        );
+        // No overflow for absurd sizes.
+        assert!(buffers_fit(3, usize::MAX, usize::MAX, usize::MAX - 1).is_err());
     }
 
     #[test]
