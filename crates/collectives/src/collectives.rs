@@ -14,7 +14,7 @@ use weft_kernels::abi::{self, weft_collective_params};
 use weft_kernels::cubins;
 use weft_pgl::Bootstrap;
 use weft_pgl::{agree, Backend, Pgl, Shape};
-use weft_sync::launch::{load, programmatic_serialization_attribute, sync_checked};
+use weft_sync::launch::{launch_ex, load, programmatic_serialization_attribute, sync_checked};
 use weft_sync::{Counters, WaitBudget};
 
 /// AllReduce, ReduceScatter and AllGather of this rank's device buffers, on one stream, with every
@@ -422,17 +422,7 @@ impl Collectives {
             attrs: attrs.as_mut_ptr(),
             numAttrs: u32::from(self.pdl),
         };
-        let mut args = [&params as *const weft_collective_params as *mut std::ffi::c_void];
-        self.stream.context().bind_to_thread()?;
-        unsafe {
-            sys::cuLaunchKernelEx(
-                &cfg,
-                func.cu_function(),
-                args.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        }
-        .result()?;
+        unsafe { launch_ex(self.stream.context(), func, &cfg, &params) }?;
         Ok(())
     }
 

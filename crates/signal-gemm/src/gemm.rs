@@ -1033,18 +1033,8 @@ impl Gemm {
             };
             unsafe { stream.launch_builder(func).arg(&p).launch(cfg) }.map(|_| ())
         } else {
-            stream.context().bind_to_thread()?;
             let cfg = launch_config(plan, grid, stream.cu_stream(), &mut attrs);
-            let mut args = [&p as *const weft_gemm_params as *mut std::ffi::c_void];
-            unsafe {
-                sys::cuLaunchKernelEx(
-                    &cfg,
-                    func.cu_function(),
-                    args.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            }
-            .result()
+            unsafe { weft_sync::launch::launch_ex(stream.context(), func, &cfg, &p) }
         }
         .with_context(|| {
             // Named only on failure: no string is built on the launch path.

@@ -3,7 +3,9 @@
 
 use crate::error_slot::ErrorSlot;
 use anyhow::{bail, Context};
-use cudarc::driver::{sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{
+    sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError,
+};
 use std::marker::PhantomData;
 use std::sync::Arc;
 use weft_kernels::Cubin;
@@ -28,6 +30,34 @@ pub fn programmatic_serialization_attribute() -> sys::CUlaunchAttribute {
     attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
     attr.value.programmaticStreamSerializationAllowed = 1;
     attr
+}
+
+/// Launches `func` by `cuLaunchKernelEx` with `cfg` (grid, block, shared memory, stream,
+/// attributes) and the kernel's one by-value parameter block `params`, binding `ctx` to this
+/// thread first.
+///
+/// # Safety
+/// `P` is exactly the kernel's parameter type; `cfg.hStream` is a stream of `ctx`, and `cfg.attrs`
+/// points to `cfg.numAttrs` valid attributes; everything `params` points to stays valid until the
+/// kernel has run.
+pub unsafe fn launch_ex<P>(
+    ctx: &CudaContext,
+    func: &CudaFunction,
+    cfg: &sys::CUlaunchConfig,
+    params: &P,
+) -> Result<(), DriverError> {
+    ctx.bind_to_thread()?;
+    let mut args = [params as *const P as *mut std::ffi::c_void];
+    // SAFETY: the caller's contract; `args` outlives the call, which copies the parameters.
+    unsafe {
+        sys::cuLaunchKernelEx(
+            cfg,
+            func.cu_function(),
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()
 }
 
 /// A zero-initialised plain-old-data struct in device memory that a kernel fills.

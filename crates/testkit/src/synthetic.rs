@@ -127,7 +127,6 @@ impl Kernels {
         if early_release {
             attrs.push(weft_barrier::early_release_attribute(stream)?);
         }
-        stream.context().bind_to_thread()?;
         let ex = sys::CUlaunchConfig {
             gridDimX: cfg.grid_dim.0,
             gridDimY: 1,
@@ -140,19 +139,10 @@ impl Kernels {
             attrs: attrs.as_mut_ptr(),
             numAttrs: attrs.len() as u32,
         };
-        let mut args = [&p as *const weft_persistent_compute_params as *mut std::ffi::c_void];
         // SAFETY: the kernel takes exactly this struct (its buffers live in `work` and `stamps`);
-        // `args` and `attrs` are alive for the call.
-        unsafe {
-            sys::cuLaunchKernelEx(
-                &ex,
-                self.compute.cu_function(),
-                args.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        }
-        .result()
-        .context("launching the persistent compute kernel")?;
+        // `attrs` is alive for the call.
+        unsafe { weft_sync::launch::launch_ex(stream.context(), &self.compute, &ex, &p) }
+            .context("launching the persistent compute kernel")?;
         Ok(())
     }
 
