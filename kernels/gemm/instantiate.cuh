@@ -5,25 +5,30 @@
 #include "weft/gemm/kernel.cuh"
 
 // Name: weft_gemm_<in>_<out>_<B layout>_<tile width>_c<cluster CTAs>[_w: whole-tile epilogue]
-// [_plain: the fusions compiled out, GemmConfig::kFused; _plain_split: the same with split-K, for
-// split launches (clusters of 1 only)]. A fused kernel has the communicator the launch's comm_op
-// picks; a plain one none.
-#define WEFT_GEMM_KERNEL_NAMED(NAME, IN, OUT, BNK, BN, CM, EPI, FUSED, SPLIT, COMM)                         \
+// [_plain: the fusions compiled out (GemmConfig's kFusions, config.cuh); _plain_split: the same
+// with split-K, for split launches (clusters of 1 only); _pr: the fused ReduceScatter's
+// PEER_REDUCE alone (pipelined epilogue only)]. The kernel with every fusion has the communicator
+// the launch's comm_op picks; the others none.
+#define WEFT_GEMM_KERNEL_NAMED(NAME, IN, OUT, BNK, BN, CM, EPI, FUSIONS, SPLIT, COMM)                       \
   extern "C" __global__ void __launch_bounds__(WEFT_GEMM_THREADS, 1) NAME(const __grid_constant__ weft_gemm_params p) { \
-    weft::gemm::gemm_kernel_body<weft::gemm::GemmConfig<IN, OUT, BN, BNK, CM, EPI, FUSED, SPLIT>,                  \
+    weft::gemm::gemm_kernel_body<weft::gemm::GemmConfig<IN, OUT, BN, BNK, CM, EPI, weft::gemm::FUSIONS, SPLIT>,    \
                                  weft::gemm::TmaStorer, weft::gemm::COMM>(p);                                      \
   }
 // The split variant exists for clusters of 1 (CM pasted: _1 defines it, _2 nothing).
 #define WEFT_GEMM_PLAIN_SPLIT_1(NAME, IN, OUT, BNK, BN, EPI) \
-  WEFT_GEMM_KERNEL_NAMED(NAME##_plain_split, IN, OUT, BNK, BN, 1, EPI, false, true, NoCommunicator)
+  WEFT_GEMM_KERNEL_NAMED(NAME##_plain_split, IN, OUT, BNK, BN, 1, EPI, kFusionsNone, true, NoCommunicator)
 #define WEFT_GEMM_PLAIN_SPLIT_2(NAME, IN, OUT, BNK, BN, EPI)
 // A kernel's variants: fused, plain and (clusters of 1) plain with split-K.
-#define WEFT_GEMM_KERNEL_VARIANTS(NAME, IN, OUT, BNK, BN, CM, EPI)                                    \
-  WEFT_GEMM_KERNEL_NAMED(NAME, IN, OUT, BNK, BN, CM, EPI, true, true, LaunchCommunicator)        \
-  WEFT_GEMM_KERNEL_NAMED(NAME##_plain, IN, OUT, BNK, BN, CM, EPI, false, false, NoCommunicator) \
+#define WEFT_GEMM_KERNEL_VARIANTS(NAME, IN, OUT, BNK, BN, CM, EPI)                                           \
+  WEFT_GEMM_KERNEL_NAMED(NAME, IN, OUT, BNK, BN, CM, EPI, kFusionsAll, true, LaunchCommunicator)       \
+  WEFT_GEMM_KERNEL_NAMED(NAME##_plain, IN, OUT, BNK, BN, CM, EPI, kFusionsNone, false, NoCommunicator) \
   WEFT_GEMM_PLAIN_SPLIT_##CM(NAME, IN, OUT, BNK, BN, EPI)
-#define WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, LAYOUT, BNK, BN, CM) \
-  WEFT_GEMM_KERNEL_VARIANTS(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_##BN##_c##CM, IN, OUT, BNK, BN, CM, WEFT_GEMM_EPI_PIPELINED)
+// Pipelined-epilogue kernels (what fused launches plan) also come with the fused ReduceScatter's own.
+#define WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, LAYOUT, BNK, BN, CM)                                                   \
+  WEFT_GEMM_KERNEL_VARIANTS(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_##BN##_c##CM, IN, OUT, BNK, BN, CM,               \
+                            WEFT_GEMM_EPI_PIPELINED)                                                                     \
+  WEFT_GEMM_KERNEL_NAMED(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_##BN##_c##CM##_pr, IN, OUT, BNK, BN, CM,             \
+                         WEFT_GEMM_EPI_PIPELINED, kFusionsPeerReduce, false, NoCommunicator)
 #define WEFT_GEMM_KERNEL_WHOLE(IN_NAME, IN, OUT_NAME, OUT, LAYOUT, BNK, CM) \
   WEFT_GEMM_KERNEL_VARIANTS(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_256_c##CM##_w, IN, OUT, BNK, 256, CM, WEFT_GEMM_EPI_WHOLE_TILE)
 #define WEFT_GEMM_WHOLE_FOR_OUT(IN_NAME, IN, OUT_NAME, OUT)    \
@@ -37,7 +42,7 @@
 // (crates/signal-gemm/README.md, "128 x 192 tiles"); fused launches plan 128 or 256.
 #define WEFT_GEMM_KERNEL_PLAIN_192(IN_NAME, IN, OUT_NAME, OUT, LAYOUT, BNK)                                          \
   WEFT_GEMM_KERNEL_NAMED(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_192_c1_plain, IN, OUT, BNK, 192, 1,             \
-                         WEFT_GEMM_EPI_PIPELINED, false, false, NoCommunicator)                                       \
+                         WEFT_GEMM_EPI_PIPELINED, kFusionsNone, false, NoCommunicator)                                \
   WEFT_GEMM_PLAIN_SPLIT_1(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_192_c1, IN, OUT, BNK, 192, WEFT_GEMM_EPI_PIPELINED)
 #define WEFT_GEMM_PLAIN_192_FOR_OUT(IN_NAME, IN, OUT_NAME, OUT)       \
   WEFT_GEMM_KERNEL_PLAIN_192(IN_NAME, IN, OUT_NAME, OUT, nk, true) \

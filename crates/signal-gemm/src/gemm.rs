@@ -159,6 +159,24 @@ impl<TO: GemmElement> LaunchExtras<'_, TO> {
     }
 }
 
+impl<TO: GemmElement> LaunchExtras<'_, TO> {
+    /// Whether the launch's only fusion is the fused ReduceScatter's (the PEER_REDUCE layout
+    /// with its peer target; the timeline and early release allowed): it may then run that
+    /// fusion's own kernel, with every other fusion compiled out.
+    pub fn peer_reduce_alone(&self) -> bool {
+        matches!(self.layout, OutputLayout::PeerReduce { .. })
+            && self.peer.is_some()
+            && self.flags.is_none()
+            && self.copy_dst.is_none()
+            && self.trace.is_none()
+            && self.groups.is_none()
+            && self.row_slots.is_none()
+            && self.peer_rows.is_none()
+            && self.all_reduce.is_none()
+            && self.all_gather.is_none()
+    }
+}
+
 impl<TO: GemmElement> Default for LaunchExtras<'_, TO> {
     fn default() -> Self {
         Self {
@@ -181,32 +199,51 @@ impl<TO: GemmElement> Default for LaunchExtras<'_, TO> {
 /// Which of a plan's kernels a launch runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum KernelVariant {
-    /// The fusions compiled in: any launch that uses one.
+    /// Every fusion compiled in: any launch that uses one.
     Fused,
+    /// The fused ReduceScatter's PEER_REDUCE alone compiled in: a launch whose only fusion it
+    /// is, on a plan that has the kernel ([`GemmPlan::has_peer_reduce_kernel`]), without
+    /// communicator CTAs.
+    PeerReduce,
     /// Neither fusions nor split-K: an unsplit plain launch.
     Plain,
     /// Split-K without fusions: a plain launch that splits (`sched.k_splits` > 1 at launch).
     PlainSplit,
 }
 
+/// What a launch asks of its kernel, for [`KernelVariant::of`].
+#[derive(Clone, Copy, Debug)]
+struct LaunchNeeds {
+    /// [`LaunchExtras::fusion_free`].
+    fusion_free: bool,
+    /// [`LaunchExtras::peer_reduce_alone`], on a plan with the PEER_REDUCE kernel and no
+    /// communicator CTAs.
+    peer_reduce_alone: bool,
+    /// The launch's splits (1 unless fusion-free).
+    k_splits: u32,
+}
+
 impl KernelVariant {
     /// The one place a launch's kernel is decided: only a fusion-free launch may split (the
     /// caller sets its splits to 1 otherwise), and a split launch needs the split path.
-    fn of(fusion_free: bool, k_splits: u32) -> Self {
-        match (fusion_free, k_splits > 1) {
+    fn of(n: LaunchNeeds) -> Self {
+        match (n.fusion_free, n.k_splits > 1) {
             (true, true) => Self::PlainSplit,
             (true, false) => Self::Plain,
+            (false, _) if n.peer_reduce_alone => Self::PeerReduce,
             (false, _) => Self::Fused,
         }
     }
 }
 
 /// A plan's kernel with the fusions compiled in, the plain one (`LaunchExtras::fusion_free`),
-/// and for split-K plans the plain one with split-K (split launches only: the split path slows
-/// the unsplit kernels).
+/// for split-K plans the plain one with split-K (split launches only: the split path slows
+/// the unsplit kernels), and where the plan has it the fused ReduceScatter's own.
 struct GemmKernels {
     /// None where the plan's tile has no fused kernel ([`GemmPlan::has_fused_kernel`]).
     fused: Option<CudaFunction>,
+    /// None where the plan has no PEER_REDUCE kernel ([`GemmPlan::has_peer_reduce_kernel`]).
+    peer_reduce: Option<CudaFunction>,
     plain: CudaFunction,
     plain_split: Option<CudaFunction>,
 }
@@ -456,6 +493,11 @@ impl Gemm {
         } else {
             None
         };
+        let peer_reduce = if plan.has_peer_reduce_kernel() {
+            Some(load(plan.peer_reduce_kernel_name())?)
+        } else {
+            None
+        };
         let plain_func = load(plan.plain_kernel_name())?;
         let plain_split = if plan.k_splits() > 1 {
             Some(load(plan.plain_split_kernel_name())?)
@@ -463,11 +505,11 @@ impl Gemm {
             None
         };
         let plan = if plan.cluster_m() > 1 {
-            // Both kernels use the same registers and shared memory; checked on each regardless.
-            let plan = match &func {
-                Some(f) => fit_resident_clusters(f, plan)?,
-                None => plan,
-            };
+            // The kernels use the same registers and shared memory; checked on each regardless.
+            let mut plan = plan;
+            for f in [&func, &peer_reduce].into_iter().flatten() {
+                plan = fit_resident_clusters(f, plan)?;
+            }
             fit_resident_clusters(&plain_func, plan)?
         } else {
             plan
@@ -499,6 +541,7 @@ impl Gemm {
             plan,
             kernels: Box::new(GemmKernels {
                 fused: func,
+                peer_reduce,
                 plain: plain_func,
                 plain_split,
             }),
@@ -757,7 +800,13 @@ impl Gemm {
                 None
             }
         };
-        let variant = KernelVariant::of(plain, p.sched.k_splits);
+        let variant = KernelVariant::of(LaunchNeeds {
+            fusion_free: plain,
+            peer_reduce_alone: extras.peer_reduce_alone()
+                && self.kernels.peer_reduce.is_some()
+                && o.comm_ctas == 0,
+            k_splits: p.sched.k_splits,
+        });
         let func = match variant {
             KernelVariant::Fused => {
                 plan.require_fused_kernel()?;
@@ -766,6 +815,11 @@ impl Gemm {
                     .as_ref()
                     .context("a plan with a fused kernel loaded without it")?
             }
+            KernelVariant::PeerReduce => self
+                .kernels
+                .peer_reduce
+                .as_ref()
+                .context("a plan without its PEER_REDUCE kernel chose it")?,
             KernelVariant::Plain => &self.kernels.plain,
             // Loaded with the plan whenever it may split (k_splits > 1), which a split launch needs.
             KernelVariant::PlainSplit => self
@@ -1042,6 +1096,7 @@ impl Gemm {
                 KernelVariant::PlainSplit => plan.plain_split_kernel_name(),
                 KernelVariant::Plain => plan.plain_kernel_name(),
                 KernelVariant::Fused => plan.kernel_name(),
+                KernelVariant::PeerReduce => plan.peer_reduce_kernel_name(),
             };
             format!("launching {name} ({})", plan.describe())
         })?;
@@ -1127,10 +1182,18 @@ mod tests {
     // every tile whole (correct, without the split's speed).
     #[test]
     fn split_launches_run_the_split_kernel() {
-        assert_eq!(KernelVariant::of(true, 3), KernelVariant::PlainSplit);
-        assert_eq!(KernelVariant::of(true, 1), KernelVariant::Plain);
-        assert_eq!(KernelVariant::of(false, 1), KernelVariant::Fused);
-        assert_eq!(KernelVariant::of(false, 3), KernelVariant::Fused);
+        let of = |fusion_free, peer_reduce_alone, k_splits| {
+            KernelVariant::of(LaunchNeeds {
+                fusion_free,
+                peer_reduce_alone,
+                k_splits,
+            })
+        };
+        assert_eq!(of(true, false, 3), KernelVariant::PlainSplit);
+        assert_eq!(of(true, false, 1), KernelVariant::Plain);
+        assert_eq!(of(false, false, 1), KernelVariant::Fused);
+        assert_eq!(of(false, false, 3), KernelVariant::Fused);
+        assert_eq!(of(false, true, 1), KernelVariant::PeerReduce);
     }
 
     // The plain kernel has every fusion compiled out: a launch that asks for one must not get it
@@ -1203,5 +1266,62 @@ mod tests {
             ..Default::default()
         };
         assert!(!all_gather.fusion_free());
+    }
+
+    // The fused ReduceScatter's own kernel has every other fusion compiled out: only a launch
+    // whose one fusion is PEER_REDUCE (layout and target) may run it; one that adds another
+    // fusion gets the kernel with all of them.
+    #[test]
+    fn only_a_lone_peer_reduce_runs_its_own_kernel() {
+        let bar = weft_sync_counters::default();
+        let target = PeerReduceTarget {
+            maps: 0,
+            ranks: 2,
+            bar,
+            epoch: 0,
+        };
+        let layout = OutputLayout::PeerReduce { ranks: 2 };
+        let alone = LaunchExtras::<bf16> {
+            layout,
+            peer: Some(target),
+            early_release: true,
+            ..Default::default()
+        };
+        assert!(alone.peer_reduce_alone() && !alone.fusion_free());
+        let without_layout = LaunchExtras::<bf16> {
+            peer: Some(target),
+            ..Default::default()
+        };
+        assert!(!without_layout.peer_reduce_alone());
+        let without_target = LaunchExtras::<bf16> {
+            layout,
+            ..Default::default()
+        };
+        assert!(!without_target.peer_reduce_alone());
+        let with_all_reduce = LaunchExtras::<bf16> {
+            layout,
+            peer: Some(target),
+            all_reduce: Some(AllReduceTarget {
+                flags: 0,
+                flag_target: 0,
+                comm: None,
+            }),
+            ..Default::default()
+        };
+        assert!(!with_all_reduce.peer_reduce_alone());
+        let with_all_gather = LaunchExtras::<bf16> {
+            layout,
+            peer: Some(target),
+            all_gather: Some(AllGatherSource {
+                maps: 0,
+                rows: 0,
+                bar,
+                epoch: 0,
+                copy: None,
+                host_copy: false,
+            }),
+            ..Default::default()
+        };
+        assert!(!with_all_gather.peer_reduce_alone());
     }
 }

@@ -347,6 +347,11 @@ impl GemmPlan {
     pub fn has_fused_kernel(&self) -> bool {
         self.sched.tile_n != 192
     }
+    /// Whether the plan has the fused ReduceScatter's own kernel
+    /// ([`Self::peer_reduce_kernel_name`]): the fused tiles with the pipelined epilogue.
+    pub fn has_peer_reduce_kernel(&self) -> bool {
+        self.has_fused_kernel() && !self.whole_tile_epilogue()
+    }
     /// An error naming the tile unless [`Self::has_fused_kernel`]: what the fused methods check
     /// when they plan, before any launch.
     pub fn require_fused_kernel(&self) -> anyhow::Result<()> {
@@ -474,6 +479,11 @@ impl GemmPlan {
     /// a third of the code, and faster on short GEMMs (crates/signal-gemm/README.md).
     pub fn plain_kernel_name(&self) -> String {
         format!("{}_plain", self.kernel_name())
+    }
+    /// The kernel with the fused ReduceScatter's PEER_REDUCE alone compiled in (every other
+    /// fusion out; `GemmConfig`'s kFusions), for launches whose only fusion it is.
+    pub fn peer_reduce_kernel_name(&self) -> String {
+        format!("{}_pr", self.kernel_name())
     }
     /// The plain kernel with split-K, for this plan's split launches (`k_splits` > 1; clusters
     /// of 1): the `_plain` one has the split path compiled out.
@@ -652,6 +662,10 @@ mod tests {
         assert_eq!(p.tile_n(), 256);
         assert_eq!(p.kernel_name(), "weft_gemm_bf16_f32_kn_256_c1");
         assert_eq!(p.plain_kernel_name(), "weft_gemm_bf16_f32_kn_256_c1_plain");
+        assert_eq!(
+            p.peer_reduce_kernel_name(),
+            "weft_gemm_bf16_f32_kn_256_c1_pr"
+        );
         assert_eq!(
             p.plain_split_kernel_name(),
             "weft_gemm_bf16_f32_kn_256_c1_plain_split"

@@ -17,19 +17,30 @@ template <class T> struct InputTag;
 template <> struct InputTag<__nv_bfloat16> { using type = Bf16Tag; };
 template <> struct InputTag<__half> { using type = F16Tag; };
 
+// The fusion set a kernel carries (its type, GemmConfig's kFusions):
+//   kFusionsNone         the plain kernel: standard layout, no signals, no trace (`_plain`);
+//   kFusionsAll          every fusion, picked at run time from the parameters: output layouts
+//                        other than the standard one, tile and wave-group signals, peer stores and
+//                        reduces, the fused AllGather, the communicator CTAs, the trace;
+//   kFusionsPeerReduce   the fused GEMM + ReduceScatter alone (`_pr`): the PEER_REDUCE layout and
+//                        its barriers known at compile time, every other fusion compiled out.
+// The fused code made every plain launch pay (about 176 KB of kernel against 57 KB, up to 1.5x the
+// time of a short GEMM), and the fused ReduceScatter with it (crates/signal-gemm/README.md).
+constexpr int kFusionsNone = 0;
+constexpr int kFusionsAll = 1;
+constexpr int kFusionsPeerReduce = 2;
+
 // kBNK: B is n x k row-major (K-major, the usual weight layout); otherwise k x n row-major.
-// kFused: the kernel carries the fusions (output layouts other than the standard one, tile and
-// wave-group signals, peer stores and reduces, the fused AllGather, the communicator CTAs, the
-// trace); a plain kernel (kFused false) has them compiled out and serves plain launches only
-// (GemmPlan::kernel_name). The fused code made every plain launch pay: about 176 KB of kernel
-// against 57 KB, and up to 1.5x the time of a short GEMM (crates/signal-gemm/README.md).
-template <class In_, class Out_, int kBN_, bool kBNK_, int kClusterM_, int kEpilogue_, bool kFused_, bool kSplit_>
+template <class In_, class Out_, int kBN_, bool kBNK_, int kClusterM_, int kEpilogue_, int kFusions_, bool kSplit_>
 struct GemmConfig {
   using In = In_;
   using Out = Out_;
   static constexpr int kBM = WEFT_GEMM_TILE_M, kBN = kBN_, kBK = WEFT_GEMM_TILE_K;
   static constexpr bool kBNK = kBNK_;
-  static constexpr bool kFused = kFused_;
+  static_assert(kFusions_ == kFusionsNone || kFusions_ == kFusionsAll || kFusions_ == kFusionsPeerReduce, "a fusion set");
+  static constexpr int kFusions = kFusions_;
+  static constexpr bool kAllFusions = kFusions == kFusionsAll;      // chosen at run time
+  static constexpr bool kPeerReduceOnly = kFusions == kFusionsPeerReduce;
   // Epilogue variant (WEFT_GEMM_EPI_*, abi/gemm.h) and the pipeline depth that fits beside it: the
   // constexpr mirrors of weft_gemm_stages / weft_gemm_epi_bufs (the host's sizes). A mismatch is
   // caught at run time: the kernel checks %dynamic_smem_size against kSmemBytes.

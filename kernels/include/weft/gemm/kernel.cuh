@@ -18,8 +18,9 @@
 // tile's first stage, through a ring of kStages shared-memory
 // stages paced by mbarriers (full: TMA bytes landed; empty: all consumer warps done). New epilogues (signals,
 // reorder maps, peer stores) and communicators plug in as the Storer / Communicator parameters
-// without touching the main loop. A plain kernel (Cfg::kFused false) compiles the fused roles
-// out: no signallers, peer barriers, fused AllGather source or communicator.
+// without touching the main loop. Cfg::kFusions (config.cuh) says which fused roles the kernel
+// has: the plain kernel none (no signallers, peer barriers, fused AllGather source or
+// communicator), the fused ReduceScatter's own only its zeroing and barriers.
 #pragma once
 #include "weft/sm90/cluster.cuh"
 #include "weft/abi/gemm.h"
@@ -94,8 +95,8 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
     const int warp = static_cast<int>(threadIdx.x) / 32;
     if (threadIdx.x == 0) {
       run_loader<Cfg>(p, sm);
-    } else if (Cfg::kFused && warp >= 1 && peer_barriers(p)) {  // warps 1..3; no signallers then (launch_signals is false)
-      if (peer_reduce(p)) {
+    } else if (warp >= 1 && uses_peer_barriers<Cfg>(p)) {  // warps 1..3; no signallers then (launch_signals is false)
+      if (uses_peer_reduce<Cfg>(p)) {
         peer_reduce_start<Cfg>(p);
       } else if (threadIdx.x == 96) {
         // AllGather: this rank's shard was written before the launch (stream order); PEER_ROWS:
@@ -103,7 +104,7 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
         peer_bar_arrive(p, WEFT_GEMM_PEER_BAR_START);
       }
       if (threadIdx.x == 96) run_peer_barrier<Cfg>(p, sm);
-    } else if (Cfg::kFused && threadIdx.x % 32 == 0 && warp >= 1 && warp <= Cfg::kConsumers && launch_signals(p)) {
+    } else if (Cfg::kAllFusions && threadIdx.x % 32 == 0 && warp >= 1 && warp <= Cfg::kConsumers && launch_signals(p)) {
       run_signaller<Cfg>(p, sm, warp - 1);
     }
     __syncwarp();
@@ -137,7 +138,7 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
       }
     }
     Storer::template drain<Cfg>(p, sm, consumer, store_state, stall.stalled != 0);
-    if (Cfg::kFused && peer_barriers(p) && !stall.stalled && thread_in_warpgroup() == 0)
+    if (uses_peer_barriers<Cfg>(p) && !stall.stalled && thread_in_warpgroup() == 0)
       peer_reduce_drained(sm, store_state.peer_stalled);
     // After drain: this warpgroup's stores have completed and its last signals are handed to its
     // signaller (which issues them a moment later: the timeline's end leaves that out).

@@ -43,7 +43,7 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
     // gathered copy, once the communicators flagged their chunk.
     const void* a_map = &p.a;
     int32_t a_row = m0;
-    if (Cfg::kFused && all_gather_a(p)) {
+    if (uses_all_gather_a<Cfg>(p)) {
       const uint32_t owner = t.tm * Cfg::kBM / p.ag_rows;
       if (static_cast<int32_t>(owner) == p.peer_bar.view.rank || !ag_inter(p)) {
         if (static_cast<int32_t>(owner) != p.peer_bar.view.rank && !peers_ready) {

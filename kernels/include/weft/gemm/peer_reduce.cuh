@@ -53,6 +53,22 @@ __device__ __forceinline__ bool peer_rows(const weft_gemm_params& p) { return p.
 __device__ __forceinline__ bool peer_writes(const weft_gemm_params& p) { return peer_reduce(p) || peer_rows(p); }
 __device__ __forceinline__ bool peer_barriers(const weft_gemm_params& p) { return peer_writes(p) || all_gather_a(p); }
 
+// The same for a kernel of fusion set Cfg::kFusions (config.cuh): the fused ReduceScatter's own
+// kernel knows its layout at compile time, the kernel with every fusion reads the parameters, and
+// the plain kernel has none.
+template <class Cfg>
+__device__ __forceinline__ bool uses_peer_reduce(const weft_gemm_params& p) {
+  return Cfg::kPeerReduceOnly || (Cfg::kAllFusions && peer_reduce(p));
+}
+template <class Cfg>
+__device__ __forceinline__ bool uses_peer_rows(const weft_gemm_params& p) { return Cfg::kAllFusions && peer_rows(p); }
+template <class Cfg>
+__device__ __forceinline__ bool uses_all_gather_a(const weft_gemm_params& p) { return Cfg::kAllFusions && all_gather_a(p); }
+template <class Cfg>
+__device__ __forceinline__ bool uses_peer_barriers(const weft_gemm_params& p) {
+  return Cfg::kPeerReduceOnly || (Cfg::kAllFusions && peer_barriers(p));
+}
+
 __device__ __forceinline__ weft_tile_coord peer_bar_coord(uint32_t row) { return weft::sync::coord4(0, 0, row, 0); }
 
 __device__ __forceinline__ uint64_t peer_bar_target(const weft_gemm_params& p) {

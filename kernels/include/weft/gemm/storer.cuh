@@ -81,7 +81,7 @@ struct DueSignals {
 template <class Cfg>
 __device__ __forceinline__ DueSignals signals_due(const weft_gemm_params& p, const StoreState& st, uint32_t next) {
   DueSignals d;
-  const bool groups = Cfg::kFused && p.group_counters != 0;
+  const bool groups = Cfg::kAllFusions && p.group_counters != 0;
   // st.group is the group of this warpgroup's previous tile (0 before the first), and its orders
   // rise (static: + ctas; dynamic: successive claims), so the search starts there.
   d.next_group = groups && next != WEFT_GEMM_NO_TILE ? weft_gemm_group_of_from(&p.groups, next, st.group) : 0;
@@ -100,7 +100,7 @@ __device__ __forceinline__ void count_tile(const weft_gemm_params& p, StoreState
   if (due.group_tiles != 0) st.group_tiles = 0;
   // Phantoms count for their group too: its order count includes them (their TILE_ORDER slot is
   // written, with zeros, inside the group's range).
-  if (Cfg::kFused && p.group_counters != 0 && next != WEFT_GEMM_NO_TILE) {
+  if (Cfg::kAllFusions && p.group_counters != 0 && next != WEFT_GEMM_NO_TILE) {
     st.group = due.next_group;
     ++st.group_tiles;  // its stores are issued after this, before any later hand-over
   }
@@ -242,12 +242,14 @@ struct TmaStorer {
     constexpr uint32_t kIssuers = kWhole ? 4u : 1u;
     const bool issuer = kWhole ? lane == 0 : leader;
     uint32_t& epi_count = st.epi_count;
-    // A plain kernel (Cfg::kFused false) has the standard layout, no signals and no trace.
-    constexpr bool kFused = Cfg::kFused;
-    const bool peer = kFused && peer_reduce(p);
+    // A plain kernel has the standard layout, no signals and no trace; the fused ReduceScatter's
+    // own kernel reduces into the owners and nothing else (config.cuh, kFusions).
+    constexpr bool kAll = Cfg::kAllFusions;
+    const bool peer = uses_peer_reduce<Cfg>(p);
+    const bool to_peer_rows = uses_peer_rows<Cfg>(p);
     // The warpgroup barriers below order every issuer (PEER_ROWS: every thread) after the
     // leader's wait.
-    if (kFused && peer_writes(p) && !st.peer_ready) {
+    if ((peer || to_peer_rows) && !st.peer_ready) {
       if (leader) st.peer_stalled = !peer_reduce_ready(p);
       st.peer_ready = true;
     }
@@ -260,10 +262,9 @@ struct TmaStorer {
     const uint32_t col0 = t.tn * Cfg::kBN;
     // Where the stores go: the standard position, the tile's slot in execution order, or (bands)
     // the slots of the bands the warpgroup's 64 rows cross.
-    const bool tile_order = kFused && p.layout == WEFT_GEMM_LAYOUT_TILE_ORDER;
-    const bool bands = kFused && p.layout == WEFT_GEMM_LAYOUT_RANK_BANDS;
-    const bool row_slots = kFused && p.layout == WEFT_GEMM_LAYOUT_ROW_SLOTS;
-    const bool to_peer_rows = kFused && peer_rows(p);
+    const bool tile_order = kAll && p.layout == WEFT_GEMM_LAYOUT_TILE_ORDER;
+    const bool bands = kAll && p.layout == WEFT_GEMM_LAYOUT_RANK_BANDS;
+    const bool row_slots = kAll && p.layout == WEFT_GEMM_LAYOUT_ROW_SLOTS;
     const int32_t store_row = static_cast<int32_t>(tile_order ? order * Cfg::kBM + consumer * 64 : row0);
     const int32_t store_col = static_cast<int32_t>(tile_order || bands ? 0 : col0);
     weft_gemm_band_slots slots{0, 0};
@@ -372,11 +373,11 @@ struct TmaStorer {
     // ROW_SLOTS: every thread's stores of this tile before the leader's (deferred) release.
     // (PEER_ROWS signals only at the drain, whose barrier orders them.)
     if (row_slots) named_barrier_sync(bar_id, kWarpgroupThreads);
-    // Not gated by kFused (a plain launch has no tile flags, so this never fires there): with it
+    // Not gated by the fusion set (only launches of every fusion have tile flags): with it
     // compiled out ptxas spilled the 16-bit 128 x 256 pipelined plain kernels' accumulators and
     // serialized their wgmma (CUDA 13.0).
     if (p.tile_flags != 0) st.pending = order;
-    if (kFused && leader && consumer == 0 && p.trace != 0 && t.valid) {
+    if (kAll && leader && consumer == 0 && p.trace != 0 && t.valid) {
       uint32_t* slot = reinterpret_cast<uint32_t*>(p.trace) + 2 * weft_gemm_tile_index(p.sched, t);
       slot[0] = order + 1;
       slot[1] = blockIdx.x + 1;
@@ -402,7 +403,7 @@ struct TmaStorer {
       const DueSignals due = signals_due<Cfg>(p, st, WEFT_GEMM_NO_TILE);
       if (!stalled) post_due(p, sm, consumer, st, due);
       count_tile<Cfg>(p, st, due, WEFT_GEMM_NO_TILE);
-      if (Cfg::kFused && launch_signals(p) && !st.signal_stalled) st.signal_stalled = !post_signal(p, sm, consumer, st.ring, 0, 0);
+      if (Cfg::kAllFusions && launch_signals(p) && !st.signal_stalled) st.signal_stalled = !post_signal(p, sm, consumer, st.ring, 0, 0);
       if (st.signal_stalled) report_signal_stall(p, consumer, st.ring);
     }
   }
