@@ -6,9 +6,10 @@
 
 // Name: weft_gemm_<in>_<out>_<B layout>_<tile width>_c<cluster CTAs>[_w: whole-tile epilogue]
 // [_plain: the fusions compiled out (GemmConfig's kFusions, config.cuh); _plain_split: the same
-// with split-K, for split launches (clusters of 1 only); _pr: the fused ReduceScatter's
-// PEER_REDUCE alone (pipelined epilogue only)]. The kernel with every fusion has the communicator
-// the launch's comm_op picks; the others none.
+// with split-K, for split launches (clusters of 1 only); _pr, _ag, _ar: one fused method's fusion
+// alone — the ReduceScatter's PEER_REDUCE, the AllGather's A source, the AllReduce's tile flags
+// (pipelined epilogue only)]. The kernel with every fusion has the communicator the launch's
+// comm_op picks, _ag and _ar their method's, the others none.
 #define WEFT_GEMM_KERNEL_NAMED(NAME, IN, OUT, BNK, BN, CM, EPI, FUSIONS, SPLIT, COMM)                       \
   extern "C" __global__ void __launch_bounds__(WEFT_GEMM_THREADS, 1) NAME(const __grid_constant__ weft_gemm_params p) { \
     weft::gemm::gemm_kernel_body<weft::gemm::GemmConfig<IN, OUT, BN, BNK, CM, EPI, weft::gemm::FUSIONS, SPLIT>,    \
@@ -23,12 +24,17 @@
   WEFT_GEMM_KERNEL_NAMED(NAME, IN, OUT, BNK, BN, CM, EPI, kFusionsAll, true, LaunchCommunicator)       \
   WEFT_GEMM_KERNEL_NAMED(NAME##_plain, IN, OUT, BNK, BN, CM, EPI, kFusionsNone, false, NoCommunicator) \
   WEFT_GEMM_PLAIN_SPLIT_##CM(NAME, IN, OUT, BNK, BN, EPI)
-// Pipelined-epilogue kernels (what fused launches plan) also come with the fused ReduceScatter's own.
+// Pipelined-epilogue kernels (what fused launches plan) also come with each fused method's own.
+#define WEFT_GEMM_KERNEL_METHODS(NAME, IN, OUT, BNK, BN, CM)                                                               \
+  WEFT_GEMM_KERNEL_NAMED(NAME##_pr, IN, OUT, BNK, BN, CM, WEFT_GEMM_EPI_PIPELINED, kFusionsPeerReduce, false, NoCommunicator) \
+  WEFT_GEMM_KERNEL_NAMED(NAME##_ag, IN, OUT, BNK, BN, CM, WEFT_GEMM_EPI_PIPELINED, kFusionsAllGather, false,                 \
+                         AllGatherCommunicator)                                                                          \
+  WEFT_GEMM_KERNEL_NAMED(NAME##_ar, IN, OUT, BNK, BN, CM, WEFT_GEMM_EPI_PIPELINED, kFusionsAllReduce, false,                 \
+                         AllReduceCommunicator)
 #define WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, LAYOUT, BNK, BN, CM)                                                   \
   WEFT_GEMM_KERNEL_VARIANTS(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_##BN##_c##CM, IN, OUT, BNK, BN, CM,               \
                             WEFT_GEMM_EPI_PIPELINED)                                                                     \
-  WEFT_GEMM_KERNEL_NAMED(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_##BN##_c##CM##_pr, IN, OUT, BNK, BN, CM,             \
-                         WEFT_GEMM_EPI_PIPELINED, kFusionsPeerReduce, false, NoCommunicator)
+  WEFT_GEMM_KERNEL_METHODS(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_##BN##_c##CM, IN, OUT, BNK, BN, CM)
 #define WEFT_GEMM_KERNEL_WHOLE(IN_NAME, IN, OUT_NAME, OUT, LAYOUT, BNK, CM) \
   WEFT_GEMM_KERNEL_VARIANTS(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_256_c##CM##_w, IN, OUT, BNK, 256, CM, WEFT_GEMM_EPI_WHOLE_TILE)
 #define WEFT_GEMM_WHOLE_FOR_OUT(IN_NAME, IN, OUT_NAME, OUT)    \

@@ -1,7 +1,7 @@
 //! A loaded GEMM: the plan's kernel on one context, its error slot, and launches on a stream.
 
 use crate::dtype::{Dtype, GemmElement};
-use crate::plan::{BLayout, GemmOptions, GemmPlan, GemmShape, Scheduling};
+use crate::plan::{BLayout, FusionSet, GemmOptions, GemmPlan, GemmShape, Scheduling};
 use crate::reorder::OutputLayout;
 use crate::tensor_map::{encode_2d, encode_3d, encode_wide};
 use crate::wave_groups::GroupCounters;
@@ -160,20 +160,31 @@ impl<TO: GemmElement> LaunchExtras<'_, TO> {
 }
 
 impl<TO: GemmElement> LaunchExtras<'_, TO> {
-    /// Whether the launch's only fusion is the fused ReduceScatter's (the PEER_REDUCE layout
-    /// with its peer target; the timeline and early release allowed): it may then run that
-    /// fusion's own kernel, with every other fusion compiled out.
-    pub fn peer_reduce_alone(&self) -> bool {
-        matches!(self.layout, OutputLayout::PeerReduce { .. })
-            && self.peer.is_some()
-            && self.flags.is_none()
-            && self.copy_dst.is_none()
-            && self.trace.is_none()
-            && self.groups.is_none()
-            && self.row_slots.is_none()
-            && self.peer_rows.is_none()
-            && self.all_reduce.is_none()
-            && self.all_gather.is_none()
+    /// The smallest fusion set that has every fusion this launch asks for. The timeline and early
+    /// release are not fusions (every kernel has them).
+    pub fn fusion_set(&self) -> FusionSet {
+        if self.fusion_free() {
+            return FusionSet::None;
+        }
+        let others = self.flags.is_some()
+            || self.copy_dst.is_some()
+            || self.trace.is_some()
+            || self.groups.is_some()
+            || self.row_slots.is_some()
+            || self.peer_rows.is_some();
+        let standard = self.layout == OutputLayout::Standard;
+        let peer_reduce = matches!(self.layout, OutputLayout::PeerReduce { .. });
+        match (
+            others,
+            self.peer.is_some(),
+            self.all_gather.is_some(),
+            self.all_reduce.is_some(),
+        ) {
+            (false, true, false, false) if peer_reduce => FusionSet::PeerReduce,
+            (false, false, true, false) if standard => FusionSet::AllGather,
+            (false, false, false, true) if standard => FusionSet::AllReduce,
+            _ => FusionSet::All,
+        }
     }
 }
 
@@ -201,10 +212,10 @@ impl<TO: GemmElement> Default for LaunchExtras<'_, TO> {
 enum KernelVariant {
     /// Every fusion compiled in: any launch that uses one.
     Fused,
-    /// The fused ReduceScatter's PEER_REDUCE alone compiled in: a launch whose only fusion it
-    /// is, on a plan that has the kernel ([`GemmPlan::has_peer_reduce_kernel`]), without
-    /// communicator CTAs.
-    PeerReduce,
+    /// One fused method's fusion alone compiled in ([`FusionSet`]): a launch whose fusions are
+    /// that set's, on a plan that has the kernel ([`GemmPlan::has_method_kernels`]; PEER_REDUCE
+    /// without communicator CTAs).
+    Method(FusionSet),
     /// Neither fusions nor split-K: an unsplit plain launch.
     Plain,
     /// Split-K without fusions: a plain launch that splits (`sched.k_splits` > 1 at launch).
@@ -214,11 +225,12 @@ enum KernelVariant {
 /// What a launch asks of its kernel, for [`KernelVariant::of`].
 #[derive(Clone, Copy, Debug)]
 struct LaunchNeeds {
-    /// [`LaunchExtras::fusion_free`].
-    fusion_free: bool,
-    /// [`LaunchExtras::peer_reduce_alone`], on a plan with the PEER_REDUCE kernel and no
-    /// communicator CTAs.
-    peer_reduce_alone: bool,
+    /// [`LaunchExtras::fusion_set`].
+    set: FusionSet,
+    /// Whether the plan has the fused methods' own kernels ([`GemmPlan::has_method_kernels`]).
+    method_kernels: bool,
+    /// The plan's communicator CTAs.
+    comm_ctas: u32,
     /// The launch's splits (1 unless fusion-free).
     k_splits: u32,
 }
@@ -227,11 +239,14 @@ impl KernelVariant {
     /// The one place a launch's kernel is decided: only a fusion-free launch may split (the
     /// caller sets its splits to 1 otherwise), and a split launch needs the split path.
     fn of(n: LaunchNeeds) -> Self {
-        match (n.fusion_free, n.k_splits > 1) {
-            (true, true) => Self::PlainSplit,
-            (true, false) => Self::Plain,
-            (false, _) if n.peer_reduce_alone => Self::PeerReduce,
-            (false, _) => Self::Fused,
+        match n.set {
+            FusionSet::None if n.k_splits > 1 => Self::PlainSplit,
+            FusionSet::None => Self::Plain,
+            FusionSet::PeerReduce if n.method_kernels && n.comm_ctas == 0 => {
+                Self::Method(FusionSet::PeerReduce)
+            }
+            FusionSet::AllGather | FusionSet::AllReduce if n.method_kernels => Self::Method(n.set),
+            _ => Self::Fused,
         }
     }
 }
@@ -242,10 +257,29 @@ impl KernelVariant {
 struct GemmKernels {
     /// None where the plan's tile has no fused kernel ([`GemmPlan::has_fused_kernel`]).
     fused: Option<CudaFunction>,
-    /// None where the plan has no PEER_REDUCE kernel ([`GemmPlan::has_peer_reduce_kernel`]).
-    peer_reduce: Option<CudaFunction>,
+    /// The fused methods' own kernels (PEER_REDUCE, AllGather, AllReduce), where the plan has
+    /// them ([`GemmPlan::has_method_kernels`]).
+    methods: Option<MethodKernels>,
     plain: CudaFunction,
     plain_split: Option<CudaFunction>,
+}
+
+/// A plan's kernels with one fused method's fusion each.
+struct MethodKernels {
+    peer_reduce: CudaFunction,
+    all_gather: CudaFunction,
+    all_reduce: CudaFunction,
+}
+
+impl MethodKernels {
+    fn get(&self, set: FusionSet) -> Option<&CudaFunction> {
+        match set {
+            FusionSet::PeerReduce => Some(&self.peer_reduce),
+            FusionSet::AllGather => Some(&self.all_gather),
+            FusionSet::AllReduce => Some(&self.all_reduce),
+            FusionSet::None | FusionSet::All => None,
+        }
+    }
 }
 
 /// The GEMM kernel of one plan, loaded on one context.
@@ -493,8 +527,12 @@ impl Gemm {
         } else {
             None
         };
-        let peer_reduce = if plan.has_peer_reduce_kernel() {
-            Some(load(plan.peer_reduce_kernel_name())?)
+        let methods = if plan.has_method_kernels() {
+            Some(MethodKernels {
+                peer_reduce: load(plan.method_kernel_name(FusionSet::PeerReduce))?,
+                all_gather: load(plan.method_kernel_name(FusionSet::AllGather))?,
+                all_reduce: load(plan.method_kernel_name(FusionSet::AllReduce))?,
+            })
         } else {
             None
         };
@@ -507,7 +545,10 @@ impl Gemm {
         let plan = if plan.cluster_m() > 1 {
             // The kernels use the same registers and shared memory; checked on each regardless.
             let mut plan = plan;
-            for f in [&func, &peer_reduce].into_iter().flatten() {
+            let method_funcs = methods
+                .iter()
+                .flat_map(|m| [&m.peer_reduce, &m.all_gather, &m.all_reduce]);
+            for f in func.iter().chain(method_funcs) {
                 plan = fit_resident_clusters(f, plan)?;
             }
             fit_resident_clusters(&plain_func, plan)?
@@ -541,7 +582,7 @@ impl Gemm {
             plan,
             kernels: Box::new(GemmKernels {
                 fused: func,
-                peer_reduce,
+                methods,
                 plain: plain_func,
                 plain_split,
             }),
@@ -801,10 +842,9 @@ impl Gemm {
             }
         };
         let variant = KernelVariant::of(LaunchNeeds {
-            fusion_free: plain,
-            peer_reduce_alone: extras.peer_reduce_alone()
-                && self.kernels.peer_reduce.is_some()
-                && o.comm_ctas == 0,
+            set: extras.fusion_set(),
+            method_kernels: self.kernels.methods.is_some(),
+            comm_ctas: o.comm_ctas,
             k_splits: p.sched.k_splits,
         });
         let func = match variant {
@@ -815,11 +855,12 @@ impl Gemm {
                     .as_ref()
                     .context("a plan with a fused kernel loaded without it")?
             }
-            KernelVariant::PeerReduce => self
+            KernelVariant::Method(set) => self
                 .kernels
-                .peer_reduce
+                .methods
                 .as_ref()
-                .context("a plan without its PEER_REDUCE kernel chose it")?,
+                .and_then(|m| m.get(set))
+                .context("a plan without its fused methods' kernels chose one")?,
             KernelVariant::Plain => &self.kernels.plain,
             // Loaded with the plan whenever it may split (k_splits > 1), which a split launch needs.
             KernelVariant::PlainSplit => self
@@ -1096,7 +1137,7 @@ impl Gemm {
                 KernelVariant::PlainSplit => plan.plain_split_kernel_name(),
                 KernelVariant::Plain => plan.plain_kernel_name(),
                 KernelVariant::Fused => plan.kernel_name(),
-                KernelVariant::PeerReduce => plan.peer_reduce_kernel_name(),
+                KernelVariant::Method(set) => plan.method_kernel_name(set),
             };
             format!("launching {name} ({})", plan.describe())
         })?;
@@ -1182,18 +1223,50 @@ mod tests {
     // every tile whole (correct, without the split's speed).
     #[test]
     fn split_launches_run_the_split_kernel() {
-        let of = |fusion_free, peer_reduce_alone, k_splits| {
+        let of = |set, k_splits| {
             KernelVariant::of(LaunchNeeds {
-                fusion_free,
-                peer_reduce_alone,
+                set,
+                method_kernels: true,
+                comm_ctas: 0,
                 k_splits,
             })
         };
-        assert_eq!(of(true, false, 3), KernelVariant::PlainSplit);
-        assert_eq!(of(true, false, 1), KernelVariant::Plain);
-        assert_eq!(of(false, false, 1), KernelVariant::Fused);
-        assert_eq!(of(false, false, 3), KernelVariant::Fused);
-        assert_eq!(of(false, true, 1), KernelVariant::PeerReduce);
+        assert_eq!(of(FusionSet::None, 3), KernelVariant::PlainSplit);
+        assert_eq!(of(FusionSet::None, 1), KernelVariant::Plain);
+        assert_eq!(of(FusionSet::All, 1), KernelVariant::Fused);
+        assert_eq!(of(FusionSet::All, 3), KernelVariant::Fused);
+    }
+
+    // A fused method's own kernel where the plan has it; the PEER_REDUCE one has no communicator,
+    // so a launch with communicator CTAs gets the kernel with every fusion (whose comm_op 0
+    // leaves them idle), as does any plan without the methods' kernels.
+    #[test]
+    fn method_launches_run_their_own_kernel() {
+        let of = |set, method_kernels, comm_ctas| {
+            KernelVariant::of(LaunchNeeds {
+                set,
+                method_kernels,
+                comm_ctas,
+                k_splits: 1,
+            })
+        };
+        for set in [
+            FusionSet::PeerReduce,
+            FusionSet::AllGather,
+            FusionSet::AllReduce,
+        ] {
+            assert_eq!(of(set, true, 0), KernelVariant::Method(set));
+            assert_eq!(of(set, false, 0), KernelVariant::Fused);
+        }
+        assert_eq!(of(FusionSet::PeerReduce, true, 8), KernelVariant::Fused);
+        assert_eq!(
+            of(FusionSet::AllGather, true, 8),
+            KernelVariant::Method(FusionSet::AllGather)
+        );
+        assert_eq!(
+            of(FusionSet::AllReduce, true, 8),
+            KernelVariant::Method(FusionSet::AllReduce)
+        );
     }
 
     // The plain kernel has every fusion compiled out: a launch that asks for one must not get it
@@ -1268,60 +1341,96 @@ mod tests {
         assert!(!all_gather.fusion_free());
     }
 
-    // The fused ReduceScatter's own kernel has every other fusion compiled out: only a launch
-    // whose one fusion is PEER_REDUCE (layout and target) may run it; one that adds another
-    // fusion gets the kernel with all of them.
+    // A fused method's own kernel has every other fusion compiled out: only a launch whose
+    // fusions are exactly that method's may run it; one that adds another fusion, or the method's
+    // fusion in another layout, gets the kernel with all of them.
     #[test]
-    fn only_a_lone_peer_reduce_runs_its_own_kernel() {
+    fn fusion_sets_are_the_smallest_that_fit() {
         let bar = weft_sync_counters::default();
-        let target = PeerReduceTarget {
+        let peer = PeerReduceTarget {
             maps: 0,
             ranks: 2,
             bar,
             epoch: 0,
         };
-        let layout = OutputLayout::PeerReduce { ranks: 2 };
-        let alone = LaunchExtras::<bf16> {
-            layout,
-            peer: Some(target),
-            early_release: true,
-            ..Default::default()
+        let all_reduce = AllReduceTarget {
+            flags: 0,
+            flag_target: 0,
+            comm: None,
         };
-        assert!(alone.peer_reduce_alone() && !alone.fusion_free());
-        let without_layout = LaunchExtras::<bf16> {
-            peer: Some(target),
-            ..Default::default()
+        let all_gather = AllGatherSource {
+            maps: 0,
+            rows: 0,
+            bar,
+            epoch: 0,
+            copy: None,
+            host_copy: false,
         };
-        assert!(!without_layout.peer_reduce_alone());
-        let without_target = LaunchExtras::<bf16> {
-            layout,
-            ..Default::default()
-        };
-        assert!(!without_target.peer_reduce_alone());
-        let with_all_reduce = LaunchExtras::<bf16> {
-            layout,
-            peer: Some(target),
-            all_reduce: Some(AllReduceTarget {
-                flags: 0,
-                flag_target: 0,
-                comm: None,
+        let reduce_layout = OutputLayout::PeerReduce { ranks: 2 };
+        let set = |e: LaunchExtras<'_, bf16>| e.fusion_set();
+        assert_eq!(set(LaunchExtras::default()), FusionSet::None);
+        assert_eq!(
+            set(LaunchExtras {
+                layout: reduce_layout,
+                peer: Some(peer),
+                early_release: true,
+                ..Default::default()
             }),
-            ..Default::default()
-        };
-        assert!(!with_all_reduce.peer_reduce_alone());
-        let with_all_gather = LaunchExtras::<bf16> {
-            layout,
-            peer: Some(target),
-            all_gather: Some(AllGatherSource {
-                maps: 0,
-                rows: 0,
-                bar,
-                epoch: 0,
-                copy: None,
-                host_copy: false,
+            FusionSet::PeerReduce
+        );
+        assert_eq!(
+            set(LaunchExtras {
+                all_gather: Some(all_gather),
+                ..Default::default()
             }),
-            ..Default::default()
-        };
-        assert!(!with_all_gather.peer_reduce_alone());
+            FusionSet::AllGather
+        );
+        assert_eq!(
+            set(LaunchExtras {
+                all_reduce: Some(all_reduce),
+                ..Default::default()
+            }),
+            FusionSet::AllReduce
+        );
+        // The method's fusion with the wrong layout or without its target, or with another.
+        for e in [
+            LaunchExtras {
+                peer: Some(peer),
+                ..Default::default()
+            },
+            LaunchExtras {
+                layout: reduce_layout,
+                ..Default::default()
+            },
+            LaunchExtras {
+                layout: reduce_layout,
+                peer: Some(peer),
+                all_reduce: Some(all_reduce),
+                ..Default::default()
+            },
+            LaunchExtras {
+                layout: reduce_layout,
+                peer: Some(peer),
+                all_gather: Some(all_gather),
+                ..Default::default()
+            },
+            LaunchExtras {
+                layout: OutputLayout::TileOrder,
+                all_reduce: Some(all_reduce),
+                ..Default::default()
+            },
+            LaunchExtras {
+                layout: OutputLayout::RowSlots { slots: 4 },
+                all_gather: Some(all_gather),
+                ..Default::default()
+            },
+            LaunchExtras {
+                all_gather: Some(all_gather),
+                all_reduce: Some(all_reduce),
+                ..Default::default()
+            },
+        ] {
+            assert_eq!(set(e), FusionSet::All);
+        }
     }
 }

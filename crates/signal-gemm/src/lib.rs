@@ -46,7 +46,8 @@ pub use gemm::{
     RowSlotTable, TileFlags, SIGNALS_PER_TILE,
 };
 pub use plan::{
-    BLayout, EpilogueChoice, GemmOptions, GemmPlan, GemmShape, KSplits, Scheduling, TileChoice,
+    BLayout, EpilogueChoice, FusionSet, GemmOptions, GemmPlan, GemmShape, KSplits, Scheduling,
+    TileChoice,
 };
 pub use reorder::{OutputLayout, Restore, TileOrderMap, MAX_BAND_RANKS};
 pub use row_gather::RowGather;

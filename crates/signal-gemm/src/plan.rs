@@ -11,6 +11,22 @@ use weft_kernels::abi::{
     WEFT_GEMM_TILE_M,
 };
 
+/// The fusions a GEMM kernel carries (`GemmConfig`'s kFusions, kernels/include/weft/gemm/
+/// config.cuh): a launch runs the smallest kernel that has what it asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FusionSet {
+    /// None (the plain kernel): [`LaunchExtras::fusion_free`].
+    None,
+    /// The fused ReduceScatter's alone: the PEER_REDUCE layout with its peer target.
+    PeerReduce,
+    /// The fused AllGather's alone: its A source, standard layout.
+    AllGather,
+    /// The fused AllReduce's alone: its tile flags (and communicator CTAs), standard layout.
+    AllReduce,
+    /// Every fusion, picked at run time: any other combination.
+    All,
+}
+
 /// D (m × n) = alpha · A (m × k) · B + beta · D.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GemmShape {
@@ -347,9 +363,9 @@ impl GemmPlan {
     pub fn has_fused_kernel(&self) -> bool {
         self.sched.tile_n != 192
     }
-    /// Whether the plan has the fused ReduceScatter's own kernel
-    /// ([`Self::peer_reduce_kernel_name`]): the fused tiles with the pipelined epilogue.
-    pub fn has_peer_reduce_kernel(&self) -> bool {
+    /// Whether the plan has each fused method's own kernel ([`Self::method_kernel_name`]): the
+    /// fused tiles with the pipelined epilogue.
+    pub fn has_method_kernels(&self) -> bool {
         self.has_fused_kernel() && !self.whole_tile_epilogue()
     }
     /// An error naming the tile unless [`Self::has_fused_kernel`]: what the fused methods check
@@ -480,10 +496,17 @@ impl GemmPlan {
     pub fn plain_kernel_name(&self) -> String {
         format!("{}_plain", self.kernel_name())
     }
-    /// The kernel with the fused ReduceScatter's PEER_REDUCE alone compiled in (every other
-    /// fusion out; `GemmConfig`'s kFusions), for launches whose only fusion it is.
-    pub fn peer_reduce_kernel_name(&self) -> String {
-        format!("{}_pr", self.kernel_name())
+    /// The kernel with one fused method's fusion alone compiled in (every other fusion out;
+    /// `GemmConfig`'s kFusions), for launches whose fusions are that method's: `_pr`, `_ag`,
+    /// `_ar`; the kernel with every fusion for [`FusionSet::All`], the plain one for `None`.
+    pub fn method_kernel_name(&self, set: FusionSet) -> String {
+        match set {
+            FusionSet::None => self.plain_kernel_name(),
+            FusionSet::PeerReduce => format!("{}_pr", self.kernel_name()),
+            FusionSet::AllGather => format!("{}_ag", self.kernel_name()),
+            FusionSet::AllReduce => format!("{}_ar", self.kernel_name()),
+            FusionSet::All => self.kernel_name(),
+        }
     }
     /// The plain kernel with split-K, for this plan's split launches (`k_splits` > 1; clusters
     /// of 1): the `_plain` one has the split path compiled out.
@@ -663,8 +686,16 @@ mod tests {
         assert_eq!(p.kernel_name(), "weft_gemm_bf16_f32_kn_256_c1");
         assert_eq!(p.plain_kernel_name(), "weft_gemm_bf16_f32_kn_256_c1_plain");
         assert_eq!(
-            p.peer_reduce_kernel_name(),
+            p.method_kernel_name(FusionSet::PeerReduce),
             "weft_gemm_bf16_f32_kn_256_c1_pr"
+        );
+        assert_eq!(
+            p.method_kernel_name(FusionSet::AllGather),
+            "weft_gemm_bf16_f32_kn_256_c1_ag"
+        );
+        assert_eq!(
+            p.method_kernel_name(FusionSet::AllReduce),
+            "weft_gemm_bf16_f32_kn_256_c1_ar"
         );
         assert_eq!(
             p.plain_split_kernel_name(),

@@ -55,7 +55,23 @@ struct TileCopyCommunicator {
   }
 };
 
-// The communicator the GEMM kernels are built with: the launch's comm_op picks the role.
+// The fused AllGather's own kernel (config.cuh, kFusionsAllGather): the inter-SM copy, if asked.
+struct AllGatherCommunicator {
+  template <class Cfg>
+  __device__ __forceinline__ static void run(const weft_gemm_params& p, const SharedTiles<Cfg>&) {
+    if (p.comm_op == WEFT_GEMM_COMM_ALLGATHER) run_ag_copy<Cfg>(p);
+  }
+};
+
+// The fused AllReduce's own kernel (kFusionsAllReduce): the inter-SM reduction, if asked.
+struct AllReduceCommunicator {
+  template <class Cfg>
+  __device__ __forceinline__ static void run(const weft_gemm_params& p, const SharedTiles<Cfg>&) {
+    if (p.comm_op == WEFT_GEMM_COMM_ALLREDUCE) run_tile_allreduce_any_world(p.allreduce, blockIdx.x - p.sched.ctas);
+  }
+};
+
+// The communicator the kernel with every fusion is built with: the launch's comm_op picks the role.
 struct LaunchCommunicator {
   template <class Cfg>
   __device__ __forceinline__ static void run(const weft_gemm_params& p, const SharedTiles<Cfg>& sm) {

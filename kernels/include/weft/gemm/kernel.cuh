@@ -20,7 +20,7 @@
 // reorder maps, peer stores) and communicators plug in as the Storer / Communicator parameters
 // without touching the main loop. Cfg::kFusions (config.cuh) says which fused roles the kernel
 // has: the plain kernel none (no signallers, peer barriers, fused AllGather source or
-// communicator), the fused ReduceScatter's own only its zeroing and barriers.
+// communicator), a fused method's own only that method's roles.
 #pragma once
 #include "weft/sm90/cluster.cuh"
 #include "weft/abi/gemm.h"
@@ -104,7 +104,7 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
         peer_bar_arrive(p, WEFT_GEMM_PEER_BAR_START);
       }
       if (threadIdx.x == 96) run_peer_barrier<Cfg>(p, sm);
-    } else if (Cfg::kAllFusions && threadIdx.x % 32 == 0 && warp >= 1 && warp <= Cfg::kConsumers && launch_signals(p)) {
+    } else if (threadIdx.x % 32 == 0 && warp >= 1 && warp <= Cfg::kConsumers && uses_signals<Cfg>(p)) {
       run_signaller<Cfg>(p, sm, warp - 1);
     }
     __syncwarp();

@@ -30,6 +30,12 @@ constexpr uint32_t kRoleSignaller = 4;  // error reports: coord.b (loader.cuh ha
 __device__ __forceinline__ bool launch_signals(const weft_gemm_params& p) {
   return p.tile_flags != 0 || p.group_counters != 0;
 }
+// The same for a kernel of fusion set Cfg::kFusions (config.cuh): the kernels with every fusion
+// and with the fused AllReduce's tile flags; the others have the signallers compiled out.
+template <class Cfg>
+__device__ __forceinline__ bool uses_signals(const weft_gemm_params& p) {
+  return (Cfg::kAllFusions || Cfg::kAllReduceOnly) && launch_signals(p);
+}
 
 // A position in a consumer's signal ring (the leader's and the signaller's own copies): slot and
 // phase parity, advanced like the stages of the operand pipeline.

@@ -373,7 +373,7 @@ struct TmaStorer {
     // ROW_SLOTS: every thread's stores of this tile before the leader's (deferred) release.
     // (PEER_ROWS signals only at the drain, whose barrier orders them.)
     if (row_slots) named_barrier_sync(bar_id, kWarpgroupThreads);
-    // Not gated by the fusion set (only launches of every fusion have tile flags): with it
+    // Not gated by the fusion set (only launches with tile flags set them): with it
     // compiled out ptxas spilled the 16-bit 128 x 256 pipelined plain kernels' accumulators and
     // serialized their wgmma (CUDA 13.0).
     if (p.tile_flags != 0) st.pending = order;
@@ -403,7 +403,7 @@ struct TmaStorer {
       const DueSignals due = signals_due<Cfg>(p, st, WEFT_GEMM_NO_TILE);
       if (!stalled) post_due(p, sm, consumer, st, due);
       count_tile<Cfg>(p, st, due, WEFT_GEMM_NO_TILE);
-      if (Cfg::kAllFusions && launch_signals(p) && !st.signal_stalled) st.signal_stalled = !post_signal(p, sm, consumer, st.ring, 0, 0);
+      if (uses_signals<Cfg>(p) && !st.signal_stalled) st.signal_stalled = !post_signal(p, sm, consumer, st.ring, 0, 0);
       if (st.signal_stalled) report_signal_stall(p, consumer, st.ring);
     }
   }
