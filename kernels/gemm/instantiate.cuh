@@ -6,9 +6,9 @@
 
 // Name: weft_gemm_<in>_<out>_<B layout>_<tile width>_c<cluster CTAs>[_w: whole-tile epilogue]
 // [_plain: the fusions compiled out (GemmConfig's kFusions, config.cuh); _plain_split: the same
-// with split-K, for split launches (clusters of 1 only); _pr, _ag, _ar: one fused method's fusion
-// alone — the ReduceScatter's PEER_REDUCE, the AllGather's A source, the AllReduce's tile flags
-// (pipelined epilogue only)]. The kernel with every fusion has the communicator the launch's
+// with split-K, for split launches (clusters of 1 only); _pr, _ag, _ar, _a2a: one fused method's
+// fusion alone — the ReduceScatter's PEER_REDUCE, the AllGather's A source, the AllReduce's tile
+// flags, the All-to-All's PEER_ROWS (pipelined epilogue only)]. The kernel with every fusion has the communicator the launch's
 // comm_op picks, _ag and _ar their method's, the others none.
 #define WEFT_GEMM_KERNEL_NAMED(NAME, IN, OUT, BNK, BN, CM, EPI, FUSIONS, SPLIT, COMM)                       \
   extern "C" __global__ void __launch_bounds__(WEFT_GEMM_THREADS, 1) NAME(const __grid_constant__ weft_gemm_params p) { \
@@ -30,7 +30,8 @@
   WEFT_GEMM_KERNEL_NAMED(NAME##_ag, IN, OUT, BNK, BN, CM, WEFT_GEMM_EPI_PIPELINED, kFusionsAllGather, false,                 \
                          AllGatherCommunicator)                                                                          \
   WEFT_GEMM_KERNEL_NAMED(NAME##_ar, IN, OUT, BNK, BN, CM, WEFT_GEMM_EPI_PIPELINED, kFusionsAllReduce, false,                 \
-                         AllReduceCommunicator)
+                         AllReduceCommunicator)                                                                          \
+  WEFT_GEMM_KERNEL_NAMED(NAME##_a2a, IN, OUT, BNK, BN, CM, WEFT_GEMM_EPI_PIPELINED, kFusionsPeerRows, false, NoCommunicator)
 #define WEFT_GEMM_KERNEL(IN_NAME, IN, OUT_NAME, OUT, LAYOUT, BNK, BN, CM)                                                   \
   WEFT_GEMM_KERNEL_VARIANTS(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_##BN##_c##CM, IN, OUT, BNK, BN, CM,               \
                             WEFT_GEMM_EPI_PIPELINED)                                                                     \

@@ -170,19 +170,23 @@ impl<TO: GemmElement> LaunchExtras<'_, TO> {
             || self.copy_dst.is_some()
             || self.trace.is_some()
             || self.groups.is_some()
-            || self.row_slots.is_some()
-            || self.peer_rows.is_some();
-        let standard = self.layout == OutputLayout::Standard;
-        let peer_reduce = matches!(self.layout, OutputLayout::PeerReduce { .. });
-        match (
-            others,
+            || self.row_slots.is_some();
+        // (peer target, peer rows, AllGather source, AllReduce target): the one a method has.
+        let method = (
             self.peer.is_some(),
+            self.peer_rows.is_some(),
             self.all_gather.is_some(),
             self.all_reduce.is_some(),
-        ) {
-            (false, true, false, false) if peer_reduce => FusionSet::PeerReduce,
-            (false, false, true, false) if standard => FusionSet::AllGather,
-            (false, false, false, true) if standard => FusionSet::AllReduce,
+        );
+        match (others, self.layout, method) {
+            (false, OutputLayout::PeerReduce { .. }, (true, false, false, false)) => {
+                FusionSet::PeerReduce
+            }
+            (false, OutputLayout::PeerRows { .. }, (false, true, false, false)) => {
+                FusionSet::PeerRows
+            }
+            (false, OutputLayout::Standard, (false, false, true, false)) => FusionSet::AllGather,
+            (false, OutputLayout::Standard, (false, false, false, true)) => FusionSet::AllReduce,
             _ => FusionSet::All,
         }
     }
@@ -214,7 +218,7 @@ enum KernelVariant {
     Fused,
     /// One fused method's fusion alone compiled in ([`FusionSet`]): a launch whose fusions are
     /// that set's, on a plan that has the kernel ([`GemmPlan::has_method_kernels`]; PEER_REDUCE
-    /// without communicator CTAs).
+    /// and PEER_ROWS, which have no communicator, without communicator CTAs).
     Method(FusionSet),
     /// Neither fusions nor split-K: an unsplit plain launch.
     Plain,
@@ -242,8 +246,8 @@ impl KernelVariant {
         match n.set {
             FusionSet::None if n.k_splits > 1 => Self::PlainSplit,
             FusionSet::None => Self::Plain,
-            FusionSet::PeerReduce if n.method_kernels && n.comm_ctas == 0 => {
-                Self::Method(FusionSet::PeerReduce)
+            FusionSet::PeerReduce | FusionSet::PeerRows if n.method_kernels && n.comm_ctas == 0 => {
+                Self::Method(n.set)
             }
             FusionSet::AllGather | FusionSet::AllReduce if n.method_kernels => Self::Method(n.set),
             _ => Self::Fused,
@@ -257,7 +261,7 @@ impl KernelVariant {
 struct GemmKernels {
     /// None where the plan's tile has no fused kernel ([`GemmPlan::has_fused_kernel`]).
     fused: Option<CudaFunction>,
-    /// The fused methods' own kernels (PEER_REDUCE, AllGather, AllReduce), where the plan has
+    /// The fused methods' own kernels (PEER_REDUCE, AllGather, AllReduce, PEER_ROWS), where the plan has
     /// them ([`GemmPlan::has_method_kernels`]).
     methods: Option<MethodKernels>,
     plain: CudaFunction,
@@ -269,6 +273,7 @@ struct MethodKernels {
     peer_reduce: CudaFunction,
     all_gather: CudaFunction,
     all_reduce: CudaFunction,
+    peer_rows: CudaFunction,
 }
 
 impl MethodKernels {
@@ -277,6 +282,7 @@ impl MethodKernels {
             FusionSet::PeerReduce => Some(&self.peer_reduce),
             FusionSet::AllGather => Some(&self.all_gather),
             FusionSet::AllReduce => Some(&self.all_reduce),
+            FusionSet::PeerRows => Some(&self.peer_rows),
             FusionSet::None | FusionSet::All => None,
         }
     }
@@ -532,6 +538,7 @@ impl Gemm {
                 peer_reduce: load(plan.method_kernel_name(FusionSet::PeerReduce))?,
                 all_gather: load(plan.method_kernel_name(FusionSet::AllGather))?,
                 all_reduce: load(plan.method_kernel_name(FusionSet::AllReduce))?,
+                peer_rows: load(plan.method_kernel_name(FusionSet::PeerRows))?,
             })
         } else {
             None
@@ -547,7 +554,7 @@ impl Gemm {
             let mut plan = plan;
             let method_funcs = methods
                 .iter()
-                .flat_map(|m| [&m.peer_reduce, &m.all_gather, &m.all_reduce]);
+                .flat_map(|m| [&m.peer_reduce, &m.all_gather, &m.all_reduce, &m.peer_rows]);
             for f in func.iter().chain(method_funcs) {
                 plan = fit_resident_clusters(f, plan)?;
             }
@@ -1254,11 +1261,13 @@ mod tests {
             FusionSet::PeerReduce,
             FusionSet::AllGather,
             FusionSet::AllReduce,
+            FusionSet::PeerRows,
         ] {
             assert_eq!(of(set, true, 0), KernelVariant::Method(set));
             assert_eq!(of(set, false, 0), KernelVariant::Fused);
         }
         assert_eq!(of(FusionSet::PeerReduce, true, 8), KernelVariant::Fused);
+        assert_eq!(of(FusionSet::PeerRows, true, 8), KernelVariant::Fused);
         assert_eq!(
             of(FusionSet::AllGather, true, 8),
             KernelVariant::Method(FusionSet::AllGather)
@@ -1367,6 +1376,14 @@ mod tests {
             host_copy: false,
         };
         let reduce_layout = OutputLayout::PeerReduce { ranks: 2 };
+        let rows = PeerRowsTarget {
+            ptrs: 0,
+            table: 0,
+            table_rows: 0,
+            bar,
+            epoch: 0,
+        };
+        let rows_layout = OutputLayout::PeerRows { ranks: 2, rows: 8 };
         let set = |e: LaunchExtras<'_, bf16>| e.fusion_set();
         assert_eq!(set(LaunchExtras::default()), FusionSet::None);
         assert_eq!(
@@ -1384,6 +1401,14 @@ mod tests {
                 ..Default::default()
             }),
             FusionSet::AllGather
+        );
+        assert_eq!(
+            set(LaunchExtras {
+                layout: rows_layout,
+                peer_rows: Some(rows),
+                ..Default::default()
+            }),
+            FusionSet::PeerRows
         );
         assert_eq!(
             set(LaunchExtras {
@@ -1427,6 +1452,21 @@ mod tests {
             LaunchExtras {
                 all_gather: Some(all_gather),
                 all_reduce: Some(all_reduce),
+                ..Default::default()
+            },
+            LaunchExtras {
+                layout: rows_layout,
+                ..Default::default()
+            },
+            LaunchExtras {
+                layout: reduce_layout,
+                peer_rows: Some(rows),
+                ..Default::default()
+            },
+            LaunchExtras {
+                layout: rows_layout,
+                peer_rows: Some(rows),
+                peer: Some(peer),
                 ..Default::default()
             },
         ] {

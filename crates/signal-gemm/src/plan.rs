@@ -23,6 +23,8 @@ pub enum FusionSet {
     AllGather,
     /// The fused AllReduce's alone: its tile flags (and communicator CTAs), standard layout.
     AllReduce,
+    /// The fused All-to-All's alone: the PEER_ROWS layout with its target.
+    PeerRows,
     /// Every fusion, picked at run time: any other combination.
     All,
 }
@@ -498,13 +500,14 @@ impl GemmPlan {
     }
     /// The kernel with one fused method's fusion alone compiled in (every other fusion out;
     /// `GemmConfig`'s kFusions), for launches whose fusions are that method's: `_pr`, `_ag`,
-    /// `_ar`; the kernel with every fusion for [`FusionSet::All`], the plain one for `None`.
+    /// `_ar`, `_a2a`; the kernel with every fusion for [`FusionSet::All`], the plain one for `None`.
     pub fn method_kernel_name(&self, set: FusionSet) -> String {
         match set {
             FusionSet::None => self.plain_kernel_name(),
             FusionSet::PeerReduce => format!("{}_pr", self.kernel_name()),
             FusionSet::AllGather => format!("{}_ag", self.kernel_name()),
             FusionSet::AllReduce => format!("{}_ar", self.kernel_name()),
+            FusionSet::PeerRows => format!("{}_a2a", self.kernel_name()),
             FusionSet::All => self.kernel_name(),
         }
     }
@@ -696,6 +699,10 @@ mod tests {
         assert_eq!(
             p.method_kernel_name(FusionSet::AllReduce),
             "weft_gemm_bf16_f32_kn_256_c1_ar"
+        );
+        assert_eq!(
+            p.method_kernel_name(FusionSet::PeerRows),
+            "weft_gemm_bf16_f32_kn_256_c1_a2a"
         );
         assert_eq!(
             p.plain_split_kernel_name(),

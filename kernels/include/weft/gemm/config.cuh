@@ -27,7 +27,9 @@ template <> struct InputTag<__half> { using type = F16Tag; };
 //   kFusionsAllGather    the fused AllGather alone (`_ag`): A read from the owners' shards or
 //                        the gathered copy, the START / END barriers, its communicator CTAs;
 //   kFusionsAllReduce    the fused AllReduce alone (`_ar`): standard layout, tile flags raised
-//                        by the signallers, its communicator CTAs.
+//                        by the signallers, its communicator CTAs;
+//   kFusionsPeerRows     the fused All-to-All alone (`_a2a`): the PEER_ROWS layout and its
+//                        barriers known at compile time.
 // The fused code made every plain launch pay (about 176 KB of kernel against 57 KB, up to 1.5x the
 // time of a short GEMM), and each fused method paid for the others' (crates/signal-gemm/README.md).
 constexpr int kFusionsNone = 0;
@@ -35,6 +37,7 @@ constexpr int kFusionsAll = 1;
 constexpr int kFusionsPeerReduce = 2;
 constexpr int kFusionsAllGather = 3;
 constexpr int kFusionsAllReduce = 4;
+constexpr int kFusionsPeerRows = 5;
 
 // kBNK: B is n x k row-major (K-major, the usual weight layout); otherwise k x n row-major.
 template <class In_, class Out_, int kBN_, bool kBNK_, int kClusterM_, int kEpilogue_, int kFusions_, bool kSplit_>
@@ -43,12 +46,13 @@ struct GemmConfig {
   using Out = Out_;
   static constexpr int kBM = WEFT_GEMM_TILE_M, kBN = kBN_, kBK = WEFT_GEMM_TILE_K;
   static constexpr bool kBNK = kBNK_;
-  static_assert(kFusions_ >= kFusionsNone && kFusions_ <= kFusionsAllReduce, "a fusion set");
+  static_assert(kFusions_ >= kFusionsNone && kFusions_ <= kFusionsPeerRows, "a fusion set");
   static constexpr int kFusions = kFusions_;
   static constexpr bool kAllFusions = kFusions == kFusionsAll;      // chosen at run time
   static constexpr bool kPeerReduceOnly = kFusions == kFusionsPeerReduce;
   static constexpr bool kAllGatherOnly = kFusions == kFusionsAllGather;
   static constexpr bool kAllReduceOnly = kFusions == kFusionsAllReduce;
+  static constexpr bool kPeerRowsOnly = kFusions == kFusionsPeerRows;
   // Epilogue variant (WEFT_GEMM_EPI_*, abi/gemm.h) and the pipeline depth that fits beside it: the
   // constexpr mirrors of weft_gemm_stages / weft_gemm_epi_bufs (the host's sizes). A mismatch is
   // caught at run time: the kernel checks %dynamic_smem_size against kSmemBytes.

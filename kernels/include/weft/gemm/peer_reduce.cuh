@@ -61,14 +61,16 @@ __device__ __forceinline__ bool uses_peer_reduce(const weft_gemm_params& p) {
   return Cfg::kPeerReduceOnly || (Cfg::kAllFusions && peer_reduce(p));
 }
 template <class Cfg>
-__device__ __forceinline__ bool uses_peer_rows(const weft_gemm_params& p) { return Cfg::kAllFusions && peer_rows(p); }
+__device__ __forceinline__ bool uses_peer_rows(const weft_gemm_params& p) {
+  return Cfg::kPeerRowsOnly || (Cfg::kAllFusions && peer_rows(p));
+}
 template <class Cfg>
 __device__ __forceinline__ bool uses_all_gather_a(const weft_gemm_params& p) {
   return Cfg::kAllGatherOnly || (Cfg::kAllFusions && all_gather_a(p));
 }
 template <class Cfg>
 __device__ __forceinline__ bool uses_peer_barriers(const weft_gemm_params& p) {
-  return Cfg::kPeerReduceOnly || Cfg::kAllGatherOnly || (Cfg::kAllFusions && peer_barriers(p));
+  return Cfg::kPeerReduceOnly || Cfg::kAllGatherOnly || Cfg::kPeerRowsOnly || (Cfg::kAllFusions && peer_barriers(p));
 }
 
 __device__ __forceinline__ weft_tile_coord peer_bar_coord(uint32_t row) { return weft::sync::coord4(0, 0, row, 0); }
