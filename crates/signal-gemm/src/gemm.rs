@@ -217,7 +217,7 @@ enum KernelVariant {
     /// Every fusion compiled in: any launch that uses one.
     Fused,
     /// One fused method's fusion alone compiled in ([`FusionSet`]): a launch whose fusions are
-    /// that set's, on a plan that has the kernel ([`GemmPlan::has_method_kernels`]; PEER_REDUCE
+    /// that set's, on a plan that has the kernel ([`GemmPlan::has_method_kernel`]; PEER_REDUCE
     /// and PEER_ROWS, which have no communicator, without communicator CTAs).
     Method(FusionSet),
     /// Neither fusions nor split-K: an unsplit plain launch.
@@ -231,8 +231,8 @@ enum KernelVariant {
 struct LaunchNeeds {
     /// [`LaunchExtras::fusion_set`].
     set: FusionSet,
-    /// Whether the plan has the fused methods' own kernels ([`GemmPlan::has_method_kernels`]).
-    method_kernels: bool,
+    /// Whether the plan has the kernel of `set` alone ([`GemmPlan::has_method_kernel`]).
+    method_kernel: bool,
     /// The plan's communicator CTAs.
     comm_ctas: u32,
     /// The launch's splits (1 unless fusion-free).
@@ -246,10 +246,10 @@ impl KernelVariant {
         match n.set {
             FusionSet::None if n.k_splits > 1 => Self::PlainSplit,
             FusionSet::None => Self::Plain,
-            FusionSet::PeerReduce | FusionSet::PeerRows if n.method_kernels && n.comm_ctas == 0 => {
+            FusionSet::PeerReduce | FusionSet::PeerRows if n.method_kernel && n.comm_ctas == 0 => {
                 Self::Method(n.set)
             }
-            FusionSet::AllGather | FusionSet::AllReduce if n.method_kernels => Self::Method(n.set),
+            FusionSet::AllGather | FusionSet::AllReduce if n.method_kernel => Self::Method(n.set),
             _ => Self::Fused,
         }
     }
@@ -261,28 +261,53 @@ impl KernelVariant {
 struct GemmKernels {
     /// None where the plan's tile has no fused kernel ([`GemmPlan::has_fused_kernel`]).
     fused: Option<CudaFunction>,
-    /// The fused methods' own kernels (PEER_REDUCE, AllGather, AllReduce, PEER_ROWS), where the plan has
-    /// them ([`GemmPlan::has_method_kernels`]).
-    methods: Option<MethodKernels>,
+    /// The fused methods' own kernels (PEER_REDUCE, AllGather, AllReduce, PEER_ROWS), each
+    /// where the plan has it ([`GemmPlan::has_method_kernel`]).
+    methods: MethodKernels,
     plain: CudaFunction,
     plain_split: Option<CudaFunction>,
 }
 
-/// A plan's kernels with one fused method's fusion each.
+/// A plan's kernels with one fused method's fusion each, where it has them.
 struct MethodKernels {
-    peer_reduce: CudaFunction,
-    all_gather: CudaFunction,
-    all_reduce: CudaFunction,
-    peer_rows: CudaFunction,
+    peer_reduce: Option<CudaFunction>,
+    all_gather: Option<CudaFunction>,
+    all_reduce: Option<CudaFunction>,
+    peer_rows: Option<CudaFunction>,
 }
 
 impl MethodKernels {
+    /// The sets with a kernel of their own.
+    const SETS: [FusionSet; 4] = [
+        FusionSet::PeerReduce,
+        FusionSet::AllGather,
+        FusionSet::AllReduce,
+        FusionSet::PeerRows,
+    ];
+    fn load(
+        plan: &GemmPlan,
+        mut load: impl FnMut(String) -> anyhow::Result<CudaFunction>,
+    ) -> anyhow::Result<Self> {
+        let mut one = |set| -> anyhow::Result<Option<CudaFunction>> {
+            Ok(if plan.has_method_kernel(set) {
+                Some(load(plan.method_kernel_name(set))?)
+            } else {
+                None
+            })
+        };
+        Ok(Self {
+            peer_reduce: one(FusionSet::PeerReduce)?,
+            all_gather: one(FusionSet::AllGather)?,
+            all_reduce: one(FusionSet::AllReduce)?,
+            peer_rows: one(FusionSet::PeerRows)?,
+        })
+    }
     fn get(&self, set: FusionSet) -> Option<&CudaFunction> {
         match set {
-            FusionSet::PeerReduce => Some(&self.peer_reduce),
-            FusionSet::AllGather => Some(&self.all_gather),
-            FusionSet::AllReduce => Some(&self.all_reduce),
-            FusionSet::PeerRows => Some(&self.peer_rows),
+            FusionSet::PeerReduce => self.peer_reduce.as_ref(),
+            FusionSet::AllGather => self.all_gather.as_ref(),
+            FusionSet::AllReduce => self.all_reduce.as_ref(),
+            FusionSet::PeerRows => self.peer_rows.as_ref(),
             FusionSet::None | FusionSet::All => None,
         }
     }
@@ -533,16 +558,7 @@ impl Gemm {
         } else {
             None
         };
-        let methods = if plan.has_method_kernels() {
-            Some(MethodKernels {
-                peer_reduce: load(plan.method_kernel_name(FusionSet::PeerReduce))?,
-                all_gather: load(plan.method_kernel_name(FusionSet::AllGather))?,
-                all_reduce: load(plan.method_kernel_name(FusionSet::AllReduce))?,
-                peer_rows: load(plan.method_kernel_name(FusionSet::PeerRows))?,
-            })
-        } else {
-            None
-        };
+        let methods = MethodKernels::load(&plan, load)?;
         let plain_func = load(plan.plain_kernel_name())?;
         let plain_split = if plan.k_splits() > 1 {
             Some(load(plan.plain_split_kernel_name())?)
@@ -552,9 +568,7 @@ impl Gemm {
         let plan = if plan.cluster_m() > 1 {
             // The kernels use the same registers and shared memory; checked on each regardless.
             let mut plan = plan;
-            let method_funcs = methods
-                .iter()
-                .flat_map(|m| [&m.peer_reduce, &m.all_gather, &m.all_reduce, &m.peer_rows]);
+            let method_funcs = MethodKernels::SETS.iter().filter_map(|s| methods.get(*s));
             for f in func.iter().chain(method_funcs) {
                 plan = fit_resident_clusters(f, plan)?;
             }
@@ -848,9 +862,10 @@ impl Gemm {
                 None
             }
         };
+        let set = extras.fusion_set();
         let variant = KernelVariant::of(LaunchNeeds {
-            set: extras.fusion_set(),
-            method_kernels: self.kernels.methods.is_some(),
+            set,
+            method_kernel: self.kernels.methods.get(set).is_some(),
             comm_ctas: o.comm_ctas,
             k_splits: p.sched.k_splits,
         });
@@ -865,9 +880,8 @@ impl Gemm {
             KernelVariant::Method(set) => self
                 .kernels
                 .methods
-                .as_ref()
-                .and_then(|m| m.get(set))
-                .context("a plan without its fused methods' kernels chose one")?,
+                .get(set)
+                .context("a plan without a fused method's kernel chose it")?,
             KernelVariant::Plain => &self.kernels.plain,
             // Loaded with the plan whenever it may split (k_splits > 1), which a split launch needs.
             KernelVariant::PlainSplit => self
@@ -1233,7 +1247,7 @@ mod tests {
         let of = |set, k_splits| {
             KernelVariant::of(LaunchNeeds {
                 set,
-                method_kernels: true,
+                method_kernel: true,
                 comm_ctas: 0,
                 k_splits,
             })
@@ -1249,10 +1263,10 @@ mod tests {
     // leaves them idle), as does any plan without the methods' kernels.
     #[test]
     fn method_launches_run_their_own_kernel() {
-        let of = |set, method_kernels, comm_ctas| {
+        let of = |set, method_kernel, comm_ctas| {
             KernelVariant::of(LaunchNeeds {
                 set,
-                method_kernels,
+                method_kernel,
                 comm_ctas,
                 k_splits: 1,
             })

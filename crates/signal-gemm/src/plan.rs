@@ -365,10 +365,17 @@ impl GemmPlan {
     pub fn has_fused_kernel(&self) -> bool {
         self.sched.tile_n != 192
     }
-    /// Whether the plan has each fused method's own kernel ([`Self::method_kernel_name`]): the
-    /// fused tiles with the pipelined epilogue.
-    pub fn has_method_kernels(&self) -> bool {
-        self.has_fused_kernel() && !self.whole_tile_epilogue()
+    /// Whether the plan has the kernel with `set`'s fusion alone ([`Self::method_kernel_name`]):
+    /// the fused tiles with the pipelined epilogue, and PEER_REDUCE with the whole-tile one too.
+    pub fn has_method_kernel(&self, set: FusionSet) -> bool {
+        match set {
+            FusionSet::None => true,
+            FusionSet::All => self.has_fused_kernel(),
+            FusionSet::PeerReduce => self.has_fused_kernel(),
+            FusionSet::AllGather | FusionSet::AllReduce | FusionSet::PeerRows => {
+                self.has_fused_kernel() && !self.whole_tile_epilogue()
+            }
+        }
     }
     /// An error naming the tile unless [`Self::has_fused_kernel`]: what the fused methods check
     /// when they plan, before any launch.
