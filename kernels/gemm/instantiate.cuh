@@ -8,7 +8,8 @@
 // [_plain: the fusions compiled out (GemmConfig's kFusions, config.cuh); _plain_split: the same
 // with split-K, for split launches (clusters of 1 only); _pr, _ag, _ar, _a2a: one fused method's
 // fusion alone — the ReduceScatter's PEER_REDUCE, the AllGather's A source, the AllReduce's tile
-// flags, the All-to-All's PEER_ROWS (pipelined epilogue; _pr also whole-tile)]. The kernel with
+// flags, the All-to-All's PEER_ROWS (pipelined epilogue only: a whole-tile _pr was slower,
+// crates/signal-gemm/README.md)]. The kernel with
 // every fusion has the communicator the launch's comm_op picks, _ag and _ar their method's, the
 // others none.
 #define WEFT_GEMM_KERNEL_NAMED(NAME, IN, OUT, BNK, BN, CM, EPI, FUSIONS, SPLIT, COMM)                       \
@@ -37,11 +38,8 @@
   WEFT_GEMM_KERNEL_VARIANTS(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_##BN##_c##CM, IN, OUT, BNK, BN, CM,               \
                             WEFT_GEMM_EPI_PIPELINED)                                                                     \
   WEFT_GEMM_KERNEL_METHODS(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_##BN##_c##CM, IN, OUT, BNK, BN, CM)
-#define WEFT_GEMM_KERNEL_WHOLE(IN_NAME, IN, OUT_NAME, OUT, LAYOUT, BNK, CM)                                              \
-  WEFT_GEMM_KERNEL_VARIANTS(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_256_c##CM##_w, IN, OUT, BNK, 256, CM,                \
-                            WEFT_GEMM_EPI_WHOLE_TILE)                                                                     \
-  WEFT_GEMM_KERNEL_NAMED(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_256_c##CM##_w_pr, IN, OUT, BNK, 256, CM,              \
-                         WEFT_GEMM_EPI_WHOLE_TILE, kFusionsPeerReduce, false, NoCommunicator)
+#define WEFT_GEMM_KERNEL_WHOLE(IN_NAME, IN, OUT_NAME, OUT, LAYOUT, BNK, CM) \
+  WEFT_GEMM_KERNEL_VARIANTS(weft_gemm_##IN_NAME##_##OUT_NAME##_##LAYOUT##_256_c##CM##_w, IN, OUT, BNK, 256, CM, WEFT_GEMM_EPI_WHOLE_TILE)
 #define WEFT_GEMM_WHOLE_FOR_OUT(IN_NAME, IN, OUT_NAME, OUT)    \
   WEFT_GEMM_KERNEL_WHOLE(IN_NAME, IN, OUT_NAME, OUT, nk, true, 1)  \
   WEFT_GEMM_KERNEL_WHOLE(IN_NAME, IN, OUT_NAME, OUT, kn, false, 1) \

@@ -366,15 +366,16 @@ impl GemmPlan {
         self.sched.tile_n != 192
     }
     /// Whether the plan has the kernel with `set`'s fusion alone ([`Self::method_kernel_name`]):
-    /// the fused tiles with the pipelined epilogue, and PEER_REDUCE with the whole-tile one too.
+    /// the fused tiles with the pipelined epilogue (whole-tile plans run the kernel with every
+    /// fusion; a whole-tile PEER_REDUCE kernel was measured slower than the pipelined one).
     pub fn has_method_kernel(&self, set: FusionSet) -> bool {
         match set {
             FusionSet::None => true,
             FusionSet::All => self.has_fused_kernel(),
-            FusionSet::PeerReduce => self.has_fused_kernel(),
-            FusionSet::AllGather | FusionSet::AllReduce | FusionSet::PeerRows => {
-                self.has_fused_kernel() && !self.whole_tile_epilogue()
-            }
+            FusionSet::PeerReduce
+            | FusionSet::AllGather
+            | FusionSet::AllReduce
+            | FusionSet::PeerRows => self.has_fused_kernel() && !self.whole_tile_epilogue(),
         }
     }
     /// An error naming the tile unless [`Self::has_fused_kernel`]: what the fused methods check
