@@ -21,7 +21,7 @@
 #define WEFT_GEMM_PLAIN_SPLIT_1(NAME, IN, OUT, BNK, BN, EPI) \
   WEFT_GEMM_KERNEL_NAMED(NAME##_plain_split, IN, OUT, BNK, BN, 1, EPI, kFusionsNone, true, NoCommunicator)
 #define WEFT_GEMM_PLAIN_SPLIT_2(NAME, IN, OUT, BNK, BN, EPI)
-// A kernel's variants: fused, plain and (clusters of 1) plain with split-K.
+// A kernel's variants: every fusion, plain and (clusters of 1) plain with split-K.
 #define WEFT_GEMM_KERNEL_VARIANTS(NAME, IN, OUT, BNK, BN, CM, EPI)                                           \
   WEFT_GEMM_KERNEL_NAMED(NAME, IN, OUT, BNK, BN, CM, EPI, kFusionsAll, true, LaunchCommunicator)       \
   WEFT_GEMM_KERNEL_NAMED(NAME##_plain, IN, OUT, BNK, BN, CM, EPI, kFusionsNone, false, NoCommunicator) \

@@ -157,28 +157,62 @@ impl<TO: GemmElement> LaunchExtras<'_, TO> {
             && self.all_reduce.is_none()
             && self.all_gather.is_none()
     }
-}
-
-impl<TO: GemmElement> LaunchExtras<'_, TO> {
     /// The smallest fusion set that has every fusion this launch asks for. The timeline and early
     /// release are not fusions (every kernel has them).
     pub fn fusion_set(&self) -> FusionSet {
-        if self.fusion_free() {
-            return FusionSet::None;
+        self.fusion_needs().set()
+    }
+    /// Which fusions the launch asks for. Destructured field by field: a new field of
+    /// `LaunchExtras` does not compile until it is counted here.
+    fn fusion_needs(&self) -> FusionNeeds {
+        let LaunchExtras {
+            flags,
+            copy_dst,
+            trace,
+            timeline: _,
+            early_release: _,
+            groups,
+            layout,
+            row_slots,
+            peer,
+            peer_rows,
+            all_reduce,
+            all_gather,
+        } = self;
+        FusionNeeds {
+            layout: *layout,
+            others: flags.is_some()
+                || copy_dst.is_some()
+                || trace.is_some()
+                || groups.is_some()
+                || row_slots.is_some(),
+            peer: peer.is_some(),
+            peer_rows: peer_rows.is_some(),
+            all_gather: all_gather.is_some(),
+            all_reduce: all_reduce.is_some(),
         }
-        let others = self.flags.is_some()
-            || self.copy_dst.is_some()
-            || self.trace.is_some()
-            || self.groups.is_some()
-            || self.row_slots.is_some();
-        // (peer target, peer rows, AllGather source, AllReduce target): the one a method has.
-        let method = (
-            self.peer.is_some(),
-            self.peer_rows.is_some(),
-            self.all_gather.is_some(),
-            self.all_reduce.is_some(),
-        );
-        match (others, self.layout, method) {
+    }
+}
+
+/// The fusions a launch asks for, as [`LaunchExtras::fusion_set`] reads them.
+#[derive(Clone, Copy, Debug)]
+struct FusionNeeds {
+    layout: OutputLayout,
+    /// Tile flags, the test communicator's copy, a trace, wave-group counters or row slots:
+    /// fusions only the kernel with every fusion has.
+    others: bool,
+    /// The fused methods' targets: PEER_REDUCE's, PEER_ROWS', the AllGather's, the AllReduce's.
+    peer: bool,
+    peer_rows: bool,
+    all_gather: bool,
+    all_reduce: bool,
+}
+
+impl FusionNeeds {
+    fn set(self) -> FusionSet {
+        let method = (self.peer, self.peer_rows, self.all_gather, self.all_reduce);
+        match (self.others, self.layout, method) {
+            (false, OutputLayout::Standard, (false, false, false, false)) => FusionSet::None,
             (false, OutputLayout::PeerReduce { .. }, (true, false, false, false)) => {
                 FusionSet::PeerReduce
             }
@@ -217,8 +251,10 @@ enum KernelVariant {
     /// Every fusion compiled in: any launch that uses one.
     Fused,
     /// One fused method's fusion alone compiled in ([`FusionSet`]): a launch whose fusions are
-    /// that set's, on a plan that has the kernel ([`GemmPlan::has_method_kernel`]; PEER_REDUCE
-    /// and PEER_ROWS, which have no communicator, without communicator CTAs).
+    /// that set's, on a plan that has the kernel ([`GemmPlan::has_method_kernel`]). (The
+    /// PEER_REDUCE and PEER_ROWS kernels have no communicator: communicator CTAs, which those
+    /// methods refuse anyway, would end at once, as in the kernel with every fusion with no
+    /// comm_op and no tile flags.)
     Method(FusionSet),
     /// Neither fusions nor split-K: an unsplit plain launch.
     Plain,
@@ -233,8 +269,6 @@ struct LaunchNeeds {
     set: FusionSet,
     /// Whether the plan has the kernel of `set` alone ([`GemmPlan::has_method_kernel`]).
     method_kernel: bool,
-    /// The plan's communicator CTAs.
-    comm_ctas: u32,
     /// The launch's splits (1 unless fusion-free).
     k_splits: u32,
 }
@@ -246,10 +280,14 @@ impl KernelVariant {
         match n.set {
             FusionSet::None if n.k_splits > 1 => Self::PlainSplit,
             FusionSet::None => Self::Plain,
-            FusionSet::PeerReduce | FusionSet::PeerRows if n.method_kernel && n.comm_ctas == 0 => {
+            FusionSet::PeerReduce
+            | FusionSet::PeerRows
+            | FusionSet::AllGather
+            | FusionSet::AllReduce
+                if n.method_kernel =>
+            {
                 Self::Method(n.set)
             }
-            FusionSet::AllGather | FusionSet::AllReduce if n.method_kernel => Self::Method(n.set),
             _ => Self::Fused,
         }
     }
@@ -257,7 +295,7 @@ impl KernelVariant {
 
 /// A plan's kernel with the fusions compiled in, the plain one (`LaunchExtras::fusion_free`),
 /// for split-K plans the plain one with split-K (split launches only: the split path slows
-/// the unsplit kernels), and where the plan has it the fused ReduceScatter's own.
+/// the unsplit kernels), and the fused methods' own ([`MethodKernels`]).
 struct GemmKernels {
     /// None where the plan's tile has no fused kernel ([`GemmPlan::has_fused_kernel`]).
     fused: Option<CudaFunction>,
@@ -866,7 +904,6 @@ impl Gemm {
         let variant = KernelVariant::of(LaunchNeeds {
             set,
             method_kernel: self.kernels.methods.get(set).is_some(),
-            comm_ctas: o.comm_ctas,
             k_splits: p.sched.k_splits,
         });
         let func = match variant {
@@ -1248,7 +1285,6 @@ mod tests {
             KernelVariant::of(LaunchNeeds {
                 set,
                 method_kernel: true,
-                comm_ctas: 0,
                 k_splits,
             })
         };
@@ -1258,16 +1294,13 @@ mod tests {
         assert_eq!(of(FusionSet::All, 3), KernelVariant::Fused);
     }
 
-    // A fused method's own kernel where the plan has it; the PEER_REDUCE one has no communicator,
-    // so a launch with communicator CTAs gets the kernel with every fusion (whose comm_op 0
-    // leaves them idle), as does any plan without the methods' kernels.
+    // A fused method's own kernel where the plan has it; the kernel with every fusion where not.
     #[test]
     fn method_launches_run_their_own_kernel() {
-        let of = |set, method_kernel, comm_ctas| {
+        let of = |set, method_kernel| {
             KernelVariant::of(LaunchNeeds {
                 set,
                 method_kernel,
-                comm_ctas,
                 k_splits: 1,
             })
         };
@@ -1277,25 +1310,43 @@ mod tests {
             FusionSet::AllReduce,
             FusionSet::PeerRows,
         ] {
-            assert_eq!(of(set, true, 0), KernelVariant::Method(set));
-            assert_eq!(of(set, false, 0), KernelVariant::Fused);
+            assert_eq!(of(set, true), KernelVariant::Method(set));
+            assert_eq!(of(set, false), KernelVariant::Fused);
         }
-        assert_eq!(of(FusionSet::PeerReduce, true, 8), KernelVariant::Fused);
-        assert_eq!(of(FusionSet::PeerRows, true, 8), KernelVariant::Fused);
-        assert_eq!(
-            of(FusionSet::AllGather, true, 8),
-            KernelVariant::Method(FusionSet::AllGather)
-        );
-        assert_eq!(
-            of(FusionSet::AllReduce, true, 8),
-            KernelVariant::Method(FusionSet::AllReduce)
-        );
+        assert_eq!(of(FusionSet::All, true), KernelVariant::Fused);
+    }
+
+    // Any fusion beside a method's (tile flags, the test copy, a trace, wave groups, row slots:
+    // GPU objects, so summarised here) sends the launch to the kernel with every fusion.
+    #[test]
+    fn other_fusions_beside_a_method_need_every_fusion() {
+        let needs = |layout, others, method: [bool; 4]| FusionNeeds {
+            layout,
+            others,
+            peer: method[0],
+            peer_rows: method[1],
+            all_gather: method[2],
+            all_reduce: method[3],
+        };
+        let reduce = OutputLayout::PeerReduce { ranks: 2 };
+        let rows = OutputLayout::PeerRows { ranks: 2, rows: 8 };
+        let standard = OutputLayout::Standard;
+        for (layout, method, set) in [
+            (reduce, [true, false, false, false], FusionSet::PeerReduce),
+            (rows, [false, true, false, false], FusionSet::PeerRows),
+            (standard, [false, false, true, false], FusionSet::AllGather),
+            (standard, [false, false, false, true], FusionSet::AllReduce),
+            (standard, [false; 4], FusionSet::None),
+        ] {
+            assert_eq!(needs(layout, false, method).set(), set);
+            assert_eq!(needs(layout, true, method).set(), FusionSet::All);
+        }
     }
 
     // The plain kernel has every fusion compiled out: a launch that asks for one must not get it
     // (the GPU suites' fused trials then fail or time out). Here: the fusions a CPU can build.
     #[test]
-    fn fusions_select_the_fused_kernel() {
+    fn fusions_are_not_fusion_free() {
         let plain = LaunchExtras::<bf16>::default();
         assert!(plain.fusion_free());
         let not_fusions = LaunchExtras::<bf16> {

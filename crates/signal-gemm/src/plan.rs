@@ -501,7 +501,7 @@ impl GemmPlan {
             if self.whole_tile_epilogue() { "_w" } else { "" }
         )
     }
-    /// The same kernel with the fusions compiled out (`GemmConfig::kFused`), for plain launches:
+    /// The same kernel with the fusions compiled out (`GemmConfig`'s kFusionsNone), for plain launches:
     /// a third of the code, and faster on short GEMMs (crates/signal-gemm/README.md).
     pub fn plain_kernel_name(&self) -> String {
         format!("{}_plain", self.kernel_name())
@@ -696,22 +696,52 @@ mod tests {
         assert_eq!(p.tile_n(), 256);
         assert_eq!(p.kernel_name(), "weft_gemm_bf16_f32_kn_256_c1");
         assert_eq!(p.plain_kernel_name(), "weft_gemm_bf16_f32_kn_256_c1_plain");
-        assert_eq!(
-            p.method_kernel_name(FusionSet::PeerReduce),
-            "weft_gemm_bf16_f32_kn_256_c1_pr"
-        );
-        assert_eq!(
-            p.method_kernel_name(FusionSet::AllGather),
-            "weft_gemm_bf16_f32_kn_256_c1_ag"
-        );
-        assert_eq!(
-            p.method_kernel_name(FusionSet::AllReduce),
-            "weft_gemm_bf16_f32_kn_256_c1_ar"
-        );
-        assert_eq!(
-            p.method_kernel_name(FusionSet::PeerRows),
-            "weft_gemm_bf16_f32_kn_256_c1_a2a"
-        );
+        // The suffixes kernels/gemm/instantiate.cuh pastes.
+        for (set, name) in [
+            (FusionSet::None, "weft_gemm_bf16_f32_kn_256_c1_plain"),
+            (FusionSet::All, "weft_gemm_bf16_f32_kn_256_c1"),
+            (FusionSet::PeerReduce, "weft_gemm_bf16_f32_kn_256_c1_pr"),
+            (FusionSet::AllGather, "weft_gemm_bf16_f32_kn_256_c1_ag"),
+            (FusionSet::AllReduce, "weft_gemm_bf16_f32_kn_256_c1_ar"),
+            (FusionSet::PeerRows, "weft_gemm_bf16_f32_kn_256_c1_a2a"),
+        ] {
+            assert_eq!(p.method_kernel_name(set), name);
+            assert!(p.has_method_kernel(set), "{set:?}");
+        }
+        // The methods' own kernels exist with the pipelined epilogue only.
+        let whole = GemmPlan::new(
+            132,
+            GemmShape::new(8192, 8192, 8192),
+            GemmOptions {
+                tile: TileChoice::N256,
+                epilogue: EpilogueChoice::WholeTile,
+                ..opts()
+            },
+        )
+        .unwrap();
+        assert!(whole.whole_tile_epilogue());
+        assert!(whole.has_method_kernel(FusionSet::All));
+        // 128 × 192 tiles have plain kernels only.
+        let n192 = GemmPlan::new(
+            132,
+            GemmShape::new(8192, 8192, 8192),
+            GemmOptions {
+                tile: TileChoice::N192,
+                ..opts()
+            },
+        )
+        .unwrap();
+        assert!(n192.has_method_kernel(FusionSet::None));
+        for set in [
+            FusionSet::PeerReduce,
+            FusionSet::AllGather,
+            FusionSet::AllReduce,
+            FusionSet::PeerRows,
+        ] {
+            assert!(!whole.has_method_kernel(set), "{set:?}");
+            assert!(!n192.has_method_kernel(set), "{set:?}");
+        }
+        assert!(!n192.has_method_kernel(FusionSet::All));
         assert_eq!(
             p.plain_split_kernel_name(),
             "weft_gemm_bf16_f32_kn_256_c1_plain_split"

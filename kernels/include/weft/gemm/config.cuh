@@ -67,7 +67,7 @@ struct GemmConfig {
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static_assert(kThreads == WEFT_GEMM_THREADS && kConsumers == WEFT_GEMM_CONSUMERS, "the host launches WEFT_GEMM_THREADS threads");
   static constexpr int kAccumulators = kBN / 2;  // fp32 per thread for a 64 x kBN warpgroup tile
-  // Split-K (split_k.cuh) in this kernel: where asked (kSplit_: the fused kernels and the
+  // Split-K (split_k.cuh) in this kernel: where asked (kSplit_: the kernel with every fusion and the
   // `_plain_split` ones; the `_plain` ones run unsplit launches without its code), not with
   // clusters (the host refuses them), nor with 16-bit outputs, 128 x 256 tiles and the pipelined
   // epilogue, whose consumers then spill their accumulators (the host plans split 128 x 256

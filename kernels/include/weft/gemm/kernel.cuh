@@ -95,7 +95,7 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
     const int warp = static_cast<int>(threadIdx.x) / 32;
     if (threadIdx.x == 0) {
       run_loader<Cfg>(p, sm);
-    } else if (warp >= 1 && uses_peer_barriers<Cfg>(p)) {  // warps 1..3; no signallers then (launch_signals is false)
+    } else if (warp >= 1 && uses_peer_barriers<Cfg>(p)) {  // warps 1..3; no signallers then (uses_signals is false)
       if (uses_peer_reduce<Cfg>(p)) {
         peer_reduce_start<Cfg>(p);
       } else if (threadIdx.x == 96) {

@@ -68,6 +68,9 @@ template <class Cfg>
 __device__ __forceinline__ bool uses_all_gather_a(const weft_gemm_params& p) {
   return Cfg::kAllGatherOnly || (Cfg::kAllFusions && all_gather_a(p));
 }
+// The START / END barriers: every fusion that writes into peers or reads from them (the method
+// sets' at compile time; the same as uses_peer_reduce || uses_peer_rows || uses_all_gather_a,
+// written so that the kernel with every fusion keeps the code its trials ran).
 template <class Cfg>
 __device__ __forceinline__ bool uses_peer_barriers(const weft_gemm_params& p) {
   return Cfg::kPeerReduceOnly || Cfg::kAllGatherOnly || Cfg::kPeerRowsOnly || (Cfg::kAllFusions && peer_barriers(p));

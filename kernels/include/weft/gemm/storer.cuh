@@ -244,7 +244,6 @@ struct TmaStorer {
     uint32_t& epi_count = st.epi_count;
     // A plain kernel has the standard layout, no signals and no trace; the fused ReduceScatter's
     // own kernel reduces into the owners and nothing else (config.cuh, kFusions).
-    constexpr bool kAll = Cfg::kAllFusions;
     const bool peer = uses_peer_reduce<Cfg>(p);
     const bool to_peer_rows = uses_peer_rows<Cfg>(p);
     // The warpgroup barriers below order every issuer (PEER_ROWS: every thread) after the
@@ -262,9 +261,9 @@ struct TmaStorer {
     const uint32_t col0 = t.tn * Cfg::kBN;
     // Where the stores go: the standard position, the tile's slot in execution order, or (bands)
     // the slots of the bands the warpgroup's 64 rows cross.
-    const bool tile_order = kAll && p.layout == WEFT_GEMM_LAYOUT_TILE_ORDER;
-    const bool bands = kAll && p.layout == WEFT_GEMM_LAYOUT_RANK_BANDS;
-    const bool row_slots = kAll && p.layout == WEFT_GEMM_LAYOUT_ROW_SLOTS;
+    const bool tile_order = Cfg::kAllFusions && p.layout == WEFT_GEMM_LAYOUT_TILE_ORDER;
+    const bool bands = Cfg::kAllFusions && p.layout == WEFT_GEMM_LAYOUT_RANK_BANDS;
+    const bool row_slots = Cfg::kAllFusions && p.layout == WEFT_GEMM_LAYOUT_ROW_SLOTS;
     const int32_t store_row = static_cast<int32_t>(tile_order ? order * Cfg::kBM + consumer * 64 : row0);
     const int32_t store_col = static_cast<int32_t>(tile_order || bands ? 0 : col0);
     weft_gemm_band_slots slots{0, 0};
@@ -377,7 +376,7 @@ struct TmaStorer {
     // compiled out ptxas spilled the 16-bit 128 x 256 pipelined plain kernels' accumulators and
     // serialized their wgmma (CUDA 13.0).
     if (p.tile_flags != 0) st.pending = order;
-    if (kAll && leader && consumer == 0 && p.trace != 0 && t.valid) {
+    if (Cfg::kAllFusions && leader && consumer == 0 && p.trace != 0 && t.valid) {
       uint32_t* slot = reinterpret_cast<uint32_t*>(p.trace) + 2 * weft_gemm_tile_index(p.sched, t);
       slot[0] = order + 1;
       slot[1] = blockIdx.x + 1;
