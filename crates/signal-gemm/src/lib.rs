@@ -25,6 +25,7 @@ mod cublas;
 mod dtype;
 pub mod fused;
 mod gemm;
+mod kernel_choice;
 pub mod ops;
 pub mod overlap;
 mod plan;
