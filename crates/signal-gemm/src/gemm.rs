@@ -2,7 +2,7 @@
 
 use crate::dtype::{Dtype, GemmElement};
 use crate::kernel_choice::{GemmKernels, KernelVariant, LaunchNeeds, MethodKernels};
-use crate::plan::{BLayout, GemmOptions, GemmPlan, GemmShape, Scheduling};
+use crate::plan::{BLayout, FusionSet, GemmOptions, GemmPlan, GemmShape, Scheduling};
 use crate::reorder::OutputLayout;
 use crate::tensor_map::{encode_2d, encode_3d, encode_wide};
 use crate::wave_groups::GroupCounters;
@@ -147,16 +147,7 @@ impl<TO: GemmElement> LaunchExtras<'_, TO> {
     /// collective): it then runs the plain kernel, which has them compiled out. The timeline and
     /// early release are not fusions (the plain kernel has them).
     pub fn fusion_free(&self) -> bool {
-        self.layout == OutputLayout::Standard
-            && self.flags.is_none()
-            && self.copy_dst.is_none()
-            && self.trace.is_none()
-            && self.groups.is_none()
-            && self.row_slots.is_none()
-            && self.peer.is_none()
-            && self.peer_rows.is_none()
-            && self.all_reduce.is_none()
-            && self.all_gather.is_none()
+        self.fusion_set() == FusionSet::None
     }
 }
 
@@ -697,7 +688,8 @@ impl Gemm {
         // (the trace, a fusion, names the CTA the plan's schedule lists): the others run every
         // tile whole. A CUDA graph of a split launch shares the partials too: replay it in order
         // with the Gemm's other launches (one stream), never two at once.
-        let plain = extras.fusion_free();
+        let set = extras.fusion_set();
+        let plain = set == FusionSet::None;
         // Held to the end of the launch, as the claim counter.
         let mut split = match &self.split {
             Some(sp) if plain && !extras.early_release => Some(
@@ -728,7 +720,6 @@ impl Gemm {
                 None
             }
         };
-        let set = extras.fusion_set();
         let variant = KernelVariant::of(LaunchNeeds {
             set,
             method_kernel: self.kernels.methods.get(set).is_some(),

@@ -17,7 +17,7 @@ impl<TO: GemmElement> LaunchExtras<'_, TO> {
     }
     /// Which fusions the launch asks for. Destructured field by field: a new field of
     /// `LaunchExtras` does not compile until it is counted here.
-    pub(crate) fn fusion_needs(&self) -> FusionNeeds {
+    fn fusion_needs(&self) -> FusionNeeds {
         let LaunchExtras {
             flags,
             copy_dst,
