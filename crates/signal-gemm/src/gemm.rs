@@ -15,8 +15,8 @@ use cudarc::driver::{
 use std::sync::{Arc, Mutex};
 use weft_kernels::abi::{
     weft_gemm_ag_copy, weft_gemm_band_box_rows, weft_gemm_band_of_row, weft_gemm_band_start,
-    weft_gemm_params, weft_gemm_row_slots_check_params, weft_gemm_work_count, weft_sync_bound,
-    weft_sync_counters, weft_tile_allreduce_params, WEFT_GEMM_COMM_ALLGATHER,
+    weft_gemm_k_blocks, weft_gemm_params, weft_gemm_row_slots_check_params, weft_gemm_work_count,
+    weft_sync_bound, weft_sync_counters, weft_tile_allreduce_params, WEFT_GEMM_COMM_ALLGATHER,
     WEFT_GEMM_COMM_ALLREDUCE, WEFT_GEMM_CONSUMERS, WEFT_GEMM_TILE_M,
 };
 use weft_kernels::cubins;
@@ -783,6 +783,25 @@ impl Gemm {
                     ensure!(o.comm_ctas == 0, "GEMM {}: the copy-engine AllGather copies on the host's streams: plan with comm_ctas = 0 (not {})", plan.shape, o.comm_ctas);
                 } else {
                     ensure!(o.comm_ctas > 0 && c.flag_rows <= 1, "GEMM {}: the inter-SM AllGather copies the shards in communicator CTAs, a flag per tile row: plan with comm_ctas > 0", plan.shape);
+                }
+                // K chunks: only the AllGather's own kernel polls a flag per chunk (the kernel with
+                // every fusion polls each group's first flag alone, and would read the later
+                // chunks before they landed); each chunk whole K blocks, the flags covering K.
+                if c.k_chunks > 1 {
+                    ensure!(
+                        g.host_copy && variant == KernelVariant::Method(FusionSet::AllGather),
+                        "GEMM {}: the AllGather's copy in K chunks needs the copy engines and the AllGather's own kernel (a 128- or 256-wide tile, the pipelined epilogue, no other fusion); this launch runs {variant:?}",
+                        plan.shape
+                    );
+                    // SAFETY: a pure function of the schedule (abi/gemm.h).
+                    let k_blocks = unsafe { weft_gemm_k_blocks(p.sched) };
+                    ensure!(
+                        c.k_chunk_blocks > 0 && k_blocks.div_ceil(c.k_chunk_blocks) == c.k_chunks,
+                        "GEMM {}: {} K chunks of {} K blocks do not cover its {k_blocks} K blocks",
+                        plan.shape,
+                        c.k_chunks,
+                        c.k_chunk_blocks
+                    );
                 }
                 ensure!(
                     c.shards.world as u32 == ranks && u64::from(c.row_bytes) == k * o.input.bytes() as u64,

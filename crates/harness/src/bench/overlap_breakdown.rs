@@ -171,7 +171,8 @@ mod tests {
                 ag,
                 &Method::FusedCe {
                     tile_rows: 4,
-                    tile_n: None
+                    tile_n: None,
+                    k_chunks: 1
                 },
                 2
             ),
@@ -182,7 +183,8 @@ mod tests {
                 ag,
                 &Method::FusedCe {
                     tile_rows: 4,
-                    tile_n: Some(128)
+                    tile_n: Some(128),
+                    k_chunks: 8
                 },
                 2
             ),

@@ -1,7 +1,8 @@
 //! signal-gemm III, fused AllGather + GEMM, all three methods (fused-intra: the loader reads A
 //! tiles by TMA from their owners' shards; fused-inter: communicator CTAs copy the peers' shards
 //! chunk by chunk into a local A the loader reads once each chunk is flagged; fused-ce: copy
-//! engines do that copy on a side stream, groups of tile rows per flag): every element of every
+//! engines do that copy on a side stream, groups of tile rows, whole or in column chunks along K,
+//! per flag): every element of every
 //! rank's D against a float64 CPU GEMM of the gathered A (each rank regenerates every rank's
 //! shard) and its own B; per method 10^4 back-to-back runs rewriting the shard before each
 //! (integer data, exact), D compared bit for bit on the GPU; misuse refused.
@@ -112,6 +113,8 @@ fn matches_reference(job: &mut Job) -> anyhow::Result<()> {
             },
             _ => AllGatherMethod::CopyEngine {
                 tile_rows: rng.random_range(1..=3),
+                // Whole rows, or up to 4 chunks of whole K blocks (a shorter last one included).
+                k_chunks: rng.random_range(1..=shape.k.div_ceil(64).min(4)),
             },
         };
         let comm = match method {
@@ -215,10 +218,28 @@ fn stress(job: &mut Job) -> anyhow::Result<()> {
     );
     let comm = (budget / 4).clamp(1, 4);
     let ctas = (budget - comm).min(16);
-    stress_method(job, ctas, AllGatherMethod::Intra, 128)?;
-    stress_method(job, ctas, AllGatherMethod::Inter { comm_ctas: comm }, 128)?;
+    stress_method(job, ctas, AllGatherMethod::Intra, 128, 32)?;
+    stress_method(
+        job,
+        ctas,
+        AllGatherMethod::Inter { comm_ctas: comm },
+        128,
+        32,
+    )?;
     // Three tile rows a rank in groups of two: a whole group and a shorter last one.
-    stress_method(job, ctas, AllGatherMethod::CopyEngine { tile_rows: 2 }, 384)
+    let groups = AllGatherMethod::CopyEngine {
+        tile_rows: 2,
+        k_chunks: 1,
+    };
+    stress_method(job, ctas, groups, 384, 32)?;
+    // The same groups in three column chunks of one K block each (k = 192: the sums stay
+    // integers of magnitude at most 192, exact in bf16): a K block loaded before its chunk landed
+    // shows.
+    let chunks = AllGatherMethod::CopyEngine {
+        tile_rows: 2,
+        k_chunks: 3,
+    };
+    stress_method(job, ctas, chunks, 384, 192)
 }
 
 fn stress_method(
@@ -226,12 +247,13 @@ fn stress_method(
     ctas: u32,
     method: AllGatherMethod,
     rows: u32,
+    k: u32,
 ) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
     let (ctx, stream) = gpu(job)?;
     let (world, rank) = (job.world(), job.rank());
     let sms = device_sms(&ctx)?;
-    let shape = GemmShape::new(rows * world as u32, 256, 32);
+    let shape = GemmShape::new(rows * world as u32, 256, k);
     let options = configure(sms, ctas, method, GemmOptions::default());
     let mut op =
         FusedAllGatherGemm::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, options, method)?;
@@ -380,15 +402,32 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
             comm_ctas: 2,
             ..fits
         },
-        AllGatherMethod::CopyEngine { tile_rows: 2 },
+        AllGatherMethod::CopyEngine {
+            tile_rows: 2,
+            k_chunks: 1,
+        },
         "fused-ce AllGather has no communicator CTAs",
     )?;
     expect(
         job,
         shape,
         fits,
-        AllGatherMethod::CopyEngine { tile_rows: 0 },
+        AllGatherMethod::CopyEngine {
+            tile_rows: 0,
+            k_chunks: 1,
+        },
         "at least one tile row",
+    )?;
+    // k = 64: one K block, so at most one chunk.
+    expect(
+        job,
+        shape,
+        fits,
+        AllGatherMethod::CopyEngine {
+            tile_rows: 1,
+            k_chunks: 2,
+        },
+        "cuts K into 1 to 1 chunks",
     )?;
     if budget < sms {
         expect(

@@ -323,7 +323,10 @@ fn fused_all_gather_plans(job: &mut Job) -> anyhow::Result<()> {
     let mut d = poisoned::<bf16>(&stream, (shape.m * shape.n) as usize)?;
     flat_over(job, "fused AllGather plan", cycles(100)?, |job, i| {
         let method = if i % 2 == 0 {
-            AllGatherMethod::CopyEngine { tile_rows: 1 }
+            AllGatherMethod::CopyEngine {
+                tile_rows: 1,
+                k_chunks: 1,
+            }
         } else {
             AllGatherMethod::Inter { comm_ctas: 2 }
         };

@@ -2,9 +2,12 @@
 //! shards, but into weft's persistent GEMM): the peers' A shards are pulled into the gathered A
 //! by copy engines (`cuMemcpyDtoDAsync` from the peers' mappings) on a side stream, a group of
 //! `tile_rows` tile rows per copy, each copy followed by a stream write of its group's chunk flag
-//! (weft_gemm_ag_copy.flag_rows) to the launch's epoch. The GEMM kernel keeps every SM computing
-//! and waits for a group's flag before it loads the group's rows. No SM moves data between GPUs
-//! (ranks sharing one GPU copy within it, which the driver may do with a kernel).
+//! (weft_gemm_ag_copy.flag_rows) to the launch's epoch. With `k_chunks` > 1 each group is copied
+//! as that many column chunks along K (`cuMemcpy2DAsync`, the rows' pitch), in K order, each with
+//! its own flag (weft_gemm_ag_copy.k_chunks): a tile of the group starts once the first chunk has
+//! landed. The GEMM kernel keeps every SM computing and waits for a chunk's flag before it loads
+//! from it. No SM moves data between GPUs (ranks sharing one GPU copy within it, which the driver
+//! may do with a kernel).
 //!
 //! Orderings, launch e:
 //!   main:  kernel e, whose CTAs arrive at START on every rank as they begin;
@@ -30,6 +33,7 @@
 use anyhow::{ensure, Context};
 use cudarc::driver::{sys, CudaContext, CudaStream};
 use std::sync::Arc;
+use weft_kernels::abi::{WEFT_GEMM_TILE_K, WEFT_GEMM_TILE_M};
 
 /// Where the copies of one launch go; built by the fused AllGather from its buffers.
 pub(super) struct CopyEngineLaunch<'a> {
@@ -40,6 +44,10 @@ pub(super) struct CopyEngineLaunch<'a> {
     pub chunk_flags: u64,
     /// Bytes of one tile row of A (tile_m rows × k elements).
     pub tile_row_bytes: u64,
+    /// Bytes of one row of A (k elements) and of one K chunk of it (the last chunk may be
+    /// shorter): [`CopyEngineGather::k_chunk_bytes`].
+    pub row_bytes: u64,
+    pub k_chunk_bytes: u64,
     /// This rank's START counter and the value it holds once every rank's kernel began.
     pub start_counter: u64,
     pub start_target: u64,
@@ -51,23 +59,57 @@ pub(super) struct CopyEngineLaunch<'a> {
 pub(super) struct CopyEngineGather {
     side: Arc<CudaStream>,
     tile_rows: u32,
+    /// K blocks (of WEFT_GEMM_TILE_K) per chunk, and the chunks that makes (1: all of K at once).
+    k_chunk_blocks: u32,
+    k_chunks: u32,
 }
 
 impl CopyEngineGather {
-    /// `tile_rows`: tile rows of a shard per copy (and per flag), at least 1.
-    pub fn new(ctx: &Arc<CudaContext>, tile_rows: u32) -> anyhow::Result<Self> {
+    /// `tile_rows`: tile rows of a shard per copy (and per flag), at least 1; `k_chunks`: column
+    /// chunks per group along K, at least 1 and at most `k_blocks` (K blocks of the GEMM's main
+    /// loop: chunks are whole K blocks, the last may be shorter; fewer chunks result where
+    /// `k_blocks` does not divide evenly, [`Self::k_chunks`]).
+    pub fn new(
+        ctx: &Arc<CudaContext>,
+        tile_rows: u32,
+        k_chunks: u32,
+        k_blocks: u32,
+    ) -> anyhow::Result<Self> {
         ensure!(
             tile_rows >= 1,
             "the copy-engine AllGather copies at least one tile row at a time"
         );
+        ensure!(
+            (1..=k_blocks).contains(&k_chunks),
+            "the copy-engine AllGather cuts K into 1 to {k_blocks} chunks (its K blocks of {WEFT_GEMM_TILE_K}); asked for {k_chunks}"
+        );
+        let k_chunk_blocks = k_blocks.div_ceil(k_chunks);
         let side = ctx
             .new_stream()
             .context("creating the copy-engine AllGather's stream")?;
-        Ok(Self { side, tile_rows })
+        Ok(Self {
+            side,
+            tile_rows,
+            k_chunk_blocks,
+            k_chunks: k_blocks.div_ceil(k_chunk_blocks),
+        })
     }
 
     pub fn tile_rows(&self) -> u32 {
         self.tile_rows
+    }
+
+    /// Chunks per group along K (flags per tile row of A), and K blocks per chunk.
+    pub fn k_chunks(&self) -> u32 {
+        self.k_chunks
+    }
+    pub fn k_chunk_blocks(&self) -> u32 {
+        self.k_chunk_blocks
+    }
+
+    /// Bytes of a row's K chunk, for `element_bytes`-byte elements.
+    pub fn k_chunk_bytes(&self, element_bytes: u64) -> u64 {
+        u64::from(self.k_chunk_blocks) * u64::from(WEFT_GEMM_TILE_K) * element_bytes
     }
 
     /// After the kernel: enqueues the START wait, the copies and the flag writes on the side
@@ -101,27 +143,74 @@ impl CopyEngineGather {
                 let tm = u64::from(q as u32 * own + first);
                 let src = l.shards[q] + u64::from(first) * l.tile_row_bytes;
                 let dst = l.gathered + tm * l.tile_row_bytes;
-                let bytes = u64::from(rows) * l.tile_row_bytes;
-                // SAFETY: src is rank q's shard (own tile rows), dst the gathered A (world × own
-                // tile rows), both alive as long as the op; stream-ordered after the START wait.
-                unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes as usize, side) }
+                for chunk in 0..self.k_chunks {
+                    if self.k_chunks == 1 {
+                        let bytes = u64::from(rows) * l.tile_row_bytes;
+                        // SAFETY: src is rank q's shard (own tile rows), dst the gathered A (world
+                        // × own tile rows), both alive as long as the op; stream-ordered after the
+                        // START wait.
+                        unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes as usize, side) }
+                            .result()
+                            .with_context(|| {
+                                format!("copying tile rows {tm}.. of rank {q}'s A shard")
+                            })?;
+                    } else {
+                        let at = u64::from(chunk) * l.k_chunk_bytes;
+                        let width = l.k_chunk_bytes.min(l.row_bytes - at);
+                        let copy = columns_copy(
+                            src + at,
+                            dst + at,
+                            l.row_bytes,
+                            width,
+                            u64::from(rows) * u64::from(WEFT_GEMM_TILE_M),
+                        );
+                        // SAFETY: columns [at, at + width) of the group's rows, inside rank q's
+                        // shard and the gathered A (as above; at + width <= row_bytes).
+                        unsafe { sys::cuMemcpy2DAsync_v2(&copy, side) }
+                            .result()
+                            .with_context(|| {
+                                format!("copying K chunk {chunk} of tile rows {tm}.. of rank {q}'s A shard")
+                            })?;
+                    }
+                    // SAFETY: the chunk's flag, one u64 of the op's chunk flags (tile rows ×
+                    // k_chunks of them).
+                    unsafe {
+                        sys::cuStreamWriteValue64_v2(
+                            side,
+                            l.chunk_flags + (tm * u64::from(self.k_chunks) + u64::from(chunk)) * 8,
+                            l.flag_target,
+                            sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
+                        )
+                    }
                     .result()
-                    .with_context(|| format!("copying tile rows {tm}.. of rank {q}'s A shard"))?;
-                // SAFETY: the group's flag, one u64 of the op's chunk flags.
-                unsafe {
-                    sys::cuStreamWriteValue64_v2(
-                        side,
-                        l.chunk_flags + tm * 8,
-                        l.flag_target,
-                        sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
-                    )
+                    .context("raising a copied chunk's flag (cuStreamWriteValue64)")?;
                 }
-                .result()
-                .context("raising a copied chunk's flag (cuStreamWriteValue64)")?;
                 first += rows;
             }
         }
         main.join(&self.side)
             .context("ordering the caller's stream after the copy-engine AllGather's copies")
+    }
+}
+
+/// A device-to-device copy of `width` bytes of each of `rows` rows, both sides `pitch` bytes apart.
+fn columns_copy(src: u64, dst: u64, pitch: u64, width: u64, rows: u64) -> sys::CUDA_MEMCPY2D {
+    sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: src,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: pitch as usize,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: pitch as usize,
+        WidthInBytes: width as usize,
+        Height: rows as usize,
     }
 }

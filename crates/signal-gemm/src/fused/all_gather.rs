@@ -12,7 +12,7 @@
 //! own rows from its shard and a peer's rows from the copy once their chunk's flag is up
 //! (kernels/include/weft/gemm/ag_copy.cuh). `CopyEngine`: the same gathered A and flags, but
 //! copy engines pull the peers' shards on a side stream and every SM computes
-//! (ag_copy_engine.rs).
+//! (ag_copy_engine.rs), groups of tile rows whole or in column chunks along K (a flag per chunk).
 
 use super::ag_copy_engine::{CopyEngineGather, CopyEngineLaunch};
 use super::collective_plan::{
@@ -26,7 +26,7 @@ use crate::reorder::MAX_BAND_RANKS;
 use anyhow::{ensure, Context};
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
-use weft_kernels::abi::{weft_gemm_ag_copy, WEFT_GEMM_TILE_M};
+use weft_kernels::abi::{weft_gemm_ag_copy, WEFT_GEMM_TILE_K, WEFT_GEMM_TILE_M};
 use weft_pgl::Bootstrap;
 use weft_pgl::{agree, Backend, Pgl, PglElement, Shape};
 use weft_sync::{Counters, WaitBudget};
@@ -40,8 +40,10 @@ pub enum AllGatherMethod {
     /// by chunk, the loader waiting for each chunk's flag.
     Inter { comm_ctas: u32 },
     /// Copied by copy engines on a side stream, `tile_rows` tile rows of a shard per copy, the
-    /// loader waiting for each group's flag; no communicator CTAs.
-    CopyEngine { tile_rows: u32 },
+    /// loader waiting for each group's flag; no communicator CTAs. With `k_chunks` > 1 each group
+    /// is copied in that many column chunks along K, each flagged, and a tile of the group starts
+    /// once its first chunk has landed (at most K / 64 chunks: whole K blocks).
+    CopyEngine { tile_rows: u32, k_chunks: u32 },
 }
 
 impl AllGatherMethod {
@@ -55,7 +57,7 @@ impl AllGatherMethod {
 }
 
 /// The inter-SM and copy-engine methods' buffers on this GPU: the gathered A (m × k) and a flag
-/// per tile row. The flags are a PGL for its memory (cuMem), not for the peers: stream memory
+/// per tile row and K chunk. The flags are a PGL for its memory (cuMem), not for the peers: stream memory
 /// operations (the copy engine's flag writes) refuse stream-ordered pool allocations.
 struct GatheredA<TI> {
     a: CudaSlice<TI>,
@@ -108,10 +110,13 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
         check_resident(rdzv, ctx, what, plan.ctas() + plan.options.comm_ctas)?;
         // Before any peer memory: a refusal here leaves nothing to free collectively.
         let copy_engine = match method {
-            AllGatherMethod::CopyEngine { tile_rows } => Some(agree(
+            AllGatherMethod::CopyEngine {
+                tile_rows,
+                k_chunks,
+            } => Some(agree(
                 rdzv,
                 "the copy-engine AllGather's stream",
-                CopyEngineGather::new(ctx, tile_rows),
+                CopyEngineGather::new(ctx, tile_rows, k_chunks, shape.k.div_ceil(WEFT_GEMM_TILE_K)),
             )?),
             _ => None,
         };
@@ -140,7 +145,8 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
         let gathered = match method {
             AllGatherMethod::Intra => None,
             AllGatherMethod::Inter { .. } | AllGatherMethod::CopyEngine { .. } => {
-                let tile_rows = shape.m.div_ceil(WEFT_GEMM_TILE_M);
+                let k_chunks = copy_engine.as_ref().map_or(1, CopyEngineGather::k_chunks);
+                let flags = shape.m.div_ceil(WEFT_GEMM_TILE_M) * k_chunks;
                 let made = agree(
                     rdzv,
                     "fused AllGather's gathered A",
@@ -150,7 +156,7 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
                     let flags = Pgl::<u64>::alloc(
                         rdzv,
                         ctx,
-                        Shape::new(1, 1, 1, tile_rows),
+                        Shape::new(1, 1, 1, flags),
                         Backend::default(),
                     )
                     .context("allocating the fused AllGather's chunk flags")?;
@@ -351,6 +357,14 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
                         .copy_engine
                         .as_ref()
                         .map_or(1, CopyEngineGather::tile_rows),
+                    k_chunks: self
+                        .copy_engine
+                        .as_ref()
+                        .map_or(1, CopyEngineGather::k_chunks),
+                    k_chunk_blocks: self
+                        .copy_engine
+                        .as_ref()
+                        .map_or(0, CopyEngineGather::k_chunk_blocks),
                     ..Default::default()
                 };
                 ((g.a.device_ptr(stream).0, g.a.len()), Some(copy))
@@ -380,14 +394,15 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
         if let (Some(ce), Some(g)) = (&self.copy_engine, &self.gathered) {
             let world = self.shard.world();
             let shards: Vec<u64> = (0..world).map(|r| self.shard.peer_ptr(r)).collect();
-            let tile_row_bytes = u64::from(WEFT_GEMM_TILE_M)
-                * u64::from(self.plan().shape.k)
-                * <TI as GemmElement>::DTYPE.bytes() as u64;
+            let element_bytes = <TI as GemmElement>::DTYPE.bytes() as u64;
+            let row_bytes = u64::from(self.plan().shape.k) * element_bytes;
             let launch = CopyEngineLaunch {
                 shards: &shards,
                 gathered: g.a.device_ptr(stream).0,
                 chunk_flags: g.chunk_flags.local_ptr(),
-                tile_row_bytes,
+                tile_row_bytes: u64::from(WEFT_GEMM_TILE_M) * row_bytes,
+                row_bytes,
+                k_chunk_bytes: ce.k_chunk_bytes(element_bytes),
                 // Row WEFT_GEMM_PEER_BAR_START (0) of this rank's counters; every CTA of every
                 // rank adds 1 per launch (peer_reduce.cuh's peer_bar_target).
                 start_counter: self.bar.pgl().local_ptr(),

@@ -3,7 +3,8 @@
 //! `seq-cublas` (ncclAllGather, then cuBLAS), `seq-weft`, `decomposition:<world>` (the own
 //! shard's GEMM beside the gather, then the peers'), `fused-intra` (ParallelKittens intra-SM: the
 //! loader reads peer tiles by TMA), `fused-inter:<ctas>` (communicator CTAs copy the shards chunk
-//! by chunk), `fused-ce:<tile rows>` (copy engines pull the shards while every SM computes), or
+//! by chunk), `fused-ce:<tile rows>[:<width>][:k<chunks>]` (copy engines pull the shards, in column chunks
+//! along K with `k`, while every SM computes), or
 //! `Auto`.
 //!
 //! The shard is the op's own input buffer ([`AllGatherGemm::shard`], peer memory for the fused
@@ -322,7 +323,7 @@ fn plan_imp<TI: OpElement>(
         }
         Method::FusedIntra => Imp::Fused(FusedAllGatherGemm::<TI>::new(rdzv, &ctx, stream, shape, options, AllGatherMethod::Intra)?),
         Method::FusedInter { ctas } => Imp::Fused(FusedAllGatherGemm::<TI>::new(rdzv, &ctx, stream, shape, options, AllGatherMethod::Inter { comm_ctas: *ctas })?),
-        Method::FusedCe { tile_rows, tile_n } => {
+        Method::FusedCe { tile_rows, tile_n, k_chunks } => {
             let tile = match tile_n {
                 None => options.tile,
                 Some(128) => TileChoice::N128,
@@ -330,7 +331,7 @@ fn plan_imp<TI: OpElement>(
                 Some(w) => bail!("{method}: the tile width is 128 or 256, not {w}"),
             };
             let options = GemmOptions { tile, ..options };
-            Imp::Fused(FusedAllGatherGemm::<TI>::new(rdzv, &ctx, stream, shape, options, AllGatherMethod::CopyEngine { tile_rows: *tile_rows })?)
+            Imp::Fused(FusedAllGatherGemm::<TI>::new(rdzv, &ctx, stream, shape, options, AllGatherMethod::CopyEngine { tile_rows: *tile_rows, k_chunks: *k_chunks })?)
         }
         other => bail!("{other} is not a method of AllGather + GEMM (seq-cublas, seq-weft, decomposition, fused-intra, fused-inter, fused-ce)"),
     })

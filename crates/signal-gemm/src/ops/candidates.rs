@@ -6,7 +6,7 @@ use crate::plan::{GemmOptions, GemmPlan, GemmShape, TileChoice};
 use crate::reorder::MAX_BAND_RANKS;
 use crate::wave_groups::WaveGroups;
 use std::fmt;
-use weft_kernels::abi::{WEFT_GEMM_MAX_WAVE_GROUPS, WEFT_GEMM_TILE_M};
+use weft_kernels::abi::{WEFT_GEMM_MAX_WAVE_GROUPS, WEFT_GEMM_TILE_K, WEFT_GEMM_TILE_M};
 
 /// The collective an op overlaps with its GEMM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -55,6 +55,9 @@ pub const SIGNAL_MARGINS: [u32; 2] = [16, 32];
 pub const FUSED_COUNTS: [u32; 3] = [8, 16, 32];
 /// Tile rows per copy the copy-engine AllGather tries (2 MiB and 8 MiB copies at k = 4096, bf16).
 pub const COPY_ENGINE_TILE_ROWS: [u32; 2] = [4, 16];
+/// Column chunks along K of the copy-engine AllGather's K-chunked candidate (whole shards, 16
+/// tile rows a copy).
+pub const COPY_ENGINE_K_CHUNKS: u32 = 8;
 /// Row bands the decomposition of AllReduce and ReduceScatter tries.
 pub const DECOMPOSITION_CHUNKS: [u32; 2] = [2, 4];
 
@@ -171,7 +174,17 @@ pub fn candidates(
                 out.extend(COPY_ENGINE_TILE_ROWS.map(|tile_rows| Method::FusedCe {
                     tile_rows,
                     tile_n: None,
+                    k_chunks: 1,
                 }));
+                // Whole shards in column chunks along K: a tile starts once its rows' first
+                // chunk landed (one-wave GEMMs start every tile at once).
+                if shape.k.div_ceil(WEFT_GEMM_TILE_K) >= COPY_ENGINE_K_CHUNKS {
+                    out.push(Method::FusedCe {
+                        tile_rows: COPY_ENGINE_TILE_ROWS[1],
+                        tile_n: None,
+                        k_chunks: COPY_ENGINE_K_CHUNKS,
+                    });
+                }
                 // Narrow tiles where the plan would choose its own width: where the gather
                 // takes longer than the GEMM, the tiles left after the last copy lands are the
                 // tail (4096×1024×8192 on two H200s: 0.181 ms against 0.205).
@@ -180,6 +193,7 @@ pub fn candidates(
                     out.extend(COPY_ENGINE_TILE_ROWS.map(|tile_rows| Method::FusedCe {
                         tile_rows,
                         tile_n: Some(128),
+                        k_chunks: 1,
                     }));
                 }
             }

@@ -7,7 +7,7 @@
 //! ```text
 //! seq-cublas  seq-weft  decomposition:<chunks>  signal:<sm_margin>:<waves per group, '+'-joined>
 //! signal-ce:<waves per group, '+'-joined>  fused-intra  fused-inter:<ctas>
-//! fused-ce:<tile rows per copy>[:<tile width>]  distfuse:<workers>
+//! fused-ce:<tile rows per copy>[:<tile width>][:k<chunks along K>]  distfuse:<workers>
 //! ```
 
 use anyhow::{bail, ensure, Context};
@@ -42,8 +42,13 @@ pub enum Method {
     /// side stream, `tile_rows` tile rows per copy, while weft's persistent GEMM keeps every SM
     /// and waits for each copy's flag before loading its rows. `tile_n`: the GEMM's tile width
     /// (128 or 256), or `None` for the plan's own choice: narrower tiles shorten the work left
-    /// after the last copy lands where the gather takes longer than the GEMM.
-    FusedCe { tile_rows: u32, tile_n: Option<u32> },
+    /// after the last copy lands where the gather takes longer than the GEMM. `k_chunks`: copies
+    /// per group along K (1: whole rows), so that a tile starts once the first chunk landed.
+    FusedCe {
+        tile_rows: u32,
+        tile_n: Option<u32>,
+        k_chunks: u32,
+    },
     /// DistFuse: per-tile flags, `workers` CTAs of a second kernel all-reduce each tile as soon
     /// as it is ready.
     DistFuse { workers: u32 },
@@ -145,12 +150,18 @@ impl fmt::Display for Method {
             Method::FusedInter { ctas } => write!(f, "{name}:{ctas}"),
             Method::FusedCe {
                 tile_rows,
-                tile_n: None,
-            } => write!(f, "{name}:{tile_rows}"),
-            Method::FusedCe {
-                tile_rows,
-                tile_n: Some(w),
-            } => write!(f, "{name}:{tile_rows}:{w}"),
+                tile_n,
+                k_chunks,
+            } => {
+                write!(f, "{name}:{tile_rows}")?;
+                if let Some(w) = tile_n {
+                    write!(f, ":{w}")?;
+                }
+                if *k_chunks > 1 {
+                    write!(f, ":k{k_chunks}")?;
+                }
+                Ok(())
+            }
             Method::DistFuse { workers } => write!(f, "{name}:{workers}"),
             Method::Signal { sm_margin, waves } => {
                 let w: Vec<String> = waves.iter().map(u32::to_string).collect();
@@ -205,12 +216,22 @@ impl FromStr for Method {
                 }
             }
             Family::FusedCe => {
-                let form = "fused-ce:<tile rows per copy>[:<tile width, 128 or 256>]";
+                let form =
+                    "fused-ce:<tile rows per copy>[:<tile width, 128 or 256>][:k<chunks along K>]";
                 ensure!(
-                    args.len() == 1 || args.len() == 2,
+                    (1..=3).contains(&args.len()),
                     "method {s:?}: expected the form {form}"
                 );
-                let tile_n = match args.get(1) {
+                // The optional parts in their order: a width, then k and a chunk count.
+                let (widths, chunks): (Vec<&str>, Vec<&str>) =
+                    args[1..].iter().partition(|a| !a.starts_with('k'));
+                ensure!(
+                    widths.len() <= 1
+                        && chunks.len() <= 1
+                        && (chunks.is_empty() || args.last() == chunks.first()),
+                    "method {s:?}: expected the form {form}"
+                );
+                let tile_n = match widths.first() {
                     None => None,
                     Some(w) => {
                         let w = count(w, "tile width", s)?;
@@ -221,9 +242,14 @@ impl FromStr for Method {
                         Some(w)
                     }
                 };
+                let k_chunks = match chunks.first() {
+                    None => 1,
+                    Some(c) => count(&c[1..], "chunks along K", s)?,
+                };
                 Method::FusedCe {
                     tile_rows: count(args[0], "tile rows per copy", s)?,
                     tile_n,
+                    k_chunks,
                 }
             }
             Family::DistFuse => {
@@ -329,10 +355,22 @@ mod tests {
             Method::FusedCe {
                 tile_rows: 4,
                 tile_n: None,
+                k_chunks: 1,
             },
             Method::FusedCe {
                 tile_rows: 16,
                 tile_n: Some(128),
+                k_chunks: 1,
+            },
+            Method::FusedCe {
+                tile_rows: 16,
+                tile_n: None,
+                k_chunks: 8,
+            },
+            Method::FusedCe {
+                tile_rows: 2,
+                tile_n: Some(256),
+                k_chunks: 4,
             },
             Method::DistFuse { workers: 8 },
         ];
@@ -382,6 +420,12 @@ mod tests {
         assert!(err("fused-inter:0").contains("at least 1"));
         assert!(err("fused-ce").contains("fused-ce:<tile rows per copy>"));
         assert!(err("fused-ce:0").contains("at least 1"));
+        assert!(err("fused-ce:4:k0").contains("chunks along K must be at least 1"));
+        assert!(err("fused-ce:4:kx").contains("chunks along K \"x\""));
+        assert!(err("fused-ce:4:k2:128").contains("the form fused-ce:"));
+        assert!(err("fused-ce:4:k2:k3").contains("the form fused-ce:"));
+        assert!(err("fused-ce:4:128:256").contains("the form fused-ce:"));
+        assert!(err("fused-ce:4:192").contains("128 or 256, not 192"));
         assert!(err("signal-ce").contains("signal-ce:<waves>"));
         assert!(err("signal-ce:2+0").contains("at least 1"));
         assert!(err("signal:32").contains("signal:<sm_margin>"));

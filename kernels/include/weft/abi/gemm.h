@@ -313,14 +313,24 @@ typedef struct weft_tile_allreduce_params {
 // With comm_ctas = 0 the host copies instead (copy engines, fused AllGather's CopyEngine method):
 // one copy and one flag per `flag_rows` tile rows of an owner's shard, the flag written after the
 // copy by a stream memory operation (its memory barrier orders the copy's writes before it).
+// The copy engines may also cut each group along K into `k_chunks` column chunks of
+// `k_chunk_blocks` K blocks (the last may be shorter), one copy and one flag each: the loader then
+// waits for a chunk's flag before the first K block of it, so a tile of a peer's rows starts once
+// the group's first chunk has landed instead of all of it (one-wave GEMMs, where every tile starts
+// at once). Flag of (group, chunk): chunk_flags[group's first tile row * k_chunks + chunk].
 typedef struct weft_gemm_ag_copy {
   weft_pgl_view shards;    // every rank's A shard (ag_rows x k), as mapped on this GPU
   uint64_t gathered;       // the gathered A (m x k, row-major, this GPU): the launch's `a`
-  uint64_t chunk_flags;    // uint64_t per tile row of A, on this GPU
+  uint64_t chunk_flags;    // uint64_t per tile row of A and K chunk, on this GPU
   uint64_t flag_target;    // a copied chunk's flag in this launch (epochs rise)
   uint32_t row_bytes;      // bytes of an A row (k x element size), a multiple of 16
   uint32_t flag_rows;      // tile rows one flag covers, from an owner's first (0 or 1: each its own)
+  uint32_t k_chunks;       // flags per group along K (0 or 1: one, all of K)
+  uint32_t k_chunk_blocks; // K blocks per chunk when k_chunks > 1: k_chunks = ceil(k blocks / this)
 } weft_gemm_ag_copy;
+
+// The flags of a gathered A: per tile row of A, one per K chunk (weft_gemm_ag_copy).
+WEFT_HD uint32_t weft_gemm_ag_k_chunks(weft_gemm_ag_copy c) { return c.k_chunks > 1u ? c.k_chunks : 1u; }
 
 // Kernel parameters (passed by value as a __grid_constant__, so the tensor maps' addresses can be
 // given to TMA). D = alpha * A*B + beta * D (D read only when beta != 0).

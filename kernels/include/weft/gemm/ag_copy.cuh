@@ -60,7 +60,7 @@ __device__ __forceinline__ void run_ag_copy(const weft_gemm_params& p) {
     }
     weft::sync::mo::fence_proxy_async_global();  // the stores before the loaders' TMA reads of them
     __syncthreads();  // every thread's stores before thread 0's release
-    if (threadIdx.x == 0) weft::sync::mo::st_release_gpu(ag_chunk_flag<Cfg>(p, tm), c.flag_target);
+    if (threadIdx.x == 0) weft::sync::mo::st_release_gpu(ag_chunk_flag<Cfg>(p, tm, 0), c.flag_target);
   }
 }
 

@@ -105,7 +105,7 @@ struct GemmConfig {
   static constexpr uint32_t kOffSignals = kOffOrders + ((kStages * 4 + 15) & ~15);
   static constexpr uint32_t kSignalBytes = kConsumers * kSignalSlots * 32;
   // PEER_REDUCE (peer_reduce.cuh): the consumers-drained mbarrier, the START-stall flag and the
-  // inter-SM AllGather's chunk-stall row (ag_copy.cuh).
+  // gathered A's chunk stall (ag_chunk.cuh).
   static constexpr uint32_t kOffPeer = kOffSignals + kSignalBytes;
   static constexpr uint32_t kPeerBytes = 16;
   static constexpr uint32_t kSmemBytes = 1024 + kOffPeer + kPeerBytes;  // + alignment slack
@@ -170,7 +170,7 @@ struct SharedTiles {
   __device__ __forceinline__ volatile uint32_t* peer_flag() const {
     return reinterpret_cast<volatile uint32_t*>(base + Cfg::kOffPeer + 8);
   }
-  // Inter-SM AllGather: 0, or 1 + the tile row whose chunk the loader gave up waiting for.
+  // Fused AllGather's gathered A: 0, or the chunk the loader gave up waiting for (ag_stall_code).
   __device__ __forceinline__ volatile uint32_t* ag_stall() const {
     return reinterpret_cast<volatile uint32_t*>(base + Cfg::kOffPeer + 12);
   }

@@ -39,10 +39,13 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
     const int32_t m0 = static_cast<int32_t>(t.tm * Cfg::kBM), n0 = static_cast<int32_t>(t.tn * Cfg::kBN);
     // Where the A tile comes from: `a`, or (AllGather) its owner's shard, local or peer. A peer's
     // shard only after START (acquire, system scope), then a proxy fence: its generic writes
-    // before this thread's TMA reads. Inter-SM (ag_copy.cuh): a peer's rows from `a`, the
-    // gathered copy, once the communicators flagged their chunk.
+    // before this thread's TMA reads. Inter-SM (ag_copy.cuh) and copy engines: a peer's rows
+    // from `a`, the gathered copy, once their chunk was flagged.
     const void* a_map = &p.a;
     int32_t a_row = m0;
+    // The K block that starts the gathered copy's next K chunk (kNoPoll: no more polls).
+    constexpr uint32_t kNoPoll = 0xFFFFFFFFu;
+    uint32_t poll_kb = kNoPoll;
     if (uses_all_gather_a<Cfg>(p)) {
       const uint32_t owner = t.tm * Cfg::kBM / p.ag_rows;
       if (static_cast<int32_t>(owner) == p.peer_bar.view.rank || !ag_inter(p)) {
@@ -55,11 +58,20 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
         }
         a_map = ag_map(p, owner);
         a_row = m0 - static_cast<int32_t>(owner * p.ag_rows);
-      } else if (!ag_chunk_poll<Cfg>(p, t.tm)) {
-        *sm.ag_stall() = t.tm + 1;  // reported by the peer-barrier thread, as above
+      } else {
+        // The gathered copy: the chunk of the unit's first K block now, and with K chunks
+        // (copy engines, the AllGather's own kernel) each later one before its first K block.
+        const uint32_t chunk = ag_k_chunked<Cfg>(p) ? kbs.begin / p.ag_copy.k_chunk_blocks : 0u;
+        if (!ag_chunk_poll<Cfg>(p, t.tm, chunk)) *sm.ag_stall() = ag_stall_code(p, t.tm, chunk);
+        poll_kb = ag_k_chunked<Cfg>(p) ? (chunk + 1) * p.ag_copy.k_chunk_blocks : kNoPoll;
       }
     }
     for (uint32_t kb = kbs.begin; kb < kbs.end; ++kb) {
+      if (ag_k_chunked<Cfg>(p) && kb == poll_kb) {
+        const uint32_t chunk = kb / p.ag_copy.k_chunk_blocks;
+        if (!ag_chunk_poll<Cfg>(p, t.tm, chunk)) *sm.ag_stall() = ag_stall_code(p, t.tm, chunk);
+        poll_kb += p.ag_copy.k_chunk_blocks;
+      }
       // Parity phase ^ 1: a fresh barrier counts as having completed the phase before phase 0.
       weft::sync::mbarrier_wait<true>(sm.empty(ps.stage), ps.phase ^ 1u, p.bound, 0,
                                 weft_tile_coord{kRoleLoader, static_cast<uint32_t>(ps.stage), t.tm, t.tn});

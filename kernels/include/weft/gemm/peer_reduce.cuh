@@ -197,7 +197,7 @@ __device__ __forceinline__ void run_peer_barrier(const weft_gemm_params& p, cons
     peer_bar_fail(p, WEFT_SYNC_STATUS_TIMEOUT, WEFT_SYNC_PRIM_MBARRIER_WAIT, WEFT_GEMM_PEER_BAR_END, p.peer_bar.view.rank,
                   WEFT_GEMM_CONSUMERS, 0, uint64_t(clock64() - c0));
   }
-  if (const uint32_t row = *sm.ag_stall(); row != 0) ag_chunk_fail<Cfg>(p, row - 1);
+  if (const uint32_t code = *sm.ag_stall(); code != 0) ag_chunk_fail<Cfg>(p, code);
   if (*sm.peer_flag() != 0) {
     // A consumer gave up waiting for every rank's D to be zeroed (its reduces went out), or the
     // loader for every rank's A shard to be written (its loads went out).
