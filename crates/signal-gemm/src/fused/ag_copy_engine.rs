@@ -11,19 +11,21 @@
 //!
 //! Orderings, launch e:
 //!   main:  kernel e, whose CTAs arrive at START on every rank as they begin;
-//!   side:  waits for this rank's START counter to hold world × ctas × e: every rank's kernel e
+//!   side:  (one stream per peer, so that the pulls from different peers run on separate copy
+//!          engines at once) waits for this rank's START counter to hold world × ctas × e: every
+//!          rank's kernel e
 //!          began, so every shard of e is written (each rank writes its shard before its kernel,
 //!          and its START adds are releases), and this rank's kernel e - 1, which read the
 //!          gathered A and the flags, has ended (kernel e follows it on the main stream). The
 //!          target cannot be reached without this rank's CTAs of e: a peer's CTAs of e + 1 arrive
 //!          only after its kernel e ended, which needs every END arrival of e, and each CTA
 //!          arrives at START before END (the same thread, kernel.cuh). Then per
-//!          group: the copy, then the flag write (default flags: a memory barrier makes the
-//!          copy's writes visible before the flag);
-//!   main:  joins the side stream, so a failed copy surfaces on the caller's stream and nothing
+//!          group of the peer's shard: the copy, then the flag write (default flags: a memory
+//!          barrier makes the copy's writes visible before the flag);
+//!   main:  joins the side streams, so a failed copy surfaces on the caller's stream and nothing
 //!          of the op runs past it (the data needs no join: kernel e ends only after it saw
 //!          every flag, so after every copy).
-//! The side stream's wait on START has no bound of its own. What waits on it: the kernel's loader
+//! The side streams' waits on START have no bound of their own. What waits on it: the kernel's loader
 //! (its polls of the chunk flags are bounded and report the tile row they waited for, failing the
 //! context, which ends the side stream too) and the main stream's join, which therefore ends
 //! with the kernel's bound as well. The kernel's END (every rank's loads
@@ -55,9 +57,10 @@ pub(super) struct CopyEngineLaunch<'a> {
     pub flag_target: u64,
 }
 
-/// The side stream and the grouping of the copy-engine AllGather.
+/// The side streams and the grouping of the copy-engine AllGather.
 pub(super) struct CopyEngineGather {
-    side: Arc<CudaStream>,
+    /// One per peer, in the order `copy` takes the peers (rank + 1, rank + 2, …).
+    sides: Vec<Arc<CudaStream>>,
     tile_rows: u32,
     /// K blocks (of WEFT_GEMM_TILE_K) per chunk, and the chunks that makes (1: all of K at once).
     k_chunk_blocks: u32,
@@ -65,12 +68,14 @@ pub(super) struct CopyEngineGather {
 }
 
 impl CopyEngineGather {
-    /// `tile_rows`: tile rows of a shard per copy (and per flag), at least 1; `k_chunks`: column
+    /// `peers`: world − 1, a side stream each; `tile_rows`: tile rows of a shard per copy (and
+    /// per flag), at least 1; `k_chunks`: column
     /// chunks per group along K, at least 1 and at most `k_blocks` (K blocks of the GEMM's main
     /// loop: chunks are whole K blocks, the last may be shorter; fewer chunks result where
     /// `k_blocks` does not divide evenly, [`Self::k_chunks`]).
     pub fn new(
         ctx: &Arc<CudaContext>,
+        peers: usize,
         tile_rows: u32,
         k_chunks: u32,
         k_blocks: u32,
@@ -84,11 +89,12 @@ impl CopyEngineGather {
             "the copy-engine AllGather cuts K into 1 to {k_blocks} chunks (its K blocks of {WEFT_GEMM_TILE_K}); asked for {k_chunks}"
         );
         let k_chunk_blocks = k_blocks.div_ceil(k_chunks);
-        let side = ctx
-            .new_stream()
-            .context("creating the copy-engine AllGather's stream")?;
+        let sides = (0..peers)
+            .map(|_| ctx.new_stream())
+            .collect::<Result<Vec<_>, _>>()
+            .context("creating the copy-engine AllGather's streams")?;
         Ok(Self {
-            side,
+            sides,
             tile_rows,
             k_chunk_blocks,
             k_chunks: k_blocks.div_ceil(k_chunk_blocks),
@@ -112,9 +118,9 @@ impl CopyEngineGather {
         u64::from(self.k_chunk_blocks) * u64::from(WEFT_GEMM_TILE_K) * element_bytes
     }
 
-    /// After the kernel: enqueues the START wait, the copies and the flag writes on the side
-    /// stream, then makes `main` wait for them. `own` tile rows per shard, the peers' taken in
-    /// the order the rotated schedule reads them (from the shard after `rank`'s on).
+    /// After the kernel: enqueues on each peer's side stream the START wait, then the copies of
+    /// its shard and their flag writes, and makes `main` wait for them all. `own` tile rows per
+    /// shard; each shard's groups in the order the rotated schedule reads them.
     pub fn copy(
         &self,
         main: &Arc<CudaStream>,
@@ -122,21 +128,32 @@ impl CopyEngineGather {
         rank: usize,
         own: u32,
     ) -> anyhow::Result<()> {
-        let side = self.side.cu_stream();
         let world = l.shards.len();
+        ensure!(
+            self.sides.len() + 1 == world,
+            "the copy-engine AllGather was made for {} ranks, the launch has {world}",
+            self.sides.len() + 1
+        );
         main.context().bind_to_thread()?;
-        // SAFETY: the counter is this rank's, alive as long as the op; a stream operation.
-        unsafe {
-            sys::cuStreamWaitValue64_v2(
-                side,
-                l.start_counter,
-                l.start_target,
-                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
-            )
-        }
-        .result()
-        .context("the copy-engine AllGather's wait for every rank's START (cuStreamWaitValue64)")?;
-        for q in (1..world).map(|i| (rank + i) % world) {
+        for (side, q) in self
+            .sides
+            .iter()
+            .zip((1..world).map(|i| (rank + i) % world))
+        {
+            let side = side.cu_stream();
+            // SAFETY: the counter is this rank's, alive as long as the op; a stream operation.
+            unsafe {
+                sys::cuStreamWaitValue64_v2(
+                    side,
+                    l.start_counter,
+                    l.start_target,
+                    sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+                )
+            }
+            .result()
+            .context(
+                "the copy-engine AllGather's wait for every rank's START (cuStreamWaitValue64)",
+            )?;
             let mut first = 0;
             while first < own {
                 let rows = self.tile_rows.min(own - first);
@@ -188,8 +205,11 @@ impl CopyEngineGather {
                 first += rows;
             }
         }
-        main.join(&self.side)
-            .context("ordering the caller's stream after the copy-engine AllGather's copies")
+        for side in &self.sides {
+            main.join(side)
+                .context("ordering the caller's stream after the copy-engine AllGather's copies")?;
+        }
+        Ok(())
     }
 }
 

@@ -55,9 +55,10 @@ pub const SIGNAL_MARGINS: [u32; 2] = [16, 32];
 pub const FUSED_COUNTS: [u32; 3] = [8, 16, 32];
 /// Tile rows per copy the copy-engine AllGather tries (2 MiB and 8 MiB copies at k = 4096, bf16).
 pub const COPY_ENGINE_TILE_ROWS: [u32; 2] = [4, 16];
-/// Column chunks along K of the copy-engine AllGather's K-chunked candidate (whole shards, 16
-/// tile rows a copy).
-pub const COPY_ENGINE_K_CHUNKS: u32 = 8;
+/// Column chunks along K of the copy-engine AllGather's K-chunked candidates (16 tile rows a
+/// copy): on two H200s 4 chunks won at 512–4096 rows, 8 at some larger shapes; 16 lost everywhere
+/// (2D copies of 1 KiB-wide rows; results/overlap-all-gather/k-chunks-nvidia-h200-x4-2026-11-27/).
+pub const COPY_ENGINE_K_CHUNKS: [u32; 3] = [2, 4, 8];
 /// Row bands the decomposition of AllReduce and ReduceScatter tries.
 pub const DECOMPOSITION_CHUNKS: [u32; 2] = [2, 4];
 
@@ -178,12 +179,14 @@ pub fn candidates(
                 }));
                 // Whole shards in column chunks along K: a tile starts once its rows' first
                 // chunk landed (one-wave GEMMs start every tile at once).
-                if shape.k.div_ceil(WEFT_GEMM_TILE_K) >= COPY_ENGINE_K_CHUNKS {
-                    out.push(Method::FusedCe {
-                        tile_rows: COPY_ENGINE_TILE_ROWS[1],
-                        tile_n: None,
-                        k_chunks: COPY_ENGINE_K_CHUNKS,
-                    });
+                for k_chunks in COPY_ENGINE_K_CHUNKS {
+                    if shape.k.div_ceil(WEFT_GEMM_TILE_K) >= k_chunks {
+                        out.push(Method::FusedCe {
+                            tile_rows: COPY_ENGINE_TILE_ROWS[1],
+                            tile_n: None,
+                            k_chunks,
+                        });
+                    }
                 }
                 // Narrow tiles where the plan would choose its own width: where the gather
                 // takes longer than the GEMM, the tiles left after the last copy lands are the
