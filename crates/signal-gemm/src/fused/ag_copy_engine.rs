@@ -9,23 +9,26 @@
 //! from it. No SM moves data between GPUs (ranks sharing one GPU copy within it, which the driver
 //! may do with a kernel).
 //!
+//! One side stream takes every peer, in the order the schedule reads their rows: with a stream
+//! per peer (0da4af6, pulls from every peer at once) the method ran up to 1.7× slower on four
+//! H200s — the shards shared the gather's bandwidth, so the rows the schedule needs first came
+//! later (results/overlap-all-gather/k-chunks-nvidia-h200-x4-2026-11-27/).
+//!
 //! Orderings, launch e:
 //!   main:  kernel e, whose CTAs arrive at START on every rank as they begin;
-//!   side:  (one stream per peer, so that the pulls from different peers run on separate copy
-//!          engines at once) waits for this rank's START counter to hold world × ctas × e: every
-//!          rank's kernel e
+//!   side:  waits for this rank's START counter to hold world × ctas × e: every rank's kernel e
 //!          began, so every shard of e is written (each rank writes its shard before its kernel,
 //!          and its START adds are releases), and this rank's kernel e - 1, which read the
 //!          gathered A and the flags, has ended (kernel e follows it on the main stream). The
 //!          target cannot be reached without this rank's CTAs of e: a peer's CTAs of e + 1 arrive
 //!          only after its kernel e ended, which needs every END arrival of e, and each CTA
 //!          arrives at START before END (the same thread, kernel.cuh). Then per
-//!          group of the peer's shard: the copy, then the flag write (default flags: a memory
-//!          barrier makes the copy's writes visible before the flag);
-//!   main:  joins the side streams, so a failed copy surfaces on the caller's stream and nothing
+//!          group: the copy, then the flag write (default flags: a memory barrier makes the
+//!          copy's writes visible before the flag);
+//!   main:  joins the side stream, so a failed copy surfaces on the caller's stream and nothing
 //!          of the op runs past it (the data needs no join: kernel e ends only after it saw
 //!          every flag, so after every copy).
-//! The side streams' waits on START have no bound of their own. What waits on it: the kernel's loader
+//! The side stream's wait on START has no bound of its own. What waits on it: the kernel's loader
 //! (its polls of the chunk flags are bounded and report the tile row they waited for, failing the
 //! context, which ends the side stream too) and the main stream's join, which therefore ends
 //! with the kernel's bound as well. The kernel's END (every rank's loads
@@ -57,10 +60,9 @@ pub(super) struct CopyEngineLaunch<'a> {
     pub flag_target: u64,
 }
 
-/// The side streams and the grouping of the copy-engine AllGather.
+/// The side stream and the grouping of the copy-engine AllGather.
 pub(super) struct CopyEngineGather {
-    /// One per peer, in the order `copy` takes the peers (rank + 1, rank + 2, …).
-    sides: Vec<Arc<CudaStream>>,
+    side: Arc<CudaStream>,
     tile_rows: u32,
     /// K blocks (of WEFT_GEMM_TILE_K) per chunk, and the chunks that makes (1: all of K at once).
     k_chunk_blocks: u32,
@@ -68,14 +70,12 @@ pub(super) struct CopyEngineGather {
 }
 
 impl CopyEngineGather {
-    /// `peers`: world − 1, a side stream each; `tile_rows`: tile rows of a shard per copy (and
-    /// per flag), at least 1; `k_chunks`: column
+    /// `tile_rows`: tile rows of a shard per copy (and per flag), at least 1; `k_chunks`: column
     /// chunks per group along K, at least 1 and at most `k_blocks` (K blocks of the GEMM's main
     /// loop: chunks are whole K blocks, the last may be shorter; fewer chunks result where
     /// `k_blocks` does not divide evenly, [`Self::k_chunks`]).
     pub fn new(
         ctx: &Arc<CudaContext>,
-        peers: usize,
         tile_rows: u32,
         k_chunks: u32,
         k_blocks: u32,
@@ -89,12 +89,11 @@ impl CopyEngineGather {
             "the copy-engine AllGather cuts K into 1 to {k_blocks} chunks (its K blocks of {WEFT_GEMM_TILE_K}); asked for {k_chunks}"
         );
         let k_chunk_blocks = k_blocks.div_ceil(k_chunks);
-        let sides = (0..peers)
-            .map(|_| ctx.new_stream())
-            .collect::<Result<Vec<_>, _>>()
-            .context("creating the copy-engine AllGather's streams")?;
+        let side = ctx
+            .new_stream()
+            .context("creating the copy-engine AllGather's stream")?;
         Ok(Self {
-            sides,
+            side,
             tile_rows,
             k_chunk_blocks,
             k_chunks: k_blocks.div_ceil(k_chunk_blocks),
@@ -118,9 +117,9 @@ impl CopyEngineGather {
         u64::from(self.k_chunk_blocks) * u64::from(WEFT_GEMM_TILE_K) * element_bytes
     }
 
-    /// After the kernel: enqueues on each peer's side stream the START wait, then the copies of
-    /// its shard and their flag writes, and makes `main` wait for them all. `own` tile rows per
-    /// shard; each shard's groups in the order the rotated schedule reads them.
+    /// After the kernel: enqueues the START wait, the copies and the flag writes on the side
+    /// stream, then makes `main` wait for them. `own` tile rows per shard, the peers' taken in
+    /// the order the rotated schedule reads them (from the shard after `rank`'s on).
     pub fn copy(
         &self,
         main: &Arc<CudaStream>,
@@ -128,32 +127,21 @@ impl CopyEngineGather {
         rank: usize,
         own: u32,
     ) -> anyhow::Result<()> {
+        let side = self.side.cu_stream();
         let world = l.shards.len();
-        ensure!(
-            self.sides.len() + 1 == world,
-            "the copy-engine AllGather was made for {} ranks, the launch has {world}",
-            self.sides.len() + 1
-        );
         main.context().bind_to_thread()?;
-        for (side, q) in self
-            .sides
-            .iter()
-            .zip((1..world).map(|i| (rank + i) % world))
-        {
-            let side = side.cu_stream();
-            // SAFETY: the counter is this rank's, alive as long as the op; a stream operation.
-            unsafe {
-                sys::cuStreamWaitValue64_v2(
-                    side,
-                    l.start_counter,
-                    l.start_target,
-                    sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
-                )
-            }
-            .result()
-            .context(
-                "the copy-engine AllGather's wait for every rank's START (cuStreamWaitValue64)",
-            )?;
+        // SAFETY: the counter is this rank's, alive as long as the op; a stream operation.
+        unsafe {
+            sys::cuStreamWaitValue64_v2(
+                side,
+                l.start_counter,
+                l.start_target,
+                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+            )
+        }
+        .result()
+        .context("the copy-engine AllGather's wait for every rank's START (cuStreamWaitValue64)")?;
+        for q in (1..world).map(|i| (rank + i) % world) {
             let mut first = 0;
             while first < own {
                 let rows = self.tile_rows.min(own - first);
@@ -205,11 +193,8 @@ impl CopyEngineGather {
                 first += rows;
             }
         }
-        for side in &self.sides {
-            main.join(side)
-                .context("ordering the caller's stream after the copy-engine AllGather's copies")?;
-        }
-        Ok(())
+        main.join(&self.side)
+            .context("ordering the caller's stream after the copy-engine AllGather's copies")
     }
 }
 

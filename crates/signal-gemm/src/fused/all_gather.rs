@@ -115,14 +115,8 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
                 k_chunks,
             } => Some(agree(
                 rdzv,
-                "the copy-engine AllGather's streams",
-                CopyEngineGather::new(
-                    ctx,
-                    world as usize - 1,
-                    tile_rows,
-                    k_chunks,
-                    shape.k.div_ceil(WEFT_GEMM_TILE_K),
-                ),
+                "the copy-engine AllGather's stream",
+                CopyEngineGather::new(ctx, tile_rows, k_chunks, shape.k.div_ceil(WEFT_GEMM_TILE_K)),
             )?),
             _ => None,
         };

@@ -56,8 +56,9 @@ pub const FUSED_COUNTS: [u32; 3] = [8, 16, 32];
 /// Tile rows per copy the copy-engine AllGather tries (2 MiB and 8 MiB copies at k = 4096, bf16).
 pub const COPY_ENGINE_TILE_ROWS: [u32; 2] = [4, 16];
 /// Column chunks along K of the copy-engine AllGather's K-chunked candidates (16 tile rows a
-/// copy): on two H200s 4 chunks won at 512–4096 rows, 8 at some larger shapes; 16 lost everywhere
-/// (2D copies of 1 KiB-wide rows; results/overlap-all-gather/k-chunks-nvidia-h200-x4-2026-11-27/).
+/// copy): on two H200s 4 chunks won at 512–4096 rows, 8 at some larger shapes, on four 2 or 4
+/// at 4096–8192 rows; 16 lost everywhere (2D copies of 1 KiB-wide rows;
+/// results/overlap-all-gather/k-chunks-nvidia-h200-x4-2026-11-27/).
 pub const COPY_ENGINE_K_CHUNKS: [u32; 3] = [2, 4, 8];
 /// Row bands the decomposition of AllReduce and ReduceScatter tries.
 pub const DECOMPOSITION_CHUNKS: [u32; 2] = [2, 4];
