@@ -10,9 +10,10 @@
 //! may do with a kernel).
 //!
 //! One side stream takes every peer, in the order the schedule reads their rows: with a stream
-//! per peer (0da4af6, pulls from every peer at once) the method ran up to 1.7× slower on four
-//! H200s — the shards shared the gather's bandwidth, so the rows the schedule needs first came
-//! later (results/overlap-all-gather/k-chunks-nvidia-h200-x4-2026-11-27/).
+//! per peer (0da4af6, pulls from every peer at once) the method ran up to 1.87× slower on four
+//! H200s (faster only at 512 rows, one wave) — the shards shared the gather's bandwidth, so the
+//! rows the schedule needs first came later
+//! (results/overlap-all-gather/k-chunks-nvidia-h200-x4-2026-11-27/).
 //!
 //! Orderings, launch e:
 //!   main:  kernel e, whose CTAs arrive at START on every rank as they begin;
