@@ -117,12 +117,13 @@ fn choices(op: OpKind, methods: &[String]) -> anyhow::Result<(Vec<MethodChoice>,
     Ok((out, auto))
 }
 
-/// A family as a choice: parameterless families are their one exact method.
+/// A family as a choice: parameterless families are their one exact method (fused-intra: with
+/// the plan's own tile width; `--method fused-intra:128` names the narrow one).
 fn family_choice(f: Family) -> MethodChoice {
     match f {
         Family::SeqCublas => MethodChoice::Exact(Method::SeqCublas),
         Family::SeqWeft => MethodChoice::Exact(Method::SeqWeft),
-        Family::FusedIntra => MethodChoice::Exact(Method::FusedIntra),
+        Family::FusedIntra => MethodChoice::Exact(Method::FusedIntra { tile_n: None }),
         f => MethodChoice::Family(f),
     }
 }

@@ -35,8 +35,8 @@ impl GemmAlone {
                     *chunks
                 },
             },
-            Method::SeqWeft | Method::FusedIntra => GemmAlone::weft(0),
-            Method::FusedCe { tile_n, .. } => GemmAlone::Weft {
+            Method::SeqWeft => GemmAlone::weft(0),
+            Method::FusedIntra { tile_n } | Method::FusedCe { tile_n, .. } => GemmAlone::Weft {
                 sm_margin: 0,
                 tile: match tile_n {
                     Some(128) => TileChoice::N128,

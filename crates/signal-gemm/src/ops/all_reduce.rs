@@ -336,7 +336,7 @@ fn plan_imp<TO: OpElement>(
                 AllReduceMethod::DistFuse { workers: *workers },
             )?)
         }
-        Method::FusedIntra | Method::FusedCe { .. } | Method::SignalCe { .. } => {
+        Method::FusedIntra { .. } | Method::FusedCe { .. } | Method::SignalCe { .. } => {
             bail!("{method} is not a method of GEMM + AllReduce (fused-inter, distfuse)")
         }
     })

@@ -156,10 +156,18 @@ pub fn candidates(
     // AllGather's shards.
     let rows_per_rank = m / world.max(1);
     let fused_world = world <= MAX_BAND_RANKS;
+    // Narrow tiles where the plan would choose a wider one itself: more, shorter tiles, so the
+    // communication of the first waves overlaps the GEMM of the later ones, and less work is
+    // left after the last of it.
+    let narrow = options.tile == TileChoice::Auto
+        && GemmPlan::new(sms, shape, options).is_ok_and(|p| p.tile_n() != 128);
     match op {
         OpKind::ReduceScatter => {
             if fused_world && m.is_multiple_of(world) && rows_per_rank.is_multiple_of(64) {
-                out.push(Method::FusedIntra);
+                out.push(Method::FusedIntra { tile_n: None });
+                if narrow {
+                    out.push(Method::FusedIntra { tile_n: Some(128) });
+                }
             }
         }
         OpKind::AllGather => {
@@ -189,11 +197,10 @@ pub fn candidates(
                         });
                     }
                 }
-                // Narrow tiles where the plan would choose its own width: where the gather
-                // takes longer than the GEMM, the tiles left after the last copy lands are the
-                // tail (4096×1024×8192 on two H200s: 0.181 ms against 0.205).
-                let auto_width = GemmPlan::new(sms, shape, options).map(|p| p.tile_n());
-                if options.tile == TileChoice::Auto && auto_width.is_ok_and(|w| w != 128) {
+                // Narrow tiles: where the gather takes longer than the GEMM, the tiles left after
+                // the last copy lands are the tail (4096×1024×8192 on two H200s: 0.181 ms
+                // against 0.205).
+                if narrow {
                     out.extend(COPY_ENGINE_TILE_ROWS.map(|tile_rows| Method::FusedCe {
                         tile_rows,
                         tile_n: Some(128),
@@ -204,7 +211,7 @@ pub fn candidates(
         }
         OpKind::AllToAll => {
             if fused_world {
-                out.push(Method::FusedIntra);
+                out.push(Method::FusedIntra { tile_n: None });
             }
         }
         OpKind::AllReduce => {
@@ -310,6 +317,49 @@ mod tests {
             families(&candidates(OpKind::AllToAll, s, o, 2, 132, false)),
             [SeqCublas, SeqWeft, SignalCe, Signal, FusedIntra]
         );
+    }
+
+    #[test]
+    fn fused_variants_follow_the_plan_width_and_k() {
+        let o = GemmOptions::default();
+        let fused = |op, shape, o| -> Vec<Method> {
+            candidates(op, shape, o, 2, 132, false)
+                .into_iter()
+                .filter(|m| matches!(m, Method::FusedIntra { .. } | Method::FusedCe { .. }))
+                .collect()
+        };
+        // 512 × 8192: the plan takes 128 × 256 tiles (one wave), so the narrow one is tried too.
+        let rs = GemmShape::new(512, 8192, 4096);
+        assert_eq!(GemmPlan::new(132, rs, o).unwrap().tile_n(), 256);
+        assert_eq!(
+            fused(OpKind::ReduceScatter, rs, o),
+            [
+                Method::FusedIntra { tile_n: None },
+                Method::FusedIntra { tile_n: Some(128) }
+            ]
+        );
+        // A fixed tile in the options: no second width.
+        let fixed = GemmOptions {
+            tile: TileChoice::N256,
+            ..o
+        };
+        assert_eq!(
+            fused(OpKind::ReduceScatter, rs, fixed),
+            [Method::FusedIntra { tile_n: None }]
+        );
+        // The copy-engine AllGather: groups of 4 and 16 tile rows whole, 16 in 2, 4 and 8 chunks
+        // along K where K has that many blocks of 64 (k = 256: four).
+        let ce = |k: u32| -> Vec<u32> {
+            fused(OpKind::AllGather, GemmShape::new(4096, 2048, k), fixed)
+                .iter()
+                .filter_map(|m| match m {
+                    Method::FusedCe { k_chunks, .. } if *k_chunks > 1 => Some(*k_chunks),
+                    _ => None,
+                })
+                .collect()
+        };
+        assert_eq!(ce(8192), [2, 4, 8]);
+        assert_eq!(ce(256), [2, 4]);
     }
 
     #[test]

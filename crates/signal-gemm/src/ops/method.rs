@@ -6,10 +6,11 @@
 //!
 //! ```text
 //! seq-cublas  seq-weft  decomposition:<chunks>  signal:<sm_margin>:<waves per group, '+'-joined>
-//! signal-ce:<waves per group, '+'-joined>  fused-intra  fused-inter:<ctas>
+//! signal-ce:<waves per group, '+'-joined>  fused-intra[:<tile width>]  fused-inter:<ctas>
 //! fused-ce:<tile rows per copy>[:<tile width>][:k<chunks along K>]  distfuse:<workers>
 //! ```
 
+use crate::plan::TileChoice;
 use anyhow::{bail, ensure, Context};
 use std::fmt;
 use std::str::FromStr;
@@ -34,7 +35,10 @@ pub enum Method {
     SignalCe { waves: Vec<u32> },
     /// ParallelKittens' intra-SM design: the GEMM's own epilogue (ReduceScatter: TMA reduce-add
     /// into the owner) or loader (AllGather: TMA loads from the owner) talks to the peers.
-    FusedIntra,
+    /// `tile_n`: the GEMM's tile width (128 or 256), or `None` for the plan's own choice: narrower
+    /// tiles make more waves, so the adds of the first overlap the GEMM of the next where a
+    /// one-wave GEMM would send everything at its end.
+    FusedIntra { tile_n: Option<u32> },
     /// ParallelKittens' inter-SM design: `ctas` communicator CTAs of the GEMM kernel move the
     /// data (AllReduce: tile owners sum and broadcast; AllGather: chunked copies).
     FusedInter { ctas: u32 },
@@ -128,7 +132,7 @@ impl Method {
             Method::Decomposition { .. } => Family::Decomposition,
             Method::Signal { .. } => Family::Signal,
             Method::SignalCe { .. } => Family::SignalCe,
-            Method::FusedIntra => Family::FusedIntra,
+            Method::FusedIntra { .. } => Family::FusedIntra,
             Method::FusedInter { .. } => Family::FusedInter,
             Method::FusedCe { .. } => Family::FusedCe,
             Method::DistFuse { .. } => Family::DistFuse,
@@ -145,7 +149,10 @@ impl fmt::Display for Method {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let name = self.family().name();
         match self {
-            Method::SeqCublas | Method::SeqWeft | Method::FusedIntra => f.write_str(name),
+            Method::SeqCublas | Method::SeqWeft | Method::FusedIntra { tile_n: None } => {
+                f.write_str(name)
+            }
+            Method::FusedIntra { tile_n: Some(w) } => write!(f, "{name}:{w}"),
             Method::Decomposition { chunks } => write!(f, "{name}:{chunks}"),
             Method::FusedInter { ctas } => write!(f, "{name}:{ctas}"),
             Method::FusedCe {
@@ -175,6 +182,31 @@ impl fmt::Display for Method {
     }
 }
 
+/// A fixed tile width in a method's text: 128 or 256.
+fn tile_width(text: &str, method: &str) -> anyhow::Result<u32> {
+    let w = count(text, "tile width", method)?;
+    ensure!(
+        w == 128 || w == 256,
+        "method {method:?}: the tile width is 128 or 256, not {w}"
+    );
+    Ok(w)
+}
+
+/// The GEMM's tile choice for a method that may fix its width (`tile_n`, 128 or 256; `None`
+/// keeps `planned`, the options' own).
+pub fn tile_choice(
+    method: &Method,
+    tile_n: Option<u32>,
+    planned: TileChoice,
+) -> anyhow::Result<TileChoice> {
+    Ok(match tile_n {
+        None => planned,
+        Some(128) => TileChoice::N128,
+        Some(256) => TileChoice::N256,
+        Some(w) => bail!("{method}: the tile width is 128 or 256, not {w}"),
+    })
+}
+
 fn count(text: &str, what: &str, method: &str) -> anyhow::Result<u32> {
     let v: u32 = text
         .parse()
@@ -202,7 +234,15 @@ impl FromStr for Method {
         Ok(match family {
             Family::SeqCublas => want(0, "seq-cublas").map(|()| Method::SeqCublas)?,
             Family::SeqWeft => want(0, "seq-weft").map(|()| Method::SeqWeft)?,
-            Family::FusedIntra => want(0, "fused-intra").map(|()| Method::FusedIntra)?,
+            Family::FusedIntra => {
+                ensure!(
+                    args.len() <= 1,
+                    "method {s:?}: expected the form fused-intra[:<tile width, 128 or 256>]"
+                );
+                Method::FusedIntra {
+                    tile_n: args.first().map(|w| tile_width(w, s)).transpose()?,
+                }
+            }
             Family::Decomposition => {
                 want(1, "decomposition:<chunks>")?;
                 Method::Decomposition {
@@ -231,17 +271,7 @@ impl FromStr for Method {
                         && (chunks.is_empty() || args.last() == chunks.first()),
                     "method {s:?}: expected the form {form}"
                 );
-                let tile_n = match widths.first() {
-                    None => None,
-                    Some(w) => {
-                        let w = count(w, "tile width", s)?;
-                        ensure!(
-                            w == 128 || w == 256,
-                            "method {s:?}: the tile width is 128 or 256, not {w}"
-                        );
-                        Some(w)
-                    }
-                };
+                let tile_n = widths.first().map(|w| tile_width(w, s)).transpose()?;
                 let k_chunks = match chunks.first() {
                     None => 1,
                     Some(c) => count(&c[1..], "chunks along K", s)?,
@@ -350,7 +380,8 @@ mod tests {
                 waves: vec![1, 3],
             },
             Method::SignalCe { waves: vec![2, 1] },
-            Method::FusedIntra,
+            Method::FusedIntra { tile_n: None },
+            Method::FusedIntra { tile_n: Some(128) },
             Method::FusedInter { ctas: 16 },
             Method::FusedCe {
                 tile_rows: 4,
@@ -426,6 +457,8 @@ mod tests {
         assert!(err("fused-ce:4:k2:k3").contains("the form fused-ce:"));
         assert!(err("fused-ce:4:128:256").contains("the form fused-ce:"));
         assert!(err("fused-ce:4:192").contains("128 or 256, not 192"));
+        assert!(err("fused-intra:192").contains("128 or 256, not 192"));
+        assert!(err("fused-intra:128:4").contains("fused-intra[:<tile width"));
         assert!(err("signal-ce").contains("signal-ce:<waves>"));
         assert!(err("signal-ce:2+0").contains("at least 1"));
         assert!(err("signal:32").contains("signal:<sm_margin>"));
