@@ -158,16 +158,15 @@ pub fn candidates(
     let fused_world = world <= MAX_BAND_RANKS;
     // Narrow tiles where the plan would choose a wider one itself: more, shorter tiles, so the
     // communication of the first waves overlaps the GEMM of the later ones, and less work is
-    // left after the last of it.
+    // left after the last of it (not for the fused ReduceScatter: on two H200s 128-wide tiles
+    // were never faster, up to 16 % slower; results/overlap-reduce-scatter/
+    // narrow-tiles-nvidia-h200-x2-2026-11-27/).
     let narrow = options.tile == TileChoice::Auto
         && GemmPlan::new(sms, shape, options).is_ok_and(|p| p.tile_n() != 128);
     match op {
         OpKind::ReduceScatter => {
             if fused_world && m.is_multiple_of(world) && rows_per_rank.is_multiple_of(64) {
                 out.push(Method::FusedIntra { tile_n: None });
-                if narrow {
-                    out.push(Method::FusedIntra { tile_n: Some(128) });
-                }
             }
         }
         OpKind::AllGather => {
@@ -212,6 +211,11 @@ pub fn candidates(
         OpKind::AllToAll => {
             if fused_world {
                 out.push(Method::FusedIntra { tile_n: None });
+                // Skewed routings where the stores outlast the GEMM (4096 × 8192 × 1024 on two
+                // H200s: 0.188 ms against 0.167).
+                if narrow {
+                    out.push(Method::FusedIntra { tile_n: Some(128) });
+                }
             }
         }
         OpKind::AllReduce => {
@@ -328,25 +332,22 @@ mod tests {
                 .filter(|m| matches!(m, Method::FusedIntra { .. } | Method::FusedCe { .. }))
                 .collect()
         };
-        // 512 × 8192: the plan takes 128 × 256 tiles (one wave), so the narrow one is tried too.
-        let rs = GemmShape::new(512, 8192, 4096);
-        assert_eq!(GemmPlan::new(132, rs, o).unwrap().tile_n(), 256);
-        assert_eq!(
-            fused(OpKind::ReduceScatter, rs, o),
-            [
-                Method::FusedIntra { tile_n: None },
-                Method::FusedIntra { tile_n: Some(128) }
-            ]
-        );
+        // 4096 × 8192: the plan takes 128 × 256 tiles, so the All-to-All tries 128 too (the
+        // ReduceScatter does not).
+        let s = GemmShape::new(4096, 8192, 1024);
+        assert_eq!(GemmPlan::new(132, s, o).unwrap().tile_n(), 256);
+        let both = [
+            Method::FusedIntra { tile_n: None },
+            Method::FusedIntra { tile_n: Some(128) },
+        ];
+        assert_eq!(fused(OpKind::AllToAll, s, o), both);
+        assert_eq!(fused(OpKind::ReduceScatter, s, o), both[..1]);
         // A fixed tile in the options: no second width.
         let fixed = GemmOptions {
             tile: TileChoice::N256,
             ..o
         };
-        assert_eq!(
-            fused(OpKind::ReduceScatter, rs, fixed),
-            [Method::FusedIntra { tile_n: None }]
-        );
+        assert_eq!(fused(OpKind::AllToAll, s, fixed), both[..1]);
         // The copy-engine AllGather: groups of 4 and 16 tile rows whole, 16 in 2, 4 and 8 chunks
         // along K where K has that many blocks of 64 (k = 256: four).
         let ce = |k: u32| -> Vec<u32> {
