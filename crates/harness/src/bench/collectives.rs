@@ -8,7 +8,9 @@
 //! then weft and NCCL are timed in alternating blocks (CUDA events around each call, after
 //! warm-up), and the table reports each one's median over its iterations, the slowest rank's.
 //! Sizes up to 4 MiB are also timed under CUDA graph replay (20 calls per graph, per-call time),
-//! as inference engines run small collectives: launch costs on the host then drop out.
+//! as inference engines run small collectives: launch costs on the host then drop out; and their
+//! host cost is reported: the wall time per call of enqueueing 100 calls back to back, without
+//! events or synchronisation (the GPU does not hold the host back: 100 launches fit its queue).
 
 use super::nccl::Op;
 use super::sweep::Sweep;
@@ -71,11 +73,33 @@ struct Measured {
     /// Per call under graph replay (sizes up to GRAPH_MAX_BYTES), else 0.
     weft_graph_ms: f64,
     nccl_graph_ms: f64,
+    /// Host wall time per call to enqueue it (sizes up to GRAPH_MAX_BYTES), else 0.
+    weft_enqueue_us: f64,
+    nccl_enqueue_us: f64,
 }
 
 /// Sizes up to this are also timed under CUDA graph replay (where launch costs dominate).
 const GRAPH_MAX_BYTES: usize = 4 << 20;
 const GRAPH_CALLS: usize = 20;
+
+/// Calls enqueued back to back for the host cost of one.
+const ENQUEUE_CALLS: usize = 100;
+
+/// Host wall time per call (µs) of `ENQUEUE_CALLS` calls enqueued back to back on an idle
+/// stream, then the stream drained.
+fn time_enqueue(
+    stream: &Arc<CudaStream>,
+    mut op: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<f64> {
+    stream.synchronize()?;
+    let start = std::time::Instant::now();
+    for _ in 0..ENQUEUE_CALLS {
+        op()?;
+    }
+    let us = start.elapsed().as_secs_f64() * 1e6 / ENQUEUE_CALLS as f64;
+    stream.synchronize()?;
+    Ok(us)
+}
 
 /// Per-call time under graph replay: `GRAPH_CALLS` calls captured in one graph, each replay timed
 /// with events (after warm-up); the median replay divided by the calls.
@@ -170,8 +194,14 @@ pub fn run(job: &mut Job, quick: bool, sweep: &Sweep) -> anyhow::Result<SuiteRes
                         super::nccl::enqueue(comm, op, &send, &mut nccl_out, s, r, &stream)
                     })?);
                 }
-                let (mut wg, mut ng) = (0.0, 0.0);
+                let (mut wg, mut ng, mut we, mut ne) = (0.0, 0.0, 0.0, 0.0);
                 if op.reported_bytes(s, r) <= GRAPH_MAX_BYTES {
+                    we = time_enqueue(&stream, || {
+                        weft_call(&mut coll, op, &send, &mut weft_out, s, r)
+                    })?;
+                    ne = time_enqueue(&stream, || {
+                        super::nccl::enqueue(comm, op, &send, &mut nccl_out, s, r, &stream)
+                    })?;
                     wg = time_graph(&stream, 10, || {
                         weft_call(&mut coll, op, &send, &mut weft_out, s, r)
                     })?;
@@ -205,6 +235,8 @@ pub fn run(job: &mut Job, quick: bool, sweep: &Sweep) -> anyhow::Result<SuiteRes
                     nccl_ms: median(&n),
                     weft_graph_ms: wg,
                     nccl_graph_ms: ng,
+                    weft_enqueue_us: we,
+                    nccl_enqueue_us: ne,
                 });
             }
         }
@@ -215,7 +247,16 @@ pub fn run(job: &mut Job, quick: bool, sweep: &Sweep) -> anyhow::Result<SuiteRes
     coll.free(&mut job.rdzv)?;
     let mine: Vec<f64> = measured
         .iter()
-        .flat_map(|m| [m.weft_ms, m.nccl_ms, m.weft_graph_ms, m.nccl_graph_ms])
+        .flat_map(|m| {
+            [
+                m.weft_ms,
+                m.nccl_ms,
+                m.weft_graph_ms,
+                m.nccl_graph_ms,
+                m.weft_enqueue_us,
+                m.nccl_enqueue_us,
+            ]
+        })
         .collect();
     let per_rank = super::gather_f64(job, &mine)?;
     let slowest = |i: usize| per_rank.iter().map(|r| r[i]).fold(f64::MIN, f64::max);
@@ -232,6 +273,7 @@ pub fn run(job: &mut Job, quick: bool, sweep: &Sweep) -> anyhow::Result<SuiteRes
             "graph: weft (us)",
             "NCCL (us)",
             "NCCL / weft",
+            "enqueue: weft / NCCL (us)",
             "path",
             "blocks×threads",
             "rounds",
@@ -240,11 +282,13 @@ pub fn run(job: &mut Job, quick: bool, sweep: &Sweep) -> anyhow::Result<SuiteRes
     };
     let mut rows = Vec::new();
     for (k, m) in measured.iter().enumerate() {
-        let (w, n, wg, ng) = (
-            slowest(4 * k),
-            slowest(4 * k + 1),
-            slowest(4 * k + 2),
-            slowest(4 * k + 3),
+        let (w, n, wg, ng, we, ne) = (
+            slowest(6 * k),
+            slowest(6 * k + 1),
+            slowest(6 * k + 2),
+            slowest(6 * k + 3),
+            slowest(6 * k + 4),
+            slowest(6 * k + 5),
         );
         let graphed = wg > 0.0 && ng > 0.0;
         let opt = |v: f64| {
@@ -270,6 +314,11 @@ pub fn run(job: &mut Job, quick: bool, sweep: &Sweep) -> anyhow::Result<SuiteRes
             } else {
                 String::new()
             },
+            if graphed {
+                format!("{we:.1} / {ne:.1}")
+            } else {
+                String::new()
+            },
             m.path.clone(),
             format!("{}×{}", m.blocks, m.threads),
             m.rounds.to_string(),
@@ -288,6 +337,8 @@ pub fn run(job: &mut Job, quick: bool, sweep: &Sweep) -> anyhow::Result<SuiteRes
             ("graph_weft_ms", Json::from(graphed.then_some(wg))),
             ("graph_baseline_ms", Json::from(graphed.then_some(ng))),
             ("graph_ratio", Json::from(graphed.then_some(ng / wg))),
+            ("enqueue_weft_us", Json::from(graphed.then_some(we))),
+            ("enqueue_baseline_us", Json::from(graphed.then_some(ne))),
             ("path", Json::from(m.path.as_str())),
             ("blocks", Json::from(m.blocks as usize)),
             ("threads", Json::from(m.threads as usize)),
