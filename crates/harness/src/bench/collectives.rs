@@ -10,7 +10,8 @@
 //! Sizes up to 4 MiB are also timed under CUDA graph replay (20 calls per graph, per-call time),
 //! as inference engines run small collectives: launch costs on the host then drop out; and their
 //! host cost is reported: the wall time per call of enqueueing 100 calls back to back, without
-//! events or synchronisation (the GPU does not hold the host back: 100 launches fit its queue).
+//! events or synchronisation (the GPU does not hold the host back: 100 launches fit its queue),
+//! the median of three such batches after an untimed one.
 
 use super::nccl::Op;
 use super::sweep::Sweep;
@@ -86,19 +87,25 @@ const GRAPH_CALLS: usize = 20;
 const ENQUEUE_CALLS: usize = 100;
 
 /// Host wall time per call (µs) of `ENQUEUE_CALLS` calls enqueued back to back on an idle
-/// stream, then the stream drained.
+/// stream (the stream drained after each batch): the median of three batches after an untimed
+/// one (a first call's set-up costs are not a call's).
 fn time_enqueue(
     stream: &Arc<CudaStream>,
     mut op: impl FnMut() -> anyhow::Result<()>,
 ) -> anyhow::Result<f64> {
-    stream.synchronize()?;
-    let start = std::time::Instant::now();
-    for _ in 0..ENQUEUE_CALLS {
-        op()?;
+    let mut batches = Vec::new();
+    for batch in 0..4 {
+        stream.synchronize()?;
+        let start = std::time::Instant::now();
+        for _ in 0..ENQUEUE_CALLS {
+            op()?;
+        }
+        if batch > 0 {
+            batches.push(start.elapsed().as_secs_f64() * 1e6 / ENQUEUE_CALLS as f64);
+        }
     }
-    let us = start.elapsed().as_secs_f64() * 1e6 / ENQUEUE_CALLS as f64;
     stream.synchronize()?;
-    Ok(us)
+    Ok(median(&batches))
 }
 
 /// Per-call time under graph replay: `GRAPH_CALLS` calls captured in one graph, each replay timed

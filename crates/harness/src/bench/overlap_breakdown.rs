@@ -36,14 +36,12 @@ impl GemmAlone {
                 },
             },
             Method::SeqWeft => GemmAlone::weft(0),
-            Method::FusedIntra { tile_n } | Method::FusedCe { tile_n, .. } => GemmAlone::Weft {
+            Method::FusedIntra { .. } | Method::FusedCe { .. } => GemmAlone::Weft {
                 sm_margin: 0,
-                tile: match tile_n {
-                    Some(128) => TileChoice::N128,
-                    Some(256) => TileChoice::N256,
-                    // Refused by the op's plan: the breakdown keeps the plan's own width.
-                    _ => TileChoice::Auto,
-                },
+                // A width the op's plan refuses: the breakdown keeps the plan's own.
+                tile: method
+                    .tile_choice(TileChoice::Auto)
+                    .unwrap_or(TileChoice::Auto),
             },
             Method::Signal { sm_margin, .. } => GemmAlone::weft(*sm_margin),
             Method::SignalCe { .. } => {

@@ -24,7 +24,9 @@ use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use weft_signal_gemm::fused::{AllGatherMethod, FusedAllGatherGemm};
 use weft_signal_gemm::reference::{check_all, gemm_f64, Tolerance};
-use weft_signal_gemm::{device_sms, Dtype, GemmElement, GemmOptions, GemmShape};
+use weft_signal_gemm::{
+    device_sms, Dtype, EpilogueChoice, GemmElement, GemmOptions, GemmShape, TileChoice,
+};
 use weft_sync::WaitBudget;
 
 pub fn cases() -> Vec<Case> {
@@ -113,8 +115,12 @@ fn matches_reference(job: &mut Job) -> anyhow::Result<()> {
             },
             _ => AllGatherMethod::CopyEngine {
                 tile_rows: rng.random_range(1..=3),
-                // Whole rows, or up to 4 chunks of whole K blocks (a shorter last one included).
-                k_chunks: rng.random_range(1..=shape.k.div_ceil(64).min(4)),
+                // Whole rows, or up to 4 chunks of whole K blocks (a shorter last one included):
+                // a chunk length, and the count it makes.
+                k_chunks: {
+                    let blocks = shape.k.div_ceil(64);
+                    blocks.div_ceil(rng.random_range(blocks.div_ceil(4)..=blocks))
+                },
             },
         };
         let comm = match method {
@@ -203,7 +209,7 @@ fn check_case<TO: GemmElement>(
 }
 
 /// Per method, 10^4 runs back to back, alternating two sets of integer shards in {-1, 0, 1}
-/// (k = 32: every element an integer of magnitude at most 32, exact), each rank rewriting its
+/// (k = 32, or 192 in K chunks: every element an integer of magnitude at most k, exact), each rank rewriting its
 /// shard before each run: a peer's rows loaded (or copied) before they were written, or after
 /// they were rewritten for the next run, or a chunk read before its copy landed, show as a
 /// difference from the exact result.
@@ -232,12 +238,12 @@ fn stress(job: &mut Job) -> anyhow::Result<()> {
         k_chunks: 1,
     };
     stress_method(job, ctas, groups, 384, 32)?;
-    // The same groups in three column chunks of one K block each (k = 192: the sums stay
+    // The same groups in two column chunks, of two K blocks and of one (k = 192: the sums stay
     // integers of magnitude at most 192, exact in bf16): a K block loaded before its chunk landed
     // shows.
     let chunks = AllGatherMethod::CopyEngine {
         tile_rows: 2,
-        k_chunks: 3,
+        k_chunks: 2,
     };
     stress_method(job, ctas, chunks, 384, 192)
 }
@@ -428,6 +434,32 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
             k_chunks: 2,
         },
         "cuts K into 1 to 1 chunks",
+    )?;
+    // k = 640: ten K blocks make 5 chunks of 2, not 8.
+    expect(
+        job,
+        GemmShape::new(shape.m, shape.n, 640),
+        fits,
+        AllGatherMethod::CopyEngine {
+            tile_rows: 1,
+            k_chunks: 8,
+        },
+        "make 5 chunks of 2, not 8",
+    )?;
+    // The whole-tile epilogue's plan runs the kernel with every fusion, which polls no K chunks.
+    expect(
+        job,
+        GemmShape::new(shape.m, 256, 256),
+        GemmOptions {
+            epilogue: EpilogueChoice::WholeTile,
+            tile: TileChoice::N256,
+            ..fits
+        },
+        AllGatherMethod::CopyEngine {
+            tile_rows: 1,
+            k_chunks: 2,
+        },
+        "needs the AllGather's own kernel",
     )?;
     if budget < sms {
         expect(

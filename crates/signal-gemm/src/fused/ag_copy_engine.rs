@@ -24,13 +24,13 @@
 //!          target cannot be reached without this rank's CTAs of e: a peer's CTAs of e + 1 arrive
 //!          only after its kernel e ended, which needs every END arrival of e, and each CTA
 //!          arrives at START before END (the same thread, kernel.cuh). Then per
-//!          group: the copy, then the flag write (default flags: a memory barrier makes the
-//!          copy's writes visible before the flag);
+//!          group (per K chunk of it with K chunks): the copy, then the flag write (default
+//!          flags: a memory barrier makes the copy's writes visible before the flag);
 //!   main:  joins the side stream, so a failed copy surfaces on the caller's stream and nothing
 //!          of the op runs past it (the data needs no join: kernel e ends only after it saw
 //!          every flag, so after every copy).
 //! The side stream's wait on START has no bound of its own. What waits on it: the kernel's loader
-//! (its polls of the chunk flags are bounded and report the tile row they waited for, failing the
+//! (its polls of the chunk flags are bounded and report the tile row and K chunk they waited for, failing the
 //! context, which ends the side stream too) and the main stream's join, which therefore ends
 //! with the kernel's bound as well. The kernel's END (every rank's loads
 //! done) follows every group's flag, so every copy out of the peers' shards: a peer writes its
@@ -45,7 +45,7 @@ use weft_kernels::abi::{WEFT_GEMM_TILE_K, WEFT_GEMM_TILE_M};
 pub(super) struct CopyEngineLaunch<'a> {
     /// Every rank's shard as mapped here (this rank's is not copied).
     pub shards: &'a [u64],
-    /// The gathered A (m × k) and its chunk flags (one u64 per tile row).
+    /// The gathered A (m × k) and its chunk flags (one u64 per tile row and K chunk).
     pub gathered: u64,
     pub chunk_flags: u64,
     /// Bytes of one tile row of A (tile_m rows × k elements).
@@ -90,6 +90,11 @@ impl CopyEngineGather {
             "the copy-engine AllGather cuts K into 1 to {k_blocks} chunks (its K blocks of {WEFT_GEMM_TILE_K}); asked for {k_chunks}"
         );
         let k_chunk_blocks = k_blocks.div_ceil(k_chunks);
+        ensure!(
+            k_chunks_fit(k_blocks, k_chunks),
+            "the copy-engine AllGather cuts K into chunks of whole K blocks ({WEFT_GEMM_TILE_K} columns): {k_blocks} blocks make {} chunks of {k_chunk_blocks}, not {k_chunks}",
+            k_blocks.div_ceil(k_chunk_blocks)
+        );
         let side = ctx
             .new_stream()
             .context("creating the copy-engine AllGather's stream")?;
@@ -97,7 +102,7 @@ impl CopyEngineGather {
             side,
             tile_rows,
             k_chunk_blocks,
-            k_chunks: k_blocks.div_ceil(k_chunk_blocks),
+            k_chunks,
         })
     }
 
@@ -189,7 +194,9 @@ impl CopyEngineGather {
                         )
                     }
                     .result()
-                    .context("raising a copied chunk's flag (cuStreamWriteValue64)")?;
+                    .with_context(|| {
+                        format!("raising the flag of K chunk {chunk} of tile rows {tm}.. of rank {q}'s A shard (cuStreamWriteValue64)")
+                    })?;
                 }
                 first += rows;
             }
@@ -197,6 +204,12 @@ impl CopyEngineGather {
         main.join(&self.side)
             .context("ordering the caller's stream after the copy-engine AllGather's copies")
     }
+}
+
+/// Whether `k_blocks` K blocks cut into exactly `k_chunks` chunks of whole blocks, all but the
+/// last ceil(k_blocks / k_chunks) long (10 blocks make 5 chunks of 2, not 8: refused).
+pub(crate) fn k_chunks_fit(k_blocks: u32, k_chunks: u32) -> bool {
+    (1..=k_blocks).contains(&k_chunks) && k_blocks.div_ceil(k_blocks.div_ceil(k_chunks)) == k_chunks
 }
 
 /// A device-to-device copy of `width` bytes of each of `rows` rows, both sides `pitch` bytes apart.
@@ -218,5 +231,20 @@ fn columns_copy(src: u64, dst: u64, pitch: u64, width: u64, rows: u64) -> sys::C
         dstPitch: pitch as usize,
         WidthInBytes: width as usize,
         Height: rows as usize,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::k_chunks_fit;
+
+    #[test]
+    fn k_chunks_fit_only_where_whole_blocks_make_that_many() {
+        assert!(
+            k_chunks_fit(128, 8) && k_chunks_fit(3, 2) && k_chunks_fit(5, 3) && k_chunks_fit(4, 1)
+        );
+        // 10 blocks in chunks of 2 are 5 chunks; 4 blocks in chunks of 2 are 2.
+        assert!(!k_chunks_fit(10, 8) && !k_chunks_fit(4, 3));
+        assert!(!k_chunks_fit(4, 0) && !k_chunks_fit(4, 5));
     }
 }

@@ -21,7 +21,7 @@ use super::collective_plan::{
 };
 use crate::dtype::GemmElement;
 use crate::gemm::{device_sms, AllGatherSource, Gemm, LaunchExtras};
-use crate::plan::{GemmOptions, GemmPlan, GemmShape};
+use crate::plan::{FusionSet, GemmOptions, GemmPlan, GemmShape};
 use crate::reorder::MAX_BAND_RANKS;
 use anyhow::{ensure, Context};
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr};
@@ -42,7 +42,9 @@ pub enum AllGatherMethod {
     /// Copied by copy engines on a side stream, `tile_rows` tile rows of a shard per copy, the
     /// loader waiting for each group's flag; no communicator CTAs. With `k_chunks` > 1 each group
     /// is copied in that many column chunks along K, each flagged, and a tile of the group starts
-    /// once its first chunk has landed (at most K / 64 chunks: whole K blocks).
+    /// once its first chunk has landed: chunks of whole K blocks (64 columns), so at most
+    /// ceil(K / 64) of them, and only counts those blocks make exactly (10 blocks: 5 chunks of
+    /// 2, not 8); the AllGather's own kernel only (a 128- or 256-wide tile, pipelined epilogue).
     CopyEngine { tile_rows: u32, k_chunks: u32 },
 }
 
@@ -254,6 +256,15 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
         );
         let plan = GemmPlan::new(device_sms(ctx)?, shape, options)?;
         plan.require_fused_kernel()?;
+        // Only the AllGather's own kernel polls a flag per K chunk (the kernel with every fusion
+        // would read the later chunks before they landed; the launch refuses it too).
+        if let AllGatherMethod::CopyEngine { k_chunks, .. } = method {
+            ensure!(
+                k_chunks <= 1 || plan.has_method_kernel(FusionSet::AllGather),
+                "GEMM {shape}: fused-ce in {k_chunks} K chunks needs the AllGather's own kernel (a 128- or 256-wide tile and the pipelined epilogue), which this plan has not ({})",
+                plan.describe()
+            );
+        }
         let plan = plan.with_tm_offset(rank * (shape.m / world) / WEFT_GEMM_TILE_M)?;
         Gemm::from_plan(ctx, plan)
     }

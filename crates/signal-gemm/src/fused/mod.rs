@@ -26,6 +26,7 @@ mod all_to_all;
 mod collective_plan;
 mod reduce_scatter;
 
+pub(crate) use ag_copy_engine::k_chunks_fit;
 pub use all_gather::{AllGatherMethod, FusedAllGatherGemm};
 pub use all_reduce::{AllReduceMethod, FusedAllReduce};
 pub use all_to_all::FusedAllToAll;

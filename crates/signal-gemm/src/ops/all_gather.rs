@@ -21,7 +21,7 @@ use super::common::{
     agree_on_request, check_capture, check_dtype, check_launch, OpElement, SeqGemm,
 };
 use super::env::{lock, OverlapEnv, SharedComm};
-use super::method::{tile_choice, Method, MethodChoice};
+use super::method::{Method, MethodChoice};
 use crate::cublas::CublasGemm;
 use crate::dtype::{Dtype, GemmElement};
 use crate::fused::{AllGatherMethod, FusedAllGatherGemm};
@@ -321,13 +321,13 @@ fn plan_imp<TI: OpElement>(
             let band = CublasGemm::new(stream, GemmShape::new(shape.m / world, shape.n, shape.k), options)?;
             Imp::Decomposition { band, comm: env.comm().clone(), side: high_priority_stream(&ctx)?, shard: alloc(shard_len)?, a: alloc(mk)? }
         }
-        Method::FusedIntra { tile_n } => {
-            let options = GemmOptions { tile: tile_choice(method, *tile_n, options.tile)?, ..options };
+        Method::FusedIntra { .. } => {
+            let options = GemmOptions { tile: method.tile_choice(options.tile)?, ..options };
             Imp::Fused(FusedAllGatherGemm::<TI>::new(rdzv, &ctx, stream, shape, options, AllGatherMethod::Intra)?)
         }
         Method::FusedInter { ctas } => Imp::Fused(FusedAllGatherGemm::<TI>::new(rdzv, &ctx, stream, shape, options, AllGatherMethod::Inter { comm_ctas: *ctas })?),
-        Method::FusedCe { tile_rows, tile_n, k_chunks } => {
-            let options = GemmOptions { tile: tile_choice(method, *tile_n, options.tile)?, ..options };
+        Method::FusedCe { tile_rows, k_chunks, .. } => {
+            let options = GemmOptions { tile: method.tile_choice(options.tile)?, ..options };
             Imp::Fused(FusedAllGatherGemm::<TI>::new(rdzv, &ctx, stream, shape, options, AllGatherMethod::CopyEngine { tile_rows: *tile_rows, k_chunks: *k_chunks })?)
         }
         other => bail!("{other} is not a method of AllGather + GEMM (seq-cublas, seq-weft, decomposition, fused-intra, fused-inter, fused-ce)"),

@@ -23,7 +23,7 @@ use super::common::{
 };
 use super::env::{lock, OverlapEnv, SharedComm};
 use super::inputs::{with_operands, Operands};
-use super::method::{tile_choice, Method, MethodChoice};
+use super::method::{Method, MethodChoice};
 use crate::dtype::GemmElement;
 use crate::fused::FusedAllToAll;
 use crate::overlap::{AllToAllCopyEngine, AllToAllOverlap};
@@ -340,13 +340,13 @@ fn plan_imp<TO: OpElement>(
         Method::SignalCe { waves } => Imp::CopyEngine(Box::new(AllToAllCopyEngine::new(
             rdzv, stream, shape, options, waves, routes,
         )?)),
-        Method::FusedIntra { tile_n } => Imp::Fused(Box::new(FusedAllToAll::new(
+        Method::FusedIntra { .. } => Imp::Fused(Box::new(FusedAllToAll::new(
             rdzv,
             stream.context(),
             stream,
             shape,
             GemmOptions {
-                tile: tile_choice(method, *tile_n, options.tile)?,
+                tile: method.tile_choice(options.tile)?,
                 ..options
             },
             routes,

@@ -2,7 +2,8 @@
 //! (so a measurement cut short by its budget always has the baseline to fall back on).
 
 use super::method::Method;
-use crate::plan::{GemmOptions, GemmPlan, GemmShape, TileChoice};
+use crate::fused::k_chunks_fit;
+use crate::plan::{FusionSet, GemmOptions, GemmPlan, GemmShape, TileChoice};
 use crate::reorder::MAX_BAND_RANKS;
 use crate::wave_groups::WaveGroups;
 use std::fmt;
@@ -161,8 +162,8 @@ pub fn candidates(
     // left after the last of it (not for the fused ReduceScatter: on two H200s 128-wide tiles
     // were never faster, up to 16 % slower; results/overlap-reduce-scatter/
     // narrow-tiles-nvidia-h200-x2-2026-11-27/).
-    let narrow = options.tile == TileChoice::Auto
-        && GemmPlan::new(sms, shape, options).is_ok_and(|p| p.tile_n() != 128);
+    let plan = GemmPlan::new(sms, shape, options);
+    let narrow = options.tile == TileChoice::Auto && plan.as_ref().is_ok_and(|p| p.tile_n() != 128);
     match op {
         OpKind::ReduceScatter => {
             if fused_world && m.is_multiple_of(world) {
@@ -185,10 +186,14 @@ pub fn candidates(
                     tile_n: None,
                     k_chunks: 1,
                 }));
-                // Whole shards in column chunks along K: a tile starts once its rows' first
-                // chunk landed (one-wave GEMMs start every tile at once).
+                // Groups of 16 tile rows in column chunks along K: a tile starts once its rows'
+                // first chunk landed (one-wave GEMMs start every tile at once). Only on the
+                // AllGather's own kernel, and only counts whole K blocks make exactly.
+                let own_kernel = plan
+                    .as_ref()
+                    .is_ok_and(|p| p.has_method_kernel(FusionSet::AllGather));
                 for k_chunks in COPY_ENGINE_K_CHUNKS {
-                    if shape.k.div_ceil(WEFT_GEMM_TILE_K) >= k_chunks {
+                    if own_kernel && k_chunks_fit(shape.k.div_ceil(WEFT_GEMM_TILE_K), k_chunks) {
                         out.push(Method::FusedCe {
                             tile_rows: COPY_ENGINE_TILE_ROWS[1],
                             tile_n: None,
@@ -362,6 +367,18 @@ mod tests {
         };
         assert_eq!(ce(8192), [2, 4, 8]);
         assert_eq!(ce(256), [2, 4]);
+        // 10 blocks of 64 make 2 chunks of 5 and 4 of 3, not 8 (5 chunks of 2).
+        assert_eq!(ce(640), [2, 4]);
+        // The whole-tile epilogue's plans run the kernel with every fusion: no K chunks.
+        let whole = GemmOptions {
+            epilogue: crate::plan::EpilogueChoice::WholeTile,
+            ..fixed
+        };
+        let chunked = fused(OpKind::AllGather, GemmShape::new(4096, 2048, 8192), whole)
+            .iter()
+            .filter(|m| matches!(m, Method::FusedCe { k_chunks, .. } if *k_chunks > 1))
+            .count();
+        assert_eq!(chunked, 0);
     }
 
     #[test]

@@ -34,10 +34,10 @@ pub enum Method {
     /// NCCL, one SM left for the group waits.
     SignalCe { waves: Vec<u32> },
     /// ParallelKittens' intra-SM design: the GEMM's own epilogue (ReduceScatter: TMA reduce-add
-    /// into the owner) or loader (AllGather: TMA loads from the owner) talks to the peers.
-    /// `tile_n`: the GEMM's tile width (128 or 256), or `None` for the plan's own choice: narrower
-    /// tiles make more waves, so the adds of the first overlap the GEMM of the next where a
-    /// one-wave GEMM would send everything at its end.
+    /// into the owner; All-to-All: stores into the destinations) or loader (AllGather: TMA loads
+    /// from the owner) talks to the peers. `tile_n`: the GEMM's tile width (128 or 256), or
+    /// `None` for the plan's own choice: narrower tiles make more, shorter ones, and less work
+    /// after the last stores (the All-to-All's skewed routings).
     FusedIntra { tile_n: Option<u32> },
     /// ParallelKittens' inter-SM design: `ctas` communicator CTAs of the GEMM kernel move the
     /// data (AllReduce: tile owners sum and broadcast; AllGather: chunked copies).
@@ -145,6 +145,23 @@ impl Method {
     }
 }
 
+impl Method {
+    /// The GEMM's tile choice: the width the method fixes (`fused-intra:<w>`, `fused-ce:…:<w>`:
+    /// 128 or 256), else `planned`, the options' own.
+    pub fn tile_choice(&self, planned: TileChoice) -> anyhow::Result<TileChoice> {
+        let tile_n = match self {
+            Method::FusedIntra { tile_n } | Method::FusedCe { tile_n, .. } => *tile_n,
+            _ => None,
+        };
+        Ok(match tile_n {
+            None => planned,
+            Some(128) => TileChoice::N128,
+            Some(256) => TileChoice::N256,
+            Some(w) => bail!("{self}: the tile width is 128 or 256, not {w}"),
+        })
+    }
+}
+
 impl fmt::Display for Method {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let name = self.family().name();
@@ -190,21 +207,6 @@ fn tile_width(text: &str, method: &str) -> anyhow::Result<u32> {
         "method {method:?}: the tile width is 128 or 256, not {w}"
     );
     Ok(w)
-}
-
-/// The GEMM's tile choice for a method that may fix its width (`tile_n`, 128 or 256; `None`
-/// keeps `planned`, the options' own).
-pub fn tile_choice(
-    method: &Method,
-    tile_n: Option<u32>,
-    planned: TileChoice,
-) -> anyhow::Result<TileChoice> {
-    Ok(match tile_n {
-        None => planned,
-        Some(128) => TileChoice::N128,
-        Some(256) => TileChoice::N256,
-        Some(w) => bail!("{method}: the tile width is 128 or 256, not {w}"),
-    })
 }
 
 fn count(text: &str, what: &str, method: &str) -> anyhow::Result<u32> {

@@ -19,7 +19,7 @@ use super::common::{
 };
 use super::env::{lock, OverlapEnv, SharedComm};
 use super::inputs::{with_operands, Operands};
-use super::method::{tile_choice, Method, MethodChoice};
+use super::method::{Method, MethodChoice};
 use crate::cublas::CublasGemm;
 use crate::dtype::GemmElement;
 use crate::fused::FusedReduceScatter;
@@ -276,8 +276,8 @@ fn plan_imp<TO: OpElement>(
             let band = CublasGemm::new(stream, GemmShape::new(shape.m / (world * chunks), shape.n, shape.k), options)?;
             Imp::Decomposition { band, chunks: *chunks, comm: env.comm().clone(), side: high_priority_stream(&ctx)?, d: alloc(mn)?, out: alloc(out_len)? }
         }
-        Method::FusedIntra { tile_n } => {
-            let options = GemmOptions { tile: tile_choice(method, *tile_n, options.tile)?, ..options };
+        Method::FusedIntra { .. } => {
+            let options = GemmOptions { tile: method.tile_choice(options.tile)?, ..options };
             Imp::Fused(FusedReduceScatter::<TO>::new(rdzv, &ctx, stream, shape, options)?)
         }
         other => bail!("{other} is not a method of GEMM + ReduceScatter (seq-cublas, seq-weft, decomposition, fused-intra)"),

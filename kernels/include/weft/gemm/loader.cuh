@@ -61,16 +61,22 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
       } else {
         // The gathered copy: the chunk of the unit's first K block now, and with K chunks
         // (copy engines, the AllGather's own kernel) each later one before its first K block.
-        const uint32_t chunk = ag_k_chunked<Cfg>(p) ? kbs.begin / p.ag_copy.k_chunk_blocks : 0u;
-        if (!ag_chunk_poll<Cfg>(p, t.tm, chunk)) *sm.ag_stall() = ag_stall_code(p, t.tm, chunk);
-        poll_kb = ag_k_chunked<Cfg>(p) ? (chunk + 1) * p.ag_copy.k_chunk_blocks : kNoPoll;
+        // A poll that gave up ends the tile's polls (one budget per tile, as without K chunks).
+        const uint32_t k_chunk = ag_k_chunked<Cfg>(p) ? kbs.begin / p.ag_copy.k_chunk_blocks : 0u;
+        const bool landed = ag_chunk_poll<Cfg>(p, t.tm, k_chunk);
+        if (!landed) *sm.ag_stall() = ag_stall_code(p, t.tm, k_chunk);
+        poll_kb = ag_k_chunked<Cfg>(p) && landed ? (k_chunk + 1) * p.ag_copy.k_chunk_blocks : kNoPoll;
       }
     }
     for (uint32_t kb = kbs.begin; kb < kbs.end; ++kb) {
       if (ag_k_chunked<Cfg>(p) && kb == poll_kb) {
-        const uint32_t chunk = kb / p.ag_copy.k_chunk_blocks;
-        if (!ag_chunk_poll<Cfg>(p, t.tm, chunk)) *sm.ag_stall() = ag_stall_code(p, t.tm, chunk);
-        poll_kb += p.ag_copy.k_chunk_blocks;
+        const uint32_t k_chunk = kb / p.ag_copy.k_chunk_blocks;
+        if (ag_chunk_poll<Cfg>(p, t.tm, k_chunk)) {
+          poll_kb += p.ag_copy.k_chunk_blocks;
+        } else {
+          *sm.ag_stall() = ag_stall_code(p, t.tm, k_chunk);
+          poll_kb = kNoPoll;
+        }
       }
       // Parity phase ^ 1: a fresh barrier counts as having completed the phase before phase 0.
       weft::sync::mbarrier_wait<true>(sm.empty(ps.stage), ps.phase ^ 1u, p.bound, 0,
