@@ -50,7 +50,7 @@ pub enum OutputLayout {
     /// The fused GEMM + ReduceScatter's output (WEFT_GEMM_LAYOUT_PEER_REDUCE, signal-gemm III):
     /// rank q of `ranks` owns standard rows [q·m/ranks, (q + 1)·m/ranks) and D is those rows
     /// (m/ranks × n); every rank's tiles are reduce-added into their owner's D through peer
-    /// memory. m must be a multiple of ranks (a consumer's 64 rows may span several owners). Only through
+    /// memory. m/ranks must be a multiple of 64. Only through
     /// [`FusedReduceScatter`](crate::fused::FusedReduceScatter), which owns the peers' buffers
     /// and barriers. Needs beta = 0.
     PeerReduce { ranks: u32 },
@@ -80,8 +80,8 @@ impl OutputLayout {
                 plan.describe()
             );
             ensure!(
-                m.is_multiple_of(ranks),
-                "GEMM {}: the fused ReduceScatter gives each of {ranks} ranks m / {ranks} rows, which must be a whole number (m = {m} gives {})",
+                m.is_multiple_of(ranks) && (m / ranks).is_multiple_of(64),
+                "GEMM {}: the fused ReduceScatter gives each of {ranks} ranks m / {ranks} rows, which must be a whole multiple of 64 (m = {m} gives {})",
                 plan.shape,
                 f64::from(m) / f64::from(ranks)
             );

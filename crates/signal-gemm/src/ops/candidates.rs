@@ -153,8 +153,8 @@ pub fn candidates(
         }
     }
     // The fused methods' own limits (refused by their plans too): at most 8 ranks, and whole
-    // rows per rank for the ReduceScatter's owners, whole 128-row tiles for the AllGather's
-    // shards.
+    // blocks of rows per rank — 64 for the ReduceScatter's owners, a 128-row tile for the
+    // AllGather's shards.
     let rows_per_rank = m / world.max(1);
     let fused_world = world <= MAX_BAND_RANKS;
     // Narrow tiles where the plan would choose a wider one itself: more, shorter tiles, so the
@@ -166,7 +166,7 @@ pub fn candidates(
     let narrow = options.tile == TileChoice::Auto && plan.as_ref().is_ok_and(|p| p.tile_n() != 128);
     match op {
         OpKind::ReduceScatter => {
-            if fused_world && m.is_multiple_of(world) {
+            if fused_world && m.is_multiple_of(world) && rows_per_rank.is_multiple_of(64) {
                 out.push(Method::FusedIntra { tile_n: None });
             }
         }
@@ -295,8 +295,7 @@ mod tests {
             families(&candidates(OpKind::AllGather, s, o, 2, 132, false)),
             [SeqCublas, SeqWeft, Decomposition, FusedInter, FusedCe]
         );
-        // 8 rows per rank: a fused ReduceScatter (owners of fewer rows than a consumer's 64),
-        // no fused AllGather (a shard of whole 128-row tiles); one rank: nothing to decompose.
+        // 8 rows per rank: no fused ReduceScatter or AllGather; one rank: nothing to decompose.
         assert_eq!(
             families(&candidates(
                 OpKind::ReduceScatter,
@@ -306,7 +305,7 @@ mod tests {
                 132,
                 false
             )),
-            [SeqCublas, SeqWeft, Decomposition, FusedIntra]
+            [SeqCublas, SeqWeft, Decomposition]
         );
         assert_eq!(
             families(&candidates(

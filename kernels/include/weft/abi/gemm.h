@@ -198,10 +198,8 @@ WEFT_HD uint32_t weft_gemm_group_of(const weft_gemm_wave_groups* g, uint32_t ord
 // standard rows [q * peer_rows, (q + 1) * peer_rows) and holds them as its D (peer_rows x n,
 // d_ptr). Each consumer's 64 rows of a tile are reduce-added by TMA (cp.reduce.async.bulk.tensor
 // .add) into their owner's D, local or peer, through peer_maps[owner] (a tensor map per rank, in
-// global memory, box as the standard D's). A consumer's 64 rows have one owner when peer_rows is
-// a multiple of 64; otherwise they are reduced into each owner they span, a box per owner at its
-// (possibly negative) row, TMA writing only the rows inside the owner's extent; rows beyond m are
-// clipped likewise. Orderings
+// global memory, box as the standard D's). peer_rows is a multiple of 64, so a consumer's rows
+// have one owner; rows beyond m are clipped by the owner's extent. Orderings
 // (kernels/include/weft/gemm/peer_reduce.cuh): every compute CTA zeroes its share of its own D,
 // then arrives on every rank's START counter; a consumer's first reduce waits until its own START
 // counter holds every CTA of every rank (all D zeroed); after its last reduce completed, every CTA

@@ -308,13 +308,9 @@ struct TmaStorer {
       if (static_cast<uint32_t>(c) % kIssuers != share) return false;
       if (peer) {
         if (row0 >= p.sched.m) return false;  // a phantom's or a ragged tile's missing rows
-        // One reduce per owner of the box's 64 rows (one owner unless peer_rows < 64), each at the
-        // box's row in that owner's D: rows before the owner's first fall at negative rows, rows
-        // after its last past its extent, and TMA writes neither.
-        const uint32_t last = (row0 + 63 < p.sched.m ? row0 + 63 : p.sched.m - 1) / p.peer_rows;
-        for (uint32_t owner = row0 / p.peer_rows; owner <= last; ++owner)
-          tensor_reduce_add_2d(peer_map(p, owner), buf, static_cast<int32_t>(col0) + c * Cfg::kEpiCols,
-                               static_cast<int32_t>(row0) - static_cast<int32_t>(owner * p.peer_rows));
+        const uint32_t owner = row0 / p.peer_rows;
+        tensor_reduce_add_2d(peer_map(p, owner), buf, static_cast<int32_t>(col0) + c * Cfg::kEpiCols,
+                             static_cast<int32_t>(row0 - owner * p.peer_rows));
         return true;
       }
       tensor_store_2d(&p.d, buf, store_col + c * Cfg::kEpiCols, store_row);
