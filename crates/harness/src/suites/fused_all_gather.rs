@@ -209,8 +209,8 @@ fn check_case<TO: GemmElement>(
 }
 
 /// Per method, 10^4 runs back to back, alternating two sets of integer shards in {-1, 0, 1}
-/// (k = 32, or 192 in K chunks: every element an integer of magnitude at most k, exact), each rank rewriting its
-/// shard before each run: a peer's rows loaded (or copied) before they were written, or after
+/// (k = 32, or 192 in K chunks: every element an integer of magnitude at most k, exact), each
+/// rank rewriting its shard before each run: a peer's rows loaded (or copied) before they were written, or after
 /// they were rewritten for the next run, or a chunk read before its copy landed, show as a
 /// difference from the exact result.
 fn stress(job: &mut Job) -> anyhow::Result<()> {

@@ -30,8 +30,8 @@
 //!          of the op runs past it (the data needs no join: kernel e ends only after it saw
 //!          every flag, so after every copy).
 //! The side stream's wait on START has no bound of its own. What waits on it: the kernel's loader
-//! (its polls of the chunk flags are bounded and report the tile row and K chunk they waited for, failing the
-//! context, which ends the side stream too) and the main stream's join, which therefore ends
+//! (its polls of the chunk flags are bounded and report the tile row and K chunk they waited
+//! for, failing the context, which ends the side stream too) and the main stream's join, which therefore ends
 //! with the kernel's bound as well. The kernel's END (every rank's loads
 //! done) follows every group's flag, so every copy out of the peers' shards: a peer writes its
 //! next shard only after them.
@@ -73,8 +73,8 @@ pub(super) struct CopyEngineGather {
 impl CopyEngineGather {
     /// `tile_rows`: tile rows of a shard per copy (and per flag), at least 1; `k_chunks`: column
     /// chunks per group along K, at least 1 and at most `k_blocks` (K blocks of the GEMM's main
-    /// loop: chunks are whole K blocks, the last may be shorter; fewer chunks result where
-    /// `k_blocks` does not divide evenly, [`Self::k_chunks`]).
+    /// loop: chunks are whole K blocks, the last may be shorter; counts whole blocks do not make
+    /// exactly are refused, [`k_chunks_fit`]).
     pub fn new(
         ctx: &Arc<CudaContext>,
         tile_rows: u32,

@@ -354,7 +354,7 @@ mod tests {
         };
         assert_eq!(fused(OpKind::AllToAll, s, fixed), both[..1]);
         // The copy-engine AllGather: groups of 4 and 16 tile rows whole, 16 in 2, 4 and 8 chunks
-        // along K where K has that many blocks of 64 (k = 256: four).
+        // along K where whole K blocks of 64 make exactly that many (k = 256: four blocks).
         let ce = |k: u32| -> Vec<u32> {
             fused(OpKind::AllGather, GemmShape::new(4096, 2048, k), fixed)
                 .iter()

@@ -61,7 +61,8 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
       } else {
         // The gathered copy: the chunk of the unit's first K block now, and with K chunks
         // (copy engines, the AllGather's own kernel) each later one before its first K block.
-        // A poll that gave up ends the tile's polls (one budget per tile, as without K chunks).
+        // A poll that gave up ends the tile's polls (at most one give-up per tile, as without K
+        // chunks).
         const uint32_t k_chunk = ag_k_chunked<Cfg>(p) ? kbs.begin / p.ag_copy.k_chunk_blocks : 0u;
         const bool landed = ag_chunk_poll<Cfg>(p, t.tm, k_chunk);
         if (!landed) *sm.ag_stall() = ag_stall_code(p, t.tm, k_chunk);
