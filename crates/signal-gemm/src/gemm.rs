@@ -15,9 +15,9 @@ use cudarc::driver::{
 use std::sync::{Arc, Mutex};
 use weft_kernels::abi::{
     weft_gemm_ag_copy, weft_gemm_band_box_rows, weft_gemm_band_of_row, weft_gemm_band_start,
-    weft_gemm_k_blocks, weft_gemm_params, weft_gemm_peer_bands, weft_gemm_row_slots_check_params,
-    weft_gemm_work_count, weft_sync_bound, weft_sync_counters, weft_tile_allreduce_params,
-    WEFT_GEMM_COMM_ALLGATHER, WEFT_GEMM_COMM_ALLREDUCE, WEFT_GEMM_CONSUMERS, WEFT_GEMM_TILE_M,
+    weft_gemm_k_blocks, weft_gemm_params, weft_gemm_row_slots_check_params, weft_gemm_work_count,
+    weft_sync_bound, weft_sync_counters, weft_tile_allreduce_params, WEFT_GEMM_COMM_ALLGATHER,
+    WEFT_GEMM_COMM_ALLREDUCE, WEFT_GEMM_CONSUMERS, WEFT_GEMM_TILE_M,
 };
 use weft_kernels::cubins;
 use weft_sync::{ErrorSlot, WaitBudget};
@@ -119,14 +119,11 @@ pub struct AllReduceTarget {
 }
 
 /// Where a PEER_REDUCE launch adds its tiles: a tensor map per rank's output (device memory),
-/// the zeroing bands' rows (log2) and their band / END barrier counters (`bands` band rows after
-/// START and END), and this launch's epoch. Made by the fused ReduceScatter.
+/// the START / END barrier counters and this launch's epoch. Made by the fused ReduceScatter.
 #[derive(Clone, Copy)]
 pub struct PeerReduceTarget {
     pub(crate) maps: u64,
     pub(crate) ranks: u32,
-    pub(crate) band_shift: u32,
-    pub(crate) bands: u32,
     pub(crate) bar: weft_sync_counters,
     pub(crate) epoch: u64,
 }
@@ -847,17 +844,8 @@ impl Gemm {
                     t.ranks
                 );
                 ensure!(flags.is_none() && groups.is_none(), "GEMM {}: the peer-reduce layout signals through its barriers, not tile flags or wave groups", plan.shape);
-                let rows = plan.shape.m / ranks;
-                ensure!(
-                    t.band_shift >= 6 && t.band_shift < 32 && weft_gemm_peer_bands(rows, t.band_shift) <= t.bands,
-                    "GEMM {}: zeroing bands of 2^{} rows over {rows} rows need more than the counters' {} bands (or are under 64 rows)",
-                    plan.shape,
-                    t.band_shift,
-                    t.bands
-                );
                 p.peer_maps = t.maps;
-                p.peer_rows = rows;
-                p.peer_band_shift = t.band_shift;
+                p.peer_rows = plan.shape.m / ranks;
                 p.peer_bar = t.bar;
                 p.peer_epoch = t.epoch;
             }
@@ -1159,8 +1147,6 @@ mod tests {
             peer: Some(PeerReduceTarget {
                 maps: 0,
                 ranks: 2,
-                band_shift: 6,
-                bands: 1,
                 bar,
                 epoch: 0,
             }),

@@ -267,8 +267,6 @@ mod tests {
         let peer = PeerReduceTarget {
             maps: 0,
             ranks: 2,
-            band_shift: 6,
-            bands: 1,
             bar,
             epoch: 0,
         };

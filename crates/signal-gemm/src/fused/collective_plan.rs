@@ -92,23 +92,12 @@ pub(crate) fn peer_barrier_counters(
     ctx: &Arc<CudaContext>,
     what: &str,
 ) -> anyhow::Result<Counters> {
-    peer_barrier_counters_with(rdzv, ctx, what, 2)
-}
-
-/// As [`peer_barrier_counters`], with `rows` counter rows (START, END and the fused
-/// ReduceScatter's zeroing bands).
-pub(crate) fn peer_barrier_counters_with(
-    rdzv: &mut dyn Bootstrap,
-    ctx: &Arc<CudaContext>,
-    what: &str,
-    rows: u32,
-) -> anyhow::Result<Counters> {
     let budget = agree(
         rdzv,
         &format!("{what} barrier budget"),
         WaitBudget::default_for(ctx),
     )?;
-    Counters::alloc(rdzv, ctx, Shape::new(1, 1, rows, 1), budget)
+    Counters::alloc(rdzv, ctx, Shape::new(1, 1, 2, 1), budget)
 }
 
 /// `e`, with the failure of the collective free that followed it (`freed`), if any.

@@ -1,9 +1,8 @@
 //! GEMM + ReduceScatter fused into the GEMM kernel (WEFT_GEMM_LAYOUT_PEER_REDUCE, abi/gemm.h): rank q
 //! owns standard rows [q·m/world, (q + 1)·m/world) — the rows ncclReduceScatter of the standard
 //! layout would give it — in a PGL; every rank's epilogue reduce-adds each finished tile, by TMA,
-//! into the owner's buffer (local or peer), and the kernel's band / END barriers make every
-//! band of every buffer zeroed before the first add into it (the buffers are zeroed band by band,
-//! the rows the first tiles add into first) and this rank's rows complete when the kernel ends
+//! into the owner's buffer (local or peer), and the kernel's START / END barriers make every
+//! buffer zeroed before the first add and this rank's rows complete when the kernel ends
 //! (kernels/include/weft/gemm/peer_reduce.cuh). No second stream, no NCCL.
 //!
 //! Accumulation happens in the output dtype: with bf16 each add rounds (world roundings per
@@ -12,7 +11,7 @@
 //! all of a rank's CTAs must be resident, so ranks that share a GPU must leave each other room.
 
 use super::collective_plan::{
-    agree_on_plan, check_resident, copy_own_buffer, peer_barrier_counters_with, peer_tensor_maps,
+    agree_on_plan, check_resident, copy_own_buffer, peer_barrier_counters, peer_tensor_maps,
     synchronize_checked, with_failed_free,
 };
 use crate::dtype::GemmElement;
@@ -22,9 +21,7 @@ use crate::reorder::{OutputLayout, MAX_BAND_RANKS};
 use anyhow::{ensure, Context};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use std::sync::Arc;
-use weft_kernels::abi::{
-    WEFT_GEMM_PEER_BAR_BAND0, WEFT_GEMM_PEER_BAR_END, WEFT_GEMM_PEER_MAX_BANDS,
-};
+use weft_kernels::abi::{WEFT_GEMM_PEER_BAR_END, WEFT_GEMM_PEER_BAR_START};
 use weft_pgl::Bootstrap;
 use weft_pgl::{agree, Backend, Pgl, PglElement, Shape};
 use weft_sync::{Counters, WaitBudget};
@@ -47,15 +44,6 @@ fn order_for_owners(plan: GemmPlan, ranks: u32, rank: u32) -> anyhow::Result<Gem
     let first_row = u64::from((rank + 1) % ranks) * u64::from(plan.shape.m / ranks);
     let tiles = (first_row / u64::from(plan.tile_m())) as u32 / cm * cm;
     plan.with_tm_offset(tiles)
-}
-
-/// log2 of the rows of a zeroing band for an output of `rows` rows (a multiple of 64): the
-/// fewest rows, at least 64, that cut it into at most WEFT_GEMM_PEER_MAX_BANDS bands. The first
-/// adds wait only for the first band (the rows the first tiles add into), not for all of the
-/// zeroing.
-pub(crate) fn zero_band_shift(rows: u32) -> u32 {
-    let per_band = rows.div_ceil(WEFT_GEMM_PEER_MAX_BANDS).max(64);
-    per_band.next_power_of_two().trailing_zeros()
 }
 
 /// One rank's fused GEMM + ReduceScatter for a fixed shape and world.
@@ -106,12 +94,10 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
             Ok(m) => m,
             Err(e) => return Err(with_failed_free(e, out.free(rdzv))),
         };
-        let bands = WEFT_GEMM_PEER_MAX_BANDS;
-        let bar =
-            match peer_barrier_counters_with(rdzv, ctx, what, WEFT_GEMM_PEER_BAR_BAND0 + bands) {
-                Ok(b) => b,
-                Err(e) => return Err(with_failed_free(e, out.free(rdzv))),
-            };
+        let bar = match peer_barrier_counters(rdzv, ctx, what) {
+            Ok(b) => b,
+            Err(e) => return Err(with_failed_free(e, out.free(rdzv))),
+        };
         Ok(Self {
             gemm,
             out,
@@ -220,8 +206,6 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
         let target = PeerReduceTarget {
             maps: self.maps_ptr(stream),
             ranks: self.ranks,
-            band_shift: zero_band_shift(self.plan().shape.m / self.ranks),
-            bands: WEFT_GEMM_PEER_MAX_BANDS,
             bar: self.bar.device()?,
             epoch: self.bar.epoch() + 1,
         };
@@ -262,7 +246,7 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
     }
 
     /// After synchronising: an error naming a GEMM pipeline wait or a cross-rank barrier
-    /// (a band: a rank's outputs not zeroed in time; END: a rank's adds not finished) that ran
+    /// (START: a rank's outputs not zeroed in time; END: a rank's adds not finished) that ran
     /// past its bound.
     pub fn check(&self) -> anyhow::Result<()> {
         self.gemm.check()?;
@@ -272,8 +256,7 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
     fn check_barriers(&self) -> anyhow::Result<()> {
         self.bar.check().with_context(|| {
             format!(
-                "fused ReduceScatter barrier (counter row {WEFT_GEMM_PEER_BAR_END}: every rank's adds done; row {WEFT_GEMM_PEER_BAR_BAND0} + b: band b of every rank's output zeroed, 2^{} rows a band)",
-                zero_band_shift(self.plan().shape.m / self.ranks)
+                "fused ReduceScatter barrier (counter row {WEFT_GEMM_PEER_BAR_START}: every rank's output zeroed; row {WEFT_GEMM_PEER_BAR_END}: every rank's adds done)"
             )
         })
     }
@@ -291,34 +274,5 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
         let out = self.out.free(rdzv);
         let bar = self.bar.free(rdzv);
         out.and(bar)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::zero_band_shift;
-    use weft_kernels::abi::WEFT_GEMM_PEER_MAX_BANDS;
-
-    /// Bands of at least 64 rows (a consumer's rows lie in one), a power of two, at most
-    /// WEFT_GEMM_PEER_MAX_BANDS of them covering the rows, and no larger than that needs.
-    #[test]
-    fn zero_bands_cover_the_rows() {
-        for rows in (64..=65536u32).step_by(64) {
-            let shift = zero_band_shift(rows);
-            let band = 1u32 << shift;
-            assert!(band >= 64, "{rows} rows: bands of {band}");
-            let bands = rows.div_ceil(band);
-            assert!(
-                bands <= WEFT_GEMM_PEER_MAX_BANDS,
-                "{rows} rows: {bands} bands of {band}"
-            );
-            assert!(
-                band == 64 || rows.div_ceil(band / 2) > WEFT_GEMM_PEER_MAX_BANDS,
-                "{rows} rows: bands of {band} where half would do"
-            );
-        }
-        assert_eq!(zero_band_shift(512), 6);
-        assert_eq!(zero_band_shift(2048), 7);
-        assert_eq!(zero_band_shift(8192), 9);
     }
 }

@@ -200,14 +200,11 @@ WEFT_HD uint32_t weft_gemm_group_of(const weft_gemm_wave_groups* g, uint32_t ord
 // .add) into their owner's D, local or peer, through peer_maps[owner] (a tensor map per rank, in
 // global memory, box as the standard D's). peer_rows is a multiple of 64, so a consumer's rows
 // have one owner; rows beyond m are clipped by the owner's extent. Orderings
-// (kernels/include/weft/gemm/peer_reduce.cuh): D is zeroed in bands of 2^peer_band_shift rows,
-// band by band: every compute CTA zeroes its share of band b of its own D, then arrives on every
-// rank's band-b counter (row WEFT_GEMM_PEER_BAR_BAND0 + b); a consumer's first reduce into a row
-// of band b waits until its own band-b counter holds every CTA of every rank (band b of every D
-// zeroed, and every lower band: each CTA arrives in band order); after its last reduce completed,
-// every CTA arrives on every rank's END counter, and CTA 0 waits for all of them, so when the
-// kernel ends this rank's D holds the sum of every rank's rows. (One START for all of D made the
-// first reduces wait for the whole zeroing: 256 MiB at 16384 x 16384 over two ranks.)
+// (kernels/include/weft/gemm/peer_reduce.cuh): every compute CTA zeroes its share of its own D,
+// then arrives on every rank's START counter; a consumer's first reduce waits until its own START
+// counter holds every CTA of every rank (all D zeroed); after its last reduce completed, every CTA
+// arrives on every rank's END counter, and CTA 0 waits for all of them, so when the kernel ends
+// this rank's D holds the sum of every rank's rows.
 #define WEFT_GEMM_LAYOUT_PEER_REDUCE 4
 // PEER_ROWS (fused GEMM + All-to-All): row i of this rank's product goes to row
 // (row_slots[i] & WEFT_GEMM_PEER_ROW_MASK) of rank (row_slots[i] >> WEFT_GEMM_PEER_ROW_BITS)'s D,
@@ -221,13 +218,8 @@ WEFT_HD uint32_t weft_gemm_group_of(const weft_gemm_wave_groups* g, uint32_t ord
 #define WEFT_GEMM_LAYOUT_PEER_ROWS 5
 #define WEFT_GEMM_PEER_ROW_BITS 28
 #define WEFT_GEMM_PEER_ROW_MASK 0x0FFFFFFFu  // (1 << WEFT_GEMM_PEER_ROW_BITS) - 1
-#define WEFT_GEMM_PEER_BAR_START 0  // counter rows of peer_bar: shape (1, 1, 2, 1), and for
-#define WEFT_GEMM_PEER_BAR_END 1    // PEER_REDUCE (1, 1, WEFT_GEMM_PEER_BAR_BAND0 + bands, 1)
-#define WEFT_GEMM_PEER_BAR_BAND0 2  // PEER_REDUCE: band b of every rank's D zeroed (row BAND0 + b)
-#define WEFT_GEMM_PEER_MAX_BANDS 16u
-// PEER_REDUCE: the zeroing bands of a D of `rows` rows in bands of 2^shift rows (shift >= 6: a
-// consumer's 64 rows lie in one band).
-WEFT_HD uint32_t weft_gemm_peer_bands(uint32_t rows, uint32_t shift) { return (rows + (1u << shift) - 1u) >> shift; }
+#define WEFT_GEMM_PEER_BAR_START 0  // counter rows of peer_bar: shape (1, 1, 2, 1)
+#define WEFT_GEMM_PEER_BAR_END 1
 #define WEFT_GEMM_NO_SLOT 0xFFFFFFFFu
 #define WEFT_GEMM_BAND_ATOM 8u
 #define WEFT_GEMM_BAND_ATOMS (WEFT_GEMM_TILE_M / WEFT_GEMM_BAND_ATOM)
@@ -376,14 +368,14 @@ typedef struct weft_gemm_params {
   weft_sync_bound bound; // every pipeline and flag wait
   weft_gemm_wave_groups groups; // read when group_counters != 0, and by the RANK_BANDS layout
   // PEER_REDUCE only (see above): per rank a weft_tensor_map of its D (64-byte aligned array in
-  // this GPU's global memory), the rows each rank owns, the band / END barrier counters (their
+  // this GPU's global memory), the rows each rank owns, the START / END barrier counters (their
   // world is the reduction's) and this launch's barrier epoch (from 1; each launch arrives once
   // at each counter, so epoch e waits for world x ctas x e arrivals).
   uint64_t peer_maps;
   uint64_t peer_ptrs;  // PEER_ROWS only: u64 per rank, its D's address as mapped here (global memory);
                        // peer_rows is then the rows of every rank's D
   uint32_t peer_rows;
-  uint32_t peer_band_shift;  // PEER_REDUCE: log2 of the rows of a zeroing band (>= 6; see above)
+  uint32_t peer_reserved;
   uint64_t peer_epoch;
   weft_sync_counters peer_bar;
   // Tile flags released at system scope (peers read them: fused AllReduce), and the

@@ -139,7 +139,7 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
     }
     Storer::template drain<Cfg>(p, sm, consumer, store_state, stall.stalled != 0);
     if (uses_peer_barriers<Cfg>(p) && !stall.stalled && thread_in_warpgroup() == 0)
-      peer_reduce_drained(sm, store_state.peer_stalled_row);
+      peer_reduce_drained(sm, store_state.peer_stalled);
     // After drain: this warpgroup's stores have completed and its last signals are handed to its
     // signaller (which issues them a moment later: the timeline's end leaves that out).
     if (p.timeline != 0 && thread_in_warpgroup() == 0)

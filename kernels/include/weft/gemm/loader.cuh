@@ -52,7 +52,7 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
         if (static_cast<int32_t>(owner) != p.peer_bar.view.rank && !peers_ready) {
           // A poll only (a report inline spills the loader's 40 registers): a give-up raises the
           // START-stall flag, which the peer-barrier thread reports once the consumers drained.
-          if (!peer_bar_poll(p, WEFT_GEMM_PEER_BAR_START)) *sm.peer_flag() = WEFT_GEMM_PEER_BAR_START + 1;
+          if (!peer_bar_poll(p, WEFT_GEMM_PEER_BAR_START)) *sm.peer_flag() = 1;
           weft::sync::mo::fence_proxy_async_global();
           peers_ready = true;
         }

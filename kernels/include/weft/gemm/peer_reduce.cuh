@@ -1,35 +1,29 @@
-// The PEER_REDUCE epilogue's barriers (fused GEMM + ReduceScatter, abi/gemm.h): every rank's band
-// of D is zeroed before any rank adds into it, and this rank's D is complete when the kernel
-// ends. The PEER_ROWS epilogue (fused GEMM + All-to-All) uses them without the zeroing and with
-// one START for all of D: START is thread 96's arrival as the kernel begins (the stream has run
-// what read this rank's D), the ready wait comes before a consumer's first peer store instead of
-// its first reduce, and the drain's warpgroup barrier orders every thread's stores before the
-// leader's arrival.
+// The PEER_REDUCE epilogue's barriers (fused GEMM + ReduceScatter, abi/gemm.h): every rank's D is
+// zeroed before any rank adds into it, and this rank's D is complete when the kernel ends. The
+// PEER_ROWS epilogue (fused GEMM + All-to-All) uses them as they are, without the zeroing: START
+// is thread 96's arrival as the kernel begins (the stream has run what read this rank's D), the
+// ready wait comes before a consumer's first peer store instead of its first reduce, and the
+// drain's warpgroup barrier orders every thread's stores before the leader's arrival.
 //
-// Run by warps 1..3 of the loader warpgroup (zeroing, band arrivals, END) and the consumers'
-// leaders (band waits, drained). Orderings:
-//   start:  band by band (the rows the first tiles reduce into come first), each zeroing thread
-//           zeroes its share of the band of this rank's D (generic stores) and fences them
-//           against later async-proxy operations; barrier kPeerBarrier; thread 32 arrives on
-//           every rank's counter of the band (signal_all: fence.acq_rel.sys, then the adds),
-//           while the others go on to the next band. The consumers' main loops run meanwhile.
-//   ready:  before a consumer's first TMA reduce into a band above those it knows zeroed, its
-//           leader waits (acquire, system scope) for its own counter of that band to hold
-//           world x ctas arrivals of this launch, then fences the async proxy; the warpgroup
-//           barrier that follows in the storer orders its issuers after it. A CTA arrives on
-//           band b after its arrivals on bands < b (its fence.acq_rel.sys orders them and the
-//           zeros before them), so band b complete means every lower band zeroed too.
+// Run by warps 1..3 of the loader warpgroup (zeroing, START arrival, END) and the consumers'
+// leaders (START wait, drained). Orderings:
+//   start:  each zeroing thread zeroes its share of this rank's D (generic stores) and fences
+//           them against later async-proxy operations; barrier kPeerBarrier; thread 32 arrives
+//           on every rank's START counter (signal_all: fence.acq_rel.sys, then the adds). The
+//           consumers' main loops run meanwhile.
+//   ready:  before a consumer's first TMA reduce, its leader waits (acquire, system scope) for its
+//           own START counter to hold world x ctas arrivals of this launch, then fences the async
+//           proxy; the warpgroup barrier that follows in the storer orders its issuers after it.
 //   finish: after the drain (every issuer did bulk_wait_group<0> and fence.proxy.async.global,
 //           then the warpgroup barrier), each consumer's leader arrives on the CTA's peer_done
 //           mbarrier; the peer-barrier thread of the loader warpgroup waits for both, then
 //           arrives on every rank's END counter; CTA 0's waits for its own END counter to hold
 //           world x ctas arrivals: every rank's reduces into this D are complete.
-// Epochs: launch e waits for world x ctas x e. A rank reaches launch e + 1's START or band
-// arrivals only after its own launch e ended, i.e. after CTA 0 saw all of launch e's END
-// arrivals, which every CTA of every rank makes after its consumers drained: every wait of
-// launch e (a reduce's band, a peer store's or peer load's START) happened before, and every
-// reduce into this rank's D completed before its zeroing for launch e + 1. So launch e + 1's
-// arrivals never complete a target of launch e, nor zero rows launch e still adds into.
+// Epochs: launch e waits for world x ctas x e. A rank reaches launch e + 1's START arrival only
+// after its own launch e ended, i.e. after CTA 0 saw all of launch e's END arrivals. Those do not
+// all follow the same CTA's START arrival (a CTA with no tile may arrive at END first), but every
+// rank's END needs its CTAs with tiles, whose first reduce, peer store or peer load waited for
+// every START arrival of launch e: so launch e + 1's arrivals never complete a target of launch e.
 // Every wait is bounded by peer_bar's budget and reports the counter row (START / END) it was on.
 // Everything here is inline, reports included (fail_inline): one call to the out-of-line
 // weft::sync::fail anywhere in the consumer makes ptxas ignore setmaxnreg and spill the
@@ -154,51 +148,42 @@ __device__ __forceinline__ void peer_bar_wait(const weft_gemm_params& p, uint32_
 
 // The zeroing threads of a compute CTA (warps 1..3 of the loader warpgroup, idle otherwise in a
 // PEER_REDUCE launch: the consumers start their main loop meanwhile): zero this CTA's share of
-// each band of this rank's D in turn, arriving on the band's counter after each.
+// this rank's D, then arrive at START.
 constexpr uint32_t kZeroThreads = 96;
 template <class Cfg>
 __device__ __forceinline__ void peer_reduce_start(const weft_gemm_params& p) {
-  // peer_rows and the band rows are multiples of 64: whole 16-byte vectors.
-  const uint64_t row_vectors = uint64_t(p.sched.n) * sizeof(typename Cfg::Out) / 16;
-  const uint64_t vectors = uint64_t(p.peer_rows) * row_vectors;
-  const uint64_t band_vectors = (uint64_t(1) << p.peer_band_shift) * row_vectors;
-  const uint32_t bands = weft_gemm_peer_bands(p.peer_rows, p.peer_band_shift);
+  const uint64_t vectors = uint64_t(p.peer_rows) * p.sched.n * sizeof(typename Cfg::Out) / 16;
   const uint32_t t = threadIdx.x - 32;
   int4* d = reinterpret_cast<int4*>(p.d_ptr);
-  for (uint32_t b = 0; b < bands; ++b) {
-    const uint64_t end = (b + 1) * band_vectors < vectors ? (b + 1) * band_vectors : vectors;
-    for (uint64_t i = b * band_vectors + uint64_t(blockIdx.x) * kZeroThreads + t; i < end;
-         i += uint64_t(p.sched.ctas) * kZeroThreads)
-      d[i] = make_int4(0, 0, 0, 0);
-    weft::sync::mo::fence_proxy_async_global();  // the zeros before any async-proxy add to them
-    named_barrier_sync(kPeerBarrier, kZeroThreads);
-    if (t == 0) peer_bar_arrive(p, WEFT_GEMM_PEER_BAR_BAND0 + b);
-  }
+  for (uint64_t i = uint64_t(blockIdx.x) * kZeroThreads + t; i < vectors; i += uint64_t(p.sched.ctas) * kZeroThreads)
+    d[i] = make_int4(0, 0, 0, 0);
+  weft::sync::mo::fence_proxy_async_global();  // the zeros before any async-proxy add to them
+  named_barrier_sync(kPeerBarrier, kZeroThreads);
+  if (t == 0) peer_bar_arrive(p, WEFT_GEMM_PEER_BAR_START);
 }
 
-// A consumer's leader, before its warpgroup's first reduce into counter row `row`'s rows (a band)
-// or first peer store (START) (a barrier of the warpgroup follows).
+// A consumer's leader, before its warpgroup's first reduce or peer store (a barrier of the
+// warpgroup follows).
 // Runs with the accumulators live, so it only polls: false when the budget ran out, and the
-// consumer reports it after its loop (peer_reduce_drained), as for ConsumerStall.
-__device__ __forceinline__ bool peer_reduce_ready(const weft_gemm_params& p, uint32_t row) {
-  if (!peer_bar_poll(p, row)) return false;
+// consumer reports it after its loop (report_peer_start_stall), as for ConsumerStall.
+__device__ __forceinline__ bool peer_reduce_ready(const weft_gemm_params& p) {
+  if (!peer_bar_poll(p, WEFT_GEMM_PEER_BAR_START)) return false;
   weft::sync::mo::fence_proxy_async_global();
   return true;
 }
 
 // A consumer's leader after its drain (its warpgroup's reduces complete and fenced, then the
-// warpgroup barrier): flags a band or START wait that gave up (`stalled_row`: its counter row + 1,
-// 0 for none), then arrives on peer_done (release, CTA scope). Nothing else: code here that
-// reports or signals makes ptxas spill the consumers.
+// warpgroup barrier): flags a START wait that gave up, then arrives on peer_done (release, CTA
+// scope). Nothing else: code here that reports or signals makes ptxas spill the consumers.
 template <class Cfg>
-__device__ __forceinline__ void peer_reduce_drained(const SharedTiles<Cfg>& sm, uint32_t stalled_row) {
-  if (stalled_row != 0) *sm.peer_flag() = stalled_row;
+__device__ __forceinline__ void peer_reduce_drained(const SharedTiles<Cfg>& sm, bool start_stalled) {
+  if (start_stalled) *sm.peer_flag() = 1;
   mbar_arrive(sm.peer_done());
 }
 
 // The peer-barrier thread (thread 96, after its share of the zeroing): once every consumer has
-// drained (acquire, CTA scope), reports a band or START wait a consumer gave up on, or arrives at
-// END on every rank; CTA 0's then waits for every rank's CTAs. Its fence.acq_rel.sys is cumulative over
+// drained (acquire, CTA scope), reports a START wait a consumer gave up on, or arrives at END on
+// every rank; CTA 0's then waits for every rank's CTAs. Its fence.acq_rel.sys is cumulative over
 // the reduces the consumers' leaders saw complete before their arrivals.
 template <class Cfg>
 __device__ __forceinline__ void run_peer_barrier(const weft_gemm_params& p, const SharedTiles<Cfg>& sm) {
@@ -213,15 +198,14 @@ __device__ __forceinline__ void run_peer_barrier(const weft_gemm_params& p, cons
                   WEFT_GEMM_CONSUMERS, 0, uint64_t(clock64() - c0));
   }
   if (const uint32_t code = *sm.ag_stall(); code != 0) ag_chunk_fail<Cfg>(p, code);
-  if (const uint32_t flagged = *sm.peer_flag(); flagged != 0) {
-    // A consumer gave up waiting for a band of every rank's D to be zeroed (its reduces went out)
-    // or for every rank to reach the launch (its peer stores went out), or the loader for every
-    // rank's A shard to be written (its loads went out): the counter row + 1.
-    const uint32_t row = flagged - 1;
+  if (*sm.peer_flag() != 0) {
+    // A consumer gave up waiting for every rank's D to be zeroed (its reduces went out), or the
+    // loader for every rank's A shard to be written (its loads went out).
     const int32_t rank = p.peer_bar.view.rank;
-    const uint64_t observed = weft::sync::mo::ld_relaxed_sys(peer_counter(p, row, rank, WEFT_SYNC_PRIM_WAIT));
-    peer_bar_fail(p, WEFT_SYNC_STATUS_TIMEOUT, WEFT_SYNC_PRIM_WAIT, row, rank, peer_bar_target(p), observed,
-                  p.peer_bar.bound.budget_cycles);
+    const uint64_t observed =
+        weft::sync::mo::ld_relaxed_sys(peer_counter(p, WEFT_GEMM_PEER_BAR_START, rank, WEFT_SYNC_PRIM_WAIT));
+    peer_bar_fail(p, WEFT_SYNC_STATUS_TIMEOUT, WEFT_SYNC_PRIM_WAIT, WEFT_GEMM_PEER_BAR_START, rank, peer_bar_target(p),
+                  observed, p.peer_bar.bound.budget_cycles);
   }
   peer_bar_arrive(p, WEFT_GEMM_PEER_BAR_END);
   if (blockIdx.x == 0) peer_bar_wait(p, WEFT_GEMM_PEER_BAR_END);

@@ -63,9 +63,8 @@ struct StoreState {
   uint32_t group_tiles = 0;               // stored tiles of `group` not yet added to its counter
   SignalRing ring;                        // the leader's position in its signaller's ring
   bool signal_stalled = false;            // a post found no free slot: reported at the drain
-  uint32_t peer_passed = 0;               // PEER_REDUCE: bands known zeroed on every rank (they pass in
-                                          // order); PEER_ROWS: 1 once START passed (every rank's D read)
-  uint32_t peer_stalled_row = 0;          // the counter row + 1 of a wait for those the leader gave up on
+  bool peer_ready = false;                // PEER_REDUCE / PEER_ROWS: START passed (every rank's D zeroed / read)
+  bool peer_stalled = false;              // PEER_REDUCE / PEER_ROWS: the leader's wait for that gave up
 };
 
 // The deferred signals due before storing the tile of `next` (WEFT_GEMM_NO_TILE when draining):
@@ -247,6 +246,12 @@ struct TmaStorer {
     // own kernel reduces into the owners and nothing else (config.cuh, kFusions).
     const bool peer = uses_peer_reduce<Cfg>(p);
     const bool to_peer_rows = uses_peer_rows<Cfg>(p);
+    // The warpgroup barriers below order every issuer (PEER_ROWS: every thread) after the
+    // leader's wait.
+    if ((peer || to_peer_rows) && !st.peer_ready) {
+      if (leader) st.peer_stalled = !peer_reduce_ready(p);
+      st.peer_ready = true;
+    }
     const DueSignals due = signals_due<Cfg>(p, st, order);
     if (issuer) complete_stores(due);
     count_tile<Cfg>(p, st, due, order);
@@ -254,19 +259,6 @@ struct TmaStorer {
     const uint32_t bar_id = 1 + consumer;
     const uint32_t row0 = t.tm * Cfg::kBM + consumer * 64;  // in D's standard layout (beta reads)
     const uint32_t col0 = t.tn * Cfg::kBN;
-    // Before the first write into peers: PEER_ROWS waits for START once; PEER_REDUCE for the band
-    // of the owner's rows it adds into, unless a higher band passed (a phantom's or a ragged
-    // tile's missing rows add nothing). The warpgroup barriers below order every issuer
-    // (PEER_ROWS: every thread) after the leader's wait; a wait that gave up is not repeated.
-    if (peer || to_peer_rows) {
-      uint32_t need = 1;
-      if (peer) need = row0 < p.sched.m ? ((row0 - row0 / p.peer_rows * p.peer_rows) >> p.peer_band_shift) + 1 : 0;
-      if (need > st.peer_passed) {
-        const uint32_t row = peer ? WEFT_GEMM_PEER_BAR_BAND0 + need - 1 : WEFT_GEMM_PEER_BAR_START;
-        if (leader && !peer_reduce_ready(p, row) && st.peer_stalled_row == 0) st.peer_stalled_row = row + 1;
-        st.peer_passed = need;
-      }
-    }
     // Where the stores go: the standard position, the tile's slot in execution order, or (bands)
     // the slots of the bands the warpgroup's 64 rows cross.
     const bool tile_order = Cfg::kAllFusions && p.layout == WEFT_GEMM_LAYOUT_TILE_ORDER;
