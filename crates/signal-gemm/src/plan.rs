@@ -434,10 +434,8 @@ impl GemmPlan {
     }
     /// The same plan visiting its tile rows as `blocks` equal blocks in turn (cluster row u of
     /// the order in block u % blocks): every wave then holds rows of every block (the fused
-    /// ReduceScatter's owners), instead of one block after another, and the blocks turn wave by
-    /// wave so that each CTA's tiles fall in every block (`weft_gemm_turn_blocks`, abi/gemm.h).
-    /// The blocks must be whole cluster rows; the L2 group height becomes a multiple of `blocks`
-    /// (the turn needs consecutive orders in consecutive blocks).
+    /// ReduceScatter's owners), instead of one block after another. The blocks must be whole
+    /// cluster rows.
     pub fn with_tm_blocks(&self, blocks: u32) -> anyhow::Result<Self> {
         let cm = self.sched.cluster_m;
         let units = self.tiles_m() / cm;
@@ -449,9 +447,6 @@ impl GemmPlan {
         );
         let mut p = self.clone();
         p.sched.tm_blocks = blocks;
-        // The nearest multiple of `blocks`, at least one, at most the cluster rows (a multiple).
-        let g = self.sched.group_m;
-        p.sched.group_m = ((g + blocks / 2) / blocks * blocks).clamp(blocks, units);
         Ok(p)
     }
     pub fn tiles_m(&self) -> u32 {
@@ -911,29 +906,25 @@ mod tests {
         );
     }
 
-    /// Blocks visited in turn: every tile once; the cluster rows of each aligned run of `blocks`
-    /// consecutive units in distinct blocks; with a static schedule every CTA's tiles spread
-    /// evenly over the blocks (at most one apart) when the CTAs are whole runs; and a rotation on
-    /// top keeps all of it (blocks counted before the rotation).
+    /// Blocks visited in turn: every tile once, consecutive cluster rows of the order in
+    /// consecutive blocks, the blocks' own rows in order; with a rotation on top as well.
     #[test]
-    fn blocks_in_turn_keep_every_tile_once_and_spread_each_cta() {
-        for (cluster_m, blocks, offset, group_m, ctas) in [
-            (1, 2, 0, None, 132),
-            (1, 4, 0, None, 132),
-            (2, 2, 0, None, 132),
-            (2, 4, 0, Some(1), 128),
-            (1, 2, 8, Some(3), 132),
-            (2, 4, 4, None, 128),
-            (1, 2, 0, None, 131),
+    fn blocks_in_turn_keep_every_tile_once_and_alternate_owners() {
+        for (cluster_m, blocks, offset) in [
+            (1, 2, 0),
+            (1, 4, 0),
+            (2, 2, 0),
+            (2, 4, 0),
+            (1, 2, 8),
+            (2, 4, 4),
         ] {
             let p = GemmPlan::new(
                 132,
-                GemmShape::new(4096, 8192, 256),
+                GemmShape::new(4096, 1024, 256),
                 GemmOptions {
                     cluster_m,
                     tile: TileChoice::N256,
-                    group_m,
-                    sm_margin: 132 - ctas,
+                    group_m: Some(1),
                     ..opts()
                 },
             )
@@ -943,43 +934,28 @@ mod tests {
                 .unwrap()
                 .with_tm_offset(offset)
                 .unwrap();
-            let what =
-                format!("cluster {cluster_m} blocks {blocks} group_m {group_m:?} ctas {ctas}");
-            assert!(
-                b.group_m().is_multiple_of(blocks),
-                "{what}: group_m {}",
-                b.group_m()
-            );
             let mut sched = b.schedule();
             sched.sort_by_key(|t| t.order);
             let mut seen: Vec<(u32, u32)> = sched.iter().map(|t| (t.tm, t.tn)).collect();
             seen.sort();
             let all: Vec<(u32, u32)> = (0..32)
-                .flat_map(|tm| (0..32).map(move |tn| (tm, tn)))
+                .flat_map(|tm| (0..4).map(move |tn| (tm, tn)))
                 .collect();
-            assert_eq!(seen, all, "{what}");
+            assert_eq!(seen, all, "cluster {cluster_m} blocks {blocks}");
+            // group_m 1: the order walks one cluster row at a time, across the columns.
+            let rows: Vec<u32> = sched
+                .iter()
+                .step_by(4 * cluster_m as usize)
+                .map(|t| t.tm / cluster_m * cluster_m)
+                .collect();
             let per_block = 32 / blocks;
-            let block = |tm: u32| ((tm + 32 - offset) % 32) / per_block;
-            let cm = cluster_m as usize;
-            for run in sched.chunks(blocks as usize * cm) {
-                let mut bs: Vec<u32> = run.iter().map(|t| block(t.tm)).collect();
-                bs.sort();
-                bs.dedup();
+            for (u, &tm) in rows.iter().enumerate() {
+                let unrotated = (tm + 32 - offset) % 32;
                 assert_eq!(
-                    bs.len(),
-                    blocks as usize,
-                    "{what}: a run of units in blocks {bs:?}"
+                    unrotated / per_block,
+                    u as u32 % blocks,
+                    "cluster {cluster_m} blocks {blocks}: row {u} of the order is tile row {tm}"
                 );
-            }
-            if ctas.is_multiple_of(blocks * cluster_m) {
-                for c in 0..ctas as usize {
-                    let mut n = vec![0u32; blocks as usize];
-                    for t in sched.iter().skip(c).step_by(ctas as usize) {
-                        n[block(t.tm) as usize] += 1;
-                    }
-                    let (lo, hi) = (n.iter().min().unwrap(), n.iter().max().unwrap());
-                    assert!(hi - lo <= 1, "{what}: CTA {c}'s tiles per block {n:?}");
-                }
             }
         }
         let p = GemmPlan::new(132, GemmShape::new(384, 1024, 256), opts()).unwrap();

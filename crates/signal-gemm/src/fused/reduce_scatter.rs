@@ -28,11 +28,10 @@ use weft_sync::{Counters, WaitBudget};
 
 /// The order the ranks' adds travel best in: the owners' row blocks visited in turn (every wave
 /// adds into every owner, so each link carries adds the whole kernel long instead of one owner's
-/// block after another; the blocks turn wave by wave, so each CTA adds into every owner rather
-/// than some CTAs only over NVLink and the others only locally), and rotated so that rank r starts
-/// on rank r + 1's block and ends on its own (no owner takes every rank's adds at once; the adds
-/// that end the kernel are local). Order only: the adds commute and the barriers cover the whole
-/// kernel. Either is skipped where the blocks are not whole cluster rows.
+/// block after another), and rotated so that rank r starts on rank r + 1's block and ends on its
+/// own (no owner takes every rank's adds at once; the adds that end the kernel are local). Order
+/// only: the adds commute and the barriers cover the whole kernel. Either is skipped where the
+/// blocks are not whole cluster rows.
 fn order_for_owners(plan: GemmPlan, ranks: u32, rank: u32) -> anyhow::Result<GemmPlan> {
     let cm = plan.cluster_m();
     if ranks < 2 || !plan.tiles_m().is_multiple_of(cm) {

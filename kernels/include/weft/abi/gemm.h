@@ -69,9 +69,8 @@ typedef struct weft_gemm_schedule {
                            // then tiles_m is one too (no phantoms)
   uint32_t tm_blocks;      // 0 or 1: none; B > 1: the tile rows are B equal blocks (the fused
                            // ReduceScatter's owners) visited in turn, cluster row u of the order
-                           // landing in block u % B (units_m a multiple of B, no phantoms), and
-                           // wave by wave the blocks turn (weft_gemm_turn_blocks); applied before
-                           // the rotation
+                           // landing in block u % B (units_m a multiple of B, no phantoms);
+                           // applied before the rotation
   uint32_t k_splits;       // 0 or 1: each tile's K in one work unit; S > 1 (split-K, cluster_m 1,
                            // standard layout, no signals): S work units per tile ("Split-K" below)
 } weft_gemm_schedule;
@@ -94,24 +93,8 @@ WEFT_HD uint32_t weft_gemm_order_count(weft_gemm_schedule s) {
 WEFT_HD uint32_t weft_gemm_tile_index(weft_gemm_schedule s, weft_gemm_tile t) { return t.tm * weft_gemm_tiles_n(s) + t.tn; }
 WEFT_HD uint32_t weft_gemm_wave_of(weft_gemm_schedule s, uint32_t order) { return order / s.ctas; }
 
-// tm_blocks = B > 1: the order whose tile `order` runs. Units (cluster orders) are taken in aligned
-// runs of B, and a run whose first order lies in wave k (of ctas orders) is turned by k: its unit
-// j runs the tile of unit (j + k) % B. With group_m a multiple of B, consecutive units of the
-// order lie in consecutive blocks (a block = an owner), so without the turn a statically scheduled
-// CTA, whose orders are ctas apart, would land in the same block every wave whenever ctas is a
-// multiple of B x cluster_m (132 CTAs, 2 or 4 owners): half of the CTAs (world 2) would add every
-// tile over NVLink and the others none. With it each CTA's blocks cycle, and every wave still
-// spreads over all the blocks. A permutation of each run (one k per run), so of the orders.
-WEFT_HD uint32_t weft_gemm_turn_blocks(weft_gemm_schedule s, uint32_t order) {
-  const uint32_t b = s.tm_blocks, unit = order / s.cluster_m, base = unit - unit % b;
-  if ((base + b) * s.cluster_m > weft_gemm_order_count(s)) return order;  // an incomplete run
-  const uint32_t k = base * s.cluster_m / s.ctas;
-  return (base + (unit % b + k % b) % b) * s.cluster_m + order % s.cluster_m;
-}
-
 // The tile of `order` (0 <= order < weft_gemm_order_count(s)).
 WEFT_HD weft_gemm_tile weft_gemm_tile_at(weft_gemm_schedule s, uint32_t order) {
-  if (s.tm_blocks > 1) order = weft_gemm_turn_blocks(s, order);
   const uint32_t unit = order / s.cluster_m, rank = order % s.cluster_m;
   const uint32_t units_m = weft_gemm_units_m(s), tiles_n = weft_gemm_tiles_n(s);
   const uint32_t per_group = s.group_m * tiles_n;
