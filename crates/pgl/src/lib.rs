@@ -24,6 +24,7 @@ mod bootstrap;
 mod driver;
 mod element;
 mod group;
+mod host_copy;
 mod ipc;
 mod pgl;
 mod vmm;

@@ -369,49 +369,12 @@ fn as_f64<T: GElem>(v: &[T]) -> Vec<f64> {
 }
 
 pub(super) fn write<T: PglElement>(pgl: &Pgl<T>, host: &[T]) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        host.len() <= pgl.len(),
-        "{} elements do not fit a PGL of {}",
-        host.len(),
-        pgl.len()
-    );
-    if host.is_empty() {
-        return Ok(());
-    }
-    pgl.context().bind_to_thread()?;
-    // SAFETY: copies host.len() elements into this rank's buffer, which holds at least as many.
-    let r = unsafe {
-        sys::cuMemcpyHtoD_v2(
-            pgl.local_ptr(),
-            host.as_ptr().cast(),
-            std::mem::size_of_val(host),
-        )
-    };
-    anyhow::ensure!(
-        r == sys::CUresult::CUDA_SUCCESS,
-        "copying to the PGL failed: {r:?}"
-    );
-    // From pageable memory the copy may still be in flight on the legacy stream when the call
-    // returns, unordered with the plan's stream and with peers: finish it here.
-    pgl.context().synchronize()?;
-    Ok(())
+    pgl.copy_from_host(host)
 }
 
 pub(super) fn read<T: PglElement + Default + Clone>(pgl: &Pgl<T>) -> anyhow::Result<Vec<T>> {
     let mut host = vec![T::default(); pgl.len()];
-    pgl.context().bind_to_thread()?;
-    // SAFETY: copies this rank's whole buffer into a host vector of the same length.
-    let r = unsafe {
-        sys::cuMemcpyDtoH_v2(
-            host.as_mut_ptr().cast(),
-            pgl.local_ptr(),
-            std::mem::size_of_val(host.as_slice()),
-        )
-    };
-    anyhow::ensure!(
-        r == sys::CUresult::CUDA_SUCCESS,
-        "copying the PGL back failed: {r:?}"
-    );
+    pgl.copy_to_host(&mut host)?;
     Ok(host)
 }
 
