@@ -20,9 +20,9 @@ use half::bf16;
 use std::time::{Duration, Instant};
 use weft_grpcoll::pattern::{cast_metas, reduce_metas, CastBlock, ReduceBlock};
 use weft_grpcoll::{GroupCast, GroupReduce, Options, ReduceOp};
+use weft_pgl::gpu;
 use weft_pgl::rank_env::RankEnv;
 use weft_pgl::rendezvous::Rendezvous;
-use weft_pgl::gpu;
 
 const EXPERTS: usize = 256;
 const TOP_K: usize = 8;
@@ -201,18 +201,22 @@ fn main() -> anyhow::Result<()> {
     // bytes that cross NVLink into this rank — dispatch: the rows other ranks send here; combine:
     // the partials this rank pulls from the others.
     let runs = 20;
-    let time = |run: &mut dyn FnMut() -> anyhow::Result<()>| -> anyhow::Result<f64> {
-        run()?;
-        let t0 = Instant::now();
-        for _ in 0..runs {
-            run()?;
-        }
-        Ok(t0.elapsed().as_secs_f64() * 1e6 / f64::from(runs))
-    };
-    let dispatch_us = time(&mut || dispatch.run())?;
+    dispatch.run()?;
     dispatch.synchronize()?;
-    let combine_us = time(&mut || combine.run())?;
+    let t0 = Instant::now();
+    for _ in 0..runs {
+        dispatch.run()?;
+    }
+    dispatch.synchronize()?;
+    let dispatch_us = t0.elapsed().as_secs_f64() * 1e6 / f64::from(runs);
+    combine.run()?;
     combine.synchronize()?;
+    let t0 = Instant::now();
+    for _ in 0..runs {
+        combine.run()?;
+    }
+    combine.synchronize()?;
+    let combine_us = t0.elapsed().as_secs_f64() * 1e6 / f64::from(runs);
     let row_bytes = (hidden * 2) as f64;
     let cast_in: usize = (cast_meta.output_split_rows.iter().zip(&cast_meta.src_index))
         .filter(|(_, &s)| s != rank)
