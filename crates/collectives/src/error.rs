@@ -39,9 +39,10 @@ pub enum CollectiveError {
     /// Options that cannot work on this job, or that differ between ranks.
     #[error("collectives options: {0}")]
     Options(String),
-    /// A bounded wait inside a kernel expired (a peer never published its round): what it saw.
+    /// A bounded wait inside a kernel expired (a peer never published its round): what it saw,
+    /// typed (`SyncError::Device`: kind, rank, counter, expected and observed values).
     #[error("a collective's wait expired: {0} (ranks must make the same collective calls, in the same order, with the same lengths)")]
-    Wait(String),
+    Wait(weft_sync::SyncError),
     /// Allocation, agreement between ranks, loading or launching failed.
     #[error(transparent)]
     Runtime(#[from] anyhow::Error),

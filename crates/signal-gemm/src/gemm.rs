@@ -1106,7 +1106,7 @@ impl Gemm {
 
     /// After a synchronisation: an error naming the wait that ran past its budget, if any.
     pub fn check(&self) -> anyhow::Result<()> {
-        self.slot.check()
+        Ok(self.slot.check()?)
     }
 }
 

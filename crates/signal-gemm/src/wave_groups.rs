@@ -216,7 +216,7 @@ impl GroupCounters {
 
     /// After a synchronisation: an error naming the group wait that ran past its bound, if any.
     pub fn check(&self) -> anyhow::Result<()> {
-        self.slot.check()
+        Ok(self.slot.check()?)
     }
 }
 

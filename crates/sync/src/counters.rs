@@ -76,7 +76,7 @@ impl Counters {
     }
 
     /// Err naming what a timed-out wait recorded, if one did.
-    pub fn check(&self) -> anyhow::Result<()> {
+    pub fn check(&self) -> Result<(), crate::SyncError> {
         self.slot.check()
     }
 

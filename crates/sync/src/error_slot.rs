@@ -2,7 +2,8 @@
 //! traps. It lives in pinned host memory mapped into the device (portable, so any context of the
 //! process can use it), which stays readable after the trap has ended the kernel's context.
 
-use anyhow::{bail, Context};
+use crate::error::{DeviceFailure, KernelEnd, SyncError};
+use anyhow::Context;
 use cudarc::driver::{result, sys, CudaContext};
 use std::sync::Arc;
 use weft_kernels::abi::{self, weft_error_slot};
@@ -72,10 +73,18 @@ impl ErrorSlot {
         describe(&self.read(), self.clock_khz)
     }
 
-    /// Err with the recorded failure (rank, primitive, coordinate, expected, observed, bound).
-    pub fn check(&self) -> anyhow::Result<()> {
-        match self.report() {
-            Some(msg) => bail!("{msg}"),
+    /// The recorded failure, typed; None when nothing was recorded.
+    pub fn failure(&self) -> Option<DeviceFailure> {
+        DeviceFailure::from_slot(self.read(), self.clock_khz)
+    }
+
+    /// Err with the recorded failure (kind, rank, primitive, coordinate, expected, observed, bound).
+    pub fn check(&self) -> Result<(), SyncError> {
+        match self.failure() {
+            Some(f) => Err(SyncError::Device {
+                failures: vec![f],
+                end: KernelEnd::NotWaited,
+            }),
             None => Ok(()),
         }
     }

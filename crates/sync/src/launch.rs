@@ -1,8 +1,9 @@
 //! Launch plumbing shared by the sync kernels: loading a kernel, small result structs in device
 //! memory, and waiting for a stream in a way that turns a trapped kernel into its slot's report.
 
+use crate::error::{DeviceFailure, KernelEnd, SyncError};
 use crate::error_slot::ErrorSlot;
-use anyhow::{bail, Context};
+use anyhow::Context;
 use cudarc::driver::{
     sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError,
 };
@@ -89,18 +90,21 @@ impl<T: Copy> DeviceStruct<T> {
 }
 
 /// Waits for `stream`. A kernel that stopped is reported by what its error slots recorded
-/// (rank, primitive, coordinate, expected, observed, bound), with the driver's error attached.
-pub fn sync_checked(stream: &Arc<CudaStream>, slots: &[&ErrorSlot]) -> anyhow::Result<()> {
+/// (kind, rank, primitive, coordinate, expected, observed, bound), with the driver's error
+/// attached ([`SyncError`]).
+pub fn sync_checked(stream: &Arc<CudaStream>, slots: &[&ErrorSlot]) -> Result<(), SyncError> {
     let synced = stream.synchronize();
-    let reports: Vec<String> = slots.iter().filter_map(|s| s.report()).collect();
-    match (synced, reports.is_empty()) {
+    let failures: Vec<DeviceFailure> = slots.iter().filter_map(|s| s.failure()).collect();
+    match (synced, failures.is_empty()) {
         (Ok(()), true) => Ok(()),
-        (Ok(()), false) => bail!(
-            "{} (yet the kernel completed: a wait recorded a failure without stopping it)",
-            reports.join("; ")
-        ),
-        (Err(e), true) => Err(anyhow::Error::from(e))
-            .context("a sync kernel failed and recorded nothing in its error slot"),
-        (Err(e), false) => bail!("{} (the kernel was stopped: {e})", reports.join("; ")),
+        (Ok(()), false) => Err(SyncError::Device {
+            failures,
+            end: KernelEnd::Completed,
+        }),
+        (Err(e), true) => Err(SyncError::Driver(e)),
+        (Err(e), false) => Err(SyncError::Device {
+            failures,
+            end: KernelEnd::Stopped(e),
+        }),
     }
 }

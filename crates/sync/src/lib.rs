@@ -4,7 +4,8 @@
 //!
 //! - [`Counters`]: the counter layout (a `Pgl<u64>`), its [`ErrorSlot`], its [`WaitBudget`] and
 //!   its epoch; `device()` is the `weft_sync_counters` kernel argument.
-//! - [`ErrorSlot`]: pinned, device-mapped; `check()` turns a recorded timeout into an error.
+//! - [`ErrorSlot`]: pinned, device-mapped; `check()` turns a recorded timeout into a
+//!   [`SyncError`] a caller can match on ([`DeviceFailure`]: kind, rank, counter, values).
 //! - [`WaitBudget`]: a duration as SM cycles.
 //! - [`epoch`]: the monotonic-target scheme that makes counters reusable without memsets.
 //! - [`launch`]: loading a kernel and a synchronisation that reports a recorded timeout.
@@ -14,10 +15,12 @@
 pub mod budget;
 pub mod counters;
 pub mod epoch;
+pub mod error;
 pub mod error_slot;
 pub mod launch;
 
 pub use budget::WaitBudget;
 pub use counters::Counters;
+pub use error::{DeviceFailure, FailureKind, KernelEnd, SyncError};
 pub use error_slot::ErrorSlot;
 pub use launch::sync_checked;

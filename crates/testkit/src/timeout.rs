@@ -13,13 +13,14 @@ use weft_kernels::cubins;
 use weft_pgl::Shape;
 use weft_sync::launch::{load, sync_checked};
 use weft_sync::ErrorSlot;
+use weft_sync::SyncError;
 use weft_sync::WaitBudget;
 
 /// What waiting for a signal nobody sends did.
 pub struct MissingSignal {
-    /// The error the host got (sync_checked: the slot's report plus the driver's error), or
-    /// None if the kernel completed, which would be a bug.
-    pub error: Option<anyhow::Error>,
+    /// The error the host got (sync_checked: the slot's failure, typed, and the driver's
+    /// error), or None if the kernel completed, which would be a bug.
+    pub error: Option<SyncError>,
     /// The slot as the trapping thread left it.
     pub slot: weft_error_slot,
     /// Host time from the launch to the error.

@@ -298,7 +298,28 @@ enum TimeoutKind {
 struct ChildReport {
     slot: abi::weft_error_slot,
     message: String,
+    /// The host error's type as the child matched it (`typed_summary`).
+    typed: String,
     wall: Duration,
+}
+
+/// The child's host error as its type says it: the recorded failures' kinds and how the kernel
+/// ended ("[Timeout] stopped"), "driver" or "none" — what a caller can match on.
+fn typed_summary(error: &Option<weft_sync::SyncError>) -> String {
+    use weft_sync::{KernelEnd, SyncError};
+    match error {
+        Some(SyncError::Device { failures, end }) => format!(
+            "{:?} {}",
+            failures.iter().map(|f| f.kind).collect::<Vec<_>>(),
+            match end {
+                KernelEnd::Stopped(_) => "stopped",
+                KernelEnd::Completed => "completed",
+                KernelEnd::NotWaited => "not-waited",
+            }
+        ),
+        Some(SyncError::Driver(_)) => "driver".into(),
+        None => "none".into(),
+    }
 }
 
 const CHILD_COMMAND: &str = "__sync-timeout-child";
@@ -329,9 +350,12 @@ fn run_timeout_child(
             .find_map(|l| l.strip_prefix(name))
             .map(str::to_string)
     };
-    let (Some(slot_hex), Some(msg_hex), Some(wall_ns)) =
-        (field("slot "), field("message "), field("wall_ns "))
-    else {
+    let (Some(slot_hex), Some(msg_hex), Some(typed), Some(wall_ns)) = (
+        field("slot "),
+        field("message "),
+        field("typed "),
+        field("wall_ns "),
+    ) else {
         anyhow::bail!(
             "the timeout child process reported nothing ({}): stdout {stdout:?} stderr {:?}",
             out.status,
@@ -349,6 +373,7 @@ fn run_timeout_child(
     Ok(ChildReport {
         slot,
         message: String::from_utf8_lossy(&from_hex(&msg_hex)?).into_owned(),
+        typed,
         wall: Duration::from_nanos(wall_ns.parse()?),
     })
 }
@@ -397,6 +422,7 @@ pub fn timeout_child(args: &[String]) -> anyhow::Result<()> {
         inputs.expected,
         budget,
     )?;
+    let typed = typed_summary(&out.error);
     let message = out.error.map(|e| format!("{e:#}")).unwrap_or_default();
     // SAFETY: weft_error_slot is plain-old-data; its bytes are sent as they are.
     let bytes = unsafe {
@@ -406,7 +432,7 @@ pub fn timeout_child(args: &[String]) -> anyhow::Result<()> {
         )
     };
     println!(
-        "slot {}\nmessage {}\nwall_ns {}",
+        "slot {}\nmessage {}\ntyped {typed}\nwall_ns {}",
         to_hex(bytes),
         to_hex(message.as_bytes()),
         out.wall.as_nanos()
@@ -434,6 +460,12 @@ fn missing_signal(job: &mut Job) -> anyhow::Result<()> {
     anyhow::ensure!(
         !msg.is_empty(),
         "the wait returned although nobody signalled (seed {seed})"
+    );
+    // The host error is typed: a caller can match the timeout and see that it stopped the kernel.
+    anyhow::ensure!(
+        out.typed == "[Timeout] stopped",
+        "the host error's type says {:?}, not one timeout that stopped the kernel: {msg}",
+        out.typed
     );
     let s = out.slot;
     let fields_ok = s.status == abi::WEFT_SYNC_STATUS_TIMEOUT as i32
@@ -491,6 +523,11 @@ fn coordinate_outside_layout(job: &mut Job) -> anyhow::Result<()> {
     let TimeoutInputs { shape, coord, .. } = timeout_inputs(TimeoutKind::OutsideLayout, seed, rank);
     let out = run_timeout_child(TimeoutKind::OutsideLayout, seed, rank, world, ordinal)?;
     let msg = out.message;
+    anyhow::ensure!(
+        out.typed == "[BadCoord] stopped",
+        "the host error's type says {:?}, not one bad coordinate that stopped the kernel: {msg}",
+        out.typed
+    );
     anyhow::ensure!(
         out.slot.status == abi::WEFT_SYNC_STATUS_BAD_COORD as i32
             && msg.contains(&coord_text(&coord))
