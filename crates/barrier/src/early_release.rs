@@ -15,17 +15,18 @@
 //! (`CudaContext::disable_event_tracking`) and order buffers yourself; the attribute is refused
 //! otherwise.
 
+use crate::error::BarrierError;
 use cudarc::driver::{sys, CudaStream};
 use std::sync::Arc;
 
 /// The launch attribute (for `cuLaunchKernelEx`) that lets a kernel enqueued on `stream` right
 /// after `KernelBarrier::wait` start when the wait is satisfied. Err while the stream's context
 /// tracks events (the event waits would sit between the wait and the launch).
-pub fn early_release_attribute(stream: &Arc<CudaStream>) -> anyhow::Result<sys::CUlaunchAttribute> {
-    anyhow::ensure!(
-        !stream.context().is_event_tracking(),
-        "early release needs the context's event tracking off (CudaContext::disable_event_tracking): with it on, \
-         cudarc enqueues event waits before the launch, after the KernelBarrier wait, and the early release would not happen"
-    );
+pub fn early_release_attribute(
+    stream: &Arc<CudaStream>,
+) -> Result<sys::CUlaunchAttribute, BarrierError> {
+    if stream.context().is_event_tracking() {
+        return Err(BarrierError::EventTracking);
+    }
     Ok(weft_sync::launch::programmatic_serialization_attribute())
 }

@@ -5,8 +5,9 @@
 //! and no memset between them.
 
 use crate::bound;
+use crate::error::BarrierError;
 use crate::report::describe;
-use anyhow::{bail, Context};
+use anyhow::Context;
 use cudarc::driver::{
     result, sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
 };
@@ -38,8 +39,9 @@ unsafe impl Send for KernelBarrier {}
 
 impl KernelBarrier {
     /// A zeroed counter on `ctx`'s device, bound [`bound::default_timeout`].
-    pub fn new(ctx: &Arc<CudaContext>) -> anyhow::Result<Self> {
-        ctx.bind_to_thread()?;
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, BarrierError> {
+        ctx.bind_to_thread()
+            .map_err(BarrierError::driver("binding the barrier's context"))?;
         let clock_khz = weft_sync::budget::sm_clock_khz(ctx)?;
         let module = cubins::BARRIER_WAIT
             .load(ctx)
@@ -50,8 +52,8 @@ impl KernelBarrier {
         // Everything that can fail without side effects comes before the allocation below.
         let timeout = bound::default_timeout()?;
         // SAFETY: a fresh 4-byte allocation, zeroed before any use.
-        let counter =
-            unsafe { result::malloc_sync(4) }.context("allocating the KernelBarrier counter")?;
+        let counter = unsafe { result::malloc_sync(4) }
+            .map_err(BarrierError::driver("allocating the KernelBarrier counter"))?;
         let mut this = Self {
             ctx: ctx.clone(),
             wait,
@@ -65,19 +67,22 @@ impl KernelBarrier {
         // SAFETY: the counter allocated above; synchronous.
         unsafe { sys::cuMemsetD32_v2(counter, 0, 1) }
             .result()
-            .context("zeroing the KernelBarrier counter")?;
+            .map_err(BarrierError::driver("zeroing the KernelBarrier counter"))?;
         let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
         // SAFETY: a fresh allocation of the report's size; cleared below before any use.
         this.report = unsafe {
             result::malloc_host(std::mem::size_of::<weft_kernel_barrier_report>(), flags)
         }
-        .context("allocating the KernelBarrier report (cuMemHostAlloc, portable + device-mapped)")?
-            as *mut _;
+        .map_err(BarrierError::driver(
+            "allocating the KernelBarrier report (cuMemHostAlloc, portable + device-mapped)",
+        ))? as *mut _;
         this.clear_report();
         // SAFETY: `report` came from cuMemHostAlloc with DEVICEMAP; flags must be 0.
         unsafe { sys::cuMemHostGetDevicePointer_v2(&mut this.report_dev, this.report.cast(), 0) }
             .result()
-            .context("cuMemHostGetDevicePointer on the KernelBarrier report")?;
+            .map_err(BarrierError::driver(
+                "cuMemHostGetDevicePointer on the KernelBarrier report",
+            ))?;
         Ok(this)
     }
 
@@ -90,10 +95,13 @@ impl KernelBarrier {
 
     /// Records that `arrivals` more arrivals will come (one per communication kernel launched on
     /// this barrier, or one per cluster, see README) and returns the target a wait for them uses.
-    pub fn expect(&mut self, arrivals: u32) -> anyhow::Result<i32> {
+    pub fn expect(&mut self, arrivals: u32) -> Result<i32, BarrierError> {
         let next = i64::from(self.total) + i64::from(arrivals);
         let Ok(next) = i32::try_from(next) else {
-            bail!("KernelBarrier: {} + {arrivals} arrivals overflow the int32 counter: reset it first", self.total);
+            return Err(BarrierError::Overflow {
+                total: self.total,
+                arrivals,
+            });
         };
         self.total = next;
         Ok(next)
@@ -107,7 +115,7 @@ impl KernelBarrier {
     /// Enqueues the wait kernel (1 block, 1 thread) on `stream`: work enqueued after it on that
     /// stream starts once the counter has reached `target`, or once the bound has expired (then
     /// [`check`](Self::check) reports it). Returns without waiting on the host.
-    pub fn wait(&self, stream: &Arc<CudaStream>, target: i32) -> anyhow::Result<()> {
+    pub fn wait(&self, stream: &Arc<CudaStream>, target: i32) -> Result<(), BarrierError> {
         self.wait_stamped(stream, target, 0)
     }
 
@@ -118,15 +126,18 @@ impl KernelBarrier {
         stream: &Arc<CudaStream>,
         target: i32,
         exit_stamp: u64,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), BarrierError> {
         if stream.context().cu_ctx() != self.ctx.cu_ctx() {
-            bail!("KernelBarrier::wait: the stream belongs to another context than the barrier (GPU {})", self.ctx.ordinal());
+            return Err(BarrierError::WrongContext {
+                barrier_gpu: self.ctx.ordinal(),
+            });
         }
-        anyhow::ensure!(
-            target >= 0 && target <= self.total,
-            "KernelBarrier::wait: target {target} was never expected (expected so far: {})",
-            self.total
-        );
+        if target < 0 || target > self.total {
+            return Err(BarrierError::UnexpectedTarget {
+                target,
+                expected: self.total,
+            });
+        }
         let p = weft_kernel_barrier_wait_params {
             view: self.view(),
             target,
@@ -142,20 +153,23 @@ impl KernelBarrier {
         };
         // SAFETY: the kernel takes exactly this struct; the counter and the report outlive it (drop
         // synchronises the context first).
-        unsafe { stream.launch_builder(&self.wait).arg(&p).launch(cfg) }
-            .context("launching the KernelBarrier wait kernel")?;
+        unsafe { stream.launch_builder(&self.wait).arg(&p).launch(cfg) }.map_err(
+            BarrierError::driver("launching the KernelBarrier wait kernel"),
+        )?;
         Ok(())
     }
 
     /// Zeroes the counter in `stream` order and the host's running total. `stream` must be ordered
     /// after every wait and arrival of the earlier targets (an arrival after the memset would count
     /// toward the next ones).
-    pub fn reset(&mut self, stream: &Arc<CudaStream>) -> anyhow::Result<()> {
-        self.ctx.bind_to_thread()?;
+    pub fn reset(&mut self, stream: &Arc<CudaStream>) -> Result<(), BarrierError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(BarrierError::driver("binding the barrier's context"))?;
         // SAFETY: the counter is a live 4-byte allocation of this context.
         unsafe { sys::cuMemsetD32Async(self.counter, 0, 1, stream.cu_stream()) }
             .result()
-            .context("resetting the KernelBarrier counter")?;
+            .map_err(BarrierError::driver("resetting the KernelBarrier counter"))?;
         self.total = 0;
         Ok(())
     }
@@ -163,16 +177,18 @@ impl KernelBarrier {
     /// After the waits' streams have been synchronised: Err naming target, observed count and
     /// bound when a wait gave up (the report is cleared; the counter is left as it was: reset it
     /// before reuse).
-    pub fn check(&self) -> anyhow::Result<()> {
+    pub fn check(&self) -> Result<(), BarrierError> {
         // SAFETY: valid, aligned, pinned; volatile because the device writes it.
         let r = unsafe { std::ptr::read_volatile(self.report) };
-        match describe(&r, self.clock_khz) {
-            None => Ok(()),
-            Some(msg) => {
-                self.clear_report();
-                bail!("GPU {}: {msg}", self.ctx.ordinal())
-            }
+        if describe(&r, self.clock_khz).is_none() {
+            return Ok(());
         }
+        self.clear_report();
+        Err(BarrierError::TimedOut {
+            gpu: self.ctx.ordinal(),
+            report: r,
+            clock_khz: self.clock_khz,
+        })
     }
 
     /// The bound on each later wait (cycles at the maximum SM clock).

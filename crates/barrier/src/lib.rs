@@ -7,10 +7,12 @@
 
 mod bound;
 mod early_release;
+mod error;
 mod kernel_barrier;
 mod report;
 
 pub use bound::{default_timeout, TIMEOUT_VAR};
 pub use early_release::early_release_attribute;
+pub use error::BarrierError;
 pub use kernel_barrier::KernelBarrier;
 pub use report::describe;
