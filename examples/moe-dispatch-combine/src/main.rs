@@ -19,7 +19,7 @@ use cudarc::driver::CudaContext;
 use half::bf16;
 use std::time::{Duration, Instant};
 use weft_grpcoll::pattern::{cast_metas, reduce_metas, CastBlock, ReduceBlock};
-use weft_grpcoll::{GroupCast, GroupReduce, Options, ReduceOp};
+use weft_grpcoll::{GroupCast, GroupCollective, GroupReduce, Options, ReduceOp};
 use weft_pgl::gpu;
 use weft_pgl::rank_env::RankEnv;
 use weft_pgl::rendezvous::Rendezvous;
@@ -65,6 +65,21 @@ fn value(rank: usize, token: usize, h: usize) -> f32 {
 
 fn ranks_of(set: u32, world: usize) -> Vec<usize> {
     (0..world).filter(|r| set >> r & 1 == 1).collect()
+}
+
+/// Mean microseconds of `runs` back-to-back runs to their completion, after an untimed one.
+fn time_runs<T: weft_pgl::PglElement>(
+    plan: &mut impl GroupCollective<T>,
+    runs: u32,
+) -> anyhow::Result<f64> {
+    plan.run()?;
+    plan.synchronize()?;
+    let t0 = Instant::now();
+    for _ in 0..runs {
+        plan.run()?;
+    }
+    plan.synchronize()?;
+    Ok(t0.elapsed().as_secs_f64() * 1e6 / f64::from(runs))
 }
 
 fn parse_args(arg: Option<String>) -> anyhow::Result<(usize, usize)> {
@@ -201,22 +216,8 @@ fn main() -> anyhow::Result<()> {
     // bytes that cross NVLink into this rank — dispatch: the rows other ranks send here; combine:
     // the partials this rank pulls from the others.
     let runs = 20;
-    dispatch.run()?;
-    dispatch.synchronize()?;
-    let t0 = Instant::now();
-    for _ in 0..runs {
-        dispatch.run()?;
-    }
-    dispatch.synchronize()?;
-    let dispatch_us = t0.elapsed().as_secs_f64() * 1e6 / f64::from(runs);
-    combine.run()?;
-    combine.synchronize()?;
-    let t0 = Instant::now();
-    for _ in 0..runs {
-        combine.run()?;
-    }
-    combine.synchronize()?;
-    let combine_us = t0.elapsed().as_secs_f64() * 1e6 / f64::from(runs);
+    let dispatch_us = time_runs(&mut dispatch, runs)?;
+    let combine_us = time_runs(&mut combine, runs)?;
     let row_bytes = (hidden * 2) as f64;
     let cast_in: usize = (cast_meta.output_split_rows.iter().zip(&cast_meta.src_index))
         .filter(|(_, &s)| s != rank)
