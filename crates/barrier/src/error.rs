@@ -5,6 +5,7 @@ use cudarc::driver::DriverError;
 use thiserror::Error;
 use weft_kernels::abi::weft_kernel_barrier_report;
 
+/// What a KernelBarrier call refused, or what a wait that gave up reported.
 #[derive(Debug, Error)]
 pub enum BarrierError {
     /// More expected arrivals than the int32 counter holds.
@@ -20,7 +21,8 @@ pub enum BarrierError {
         "KernelBarrier::wait: target {target} was never expected (expected so far: {expected})"
     )]
     UnexpectedTarget { target: i32, expected: i32 },
-    /// A wait gave up: the report it filled (target, observed count, elapsed time, bound).
+    /// A wait gave up: the report it filled (target, observed count, elapsed time, bound); also
+    /// a report holding a status this version does not know (its text says so).
     #[error("GPU {gpu}: {}", describe(.report, *.clock_khz).unwrap_or_default())]
     TimedOut {
         gpu: usize,
@@ -33,14 +35,15 @@ pub enum BarrierError {
          cudarc enqueues event waits before the launch, after the KernelBarrier wait, and the early release would not happen"
     )]
     EventTracking,
-    /// A driver call failed.
-    #[error("{what}: {source}")]
+    /// A driver call failed (the driver's error is the source: `{:#}` prints it after `what`).
+    #[error("{what}")]
     Driver {
         what: &'static str,
         #[source]
         source: DriverError,
     },
-    /// Loading the wait kernel, or the bound's configuration (`WEFT_BARRIER_TIMEOUT_MS`).
+    /// Loading the wait kernel, the SM clock query, or the bound's configuration
+    /// (`WEFT_BARRIER_TIMEOUT_MS`).
     #[error(transparent)]
     Setup(#[from] anyhow::Error),
 }
@@ -102,19 +105,12 @@ mod tests {
             report,
             clock_khz: 1_980_000,
         };
-        assert_eq!(
-            e.to_string(),
-            format!("GPU 3: {}", describe(&report, 1_980_000).unwrap())
-        );
-        assert!(
-            e.to_string().contains("target 7 arrivals, observed 5"),
-            "{e}"
-        );
-        match e {
-            BarrierError::TimedOut { report, .. } => {
-                assert_eq!((report.target, report.observed), (7, 5))
-            }
-            _ => unreachable!(),
+        let text = e.to_string();
+        for part in [
+            "GPU 3: KernelBarrier wait timed out: target 7 arrivals, observed 5",
+            "bound 198000000 cycles = 100.000 ms at 1980 MHz",
+        ] {
+            assert!(text.contains(part), "{part:?} missing from {text:?}");
         }
     }
 }

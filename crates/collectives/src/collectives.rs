@@ -430,7 +430,7 @@ impl Collectives {
     pub fn synchronize(&self) -> Result<(), CollectiveError> {
         sync_checked(&self.stream, &[self.flags.slot()]).map_err(|e| match e {
             e @ SyncError::Device { .. } => CollectiveError::Wait(e),
-            SyncError::Driver(d) => CollectiveError::from(d),
+            e @ SyncError::Driver(_) => CollectiveError::Runtime(anyhow::Error::new(e)),
         })
     }
 

@@ -14,9 +14,11 @@ impl<T: PglElement> Pgl<T> {
     /// still be in flight, unordered with the streams that read the buffer next). No kernel may
     /// use the buffer meanwhile. Err when `host` is longer than the buffer.
     pub fn copy_from_host(&self, host: &[T]) -> anyhow::Result<()> {
-        if !self.ready_for_host_copy(host.len(), "do not fit")? {
+        self.check_host_copy_len(host.len())?;
+        if host.is_empty() {
             return Ok(());
         }
+        self.context().bind_to_thread()?;
         // SAFETY: copies host.len() elements into this rank's buffer, which holds at least as
         // many; `host` outlives the call, which returns once the copy is done (below).
         let r = unsafe {
@@ -35,9 +37,11 @@ impl<T: PglElement> Pgl<T> {
     /// streams that write the buffer first (a plan's `synchronize`). Err when `host` is longer
     /// than the buffer.
     pub fn copy_to_host(&self, host: &mut [T]) -> anyhow::Result<()> {
-        if !self.ready_for_host_copy(host.len(), "are more than")? {
+        self.check_host_copy_len(host.len())?;
+        if host.is_empty() {
             return Ok(());
         }
+        self.context().bind_to_thread()?;
         // SAFETY: copies host.len() elements of this rank's buffer, which holds at least as
         // many, into `host`; synchronous for pageable host memory.
         let r = unsafe {
@@ -50,18 +54,13 @@ impl<T: PglElement> Pgl<T> {
         check(|| "copying a PGL into host memory".into(), r)
     }
 
-    /// Whether a copy of `n` elements has anything to do (Err when they `relation` this rank's
-    /// buffer); the context is bound when it has.
-    fn ready_for_host_copy(&self, n: usize, relation: &str) -> anyhow::Result<bool> {
+    /// Err when a host copy of `n` elements would run past this rank's buffer.
+    fn check_host_copy_len(&self, n: usize) -> anyhow::Result<()> {
         ensure!(
             n <= self.len(),
-            "{n} elements {relation} this PGL's {} per rank",
+            "a host copy of {n} elements runs past this PGL's {} per rank",
             self.len()
         );
-        if n == 0 {
-            return Ok(false);
-        }
-        self.context().bind_to_thread()?;
-        Ok(true)
+        Ok(())
     }
 }

@@ -12,9 +12,7 @@ use weft_kernels::abi::{
 use weft_kernels::cubins;
 use weft_pgl::Shape;
 use weft_sync::launch::{load, sync_checked};
-use weft_sync::ErrorSlot;
-use weft_sync::SyncError;
-use weft_sync::WaitBudget;
+use weft_sync::{ErrorSlot, SyncError, WaitBudget};
 
 /// What waiting for a signal nobody sends did.
 pub struct MissingSignal {

@@ -21,7 +21,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use weft_barrier::KernelBarrier;
+use weft_barrier::{BarrierError, KernelBarrier};
 use weft_testkit::synthetic::{memset_u32, ComputeWork, CopyArgs, Kernels, Stamps, DEFAULT_ROUNDS};
 
 const COMM_BLOCKS: u32 = 16;
@@ -314,7 +314,19 @@ fn wait_times_out(job: &mut Job) -> anyhow::Result<()> {
     let wall = t0.elapsed();
     let msg = match bar.check() {
         Ok(()) => anyhow::bail!("a wait for an arrival nobody makes returned without error"),
-        Err(e) => format!("{e:#}"),
+        // Typed: a caller can match the timeout and read the report's values.
+        Err(e @ BarrierError::TimedOut { report, .. }) => {
+            anyhow::ensure!(
+                (report.target, report.observed) == (1, 0),
+                "the timed-out wait's report holds target {} / observed {}, not 1 / 0: {e:#}",
+                report.target,
+                report.observed
+            );
+            format!("{e:#}")
+        }
+        Err(e) => {
+            anyhow::bail!("a wait nobody satisfies failed otherwise than by timing out: {e:#}")
+        }
     };
     for part in ["timed out", "target 1 arrivals, observed 0", "bound"] {
         anyhow::ensure!(msg.contains(part), "the error does not say {part:?}: {msg}");
