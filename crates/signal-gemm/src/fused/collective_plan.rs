@@ -117,17 +117,42 @@ pub(crate) fn synchronize_checked(
     checks: impl FnOnce() -> Vec<anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
     let synced = stream.synchronize();
-    let reports: Vec<String> = checks()
-        .into_iter()
-        .filter_map(|r| r.err().map(|e| format!("{e:#}")))
-        .collect();
-    match (synced, reports.is_empty()) {
+    let failures: Vec<anyhow::Error> = checks().into_iter().filter_map(Result::err).collect();
+    let end = match &synced {
+        Ok(()) => KernelsEnded::Completed,
+        Err(e) => KernelsEnded::Stopped(e.to_string()),
+    };
+    match (synced, failures.is_empty()) {
         (Ok(()), true) => Ok(()),
-        (Ok(()), false) => anyhow::bail!("{} (yet the kernels completed)", reports.join("; ")),
         (Err(e), true) => Err(anyhow::Error::from(e))
             .with_context(|| format!("{what} failed and recorded no wait in its error slots")),
-        (Err(e), false) => anyhow::bail!("{} (the kernel was stopped: {e})", reports.join("; ")),
+        (_, false) => Err(first_failure(what, failures, end)),
     }
+}
+
+/// How the kernels ended when their waits recorded failures.
+enum KernelsEnded {
+    Completed,
+    /// Stopped, with the driver's error text.
+    Stopped(String),
+}
+
+/// The first recorded failure, keeping its type (a `Gemm`'s or the counters' `weft_sync::SyncError`:
+/// `downcast_ref` finds it), with how the kernels ended and every other failure as its context.
+fn first_failure(what: &str, failures: Vec<anyhow::Error>, end: KernelsEnded) -> anyhow::Error {
+    let mut failures = failures.into_iter();
+    let first = failures.next().expect("called with at least one failure");
+    let others: Vec<String> = failures.map(|e| format!("{e:#}")).collect();
+    let end = match end {
+        KernelsEnded::Completed => "yet the kernels completed".to_string(),
+        KernelsEnded::Stopped(e) => format!("the kernel was stopped: {e}"),
+    };
+    let also = if others.is_empty() {
+        String::new()
+    } else {
+        format!("; also: {}", others.join("; "))
+    };
+    first.context(format!("{what}: a wait gave up ({end}){also}"))
 }
 
 /// Copies this rank's buffer of `pgl` into `dst` (at least as many elements) on `stream`.
@@ -157,4 +182,64 @@ pub(crate) fn copy_own_buffer<T: PglElement>(
     .result()
     .with_context(|| format!("copying the {what}"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{first_failure, KernelsEnded};
+    use weft_kernels::abi;
+    use weft_sync::{DeviceFailure, FailureKind, KernelEnd, SyncError};
+
+    fn timeout(rank: i32) -> anyhow::Error {
+        let slot = abi::weft_error_slot {
+            status: abi::WEFT_SYNC_STATUS_TIMEOUT as i32,
+            primitive: abi::WEFT_SYNC_PRIM_WAIT as i32,
+            rank,
+            target_rank: rank,
+            expected: 4,
+            observed: 2,
+            ..Default::default()
+        };
+        let failure = DeviceFailure::from_slot(slot, 1_980_000).expect("a timeout");
+        anyhow::Error::new(SyncError::Device {
+            failures: vec![failure],
+            end: KernelEnd::NotWaited,
+        })
+        .context("GEMM pipeline")
+    }
+
+    /// The first failure keeps its type under the context; the others and the end are in the text.
+    #[test]
+    fn the_first_failure_stays_typed() {
+        let e = first_failure(
+            "the fused GEMM + ReduceScatter",
+            vec![timeout(0), anyhow::anyhow!("barrier row 1 timed out")],
+            KernelsEnded::Stopped("CUDA_ERROR_LAUNCH_FAILED".into()),
+        );
+        let typed = e
+            .downcast_ref::<SyncError>()
+            .expect("the SyncError under the context");
+        assert_eq!(typed.failures()[0].kind, FailureKind::Timeout);
+        assert_eq!(
+            (
+                typed.failures()[0].expected(),
+                typed.failures()[0].observed()
+            ),
+            (4, 2)
+        );
+        let text = format!("{e:#}");
+        for part in [
+            "the fused GEMM + ReduceScatter: a wait gave up (the kernel was stopped: CUDA_ERROR_LAUNCH_FAILED); also: barrier row 1 timed out",
+            "GEMM pipeline",
+            "rank 0: sync wait timed out",
+            "expected >= 4, observed 2",
+        ] {
+            assert!(text.contains(part), "{part:?} missing from {text:?}");
+        }
+        let e = first_failure("x", vec![timeout(1)], KernelsEnded::Completed);
+        assert_eq!(
+            format!("{e}"),
+            "x: a wait gave up (yet the kernels completed)"
+        );
+    }
 }
