@@ -15,7 +15,7 @@ use weft_kernels::cubins;
 use weft_pgl::Bootstrap;
 use weft_pgl::{agree, Backend, Pgl, Shape};
 use weft_sync::launch::{launch_ex, load, programmatic_serialization_attribute, sync_checked};
-use weft_sync::{Counters, SyncError, WaitBudget};
+use weft_sync::{Counters, WaitBudget};
 
 /// AllReduce, ReduceScatter and AllGather of this rank's device buffers, on one stream, with every
 /// rank of the rendezvous. Every rank must make the same calls in the same order with the same
@@ -428,10 +428,7 @@ impl Collectives {
 
     /// Waits for the stream; a kernel stopped by an expired wait is reported with what it saw.
     pub fn synchronize(&self) -> Result<(), CollectiveError> {
-        sync_checked(&self.stream, &[self.flags.slot()]).map_err(|e| match e {
-            e @ SyncError::Device { .. } => CollectiveError::Wait(e),
-            e @ SyncError::Driver(_) => CollectiveError::Runtime(anyhow::Error::new(e)),
-        })
+        sync_checked(&self.stream, &[self.flags.slot()]).map_err(CollectiveError::from)
     }
 
     /// Collective: frees staging and flags on every rank (after the stream drained).

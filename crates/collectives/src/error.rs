@@ -48,8 +48,67 @@ pub enum CollectiveError {
     Runtime(#[from] anyhow::Error),
 }
 
+/// A synchronisation's error: recorded waits are `Wait`, a driver error with nothing recorded is
+/// `Runtime` (still a `SyncError` inside: `downcast_ref`).
+impl From<weft_sync::SyncError> for CollectiveError {
+    fn from(e: weft_sync::SyncError) -> Self {
+        match e {
+            e @ weft_sync::SyncError::Device { .. } => CollectiveError::Wait(e),
+            e @ weft_sync::SyncError::Driver(_) => CollectiveError::Runtime(anyhow::Error::new(e)),
+        }
+    }
+}
+
 impl From<cudarc::driver::DriverError> for CollectiveError {
     fn from(e: cudarc::driver::DriverError) -> Self {
         CollectiveError::Runtime(e.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CollectiveError;
+    use cudarc::driver::{sys::CUresult, DriverError};
+    use weft_kernels::abi;
+    use weft_sync::{DeviceFailure, FailureKind, KernelEnd, SyncError};
+
+    /// Recorded waits become `Wait` (typed inside, named in the text); a driver error with
+    /// nothing recorded stays a `SyncError` inside `Runtime`.
+    #[test]
+    fn sync_errors_map_to_wait_or_runtime() {
+        let slot = abi::weft_error_slot {
+            status: abi::WEFT_SYNC_STATUS_TIMEOUT as i32,
+            primitive: abi::WEFT_SYNC_PRIM_WAIT as i32,
+            rank: 1,
+            target_rank: 1,
+            expected: 3,
+            observed: 2,
+            ..Default::default()
+        };
+        let failure = DeviceFailure::from_slot(slot, 1_980_000).expect("a timeout");
+        let e = CollectiveError::from(SyncError::Device {
+            failures: vec![failure],
+            end: KernelEnd::NotWaited,
+        });
+        let text = e.to_string();
+        assert!(
+            text.starts_with("a collective's wait expired: rank 1: sync wait timed out")
+                && text.contains("expected >= 3, observed 2"),
+            "{text}"
+        );
+        match &e {
+            CollectiveError::Wait(s) => assert_eq!(s.failures()[0].kind, FailureKind::Timeout),
+            other => panic!("not a Wait: {other:?}"),
+        }
+        let e = CollectiveError::from(SyncError::Driver(DriverError(
+            CUresult::CUDA_ERROR_LAUNCH_FAILED,
+        )));
+        match e {
+            CollectiveError::Runtime(inner) => assert!(matches!(
+                inner.downcast_ref::<SyncError>(),
+                Some(SyncError::Driver(_))
+            )),
+            other => panic!("not Runtime: {other:?}"),
+        }
     }
 }
