@@ -57,7 +57,6 @@ impl BarrierError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use weft_kernels::abi;
 
     #[test]
     fn each_refusal_names_its_values() {
@@ -91,15 +90,7 @@ mod tests {
 
     #[test]
     fn a_timeout_carries_its_report() {
-        let report = weft_kernel_barrier_report {
-            status: abi::WEFT_KERNEL_BARRIER_STATUS_TIMEOUT as i32,
-            target: 7,
-            observed: 5,
-            reserved: 0,
-            elapsed_ns: 100_500_000,
-            elapsed_cycles: 198_000_040,
-            budget_cycles: 198_000_000,
-        };
+        let report = crate::report::timed_out_report();
         let e = BarrierError::TimedOut {
             gpu: 3,
             report,

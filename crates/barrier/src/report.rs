@@ -21,6 +21,20 @@ pub fn describe(r: &weft_kernel_barrier_report, clock_khz: u32) -> Option<String
     }
 }
 
+/// A timed-out wait's report for tests: target 7, observed 5, a 100 ms bound at 1980 MHz.
+#[cfg(test)]
+pub(crate) fn timed_out_report() -> weft_kernel_barrier_report {
+    weft_kernel_barrier_report {
+        status: abi::WEFT_KERNEL_BARRIER_STATUS_TIMEOUT as i32,
+        target: 7,
+        observed: 5,
+        reserved: 0,
+        elapsed_ns: 100_500_000,
+        elapsed_cycles: 198_000_040,
+        budget_cycles: 198_000_000,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -31,15 +45,7 @@ mod tests {
             describe(&weft_kernel_barrier_report::default(), 1_980_000),
             None
         );
-        let r = weft_kernel_barrier_report {
-            status: abi::WEFT_KERNEL_BARRIER_STATUS_TIMEOUT as i32,
-            target: 7,
-            observed: 5,
-            reserved: 0,
-            elapsed_ns: 100_500_000,
-            elapsed_cycles: 198_000_040,
-            budget_cycles: 198_000_000,
-        };
+        let r = timed_out_report();
         let msg = describe(&r, 1_980_000).unwrap();
         for part in [
             "target 7 arrivals, observed 5",

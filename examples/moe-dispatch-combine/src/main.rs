@@ -17,6 +17,9 @@
 
 use cudarc::driver::CudaContext;
 use half::bf16;
+use rand::rngs::StdRng;
+use rand::seq::index::sample;
+use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
 use weft_grpcoll::pattern::{cast_metas, reduce_metas, CastBlock, ReduceBlock};
 use weft_grpcoll::{GroupCast, GroupCollective, GroupReduce, Options, ReduceOp};
@@ -27,40 +30,23 @@ use weft_pgl::rendezvous::Rendezvous;
 const EXPERTS: usize = 256;
 const TOP_K: usize = 8;
 
-/// A deterministic stream of pseudo-random numbers (SplitMix64).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
-
 /// This rank's routing: per token, the set of ranks holding its top-k experts (a bit per rank;
 /// experts spread evenly over the ranks), drawn from a gate stand-in.
 fn route(rank: usize, world: usize, tokens: usize) -> Vec<u32> {
-    let mut rng = Rng(0x5eed ^ ((rank as u64) << 40));
+    let mut rng = StdRng::seed_from_u64(0x5eed ^ ((rank as u64) << 40));
     (0..tokens)
         .map(|_| {
-            let mut experts: Vec<usize> = (0..EXPERTS).collect();
-            let mut set = 0u32;
-            for a in 0..TOP_K {
-                let b = a + (rng.next() % (EXPERTS - a) as u64) as usize;
-                experts.swap(a, b);
-                set |= 1 << (experts[a] * world / EXPERTS);
-            }
-            set
+            sample(&mut rng, EXPERTS, TOP_K)
+                .iter()
+                .fold(0u32, |set, e| set | 1 << (e * world / EXPERTS))
         })
         .collect()
 }
 
-/// Element `h` of token `token` of rank `rank`: an integer in -8..=7.
-fn value(rank: usize, token: usize, h: usize) -> f32 {
-    let mut rng = Rng(((rank as u64) << 48) ^ ((token as u64) << 20) ^ h as u64);
-    (rng.next() % 16) as f32 - 8.0
+/// Row `token` of rank `rank`'s input: integers in -8..=7.
+fn token_row(rank: usize, token: usize, hidden: usize) -> impl Iterator<Item = f32> {
+    let mut rng = StdRng::seed_from_u64(((rank as u64) << 32) ^ token as u64);
+    (0..hidden).map(move |_| rng.random_range(-8i8..8) as f32)
 }
 
 fn ranks_of(set: u32, world: usize) -> Vec<usize> {
@@ -170,7 +156,7 @@ fn main() -> anyhow::Result<()> {
 
     let x: Vec<bf16> = order
         .iter()
-        .flat_map(|&t| (0..hidden).map(move |h| bf16::from_f32(value(rank, t, h))))
+        .flat_map(|&t| token_row(rank, t, hidden).map(bf16::from_f32))
         .collect();
     dispatch.input().copy_from_host(&x)?;
     dispatch.run()?;
