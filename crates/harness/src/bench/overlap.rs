@@ -53,9 +53,23 @@ use weft_signal_gemm::{CublasGemm, GemmOptions, GemmShape, RowGather};
 pub fn families(op: OpKind) -> &'static [Family] {
     use Family::*;
     match op {
-        OpKind::AllReduce => &[SeqWeft, Decomposition, Signal, FusedInter, DistFuse],
-        OpKind::ReduceScatter => &[SeqWeft, Decomposition, FusedIntra],
-        OpKind::AllGather => &[SeqWeft, Decomposition, FusedIntra, FusedInter, FusedCe],
+        OpKind::AllReduce => &[
+            SeqWeft,
+            SeqCollectives,
+            Decomposition,
+            Signal,
+            FusedInter,
+            DistFuse,
+        ],
+        OpKind::ReduceScatter => &[SeqWeft, SeqCollectives, Decomposition, FusedIntra],
+        OpKind::AllGather => &[
+            SeqWeft,
+            SeqCollectives,
+            Decomposition,
+            FusedIntra,
+            FusedInter,
+            FusedCe,
+        ],
         OpKind::AllToAll => &[SeqWeft, Signal, SignalCe, FusedIntra],
     }
 }
@@ -123,6 +137,7 @@ fn family_choice(f: Family) -> MethodChoice {
     match f {
         Family::SeqCublas => MethodChoice::Exact(Method::SeqCublas),
         Family::SeqWeft => MethodChoice::Exact(Method::SeqWeft),
+        Family::SeqCollectives => MethodChoice::Exact(Method::SeqCollectives),
         Family::FusedIntra => MethodChoice::Exact(Method::FusedIntra { tile_n: None }),
         f => MethodChoice::Family(f),
     }

@@ -26,7 +26,7 @@ impl GemmAlone {
     /// The GEMM of `method` for `op` on `world` ranks.
     pub fn of(op: OpKind, method: &Method, world: u32) -> Self {
         match method {
-            Method::SeqCublas => GemmAlone::Cublas { bands: 1 },
+            Method::SeqCublas | Method::SeqCollectives => GemmAlone::Cublas { bands: 1 },
             // The AllGather's decomposition computes one band per rank's shard.
             Method::Decomposition { chunks } => GemmAlone::Cublas {
                 bands: if op == OpKind::AllGather {

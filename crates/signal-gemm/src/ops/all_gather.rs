@@ -1,6 +1,7 @@
 //! AllGather + GEMM as one op: D (m × n) = AllGather_rows(A shards) · B_rank on every rank, rank
 //! r's shard being rows [r·m/world, (r + 1)·m/world) of A, by any method ([`Method`]):
-//! `seq-cublas` (ncclAllGather, then cuBLAS), `seq-weft`, `decomposition:<world>` (the own
+//! `seq-cublas` (ncclAllGather, then cuBLAS), `seq-weft`, `seq-collectives` (weft's AllGather,
+//! then cuBLAS), `decomposition:<world>` (the own
 //! shard's GEMM beside the gather, then the peers'), `fused-intra` (ParallelKittens intra-SM: the
 //! loader reads peer tiles by TMA), `fused-inter:<ctas>` (communicator CTAs copy the shards chunk
 //! by chunk), `fused-ce:<tile rows>[:<width>][:k<chunks>]` (copy engines pull the shards, in column chunks
@@ -18,7 +19,7 @@ use super::choice::{
     PlanRequest,
 };
 use super::common::{
-    agree_on_request, check_capture, check_dtype, check_launch, OpElement, SeqGemm,
+    agree_on_request, check_capture, check_dtype, check_launch, op_collectives, OpElement, SeqGemm,
 };
 use super::env::{lock, OverlapEnv, SharedComm};
 use super::method::{Method, MethodChoice};
@@ -31,6 +32,7 @@ use anyhow::{bail, ensure, Context};
 use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
 use half::{bf16, f16};
 use std::sync::Arc;
+use weft_collectives::Collectives;
 use weft_pgl::agree;
 use weft_pgl::Bootstrap;
 
@@ -41,6 +43,13 @@ enum Imp<TI: OpElement> {
     Seq {
         gemm: SeqGemm,
         comm: SharedComm,
+        shard: CudaSlice<TI>,
+        a: CudaSlice<TI>,
+    },
+    /// seq-collectives: weft's AllGather of the shards into `a`, then cuBLAS.
+    SeqCollectives {
+        coll: Collectives,
+        gemm: CublasGemm,
         shard: CudaSlice<TI>,
         a: CudaSlice<TI>,
     },
@@ -182,9 +191,9 @@ impl<TI: OpElement> AllGatherGemm<TI> {
     /// a launch, and not again until that launch has finished.
     pub fn shard(&self) -> OpBuffer<'_, TI> {
         let (ptr, len) = match &self.imp {
-            Imp::Seq { shard, .. } | Imp::Decomposition { shard, .. } => {
-                (shard.device_ptr(&self.stream).0, shard.len())
-            }
+            Imp::Seq { shard, .. }
+            | Imp::SeqCollectives { shard, .. }
+            | Imp::Decomposition { shard, .. } => (shard.device_ptr(&self.stream).0, shard.len()),
             Imp::Fused(f) => (f.shard().local_ptr(), f.shard().len()),
         };
         // SAFETY: the buffer holds `len` elements of TI and lives as long as self.
@@ -254,6 +263,15 @@ impl<TI: OpElement> AllGatherGemm<TI> {
                 lock(comm)?.all_gather(&*shard, a, stream)?;
                 gemm.launch(stream, a, b, d)
             }
+            Imp::SeqCollectives {
+                coll,
+                gemm,
+                shard,
+                a,
+            } => {
+                coll.all_gather(&*shard, a)?;
+                gemm.launch(a, b, d)
+            }
             Imp::Decomposition {
                 band,
                 comm,
@@ -288,14 +306,16 @@ impl<TI: OpElement> AllGatherGemm<TI> {
     pub fn synchronize(&self) -> anyhow::Result<()> {
         match &self.imp {
             Imp::Fused(f) => f.synchronize(&self.stream),
+            Imp::SeqCollectives { coll, .. } => Ok(coll.synchronize()?),
             _ => Ok(self.stream.synchronize()?),
         }
     }
 
-    /// Collective: frees the op's peer memory (fused methods) on every rank.
+    /// Collective: frees the op's peer memory (fused methods, weft's collectives) on every rank.
     pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         match self.imp {
             Imp::Fused(f) => f.free(rdzv),
+            Imp::SeqCollectives { coll, .. } => Ok(coll.free(rdzv)?),
             _ => Ok(()),
         }
     }
@@ -316,6 +336,13 @@ fn plan_imp<TI: OpElement>(
     let (mk, shard_len) = (shape.m * shape.k, shape.m / world * shape.k);
     Ok(match method {
         Method::SeqCublas | Method::SeqWeft => Imp::Seq { gemm: SeqGemm::new(method, stream, shape, options)?, comm: env.comm().clone(), shard: alloc(shard_len)?, a: alloc(mk)? },
+        // The collective part first: a rank that fails later leaves no peer waiting in it.
+        Method::SeqCollectives => Imp::SeqCollectives {
+            coll: op_collectives(rdzv, stream, u64::from(mk) * size_of::<TI>() as u64)?,
+            gemm: CublasGemm::new(stream, shape, options)?,
+            shard: alloc(shard_len)?,
+            a: alloc(mk)?,
+        },
         Method::Decomposition { chunks } => {
             ensure!(*chunks == world, "the AllGather decomposition has one chunk per rank ({world}), asked for {chunks}");
             let band = CublasGemm::new(stream, GemmShape::new(shape.m / world, shape.n, shape.k), options)?;
@@ -330,7 +357,7 @@ fn plan_imp<TI: OpElement>(
             let options = GemmOptions { tile: method.tile_choice(options.tile)?, ..options };
             Imp::Fused(FusedAllGatherGemm::<TI>::new(rdzv, &ctx, stream, shape, options, AllGatherMethod::CopyEngine { tile_rows: *tile_rows, k_chunks: *k_chunks })?)
         }
-        other => bail!("{other} is not a method of AllGather + GEMM (seq-cublas, seq-weft, decomposition, fused-intra, fused-inter, fused-ce)"),
+        other => bail!("{other} is not a method of AllGather + GEMM (seq-cublas, seq-weft, seq-collectives, decomposition, fused-intra, fused-inter, fused-ce)"),
     })
 }
 

@@ -1,5 +1,5 @@
 //! GEMM + AllReduce as one op: out = Σ over ranks of A_rank · B_rank on every rank, by any method
-//! ([`Method`]): `seq-cublas`, `seq-weft`, `decomposition:<chunks>`, `signal:<margin>:<waves>`
+//! ([`Method`]): `seq-cublas`, `seq-weft`, `seq-collectives`, `decomposition:<chunks>`, `signal:<margin>:<waves>`
 //! (FlashOverlap), `fused-inter:<ctas>` (ParallelKittens inter-SM), `distfuse:<workers>`
 //! (DistFuse), or `Auto`.
 //!
@@ -14,7 +14,7 @@ use super::choice::{
     choose_and_plan, exact_report, time_candidate, Bench, Candidate, ChoiceReport, PlanRequest,
 };
 use super::common::{
-    agree_on_request, check_capture, check_dtype, check_launch, OpElement, SeqGemm,
+    agree_on_request, check_capture, check_dtype, check_launch, op_collectives, OpElement, SeqGemm,
 };
 use super::env::{lock, OverlapEnv, SharedComm};
 use super::inputs::{with_operands, Operands};
@@ -28,6 +28,7 @@ use crate::reorder::Restore;
 use anyhow::{bail, ensure};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
+use weft_collectives::Collectives;
 use weft_pgl::agree;
 use weft_pgl::nccl::ReduceOp;
 use weft_pgl::Bootstrap;
@@ -37,6 +38,12 @@ enum Imp<TO: OpElement> {
     Seq {
         gemm: SeqGemm,
         comm: SharedComm,
+        out: CudaSlice<TO>,
+    },
+    /// seq-collectives: cuBLAS into the output, then weft's in-place AllReduce.
+    SeqCollectives {
+        gemm: CublasGemm,
+        coll: Collectives,
         out: CudaSlice<TO>,
     },
     Decomposition {
@@ -169,6 +176,10 @@ impl<TO: OpElement> GemmAllReduce<TO> {
                 gemm.launch(stream, a, b, out)?;
                 lock(comm)?.all_reduce_in_place(out, ReduceOp::Sum, stream)
             }
+            Imp::SeqCollectives { gemm, coll, out } => {
+                gemm.launch(a, b, out)?;
+                Ok(coll.all_reduce_in_place(out)?)
+            }
             Imp::Decomposition {
                 band,
                 chunks,
@@ -210,9 +221,10 @@ impl<TO: OpElement> GemmAllReduce<TO> {
     /// The op's result (m × n of TO): the sum of the last launch once it has run.
     pub fn output(&self) -> OpBuffer<'_, TO> {
         let (ptr, len) = match &self.imp {
-            Imp::Seq { out, .. } | Imp::Decomposition { out, .. } | Imp::Signal { out, .. } => {
-                (out.device_ptr(&self.stream).0, out.len())
-            }
+            Imp::Seq { out, .. }
+            | Imp::SeqCollectives { out, .. }
+            | Imp::Decomposition { out, .. }
+            | Imp::Signal { out, .. } => (out.device_ptr(&self.stream).0, out.len()),
             Imp::Fused(f) => (f.output().local_ptr(), f.output().len()),
         };
         // SAFETY: the buffer holds `len` elements of TO (the fused AllReduce is planned only for
@@ -229,14 +241,16 @@ impl<TO: OpElement> GemmAllReduce<TO> {
                 self.stream.synchronize()?;
                 ov.check()
             }
+            Imp::SeqCollectives { coll, .. } => Ok(coll.synchronize()?),
             _ => Ok(self.stream.synchronize()?),
         }
     }
 
-    /// Collective: frees the op's peer memory (fused methods) on every rank.
+    /// Collective: frees the op's peer memory (fused methods, weft's collectives) on every rank.
     pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         match self.imp {
             Imp::Fused(f) => f.free(rdzv),
+            Imp::SeqCollectives { coll, .. } => Ok(coll.free(rdzv)?),
             _ => Ok(()),
         }
     }
@@ -260,6 +274,12 @@ fn plan_imp<TO: OpElement>(
         Method::SeqCublas | Method::SeqWeft => Imp::Seq {
             gemm: SeqGemm::new(method, stream, shape, options)?,
             comm: env.comm().clone(),
+            out: out(mn)?,
+        },
+        // The collective part first: a rank that fails later leaves no peer waiting in it.
+        Method::SeqCollectives => Imp::SeqCollectives {
+            coll: op_collectives(rdzv, stream, u64::from(mn) * size_of::<TO>() as u64)?,
+            gemm: CublasGemm::new(stream, shape, options)?,
             out: out(mn)?,
         },
         Method::Decomposition { chunks } => {

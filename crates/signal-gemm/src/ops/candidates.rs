@@ -96,6 +96,11 @@ pub fn candidates(
     capturable: bool,
 ) -> Vec<Method> {
     let mut out = vec![Method::SeqCublas, Method::SeqWeft];
+    // weft's own collectives after cuBLAS: at small M the collective is mostly latency, where
+    // NCCL's is 2–3× weft's (crates/collectives/README.md); no All-to-All among them.
+    if world > 1 && op != OpKind::AllToAll {
+        out.push(Method::SeqCollectives);
+    }
     let m = shape.m;
     match op {
         OpKind::AllReduce | OpKind::ReduceScatter => {
@@ -262,6 +267,17 @@ mod tests {
             ] {
                 let c = candidates(op, shape, o, 2, 132, false);
                 assert_eq!(c[..2], [Method::SeqCublas, Method::SeqWeft], "{op} {shape}");
+                // Every sequential path before any other.
+                let seq = c.iter().take_while(|m| m.is_sequential()).count();
+                assert!(
+                    c[seq..].iter().all(|m| !m.is_sequential()),
+                    "{op} {shape}: {c:?}"
+                );
+                assert_eq!(
+                    c.contains(&Method::SeqCollectives),
+                    op != OpKind::AllToAll,
+                    "{op} {shape}"
+                );
                 let c = candidates(op, shape, o, 2, 132, true);
                 assert!(
                     c.iter().all(|m| m.family().capturable()),
@@ -281,6 +297,7 @@ mod tests {
             [
                 SeqCublas,
                 SeqWeft,
+                SeqCollectives,
                 Decomposition,
                 Signal,
                 FusedInter,
@@ -289,11 +306,24 @@ mod tests {
         );
         assert_eq!(
             families(&candidates(OpKind::ReduceScatter, s, o, 2, 132, false)),
-            [SeqCublas, SeqWeft, Decomposition, FusedIntra]
+            [
+                SeqCublas,
+                SeqWeft,
+                SeqCollectives,
+                Decomposition,
+                FusedIntra
+            ]
         );
         assert_eq!(
             families(&candidates(OpKind::AllGather, s, o, 2, 132, false)),
-            [SeqCublas, SeqWeft, Decomposition, FusedInter, FusedCe]
+            [
+                SeqCublas,
+                SeqWeft,
+                SeqCollectives,
+                Decomposition,
+                FusedInter,
+                FusedCe
+            ]
         );
         // 8 rows per rank: no fused ReduceScatter or AllGather; one rank: nothing to decompose.
         assert_eq!(
@@ -305,7 +335,7 @@ mod tests {
                 132,
                 false
             )),
-            [SeqCublas, SeqWeft, Decomposition]
+            [SeqCublas, SeqWeft, SeqCollectives, Decomposition]
         );
         assert_eq!(
             families(&candidates(
@@ -316,7 +346,7 @@ mod tests {
                 132,
                 false
             )),
-            [SeqCublas, SeqWeft, Decomposition]
+            [SeqCublas, SeqWeft, SeqCollectives, Decomposition]
         );
         assert_eq!(
             families(&candidates(OpKind::AllGather, s, o, 1, 132, false))[..3],

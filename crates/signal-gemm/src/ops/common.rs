@@ -11,12 +11,17 @@ use anyhow::{ensure, Context};
 use cudarc::driver::{sys, CudaStream, ValidAsZeroBits};
 use cudarc::nccl::NcclType;
 use std::sync::Arc;
+use weft_collectives::{CollectiveElement, Collectives};
 use weft_pgl::Bootstrap;
 use weft_pgl::PglElement;
 
-/// An element type an op can produce: a GEMM output NCCL can reduce and a PGL can hold.
-pub trait OpElement: GemmElement + NcclType + PglElement + ValidAsZeroBits {}
-impl<T: GemmElement + NcclType + PglElement + ValidAsZeroBits> OpElement for T {}
+/// An element type an op can produce: a GEMM output NCCL and weft's collectives can reduce and a
+/// PGL can hold.
+pub trait OpElement:
+    GemmElement + NcclType + PglElement + ValidAsZeroBits + CollectiveElement
+{
+}
+impl<T: GemmElement + NcclType + PglElement + ValidAsZeroBits + CollectiveElement> OpElement for T {}
 
 /// Collective: the options suit an op (checked on every rank alike), and every rank asks for the
 /// same op; the error names the ranks that differ. `op_checks` is the op's own checks' outcome,
@@ -200,3 +205,27 @@ impl SeqGemm {
         }
     }
 }
+
+/// Collective: the `seq-collectives` method's weft collectives on `stream`, their staging slots
+/// no larger than `message_bytes` (the op's largest buffer, which bounds what one rank sends
+/// another in a call) or the default slots, whichever is smaller, with every other option at
+/// its default.
+pub(crate) fn op_collectives(
+    rdzv: &mut dyn Bootstrap,
+    stream: &Arc<CudaStream>,
+    message_bytes: u64,
+) -> anyhow::Result<Collectives> {
+    let defaults = weft_collectives::Options::default();
+    let slot = defaults
+        .slot_bytes_at(rdzv.world())
+        .min(message_bytes.next_multiple_of(16).max(MIN_SLOT_BYTES));
+    let options = weft_collectives::Options {
+        slot_bytes: Some(slot),
+        ..defaults
+    };
+    Collectives::new(rdzv, stream, options)
+        .with_context(|| format!("weft collectives with {slot}-byte staging slots"))
+}
+
+/// The smallest staging slot `op_collectives` makes (tiny ops still get whole sentinel rows).
+const MIN_SLOT_BYTES: u64 = 64 << 10;

@@ -109,12 +109,11 @@ pub fn weft_version() -> &'static str {
     static VERSION: OnceLock<String> = OnceLock::new();
     VERSION.get_or_init(|| {
         let mut h = crc32fast::Hasher::new();
-        // The GEMM's own cubins (the ops' other kernels are NCCL's): the same set whichever
-        // other weft crates a program builds.
-        for c in weft_kernels::cubins::ALL
-            .iter()
-            .filter(|c| c.source.starts_with("kernels/gemm/"))
-        {
+        // The GEMM's own cubins and weft's collectives (seq-collectives; the ops' other kernels
+        // are NCCL's): the same set whichever other weft crates a program builds.
+        for c in weft_kernels::cubins::ALL.iter().filter(|c| {
+            c.source.starts_with("kernels/gemm/") || c.source.starts_with("kernels/collectives/")
+        }) {
             h.update(c.source.as_bytes());
             h.update(c.image);
         }

@@ -5,7 +5,7 @@
 //! Text forms (round-trip through `Display` / `FromStr`):
 //!
 //! ```text
-//! seq-cublas  seq-weft  decomposition:<chunks>  signal:<sm_margin>:<waves per group, '+'-joined>
+//! seq-cublas  seq-weft  seq-collectives  decomposition:<chunks>  signal:<sm_margin>:<waves per group, '+'-joined>
 //! signal-ce:<waves per group, '+'-joined>  fused-intra[:<tile width>]  fused-inter:<ctas>
 //! fused-ce:<tile rows per copy>[:<tile width>][:k<chunks along K>]  distfuse:<workers>
 //! ```
@@ -23,6 +23,10 @@ pub enum Method {
     SeqCublas,
     /// weft's GEMM and NCCL, one after the other.
     SeqWeft,
+    /// cuBLAS, then weft's own peer-memory collective (`weft-collectives`: one-shot and
+    /// sentinel protocols, one NVLink hop of latency) instead of NCCL's (AllGather: weft's
+    /// gather, then cuBLAS). Not for All-to-All.
+    SeqCollectives,
     /// The GEMM cut into `chunks` row bands; each band's collective on a second stream as soon
     /// as the band is computed (AllGather: each shard's GEMM as soon as it has arrived).
     Decomposition { chunks: u32 },
@@ -63,6 +67,7 @@ pub enum Method {
 pub enum Family {
     SeqCublas,
     SeqWeft,
+    SeqCollectives,
     Decomposition,
     Signal,
     SignalCe,
@@ -73,9 +78,10 @@ pub enum Family {
 }
 
 impl Family {
-    pub const ALL: [Family; 9] = [
+    pub const ALL: [Family; 10] = [
         Family::SeqCublas,
         Family::SeqWeft,
+        Family::SeqCollectives,
         Family::Decomposition,
         Family::Signal,
         Family::SignalCe,
@@ -89,6 +95,7 @@ impl Family {
         match self {
             Family::SeqCublas => "seq-cublas",
             Family::SeqWeft => "seq-weft",
+            Family::SeqCollectives => "seq-collectives",
             Family::Decomposition => "decomposition",
             Family::Signal => "signal",
             Family::SignalCe => "signal-ce",
@@ -129,6 +136,7 @@ impl Method {
         match self {
             Method::SeqCublas => Family::SeqCublas,
             Method::SeqWeft => Family::SeqWeft,
+            Method::SeqCollectives => Family::SeqCollectives,
             Method::Decomposition { .. } => Family::Decomposition,
             Method::Signal { .. } => Family::Signal,
             Method::SignalCe { .. } => Family::SignalCe,
@@ -141,7 +149,10 @@ impl Method {
 
     /// Whether it is one of the sequential paths (always candidates, measured first).
     pub fn is_sequential(&self) -> bool {
-        matches!(self, Method::SeqCublas | Method::SeqWeft)
+        matches!(
+            self,
+            Method::SeqCublas | Method::SeqWeft | Method::SeqCollectives
+        )
     }
 }
 
@@ -166,9 +177,10 @@ impl fmt::Display for Method {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let name = self.family().name();
         match self {
-            Method::SeqCublas | Method::SeqWeft | Method::FusedIntra { tile_n: None } => {
-                f.write_str(name)
-            }
+            Method::SeqCublas
+            | Method::SeqWeft
+            | Method::SeqCollectives
+            | Method::FusedIntra { tile_n: None } => f.write_str(name),
             Method::FusedIntra { tile_n: Some(w) } => write!(f, "{name}:{w}"),
             Method::Decomposition { chunks } => write!(f, "{name}:{chunks}"),
             Method::FusedInter { ctas } => write!(f, "{name}:{ctas}"),
@@ -236,6 +248,9 @@ impl FromStr for Method {
         Ok(match family {
             Family::SeqCublas => want(0, "seq-cublas").map(|()| Method::SeqCublas)?,
             Family::SeqWeft => want(0, "seq-weft").map(|()| Method::SeqWeft)?,
+            Family::SeqCollectives => {
+                want(0, "seq-collectives").map(|()| Method::SeqCollectives)?
+            }
             Family::FusedIntra => {
                 ensure!(
                     args.len() <= 1,
@@ -358,7 +373,13 @@ impl FromStr for MethodChoice {
         }
         if let Some(f) = Family::from_name(s) {
             if !s.contains(':')
-                && !matches!(f, Family::SeqCublas | Family::SeqWeft | Family::FusedIntra)
+                && !matches!(
+                    f,
+                    Family::SeqCublas
+                        | Family::SeqWeft
+                        | Family::SeqCollectives
+                        | Family::FusedIntra
+                )
             {
                 return Ok(MethodChoice::Family(f));
             }
@@ -376,6 +397,7 @@ mod tests {
         let methods = [
             Method::SeqCublas,
             Method::SeqWeft,
+            Method::SeqCollectives,
             Method::Decomposition { chunks: 4 },
             Method::Signal {
                 sm_margin: 32,
@@ -440,6 +462,10 @@ mod tests {
             "seq-cublas".parse::<MethodChoice>().unwrap(),
             MethodChoice::Exact(Method::SeqCublas)
         );
+        assert_eq!(
+            "seq-collectives".parse::<MethodChoice>().unwrap(),
+            MethodChoice::Exact(Method::SeqCollectives)
+        );
         assert!(MethodChoice::Family(Family::FusedInter).allows(&Method::FusedInter { ctas: 8 }));
         assert!(!MethodChoice::Family(Family::FusedInter).allows(&Method::DistFuse { workers: 8 }));
     }
@@ -466,12 +492,14 @@ mod tests {
         assert!(err("signal:32").contains("signal:<sm_margin>"));
         assert!(err("signal:32:1+0").contains("at least 1"));
         assert!(err("seq-weft:3").contains("the form seq-weft"));
+        assert!(err("seq-collectives:8").contains("the form seq-collectives"));
     }
 
     #[test]
     fn fused_families_are_not_capturable() {
         assert!(
             Family::SeqCublas.capturable()
+                && Family::SeqCollectives.capturable()
                 && Family::Signal.capturable()
                 && Family::Decomposition.capturable()
         );

@@ -1,6 +1,6 @@
 //! GEMM + ReduceScatter as one op: rank r gets rows [r·m/world, (r + 1)·m/world) of Σ over ranks
 //! of A_rank · B_rank (NCCL's row split), by any method ([`Method`]): `seq-cublas`, `seq-weft`,
-//! `decomposition:<chunks>`, `fused-intra` (ParallelKittens intra-SM: TMA reduce-add into the
+//! `seq-collectives`, `decomposition:<chunks>`, `fused-intra` (ParallelKittens intra-SM: TMA reduce-add into the
 //! owner), or `Auto`.
 //!
 //! Not among them: the signal method's rank bands (overlap::ReduceScatterOverlap) give rank r the
@@ -15,7 +15,7 @@ use super::choice::{
     choose_and_plan, exact_report, time_candidate, Bench, Candidate, ChoiceReport, PlanRequest,
 };
 use super::common::{
-    agree_on_request, check_capture, check_dtype, check_launch, OpElement, SeqGemm,
+    agree_on_request, check_capture, check_dtype, check_launch, op_collectives, OpElement, SeqGemm,
 };
 use super::env::{lock, OverlapEnv, SharedComm};
 use super::inputs::{with_operands, Operands};
@@ -28,6 +28,7 @@ use crate::plan::{GemmOptions, GemmShape};
 use anyhow::{bail, ensure};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
+use weft_collectives::Collectives;
 use weft_pgl::agree;
 use weft_pgl::nccl::ReduceOp;
 use weft_pgl::Bootstrap;
@@ -39,6 +40,13 @@ enum Imp<TO: OpElement> {
     Seq {
         gemm: SeqGemm,
         comm: SharedComm,
+        d: CudaSlice<TO>,
+        out: CudaSlice<TO>,
+    },
+    /// seq-collectives: cuBLAS into `d`, then weft's ReduceScatter into the output.
+    SeqCollectives {
+        coll: Collectives,
+        gemm: CublasGemm,
         d: CudaSlice<TO>,
         out: CudaSlice<TO>,
     },
@@ -185,6 +193,10 @@ impl<TO: OpElement> GemmReduceScatter<TO> {
                 gemm.launch(stream, a, b, d)?;
                 lock(comm)?.reduce_scatter(&*d, out, ReduceOp::Sum, stream)
             }
+            Imp::SeqCollectives { coll, gemm, d, out } => {
+                gemm.launch(a, b, d)?;
+                Ok(coll.reduce_scatter(&*d, out)?)
+            }
             Imp::Decomposition {
                 band,
                 chunks,
@@ -226,9 +238,9 @@ impl<TO: OpElement> GemmReduceScatter<TO> {
     /// The op's result: this rank's m/world × n rows of the last launch, once it has run.
     pub fn output(&self) -> OpBuffer<'_, TO> {
         let (ptr, len) = match &self.imp {
-            Imp::Seq { out, .. } | Imp::Decomposition { out, .. } => {
-                (out.device_ptr(&self.stream).0, out.len())
-            }
+            Imp::Seq { out, .. }
+            | Imp::SeqCollectives { out, .. }
+            | Imp::Decomposition { out, .. } => (out.device_ptr(&self.stream).0, out.len()),
             Imp::Fused(f) => (f.output().local_ptr(), f.output().len()),
         };
         // SAFETY: the buffer holds `len` elements of TO and lives as long as self.
@@ -239,14 +251,16 @@ impl<TO: OpElement> GemmReduceScatter<TO> {
     pub fn synchronize(&self) -> anyhow::Result<()> {
         match &self.imp {
             Imp::Fused(f) => f.synchronize(&self.stream),
+            Imp::SeqCollectives { coll, .. } => Ok(coll.synchronize()?),
             _ => Ok(self.stream.synchronize()?),
         }
     }
 
-    /// Collective: frees the op's peer memory (fused method) on every rank.
+    /// Collective: frees the op's peer memory (fused method, weft's collectives) on every rank.
     pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         match self.imp {
             Imp::Fused(f) => f.free(rdzv),
+            Imp::SeqCollectives { coll, .. } => Ok(coll.free(rdzv)?),
             _ => Ok(()),
         }
     }
@@ -267,6 +281,13 @@ fn plan_imp<TO: OpElement>(
     let (mn, out_len) = (shape.m * shape.n, shape.m / world * shape.n);
     Ok(match method {
         Method::SeqCublas | Method::SeqWeft => Imp::Seq { gemm: SeqGemm::new(method, stream, shape, options)?, comm: env.comm().clone(), d: alloc(mn)?, out: alloc(out_len)? },
+        // The collective part first: a rank that fails later leaves no peer waiting in it.
+        Method::SeqCollectives => Imp::SeqCollectives {
+            coll: op_collectives(rdzv, stream, u64::from(mn) * size_of::<TO>() as u64)?,
+            gemm: CublasGemm::new(stream, shape, options)?,
+            d: alloc(mn)?,
+            out: alloc(out_len)?,
+        },
         Method::Decomposition { chunks } => {
             ensure!(
                 shape.m.is_multiple_of(world * chunks),
@@ -280,7 +301,7 @@ fn plan_imp<TO: OpElement>(
             let options = GemmOptions { tile: method.tile_choice(options.tile)?, ..options };
             Imp::Fused(FusedReduceScatter::<TO>::new(rdzv, &ctx, stream, shape, options)?)
         }
-        other => bail!("{other} is not a method of GEMM + ReduceScatter (seq-cublas, seq-weft, decomposition, fused-intra)"),
+        other => bail!("{other} is not a method of GEMM + ReduceScatter (seq-cublas, seq-weft, seq-collectives, decomposition, fused-intra)"),
     })
 }
 
