@@ -45,38 +45,12 @@ impl CublasGemm {
         })
     }
 
-    /// Caps the SMs cuBLAS plans its kernels for (`cublasSetSmCountTarget`; 0: every SM), so
-    /// that a kernel on a concurrent stream finds SMs free. A hint to cuBLAS's choice of kernel
-    /// and grid, not a partition.
-    pub fn set_sm_count_target(&mut self, sms: u32) -> anyhow::Result<()> {
-        let sms = i32::try_from(sms).context("SM count target")?;
-        // SAFETY: a live handle.
-        unsafe { sys::cublasSetSmCountTarget(*self.blas.handle(), sms) }
-            .result()
-            .context("cublasSetSmCountTarget")?;
-        Ok(())
-    }
-
     /// D = alpha · A · B + beta · D, row-major, as weft's GEMM defines it.
     /// Takes slices or views (e.g. a band of rows of larger A and D).
     pub fn launch<TI: GemmElement, TO: GemmElement>(
         &self,
         a: &impl DevicePtr<TI>,
         b: &impl DevicePtr<TI>,
-        d: &mut impl DevicePtrMut<TO>,
-    ) -> anyhow::Result<()> {
-        self.launch_columns(a, b, self.shape.n, 0, d)
-    }
-
-    /// D (m × n of the planned shape) = alpha · A · B[:, col0 .. col0 + n] + beta · D, where B is
-    /// the whole k × `b_cols` operand in the options' layout (a band of its columns: an offset and
-    /// B's own leading dimension, no copy). `launch` is `b_cols` = n, `col0` = 0.
-    pub fn launch_columns<TI: GemmElement, TO: GemmElement>(
-        &self,
-        a: &impl DevicePtr<TI>,
-        b: &impl DevicePtr<TI>,
-        b_cols: u32,
-        col0: u32,
         d: &mut impl DevicePtrMut<TO>,
     ) -> anyhow::Result<()> {
         let GemmShape { m, n, k } = self.shape;
@@ -89,35 +63,23 @@ impl CublasGemm {
             TI::DTYPE,
             TO::DTYPE
         );
+        let (mu, nu, ku) = (m as usize, n as usize, k as usize);
         ensure!(
-            u64::from(col0) + u64::from(n) <= u64::from(b_cols),
-            "cuBLAS GEMM {}: columns {col0}..{} of a B {b_cols} wide",
-            self.shape,
-            u64::from(col0) + u64::from(n)
-        );
-        let (mu, ku, bu) = (m as usize, k as usize, b_cols as usize);
-        ensure!(
-            a.len() >= mu * ku && b.len() >= ku * bu && d.len() >= mu * n as usize,
+            a.len() >= mu * ku && b.len() >= ku * nu && d.len() >= mu * nu,
             "cuBLAS GEMM {}: a buffer is too small",
             self.shape
         );
         // Row-major D (m x n) is column-major Dᵀ (n x m) = Bᵀ Aᵀ: cuBLAS computes with B first.
-        // Column col0 of B: element col0 of each row (k × b_cols), or row col0 (b_cols × k).
-        let (op_b, ld_b, b_offset) = match o.b_layout {
-            BLayout::KxN => (sys::cublasOperation_t::CUBLAS_OP_N, b_cols, col0 as u64),
-            BLayout::NxK => (
-                sys::cublasOperation_t::CUBLAS_OP_T,
-                k,
-                col0 as u64 * k as u64,
-            ),
+        let (op_b, ld_b) = match o.b_layout {
+            BLayout::KxN => (sys::cublasOperation_t::CUBLAS_OP_N, n),
+            BLayout::NxK => (sys::cublasOperation_t::CUBLAS_OP_T, k),
         };
         let (a_ptr, _ra) = a.device_ptr(&self.stream);
         let (b_ptr, _rb) = b.device_ptr(&self.stream);
         let (d_ptr, _rd) = d.device_ptr_mut(&self.stream);
-        let b_ptr = b_ptr + b_offset * std::mem::size_of::<TI>() as u64;
         let (alpha, beta) = (o.alpha, o.beta);
-        // SAFETY: pointers into buffers of the checked sizes on the handle's stream (B's band
-        // ends inside B: col0 + n <= b_cols); alpha and beta are f32 as CUBLAS_COMPUTE_32F expects.
+        // SAFETY: pointers to buffers of the checked sizes on the handle's stream; alpha and beta
+        // are f32 as CUBLAS_COMPUTE_32F expects.
         unsafe {
             result::gemm_ex(
                 *self.blas.handle(),

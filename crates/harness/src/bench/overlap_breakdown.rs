@@ -1,6 +1,5 @@
 //! The overlap benches' time breakdown per method: the GEMM the method runs, timed alone on the
-//! SMs the method leaves it (cuBLAS for seq-cublas, seq-collectives and the decomposition's bands
-//! back to back; cuBLAS's column bands on the SMs the collective leaves for column-bands;
+//! SMs the method leaves it (cuBLAS for seq-cublas and the decomposition's bands back to back;
 //! weft's GEMM at the method's SM margin otherwise: the signal path's margin, fused-inter's
 //! communicator CTAs, DistFuse's workers, none for seq-weft, fused-intra and fused-ce), and the
 //! rest of the method's time, exposed: communication not hidden behind the GEMM, interference of
@@ -19,9 +18,6 @@ use weft_signal_gemm::{CublasGemm, Gemm, GemmOptions, GemmShape, TileChoice};
 pub enum GemmAlone {
     /// cuBLAS over the whole shape, in `bands` row bands one after the other.
     Cublas { bands: u32 },
-    /// cuBLAS in `chunks` column bands one after the other, each planned for all SMs but
-    /// `comm_blocks` (column-bands).
-    CublasColumns { chunks: u32, comm_blocks: u32 },
     /// weft's GEMM leaving `sm_margin` SMs idle, with the method's tile width where it fixes one.
     Weft { sm_margin: u32, tile: TileChoice },
 }
@@ -38,13 +34,6 @@ impl GemmAlone {
                 } else {
                     *chunks
                 },
-            },
-            Method::ColumnBands {
-                chunks,
-                comm_blocks,
-            } => GemmAlone::CublasColumns {
-                chunks: *chunks,
-                comm_blocks: *comm_blocks,
             },
             Method::SeqWeft => GemmAlone::weft(0),
             Method::FusedIntra { .. } | Method::FusedCe { .. } => GemmAlone::Weft {
@@ -97,28 +86,6 @@ impl GemmAlone {
                     k: shape.k as usize,
                 }
             }
-            GemmAlone::CublasColumns {
-                chunks,
-                comm_blocks,
-            } => {
-                anyhow::ensure!(
-                    chunks >= 1 && shape.n.is_multiple_of(chunks),
-                    "GEMM {shape}: N does not split into {chunks} bands"
-                );
-                let mut band = CublasGemm::new(
-                    stream,
-                    GemmShape::new(shape.m, shape.n / chunks, shape.k),
-                    GemmOptions::default(),
-                )?;
-                let sms = weft_signal_gemm::device_sms(stream.context())?;
-                band.set_sm_count_target(sms.saturating_sub(comm_blocks))?;
-                GemmLauncher::CublasColumns {
-                    band,
-                    chunks: chunks as usize,
-                    cells: (shape.m * (shape.n / chunks)) as usize,
-                    n: shape.n,
-                }
-            }
             GemmAlone::Weft { sm_margin, tile } => GemmLauncher::Weft(Gemm::new(
                 stream.context(),
                 shape,
@@ -141,13 +108,6 @@ pub enum GemmLauncher {
         rows: usize,
         n: usize,
         k: usize,
-    },
-    /// cuBLAS over `chunks` column bands of `cells` elements each, into D band after band.
-    CublasColumns {
-        band: CublasGemm,
-        chunks: usize,
-        cells: usize,
-        n: u32,
     },
     Weft(Gemm),
 }
@@ -179,24 +139,6 @@ impl GemmLauncher {
                 }
                 Ok(())
             }
-            GemmLauncher::CublasColumns {
-                band,
-                chunks,
-                cells,
-                n,
-            } => {
-                let w = *n / *chunks as u32;
-                for c in 0..*chunks {
-                    band.launch_columns(
-                        a,
-                        b,
-                        *n,
-                        c as u32 * w,
-                        &mut d.slice_mut(c * cells..(c + 1) * cells),
-                    )?;
-                }
-                Ok(())
-            }
             GemmLauncher::Weft(gemm) => gemm.launch(stream, a, b, d),
         }
     }
@@ -217,24 +159,6 @@ mod tests {
         assert_eq!(
             GemmAlone::of(ar, &Method::Decomposition { chunks: 4 }, 2),
             GemmAlone::Cublas { bands: 4 }
-        );
-        assert_eq!(
-            GemmAlone::of(ar, &Method::SeqCollectives, 2),
-            GemmAlone::Cublas { bands: 1 }
-        );
-        assert_eq!(
-            GemmAlone::of(
-                ar,
-                &Method::ColumnBands {
-                    chunks: 4,
-                    comm_blocks: 16
-                },
-                2
-            ),
-            GemmAlone::CublasColumns {
-                chunks: 4,
-                comm_blocks: 16
-            }
         );
         assert_eq!(
             GemmAlone::of(ag, &Method::Decomposition { chunks: 2 }, 4),

@@ -338,7 +338,7 @@ fn plan_imp<TI: OpElement>(
         Method::SeqCublas | Method::SeqWeft => Imp::Seq { gemm: SeqGemm::new(method, stream, shape, options)?, comm: env.comm().clone(), shard: alloc(shard_len)?, a: alloc(mk)? },
         // The collective part first: a rank that fails later leaves no peer waiting in it.
         Method::SeqCollectives => Imp::SeqCollectives {
-            coll: op_collectives(rdzv, stream, u64::from(mk) * size_of::<TI>() as u64, None)?,
+            coll: op_collectives(rdzv, stream, u64::from(mk) * size_of::<TI>() as u64)?,
             gemm: CublasGemm::new(stream, shape, options)?,
             shard: alloc(shard_len)?,
             a: alloc(mk)?,

@@ -1,6 +1,5 @@
 //! GEMM + AllReduce as one op: out = Σ over ranks of A_rank · B_rank on every rank, by any method
-//! ([`Method`]): `seq-cublas`, `seq-weft`, `seq-collectives`, `decomposition:<chunks>`,
-//! `column-bands:<chunks>:<comm blocks>`, `signal:<margin>:<waves>`
+//! ([`Method`]): `seq-cublas`, `seq-weft`, `seq-collectives`, `decomposition:<chunks>`, `signal:<margin>:<waves>`
 //! (FlashOverlap), `fused-inter:<ctas>` (ParallelKittens inter-SM), `distfuse:<workers>`
 //! (DistFuse), or `Auto`.
 //!
@@ -14,7 +13,6 @@ use super::candidates::OpKind;
 use super::choice::{
     choose_and_plan, exact_report, time_candidate, Bench, Candidate, ChoiceReport, PlanRequest,
 };
-use super::column_bands::ColumnBands;
 use super::common::{
     agree_on_request, check_capture, check_dtype, check_launch, op_collectives, OpElement, SeqGemm,
 };
@@ -61,7 +59,6 @@ enum Imp<TO: OpElement> {
         staging: CudaSlice<TO>,
         out: CudaSlice<TO>,
     },
-    ColumnBands(ColumnBands<TO>),
     Fused(FusedAllReduce),
 }
 
@@ -217,7 +214,6 @@ impl<TO: OpElement> GemmAllReduce<TO> {
                 staging,
                 out,
             } => ov.run(stream, &*lock(comm)?, a, b, staging, out, Restore::Copy),
-            Imp::ColumnBands(c) => c.launch(stream, a, b),
             Imp::Fused(f) => f.run(stream, a, b),
         }
     }
@@ -229,7 +225,6 @@ impl<TO: OpElement> GemmAllReduce<TO> {
             | Imp::SeqCollectives { out, .. }
             | Imp::Decomposition { out, .. }
             | Imp::Signal { out, .. } => (out.device_ptr(&self.stream).0, out.len()),
-            Imp::ColumnBands(c) => (c.output().device_ptr(&self.stream).0, c.output().len()),
             Imp::Fused(f) => (f.output().local_ptr(), f.output().len()),
         };
         // SAFETY: the buffer holds `len` elements of TO (the fused AllReduce is planned only for
@@ -247,7 +242,6 @@ impl<TO: OpElement> GemmAllReduce<TO> {
                 ov.check()
             }
             Imp::SeqCollectives { coll, .. } => Ok(coll.synchronize()?),
-            Imp::ColumnBands(c) => c.synchronize(&self.stream),
             _ => Ok(self.stream.synchronize()?),
         }
     }
@@ -257,7 +251,6 @@ impl<TO: OpElement> GemmAllReduce<TO> {
         match self.imp {
             Imp::Fused(f) => f.free(rdzv),
             Imp::SeqCollectives { coll, .. } => Ok(coll.free(rdzv)?),
-            Imp::ColumnBands(c) => c.free(rdzv),
             _ => Ok(()),
         }
     }
@@ -284,20 +277,8 @@ fn plan_imp<TO: OpElement>(
             out: out(mn)?,
         },
         // The collective part first: a rank that fails later leaves no peer waiting in it.
-        Method::ColumnBands {
-            chunks,
-            comm_blocks,
-        } => Imp::ColumnBands(ColumnBands::new(
-            rdzv,
-            stream,
-            OpKind::AllReduce,
-            shape,
-            options,
-            *chunks,
-            *comm_blocks,
-        )?),
         Method::SeqCollectives => Imp::SeqCollectives {
-            coll: op_collectives(rdzv, stream, u64::from(mn) * size_of::<TO>() as u64, None)?,
+            coll: op_collectives(rdzv, stream, u64::from(mn) * size_of::<TO>() as u64)?,
             gemm: CublasGemm::new(stream, shape, options)?,
             out: out(mn)?,
         },

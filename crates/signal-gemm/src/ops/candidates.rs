@@ -63,10 +63,6 @@ pub const COPY_ENGINE_TILE_ROWS: [u32; 2] = [4, 16];
 pub const COPY_ENGINE_K_CHUNKS: [u32; 3] = [2, 4, 8];
 /// Row bands the decomposition of AllReduce and ReduceScatter tries.
 pub const DECOMPOSITION_CHUNKS: [u32; 2] = [2, 4];
-/// Column bands, and blocks of weft's collective beside cuBLAS, the column-band AllReduce and
-/// ReduceScatter try.
-pub const COLUMN_BAND_CHUNKS: [u32; 2] = [2, 4];
-pub const COLUMN_BAND_COMM_BLOCKS: [u32; 2] = [16, 32];
 
 /// Wave groupings the signal method tries for `plan`: 1, 2 or 4 waves a group, the first wave
 /// alone, and two halves (deduplicated).
@@ -117,20 +113,6 @@ pub fn candidates(
             for chunks in DECOMPOSITION_CHUNKS {
                 if m.is_multiple_of(chunks * split) {
                     out.push(Method::Decomposition { chunks });
-                }
-            }
-            // Bands of whole 16-byte vectors of every output dtype (8 elements), beside cuBLAS
-            // on the SMs the collective leaves.
-            if world > 1 && m.is_multiple_of(split) {
-                for chunks in COLUMN_BAND_CHUNKS {
-                    for comm_blocks in COLUMN_BAND_COMM_BLOCKS {
-                        if shape.n.is_multiple_of(chunks * 8) && comm_blocks < sms {
-                            out.push(Method::ColumnBands {
-                                chunks,
-                                comm_blocks,
-                            });
-                        }
-                    }
                 }
             }
         }
@@ -317,7 +299,6 @@ mod tests {
                 SeqWeft,
                 SeqCollectives,
                 Decomposition,
-                ColumnBands,
                 Signal,
                 FusedInter,
                 DistFuse
@@ -330,7 +311,6 @@ mod tests {
                 SeqWeft,
                 SeqCollectives,
                 Decomposition,
-                ColumnBands,
                 FusedIntra
             ]
         );
@@ -355,25 +335,8 @@ mod tests {
                 132,
                 false
             )),
-            [
-                SeqCublas,
-                SeqWeft,
-                SeqCollectives,
-                Decomposition,
-                ColumnBands
-            ]
+            [SeqCublas, SeqWeft, SeqCollectives, Decomposition]
         );
-        // Column bands only of whole 16-byte vectors: N = 8200 makes 2 bands of 4100.
-        assert!(!candidates(
-            OpKind::AllReduce,
-            GemmShape::new(16, 8200, 4096),
-            o,
-            2,
-            132,
-            false
-        )
-        .iter()
-        .any(|m| m.family() == ColumnBands));
         assert_eq!(
             families(&candidates(
                 OpKind::AllGather,

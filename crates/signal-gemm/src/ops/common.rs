@@ -206,15 +206,14 @@ impl SeqGemm {
     }
 }
 
-/// Collective: an op's weft collectives on `stream` (`seq-collectives`, `column-bands`), their
-/// staging slots no larger than `message_bytes` (the op's largest buffer a call reduces or
-/// gathers, which bounds what one rank sends another in it) or the default slots, whichever is
-/// smaller, at most `max_blocks` blocks a launch where given, every other option at its default.
+/// Collective: the `seq-collectives` method's weft collectives on `stream`, their staging slots
+/// no larger than `message_bytes` (the op's largest buffer, which bounds what one rank sends
+/// another in a call) or the default slots, whichever is smaller, with every other option at
+/// its default.
 pub(crate) fn op_collectives(
     rdzv: &mut dyn Bootstrap,
     stream: &Arc<CudaStream>,
     message_bytes: u64,
-    max_blocks: Option<u32>,
 ) -> anyhow::Result<Collectives> {
     let defaults = weft_collectives::Options::default();
     let slot = defaults
@@ -222,7 +221,6 @@ pub(crate) fn op_collectives(
         .min(message_bytes.next_multiple_of(16).max(MIN_SLOT_BYTES));
     let options = weft_collectives::Options {
         slot_bytes: Some(slot),
-        max_blocks: max_blocks.unwrap_or(defaults.max_blocks),
         ..defaults
     };
     Collectives::new(rdzv, stream, options)

@@ -5,7 +5,7 @@
 //! Text forms (round-trip through `Display` / `FromStr`):
 //!
 //! ```text
-//! seq-cublas  seq-weft  seq-collectives  decomposition:<chunks>  column-bands:<chunks>:<blocks>  signal:<sm_margin>:<waves per group, '+'-joined>
+//! seq-cublas  seq-weft  seq-collectives  decomposition:<chunks>  signal:<sm_margin>:<waves per group, '+'-joined>
 //! signal-ce:<waves per group, '+'-joined>  fused-intra[:<tile width>]  fused-inter:<ctas>
 //! fused-ce:<tile rows per copy>[:<tile width>][:k<chunks along K>]  distfuse:<workers>
 //! ```
@@ -30,13 +30,6 @@ pub enum Method {
     /// The GEMM cut into `chunks` row bands; each band's collective on a second stream as soon
     /// as the band is computed (AllGather: each shard's GEMM as soon as it has arrived).
     Decomposition { chunks: u32 },
-    /// cuBLAS in `chunks` column bands, each into a buffer of its own with `comm_blocks` SMs
-    /// left over (cuBLAS's SM count target), each band's weft collective (at most `comm_blocks`
-    /// blocks) on a second stream as soon as the band is computed, then copied into its columns
-    /// of the output by a copy engine. Column bands read B once in all, where row bands
-    /// (`decomposition`) read all of it per band: the difference at small M, where the GEMM
-    /// reads B at memory speed. AllReduce and ReduceScatter.
-    ColumnBands { chunks: u32, comm_blocks: u32 },
     /// FlashOverlap's design: the GEMM stores tiles in the collective's layout and signals each
     /// wave group; one NCCL call per group on the SMs `sm_margin` leaves.
     Signal { sm_margin: u32, waves: Vec<u32> },
@@ -76,7 +69,6 @@ pub enum Family {
     SeqWeft,
     SeqCollectives,
     Decomposition,
-    ColumnBands,
     Signal,
     SignalCe,
     FusedIntra,
@@ -86,12 +78,11 @@ pub enum Family {
 }
 
 impl Family {
-    pub const ALL: [Family; 11] = [
+    pub const ALL: [Family; 10] = [
         Family::SeqCublas,
         Family::SeqWeft,
         Family::SeqCollectives,
         Family::Decomposition,
-        Family::ColumnBands,
         Family::Signal,
         Family::SignalCe,
         Family::FusedIntra,
@@ -106,7 +97,6 @@ impl Family {
             Family::SeqWeft => "seq-weft",
             Family::SeqCollectives => "seq-collectives",
             Family::Decomposition => "decomposition",
-            Family::ColumnBands => "column-bands",
             Family::Signal => "signal",
             Family::SignalCe => "signal-ce",
             Family::FusedIntra => "fused-intra",
@@ -148,7 +138,6 @@ impl Method {
             Method::SeqWeft => Family::SeqWeft,
             Method::SeqCollectives => Family::SeqCollectives,
             Method::Decomposition { .. } => Family::Decomposition,
-            Method::ColumnBands { .. } => Family::ColumnBands,
             Method::Signal { .. } => Family::Signal,
             Method::SignalCe { .. } => Family::SignalCe,
             Method::FusedIntra { .. } => Family::FusedIntra,
@@ -194,10 +183,6 @@ impl fmt::Display for Method {
             | Method::FusedIntra { tile_n: None } => f.write_str(name),
             Method::FusedIntra { tile_n: Some(w) } => write!(f, "{name}:{w}"),
             Method::Decomposition { chunks } => write!(f, "{name}:{chunks}"),
-            Method::ColumnBands {
-                chunks,
-                comm_blocks,
-            } => write!(f, "{name}:{chunks}:{comm_blocks}"),
             Method::FusedInter { ctas } => write!(f, "{name}:{ctas}"),
             Method::FusedCe {
                 tile_rows,
@@ -279,13 +264,6 @@ impl FromStr for Method {
                 want(1, "decomposition:<chunks>")?;
                 Method::Decomposition {
                     chunks: count(args[0], "chunks", s)?,
-                }
-            }
-            Family::ColumnBands => {
-                want(2, "column-bands:<chunks>:<comm blocks>")?;
-                Method::ColumnBands {
-                    chunks: count(args[0], "chunks", s)?,
-                    comm_blocks: count(args[1], "communication blocks", s)?,
                 }
             }
             Family::FusedInter => {
@@ -421,10 +399,6 @@ mod tests {
             Method::SeqWeft,
             Method::SeqCollectives,
             Method::Decomposition { chunks: 4 },
-            Method::ColumnBands {
-                chunks: 4,
-                comm_blocks: 16,
-            },
             Method::Signal {
                 sm_margin: 32,
                 waves: vec![1, 3],
@@ -519,8 +493,6 @@ mod tests {
         assert!(err("signal:32:1+0").contains("at least 1"));
         assert!(err("seq-weft:3").contains("the form seq-weft"));
         assert!(err("seq-collectives:8").contains("the form seq-collectives"));
-        assert!(err("column-bands:4").contains("column-bands:<chunks>:<comm blocks>"));
-        assert!(err("column-bands:0:16").contains("at least 1"));
     }
 
     #[test]
@@ -528,7 +500,6 @@ mod tests {
         assert!(
             Family::SeqCublas.capturable()
                 && Family::SeqCollectives.capturable()
-                && Family::ColumnBands.capturable()
                 && Family::Signal.capturable()
                 && Family::Decomposition.capturable()
         );

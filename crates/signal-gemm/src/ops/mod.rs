@@ -30,7 +30,6 @@ mod cache;
 mod candidates;
 mod choice;
 mod choose;
-mod column_bands;
 mod common;
 mod env;
 mod inputs;
@@ -44,8 +43,7 @@ pub use all_to_all::GemmAllToAll;
 pub use buffer::OpBuffer;
 pub use cache::{ChoiceCache, Entry, Outcome, CACHE_VAR};
 pub use candidates::{
-    candidates, groupings, OpKind, COLUMN_BAND_CHUNKS, COLUMN_BAND_COMM_BLOCKS,
-    DECOMPOSITION_CHUNKS, FUSED_COUNTS, SIGNAL_MARGINS,
+    candidates, groupings, OpKind, DECOMPOSITION_CHUNKS, FUSED_COUNTS, SIGNAL_MARGINS,
 };
 pub use choice::ChoiceReport;
 pub use choose::{

@@ -1,6 +1,6 @@
 //! GEMM + ReduceScatter as one op: rank r gets rows [r·m/world, (r + 1)·m/world) of Σ over ranks
 //! of A_rank · B_rank (NCCL's row split), by any method ([`Method`]): `seq-cublas`, `seq-weft`,
-//! `seq-collectives`, `decomposition:<chunks>`, `column-bands:<chunks>:<comm blocks>`, `fused-intra` (ParallelKittens intra-SM: TMA reduce-add into the
+//! `seq-collectives`, `decomposition:<chunks>`, `fused-intra` (ParallelKittens intra-SM: TMA reduce-add into the
 //! owner), or `Auto`.
 //!
 //! Not among them: the signal method's rank bands (overlap::ReduceScatterOverlap) give rank r the
@@ -14,7 +14,6 @@ use super::candidates::OpKind;
 use super::choice::{
     choose_and_plan, exact_report, time_candidate, Bench, Candidate, ChoiceReport, PlanRequest,
 };
-use super::column_bands::ColumnBands;
 use super::common::{
     agree_on_request, check_capture, check_dtype, check_launch, op_collectives, OpElement, SeqGemm,
 };
@@ -62,7 +61,6 @@ enum Imp<TO: OpElement> {
         d: CudaSlice<TO>,
         out: CudaSlice<TO>,
     },
-    ColumnBands(ColumnBands<TO>),
     Fused(FusedReduceScatter<TO>),
 }
 
@@ -233,7 +231,6 @@ impl<TO: OpElement> GemmReduceScatter<TO> {
                 stream.join(side)?;
                 Ok(())
             }
-            Imp::ColumnBands(c) => c.launch(stream, a, b),
             Imp::Fused(f) => f.run(stream, a, b),
         }
     }
@@ -244,7 +241,6 @@ impl<TO: OpElement> GemmReduceScatter<TO> {
             Imp::Seq { out, .. }
             | Imp::SeqCollectives { out, .. }
             | Imp::Decomposition { out, .. } => (out.device_ptr(&self.stream).0, out.len()),
-            Imp::ColumnBands(c) => (c.output().device_ptr(&self.stream).0, c.output().len()),
             Imp::Fused(f) => (f.output().local_ptr(), f.output().len()),
         };
         // SAFETY: the buffer holds `len` elements of TO and lives as long as self.
@@ -256,7 +252,6 @@ impl<TO: OpElement> GemmReduceScatter<TO> {
         match &self.imp {
             Imp::Fused(f) => f.synchronize(&self.stream),
             Imp::SeqCollectives { coll, .. } => Ok(coll.synchronize()?),
-            Imp::ColumnBands(c) => c.synchronize(&self.stream),
             _ => Ok(self.stream.synchronize()?),
         }
     }
@@ -266,7 +261,6 @@ impl<TO: OpElement> GemmReduceScatter<TO> {
         match self.imp {
             Imp::Fused(f) => f.free(rdzv),
             Imp::SeqCollectives { coll, .. } => Ok(coll.free(rdzv)?),
-            Imp::ColumnBands(c) => c.free(rdzv),
             _ => Ok(()),
         }
     }
@@ -288,20 +282,8 @@ fn plan_imp<TO: OpElement>(
     Ok(match method {
         Method::SeqCublas | Method::SeqWeft => Imp::Seq { gemm: SeqGemm::new(method, stream, shape, options)?, comm: env.comm().clone(), d: alloc(mn)?, out: alloc(out_len)? },
         // The collective part first: a rank that fails later leaves no peer waiting in it.
-        Method::ColumnBands {
-            chunks,
-            comm_blocks,
-        } => Imp::ColumnBands(ColumnBands::new(
-            rdzv,
-            stream,
-            OpKind::ReduceScatter,
-            shape,
-            options,
-            *chunks,
-            *comm_blocks,
-        )?),
         Method::SeqCollectives => Imp::SeqCollectives {
-            coll: op_collectives(rdzv, stream, u64::from(mn) * size_of::<TO>() as u64, None)?,
+            coll: op_collectives(rdzv, stream, u64::from(mn) * size_of::<TO>() as u64)?,
             gemm: CublasGemm::new(stream, shape, options)?,
             d: alloc(mn)?,
             out: alloc(out_len)?,
@@ -319,7 +301,7 @@ fn plan_imp<TO: OpElement>(
             let options = GemmOptions { tile: method.tile_choice(options.tile)?, ..options };
             Imp::Fused(FusedReduceScatter::<TO>::new(rdzv, &ctx, stream, shape, options)?)
         }
-        other => bail!("{other} is not a method of GEMM + ReduceScatter (seq-cublas, seq-weft, seq-collectives, decomposition, column-bands, fused-intra)"),
+        other => bail!("{other} is not a method of GEMM + ReduceScatter (seq-cublas, seq-weft, seq-collectives, decomposition, fused-intra)"),
     })
 }
 
