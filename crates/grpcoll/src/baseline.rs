@@ -5,6 +5,7 @@
 //! widened back) into the same output PGLs. Same kernels as the native path, without barriers,
 //! over all SMs. Staging buffers are allocated on the first run.
 
+use crate::error::GrpcollError;
 use crate::meta::Kind;
 use crate::plan::{Core, Path};
 use anyhow::bail;
@@ -45,16 +46,16 @@ fn local_view(ptr: u64, rank: usize, world: usize, rows: usize, row_bytes: usize
 impl<T: PglElement> Core<T> {
     pub(crate) fn run_baseline(&mut self, comm: &Communicator) -> anyhow::Result<()> {
         if self.device.is_some() {
-            bail!("grpcoll baseline: the AlltoAll-v path needs host metadata; this plan's metadata lives on the GPU");
+            bail!(GrpcollError::Unsupported("grpcoll baseline: the AlltoAll-v path needs host metadata; this plan's metadata lives on the GPU".to_string()));
         }
         if comm.world() != self.world || comm.rank() != self.rank {
-            bail!(
+            bail!(GrpcollError::Unsupported(format!(
                 "grpcoll baseline: communicator is rank {} of {}, the plan rank {} of {}",
                 comm.rank(),
                 comm.world(),
                 self.rank,
                 self.world
-            );
+            )));
         }
         if self.staging.is_none() {
             let s = &self.stream;

@@ -11,6 +11,7 @@
 //! are the destinations, output masks one source bit. GroupReduce: input masks one destination
 //! bit, output masks the sources.
 
+use crate::error::GrpcollError;
 use crate::meta::Desc;
 use crate::meta::Kind;
 use anyhow::bail;
@@ -33,14 +34,14 @@ pub const MAX_DEVICE_SPLITS: usize = 1 << 16;
 impl Capacity {
     pub(crate) fn validate(&self, what: &str) -> anyhow::Result<()> {
         if self.max_splits == 0 || self.max_splits > MAX_DEVICE_SPLITS {
-            bail!("{what}: device metadata capacity of {} splits; 1 to {MAX_DEVICE_SPLITS} are supported", self.max_splits);
+            bail!(GrpcollError::Metadata(format!("{what}: device metadata capacity of {} splits; 1 to {MAX_DEVICE_SPLITS} are supported", self.max_splits)));
         }
         for (side, rows) in [
             ("input", self.max_input_rows),
             ("output", self.max_output_rows),
         ] {
             if rows > u32::MAX as usize {
-                bail!("{what}: device metadata capacity of {rows} {side} rows; at most {} are supported", u32::MAX);
+                bail!(GrpcollError::Metadata(format!("{what}: device metadata capacity of {rows} {side} rows; at most {} are supported", u32::MAX)));
             }
         }
         Ok(())
@@ -84,10 +85,14 @@ pub(crate) fn encode(
         ),
     ] {
         if splits > n {
-            bail!("{what}: {splits} {side} splits exceed the plan's capacity of {n}");
+            bail!(GrpcollError::Metadata(format!(
+                "{what}: {splits} {side} splits exceed the plan's capacity of {n}"
+            )));
         }
         if rows > max {
-            bail!("{what}: {rows} {side} rows exceed the plan's capacity of {max}");
+            bail!(GrpcollError::Metadata(format!(
+                "{what}: {rows} {side} rows exceed the plan's capacity of {max}"
+            )));
         }
     }
     debug_assert!(world <= WEFT_GRPCOLL_MAX_PEERS as usize);

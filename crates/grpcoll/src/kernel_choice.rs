@@ -7,6 +7,7 @@
 //!   tensor's element group (the row, or the elements sharing one lse value) to be a multiple of
 //!   16 / size(comm); otherwise `v1`.
 
+use crate::error::GrpcollError;
 use anyhow::bail;
 use weft_pgl::DType;
 
@@ -46,17 +47,17 @@ pub(crate) fn pull_kernel_name(
 ) -> anyhow::Result<String> {
     if !PULL_PAIRS.contains(&(comm, data)) {
         if comm == data {
-            bail!(
+            bail!(GrpcollError::Options(format!(
                 "{what}: data dtype {} is not supported (supported: bf16, f16, f32, f64)",
                 data.name()
-            );
+            )));
         }
-        bail!(
+        bail!(GrpcollError::Options(format!(
             "{what}: communication dtype {} with data dtype {} is not supported (the communication \
              dtype is the data dtype, or bf16 / f16 for f32 data, or bf16 / f16 / f32 for f64 data)",
             comm.name(),
             data.name()
-        );
+        )));
     }
     let per16 = 16 / comm.size();
     let v = if groups.iter().all(|g| g % per16 == 0) {

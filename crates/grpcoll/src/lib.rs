@@ -19,6 +19,7 @@
 
 mod baseline;
 mod device_meta;
+mod error;
 mod kernel_choice;
 mod meta;
 pub mod pattern;
@@ -26,6 +27,7 @@ mod plan;
 mod work;
 
 pub use device_meta::{Capacity, MAX_DEVICE_SPLITS};
+pub use error::GrpcollError;
 pub use meta::{GroupCastMeta, GroupReduceMeta, Transfer};
 
 use cudarc::driver::CudaStream;
@@ -137,8 +139,8 @@ macro_rules! common_methods {
         }
         /// Native path: one launch on the plan's stream (convert, barrier, transfer, barrier); no
         /// host synchronisation. Every rank must call it the same number of times.
-        pub fn run(&mut self) -> anyhow::Result<()> {
-            self.core.run_native()
+        pub fn run(&mut self) -> Result<(), GrpcollError> {
+            self.core.run_native().map_err(GrpcollError::from_anyhow)
         }
         /// Makes every later native launch arrive once, at its start, on a KernelBarrier
         /// (`weft_barrier::KernelBarrier::view()`: expect one arrival per `run`); `None` stops it.
@@ -148,8 +150,10 @@ macro_rules! common_methods {
         }
         /// AlltoAll-v baseline (convert, range-gather, NCCL grouped send/recv, range-scatter or
         /// scatter-reduce) on the plan's stream, with the same inputs, outputs and options.
-        pub fn run_baseline(&mut self, comm: &Communicator) -> anyhow::Result<()> {
-            self.core.run_baseline(comm)
+        pub fn run_baseline(&mut self, comm: &Communicator) -> Result<(), GrpcollError> {
+            self.core
+                .run_baseline(comm)
+                .map_err(GrpcollError::from_anyhow)
         }
         /// The error slot of the native kernel's bounded waits (e.g. for `weft_sync::sync_checked`).
         pub fn error_slot(&self) -> &ErrorSlot {
@@ -157,9 +161,10 @@ macro_rules! common_methods {
         }
         /// Waits for the plan's stream; a timed-out barrier becomes an error naming rank and coordinate.
         /// With device metadata, a layout the kernel rejected (nothing moved) is an error here too.
-        pub fn synchronize(&self) -> anyhow::Result<()> {
-            weft_sync::sync_checked(&self.core.stream, &[self.core.counters.slot()])?;
-            self.core.check_layout()
+        pub fn synchronize(&self) -> Result<(), GrpcollError> {
+            weft_sync::sync_checked(&self.core.stream, &[self.core.counters.slot()])
+                .map_err(|e| GrpcollError::from_anyhow(e.into()))?;
+            self.core.check_layout().map_err(GrpcollError::from_anyhow)
         }
         /// Device metadata: the PGL (u32 words, layout in [`Capacity`]'s module docs) this rank
         /// fills before each `run`, in stream order; None for host metadata.
@@ -167,8 +172,8 @@ macro_rules! common_methods {
             self.core.device.as_ref().map(|d| &d.meta)
         }
         /// Collective: frees the buffers and counters on every rank.
-        pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
-            self.core.free(rdzv)
+        pub fn free(self, rdzv: &mut dyn Bootstrap) -> Result<(), GrpcollError> {
+            self.core.free(rdzv).map_err(GrpcollError::from_anyhow)
         }
     };
 }
@@ -180,10 +185,10 @@ pub trait GroupCollective<T: PglElement> {
     fn output(&self) -> &Pgl<T>;
     fn sms(&self) -> u32;
     fn comm_dtype(&self) -> DType;
-    fn run(&mut self) -> anyhow::Result<()>;
-    fn run_baseline(&mut self, comm: &Communicator) -> anyhow::Result<()>;
-    fn synchronize(&self) -> anyhow::Result<()>;
-    fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()>;
+    fn run(&mut self) -> Result<(), GrpcollError>;
+    fn run_baseline(&mut self, comm: &Communicator) -> Result<(), GrpcollError>;
+    fn synchronize(&self) -> Result<(), GrpcollError>;
+    fn free(self, rdzv: &mut dyn Bootstrap) -> Result<(), GrpcollError>;
 }
 
 macro_rules! group_collective {
@@ -201,16 +206,16 @@ macro_rules! group_collective {
             fn comm_dtype(&self) -> DType {
                 $plan::comm_dtype(self)
             }
-            fn run(&mut self) -> anyhow::Result<()> {
+            fn run(&mut self) -> Result<(), GrpcollError> {
                 $plan::run(self)
             }
-            fn run_baseline(&mut self, comm: &Communicator) -> anyhow::Result<()> {
+            fn run_baseline(&mut self, comm: &Communicator) -> Result<(), GrpcollError> {
                 $plan::run_baseline(self, comm)
             }
-            fn synchronize(&self) -> anyhow::Result<()> {
+            fn synchronize(&self) -> Result<(), GrpcollError> {
                 $plan::synchronize(self)
             }
-            fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
+            fn free(self, rdzv: &mut dyn Bootstrap) -> Result<(), GrpcollError> {
                 $plan::free(self, rdzv)
             }
         }
@@ -234,7 +239,7 @@ impl<T: PglElement> GroupCast<T> {
         meta: &GroupCastMeta,
         row_elems: usize,
         opts: Options,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, GrpcollError> {
         Self::new_packed(rdzv, stream, meta, &[row_elems], opts)
     }
 
@@ -246,9 +251,9 @@ impl<T: PglElement> GroupCast<T> {
         meta: &GroupCastMeta,
         row_elems: &[usize],
         opts: Options,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, GrpcollError> {
         Ok(Self {
-            core: Core::build(
+            core: Core::build_typed(
                 Kind::Cast,
                 rdzv,
                 stream,
@@ -270,9 +275,9 @@ impl<T: PglElement> GroupCast<T> {
         cap: Capacity,
         row_elems: &[usize],
         opts: Options,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, GrpcollError> {
         Ok(Self {
-            core: Core::build(
+            core: Core::build_typed(
                 Kind::Cast,
                 rdzv,
                 stream,
@@ -285,8 +290,10 @@ impl<T: PglElement> GroupCast<T> {
     }
 
     /// Device metadata from host metadata (checked against the capacity), copied in stream order.
-    pub fn write_device_meta(&self, meta: &GroupCastMeta) -> anyhow::Result<()> {
-        self.core.write_device_meta(&Desc::from(meta))
+    pub fn write_device_meta(&self, meta: &GroupCastMeta) -> Result<(), GrpcollError> {
+        self.core
+            .write_device_meta(&Desc::from(meta))
+            .map_err(GrpcollError::from_anyhow)
     }
     common_methods!();
 }
@@ -307,7 +314,7 @@ impl<T: PglElement> GroupReduce<T> {
         row_elems: usize,
         op: ReduceOp,
         opts: Options,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, GrpcollError> {
         Self::new_packed(rdzv, stream, meta, &[row_elems], op, opts)
     }
 
@@ -320,9 +327,9 @@ impl<T: PglElement> GroupReduce<T> {
         row_elems: &[usize],
         op: ReduceOp,
         opts: Options,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, GrpcollError> {
         Ok(Self {
-            core: Core::build(
+            core: Core::build_typed(
                 Kind::Reduce,
                 rdzv,
                 stream,
@@ -342,9 +349,9 @@ impl<T: PglElement> GroupReduce<T> {
         row_elems: &[usize],
         op: ReduceOp,
         opts: Options,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, GrpcollError> {
         Ok(Self {
-            core: Core::build(
+            core: Core::build_typed(
                 Kind::Reduce,
                 rdzv,
                 stream,
@@ -357,8 +364,10 @@ impl<T: PglElement> GroupReduce<T> {
     }
 
     /// Device metadata from host metadata (checked against the capacity), copied in stream order.
-    pub fn write_device_meta(&self, meta: &GroupReduceMeta) -> anyhow::Result<()> {
-        self.core.write_device_meta(&Desc::from(meta))
+    pub fn write_device_meta(&self, meta: &GroupReduceMeta) -> Result<(), GrpcollError> {
+        self.core
+            .write_device_meta(&Desc::from(meta))
+            .map_err(GrpcollError::from_anyhow)
     }
     common_methods!();
     pub fn op(&self) -> ReduceOp {

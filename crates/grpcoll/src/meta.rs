@@ -4,6 +4,7 @@
 //! Matching rule (as in all-to-all-v): the k-th input split (in index order) that rank r sends to
 //! rank d is the k-th output split (in index order) of rank d that lists r as a source.
 
+use crate::error::GrpcollError;
 use anyhow::bail;
 
 /// GroupCast metadata of one rank: input split i (`input_split_rows[i]` rows, consecutive from
@@ -164,7 +165,10 @@ pub(crate) fn validate_local(kind: Kind, d: &Desc, world: usize) -> anyhow::Resu
     if errs.is_empty() {
         Ok(())
     } else {
-        bail!("{name}: invalid metadata: {}", errs.join("; "))
+        bail!(GrpcollError::Metadata(format!(
+            "{name}: invalid metadata: {}",
+            errs.join("; ")
+        )))
     }
 }
 
@@ -249,8 +253,10 @@ pub(crate) fn encode(h: &Header, d: &Desc) -> Vec<u8> {
 pub(crate) fn decode(bytes: &[u8]) -> anyhow::Result<(Header, Desc)> {
     anyhow::ensure!(
         bytes.len().is_multiple_of(8),
-        "grpcoll metadata of {} bytes is not a list of u64",
-        bytes.len()
+        GrpcollError::RanksDisagree(format!(
+            "grpcoll metadata of {} bytes is not a list of u64",
+            bytes.len()
+        ))
     );
     let words: Vec<u64> = bytes
         .chunks_exact(8)
@@ -258,8 +264,11 @@ pub(crate) fn decode(bytes: &[u8]) -> anyhow::Result<(Header, Desc)> {
         .collect();
     let mut it = words.into_iter();
     let mut next = || {
-        it.next()
-            .ok_or_else(|| anyhow::anyhow!("grpcoll metadata is truncated"))
+        it.next().ok_or_else(|| {
+            anyhow::Error::new(GrpcollError::RanksDisagree(
+                "grpcoll metadata is truncated".into(),
+            ))
+        })
     };
     let mut values = [0u64; 11];
     for v in values.iter_mut() {
@@ -320,7 +329,11 @@ pub(crate) fn check_headers(
     if errs.is_empty() {
         Ok(())
     } else {
-        bail!("{}: the ranks disagree: {}", kind.name(), errs.join("; "))
+        bail!(GrpcollError::RanksDisagree(format!(
+            "{}: the ranks disagree: {}",
+            kind.name(),
+            errs.join("; ")
+        )))
     }
 }
 
@@ -405,11 +418,11 @@ pub(crate) fn match_global(kind: Kind, descs: &[Desc]) -> anyhow::Result<Vec<Tra
         } else {
             String::new()
         };
-        bail!(
+        bail!(GrpcollError::RanksDisagree(format!(
             "{}: metadata disagrees across ranks: {}{more}",
             kind.name(),
             errs.join("; ")
-        )
+        )))
     }
 }
 
@@ -437,6 +450,11 @@ mod tests {
     fn local_errors_are_named() {
         let mut d = cast(vec![2, 3], vec![vec![0, 1], vec![1, 1]], vec![4], vec![2]);
         d.input_rows = 6;
+        let e = validate_local(Kind::Cast, &d, 2).unwrap_err();
+        assert!(matches!(
+            GrpcollError::from_anyhow(e.context("planning")),
+            GrpcollError::Metadata(_)
+        ));
         let e = validate_local(Kind::Cast, &d, 2).unwrap_err().to_string();
         assert!(
             e.contains("input_split_rows sum to 5 rows but the input has 6 rows"),
@@ -529,6 +547,11 @@ mod tests {
         }));
         // A missing receive is named with both sides.
         let d1 = cast(vec![1], vec![vec![0]], vec![2], vec![0]);
+        let e = match_global(Kind::Cast, &[d0.clone(), d1.clone()]).unwrap_err();
+        assert!(matches!(
+            GrpcollError::from_anyhow(e),
+            GrpcollError::RanksDisagree(_)
+        ));
         let e = match_global(Kind::Cast, &[d0, d1]).unwrap_err().to_string();
         assert!(
             e.contains("rank 0 sends 2 input splits to rank 1")
@@ -555,6 +578,11 @@ mod tests {
             accumulate: 0,
             ..h
         };
+        let e = check_headers(Kind::Reduce, &[h, h, h2], |_, v| v.to_string()).unwrap_err();
+        assert!(matches!(
+            GrpcollError::from_anyhow(e),
+            GrpcollError::RanksDisagree(_)
+        ));
         let e = check_headers(Kind::Reduce, &[h, h, h2], |_, v| v.to_string())
             .unwrap_err()
             .to_string();

@@ -4,6 +4,7 @@
 
 use crate::baseline::Staging;
 use crate::device_meta::{self, Capacity};
+use crate::error::GrpcollError;
 use crate::kernel_choice::{pull_kernel_name, push_kernel_name};
 use crate::meta::{self, Desc, Header, Kind, Transfer};
 use crate::work::{chunk_rows, pull_items, push_items, BaselineLayout, Items};
@@ -138,50 +139,57 @@ pub(crate) fn validate_args(
 ) -> anyhow::Result<(Path, DType, Option<String>)> {
     let what = kind_name(kind);
     if row_elems.is_empty() || row_elems.len() > crate::MAX_TENSORS {
-        bail!(
+        bail!(GrpcollError::Options(format!(
             "{what}: packed transfer takes 1 to {} tensors, got {}",
             crate::MAX_TENSORS,
             row_elems.len()
-        );
+        )));
     }
     for (t, &e) in row_elems.iter().enumerate() {
         if e == 0
             || e.checked_mul(data.size())
                 .is_none_or(|b| b > u32::MAX as usize)
         {
-            bail!("{what}: tensor {t}: row_elems {e} must be at least 1 and a row at most 4 GiB");
+            bail!(GrpcollError::Options(format!(
+                "{what}: tensor {t}: row_elems {e} must be at least 1 and a row at most 4 GiB"
+            )));
         }
     }
     if sms == 0 || sms > device_sms {
-        bail!("{what}: {sms} SMs requested; the device has {device_sms}");
+        bail!(GrpcollError::Options(format!(
+            "{what}: {sms} SMs requested; the device has {device_sms}"
+        )));
     }
     // The native kernels' CTAs wait on the other ranks' CTAs: on a GPU that several ranks share
     // (WEFT_SHARED_GPU=1), every rank's grid must be resident at once, or the waits deadlock
     // (one CTA per SM is all the kernels are sure of).
     if sms * ranks_on_gpu > device_sms {
-        bail!(
+        bail!(GrpcollError::Options(format!(
             "{what}: {ranks_on_gpu} ranks share one GPU of {device_sms} SMs, so {sms} SMs per rank \
              cannot all be resident at once; pass Options::sms at most {} (the default fits)",
             device_sms / ranks_on_gpu
-        );
+        )));
     }
     if kind == Kind::Cast && opts.accumulate {
-        bail!("group_cast: accumulate is a GroupReduce option (a cast overwrites its output rows)");
+        bail!(GrpcollError::Options(
+            "group_cast: accumulate is a GroupReduce option (a cast overwrites its output rows)"
+                .to_string()
+        ));
     }
     let comm = opts.comm_dtype.unwrap_or(data);
     let lse_per_row = op.lse_per_row();
     if let ReduceOp::Lse { lse_per_row } = op {
         if row_elems.len() > 1 {
-            bail!(
+            bail!(GrpcollError::Options(format!(
                 "group_reduce: op lse takes one tensor (its lse), got {}",
                 row_elems.len()
-            );
+            )));
         }
         if lse_per_row == 0 || !row_elems[0].is_multiple_of(lse_per_row) {
-            bail!(
+            bail!(GrpcollError::Options(format!(
                 "group_reduce: lse_per_row {lse_per_row} must divide row_elems {}",
                 row_elems[0]
-            );
+            )));
         }
     }
     let path = if kind == Kind::Reduce || comm != data {
@@ -202,7 +210,44 @@ pub(crate) fn validate_args(
     Ok((path, comm, native))
 }
 
+/// `weft_pgl::agree` keeping this rank's typed refusal: the ranks that refused get their own
+/// kind of error with the agreed text (every refusing rank named, with its reason); the others
+/// `PeerRefused`.
+fn agree_typed<T>(
+    rdzv: &mut dyn Bootstrap,
+    step: &str,
+    local: anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    // This rank's kind of refusal, if it refused: a constructor for the agreed text.
+    let mine: Option<fn(String) -> GrpcollError> = local.as_ref().err().map(|e| {
+        e.downcast_ref::<GrpcollError>()
+            .and_then(GrpcollError::with_text)
+            .unwrap_or(|t| GrpcollError::Runtime(anyhow::anyhow!(t)))
+    });
+    agree(rdzv, step, local).map_err(|e| {
+        let text = format!("{e:#}");
+        match mine {
+            Some(refusal) => refusal(text).into(),
+            None => GrpcollError::PeerRefused(text).into(),
+        }
+    })
+}
+
 impl<T: PglElement> Core<T> {
+    /// [`Core::build`] with its error typed.
+    pub(crate) fn build_typed(
+        kind: Kind,
+        rdzv: &mut dyn Bootstrap,
+        stream: &Arc<CudaStream>,
+        source: MetaSource,
+        row_elems: &[usize],
+        op: ReduceOp,
+        opts: Options,
+    ) -> Result<Self, GrpcollError> {
+        Self::build(kind, rdzv, stream, source, row_elems, op, opts)
+            .map_err(GrpcollError::from_anyhow)
+    }
+
     pub(crate) fn build(
         kind: Kind,
         rdzv: &mut dyn Bootstrap,
@@ -255,7 +300,7 @@ impl<T: PglElement> Core<T> {
                 ranks_on_gpu,
             )
         });
-        let (path, comm, pull_name) = agree(
+        let (path, comm, pull_name) = agree_typed(
             rdzv,
             &format!("{} plan (local metadata)", kind_name(kind)),
             local,
@@ -384,11 +429,11 @@ impl<T: PglElement> Core<T> {
                 // the chunk agree): the kernels' walk counts item positions in 32 bits.
                 let max_items = cap.max_items(chunk);
                 ensure!(
-                    max_items < weft_kernels::abi::WEFT_GRPCOLL_MAX_ITEMS as usize,
+                    max_items < weft_kernels::abi::WEFT_GRPCOLL_MAX_ITEMS as usize, GrpcollError::Unsupported(format!(
                     "grpcoll device metadata: {} rows in chunks of {chunk} make up to {max_items} work items, more than {} (lower the capacity)",
                     cap.max_input_rows.max(cap.max_output_rows),
                     weft_kernels::abi::WEFT_GRPCOLL_MAX_ITEMS - 1
-                );
+                )));
                 let words = unsafe_meta_words(cap.max_splits);
                 let meta = Pgl::<u32>::alloc(rdzv, &ctx, shape(1, words), Backend::default())
                     .context("allocating the grpcoll device metadata")?;
@@ -483,10 +528,10 @@ impl<T: PglElement> Core<T> {
 
     pub(crate) fn write_device_meta(&self, desc: &Desc) -> anyhow::Result<()> {
         let Some(dm) = &self.device else {
-            bail!(
+            bail!(GrpcollError::Options(format!(
                 "{}: this plan was built with host metadata (use new_device for device metadata)",
                 kind_name(self.kind)
-            );
+            )));
         };
         let words = device_meta::encode(self.kind, desc, &dm.cap, self.world)?;
         self.stream.context().bind_to_thread()?;
@@ -660,7 +705,10 @@ impl<T: PglElement> Core<T> {
                 unsafe { sys::cuMemsetD32Async(ptr, 0, words.len(), self.stream.cu_stream()) }
                     .result()?;
                 self.stream.synchronize()?;
-                bail!("rank {}: {text}", self.rank)
+                bail!(GrpcollError::Layout {
+                    rank: self.rank,
+                    text
+                })
             }
         }
     }
@@ -706,7 +754,12 @@ mod tests {
     #[test]
     fn argument_errors_are_named() {
         let o = Options::default();
-        let e = |r: anyhow::Result<_>| r.unwrap_err().to_string();
+        // Every refusal here is a typed Options error, its text the one checked below.
+        let e = |r: anyhow::Result<_>| {
+            let e = GrpcollError::from_anyhow(r.unwrap_err());
+            assert!(matches!(e, GrpcollError::Options(_)), "{e:?}");
+            e.to_string()
+        };
         assert!(e(args(Kind::Cast, DType::F32, &[], ReduceOp::Sum, o))
             .contains("packed transfer takes 1 to 3 tensors, got 0"));
         assert!(e(args(

@@ -1,6 +1,7 @@
 //! Work lists: the matched transfers cut into chunks of rows (`weft_grpcoll_item`), for the native
 //! kernel and for the baseline's gather and scatter, and their upload to the device.
 
+use crate::error::GrpcollError;
 use crate::meta::Transfer;
 use cudarc::driver::{CudaSlice, CudaStream};
 use std::sync::Arc;
@@ -20,9 +21,11 @@ impl Items {
         // The kernels' walk counts positions in 32 bits (weft_grpcoll_walk_item).
         anyhow::ensure!(
             items.len() < WEFT_GRPCOLL_MAX_ITEMS as usize,
-            "a grpcoll launch of {} work items: at most {} (split the transfer)",
-            items.len(),
-            WEFT_GRPCOLL_MAX_ITEMS - 1
+            GrpcollError::Unsupported(format!(
+                "a grpcoll launch of {} work items: at most {} (split the transfer)",
+                items.len(),
+                WEFT_GRPCOLL_MAX_ITEMS - 1
+            ))
         );
         let bytes = std::mem::size_of_val(items);
         // SAFETY: weft_grpcoll_item is a bindgen plain-old-data struct of u32/i32 fields with no

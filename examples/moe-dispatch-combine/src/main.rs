@@ -227,5 +227,5 @@ fn main() -> anyhow::Result<()> {
         if checked.is_ok() { "exact" } else { "WRONG" }
     );
     let freed = dispatch.free(&mut rdzv).and(combine.free(&mut rdzv));
-    checked.and(freed)
+    checked.and(freed.map_err(anyhow::Error::from))
 }

@@ -97,10 +97,10 @@ fn time_plan<T: PglElement, P: GroupCollective<T>>(
     mut plan: P,
 ) -> anyhow::Result<(f64, f64, u32, DType)> {
     let measured = (|| -> anyhow::Result<(f64, f64)> {
-        let native = rig.time(|| plan.run())?;
+        let native = rig.time(|| Ok(plan.run()?))?;
         plan.synchronize()?;
         let comm = job.comm()?;
-        Ok((native, rig.time(|| plan.run_baseline(comm))?))
+        Ok((native, rig.time(|| Ok(plan.run_baseline(comm)?))?))
     })();
     let (sms, comm) = (plan.sms(), plan.comm_dtype());
     plan.free(&mut job.rdzv)?;

@@ -23,7 +23,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use weft_grpcoll::pattern::{cast_metas, reduce_metas, CastBlock, ReduceBlock};
-use weft_grpcoll::{GroupCast, GroupCastMeta, GroupReduce, GroupReduceMeta, Options, ReduceOp};
+use weft_grpcoll::{
+    GroupCast, GroupCastMeta, GroupReduce, GroupReduceMeta, GrpcollError, Options, ReduceOp,
+};
 use weft_pgl::{DType, Pgl, PglElement};
 
 /// Which path a trial runs.
@@ -648,10 +650,26 @@ pub(super) fn ring_reduce(rank: usize, world: usize, rows: usize) -> GroupReduce
 }
 
 /// `result` must be an error on every rank containing `needle` (a plan that was built is freed).
+/// Which kind of `GrpcollError` an error is (the trials name the kind each refusal must carry).
+fn error_kind(e: &GrpcollError) -> &'static str {
+    match e {
+        GrpcollError::Options(_) => "Options",
+        GrpcollError::Metadata(_) => "Metadata",
+        GrpcollError::RanksDisagree(_) => "RanksDisagree",
+        GrpcollError::PeerRefused(_) => "PeerRefused",
+        GrpcollError::Layout { .. } => "Layout",
+        GrpcollError::Unsupported(_) => "Unsupported",
+        GrpcollError::Wait(_) => "Wait",
+        GrpcollError::Runtime(_) => "Runtime",
+    }
+}
+
+/// The plan must be refused with `needle` in its text and of kind `kind` on this rank.
 fn expect_error<P>(
     job: &mut Job,
-    result: anyhow::Result<P>,
+    result: Result<P, GrpcollError>,
     free: fn(P, &mut Job) -> anyhow::Result<()>,
+    kind: &str,
     needle: &str,
 ) -> anyhow::Result<()> {
     match result {
@@ -665,20 +683,41 @@ fn expect_error<P>(
                 text.contains(needle),
                 "expected an error containing {needle:?}, got: {text}"
             );
+            anyhow::ensure!(
+                error_kind(&e) == kind,
+                "expected a GrpcollError::{kind}, got {}: {text}",
+                error_kind(&e)
+            );
             Ok(())
         }
     }
 }
 
 fn free_cast(p: GroupCast<f32>, job: &mut Job) -> anyhow::Result<()> {
-    p.free(&mut job.rdzv)
+    Ok(p.free(&mut job.rdzv)?)
 }
 
-/// Builds a cast plan from `meta` and expects every rank to fail with `needle` in the error.
-fn expect_cast_error(job: &mut Job, meta: GroupCastMeta, needle: &str) -> anyhow::Result<()> {
+/// Builds a cast plan from `meta` and expects every rank to fail with `needle` in the error,
+/// of kind `kind` on this rank.
+fn expect_cast_error(
+    job: &mut Job,
+    meta: GroupCastMeta,
+    kind: &str,
+    needle: &str,
+) -> anyhow::Result<()> {
     let stream = gpu_stream(job)?;
     let r = GroupCast::<f32>::new(&mut job.rdzv, &stream, &meta, 16, Options::default());
-    expect_error(job, r, free_cast, needle)
+    expect_error(job, r, free_cast, kind, needle)
+}
+
+/// The kind of a refusal that `refusing` ranks make of their own metadata: theirs, and
+/// `PeerRefused` on the others.
+fn own_or_peer(refusing: bool) -> &'static str {
+    if refusing {
+        "Metadata"
+    } else {
+        "PeerRefused"
+    }
 }
 
 fn err_split_sum(job: &mut Job) -> anyhow::Result<()> {
@@ -687,7 +726,8 @@ fn err_split_sum(job: &mut Job) -> anyhow::Result<()> {
     if rank == 0 {
         m.input_rows = 5;
     }
-    expect_cast_error(job, m, "rank 0: error: group_cast: invalid metadata: input_split_rows sum to 4 rows but the input has 5 rows")
+    let kind = own_or_peer(rank == 0);
+    expect_cast_error(job, m, kind, "rank 0: error: group_cast: invalid metadata: input_split_rows sum to 4 rows but the input has 5 rows")
 }
 
 fn err_out_of_range(job: &mut Job) -> anyhow::Result<()> {
@@ -697,7 +737,7 @@ fn err_out_of_range(job: &mut Job) -> anyhow::Result<()> {
         m.dst_indices[0] = vec![world];
     }
     let needle = format!("rank {}: error: group_cast: invalid metadata: dst_indices[0] lists rank {world}, but the world has {world} ranks", world - 1);
-    expect_cast_error(job, m, &needle)
+    expect_cast_error(job, m, own_or_peer(rank == world - 1), &needle)
 }
 
 fn err_duplicate(job: &mut Job) -> anyhow::Result<()> {
@@ -705,7 +745,7 @@ fn err_duplicate(job: &mut Job) -> anyhow::Result<()> {
     let mut m = ring_cast(rank, world, 4);
     let d = m.dst_indices[0][0];
     m.dst_indices[0] = vec![d, d];
-    expect_cast_error(job, m, "dst_indices[0] lists rank")
+    expect_cast_error(job, m, "Metadata", "dst_indices[0] lists rank")
 }
 
 fn err_disagreement(job: &mut Job) -> anyhow::Result<()> {
@@ -717,7 +757,7 @@ fn err_disagreement(job: &mut Job) -> anyhow::Result<()> {
         m.output_rows = 5;
     }
     let needle = format!("rank {}'s input split 0 (4 rows) is rank 0's output split 0 by the matching rule, which has 5 rows", world - 1);
-    expect_cast_error(job, m, &needle)?;
+    expect_cast_error(job, m, "RanksDisagree", &needle)?;
     // Rank 0 expects nothing from its source (a missing receive).
     let mut m = ring_cast(rank, world, 4);
     if rank == 0 {
@@ -729,7 +769,7 @@ fn err_disagreement(job: &mut Job) -> anyhow::Result<()> {
         };
     }
     let needle = format!("rank {} sends 1 input splits to rank 0", world - 1);
-    expect_cast_error(job, m, &needle)?;
+    expect_cast_error(job, m, "RanksDisagree", &needle)?;
     if world == 1 {
         return Ok(());
     }
@@ -748,6 +788,7 @@ fn err_disagreement(job: &mut Job) -> anyhow::Result<()> {
         job,
         r,
         free_cast,
+        "RanksDisagree",
         &format!("rank {} has row_elems 32 but rank 0 has 16", world - 1),
     )?;
     let opts = Options {
@@ -759,6 +800,7 @@ fn err_disagreement(job: &mut Job) -> anyhow::Result<()> {
         job,
         r,
         free_cast,
+        "RanksDisagree",
         &format!(
             "rank {} has communication dtype f16 but rank 0 has bf16",
             world - 1
@@ -780,7 +822,8 @@ fn err_dtype(job: &mut Job) -> anyhow::Result<()> {
     expect_error(
         job,
         r,
-        |p, j| p.free(&mut j.rdzv),
+        |p, j| Ok(p.free(&mut j.rdzv)?),
+        "Options",
         "data dtype u32 is not supported (supported: bf16, f16, f32, f64)",
     )
 }
@@ -788,7 +831,7 @@ fn err_dtype(job: &mut Job) -> anyhow::Result<()> {
 fn err_options(job: &mut Job) -> anyhow::Result<()> {
     let (rank, world) = (job.rank(), job.world());
     let stream = gpu_stream(job)?;
-    let free_red = |p: GroupReduce<bf16>, j: &mut Job| p.free(&mut j.rdzv);
+    let free_red = |p: GroupReduce<bf16>, j: &mut Job| Ok(p.free(&mut j.rdzv)?);
     let wide = Options {
         comm_dtype: Some(DType::F32),
         ..Options::default()
@@ -805,6 +848,7 @@ fn err_options(job: &mut Job) -> anyhow::Result<()> {
         job,
         r,
         free_red,
+        "Options",
         "communication dtype f32 with data dtype bf16 is not supported",
     )?;
     let acc = Options {
@@ -816,6 +860,7 @@ fn err_options(job: &mut Job) -> anyhow::Result<()> {
         job,
         r,
         free_cast,
+        "Options",
         "group_cast: accumulate is a GroupReduce option",
     )?;
     let r = GroupReduce::<bf16>::new_packed(
@@ -830,6 +875,7 @@ fn err_options(job: &mut Job) -> anyhow::Result<()> {
         job,
         r,
         free_red,
+        "Options",
         "group_reduce: op lse takes one tensor (its lse), got 2",
     )?;
     let r = GroupCast::<f32>::new_packed(
@@ -843,6 +889,7 @@ fn err_options(job: &mut Job) -> anyhow::Result<()> {
         job,
         r,
         free_cast,
+        "Options",
         "packed transfer takes 1 to 3 tensors, got 4",
     )?;
     // Ranks sharing a GPU: more SMs than all their grids can hold at once is refused (it would
@@ -860,7 +907,13 @@ fn err_options(job: &mut Job) -> anyhow::Result<()> {
             8,
             too_many,
         );
-        expect_error(job, r, free_cast, "cannot all be resident at once")?;
+        expect_error(
+            job,
+            r,
+            free_cast,
+            "Options",
+            "cannot all be resident at once",
+        )?;
     }
     Ok(())
 }

@@ -243,14 +243,21 @@ fn disagreement(job: &mut Job) -> anyhow::Result<()> {
     )
 }
 
-/// After a run: synchronize fails with `needle` in its message and the output kept its poison.
+/// After a run: synchronize fails with a `GrpcollError::Layout` with `needle` in its message, and
+/// the output kept its poison.
 fn expect_rejected(plan: &GroupCast<f32>, needle: &str, accepted: &str) -> anyhow::Result<()> {
     match plan.synchronize() {
         Ok(()) => anyhow::bail!("{accepted}"),
-        Err(e) => anyhow::ensure!(
-            format!("{e:#}").contains(needle),
-            "expected {needle:?}, got: {e:#}"
-        ),
+        Err(e) => {
+            anyhow::ensure!(
+                format!("{e:#}").contains(needle),
+                "expected {needle:?}, got: {e:#}"
+            );
+            anyhow::ensure!(
+                matches!(e, weft_grpcoll::GrpcollError::Layout { .. }),
+                "expected a GrpcollError::Layout, got {e:?}"
+            );
+        }
     }
     anyhow::ensure!(
         read(plan.output())?.iter().all(|v| v.is_nan()),

@@ -298,7 +298,7 @@ fn run_loop<T: GElem, P: GroupCollective<T>>(
             inputs[s].len() * elem,
         )?;
         copy(&stream, output, ptr(reset, &stream), out_len * elem)?;
-        plan.run()
+        Ok(plan.run()?)
     };
     // Each input set once, checked against the reference and kept as the verified output; every
     // rank must agree before the loop (a rank that stopped here would leave the others waiting).

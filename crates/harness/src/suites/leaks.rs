@@ -212,7 +212,8 @@ fn grpcoll_plans(job: &mut Job) -> anyhow::Result<()> {
         let made = GroupCast::<bf16>::new(&mut job.rdzv, &stream, &bad, 64, Options::default());
         refused(
             "a cast whose splits exceed its input",
-            made.and_then(|p| p.free(&mut job.rdzv)),
+            made.and_then(|p| p.free(&mut job.rdzv))
+                .map_err(anyhow::Error::from),
             "input_split_rows sum to",
         )
     })
