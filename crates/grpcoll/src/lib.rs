@@ -253,7 +253,7 @@ impl<T: PglElement> GroupCast<T> {
         opts: Options,
     ) -> Result<Self, GrpcollError> {
         Ok(Self {
-            core: Core::build_typed(
+            core: Core::build(
                 Kind::Cast,
                 rdzv,
                 stream,
@@ -261,7 +261,8 @@ impl<T: PglElement> GroupCast<T> {
                 row_elems,
                 ReduceOp::Sum,
                 opts,
-            )?,
+            )
+            .map_err(GrpcollError::from_anyhow)?,
         })
     }
 
@@ -277,7 +278,7 @@ impl<T: PglElement> GroupCast<T> {
         opts: Options,
     ) -> Result<Self, GrpcollError> {
         Ok(Self {
-            core: Core::build_typed(
+            core: Core::build(
                 Kind::Cast,
                 rdzv,
                 stream,
@@ -285,7 +286,8 @@ impl<T: PglElement> GroupCast<T> {
                 row_elems,
                 ReduceOp::Sum,
                 opts,
-            )?,
+            )
+            .map_err(GrpcollError::from_anyhow)?,
         })
     }
 
@@ -329,7 +331,7 @@ impl<T: PglElement> GroupReduce<T> {
         opts: Options,
     ) -> Result<Self, GrpcollError> {
         Ok(Self {
-            core: Core::build_typed(
+            core: Core::build(
                 Kind::Reduce,
                 rdzv,
                 stream,
@@ -337,7 +339,8 @@ impl<T: PglElement> GroupReduce<T> {
                 row_elems,
                 op,
                 opts,
-            )?,
+            )
+            .map_err(GrpcollError::from_anyhow)?,
         })
     }
 
@@ -351,7 +354,7 @@ impl<T: PglElement> GroupReduce<T> {
         opts: Options,
     ) -> Result<Self, GrpcollError> {
         Ok(Self {
-            core: Core::build_typed(
+            core: Core::build(
                 Kind::Reduce,
                 rdzv,
                 stream,
@@ -359,7 +362,8 @@ impl<T: PglElement> GroupReduce<T> {
                 row_elems,
                 op,
                 opts,
-            )?,
+            )
+            .map_err(GrpcollError::from_anyhow)?,
         })
     }
 

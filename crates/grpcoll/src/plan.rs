@@ -234,20 +234,6 @@ fn agree_typed<T>(
 }
 
 impl<T: PglElement> Core<T> {
-    /// [`Core::build`] with its error typed.
-    pub(crate) fn build_typed(
-        kind: Kind,
-        rdzv: &mut dyn Bootstrap,
-        stream: &Arc<CudaStream>,
-        source: MetaSource,
-        row_elems: &[usize],
-        op: ReduceOp,
-        opts: Options,
-    ) -> Result<Self, GrpcollError> {
-        Self::build(kind, rdzv, stream, source, row_elems, op, opts)
-            .map_err(GrpcollError::from_anyhow)
-    }
-
     pub(crate) fn build(
         kind: Kind,
         rdzv: &mut dyn Bootstrap,
