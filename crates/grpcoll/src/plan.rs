@@ -21,7 +21,7 @@ use weft_kernels::abi::{
 };
 use weft_kernels::cubins;
 use weft_pgl::Bootstrap;
-use weft_pgl::{agree, Backend, DType, Pgl, PglElement, Shape};
+use weft_pgl::{agree, agree_outcome, AgreeError, Backend, DType, Pgl, PglElement, Shape};
 use weft_sync::{Counters, WaitBudget};
 
 const PUSH_THREADS: u32 = 1024;
@@ -210,26 +210,31 @@ pub(crate) fn validate_args(
     Ok((path, comm, native))
 }
 
-/// `weft_pgl::agree` keeping this rank's typed refusal: the ranks that refused get their own
-/// kind of error with the agreed text (every refusing rank named, with its reason); the others
-/// `PeerRefused`.
-fn agree_typed<T>(
+/// `weft_pgl::agree` keeping this rank's typed refusal: a rank that refused gets its own kind
+/// of error with the agreed text (every refusing rank named, with its reason), a rank whose own
+/// step passed `PeerRefused`, and a failed exchange of the verdicts `Runtime`.
+pub(crate) fn agree_typed<T>(
     rdzv: &mut dyn Bootstrap,
     step: &str,
     local: anyhow::Result<T>,
 ) -> anyhow::Result<T> {
-    // This rank's kind of refusal, if it refused: a constructor for the agreed text.
-    let mine: Option<fn(String) -> GrpcollError> = local.as_ref().err().map(|e| {
-        e.downcast_ref::<GrpcollError>()
-            .and_then(GrpcollError::with_text)
-            .unwrap_or(|t| GrpcollError::Runtime(anyhow::anyhow!(t)))
-    });
-    agree(rdzv, step, local).map_err(|e| {
-        let text = format!("{e:#}");
-        match mine {
-            Some(refusal) => refusal(text).into(),
-            None => GrpcollError::PeerRefused(text).into(),
-        }
+    agree_outcome(rdzv, step, local).map_err(|e| {
+        anyhow::Error::new(match e {
+            AgreeError::Exchange(e) => {
+                GrpcollError::Runtime(e.context(format!("{step}: exchanging the ranks' verdicts")))
+            }
+            AgreeError::Refused { text, local: None } => GrpcollError::PeerRefused(text),
+            AgreeError::Refused {
+                text,
+                local: Some(mine),
+            } => match mine
+                .downcast_ref::<GrpcollError>()
+                .and_then(GrpcollError::with_text)
+            {
+                Some(refusal) => refusal(text),
+                None => GrpcollError::Runtime(anyhow::anyhow!(text)),
+            },
+        })
     })
 }
 
@@ -405,7 +410,8 @@ impl<T: PglElement> Core<T> {
             };
             Ok((native, copy_comm, copy_lse, layout))
         })();
-        let (native, copy_comm, copy_lse, layout) = agree(rdzv, "grpcoll plan (kernels)", loaded)?;
+        let (native, copy_comm, copy_lse, layout) =
+            agree_typed(rdzv, "grpcoll plan (kernels)", loaded)?;
 
         // Work lists: rows per item from the bytes of one row of every tensor.
         let chunk = chunk_rows(row_elems.iter().sum::<usize>() * data.size());
@@ -440,7 +446,7 @@ impl<T: PglElement> Core<T> {
                     ))
                 })();
                 let (scratch, report, nitems) =
-                    agree(rdzv, "grpcoll plan (layout buffers)", buffers)?;
+                    agree_typed(rdzv, "grpcoll plan (layout buffers)", buffers)?;
                 Some(DeviceMeta {
                     cap,
                     meta,
@@ -481,7 +487,7 @@ impl<T: PglElement> Core<T> {
             Ok(r)
         })();
         let (native_items, gather_items, scatter_items) =
-            agree(rdzv, "grpcoll plan (work lists)", uploaded)?;
+            agree_typed(rdzv, "grpcoll plan (work lists)", uploaded)?;
         Ok(Self {
             kind,
             path,
@@ -726,6 +732,62 @@ impl<T: PglElement> Core<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Rank 1 of 2 whose exchange returns rank 0's verdict `peer` beside its own, or fails.
+    struct Pair {
+        peer: Option<Vec<u8>>,
+    }
+
+    impl Bootstrap for Pair {
+        fn rank(&self) -> usize {
+            1
+        }
+        fn world(&self) -> usize {
+            2
+        }
+        fn exchange(&mut self, bytes: &[u8]) -> anyhow::Result<Vec<Vec<u8>>> {
+            match &self.peer {
+                Some(p) => Ok(vec![p.clone(), bytes.to_vec()]),
+                None => anyhow::bail!("rank 0 never answered"),
+            }
+        }
+    }
+
+    fn typed(peer: Option<&str>, local: anyhow::Result<()>) -> GrpcollError {
+        let mut b = Pair {
+            peer: peer.map(|p| p.as_bytes().to_vec()),
+        };
+        GrpcollError::from_anyhow(agree_typed(&mut b, "step", local).unwrap_err())
+    }
+
+    /// The refusing rank keeps its kind with the text both ranks agree on; a rank whose own step
+    /// passed hears `PeerRefused`; a failed exchange is `Runtime`, and so is an untyped refusal.
+    #[test]
+    fn agreed_refusals_keep_their_kind() {
+        let bad = || Err(GrpcollError::Metadata("bad splits".into()).into());
+        let e = typed(Some(""), bad());
+        assert!(
+            matches!(&e, GrpcollError::Metadata(t) if t.contains("step failed on 1 of 2 ranks: rank 1: error: bad splits")),
+            "{e:?}"
+        );
+        let e = typed(Some("error: their splits"), Ok(()));
+        assert!(
+            matches!(&e, GrpcollError::PeerRefused(t) if t.contains("rank 0: error: their splits")),
+            "{e:?}"
+        );
+        let e = typed(None, Ok(()));
+        assert!(
+            matches!(&e, GrpcollError::Runtime(_))
+                && format!("{e:#}").contains("rank 0 never answered"),
+            "{e:?}"
+        );
+        let e = typed(Some(""), Err(anyhow::anyhow!("cuMemAlloc failed")));
+        assert!(matches!(&e, GrpcollError::Runtime(_)), "{e:?}");
+        let mut ok = Pair {
+            peer: Some(Vec::new()),
+        };
+        assert!(agree_typed(&mut ok, "step", Ok(7)).is_ok_and(|v| v == 7));
+    }
 
     fn args(
         kind: Kind,

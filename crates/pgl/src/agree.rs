@@ -3,6 +3,28 @@
 
 use crate::Bootstrap;
 
+/// Why an agreement did not end in every rank's success.
+#[derive(Debug)]
+pub enum AgreeError {
+    /// The exchange of the ranks' verdicts failed (a rank gone, a bound reached): no verdicts.
+    Exchange(anyhow::Error),
+    /// One or more ranks failed: `text` (the same on every rank) names each and what it
+    /// reported, prefixed by the step; `local` is this rank's own error if it was among them.
+    Refused {
+        text: String,
+        local: Option<anyhow::Error>,
+    },
+}
+
+impl std::fmt::Display for AgreeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AgreeError::Exchange(e) => write!(f, "{e:#}"),
+            AgreeError::Refused { text, .. } => f.write_str(text),
+        }
+    }
+}
+
 /// All-gathers `local`'s success or error text. Ok only if every rank succeeded; otherwise every
 /// rank returns the same error, naming each failing rank and what it reported, prefixed by `step`.
 pub fn agree<T>(
@@ -10,12 +32,25 @@ pub fn agree<T>(
     step: &str,
     local: anyhow::Result<T>,
 ) -> anyhow::Result<T> {
+    agree_outcome(rdzv, step, local).map_err(|e| match e {
+        AgreeError::Exchange(e) => e,
+        AgreeError::Refused { text, .. } => anyhow::anyhow!(text),
+    })
+}
+
+/// [`agree`], telling a failed exchange from the ranks' refusals and handing this rank's own
+/// error back (so that a caller can keep its type).
+pub fn agree_outcome<T>(
+    rdzv: &mut dyn Bootstrap,
+    step: &str,
+    local: anyhow::Result<T>,
+) -> Result<T, AgreeError> {
     let mine = match &local {
         Ok(_) => Vec::new(),
         // A non-empty text marks failure, so an error always carries some.
         Err(e) => format!("error: {e:#}").into_bytes(),
     };
-    let all = rdzv.all_gather(&mine)?;
+    let all = rdzv.all_gather(&mine).map_err(AgreeError::Exchange)?;
     // Ranks that failed with the same text are named together, so an error every rank shares
     // (as a collective refusal is) reads once.
     let mut failures: Vec<(Vec<usize>, String)> = Vec::new();
@@ -39,13 +74,18 @@ pub fn agree<T>(
         })
         .collect();
     if failures.is_empty() {
-        local
-    } else {
-        Err(anyhow::anyhow!(
+        return local.map_err(|e| AgreeError::Refused {
+            text: format!("{e:#}"),
+            local: Some(e),
+        });
+    }
+    Err(AgreeError::Refused {
+        text: format!(
             "{step} failed on {} of {} ranks: {}",
             failed,
             all.len(),
             failures.join("; ")
-        ))
-    }
+        ),
+        local: local.err(),
+    })
 }

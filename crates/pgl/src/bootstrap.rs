@@ -116,4 +116,36 @@ mod tests {
             .contains("root 3"));
         assert!(b.barrier().is_ok());
     }
+
+    /// agree_outcome tells a failed exchange from refusals, and hands this rank's error back.
+    #[test]
+    fn agreement_outcomes_are_told_apart() {
+        use crate::{agree_outcome, AgreeError};
+        let short = |b: &[u8]| vec![b.to_vec(), b.to_vec()];
+        let mut b = Faulty { reply: short };
+        assert!(matches!(
+            agree_outcome(&mut b, "a step", Ok(())),
+            Err(AgreeError::Exchange(_))
+        ));
+        let peer_refused = |b: &[u8]| vec![b"error: no".to_vec(), b.to_vec(), Vec::new()];
+        let mut b = Faulty {
+            reply: peer_refused,
+        };
+        match agree_outcome(&mut b, "a step", Ok(())) {
+            Err(AgreeError::Refused { text, local: None }) => {
+                assert_eq!(text, "a step failed on 1 of 3 ranks: rank 0: error: no")
+            }
+            other => panic!("{other:?}"),
+        }
+        match agree_outcome::<()>(&mut b, "a step", Err(anyhow::anyhow!("mine"))) {
+            Err(AgreeError::Refused {
+                text,
+                local: Some(e),
+            }) => {
+                assert!(text.contains("rank 0: error: no") && text.contains("rank 1: error: mine"));
+                assert_eq!(e.to_string(), "mine");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }

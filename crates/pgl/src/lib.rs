@@ -39,7 +39,7 @@ pub mod rendezvous;
 pub mod shape;
 mod socket_trust;
 
-pub use agree::agree;
+pub use agree::{agree, agree_outcome, AgreeError};
 pub use backend::Backend;
 pub use bootstrap::Bootstrap;
 pub use element::{DType, PglElement};

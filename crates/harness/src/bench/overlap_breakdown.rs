@@ -1,5 +1,6 @@
 //! The overlap benches' time breakdown per method: the GEMM the method runs, timed alone on the
-//! SMs the method leaves it (cuBLAS for seq-cublas and the decomposition's bands back to back;
+//! SMs the method leaves it (cuBLAS for seq-cublas and seq-collectives, and the decomposition's
+//! bands back to back;
 //! weft's GEMM at the method's SM margin otherwise: the signal path's margin, fused-inter's
 //! communicator CTAs, DistFuse's workers, none for seq-weft, fused-intra and fused-ce), and the
 //! rest of the method's time, exposed: communication not hidden behind the GEMM, interference of

@@ -649,7 +649,6 @@ pub(super) fn ring_reduce(rank: usize, world: usize, rows: usize) -> GroupReduce
     }
 }
 
-/// `result` must be an error on every rank containing `needle` (a plan that was built is freed).
 /// Which kind of `GrpcollError` an error is (the trials name the kind each refusal must carry).
 fn error_kind(e: &GrpcollError) -> &'static str {
     match e {
@@ -664,7 +663,8 @@ fn error_kind(e: &GrpcollError) -> &'static str {
     }
 }
 
-/// The plan must be refused with `needle` in its text and of kind `kind` on this rank.
+/// `result` must be an error on every rank containing `needle`, of kind `kind` on this rank (a
+/// plan that was built is freed).
 fn expect_error<P>(
     job: &mut Job,
     result: Result<P, GrpcollError>,

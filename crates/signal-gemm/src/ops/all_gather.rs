@@ -336,13 +336,14 @@ fn plan_imp<TI: OpElement>(
     let (mk, shard_len) = (shape.m * shape.k, shape.m / world * shape.k);
     Ok(match method {
         Method::SeqCublas | Method::SeqWeft => Imp::Seq { gemm: SeqGemm::new(method, stream, shape, options)?, comm: env.comm().clone(), shard: alloc(shard_len)?, a: alloc(mk)? },
-        // The collective part first: a rank that fails later leaves no peer waiting in it.
-        Method::SeqCollectives => Imp::SeqCollectives {
-            coll: op_collectives(rdzv, stream, u64::from(mk) * size_of::<TI>() as u64)?,
-            gemm: CublasGemm::new(stream, shape, options)?,
-            shard: alloc(shard_len)?,
-            a: alloc(mk)?,
-        },
+        Method::SeqCollectives => {
+            // This rank's own parts first, agreed, so that every rank enters the collectives'
+            // set-up (collective) or none does.
+            let local = CublasGemm::new(stream, shape, options).and_then(|g| Ok((g, alloc(shard_len)?, alloc(mk)?)));
+            let (gemm, shard, a) = agree(rdzv, "planning seq-collectives (cuBLAS, buffers)", local)?;
+            let bytes = u64::from(mk) * size_of::<TI>() as u64;
+            Imp::SeqCollectives { coll: op_collectives(rdzv, stream, bytes)?, gemm, shard, a }
+        }
         Method::Decomposition { chunks } => {
             ensure!(*chunks == world, "the AllGather decomposition has one chunk per rank ({world}), asked for {chunks}");
             let band = CublasGemm::new(stream, GemmShape::new(shape.m / world, shape.n, shape.k), options)?;

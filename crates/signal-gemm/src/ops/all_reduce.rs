@@ -276,12 +276,18 @@ fn plan_imp<TO: OpElement>(
             comm: env.comm().clone(),
             out: out(mn)?,
         },
-        // The collective part first: a rank that fails later leaves no peer waiting in it.
-        Method::SeqCollectives => Imp::SeqCollectives {
-            coll: op_collectives(rdzv, stream, u64::from(mn) * size_of::<TO>() as u64)?,
-            gemm: CublasGemm::new(stream, shape, options)?,
-            out: out(mn)?,
-        },
+        Method::SeqCollectives => {
+            // This rank's own parts first, agreed, so that every rank enters the collectives'
+            // set-up (collective) or none does.
+            let local = CublasGemm::new(stream, shape, options).and_then(|g| Ok((g, out(mn)?)));
+            let (gemm, out) = agree(rdzv, "planning seq-collectives (cuBLAS, buffers)", local)?;
+            let bytes = u64::from(mn) * size_of::<TO>() as u64;
+            Imp::SeqCollectives {
+                coll: op_collectives(rdzv, stream, bytes)?,
+                gemm,
+                out,
+            }
+        }
         Method::Decomposition { chunks } => {
             ensure!(
                 shape.m.is_multiple_of(*chunks),

@@ -55,7 +55,9 @@ impl Default for AutoPolicy {
 /// How much faster than the fastest sequential candidate another must have measured for `Auto`
 /// to take it (a fraction). Two instances of one op timed back to back differ by up to about 2 %
 /// at latency-bound sizes (1 µs of 50 on two H200s: GEMM + All-to-All at M = 128), so a smaller
-/// lead is noise, and the sequential path is the one `Auto` must never lose to.
+/// lead is noise, and the sequential paths (seq-cublas, seq-weft, seq-collectives: no second
+/// stream, no peer-memory epochs, capturable) are the ones `Auto` keeps when nothing beats them
+/// clearly.
 pub const SEQUENTIAL_PREFERENCE: f64 = 0.02;
 
 /// The candidates' times for one key, fastest first, as every rank sees them.

@@ -207,18 +207,15 @@ impl SeqGemm {
 }
 
 /// Collective: the `seq-collectives` method's weft collectives on `stream`, their staging slots
-/// no larger than `message_bytes` (the op's largest buffer, which bounds what one rank sends
-/// another in a call) or the default slots, whichever is smaller, with every other option at
-/// its default.
+/// sized by [`op_slot_bytes`] for the op's largest buffer (`message_bytes`), every other option
+/// at its default.
 pub(crate) fn op_collectives(
     rdzv: &mut dyn Bootstrap,
     stream: &Arc<CudaStream>,
     message_bytes: u64,
 ) -> anyhow::Result<Collectives> {
     let defaults = weft_collectives::Options::default();
-    let slot = defaults
-        .slot_bytes_at(rdzv.world())
-        .min(message_bytes.next_multiple_of(16).max(MIN_SLOT_BYTES));
+    let slot = op_slot_bytes(defaults.slot_bytes_at(rdzv.world()), message_bytes);
     let options = weft_collectives::Options {
         slot_bytes: Some(slot),
         ..defaults
@@ -227,5 +224,37 @@ pub(crate) fn op_collectives(
         .with_context(|| format!("weft collectives with {slot}-byte staging slots"))
 }
 
-/// The smallest staging slot `op_collectives` makes (tiny ops still get whole sentinel rows).
+/// Staging slots for an op whose largest buffer is `message_bytes`: what one rank sends another
+/// in any call is at most that buffer, and the LL protocol carries it in twice the bytes (a round
+/// number beside every 4-byte word), so twice it, in whole 16-byte vectors, at least
+/// `MIN_SLOT_BYTES`, at most the collectives' default slot (`default_slot`).
+pub(crate) fn op_slot_bytes(default_slot: u64, message_bytes: u64) -> u64 {
+    default_slot.min(
+        message_bytes
+            .saturating_mul(2)
+            .checked_next_multiple_of(16)
+            .unwrap_or(u64::MAX)
+            .max(MIN_SLOT_BYTES),
+    )
+}
+
+/// The smallest staging slot `op_collectives` makes.
 const MIN_SLOT_BYTES: u64 = 64 << 10;
+
+#[cfg(test)]
+mod tests {
+    use super::op_slot_bytes;
+
+    #[test]
+    fn op_slots_hold_twice_the_largest_buffer_up_to_the_default() {
+        let default = 16 << 20;
+        // 256 KiB of bf16 (16 × 8192): the LL protocol's 512 KiB.
+        assert_eq!(op_slot_bytes(default, 256 << 10), 512 << 10);
+        // Tiny and odd sizes: at least 64 KiB, whole 16-byte vectors.
+        assert_eq!(op_slot_bytes(default, 100), 64 << 10);
+        assert_eq!(op_slot_bytes(default, 40_001), 80_016);
+        // Large buffers take the default slots (the calls then run in rounds).
+        assert_eq!(op_slot_bytes(default, 512 << 20), default);
+        assert_eq!(op_slot_bytes(default, u64::MAX), default);
+    }
+}

@@ -281,13 +281,14 @@ fn plan_imp<TO: OpElement>(
     let (mn, out_len) = (shape.m * shape.n, shape.m / world * shape.n);
     Ok(match method {
         Method::SeqCublas | Method::SeqWeft => Imp::Seq { gemm: SeqGemm::new(method, stream, shape, options)?, comm: env.comm().clone(), d: alloc(mn)?, out: alloc(out_len)? },
-        // The collective part first: a rank that fails later leaves no peer waiting in it.
-        Method::SeqCollectives => Imp::SeqCollectives {
-            coll: op_collectives(rdzv, stream, u64::from(mn) * size_of::<TO>() as u64)?,
-            gemm: CublasGemm::new(stream, shape, options)?,
-            d: alloc(mn)?,
-            out: alloc(out_len)?,
-        },
+        Method::SeqCollectives => {
+            // This rank's own parts first, agreed, so that every rank enters the collectives'
+            // set-up (collective) or none does.
+            let local = CublasGemm::new(stream, shape, options).and_then(|g| Ok((g, alloc(mn)?, alloc(out_len)?)));
+            let (gemm, d, out) = agree(rdzv, "planning seq-collectives (cuBLAS, buffers)", local)?;
+            let bytes = u64::from(mn) * size_of::<TO>() as u64;
+            Imp::SeqCollectives { coll: op_collectives(rdzv, stream, bytes)?, gemm, d, out }
+        }
         Method::Decomposition { chunks } => {
             ensure!(
                 shape.m.is_multiple_of(world * chunks),
