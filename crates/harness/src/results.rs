@@ -1,5 +1,5 @@
 //! Results files: `{"suite", "device", "gpus", "driver", "commit", "date", "command", "rows"}`
-//! (DESIGN.md §5), shared by every timing suite so runs can be compared and plotted.
+//! (docs/DESIGN.md §5), shared by every timing suite so runs can be compared and plotted.
 
 use crate::json::Json;
 

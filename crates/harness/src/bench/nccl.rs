@@ -1,6 +1,6 @@
 //! NCCL bandwidth in the style of nccl-tests: for each collective and size, the median time
 //! (slowest rank), algorithm bandwidth = size / time and bus bandwidth = algbw × the collective's
-//! factor, so numbers compare with nccl-tests and with DESIGN.md §4. This table is the
+//! factor, so numbers compare with nccl-tests and with docs/DESIGN.md §4. This table is the
 //! communication baseline the overlap suites are compared against.
 //!
 //! Size conventions (nccl-tests'): all_reduce — the buffer; reduce_scatter — the send buffer
@@ -78,7 +78,7 @@ impl Op {
         }
     }
 
-    /// Bus bandwidth at 1 GiB on 4×H200 from DESIGN.md §4 (NCCL 2.28), where one was measured.
+    /// Bus bandwidth at 1 GiB on 4×H200 from docs/DESIGN.md §4 (NCCL 2.28), where one was measured.
     fn anchor_busbw_gbs(self) -> Option<f64> {
         match self {
             Op::AllReduce => Some(355.0),
@@ -240,7 +240,7 @@ pub fn run(job: &mut Job, quick: bool, sweep: &Sweep) -> anyhow::Result<SuiteRes
             ("busbw_gbs", Json::from(busbw)),
             (
                 "baseline",
-                Json::from(anchor.map(|_| "DESIGN.md §4 anchor: NCCL 2.28 busbw on 4xH200")),
+                Json::from(anchor.map(|_| "docs/DESIGN.md §4 anchor: NCCL 2.28 busbw on 4xH200")),
             ),
             ("baseline_busbw_gbs", Json::from(anchor)),
             ("baseline_ms", Json::from(anchor_ms)),

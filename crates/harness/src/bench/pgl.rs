@@ -43,7 +43,7 @@
 //! - SM counts: 4, 8, 16, 32, half and all of the device's SMs (read from the device); quick mode
 //!   16, 32 and all, at 64 MiB and 1 GiB only.
 //!
-//! # Expected numbers (4× H200 NV18, DESIGN.md §4)
+//! # Expected numbers (4× H200 NV18, docs/DESIGN.md §4)
 //!
 //! Copy engine ≈ 395 GB/s at 1 GiB and well below that for small messages (PK: ≥ 256 MB for 80%).
 //! Plain 16-byte stores measured 293 / 336 / 353 / 370 GB/s at 8 / 16 / 32 / 132 blocks (2-GPU

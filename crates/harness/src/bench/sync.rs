@@ -23,7 +23,7 @@ use weft_sync::WaitBudget;
 use weft_testkit::latency::{Latency, LatencyKind};
 use weft_testkit::stress::{Ordering, PendingStress, Stress, StressMode};
 
-/// The seed's (parallelkittens.md §3.1.3) and DESIGN.md §4's reference figures, in µs.
+/// The seed's (parallelkittens.md §3.1.3) and docs/DESIGN.md §4's reference figures, in µs.
 const SEED_MBARRIER_US: f64 = 0.064;
 const SEED_INTER_SM_US: f64 = 0.832;
 const ANCHOR_PING_PONG_US: f64 = 2.36;
@@ -106,20 +106,20 @@ fn latency_rows(
             LatencyKind::Ring => rows.push(part(
                 format!("one-way signal->wait (token ring over {world} GPUs, per hop)"),
                 us / w,
-                Some((ANCHOR_ONE_WAY_US, "DESIGN.md §4 flag ping-pong / 2")),
+                Some((ANCHOR_ONE_WAY_US, "docs/DESIGN.md §4 flag ping-pong / 2")),
                 Some(GOAL_ONE_WAY_US),
             )),
             LatencyKind::PingPong => {
                 rows.push(part(
                     "ping-pong round trip (ranks 0 <-> 1)".into(),
                     us,
-                    Some((ANCHOR_PING_PONG_US, "DESIGN.md §4 flag ping-pong")),
+                    Some((ANCHOR_PING_PONG_US, "docs/DESIGN.md §4 flag ping-pong")),
                     None,
                 ));
                 rows.push(part(
                     "one-way signal->wait (ping-pong / 2)".into(),
                     us / 2.0,
-                    Some((ANCHOR_ONE_WAY_US, "DESIGN.md §4 flag ping-pong / 2")),
+                    Some((ANCHOR_ONE_WAY_US, "docs/DESIGN.md §4 flag ping-pong / 2")),
                     Some(GOAL_ONE_WAY_US),
                 ));
             }
@@ -306,7 +306,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         "1.0x".into(),
         "19.000".into(),
         String::new(),
-        "reference: DESIGN.md §4".into(),
+        "reference: docs/DESIGN.md §4".into(),
     ]);
     rows.push(Json::obj([
         ("case", Json::from("NCCL all_reduce 4 B f32")),
@@ -318,7 +318,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         ("reference_us", Json::from(19.0)),
         (
             "reference",
-            Json::from("DESIGN.md §4: NCCL all-reduce of 4 B"),
+            Json::from("docs/DESIGN.md §4: NCCL all-reduce of 4 B"),
         ),
     ]));
     Ok(SuiteResult { table, rows })
