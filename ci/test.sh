@@ -25,7 +25,7 @@ echo "== cargo package: every library crate packaged and its package built (offl
 # weft's from an earlier run (same version, older code) would be built instead of these.
 rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/weft-*-[0-9]*
 NVCC="${NVCC:-$root/.toolchain/cuda/nvidia/cu13/bin/nvcc}" \
-  cargo package --workspace --exclude weft-harness --exclude weft-testkit --exclude weft-example-own-kernel --exclude weft-example-gemm-reduce-scatter --exclude weft-example-moe-dispatch-combine --locked --offline
+  cargo package --workspace --exclude weft-harness --exclude weft-testkit --exclude weft-example-own-kernel --exclude weft-example-gemm-reduce-scatter --exclude weft-example-moe-dispatch-combine --exclude weft-example-collectives --exclude weft-example-kernel-barrier --locked --offline
 cargo test --release --locked --workspace
 echo "== weft test (1 rank)"
 target/release/weft test
