@@ -218,7 +218,7 @@ impl Drop for KernelBarrier {
             unsafe { result::free_host(self.report.cast()) }
         });
         if let Err(e) = freed {
-            eprintln!("weft-barrier: freeing a KernelBarrier: {e}");
+            log::error!("freeing a KernelBarrier: {e}");
         }
     }
 }

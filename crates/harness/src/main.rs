@@ -53,6 +53,9 @@ usage:
 Under mpirun / srun / torchrun / weft launch every rank runs the same command; rank 0 prints.";
 
 fn main() -> ExitCode {
+    // The libraries' warnings (a PGL dropped without free, a teardown that failed) through the
+    // log facade, on stderr: RUST_LOG filters them (default: warnings and errors).
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let wants_help = matches!(args.get(1).map(String::as_str), Some("--help" | "-h"));
     let result = match args.first().map(String::as_str) {

@@ -177,7 +177,7 @@ impl<T: PglElement> PglGroup<T> {
 impl<T: PglElement> Drop for PglGroup<T> {
     fn drop(&mut self) {
         if let Err(e) = self.synchronize_all() {
-            eprintln!("weft-pgl: synchronising before freeing a single-process PGL: {e:#}");
+            log::error!("synchronising before freeing a single-process PGL: {e:#}");
         }
         self.members.clear();
     }

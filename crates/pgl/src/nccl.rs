@@ -835,8 +835,8 @@ impl Drop for Communicator {
                 .map_err(|e| format!("{:?}", e.0))
         });
         if let Err(e) = done {
-            eprintln!(
-                "weft: rank {}: NCCL communicator teardown failed ({e}); aborting it",
+            log::error!(
+                "rank {}: NCCL communicator teardown failed ({e}); aborting it",
                 self.rank
             );
             self.abort();

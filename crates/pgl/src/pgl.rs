@@ -47,7 +47,7 @@ impl Drop for Own {
     fn drop(&mut self) {
         if let Own::Ipc { ptr } = self {
             if let Err(e) = ipc::free(*ptr) {
-                eprintln!("weft-pgl: {e:#}");
+                log::error!("{e:#}");
             }
         }
         // Borrowed memory is the caller's; VMM fields unmap and release themselves.
@@ -518,15 +518,15 @@ impl<T: PglElement> Drop for Pgl<T> {
         let _ = self.ctx.bind_to_thread();
         let _ = self.ctx.synchronize();
         if let Err(e) = self.unmap_peers() {
-            eprintln!("weft-pgl: rank {}: {e:#}", self.rank);
+            log::error!("rank {}: {e:#}", self.rank);
         }
         match self.mode {
             // Only PglGroup drops single-process members, after synchronising every device.
             Mode::SingleProcess => self.free_own(),
             Mode::Process if self.world == 1 => self.free_own(),
             Mode::Process => {
-                eprintln!(
-                    "weft-pgl: rank {}: a {}-rank PGL of shape {} was dropped without free(); its memory stays \
+                log::warn!(
+                    "rank {}: a {}-rank PGL of shape {} was dropped without free(); its memory stays \
                      allocated until the process exits, since a peer may still read it",
                     self.rank, self.world, self.shape
                 );

@@ -86,7 +86,7 @@ impl Drop for Physical {
         if let Err(e) = check(|| "cuMemRelease".into(), unsafe {
             sys::cuMemRelease(self.handle)
         }) {
-            eprintln!("weft-pgl: {e:#}");
+            log::error!("{e:#}");
         }
     }
 }
@@ -147,12 +147,12 @@ impl Drop for Mapping {
         // owner's ordering: a barrier precedes collective unmapping).
         let r = unsafe { sys::cuMemUnmap(self.va, self.size) };
         if let Err(e) = check(|| "cuMemUnmap".into(), r) {
-            eprintln!("weft-pgl: {e:#}");
+            log::error!("{e:#}");
         }
         // SAFETY: as above.
         let r = unsafe { sys::cuMemAddressFree(self.va, self.size) };
         if let Err(e) = check(|| "cuMemAddressFree".into(), r) {
-            eprintln!("weft-pgl: {e:#}");
+            log::error!("{e:#}");
         }
     }
 }

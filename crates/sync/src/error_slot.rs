@@ -97,7 +97,7 @@ impl Drop for ErrorSlot {
             .bind_to_thread()
             .and_then(|()| unsafe { result::free_host(self.host as *mut _) });
         if let Err(e) = freed {
-            eprintln!("weft-sync: freeing the error slot: {e}");
+            log::error!("freeing the error slot: {e}");
         }
     }
 }
