@@ -17,11 +17,20 @@
 //!   in turn (shards, gathered A, chunk flags, side stream), a run of each every 25 cycles, and each cycle
 //!   a plan refused for a shard that is not whole tile rows.
 //! - nccl_communicators: a communicator made, used for an all-reduce, dropped.
+//! - collectives: weft-collectives' staging PGL, round flags and state, an all-reduce every 25
+//!   cycles, and each cycle a call refused for a short output and a set-up refused for its
+//!   options (on every rank alike).
+//! - kernel_barriers: a KernelBarrier (counter, pinned report, its wait kernel), an
+//!   already-satisfied wait, and each cycle a wait that times out (its report read as the typed
+//!   `TimedOut`).
+//! - overlap_ops: GEMM + AllReduce planned and freed as `seq-collectives` (cuBLAS handle, output,
+//!   weft's collectives), a launch every 25 cycles, and each cycle a plan refused for beta != 0.
 //! - modules_load_once: a cubin loaded twice on one (primary) context is one module, and GEMM
 //!   plans of every kernel family load no other (`Cubin::load` keeps each module for the process:
 //!   per-plan loads and unloads lost device memory on H100 hosts' driver).
 //!
-//! `weft test` runs 200 GEMM, 300 grpcoll, 100 of each fused and 50 NCCL cycles; `WEFT_LEAK_CYCLES=1000`
+//! `weft test` runs 200 GEMM, 300 grpcoll, 100 of each fused, 50 NCCL, 200 collectives, 300
+//! KernelBarrier and 100 overlap-op cycles; `WEFT_LEAK_CYCLES=1000`
 //! sets every count (issue #26's figure). On two H200s 1000 cycles took 2.5 s (GEMM), 28 s
 //! (grpcoll) and 13 s (fused ReduceScatter) with modules loaded once (d5de479; 26, 31 and 41 s
 //! before), 20 s (fused AllReduce) and 17 s (fused AllGather) at c132b8b, a NCCL cycle 1.2 s
@@ -62,6 +71,9 @@ pub fn cases() -> Vec<Case> {
         Case::gpu("leaks::fused_all_reduce_plans", fused_all_reduce_plans),
         Case::gpu("leaks::fused_all_gather_plans", fused_all_gather_plans),
         Case::gpu("leaks::nccl_communicators", nccl_communicators),
+        Case::gpu("leaks::collectives", collectives),
+        Case::gpu("leaks::kernel_barriers", kernel_barriers),
+        Case::gpu("leaks::overlap_ops", overlap_ops),
         Case::gpu("leaks::modules_load_once", modules_load_once),
     ]
 }
@@ -412,4 +424,102 @@ fn modules_load_once(job: &mut Job) -> anyhow::Result<()> {
         weft_kernels::loaded_modules()
     );
     Ok(())
+}
+
+fn collectives(job: &mut Job) -> anyhow::Result<()> {
+    use weft_collectives::{Collectives, Options as CollOptions};
+    let stream = gpu(job)?.1;
+    let world = job.world();
+    let input = upload(&stream, &uniform::<bf16>(5, 4096))?;
+    let mut out = poisoned::<bf16>(&stream, 4096)?;
+    let mut short = poisoned::<bf16>(&stream, 4095)?;
+    // Small slots: the cycle is the set-up and teardown, not the default 288 MiB of staging.
+    let options = CollOptions {
+        slot_bytes: Some(1 << 20),
+        ..CollOptions::default()
+    };
+    flat_over(job, "collectives", cycles(200)?, |job, i| {
+        let mut coll = Collectives::new(&mut job.rdzv, &stream, options)?;
+        if i % 25 == 0 {
+            coll.all_reduce(&input, &mut out)?;
+            coll.synchronize()?;
+        }
+        refused(
+            "an all-reduce into a shorter output",
+            coll.all_reduce(&input, &mut short)
+                .map_err(anyhow::Error::from),
+            "output holds 4095 elements, expected 4096",
+        )?;
+        coll.free(&mut job.rdzv)?;
+        let odd = CollOptions {
+            slot_bytes: Some(1000),
+            ..CollOptions::default()
+        };
+        refused(
+            "slots of 1000 bytes",
+            Collectives::new(&mut job.rdzv, &stream, odd)
+                .map(|_| world)
+                .map_err(anyhow::Error::from),
+            "slot_bytes 1000 must be a positive multiple of 16",
+        )
+    })
+}
+
+fn kernel_barriers(job: &mut Job) -> anyhow::Result<()> {
+    use weft_barrier::{BarrierError, KernelBarrier};
+    let (ctx, stream) = gpu(job)?;
+    flat_over(job, "KernelBarrier", cycles(300)?, |_, _| {
+        let mut bar = KernelBarrier::new(&ctx)?;
+        let none = bar.expect(0)?;
+        bar.wait(&stream, none)?;
+        stream.synchronize()?;
+        bar.check()?;
+        // One arrival expected, none made: the wait gives up after its bound and reports.
+        bar.set_timeout(std::time::Duration::from_millis(1));
+        let never = bar.expect(1)?;
+        bar.wait(&stream, never)?;
+        stream.synchronize()?;
+        match bar.check() {
+            Err(BarrierError::TimedOut { .. }) => Ok(()),
+            other => anyhow::bail!("a wait nothing arrives for: expected TimedOut, got {other:?}"),
+        }
+    })
+}
+
+fn overlap_ops(job: &mut Job) -> anyhow::Result<()> {
+    use weft_signal_gemm::ops::{GemmAllReduce, Method, MethodChoice};
+    if job.world() < 2 {
+        return Err(Skip("seq-collectives needs two ranks or more".into()).into());
+    }
+    let (stream, mut env) = super::ops::test_env(job)?;
+    let shape = GemmShape::new(128, 256, 64);
+    let a = upload(&stream, &uniform::<bf16>(6, 128 * 64))?;
+    let b = upload(&stream, &uniform::<bf16>(7, 64 * 256))?;
+    let seq = MethodChoice::Exact(Method::SeqCollectives);
+    flat_over(job, "overlap op", cycles(100)?, |job, i| {
+        let mut op = GemmAllReduce::<bf16>::plan(
+            &mut job.rdzv,
+            &mut env,
+            &stream,
+            shape,
+            GemmOptions::default(),
+            &seq,
+            false,
+        )?;
+        if i % 25 == 0 {
+            op.launch(&stream, &a, &b)?;
+            op.synchronize()?;
+        }
+        op.free(&mut job.rdzv)?;
+        let beta = GemmOptions {
+            beta: 1.0,
+            ..GemmOptions::default()
+        };
+        refused(
+            "an op with beta = 1",
+            GemmAllReduce::<bf16>::plan(&mut job.rdzv, &mut env, &stream, shape, beta, &seq, false)
+                .map(|_| ()),
+            "beta must be 0",
+        )
+    })
 }

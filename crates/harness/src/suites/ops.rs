@@ -51,7 +51,7 @@ pub fn cases() -> Vec<Case> {
 
 /// A fresh environment (its own communicator, an in-memory cache: every trial measures anew,
 /// briefly).
-fn test_env(job: &mut Job) -> anyhow::Result<(Arc<CudaStream>, OverlapEnv)> {
+pub(super) fn test_env(job: &mut Job) -> anyhow::Result<(Arc<CudaStream>, OverlapEnv)> {
     if let Some(why) = job.shared_gpu() {
         return Err(Skip(why.to_string()).into());
     }
