@@ -5,7 +5,8 @@
 //! rendezvous, and so is [`Pgl::free`]: it synchronises, waits until every rank has stopped using
 //! every buffer, unmaps the peers, waits again, and only then frees this rank's memory, so no
 //! peer ever reads freed memory. Dropping a process-mode `Pgl` without `free` unmaps the peers
-//! but keeps this rank's memory alive (a peer might still be reading it) and says so on stderr.
+//! but keeps this rank's memory alive (a peer might still be reading it) and says so through the
+//! `log` facade (a warning).
 //!
 //! Single-process mode (one process driving several GPUs): see [`crate::PglGroup`].
 

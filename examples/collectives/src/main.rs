@@ -14,9 +14,11 @@ use weft_pgl::gpu;
 use weft_pgl::rank_env::RankEnv;
 use weft_pgl::rendezvous::Rendezvous;
 
-/// Rank `rank`'s value at `i`: a small integer (−8 ..= 7), different per rank.
+/// Rank `rank`'s value at `i`: a small integer (−8 ..= 7) from a hash of `i` (no period, so
+/// that blocks of a longer buffer differ), different per rank.
 fn value(rank: usize, i: usize) -> f32 {
-    ((i * 7 + rank * 13) % 16) as f32 - 8.0
+    let h = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 60;
+    ((h as usize + rank * 13) % 16) as f32 - 8.0
 }
 
 /// Elements of `got` that differ from `want` (exact comparison: the sums are exact).
@@ -44,6 +46,8 @@ fn time(
 }
 
 fn main() -> anyhow::Result<()> {
+    // weft's warnings (e.g. a PGL dropped without free on an early return) on stderr.
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let n: usize = match std::env::args().nth(1) {
         None => 1 << 20,
         Some(t) => t

@@ -41,6 +41,8 @@ fn parse_shape(arg: Option<String>) -> anyhow::Result<GemmShape> {
 }
 
 fn main() -> anyhow::Result<()> {
+    // weft's warnings (e.g. a PGL dropped without free on an early return) on stderr.
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let shape = parse_shape(std::env::args().nth(1))?;
     let env = RankEnv::from_env()?;
     let mut rdzv = Rendezvous::connect(&env, Duration::from_secs(60))?;

@@ -25,6 +25,8 @@ fn value(writer: usize, i: u32) -> f32 {
 }
 
 fn main() -> anyhow::Result<()> {
+    // weft's warnings (e.g. a PGL dropped without free on an early return) on stderr.
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let env = RankEnv::from_env()?;
     let mut rdzv = Rendezvous::connect(&env, Duration::from_secs(60))?;
     let (rank, world) = (rdzv.rank(), rdzv.world());

@@ -20,18 +20,17 @@
 //! - collectives: weft-collectives' staging PGL, round flags and state, an all-reduce every 25
 //!   cycles, and each cycle a call refused for a short output and a set-up refused for its
 //!   options (on every rank alike).
-//! - kernel_barriers: a KernelBarrier (counter, pinned report, its wait kernel), an
-//!   already-satisfied wait, and each cycle a wait that times out (its report read as the typed
-//!   `TimedOut`).
 //! - overlap_ops: GEMM + AllReduce planned and freed as `seq-collectives` (cuBLAS handle, output,
 //!   weft's collectives), a launch every 25 cycles, and each cycle a plan refused for beta != 0.
 //! - modules_load_once: a cubin loaded twice on one (primary) context is one module, and GEMM
 //!   plans of every kernel family load no other (`Cubin::load` keeps each module for the process:
 //!   per-plan loads and unloads lost device memory on H100 hosts' driver).
 //!
-//! `weft test` runs 200 GEMM, 300 grpcoll, 100 of each fused, 50 NCCL, 200 collectives, 300
-//! KernelBarrier and 100 overlap-op cycles; `WEFT_LEAK_CYCLES=1000`
-//! sets every count (issue #26's figure). On two H200s 1000 cycles took 2.5 s (GEMM), 28 s
+//! `weft test` runs 200 GEMM, 300 grpcoll, 100 of each fused, 50 NCCL, 200 collectives and 100
+//! overlap-op cycles; `WEFT_LEAK_CYCLES=1000`
+//! sets every count (issue #26's figure). Not cycled: KernelBarrier, whose allocations (a
+//! 4-byte device counter and a pinned host page) are far below the 4 MiB this check resolves,
+//! so a trial of it could not fail. On two H200s 1000 cycles took 2.5 s (GEMM), 28 s
 //! (grpcoll) and 13 s (fused ReduceScatter) with modules loaded once (d5de479; 26, 31 and 41 s
 //! before), 20 s (fused AllReduce) and 17 s (fused AllGather) at c132b8b, a NCCL cycle 1.2 s
 //! (its connections are set up each time, and the communicator made twice: a bounded init,
@@ -72,7 +71,6 @@ pub fn cases() -> Vec<Case> {
         Case::gpu("leaks::fused_all_gather_plans", fused_all_gather_plans),
         Case::gpu("leaks::nccl_communicators", nccl_communicators),
         Case::gpu("leaks::collectives", collectives),
-        Case::gpu("leaks::kernel_barriers", kernel_barriers),
         Case::gpu("leaks::overlap_ops", overlap_ops),
         Case::gpu("leaks::modules_load_once", modules_load_once),
     ]
@@ -462,27 +460,6 @@ fn collectives(job: &mut Job) -> anyhow::Result<()> {
                 .map_err(anyhow::Error::from),
             "slot_bytes 1000 must be a positive multiple of 16",
         )
-    })
-}
-
-fn kernel_barriers(job: &mut Job) -> anyhow::Result<()> {
-    use weft_barrier::{BarrierError, KernelBarrier};
-    let (ctx, stream) = gpu(job)?;
-    flat_over(job, "KernelBarrier", cycles(300)?, |_, _| {
-        let mut bar = KernelBarrier::new(&ctx)?;
-        let none = bar.expect(0)?;
-        bar.wait(&stream, none)?;
-        stream.synchronize()?;
-        bar.check()?;
-        // One arrival expected, none made: the wait gives up after its bound and reports.
-        bar.set_timeout(std::time::Duration::from_millis(1));
-        let never = bar.expect(1)?;
-        bar.wait(&stream, never)?;
-        stream.synchronize()?;
-        match bar.check() {
-            Err(BarrierError::TimedOut { .. }) => Ok(()),
-            other => anyhow::bail!("a wait nothing arrives for: expected TimedOut, got {other:?}"),
-        }
     })
 }
 

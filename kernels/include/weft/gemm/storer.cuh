@@ -4,7 +4,7 @@
 // wide box per run of rows where D's map allows: abi/gemm.h, "Wide stores"); then, when the launch
 // asks for tile signals, the per-tile flag.
 //
-// Signal ordering (DESIGN.md §2): every thread that issued a tile's TMA stores waits for its
+// Signal ordering (docs/DESIGN.md §2): every thread that issued a tile's TMA stores waits for its
 // bulk groups to COMPLETE (bulk_wait_group<0>, not .read) and orders the async-proxy writes before
 // generic-proxy operations (fence.proxy.async.global); after a barrier the warpgroup's leader hands
 // the GPU-scope release that adds to the tile's flag or its wave group's counter to the consumer's
