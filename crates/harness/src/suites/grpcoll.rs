@@ -43,8 +43,9 @@ pub(super) enum Via {
 impl Via {
     fn transport(self) -> Transport {
         match self {
+            Via::Native => Transport::Push,
             Via::NativePull => Transport::Pull,
-            _ => Transport::Push,
+            Via::AllToAllV => Transport::Auto,
         }
     }
     /// The fewest SMs the path runs on.
