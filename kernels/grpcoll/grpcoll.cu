@@ -340,14 +340,14 @@ __device__ __forceinline__ void pull_rows(const weft_grpcoll_params& p, const we
 // when stored.
 constexpr int kSingleUnroll = 4;
 
-template <typename In, typename Out, int VEC, int kUnroll = kSingleUnroll>
+template <typename In, typename Out, int VEC>
 __device__ __forceinline__ void pull_single(const weft_grpcoll_params& p, const weft_grpcoll_tensor& t,
                                             const weft_grpcoll_item& s, const weft_pgl_view& src_view) {
   using Acc = typename AccOf<Out>::T;
   using PI = Pack<In, VEC>;
   using PO = Pack<Out, VEC>;
   // Half as many when the output is wider than the input (its stores hold more registers).
-  constexpr int U = sizeof(Out) > sizeof(In) ? kUnroll / 2 : kUnroll;
+  constexpr int U = sizeof(Out) > sizeof(In) ? kSingleUnroll / 2 : kSingleUnroll;
   const bool accumulate = has(p, WEFT_GRPCOLL_ACCUMULATE);
   // Rows are contiguous on both sides: the item is one run of rows x row_elems elements.
   const PI* src = reinterpret_cast<const PI*>(base<const In>(src_view, s.peer[0]) + uint64_t(s.peer_row[0]) * t.row_elems);
@@ -383,12 +383,12 @@ __device__ __forceinline__ void pull_single(const weft_grpcoll_params& p, const 
 // accumulators take 32 bytes or more: 8 floats for 16-bit data, 8 doubles for bf16 -> f64) and
 // kPullBatch sources per batch, which keeps every instance within 128 registers (512 threads)
 // without spills.
-template <typename In, typename Out, int VEC, int kUnroll = kSingleUnroll>
+template <typename In, typename Out, int VEC>
 __device__ __forceinline__ void pull_item(const weft_grpcoll_params& p, const weft_grpcoll_tensor& t,
                                           const weft_grpcoll_item& s, const weft_pgl_view& src_view,
                                           const weft_pgl_view& lse_view) {
   if (s.npeers == 1 && p.op != WEFT_GRPCOLL_OP_LSE) {
-    pull_single<In, Out, VEC, kUnroll>(p, t, s, src_view);
+    pull_single<In, Out, VEC>(p, t, s, src_view);
   } else {
     pull_rows<In, Out, VEC, (sizeof(typename AccOf<Out>::T) * VEC >= 16 ? 1 : 2), kPullBatch>(p, t, s, src_view,
                                                                                              lse_view);
@@ -475,10 +475,7 @@ __device__ __forceinline__ void pull(const weft_grpcoll_params& p) {
 template <typename A, typename B> struct SameType { static constexpr bool value = false; };
 template <typename A> struct SameType<A, A> { static constexpr bool value = true; };
 
-// Vectors in flight per lane: a pushing SM needs about 64 KiB of stores in flight to keep its
-// share of NVLink busy, a reducing one as many loads from local memory.
-constexpr int kPushConvertUnroll = 8;
-constexpr int kLocalSingleUnroll = 4;
+constexpr int kPushConvertUnroll = 4;
 
 // Piece `piece` of `pieces` of item `s` (contiguous vectors; rows are contiguous on both sides),
 // copied by one warp: this rank's input (Out) to every destination's receive staging (In) at
@@ -488,8 +485,8 @@ __device__ __forceinline__ void push_piece(const weft_grpcoll_tensor& t, const w
                                            uint32_t pieces) {
   using PI = Pack<In, VEC>;
   using PO = Pack<Out, VEC>;
-  // Fewer when the data is wider than the communication dtype (its loads hold more registers).
-  constexpr int U = int(kPushConvertUnroll * sizeof(In) / sizeof(Out)) > 0 ? int(kPushConvertUnroll * sizeof(In) / sizeof(Out)) : 1;
+  // Half as many when the data is wider than the communication dtype (its loads hold more registers).
+  constexpr int U = sizeof(Out) > sizeof(In) ? kPushConvertUnroll / 2 : kPushConvertUnroll;
   const uint32_t lane = threadIdx.x % 32;
   // An item is one chunk (about 64 KiB, or one row): its vector count fits 32 bits.
   const uint32_t n = s.rows * (t.row_elems / VEC);
@@ -580,7 +577,7 @@ __device__ __forceinline__ void push_reduce(const weft_grpcoll_params& p) {
     const weft_grpcoll_item& s = items[it];
     wait_pushed(p, s);
     for (uint32_t t = 0; t < p.ntensors; ++t)
-      pull_item<In, Out, VEC, kLocalSingleUnroll>(p, p.tensor[t], s, p.tensor[t].staging, p.staging_lse);
+      pull_item<In, Out, VEC>(p, p.tensor[t], s, p.tensor[t].staging, p.staging_lse);
     if (lse) {
       // Every thread has read the item's old output lse (accumulate) before any is rewritten.
       __syncthreads();

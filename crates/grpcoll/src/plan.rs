@@ -26,8 +26,9 @@ use weft_sync::{Counters, WaitBudget};
 
 const PUSH_THREADS: u32 = 1024;
 const PULL_THREADS: u32 = 512;
-/// Push-reduce: one block reduces beside this many pushing (at least one of each).
-const PUSH_BLOCKS_PER_REDUCER: u32 = 1;
+/// Push-reduce: one block of this many reduces beside the others' pushes (at least one of each):
+/// a block reducing from local memory keeps up with about three pushing over NVLink.
+const PUSH_BLOCKS_PER_REDUCER: u32 = 3;
 
 fn op_name(code: u64) -> &'static str {
     match code {
@@ -1091,7 +1092,7 @@ mod tests {
                 push_blocks(96),
                 push_blocks(132)
             ),
-            (1, 12, 48, 66)
+            (1, 18, 72, 99)
         );
     }
 
