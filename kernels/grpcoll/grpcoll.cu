@@ -452,8 +452,7 @@ __device__ __forceinline__ void pull(const weft_grpcoll_params& p) {
 // ---- push-reduce (GroupReduce: pushed into the owners' receive staging, reduced there) ----
 //
 // Blocks [0, push_blocks) push: each takes push items (a chunk of one input split and its
-// destinations: one for a reduce) in list order, which the plan sorted by where each chunk sits
-// in its destination's reduce list, so chunks land about in the order they are reduced; warp w of the block copies
+// destinations: one for a reduce) in the rank-rotated interleaved walk; warp w of the block copies
 // piece w of the item (its vectors cut into as many contiguous pieces as the block has warps),
 // narrowing the rows to the communication dtype into every destination's receive staging (and
 // the lse rows into staging_lse), then its lane 0 adds 1 to each destination's flag at the chunk's
@@ -559,9 +558,11 @@ __device__ __forceinline__ void push_reduce(const weft_grpcoll_params& p) {
   cross_barrier(p, WEFT_GRPCOLL_BAR_BEFORE, false);
   const bool lse = p.op == WEFT_GRPCOLL_OP_LSE;
   if (blockIdx.x < p.push_blocks) {
-    const uint32_t n = p.nitems, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    // In list order: the plan sorted it by where each chunk is reduced (PushReduceLists).
-    for (uint32_t it = blockIdx.x; it < n; it += p.push_blocks) {
+    const uint32_t n = p.nitems, world = uint32_t(p.bar.view.world), rank = uint32_t(p.bar.view.rank);
+    const uint32_t warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    for (uint32_t j = blockIdx.x; j < weft_grpcoll_walk_length(n, world); j += p.push_blocks) {
+      const uint32_t it = weft_grpcoll_walk_item(j, n, world, rank, 1u);
+      if (it >= n) continue;
       const weft_grpcoll_item& s = item(p, it);
       for (uint32_t t = 0; t < p.ntensors; ++t) push_piece<In, Out, VEC>(p.tensor[t], s, warp, warps);
       if (lse) push_lse_piece(p, s, warp, warps);

@@ -76,11 +76,7 @@ impl Path {
 
 /// Blocks of a push-reduce launch of `sms` blocks that push (the rest reduce): at least one of each.
 fn push_blocks(sms: u32) -> u32 {
-    let per = std::env::var("WEFT_GRPCOLL_PUSHERS_PER_REDUCER")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        .unwrap_or(PUSH_BLOCKS_PER_REDUCER);
-    (sms - sms.div_ceil(per + 1)).max(1)
+    (sms - sms.div_ceil(PUSH_BLOCKS_PER_REDUCER + 1)).max(1)
 }
 
 /// One tensor of a plan.

@@ -203,35 +203,6 @@ impl PushReduceLists {
                 .take(it.npeers as usize)
                 .for_each(|p| *p = rank as i32);
         }
-        // Pushed in the order the destinations reduce: each destination's reducers take their
-        // items in list order, so every source sends its chunks sorted by where their item sits in
-        // the destination's list, as a fraction of that list (all destinations advance together).
-        let positions: Vec<HashMap<usize, f64>> = (0..world)
-            .map(|d| {
-                let at = &layouts[d].0;
-                let splits = transfers
-                    .iter()
-                    .filter(|t| t.dst == d)
-                    .map(|t| t.dst_split + 1)
-                    .max()
-                    .unwrap_or(0);
-                let list = pull_items(transfers, d, splits, chunk, |t| at[&(t.src, t.dst_split)]);
-                let n = list.len().max(1) as f64;
-                list.iter()
-                    .enumerate()
-                    .flat_map(|(i, it)| {
-                        (0..it.npeers as usize)
-                            .map(move |k| (it.peer_row[k] as usize, i as f64 / n))
-                    })
-                    .collect()
-            })
-            .collect();
-        let key = |it: &weft_grpcoll_item| {
-            (0..it.npeers as usize)
-                .map(|k| positions[it.peer[k] as usize][&(it.peer_row[k] as usize)])
-                .fold(f64::INFINITY, f64::min)
-        };
-        push.sort_by(|a, b| key(a).total_cmp(&key(b)));
         Self {
             push,
             reduce,
