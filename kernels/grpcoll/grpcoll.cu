@@ -452,52 +452,45 @@ __device__ __forceinline__ void pull(const weft_grpcoll_params& p) {
 // ---- push-reduce (GroupReduce: pushed into the owners' receive staging, reduced there) ----
 //
 // Blocks [0, push_blocks) push: each takes push items (a chunk of one input split and its
-// destinations: one for a reduce) in the rank-rotated interleaved walk; warp w of the block copies
-// piece w of the item (its vectors cut into as many contiguous pieces as the block has warps),
-// narrowing the rows to the communication dtype into every destination's receive staging (and
-// the lse rows into staging_lse), then its lane 0 adds 1 to each destination's flag at the chunk's
-// first staging row (after __syncwarp: a release at system scope that covers the warp's stores).
-// Warps go on to their next piece without waiting for each other: a release stalls only its own
-// warp while its stores drain over NVLink, and the block's other warps keep the link busy. After
-// launch r of the plan (push_round = r) every flag of a chunk holds r x (warps per block). Blocks
-// [push_blocks, gridDim.x) reduce: each takes reduce items in order, waits (thread 0, bounded) until
-// every source chunk's flag holds push_round x warps, then reduces them from this rank's own
-// staging into the output exactly as the pull kernels reduce their sources. Pushers never wait
-// after the first barrier, so with every block resident (the plan's assumption) every wait ends.
+// destinations: one for a reduce) in the rank-rotated interleaved walk, narrows the rows to the
+// communication dtype while it copies them into every destination's receive staging (and the
+// lse rows into staging_lse), then thread 0 publishes each destination's flag at the chunk's first
+// staging row with this launch's epoch (after __syncthreads: a release at system scope that
+// covers the block's stores). Blocks [push_blocks, gridDim.x) reduce: each takes reduce items in
+// order, waits (thread 0, bounded) until every source chunk's flag holds the epoch, then reduces
+// them from this rank's own staging into the output exactly as the pull kernels reduce their
+// sources. Pushers never wait after the first barrier, so with every block resident (the plan's
+// assumption) every wait ends.
 //
 // Ordering: the BEFORE barrier (block b meets block b of every rank) means every rank's stream has
 // reached this launch, so its previous launch — whose reducers read its staging — has completed
 // and the pushes may overwrite it. No END barrier: when this rank's launch completes its reducers
 // have seen every chunk pushed into it (the flags' acquire), and its pushers read only its own
-// input. Flags only rise: an earlier launch's count never satisfies a later wait.
+// input. Flags hold epochs, which only rise: an earlier launch's flag never satisfies a later wait.
 
 template <typename A, typename B> struct SameType { static constexpr bool value = false; };
 template <typename A> struct SameType<A, A> { static constexpr bool value = true; };
 
 constexpr int kPushConvertUnroll = 4;
 
-// Piece `piece` of `pieces` of item `s` (contiguous vectors; rows are contiguous on both sides),
-// copied by one warp: this rank's input (Out) to every destination's receive staging (In) at
-// rows [peer_row[k], + rows), narrowed once (a plain copy when In is Out).
+// Rows [s.row, + s.rows) of this rank's input (Out) to rows [peer_row[k], + rows) of every
+// destination's receive staging (In), narrowed once (a plain copy when In is Out).
 template <typename In, typename Out, int VEC>
-__device__ __forceinline__ void push_piece(const weft_grpcoll_tensor& t, const weft_grpcoll_item& s, uint32_t piece,
-                                           uint32_t pieces) {
+__device__ __forceinline__ void push_converted(const weft_grpcoll_tensor& t, const weft_grpcoll_item& s) {
   using PI = Pack<In, VEC>;
   using PO = Pack<Out, VEC>;
   // Half as many when the data is wider than the communication dtype (its loads hold more registers).
   constexpr int U = sizeof(Out) > sizeof(In) ? kPushConvertUnroll / 2 : kPushConvertUnroll;
-  const uint32_t lane = threadIdx.x % 32;
-  // An item is one chunk (about 64 KiB, or one row): its vector count fits 32 bits.
-  const uint32_t n = s.rows * (t.row_elems / VEC);
-  const uint32_t lo = uint32_t(uint64_t(n) * piece / pieces), hi = uint32_t(uint64_t(n) * (piece + 1) / pieces);
   const PO* src = reinterpret_cast<const PO*>(base<const Out>(t.input, t.input.rank) + uint64_t(s.row) * t.row_elems);
+  // An item is one chunk (at most a few MiB, or one row): its vector count fits 32 bits.
+  const uint32_t n = s.rows * (t.row_elems / VEC);
   const uint32_t npeers = s.npeers;
-  for (uint32_t i0 = lo + lane; i0 < hi; i0 += 32 * U) {
+  for (uint32_t i0 = threadIdx.x; i0 < n; i0 += blockDim.x * U) {
     PO x[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const uint32_t i = i0 + u * 32;
-      if (i < hi) x[u] = src[i];
+      const uint32_t i = i0 + u * blockDim.x;
+      if (i < n) x[u] = src[i];
     }
     PI y[U];
 #pragma unroll
@@ -513,37 +506,31 @@ __device__ __forceinline__ void push_piece(const weft_grpcoll_tensor& t, const w
       PI* dst = reinterpret_cast<PI*>(base<In>(t.staging, s.peer[k]) + uint64_t(s.peer_row[k]) * t.row_elems);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const uint32_t i = i0 + u * 32;
-        if (i < hi) dst[i] = y[u];
+        const uint32_t i = i0 + u * blockDim.x;
+        if (i < n) dst[i] = y[u];
       }
     }
   }
 }
 
-// Piece `piece` of `pieces` of the item's lse values (f32, lse_per_row a row) to every
-// destination's staging_lse, by one warp.
-__device__ __forceinline__ void push_lse_piece(const weft_grpcoll_params& p, const weft_grpcoll_item& s, uint32_t piece,
-                                               uint32_t pieces) {
+// The item's lse rows (f32, lse_per_row each) to every destination's staging_lse.
+__device__ __forceinline__ void push_lse(const weft_grpcoll_params& p, const weft_grpcoll_item& s) {
   const float* src = base<const float>(p.input_lse, p.input_lse.rank) + uint64_t(s.row) * p.lse_per_row;
   const uint32_t n = s.rows * p.lse_per_row;
-  const uint32_t lo = uint32_t(uint64_t(n) * piece / pieces), hi = uint32_t(uint64_t(n) * (piece + 1) / pieces);
-  for (uint32_t i = lo + threadIdx.x % 32; i < hi; i += 32) {
+  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
     const float v = src[i];
     for (uint32_t k = 0; k < s.npeers; ++k)
       base<float>(p.staging_lse, s.peer[k])[uint64_t(s.peer_row[k]) * p.lse_per_row + i] = v;
   }
 }
 
-// Thread 0 waits until every source chunk of reduce item `s` has all its pieces of this launch
-// (flag >= push_round x pieces); then the whole block may read them (bar.sync extends the acquire
-// to the block).
+// Thread 0 waits until every source chunk of reduce item `s` has been published in this launch;
+// then the whole block may read them (bar.sync extends the acquire to the block).
 __device__ __forceinline__ void wait_pushed(const weft_grpcoll_params& p, const weft_grpcoll_item& s) {
   if (threadIdx.x < 32) {
     uint32_t seen = 0;
     if (threadIdx.x == 0) {
-      const uint64_t expected = p.push_round * (blockDim.x / 32);
-      for (uint32_t k = 0; k < s.npeers; ++k)
-        wait(p.pushed, coord4(0, 0, 0, s.peer_row[k]), p.pushed.view.rank, expected);
+      for (uint32_t k = 0; k < s.npeers; ++k) wait(p.pushed, coord4(0, 0, 0, s.peer_row[k]), p.pushed.view.rank, p.epoch);
       seen = 1;
     }
     // Warp 0 reconverges before the CTA barrier (see cross_barrier).
@@ -559,16 +546,15 @@ __device__ __forceinline__ void push_reduce(const weft_grpcoll_params& p) {
   const bool lse = p.op == WEFT_GRPCOLL_OP_LSE;
   if (blockIdx.x < p.push_blocks) {
     const uint32_t n = p.nitems, world = uint32_t(p.bar.view.world), rank = uint32_t(p.bar.view.rank);
-    const uint32_t warp = threadIdx.x / 32, warps = blockDim.x / 32;
     for (uint32_t j = blockIdx.x; j < weft_grpcoll_walk_length(n, world); j += p.push_blocks) {
       const uint32_t it = weft_grpcoll_walk_item(j, n, world, rank, 1u);
-      if (it >= n) continue;
+      if (it >= n) continue;  // uniform across the block
       const weft_grpcoll_item& s = item(p, it);
-      for (uint32_t t = 0; t < p.ntensors; ++t) push_piece<In, Out, VEC>(p.tensor[t], s, warp, warps);
-      if (lse) push_lse_piece(p, s, warp, warps);
-      __syncwarp();
-      if (threadIdx.x % 32 == 0)
-        for (uint32_t k = 0; k < s.npeers; ++k) signal(p.pushed, coord4(0, 0, 0, s.peer_row[k]), s.peer[k], 1);
+      for (uint32_t t = 0; t < p.ntensors; ++t) push_converted<In, Out, VEC>(p.tensor[t], s);
+      if (lse) push_lse(p, s);
+      __syncthreads();
+      if (threadIdx.x == 0)
+        for (uint32_t k = 0; k < s.npeers; ++k) publish(p.pushed, coord4(0, 0, 0, s.peer_row[k]), s.peer[k], p.epoch);
     }
     return;
   }

@@ -100,8 +100,6 @@ pub(crate) struct PushReduce {
     pub(crate) reduce_items: Items,
     /// The pull kernel, for the baseline's convert and scatter-reduce launches.
     pub(crate) pull: CudaFunction,
-    /// Push-reduce launches so far (the flags' count is this times the warps of a block).
-    pub(crate) rounds: u64,
 }
 
 /// What both collectives share: metadata, buffers, counters, kernels and work lists.
@@ -613,7 +611,6 @@ impl<T: PglElement> Core<T> {
                 staging_lse,
                 reduce_items,
                 pull,
-                rounds: 0,
             }),
             _ => None,
         };
@@ -779,10 +776,8 @@ impl<T: PglElement> Core<T> {
         p.bar = self.counters.device()?;
         p.epoch = base + 1;
         p.flags = WEFT_GRPCOLL_SYNCED | WEFT_GRPCOLL_TRANSFER;
-        if let Some(pr) = &mut self.push_reduce {
+        if let Some(pr) = &self.push_reduce {
             // The tensors' staging is their receive staging (params), narrowed by the pushers.
-            pr.rounds += 1;
-            p.push_round = pr.rounds;
             p.pushed = weft_sync_counters {
                 view: pr.flags.view(),
                 bound: p.bar.bound,

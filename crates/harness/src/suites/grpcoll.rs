@@ -43,9 +43,8 @@ pub(super) enum Via {
 impl Via {
     fn transport(self) -> Transport {
         match self {
-            Via::Native => Transport::Push,
             Via::NativePull => Transport::Pull,
-            Via::AllToAllV => Transport::Auto,
+            _ => Transport::Push,
         }
     }
     /// The fewest SMs the path runs on.

@@ -101,15 +101,13 @@ typedef struct weft_grpcoll_params {
   uint32_t reserved;
   // Push-reduce kernels (weft_grpcoll_push_reduce_*) only; zero elsewhere. Blocks below
   // push_blocks push `items` (rows of this rank's input, narrowed to the communication dtype,
-  // into every destination's receive staging: tensor[t].staging, and staging_lse for op LSE), each
-  // warp a piece of every item, and add 1 per piece to `pushed` at (0, 0, 0, the chunk's first
-  // staging row) on the destination; the other blocks take `reduce_items` (pull items over this
-  // rank's own staging: every peer[k] is this rank), each once its sources' flags hold
-  // push_round x (warps per block).
+  // into every destination's receive staging: tensor[t].staging, and staging_lse for op LSE), then
+  // publish `pushed` at (0, 0, 0, the chunk's first staging row) on the destination with the
+  // launch's epoch; the other blocks take `reduce_items` (pull items over this rank's own
+  // staging: every peer[k] is this rank), each after its sources' flags reached the epoch.
   weft_sync_counters pushed; // the flags: (1, 1, 1, receive staging rows), the plan's error slot and bound
   weft_pgl_view staging_lse; // op LSE: f32, lse_per_row per receive staging row
   uint64_t reduce_items;     // device address of reduce_nitems weft_grpcoll_item
-  uint64_t push_round;       // this launch's number among the plan's push-reduce launches, from 1
   uint32_t reduce_nitems;
   uint32_t push_blocks;      // 1 to gridDim.x - 1
 } weft_grpcoll_params;
