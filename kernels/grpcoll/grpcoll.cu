@@ -239,13 +239,14 @@ struct LseRun {
 // time (U x KB loads in flight per thread).
 template <typename In, typename Out, int VEC, int U, int KB>
 __device__ __forceinline__ void pull_rows(const weft_grpcoll_params& p, const weft_grpcoll_tensor& t,
-                                          const weft_grpcoll_item& s, const weft_pgl_view& src_view,
-                                          const weft_pgl_view& lse_view) {
+                                          const weft_grpcoll_item& s) {
   using Acc = typename AccOf<Out>::T;
   using PI = Pack<In, VEC>;
   using PO = Pack<Out, VEC>;
+  const bool convert = has(p, WEFT_GRPCOLL_CONVERT);
   const bool accumulate = has(p, WEFT_GRPCOLL_ACCUMULATE);
   const bool lse = p.op == WEFT_GRPCOLL_OP_LSE;
+  const weft_pgl_view& src_view = convert ? t.staging : t.input;
   const uint32_t vpr = t.row_elems / VEC;
   const uint32_t group = lse ? t.row_elems / p.lse_per_row : t.row_elems;
   Out* out = base<Out>(t.output, t.output.rank);
@@ -289,7 +290,7 @@ __device__ __forceinline__ void pull_rows(const weft_grpcoll_params& p, const we
           const uint32_t k = k0 + kk;
           if (live[u] && k < npeers) {
             const uint64_t row = uint64_t(s.peer_row[k]) + r[u];
-            if (lse) l[u][kk] = base<const float>(lse_view, s.peer[k])[row * p.lse_per_row + col[u] / group];
+            if (lse) l[u][kk] = base<const float>(p.input_lse, s.peer[k])[row * p.lse_per_row + col[u] / group];
             x[u][kk] = *reinterpret_cast<const PI*>(base<const In>(src_view, s.peer[k]) + row * t.row_elems + col[u]);
           }
         }
@@ -342,12 +343,13 @@ constexpr int kSingleUnroll = 4;
 
 template <typename In, typename Out, int VEC>
 __device__ __forceinline__ void pull_single(const weft_grpcoll_params& p, const weft_grpcoll_tensor& t,
-                                            const weft_grpcoll_item& s, const weft_pgl_view& src_view) {
+                                            const weft_grpcoll_item& s) {
   using Acc = typename AccOf<Out>::T;
   using PI = Pack<In, VEC>;
   using PO = Pack<Out, VEC>;
   // Half as many when the output is wider than the input (its stores hold more registers).
   constexpr int U = sizeof(Out) > sizeof(In) ? kSingleUnroll / 2 : kSingleUnroll;
+  const weft_pgl_view& src_view = has(p, WEFT_GRPCOLL_CONVERT) ? t.staging : t.input;
   const bool accumulate = has(p, WEFT_GRPCOLL_ACCUMULATE);
   // Rows are contiguous on both sides: the item is one run of rows x row_elems elements.
   const PI* src = reinterpret_cast<const PI*>(base<const In>(src_view, s.peer[0]) + uint64_t(s.peer_row[0]) * t.row_elems);
@@ -378,28 +380,23 @@ __device__ __forceinline__ void pull_single(const weft_grpcoll_params& p, const 
   }
 }
 
-// One item of one tensor, its sources' rows in `src_view` (their lse in `lse_view`): the
-// single-source path, or the general one with U vectors per step (2, or 1 when a vector's
-// accumulators take 32 bytes or more: 8 floats for 16-bit data, 8 doubles for bf16 -> f64) and
-// kPullBatch sources per batch, which keeps every instance within 128 registers (512 threads)
-// without spills.
+// One item of one tensor: the single-source path, or the general one with U vectors per step (2,
+// or 1 when a vector's accumulators take 32 bytes or more: 8 floats for 16-bit data, 8 doubles
+// for bf16 -> f64) and kPullBatch sources per batch, which keeps every instance within 128
+// registers (512 threads) without spills.
 template <typename In, typename Out, int VEC>
 __device__ __forceinline__ void pull_item(const weft_grpcoll_params& p, const weft_grpcoll_tensor& t,
-                                          const weft_grpcoll_item& s, const weft_pgl_view& src_view,
-                                          const weft_pgl_view& lse_view) {
+                                          const weft_grpcoll_item& s) {
   if (s.npeers == 1 && p.op != WEFT_GRPCOLL_OP_LSE) {
-    pull_single<In, Out, VEC>(p, t, s, src_view);
+    pull_single<In, Out, VEC>(p, t, s);
   } else {
-    pull_rows<In, Out, VEC, (sizeof(typename AccOf<Out>::T) * VEC >= 16 ? 1 : 2), kPullBatch>(p, t, s, src_view,
-                                                                                             lse_view);
+    pull_rows<In, Out, VEC, (sizeof(typename AccOf<Out>::T) * VEC >= 16 ? 1 : 2), kPullBatch>(p, t, s);
   }
 }
 
-// The lse of one item's rows (sources' lse in `lse_view`), after its data (which read the old
-// output lse when accumulating).
+// The lse of one item's rows, after its data (which read the old output lse when accumulating).
 template <typename Acc>
-__device__ __forceinline__ void pull_lse(const weft_grpcoll_params& p, const weft_grpcoll_item& s,
-                                         const weft_pgl_view& lse_view) {
+__device__ __forceinline__ void pull_lse(const weft_grpcoll_params& p, const weft_grpcoll_item& s) {
   float* out_lse = base<float>(p.output_lse, p.output_lse.rank);
   const uint64_t n = uint64_t(s.rows) * p.lse_per_row;
   for (uint64_t j = threadIdx.x; j < n; j += blockDim.x) {
@@ -409,7 +406,7 @@ __device__ __forceinline__ void pull_lse(const weft_grpcoll_params& p, const wef
     float* dst = out_lse + (s.row + r) * p.lse_per_row + h;
     if (has(p, WEFT_GRPCOLL_ACCUMULATE)) run.add(*dst, scale, w);
     for (uint32_t k = 0; k < s.npeers; ++k)
-      run.add(base<const float>(lse_view, s.peer[k])[(s.peer_row[k] + r) * p.lse_per_row + h], scale, w);
+      run.add(base<const float>(p.input_lse, s.peer[k])[(s.peer_row[k] + r) * p.lse_per_row + h], scale, w);
     *dst = float(run.lse());
   }
 }
@@ -424,12 +421,11 @@ __device__ __forceinline__ void pull(const weft_grpcoll_params& p) {
   if (synced) cross_barrier(p, WEFT_GRPCOLL_BAR_BEFORE, convert);
   const auto pull_one = [&](uint32_t it) {
     const weft_grpcoll_item& s = item(p, it);
-    for (uint32_t t = 0; t < p.ntensors; ++t)
-      pull_item<In, Out, VEC>(p, p.tensor[t], s, convert ? p.tensor[t].staging : p.tensor[t].input, p.input_lse);
+    for (uint32_t t = 0; t < p.ntensors; ++t) pull_item<In, Out, VEC>(p, p.tensor[t], s);
     if (p.op == WEFT_GRPCOLL_OP_LSE) {
       // Every thread has read the item's old output lse (accumulate) before any is rewritten.
       __syncthreads();
-      pull_lse<typename AccOf<Out>::T>(p, s, p.input_lse);
+      pull_lse<typename AccOf<Out>::T>(p, s);
     }
   };
   if constexpr (VEC > 1) {
@@ -446,130 +442,6 @@ __device__ __forceinline__ void pull(const weft_grpcoll_params& p) {
   if (synced) {
     __syncthreads();
     if (threadIdx.x == 0) barrier(p.bar, coord4(0, 0, WEFT_GRPCOLL_BAR_END, blockIdx.x), p.epoch);
-  }
-}
-
-// ---- push-reduce (GroupReduce: pushed into the owners' receive staging, reduced there) ----
-//
-// Blocks [0, push_blocks) push: each takes push items (a chunk of one input split and its
-// destinations: one for a reduce) in the rank-rotated interleaved walk, narrows the rows to the
-// communication dtype while it copies them into every destination's receive staging (and the
-// lse rows into staging_lse), then thread 0 publishes each destination's flag at the chunk's first
-// staging row with this launch's epoch (after __syncthreads: a release at system scope that
-// covers the block's stores). Blocks [push_blocks, gridDim.x) reduce: each takes reduce items in
-// order, waits (thread 0, bounded) until every source chunk's flag holds the epoch, then reduces
-// them from this rank's own staging into the output exactly as the pull kernels reduce their
-// sources. Pushers never wait after the first barrier, so with every block resident (the plan's
-// assumption) every wait ends.
-//
-// Ordering: the BEFORE barrier (block b meets block b of every rank) means every rank's stream has
-// reached this launch, so its previous launch — whose reducers read its staging — has completed
-// and the pushes may overwrite it. No END barrier: when this rank's launch completes its reducers
-// have seen every chunk pushed into it (the flags' acquire), and its pushers read only its own
-// input. Flags hold epochs, which only rise: an earlier launch's flag never satisfies a later wait.
-
-template <typename A, typename B> struct SameType { static constexpr bool value = false; };
-template <typename A> struct SameType<A, A> { static constexpr bool value = true; };
-
-constexpr int kPushConvertUnroll = 4;
-
-// Rows [s.row, + s.rows) of this rank's input (Out) to rows [peer_row[k], + rows) of every
-// destination's receive staging (In), narrowed once (a plain copy when In is Out).
-template <typename In, typename Out, int VEC>
-__device__ __forceinline__ void push_converted(const weft_grpcoll_tensor& t, const weft_grpcoll_item& s) {
-  using PI = Pack<In, VEC>;
-  using PO = Pack<Out, VEC>;
-  // Half as many when the data is wider than the communication dtype (its loads hold more registers).
-  constexpr int U = sizeof(Out) > sizeof(In) ? kPushConvertUnroll / 2 : kPushConvertUnroll;
-  const PO* src = reinterpret_cast<const PO*>(base<const Out>(t.input, t.input.rank) + uint64_t(s.row) * t.row_elems);
-  // An item is one chunk (at most a few MiB, or one row): its vector count fits 32 bits.
-  const uint32_t n = s.rows * (t.row_elems / VEC);
-  const uint32_t npeers = s.npeers;
-  for (uint32_t i0 = threadIdx.x; i0 < n; i0 += blockDim.x * U) {
-    PO x[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const uint32_t i = i0 + u * blockDim.x;
-      if (i < n) x[u] = src[i];
-    }
-    PI y[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if constexpr (SameType<In, Out>::value) {
-        y[u] = x[u];
-      } else {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) y[u].v[e] = narrow<In>(widen(x[u].v[e]));
-      }
-    }
-    for (uint32_t k = 0; k < npeers; ++k) {
-      PI* dst = reinterpret_cast<PI*>(base<In>(t.staging, s.peer[k]) + uint64_t(s.peer_row[k]) * t.row_elems);
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const uint32_t i = i0 + u * blockDim.x;
-        if (i < n) dst[i] = y[u];
-      }
-    }
-  }
-}
-
-// The item's lse rows (f32, lse_per_row each) to every destination's staging_lse.
-__device__ __forceinline__ void push_lse(const weft_grpcoll_params& p, const weft_grpcoll_item& s) {
-  const float* src = base<const float>(p.input_lse, p.input_lse.rank) + uint64_t(s.row) * p.lse_per_row;
-  const uint32_t n = s.rows * p.lse_per_row;
-  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = src[i];
-    for (uint32_t k = 0; k < s.npeers; ++k)
-      base<float>(p.staging_lse, s.peer[k])[uint64_t(s.peer_row[k]) * p.lse_per_row + i] = v;
-  }
-}
-
-// Thread 0 waits until every source chunk of reduce item `s` has been published in this launch;
-// then the whole block may read them (bar.sync extends the acquire to the block).
-__device__ __forceinline__ void wait_pushed(const weft_grpcoll_params& p, const weft_grpcoll_item& s) {
-  if (threadIdx.x < 32) {
-    uint32_t seen = 0;
-    if (threadIdx.x == 0) {
-      for (uint32_t k = 0; k < s.npeers; ++k) wait(p.pushed, coord4(0, 0, 0, s.peer_row[k]), p.pushed.view.rank, p.epoch);
-      seen = 1;
-    }
-    // Warp 0 reconverges before the CTA barrier (see cross_barrier).
-    if (__shfl_sync(0xffffffffu, seen, 0) == 0) __trap();
-  }
-  __syncthreads();
-}
-
-template <typename In, typename Out, int VEC>
-__device__ __forceinline__ void push_reduce(const weft_grpcoll_params& p) {
-  weft::kernel_barrier_arrive(p.arrive);
-  cross_barrier(p, WEFT_GRPCOLL_BAR_BEFORE, false);
-  const bool lse = p.op == WEFT_GRPCOLL_OP_LSE;
-  if (blockIdx.x < p.push_blocks) {
-    const uint32_t n = p.nitems, world = uint32_t(p.bar.view.world), rank = uint32_t(p.bar.view.rank);
-    for (uint32_t j = blockIdx.x; j < weft_grpcoll_walk_length(n, world); j += p.push_blocks) {
-      const uint32_t it = weft_grpcoll_walk_item(j, n, world, rank, 1u);
-      if (it >= n) continue;  // uniform across the block
-      const weft_grpcoll_item& s = item(p, it);
-      for (uint32_t t = 0; t < p.ntensors; ++t) push_converted<In, Out, VEC>(p.tensor[t], s);
-      if (lse) push_lse(p, s);
-      __syncthreads();
-      if (threadIdx.x == 0)
-        for (uint32_t k = 0; k < s.npeers; ++k) publish(p.pushed, coord4(0, 0, 0, s.peer_row[k]), s.peer[k], p.epoch);
-    }
-    return;
-  }
-  const uint32_t reducers = gridDim.x - p.push_blocks, me = blockIdx.x - p.push_blocks;
-  const auto* items = reinterpret_cast<const weft_grpcoll_item*>(p.reduce_items);
-  for (uint32_t it = me; it < p.reduce_nitems; it += reducers) {
-    const weft_grpcoll_item& s = items[it];
-    wait_pushed(p, s);
-    for (uint32_t t = 0; t < p.ntensors; ++t)
-      pull_item<In, Out, VEC>(p, p.tensor[t], s, p.tensor[t].staging, p.staging_lse);
-    if (lse) {
-      // Every thread has read the item's old output lse (accumulate) before any is rewritten.
-      __syncthreads();
-      pull_lse<typename AccOf<Out>::T>(p, s, p.staging_lse);
-    }
   }
 }
 
@@ -593,25 +465,12 @@ WEFT_CAST(1)
       weft_grpcoll_reduce_##IN_NAME##_##OUT_NAME##_vN(const __grid_constant__ weft_grpcoll_params p) {    \
     pull<IN, OUT, 16 / sizeof(IN)>(p);                                                                    \
   }
-// weft_grpcoll_push_reduce_<in>_<out>_v<16 / sizeof(in)> and _v1: the same pairs, pushed.
-#define WEFT_PUSH_REDUCE(IN_NAME, IN, OUT_NAME, OUT)                                                       \
-  extern "C" __global__ void __launch_bounds__(512, 1)                                                    \
-      weft_grpcoll_push_reduce_##IN_NAME##_##OUT_NAME##_v1(const __grid_constant__ weft_grpcoll_params p) { \
-    push_reduce<IN, OUT, 1>(p);                                                                           \
-  }                                                                                                       \
-  extern "C" __global__ void __launch_bounds__(512, 1)                                                    \
-      weft_grpcoll_push_reduce_##IN_NAME##_##OUT_NAME##_vN(const __grid_constant__ weft_grpcoll_params p) { \
-    push_reduce<IN, OUT, 16 / sizeof(IN)>(p);                                                             \
-  }
-#define WEFT_REDUCE_KERNELS(IN_NAME, IN, OUT_NAME, OUT) \
-  WEFT_PULL(IN_NAME, IN, OUT_NAME, OUT)                 \
-  WEFT_PUSH_REDUCE(IN_NAME, IN, OUT_NAME, OUT)
-WEFT_REDUCE_KERNELS(bf16, bf16, bf16, bf16)
-WEFT_REDUCE_KERNELS(f16, f16, f16, f16)
-WEFT_REDUCE_KERNELS(f32, float, f32, float)
-WEFT_REDUCE_KERNELS(f64, double, f64, double)
-WEFT_REDUCE_KERNELS(bf16, bf16, f32, float)
-WEFT_REDUCE_KERNELS(f16, f16, f32, float)
-WEFT_REDUCE_KERNELS(bf16, bf16, f64, double)
-WEFT_REDUCE_KERNELS(f16, f16, f64, double)
-WEFT_REDUCE_KERNELS(f32, float, f64, double)
+WEFT_PULL(bf16, bf16, bf16, bf16)
+WEFT_PULL(f16, f16, f16, f16)
+WEFT_PULL(f32, float, f32, float)
+WEFT_PULL(f64, double, f64, double)
+WEFT_PULL(bf16, bf16, f32, float)
+WEFT_PULL(f16, f16, f32, float)
+WEFT_PULL(bf16, bf16, f64, double)
+WEFT_PULL(f16, f16, f64, double)
+WEFT_PULL(f32, float, f64, double)

@@ -18,10 +18,7 @@ use weft_pgl::nccl::Communicator;
 use weft_pgl::PglElement;
 
 /// Per tensor: send and receive buffers in the communication dtype; and for op Lse, the lse's.
-/// A push-reduce plan converting to a narrower dtype also gets each tensor's converted input
-/// (its tensors' staging PGLs are receive staging; a pull plan converts into its staging PGLs).
 pub(crate) struct Staging {
-    converted: Vec<CudaSlice<u8>>,
     send: Vec<CudaSlice<u8>>,
     recv: Vec<CudaSlice<u8>>,
     lse: Option<(CudaSlice<u8>, CudaSlice<u8>)>,
@@ -70,15 +67,7 @@ impl<T: PglElement> Core<T> {
                 .map(|t| t.row_elems * self.comm.size())
                 .collect();
             let lse_bytes = self.op.lse_per_row() * 4;
-            let converts_locally = self.converts() && self.path == Path::PushReduce;
             self.staging = Some(Staging {
-                converted: match converts_locally {
-                    true => comm_rows
-                        .iter()
-                        .map(|b| s.alloc_zeros::<u8>((self.input_rows * b).max(1)))
-                        .collect::<Result<_, _>>()?,
-                    false => vec![],
-                },
                 send: comm_rows
                     .iter()
                     .map(|b| s.alloc_zeros::<u8>((sends * b).max(1)))
@@ -115,28 +104,11 @@ impl<T: PglElement> Core<T> {
             .collect();
         let lse_bytes = self.op.lse_per_row() * 4;
 
-        // Convert: this rank's inputs into its staging PGLs (pull) or local buffers (push-reduce)
-        // in the communication dtype, by the pull kernel's first phase.
-        let converted = |t: usize| -> Option<weft_pgl_view> {
-            match (st.converted.get(t), &self.tensors[t].staging) {
-                (Some(c), _) => Some(local_view(
-                    ptr(c),
-                    rank,
-                    world,
-                    self.input_rows,
-                    comm_bytes[t],
-                )),
-                (None, Some(s)) if self.converts() => Some(s.view()),
-                _ => None,
-            }
-        };
+        // Convert: this rank's inputs into its staging PGLs in the communication dtype.
         if self.converts() {
             let mut p = self.params(&self.data_views(), &self.native_items);
-            for t in 0..self.tensors.len() {
-                p.tensor[t].staging = converted(t).unwrap();
-            }
             p.flags = WEFT_GRPCOLL_CONVERT;
-            self.launch(self.pull_fn(), &p, grid)?;
+            self.launch(&self.native, &p, grid)?;
         }
         // Range-gather: the rows each peer needs, packed per peer, in the communication dtype.
         let gather: Vec<_> = self
@@ -144,7 +116,7 @@ impl<T: PglElement> Core<T> {
             .iter()
             .enumerate()
             .map(|(t, tt)| {
-                let from = converted(t).unwrap_or(tt.input.view());
+                let from = tt.staging.as_ref().map_or(tt.input.view(), |s| s.view());
                 (
                     from,
                     local_view(ptr(&st.send[t]), rank, world, sends, comm_bytes[t]),
@@ -217,7 +189,7 @@ impl<T: PglElement> Core<T> {
                     p.input_lse = local_view(ptr(lr), rank, world, recvs, lse_bytes);
                     p.output_lse = ol.view();
                 }
-                self.launch(self.pull_fn(), &p, grid)
+                self.launch(&self.native, &p, grid)
             }
         }
     }

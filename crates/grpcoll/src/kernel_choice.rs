@@ -6,8 +6,6 @@
 //!   narrower communication dtype. `vN` loads 16 bytes of the comm dtype at a time and needs every
 //!   tensor's element group (the row, or the elements sharing one lse value) to be a multiple of
 //!   16 / size(comm); otherwise `v1`.
-//! - Push-reduce (`weft_grpcoll_push_reduce_{comm}_{data}_v{N,1}`): the same pairs and widths,
-//!   for `Transport::Push`.
 
 use crate::error::GrpcollError;
 use anyhow::bail;
@@ -47,27 +45,6 @@ pub(crate) fn pull_kernel_name(
     data: DType,
     groups: &[usize],
 ) -> anyhow::Result<String> {
-    reduce_kernel_name("weft_grpcoll_reduce", what, comm, data, groups)
-}
-
-/// The push-reduce kernel (`weft_grpcoll_push_reduce_{comm}_{data}_v{N,1}`): the same pairs and
-/// vector widths as the pull kernels.
-pub(crate) fn push_reduce_kernel_name(
-    what: &str,
-    comm: DType,
-    data: DType,
-    groups: &[usize],
-) -> anyhow::Result<String> {
-    reduce_kernel_name("weft_grpcoll_push_reduce", what, comm, data, groups)
-}
-
-fn reduce_kernel_name(
-    prefix: &str,
-    what: &str,
-    comm: DType,
-    data: DType,
-    groups: &[usize],
-) -> anyhow::Result<String> {
     if !PULL_PAIRS.contains(&(comm, data)) {
         if comm == data {
             bail!(GrpcollError::Options(format!(
@@ -88,7 +65,11 @@ fn reduce_kernel_name(
     } else {
         "v1"
     };
-    Ok(format!("{prefix}_{}_{}_{v}", comm.name(), data.name()))
+    Ok(format!(
+        "weft_grpcoll_reduce_{}_{}_{v}",
+        comm.name(),
+        data.name()
+    ))
 }
 
 #[cfg(test)]
@@ -160,8 +141,6 @@ mod tests {
         for (c, d) in PULL_PAIRS {
             for g in [1, 16] {
                 let name = pull_kernel_name("x", c, d, &[g]).unwrap();
-                assert!(has(&name), "{name}");
-                let name = push_reduce_kernel_name("x", c, d, &[g]).unwrap();
                 assert!(has(&name), "{name}");
             }
         }

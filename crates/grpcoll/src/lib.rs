@@ -4,9 +4,8 @@
 //! - [`GroupCast`]: input split i goes to every rank of `dst_indices[i]` (push: the sender reads
 //!   each split once and writes it to every destination's output at its final rows).
 //! - [`GroupReduce`]: output split j is the sum / average / lse-combination of the partials of
-//!   every rank in `src_indices[j]` (the senders push their partials into the receiver's staging,
-//!   the receiver reduces them and writes its rows once; or the receiver pulls them), fp32
-//!   accumulation (fp64 for f64 data), optionally into the existing output.
+//!   every rank in `src_indices[j]` (pull: the receiver reads its sources' partials and writes the
+//!   reduced rows once), fp32 accumulation (fp64 for f64 data), optionally into the existing output.
 //!
 //! A plan is built once, collectively, from this rank's metadata ([`GroupCastMeta`],
 //! [`GroupReduceMeta`]) and the row widths of up to three tensors that share it (packed
@@ -15,13 +14,8 @@
 //! then one kernel launch with no host synchronisation.
 //!
 //! A communication dtype narrower than the data ([`Options::comm_dtype`], e.g. f32 data sent as
-//! bf16) rounds every value to it once on the way; the receivers widen the narrow rows into their
-//! outputs, in the same kernel.
-//!
-//! GroupReduce (and GroupCast through a narrower communication dtype) has two transports
-//! ([`Options::transport`]): push (the default where it applies: the senders write their rows
-//! into the destinations' receive staging, the destinations reduce them from local memory chunk
-//! by chunk as they land) and pull (the receivers read their sources' rows over NVLink).
+//! bf16) makes the launch convert this rank's inputs into a staging PGL first (local memory), and
+//! the receivers pull the narrow rows and widen them into their outputs, in the same kernel.
 
 mod baseline;
 mod device_meta;
@@ -69,28 +63,6 @@ pub struct Options {
     /// Σ; `Avg`: out + Σ / n; `Lse`: the existing output and output lse take part in the
     /// combination as one more source).
     pub accumulate: bool,
-    /// How the native kernel moves the rows of a GroupReduce, or of a GroupCast through a
-    /// narrower communication dtype (a cast in its data dtype is always pushed).
-    pub transport: Transport,
-}
-
-/// Who moves the rows of a GroupReduce (and of a GroupCast through a narrower communication
-/// dtype) over NVLink.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Transport {
-    /// [`Transport::Push`] where it applies (host metadata, two SMs or more), else
-    /// [`Transport::Pull`].
-    #[default]
-    Auto,
-    /// The receivers read their sources' rows over NVLink and reduce them as they arrive, in one
-    /// pass; the senders first convert their rows into a staging PGL when the communication
-    /// dtype is narrower.
-    Pull,
-    /// The senders write their rows (narrowed on the way) into their destinations' receive
-    /// staging, a flag per chunk; the destinations' other blocks reduce each chunk from local
-    /// memory once its flags are up. Writes over NVLink keep the link full from fewer SMs than
-    /// reads. Host metadata only; at least two SMs (one pushes, one reduces).
-    Push,
 }
 
 /// GroupReduce's reduction.
@@ -160,11 +132,6 @@ macro_rules! common_methods {
         /// SMs (blocks) the native kernel uses.
         pub fn sms(&self) -> u32 {
             self.core.sms
-        }
-        /// How the native kernel moves the rows: [`Transport::Push`] or [`Transport::Pull`]
-        /// (what `Options::transport` resolved to).
-        pub fn transport(&self) -> Transport {
-            self.core.transport()
         }
         /// Every rank's matched transfers (the same list on every rank).
         pub fn transfers(&self) -> &[Transfer] {

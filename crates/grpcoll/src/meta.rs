@@ -186,12 +186,10 @@ pub(crate) struct Header {
     pub sms: u64,
     /// Device metadata: splits per side (0: host metadata).
     pub device_splits: u64,
-    /// The native path (`plan::Path` as a number), resolved from the transport asked for.
-    pub path: u64,
 }
 
 impl Header {
-    const FIELDS: [&'static str; 12] = [
+    const FIELDS: [&'static str; 11] = [
         "collective",
         "dtype",
         "communication dtype",
@@ -203,9 +201,8 @@ impl Header {
         "accumulate",
         "SM count",
         "device metadata capacity (splits)",
-        "native path",
     ];
-    fn values(&self) -> [u64; 12] {
+    fn values(&self) -> [u64; 11] {
         let [e0, e1, e2] = self.row_elems;
         [
             self.kind,
@@ -219,10 +216,9 @@ impl Header {
             self.accumulate,
             self.sms,
             self.device_splits,
-            self.path,
         ]
     }
-    fn from_values(v: [u64; 12]) -> Self {
+    fn from_values(v: [u64; 11]) -> Self {
         Header {
             kind: v[0],
             dtype: v[1],
@@ -233,7 +229,6 @@ impl Header {
             accumulate: v[8],
             sms: v[9],
             device_splits: v[10],
-            path: v[11],
         }
     }
 }
@@ -275,7 +270,7 @@ pub(crate) fn decode(bytes: &[u8]) -> anyhow::Result<(Header, Desc)> {
             ))
         })
     };
-    let mut values = [0u64; 12];
+    let mut values = [0u64; 11];
     for v in values.iter_mut() {
         *v = next()?;
     }
@@ -502,7 +497,6 @@ mod tests {
             accumulate: 0,
             sms: 24,
             device_splits: 0,
-            path: 0,
         };
         let d = cast(
             vec![2, 0, 3],
@@ -578,7 +572,6 @@ mod tests {
             accumulate: 1,
             sms: 24,
             device_splits: 0,
-            path: 0,
         };
         let h2 = Header {
             row_elems: [64, 0, 0],

@@ -5,10 +5,10 @@
 use crate::baseline::Staging;
 use crate::device_meta::{self, Capacity};
 use crate::error::GrpcollError;
-use crate::kernel_choice::{pull_kernel_name, push_kernel_name, push_reduce_kernel_name};
+use crate::kernel_choice::{pull_kernel_name, push_kernel_name};
 use crate::meta::{self, Desc, Header, Kind, Transfer};
-use crate::work::{chunk_rows, pull_items, push_items, BaselineLayout, Items, PushReduceLists};
-use crate::{Options, ReduceOp, Transport};
+use crate::work::{chunk_rows, pull_items, push_items, BaselineLayout, Items};
+use crate::{Options, ReduceOp};
 use anyhow::{bail, ensure, Context};
 use cudarc::driver::{
     sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
@@ -16,8 +16,8 @@ use cudarc::driver::{
 use std::sync::Arc;
 use weft_kernels::abi::{
     weft_grpcoll_layout_params, weft_grpcoll_layout_report, weft_grpcoll_params,
-    weft_grpcoll_tensor, weft_kernel_barrier_view, weft_pgl_view, weft_sync_counters,
-    WEFT_GRPCOLL_ACCUMULATE, WEFT_GRPCOLL_CONVERT, WEFT_GRPCOLL_SYNCED, WEFT_GRPCOLL_TRANSFER,
+    weft_grpcoll_tensor, weft_kernel_barrier_view, weft_pgl_view, WEFT_GRPCOLL_ACCUMULATE,
+    WEFT_GRPCOLL_CONVERT, WEFT_GRPCOLL_SYNCED, WEFT_GRPCOLL_TRANSFER,
 };
 use weft_kernels::cubins;
 use weft_pgl::Bootstrap;
@@ -26,9 +26,6 @@ use weft_sync::{Counters, WaitBudget};
 
 const PUSH_THREADS: u32 = 1024;
 const PULL_THREADS: u32 = 512;
-/// Push-reduce: one block of this many reduces beside the others' pushes (at least one of each):
-/// a block reducing from local memory keeps up with about three pushing over NVLink.
-const PUSH_BLOCKS_PER_REDUCER: u32 = 3;
 
 fn op_name(code: u64) -> &'static str {
     match code {
@@ -51,32 +48,6 @@ pub(crate) enum Path {
     Push,
     /// GroupReduce, or GroupCast through a narrower comm dtype: the receiver reads its sources.
     Pull,
-    /// The same, pushed (`Transport::Push`): the senders write into the destinations' receive
-    /// staging, the destinations reduce it from local memory as it lands.
-    PushReduce,
-}
-
-impl Path {
-    /// The number the ranks compare in their headers.
-    fn code(self) -> u64 {
-        match self {
-            Path::Push => 0,
-            Path::Pull => 1,
-            Path::PushReduce => 2,
-        }
-    }
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Path::Push => "push",
-            Path::Pull => "pull",
-            Path::PushReduce => "push-reduce",
-        }
-    }
-}
-
-/// Blocks of a push-reduce launch of `sms` blocks that push (the rest reduce): at least one of each.
-fn push_blocks(sms: u32) -> u32 {
-    (sms - sms.div_ceil(PUSH_BLOCKS_PER_REDUCER + 1)).max(1)
 }
 
 /// One tensor of a plan.
@@ -84,22 +55,8 @@ pub(crate) struct Tensor<T: PglElement> {
     pub(crate) row_elems: usize,
     pub(crate) input: Pgl<T>,
     pub(crate) output: Pgl<T>,
-    /// The native kernel's staging in the communication dtype: this rank's input converted
-    /// (pull, when the dtypes differ), or its receive staging (push-reduce: every source's rows,
-    /// `PushReduceLists::staging_rows`).
+    /// This rank's input in the communication dtype (when it differs from the data's).
     pub(crate) staging: Option<Pgl<u8>>,
-}
-
-/// Push-reduce's own buffers and lists besides the tensors' receive staging.
-pub(crate) struct PushReduce {
-    /// A u64 flag per receive staging row (each chunk's first row is used): the launch's epoch
-    /// once the chunk has landed.
-    pub(crate) flags: Pgl<u64>,
-    /// Op LSE: the sources' lse per receive staging row.
-    pub(crate) staging_lse: Option<Pgl<f32>>,
-    pub(crate) reduce_items: Items,
-    /// The pull kernel, for the baseline's convert and scatter-reduce launches.
-    pub(crate) pull: CudaFunction,
 }
 
 /// What both collectives share: metadata, buffers, counters, kernels and work lists.
@@ -122,8 +79,6 @@ pub(crate) struct Core<T: PglElement> {
     pub(crate) counters: Counters,
     pub(crate) native: CudaFunction,
     pub(crate) native_items: Items,
-    /// `Path::PushReduce` only.
-    pub(crate) push_reduce: Option<PushReduce>,
     /// Push kernel at the comm row widths (the baseline's gathers, and a push cast's scatter);
     /// and at the lse row width.
     pub(crate) copy_comm: CudaFunction,
@@ -172,8 +127,6 @@ pub(crate) fn kind_name(k: Kind) -> &'static str {
 }
 
 /// Local checks of the plan's arguments (before anything is allocated or exchanged).
-/// Returns the native path, the communication dtype and the pull kernel's name (None for a
-/// push cast); `device_meta`: the plan takes device-resident metadata.
 pub(crate) fn validate_args(
     kind: Kind,
     data: DType,
@@ -183,7 +136,6 @@ pub(crate) fn validate_args(
     sms: u32,
     device_sms: u32,
     ranks_on_gpu: u32,
-    device_meta: bool,
 ) -> anyhow::Result<(Path, DType, Option<String>)> {
     let what = kind_name(kind);
     if row_elems.is_empty() || row_elems.len() > crate::MAX_TENSORS {
@@ -240,27 +192,14 @@ pub(crate) fn validate_args(
             )));
         }
     }
-    let path = if kind == Kind::Cast && comm == data {
-        Path::Push
+    let path = if kind == Kind::Reduce || comm != data {
+        Path::Pull
     } else {
-        match opts.transport {
-            Transport::Pull => Path::Pull,
-            Transport::Auto if device_meta || sms < 2 => Path::Pull,
-            Transport::Auto => Path::PushReduce,
-            Transport::Push if device_meta => bail!(GrpcollError::Options(format!(
-                "{what}: Transport::Push needs host metadata (a plan with device metadata pulls: \
-                 Transport::Pull or Auto)"
-            ))),
-            Transport::Push if sms < 2 => bail!(GrpcollError::Options(format!(
-                "{what}: Transport::Push needs at least 2 SMs (blocks that push and blocks that \
-                 reduce), got {sms}"
-            ))),
-            Transport::Push => Path::PushReduce,
-        }
+        Path::Push
     };
     let native = match path {
         Path::Push => None,
-        Path::Pull | Path::PushReduce => {
+        Path::Pull => {
             let groups: Vec<usize> = row_elems
                 .iter()
                 .map(|&e| e.checked_div(lse_per_row).unwrap_or(e))
@@ -350,7 +289,6 @@ impl<T: PglElement> Core<T> {
                 sms,
                 device_sms,
                 ranks_on_gpu,
-                capacity.is_some(),
             )
         });
         let (path, comm, pull_name) = agree_typed(
@@ -374,7 +312,6 @@ impl<T: PglElement> Core<T> {
             accumulate: opts.accumulate as u64,
             sms: sms as u64,
             device_splits: capacity.map_or(0, |c| c.max_splits as u64),
-            path: path.code(),
         };
         let all = rdzv
             .all_gather(&meta::encode(&header, &desc))
@@ -388,28 +325,10 @@ impl<T: PglElement> Core<T> {
             "collective" => (if v == 1 { "group_cast" } else { "group_reduce" }).to_string(),
             "dtype" | "communication dtype" => dtype_name(v),
             "reduce op" => op_name(v).to_string(),
-            "native path" => [Path::Push, Path::Pull, Path::PushReduce]
-                .into_iter()
-                .find(|p| p.code() == v)
-                .map_or(format!("code {v}"), |p| p.name().to_string()),
             _ => v.to_string(),
         })?;
         let descs: Vec<Desc> = decoded.into_iter().map(|(_, d)| d).collect();
         let transfers = meta::match_global(kind, &descs)?;
-        // Work lists: rows per item from the bytes of one row of every tensor.
-        let chunk = chunk_rows(row_elems.iter().sum::<usize>() * data.size());
-        let d = &descs[rank];
-        let lists = (path == Path::PushReduce).then(|| {
-            PushReduceLists::new(
-                &transfers,
-                rank,
-                world,
-                d.input_split_rows.len(),
-                d.output_split_rows.len(),
-                chunk,
-            )
-        });
-        let staging_rows = lists.as_ref().map_or(0, |l| l.staging_rows).max(1);
 
         let max_in = descs.iter().map(|d| d.input_rows).max().unwrap_or(0).max(1);
         let max_out = descs
@@ -426,17 +345,18 @@ impl<T: PglElement> Core<T> {
                 .with_context(|| format!("allocating the grpcoll input of tensor {t}"))?;
             let output = Pgl::<T>::alloc(rdzv, &ctx, shape(max_out, e), Backend::default())
                 .with_context(|| format!("allocating the grpcoll output of tensor {t}"))?;
-            let staging_shape = match path {
-                Path::PushReduce => Some(shape(staging_rows, e * comm.size())),
-                Path::Pull if comm != data => Some(shape(max_in, e * comm.size())),
-                _ => None,
-            };
-            let staging = match staging_shape {
-                Some(sh) => Some(
-                    Pgl::<u8>::alloc(rdzv, &ctx, sh, Backend::default())
-                        .with_context(|| format!("allocating the grpcoll staging of tensor {t}"))?,
-                ),
-                None => None,
+            let staging = if comm != data {
+                Some(
+                    Pgl::<u8>::alloc(
+                        rdzv,
+                        &ctx,
+                        shape(max_in, e * comm.size()),
+                        Backend::default(),
+                    )
+                    .with_context(|| format!("allocating the grpcoll staging of tensor {t}"))?,
+                )
+            } else {
+                None
             };
             tensors.push(Tensor {
                 row_elems: e,
@@ -464,20 +384,6 @@ impl<T: PglElement> Core<T> {
             (None, None)
         };
         let counters = Counters::alloc(rdzv, &ctx, Shape::new(1, 1, 4, sms), budget)?;
-        let push_buffers = match path {
-            Path::PushReduce => Some((
-                Pgl::<u64>::alloc(rdzv, &ctx, shape(1, staging_rows), Backend::default())
-                    .context("allocating the grpcoll push-reduce flags")?,
-                match lse_per_row {
-                    0 => None,
-                    n => Some(
-                        Pgl::<f32>::alloc(rdzv, &ctx, shape(staging_rows, n), Backend::default())
-                            .context("allocating the grpcoll push-reduce lse staging")?,
-                    ),
-                },
-            )),
-            _ => None,
-        };
 
         let loaded = (|| -> anyhow::Result<_> {
             let module = cubins::GRPCOLL_GRPCOLL
@@ -489,25 +395,9 @@ impl<T: PglElement> Core<T> {
                 0 => None,
                 n => Some(module.load_function(&push_kernel_name(&[n * 4]))?),
             };
-            let pull = match &pull_name {
-                Some(name) => Some(module.load_function(name)?),
-                None => None,
-            };
-            let native = match (path, &pull) {
-                (Path::PushReduce, _) => {
-                    let groups: Vec<usize> = row_elems
-                        .iter()
-                        .map(|&e| e.checked_div(lse_per_row).unwrap_or(e))
-                        .collect();
-                    module.load_function(&push_reduce_kernel_name(
-                        kind_name(kind),
-                        comm,
-                        data,
-                        &groups,
-                    )?)?
-                }
-                (_, Some(f)) => f.clone(),
-                _ => copy_comm.clone(),
+            let native = match &pull_name {
+                Some(name) => module.load_function(name)?,
+                None => copy_comm.clone(),
             };
             let layout = match capacity {
                 None => None,
@@ -518,11 +408,13 @@ impl<T: PglElement> Core<T> {
                         .load_function("weft_grpcoll_layout")?,
                 ),
             };
-            Ok((native, pull, copy_comm, copy_lse, layout))
+            Ok((native, copy_comm, copy_lse, layout))
         })();
-        let (native, pull, copy_comm, copy_lse, layout) =
+        let (native, copy_comm, copy_lse, layout) =
             agree_typed(rdzv, "grpcoll plan (kernels)", loaded)?;
 
+        // Work lists: rows per item from the bytes of one row of every tensor.
+        let chunk = chunk_rows(row_elems.iter().sum::<usize>() * data.size());
         let device = match (capacity, layout) {
             (Some(cap), Some(layout)) => {
                 // Before anything is allocated (the same verdict on every rank: the capacity and
@@ -568,25 +460,17 @@ impl<T: PglElement> Core<T> {
             }
             _ => None,
         };
-        let (native_items, reduce_items) = match (path, lists) {
-            (Path::PushReduce, Some(l)) => (l.push, l.reduce),
-            (Path::Push, _) => (
-                push_items(&transfers, rank, d.input_split_rows.len(), chunk),
-                vec![],
-            ),
-            _ => (
-                pull_items(&transfers, rank, d.output_split_rows.len(), chunk, |t| {
-                    t.src_row
-                }),
-                vec![],
-            ),
+        let d = &descs[rank];
+        let native_items = match path {
+            Path::Push => push_items(&transfers, rank, d.input_split_rows.len(), chunk),
+            Path::Pull => pull_items(&transfers, rank, d.output_split_rows.len(), chunk, |t| {
+                t.src_row
+            }),
         };
         let layout = BaselineLayout::new(&transfers, rank, world, chunk);
         let scatter = match path {
             Path::Push => layout.push_scatter(&transfers, rank, chunk),
-            Path::Pull | Path::PushReduce => {
-                layout.pull_scatter(&transfers, rank, d.output_split_rows.len(), chunk)
-            }
+            Path::Pull => layout.pull_scatter(&transfers, rank, d.output_split_rows.len(), chunk),
         };
         let native_items = match &device {
             // The layout kernel writes up to max_items items here on every run.
@@ -596,24 +480,14 @@ impl<T: PglElement> Core<T> {
         let uploaded = (|| -> anyhow::Result<_> {
             let r = (
                 Items::upload(stream, &native_items)?,
-                Items::upload(stream, &reduce_items)?,
                 Items::upload(stream, &layout.gather)?,
                 Items::upload(stream, &scatter)?,
             );
             stream.synchronize()?;
             Ok(r)
         })();
-        let (native_items, reduce_items, gather_items, scatter_items) =
+        let (native_items, gather_items, scatter_items) =
             agree_typed(rdzv, "grpcoll plan (work lists)", uploaded)?;
-        let push_reduce = match (push_buffers, pull) {
-            (Some((flags, staging_lse)), Some(pull)) => Some(PushReduce {
-                flags,
-                staging_lse,
-                reduce_items,
-                pull,
-            }),
-            _ => None,
-        };
         Ok(Self {
             kind,
             path,
@@ -632,7 +506,6 @@ impl<T: PglElement> Core<T> {
             counters,
             native,
             native_items,
-            push_reduce,
             copy_comm,
             copy_lse,
             gather_items,
@@ -672,27 +545,9 @@ impl<T: PglElement> Core<T> {
         self.comm != T::DTYPE
     }
 
-    /// The pull kernel (the baseline's convert and scatter-reduce; the native kernel of a pull
-    /// plan).
-    pub(crate) fn pull_fn(&self) -> &CudaFunction {
-        self.push_reduce
-            .as_ref()
-            .map_or(&self.native, |pr| &pr.pull)
-    }
-
-    /// The transport the native kernel uses.
-    pub(crate) fn transport(&self) -> Transport {
-        match self.path {
-            Path::Push | Path::PushReduce => Transport::Push,
-            Path::Pull => Transport::Pull,
-        }
-    }
-
     fn op_code(&self) -> i32 {
         match (self.kind, self.path) {
-            (Kind::Cast, Path::Pull | Path::PushReduce) => {
-                weft_kernels::abi::WEFT_GRPCOLL_OP_COPY as i32
-            }
+            (Kind::Cast, Path::Pull) => weft_kernels::abi::WEFT_GRPCOLL_OP_COPY as i32,
             _ => self.op.code(),
         }
     }
@@ -747,15 +602,10 @@ impl<T: PglElement> Core<T> {
         p: &weft_grpcoll_params,
         grid: u32,
     ) -> anyhow::Result<()> {
-        // The pull and push-reduce kernels run 512 threads a block, the push (cast) kernels 1024.
-        let reduces = self.path != Path::Push && std::ptr::eq(f, &self.native)
-            || self
-                .push_reduce
-                .as_ref()
-                .is_some_and(|pr| std::ptr::eq(f, &pr.pull));
+        let pull = std::ptr::eq(f, &self.native) && self.path == Path::Pull;
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
-            block_dim: (if reduces { PULL_THREADS } else { PUSH_THREADS }, 1, 1),
+            block_dim: (if pull { PULL_THREADS } else { PUSH_THREADS }, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: the params' views and work lists point at buffers this plan owns (or peers'
@@ -776,19 +626,7 @@ impl<T: PglElement> Core<T> {
         p.bar = self.counters.device()?;
         p.epoch = base + 1;
         p.flags = WEFT_GRPCOLL_SYNCED | WEFT_GRPCOLL_TRANSFER;
-        if let Some(pr) = &self.push_reduce {
-            // The tensors' staging is their receive staging (params), narrowed by the pushers.
-            p.pushed = weft_sync_counters {
-                view: pr.flags.view(),
-                bound: p.bar.bound,
-            };
-            if let Some(sl) = &pr.staging_lse {
-                p.staging_lse = sl.view();
-            }
-            p.reduce_items = pr.reduce_items.buf.device_ptr(&self.stream).0;
-            p.reduce_nitems = pr.reduce_items.count;
-            p.push_blocks = push_blocks(self.sms);
-        } else if self.converts() {
+        if self.converts() {
             p.flags |= WEFT_GRPCOLL_CONVERT;
         }
         if self.opts.accumulate {
@@ -887,12 +725,6 @@ impl<T: PglElement> Core<T> {
         if let Some(dm) = self.device {
             dm.meta.free(rdzv)?;
         }
-        if let Some(pr) = self.push_reduce {
-            pr.flags.free(rdzv)?;
-            if let Some(p) = pr.staging_lse {
-                p.free(rdzv)?;
-            }
-        }
         self.counters.free(rdzv)
     }
 }
@@ -964,7 +796,7 @@ mod tests {
         op: ReduceOp,
         opts: Options,
     ) -> anyhow::Result<(Path, DType, Option<String>)> {
-        validate_args(kind, data, rows, op, &opts, 24, 132, 1, false)
+        validate_args(kind, data, rows, op, &opts, 24, 132, 1)
     }
 
     #[test]
@@ -1021,70 +853,11 @@ mod tests {
             },
             200,
             132,
-            1,
-            false
+            1
         ))
         .contains("200 SMs requested; the device has 132"));
-        assert!(e(validate_args(Kind::Cast, DType::F32, &[8], ReduceOp::Sum, &o, 24, 132, 8, false))
+        assert!(e(validate_args(Kind::Cast, DType::F32, &[8], ReduceOp::Sum, &o, 24, 132, 8))
             .contains("8 ranks share one GPU of 132 SMs, so 24 SMs per rank cannot all be resident at once; pass Options::sms at most 16"));
-    }
-
-    #[test]
-    fn transports_resolve_to_paths() {
-        let with = |transport, sms, device_meta| {
-            let o = Options {
-                transport,
-                ..Options::default()
-            };
-            validate_args(
-                Kind::Reduce,
-                DType::Bf16,
-                &[64],
-                ReduceOp::Sum,
-                &o,
-                sms,
-                132,
-                1,
-                device_meta,
-            )
-            .map(|(path, _, _)| path)
-        };
-        assert_eq!(with(Transport::Auto, 24, false).unwrap(), Path::PushReduce);
-        assert_eq!(with(Transport::Push, 2, false).unwrap(), Path::PushReduce);
-        assert_eq!(with(Transport::Pull, 24, false).unwrap(), Path::Pull);
-        // Device metadata and a single block pull under Auto, and are refused under Push.
-        assert_eq!(with(Transport::Auto, 24, true).unwrap(), Path::Pull);
-        assert_eq!(with(Transport::Auto, 1, false).unwrap(), Path::Pull);
-        let refused = |r: anyhow::Result<Path>| {
-            let e = GrpcollError::from_anyhow(r.unwrap_err());
-            assert!(matches!(e, GrpcollError::Options(_)), "{e:?}");
-            e.to_string()
-        };
-        assert!(refused(with(Transport::Push, 24, true))
-            .contains("Transport::Push needs host metadata"));
-        assert!(refused(with(Transport::Push, 1, false))
-            .contains("Transport::Push needs at least 2 SMs"));
-        // A cast in its data dtype is pushed whatever the transport.
-        let o = Options {
-            transport: Transport::Pull,
-            ..Options::default()
-        };
-        assert_eq!(
-            args(Kind::Cast, DType::Bf16, &[8], ReduceOp::Sum, o)
-                .unwrap()
-                .0,
-            Path::Push
-        );
-        // Push blocks leave at least one reducer, and one pusher.
-        assert_eq!(
-            (
-                push_blocks(2),
-                push_blocks(24),
-                push_blocks(96),
-                push_blocks(132)
-            ),
-            (1, 18, 72, 99)
-        );
     }
 
     #[test]
@@ -1101,7 +874,7 @@ mod tests {
         assert_eq!(
             args(Kind::Cast, DType::F32, &[8, 16], ReduceOp::Sum, narrow).unwrap(),
             (
-                Path::PushReduce,
+                Path::Pull,
                 DType::Bf16,
                 Some("weft_grpcoll_reduce_bf16_f32_vN".into())
             )

@@ -4,7 +4,6 @@
 use crate::error::GrpcollError;
 use crate::meta::Transfer;
 use cudarc::driver::{CudaSlice, CudaStream};
-use std::collections::HashMap;
 use std::sync::Arc;
 use weft_kernels::abi::{weft_grpcoll_item, WEFT_GRPCOLL_MAX_ITEMS, WEFT_GRPCOLL_MAX_PEERS};
 
@@ -124,93 +123,6 @@ pub(crate) fn pull_items(
     items
 }
 
-/// Rank `dst`'s receive staging (the AlltoAll-v baseline's receive buffer, and push-reduce's
-/// staging PGL): its rows from each source, sources in rank order, each source's rows in `dst`'s
-/// output-split order (the matching rule pairs sends and receives in these orders). Returns each
-/// (source, output split)'s first row and the rows from each source.
-pub(crate) fn receive_layout(
-    transfers: &[Transfer],
-    dst: usize,
-    world: usize,
-) -> (HashMap<(usize, usize), usize>, Vec<usize>) {
-    let mut at = HashMap::new();
-    let mut rows = vec![0usize; world];
-    let mut next = 0;
-    for (p, rows) in rows.iter_mut().enumerate() {
-        let mut ts: Vec<&Transfer> = transfers
-            .iter()
-            .filter(|t| t.dst == dst && t.src == p)
-            .collect();
-        ts.sort_by_key(|t| t.dst_split);
-        for t in ts {
-            at.insert((t.src, t.dst_split), next);
-            next += t.rows;
-            *rows += t.rows;
-        }
-    }
-    (at, rows)
-}
-
-/// Push-reduce's work lists (`Transport::Push`): what this rank pushes, what it reduces, and the
-/// receive staging rows every rank needs (the largest over ranks: PGLs have one shape).
-pub(crate) struct PushReduceLists {
-    /// Per input split of `rank`, chunks of its rows, each destination's receive staging row.
-    pub push: Vec<weft_grpcoll_item>,
-    /// Per output split of `rank`, chunks of its rows, each source's rows in this rank's own
-    /// receive staging (every peer is `rank`: the kernel reads local memory).
-    pub reduce: Vec<weft_grpcoll_item>,
-    pub staging_rows: usize,
-}
-
-impl PushReduceLists {
-    pub fn new(
-        transfers: &[Transfer],
-        rank: usize,
-        world: usize,
-        input_splits: usize,
-        output_splits: usize,
-        chunk: usize,
-    ) -> Self {
-        let layouts: Vec<_> = (0..world)
-            .map(|d| receive_layout(transfers, d, world))
-            .collect();
-        let staging_rows = layouts
-            .iter()
-            .map(|(_, rows)| rows.iter().sum::<usize>())
-            .max()
-            .unwrap_or(0);
-        let mut push = Vec::new();
-        for i in 0..input_splits {
-            let ts: Vec<&Transfer> = transfers
-                .iter()
-                .filter(|t| t.src == rank && t.src_split == i)
-                .collect();
-            if let Some(t0) = ts.first() {
-                let peers: Vec<(usize, usize)> = ts
-                    .iter()
-                    .map(|t| (t.dst, layouts[t.dst].0[&(rank, t.dst_split)]))
-                    .collect();
-                push_chunks(&mut push, t0.src_row, t0.rows, &peers, chunk);
-            }
-        }
-        let own = &layouts[rank].0;
-        let mut reduce = pull_items(transfers, rank, output_splits, chunk, |t| {
-            own[&(t.src, t.dst_split)]
-        });
-        for it in &mut reduce {
-            it.peer
-                .iter_mut()
-                .take(it.npeers as usize)
-                .for_each(|p| *p = rank as i32);
-        }
-        Self {
-            push,
-            reduce,
-            staging_rows,
-        }
-    }
-}
-
 /// The AlltoAll-v baseline's layout: per peer, the sends in input-split order and the receives in
 /// output-split order (the matching rule pairs them in these orders), packed contiguously.
 pub(crate) struct BaselineLayout {
@@ -219,12 +131,13 @@ pub(crate) struct BaselineLayout {
     /// Range-gather: input rows → send staging rows (push items onto this rank's send staging).
     pub gather: Vec<weft_grpcoll_item>,
     /// Each (source, output split)'s first row in the receive staging.
-    pub recv_at: HashMap<(usize, usize), usize>,
+    pub recv_at: std::collections::HashMap<(usize, usize), usize>,
 }
 
 impl BaselineLayout {
     pub fn new(transfers: &[Transfer], rank: usize, world: usize, chunk: usize) -> Self {
         let mut send_rows = vec![0usize; world];
+        let mut recv_rows = vec![0usize; world];
         let mut gather = Vec::new();
         let mut send_at = 0;
         for (p, rows) in send_rows.iter_mut().enumerate() {
@@ -239,7 +152,20 @@ impl BaselineLayout {
                 *rows += t.rows;
             }
         }
-        let (recv_at, recv_rows) = receive_layout(transfers, rank, world);
+        let mut recv_at = std::collections::HashMap::new();
+        let mut at = 0;
+        for (p, rows) in recv_rows.iter_mut().enumerate() {
+            let mut ts: Vec<&Transfer> = transfers
+                .iter()
+                .filter(|t| t.dst == rank && t.src == p)
+                .collect();
+            ts.sort_by_key(|t| t.dst_split);
+            for t in ts {
+                recv_at.insert((t.src, t.dst_split), at);
+                at += t.rows;
+                *rows += t.rows;
+            }
+        }
         Self {
             send_rows,
             recv_rows,
@@ -406,115 +332,6 @@ mod tests {
                 let mut peers: Vec<u32> = walks.iter().map(|w| w[j] / per_peer).collect();
                 peers.sort();
                 assert_eq!(peers, all, "position {j}, interleave {interleave}");
-            }
-        }
-    }
-
-    // Random GroupReduce transfers at `world` ranks: per destination, output splits of 1..20 rows
-    // from a random non-empty set of sources, each source's share its next input split.
-    fn reduce_transfers(world: usize, seed: u64) -> Vec<Transfer> {
-        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        let mut next = |n: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % n) as usize
-        };
-        let mut in_split = vec![0usize; world];
-        let mut in_row = vec![0usize; world];
-        let mut out = Vec::new();
-        for dst in 0..world {
-            let mut dst_row = 0;
-            for dst_split in 0..1 + next(5) {
-                let rows = 1 + next(20);
-                let mask = 1 + next((1u64 << world) - 1);
-                for src in (0..world).filter(|s| mask >> s & 1 == 1) {
-                    out.push(Transfer {
-                        src,
-                        src_split: in_split[src],
-                        src_row: in_row[src],
-                        dst,
-                        dst_split,
-                        dst_row,
-                        rows,
-                    });
-                    in_split[src] += 1;
-                    in_row[src] += rows;
-                }
-                dst_row += rows;
-            }
-        }
-        out
-    }
-
-    // Every rank's push-reduce lists, played on the host: each push writes its rows into the
-    // destinations' staging (each staging row written once) and raises the chunk's flag; each
-    // reduce reads, from this rank's own staging, rows whose flag is up. What every output row
-    // gathers must be exactly what the transfers say it reduces.
-    #[test]
-    fn push_reduce_lists_deliver_every_transfer_once() {
-        for world in 1..=4 {
-            for seed in 0..50 {
-                let transfers = reduce_transfers(world, seed);
-                let splits = |r: usize, src: bool| {
-                    transfers
-                        .iter()
-                        .filter(|t| if src { t.src == r } else { t.dst == r })
-                        .map(|t| if src { t.src_split } else { t.dst_split } + 1)
-                        .max()
-                        .unwrap_or(0)
-                };
-                let chunk = 1 + seed as usize % 4;
-                let lists: Vec<PushReduceLists> = (0..world)
-                    .map(|r| {
-                        PushReduceLists::new(
-                            &transfers,
-                            r,
-                            world,
-                            splits(r, true),
-                            splits(r, false),
-                            chunk,
-                        )
-                    })
-                    .collect();
-                let rows = lists[0].staging_rows;
-                assert!(lists.iter().all(|l| l.staging_rows == rows));
-                let mut staging = vec![vec![None; rows]; world];
-                let mut flag = vec![vec![false; rows]; world];
-                for (r, l) in lists.iter().enumerate() {
-                    for it in &l.push {
-                        for k in 0..it.npeers as usize {
-                            let (d, at) = (it.peer[k] as usize, it.peer_row[k] as usize);
-                            for x in 0..it.rows as usize {
-                                assert!(staging[d][at + x].is_none(), "staging row written twice");
-                                staging[d][at + x] = Some((r, it.row as usize + x));
-                            }
-                            flag[d][at] = true;
-                        }
-                    }
-                }
-                let mut got = std::collections::BTreeSet::new();
-                for (d, l) in lists.iter().enumerate() {
-                    for it in &l.reduce {
-                        for k in 0..it.npeers as usize {
-                            assert_eq!(it.peer[k] as usize, d, "reduces read local staging");
-                            let at = it.peer_row[k] as usize;
-                            assert!(flag[d][at], "a reduce chunk whose flag nobody raises");
-                            for x in 0..it.rows as usize {
-                                let (src, src_row) =
-                                    staging[d][at + x].expect("unwritten staging row");
-                                got.insert((d, it.row as usize + x, src, src_row));
-                            }
-                        }
-                    }
-                }
-                let want: std::collections::BTreeSet<_> = transfers
-                    .iter()
-                    .flat_map(|t| {
-                        (0..t.rows).map(move |x| (t.dst, t.dst_row + x, t.src, t.src_row + x))
-                    })
-                    .collect();
-                assert_eq!(got, want, "world {world} seed {seed}");
             }
         }
     }

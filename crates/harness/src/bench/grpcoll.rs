@@ -1,7 +1,6 @@
 //! GroupCast / GroupReduce: the native kernels (default SM count) against the AlltoAll-v baseline
 //! (range-gather → NCCL grouped send/recv → range-scatter / scatter-reduce) with the same plan,
-//! same buffers, same run — the native reduce (and cast through a narrower dtype) by both
-//! transports, pushed (the default) and pulled, timed back to back — on the attention-like workloads of `weft_grpcoll::pattern::Workload`
+//! same buffers, same run, on the attention-like workloads of `weft_grpcoll::pattern::Workload`
 //! (uniform random, causal, varlen causal): tokens per rank × hidden, bf16; and f32 data sent as
 //! bf16 against f32 sent as f32. Each iteration follows an L2-evicting scratch write; time is the
 //! median over iterations (CUDA events) of the slowest rank; ratio = baseline / native. GB/s per
@@ -20,7 +19,6 @@ use half::bf16;
 use weft_grpcoll::pattern::{cast_metas, reduce_metas, Workload};
 use weft_grpcoll::{
     GroupCast, GroupCastMeta, GroupCollective, GroupReduce, GroupReduceMeta, Options, ReduceOp,
-    Transport,
 };
 use weft_pgl::{DType, PglElement};
 
@@ -39,9 +37,6 @@ struct Case {
     /// DeepEP's count: rows this rank receives (cast) or sends (reduce), its own included.
     logical_bytes: f64,
     native_ms: f64,
-    /// The native kernel with `Transport::Pull` (reduce, or cast through a narrower dtype); else
-    /// None (a cast in its data dtype has one transport).
-    pull_ms: Option<f64>,
     baseline_ms: f64,
 }
 
@@ -95,20 +90,15 @@ struct Shape {
     comm: Option<DType>,
 }
 
-/// Times the native path and (`baseline`) the AlltoAll-v path of `plan` on this rank, then
-/// frees it (collective). The baseline's time is NaN when not asked for.
+/// Times the native path and the baseline of `plan` on this rank, then frees it (collective).
 fn time_plan<T: PglElement, P: GroupCollective<T>>(
     job: &mut Job,
     rig: &mut Rig,
     mut plan: P,
-    baseline: bool,
 ) -> anyhow::Result<(f64, f64, u32, DType)> {
     let measured = (|| -> anyhow::Result<(f64, f64)> {
         let native = rig.time(|| Ok(plan.run()?))?;
         plan.synchronize()?;
-        if !baseline {
-            return Ok((native, f64::NAN));
-        }
         let comm = job.comm()?;
         Ok((native, rig.time(|| Ok(plan.run_baseline(comm)?))?))
     })();
@@ -125,55 +115,41 @@ fn measure<T: PglElement>(
     reduce: bool,
 ) -> anyhow::Result<Case> {
     let (rank, world) = (job.rank(), job.world());
-    let opts = |transport| Options {
+    let opts = Options {
         comm_dtype: s.comm,
-        sms: sms_override(),
-        transport,
+        sms: sms_override()?,
         ..Options::default()
     };
-    // Both transports where there are two: pushed (with the baseline), then pulled.
-    let both = reduce || s.comm.is_some_and(|c| c != T::DTYPE);
-    let stream = rig.compute.clone();
-    let mut timed = Vec::new();
-    let (mut remote_rows, mut logical_rows) = (0, 0);
-    for transport in [Transport::Push, Transport::Pull] {
-        if transport == Transport::Pull && !both {
-            break;
-        }
-        let with_baseline = transport == Transport::Push;
-        timed.push(if reduce {
-            let metas = reduce_metas(world, &s.workload.1.reduce_blocks(world, s.tokens));
-            (remote_rows, logical_rows) = (
-                reduce_remote_rows(&metas[rank], rank),
-                metas[rank].input_rows,
-            );
-            let plan = GroupReduce::<T>::new(
-                &mut job.rdzv,
-                &stream,
-                &metas[rank],
-                s.hidden,
-                ReduceOp::Sum,
-                opts(transport),
-            )?;
-            time_plan(job, rig, plan, with_baseline)?
-        } else {
-            let metas = cast_metas(world, &s.workload.1.cast_blocks(world, s.tokens));
-            (remote_rows, logical_rows) = (
-                cast_remote_rows(&metas[rank], rank),
-                metas[rank].output_rows,
-            );
-            let plan = GroupCast::<T>::new(
-                &mut job.rdzv,
-                &stream,
-                &metas[rank],
-                s.hidden,
-                opts(transport),
-            )?;
-            time_plan(job, rig, plan, with_baseline)?
-        });
-    }
-    let (native_ms, baseline_ms, sms, comm) = timed[0];
-    let pull_ms = timed.get(1).map(|t| t.0);
+    let (remote_rows, logical_rows, (native_ms, baseline_ms, sms, comm)) = if reduce {
+        let metas = reduce_metas(world, &s.workload.1.reduce_blocks(world, s.tokens));
+        let plan = GroupReduce::<T>::new(
+            &mut job.rdzv,
+            &rig.compute.clone(),
+            &metas[rank],
+            s.hidden,
+            ReduceOp::Sum,
+            opts,
+        )?;
+        (
+            reduce_remote_rows(&metas[rank], rank),
+            metas[rank].input_rows,
+            time_plan(job, rig, plan)?,
+        )
+    } else {
+        let metas = cast_metas(world, &s.workload.1.cast_blocks(world, s.tokens));
+        let plan = GroupCast::<T>::new(
+            &mut job.rdzv,
+            &rig.compute.clone(),
+            &metas[rank],
+            s.hidden,
+            opts,
+        )?;
+        (
+            cast_remote_rows(&metas[rank], rank),
+            metas[rank].output_rows,
+            time_plan(job, rig, plan)?,
+        )
+    };
     Ok(Case {
         name: String::new(),
         workload: s.workload.0,
@@ -186,27 +162,22 @@ fn measure<T: PglElement>(
         nvlink_bytes: (remote_rows * s.hidden * comm.size()) as f64,
         logical_bytes: (logical_rows * s.hidden * comm.size()) as f64,
         native_ms,
-        pull_ms,
         baseline_ms,
     })
 }
 
-/// `WEFT_GRPCOLL_SMS`: the native kernels' SM count for every case (default: the plan's). Read
-/// once by `run`, which refuses a value that is not a number.
-fn sms_override() -> Option<u32> {
-    std::env::var("WEFT_GRPCOLL_SMS")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
+/// `WEFT_GRPCOLL_SMS`: the native kernels' SM count for every case (default: the plan's).
+fn sms_override() -> anyhow::Result<Option<u32>> {
+    match std::env::var("WEFT_GRPCOLL_SMS") {
+        Ok(v) => Ok(Some(v.trim().parse().map_err(|_| {
+            anyhow::anyhow!("WEFT_GRPCOLL_SMS={v:?} is not a number")
+        })?)),
+        Err(_) => Ok(None),
+    }
 }
 
 pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
     let world = job.world();
-    if let Ok(v) = std::env::var("WEFT_GRPCOLL_SMS") {
-        anyhow::ensure!(
-            v.trim().parse::<u32>().is_ok(),
-            "WEFT_GRPCOLL_SMS={v:?} is not a number"
-        );
-    }
     let stream = job
         .gpu()
         .map_err(|w| anyhow::anyhow!("no GPU: {w}"))?
@@ -283,15 +254,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
     // Slowest rank per case and path; the busiest rank's bytes.
     let mine: Vec<f64> = cases
         .iter()
-        .flat_map(|c| {
-            [
-                c.native_ms,
-                c.baseline_ms,
-                c.nvlink_bytes,
-                c.logical_bytes,
-                c.pull_ms.unwrap_or(-1.0),
-            ]
-        })
+        .flat_map(|c| [c.native_ms, c.baseline_ms, c.nvlink_bytes, c.logical_bytes])
         .collect();
     let worst = slowest(job, &mine)?;
     let mut table = Table {
@@ -299,10 +262,8 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             "case",
             "SMs",
             "native (us)",
-            "pulled (us)",
             "AlltoAll-v (us)",
             "ratio",
-            "pulled ÷ native",
             "native GB/s per GPU",
             "AlltoAll-v GB/s per GPU",
             "native logical GB/s",
@@ -312,21 +273,18 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
     let mut rows = Vec::new();
     for (i, c) in cases.iter().enumerate() {
         let (native, baseline, bytes, logical) = (
-            worst[5 * i],
-            worst[5 * i + 1],
-            worst[5 * i + 2],
-            worst[5 * i + 3],
+            worst[4 * i],
+            worst[4 * i + 1],
+            worst[4 * i + 2],
+            worst[4 * i + 3],
         );
-        let pull = c.pull_ms.map(|_| worst[5 * i + 4]);
         let gbs = |ms: f64| bytes / (ms * 1e-3) / 1e9;
         table.rows.push(vec![
             c.name.clone(),
             c.sms.to_string(),
             format!("{:.1}", native * 1e3),
-            pull.map_or("—".into(), |p| format!("{:.1}", p * 1e3)),
             format!("{:.1}", baseline * 1e3),
             format!("{:.2}", baseline / native),
-            pull.map_or("—".into(), |p| format!("{:.2}", p / native)),
             format!("{:.1}", gbs(native)),
             format!("{:.1}", gbs(baseline)),
             format!("{:.1}", logical / (native * 1e-3) / 1e9),
@@ -340,9 +298,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             ("dtype", Json::from(c.dtype.name())),
             ("comm_dtype", Json::from(c.comm.name())),
             ("sms", Json::from(c.sms as usize)),
-            ("transport", Json::from("push")),
             ("weft_ms", Json::from(native)),
-            ("weft_pull_ms", pull.map_or(Json::Null, Json::from)),
             ("baseline", Json::from("AlltoAll-v: range-gather, NCCL grouped send/recv, range-scatter / scatter-reduce (same plan)")),
             ("baseline_ms", Json::from(baseline)),
             ("ratio", Json::from(baseline / native)),

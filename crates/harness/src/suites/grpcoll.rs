@@ -25,35 +25,14 @@ use std::sync::Arc;
 use weft_grpcoll::pattern::{cast_metas, reduce_metas, CastBlock, ReduceBlock};
 use weft_grpcoll::{
     GroupCast, GroupCastMeta, GroupReduce, GroupReduceMeta, GrpcollError, Options, ReduceOp,
-    Transport,
 };
 use weft_pgl::{DType, Pgl, PglElement};
 
 /// Which path a trial runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Via {
-    /// The native kernel, pushed (`Transport::Push`; a data-dtype cast is always pushed), on 2 SMs
-    /// or more.
     Native,
-    /// The native kernel, pulled (`Transport::Pull`), on 1 SM or more.
-    NativePull,
     AllToAllV,
-}
-
-impl Via {
-    fn transport(self) -> Transport {
-        match self {
-            Via::NativePull => Transport::Pull,
-            _ => Transport::Push,
-        }
-    }
-    /// The fewest SMs the path runs on.
-    fn min_sms(self) -> u32 {
-        match self {
-            Via::Native => 2,
-            _ => 1,
-        }
-    }
 }
 
 /// A trial's plan options besides the SM count (random per pattern).
@@ -82,24 +61,11 @@ const ACCUMULATE: Cfg = Cfg {
     ..PLAIN
 };
 
-/// A `::native` and an `::alltoallv` trial of one configuration (a cast in its data dtype: the
-/// native kernel only pushes).
+/// A `::native` and an `::alltoallv` trial of one configuration.
 macro_rules! both {
     ($name:expr, $trial:ident :: < $t:ty > ( $($arg:expr),* )) => {
-        vec![
+        [
             Case::gpu(format!("{}::native", $name), |j| $trial::<$t>(j, Via::Native, $($arg),*)),
-            Case::gpu(format!("{}::alltoallv", $name), |j| $trial::<$t>(j, Via::AllToAllV, $($arg),*)),
-        ]
-    };
-}
-
-/// `::native` (pushed), `::native_pull` and `::alltoallv` trials of one configuration (a reduce,
-/// or a cast through a narrower communication dtype: both transports).
-macro_rules! all3 {
-    ($name:expr, $trial:ident :: < $t:ty > ( $($arg:expr),* )) => {
-        vec![
-            Case::gpu(format!("{}::native", $name), |j| $trial::<$t>(j, Via::Native, $($arg),*)),
-            Case::gpu(format!("{}::native_pull", $name), |j| $trial::<$t>(j, Via::NativePull, $($arg),*)),
             Case::gpu(format!("{}::alltoallv", $name), |j| $trial::<$t>(j, Via::AllToAllV, $($arg),*)),
         ]
     };
@@ -111,15 +77,15 @@ pub fn cases() -> Vec<Case> {
         both!("grpcoll::cast::bf16", cast_trial::<bf16>(PLAIN)),
         both!("grpcoll::cast::f16", cast_trial::<f16>(PLAIN)),
         both!("grpcoll::cast::f64", cast_trial::<f64>(PLAIN)),
-        all3!(
+        both!(
             "grpcoll::cast::f32_via_bf16",
             cast_trial::<f32>(via(DType::Bf16))
         ),
-        all3!(
+        both!(
             "grpcoll::cast::f64_via_f16",
             cast_trial::<f64>(via(DType::F16))
         ),
-        all3!(
+        both!(
             "grpcoll::cast::f64_via_f32",
             cast_trial::<f64>(via(DType::F32))
         ),
@@ -130,90 +96,90 @@ pub fn cases() -> Vec<Case> {
                 ..PLAIN
             })
         ),
-        all3!(
+        both!(
             "grpcoll::cast::packed2::f32_via_bf16",
             cast_trial::<f32>(Cfg {
                 tensors: 2,
                 ..via(DType::Bf16)
             })
         ),
-        all3!(
+        both!(
             "grpcoll::reduce::sum::f32",
             reduce_trial::<f32>(Op::Sum, PLAIN)
         ),
-        all3!(
+        both!(
             "grpcoll::reduce::sum::bf16",
             reduce_trial::<bf16>(Op::Sum, PLAIN)
         ),
-        all3!(
+        both!(
             "grpcoll::reduce::sum::f16",
             reduce_trial::<f16>(Op::Sum, PLAIN)
         ),
-        all3!(
+        both!(
             "grpcoll::reduce::sum::f64",
             reduce_trial::<f64>(Op::Sum, PLAIN)
         ),
-        all3!(
+        both!(
             "grpcoll::reduce::avg::f32",
             reduce_trial::<f32>(Op::Avg, PLAIN)
         ),
-        all3!(
+        both!(
             "grpcoll::reduce::avg::bf16",
             reduce_trial::<bf16>(Op::Avg, PLAIN)
         ),
-        all3!(
+        both!(
             "grpcoll::reduce::avg::f16",
             reduce_trial::<f16>(Op::Avg, PLAIN)
         ),
-        all3!(
+        both!(
             "grpcoll::reduce::avg::f64",
             reduce_trial::<f64>(Op::Avg, PLAIN)
         ),
-        all3!(
+        both!(
             "grpcoll::reduce::lse::f32",
             reduce_trial::<f32>(Op::Lse, PLAIN)
         ),
-        all3!(
+        both!(
             "grpcoll::reduce::lse::bf16",
             reduce_trial::<bf16>(Op::Lse, PLAIN)
         ),
-        all3!(
+        both!(
             "grpcoll::reduce::lse::f16",
             reduce_trial::<f16>(Op::Lse, PLAIN)
         ),
-        all3!(
+        both!(
             "grpcoll::reduce::lse::f64",
             reduce_trial::<f64>(Op::Lse, PLAIN)
         ),
-        all3!(
+        both!(
             "grpcoll::reduce::sum::f32_via_bf16",
             reduce_trial::<f32>(Op::Sum, via(DType::Bf16))
         ),
-        all3!(
+        both!(
             "grpcoll::reduce::avg::f32_via_f16",
             reduce_trial::<f32>(Op::Avg, via(DType::F16))
         ),
-        all3!(
+        both!(
             "grpcoll::reduce::lse::f64_via_f32",
             reduce_trial::<f64>(Op::Lse, via(DType::F32))
         ),
-        all3!(
+        both!(
             "grpcoll::reduce::sum::accumulate::bf16",
             reduce_trial::<bf16>(Op::Sum, ACCUMULATE)
         ),
-        all3!(
+        both!(
             "grpcoll::reduce::avg::accumulate::f32",
             reduce_trial::<f32>(Op::Avg, ACCUMULATE)
         ),
-        all3!(
+        both!(
             "grpcoll::reduce::lse::accumulate::f32",
             reduce_trial::<f32>(Op::Lse, ACCUMULATE)
         ),
-        all3!(
+        both!(
             "grpcoll::reduce::lse::accumulate::bf16",
             reduce_trial::<bf16>(Op::Lse, ACCUMULATE)
         ),
-        all3!(
+        both!(
             "grpcoll::reduce::sum::accumulate::f32_via_bf16",
             reduce_trial::<f32>(
                 Op::Sum,
@@ -223,7 +189,7 @@ pub fn cases() -> Vec<Case> {
                 }
             )
         ),
-        all3!(
+        both!(
             "grpcoll::reduce::packed3::sum::bf16",
             reduce_trial::<bf16>(
                 Op::Sum,
@@ -233,7 +199,7 @@ pub fn cases() -> Vec<Case> {
                 }
             )
         ),
-        all3!(
+        both!(
             "grpcoll::reduce::packed2::avg::accumulate::f64_via_f32",
             reduce_trial::<f64>(
                 Op::Avg,
@@ -451,10 +417,9 @@ fn cast_trial<T: GElem>(job: &mut Job, via: Via, cfg: Cfg) -> anyhow::Result<()>
             })
             .collect();
         let opts = Options {
-            sms: Some(rng.random_range(via.min_sms()..=max_sms)),
+            sms: Some(rng.random_range(1..=max_sms)),
             comm_dtype: cfg.comm,
             accumulate: false,
-            transport: via.transport(),
         };
         let mut plan =
             GroupCast::<T>::new_packed(&mut job.rdzv, &stream, &metas[rank], &widths, opts)?;
@@ -476,7 +441,7 @@ fn cast_trial<T: GElem>(job: &mut Job, via: Via, cfg: Cfg) -> anyhow::Result<()>
                 )?;
             }
             match via {
-                Via::Native | Via::NativePull => (0..3).try_for_each(|_| plan.run())?,
+                Via::Native => (0..3).try_for_each(|_| plan.run())?,
                 Via::AllToAllV => plan.run_baseline(job.comm()?)?,
             }
             plan.synchronize()?;
@@ -537,10 +502,9 @@ fn reduce_trial<T: GElem>(job: &mut Job, via: Via, op: Op, cfg: Cfg) -> anyhow::
             Op::Lse => ReduceOp::Lse { lse_per_row },
         };
         let opts = Options {
-            sms: Some(rng.random_range(via.min_sms()..=max_sms)),
+            sms: Some(rng.random_range(1..=max_sms)),
             comm_dtype: cfg.comm,
             accumulate: cfg.accumulate,
-            transport: via.transport(),
         };
         let mut plan =
             GroupReduce::<T>::new_packed(&mut job.rdzv, &stream, &metas[rank], &widths, rop, opts)?;
@@ -597,7 +561,7 @@ fn reduce_trial<T: GElem>(job: &mut Job, via: Via, op: Op, cfg: Cfg) -> anyhow::
             }
             let runs = if cfg.accumulate { 1 } else { 3 };
             match via {
-                Via::Native | Via::NativePull => (0..runs).try_for_each(|_| plan.run())?,
+                Via::Native => (0..runs).try_for_each(|_| plan.run())?,
                 Via::AllToAllV => plan.run_baseline(job.comm()?)?,
             }
             plan.synchronize()?;

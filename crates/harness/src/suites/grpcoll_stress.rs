@@ -21,7 +21,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use std::sync::Arc;
 use weft_grpcoll::pattern::{cast_metas, reduce_metas};
-use weft_grpcoll::{GroupCast, GroupCollective, GroupReduce, Options, ReduceOp, Transport};
+use weft_grpcoll::{GroupCast, GroupCollective, GroupReduce, Options, ReduceOp};
 use weft_pgl::DType;
 
 const ITERATIONS: usize = 10_000;
@@ -32,45 +32,53 @@ const SETS: [u64; 2] = [11, 12];
 const PRIOR: u64 = 13;
 
 pub fn cases() -> Vec<Case> {
-    const CAST_BF16: Cfg = Cfg {
-        comm: None,
-        accumulate: false,
-        tensors: 1,
-    };
-    const CAST_F32_VIA_BF16: Cfg = Cfg {
-        comm: Some(DType::Bf16),
-        ..CAST_BF16
-    };
-    const AVG_ACCUMULATE_VIA_F16: Cfg = Cfg {
-        comm: Some(DType::F16),
-        accumulate: true,
-        tensors: 1,
-    };
-    // Besides the data-dtype cast, each moves by either transport: pushed into the receive
-    // staging (the default) and pulled (`::pull`).
     vec![
         Case::gpu("grpcoll::stress::cast::bf16", |j| {
-            stress::<bf16>(j, None, CAST_BF16, Transport::Push)
+            stress::<bf16>(
+                j,
+                None,
+                Cfg {
+                    comm: None,
+                    accumulate: false,
+                    tensors: 1,
+                },
+            )
         }),
         Case::gpu("grpcoll::stress::cast::f32_via_bf16", |j| {
-            stress::<f32>(j, None, CAST_F32_VIA_BF16, Transport::Push)
-        }),
-        Case::gpu("grpcoll::stress::cast::f32_via_bf16::pull", |j| {
-            stress::<f32>(j, None, CAST_F32_VIA_BF16, Transport::Pull)
+            stress::<f32>(
+                j,
+                None,
+                Cfg {
+                    comm: Some(DType::Bf16),
+                    accumulate: false,
+                    tensors: 1,
+                },
+            )
         }),
         Case::gpu("grpcoll::stress::reduce::sum::bf16", |j| {
-            stress::<bf16>(j, Some(Op::Sum), CAST_BF16, Transport::Push)
-        }),
-        Case::gpu("grpcoll::stress::reduce::sum::bf16::pull", |j| {
-            stress::<bf16>(j, Some(Op::Sum), CAST_BF16, Transport::Pull)
+            stress::<bf16>(
+                j,
+                Some(Op::Sum),
+                Cfg {
+                    comm: None,
+                    accumulate: false,
+                    tensors: 1,
+                },
+            )
         }),
         Case::gpu(
             "grpcoll::stress::reduce::avg::accumulate::f32_via_f16",
-            |j| stress::<f32>(j, Some(Op::Avg), AVG_ACCUMULATE_VIA_F16, Transport::Push),
-        ),
-        Case::gpu(
-            "grpcoll::stress::reduce::avg::accumulate::f32_via_f16::pull",
-            |j| stress::<f32>(j, Some(Op::Avg), AVG_ACCUMULATE_VIA_F16, Transport::Pull),
+            |j| {
+                stress::<f32>(
+                    j,
+                    Some(Op::Avg),
+                    Cfg {
+                        comm: Some(DType::F16),
+                        accumulate: true,
+                        tensors: 1,
+                    },
+                )
+            },
         ),
     ]
 }
@@ -92,12 +100,7 @@ fn ptr<T: cudarc::driver::DeviceRepr>(s: &CudaSlice<T>, stream: &Arc<CudaStream>
 }
 
 /// `op` None: GroupCast; else GroupReduce with that op (sum or avg).
-fn stress<T: GElem>(
-    job: &mut Job,
-    op: Option<Op>,
-    cfg: Cfg,
-    transport: Transport,
-) -> anyhow::Result<()> {
+fn stress<T: GElem>(job: &mut Job, op: Option<Op>, cfg: Cfg) -> anyhow::Result<()> {
     match op {
         None => {
             let seed = shared_seed(job)?;
@@ -135,7 +138,6 @@ fn stress<T: GElem>(
                 sms: Some(SMS),
                 comm_dtype: cfg.comm,
                 accumulate: false,
-                transport,
             };
             let stream = gpu_stream(job)?;
             let plan = GroupCast::<T>::new(&mut job.rdzv, &stream, &metas[rank], ROW_ELEMS, opts)?;
@@ -203,7 +205,6 @@ fn stress<T: GElem>(
                 sms: Some(SMS),
                 comm_dtype: cfg.comm,
                 accumulate: cfg.accumulate,
-                transport,
             };
             let stream = gpu_stream(job)?;
             let plan =

@@ -99,17 +99,6 @@ typedef struct weft_grpcoll_params {
   int32_t op;                // WEFT_GRPCOLL_OP_*
   uint32_t flags;            // WEFT_GRPCOLL_* flags
   uint32_t reserved;
-  // Push-reduce kernels (weft_grpcoll_push_reduce_*) only; zero elsewhere. Blocks below
-  // push_blocks push `items` (rows of this rank's input, narrowed to the communication dtype,
-  // into every destination's receive staging: tensor[t].staging, and staging_lse for op LSE), then
-  // publish `pushed` at (0, 0, 0, the chunk's first staging row) on the destination with the
-  // launch's epoch; the other blocks take `reduce_items` (pull items over this rank's own
-  // staging: every peer[k] is this rank), each after its sources' flags reached the epoch.
-  weft_sync_counters pushed; // the flags: (1, 1, 1, receive staging rows), the plan's error slot and bound
-  weft_pgl_view staging_lse; // op LSE: f32, lse_per_row per receive staging row
-  uint64_t reduce_items;     // device address of reduce_nitems weft_grpcoll_item
-  uint32_t reduce_nitems;
-  uint32_t push_blocks;      // 1 to gridDim.x - 1
 } weft_grpcoll_params;
 
 // ---- device-resident metadata (kernels/grpcoll/layout.cu) ----
