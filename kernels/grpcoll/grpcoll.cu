@@ -32,6 +32,8 @@
 #include "weft/abi/grpcoll.h"
 #include "weft/barrier/kernel_barrier.cuh"
 #include "weft/sync.cuh"
+#include "weft/sync/mbarrier_wait.cuh"
+#include "weft/tma/bulk_copy.cuh"
 
 using namespace weft::sync;
 
@@ -239,14 +241,13 @@ struct LseRun {
 // time (U x KB loads in flight per thread).
 template <typename In, typename Out, int VEC, int U, int KB>
 __device__ __forceinline__ void pull_rows(const weft_grpcoll_params& p, const weft_grpcoll_tensor& t,
-                                          const weft_grpcoll_item& s) {
+                                          const weft_grpcoll_item& s, const weft_pgl_view& src_view,
+                                          const weft_pgl_view& lse_view) {
   using Acc = typename AccOf<Out>::T;
   using PI = Pack<In, VEC>;
   using PO = Pack<Out, VEC>;
-  const bool convert = has(p, WEFT_GRPCOLL_CONVERT);
   const bool accumulate = has(p, WEFT_GRPCOLL_ACCUMULATE);
   const bool lse = p.op == WEFT_GRPCOLL_OP_LSE;
-  const weft_pgl_view& src_view = convert ? t.staging : t.input;
   const uint32_t vpr = t.row_elems / VEC;
   const uint32_t group = lse ? t.row_elems / p.lse_per_row : t.row_elems;
   Out* out = base<Out>(t.output, t.output.rank);
@@ -290,7 +291,7 @@ __device__ __forceinline__ void pull_rows(const weft_grpcoll_params& p, const we
           const uint32_t k = k0 + kk;
           if (live[u] && k < npeers) {
             const uint64_t row = uint64_t(s.peer_row[k]) + r[u];
-            if (lse) l[u][kk] = base<const float>(p.input_lse, s.peer[k])[row * p.lse_per_row + col[u] / group];
+            if (lse) l[u][kk] = base<const float>(lse_view, s.peer[k])[row * p.lse_per_row + col[u] / group];
             x[u][kk] = *reinterpret_cast<const PI*>(base<const In>(src_view, s.peer[k]) + row * t.row_elems + col[u]);
           }
         }
@@ -343,13 +344,12 @@ constexpr int kSingleUnroll = 4;
 
 template <typename In, typename Out, int VEC>
 __device__ __forceinline__ void pull_single(const weft_grpcoll_params& p, const weft_grpcoll_tensor& t,
-                                            const weft_grpcoll_item& s) {
+                                            const weft_grpcoll_item& s, const weft_pgl_view& src_view) {
   using Acc = typename AccOf<Out>::T;
   using PI = Pack<In, VEC>;
   using PO = Pack<Out, VEC>;
   // Half as many when the output is wider than the input (its stores hold more registers).
   constexpr int U = sizeof(Out) > sizeof(In) ? kSingleUnroll / 2 : kSingleUnroll;
-  const weft_pgl_view& src_view = has(p, WEFT_GRPCOLL_CONVERT) ? t.staging : t.input;
   const bool accumulate = has(p, WEFT_GRPCOLL_ACCUMULATE);
   // Rows are contiguous on both sides: the item is one run of rows x row_elems elements.
   const PI* src = reinterpret_cast<const PI*>(base<const In>(src_view, s.peer[0]) + uint64_t(s.peer_row[0]) * t.row_elems);
@@ -380,23 +380,28 @@ __device__ __forceinline__ void pull_single(const weft_grpcoll_params& p, const 
   }
 }
 
-// One item of one tensor: the single-source path, or the general one with U vectors per step (2,
-// or 1 when a vector's accumulators take 32 bytes or more: 8 floats for 16-bit data, 8 doubles
-// for bf16 -> f64) and kPullBatch sources per batch, which keeps every instance within 128
-// registers (512 threads) without spills.
+// One item of one tensor, its sources' rows in `src_view` (their lse in `lse_view`): the
+// single-source path, or the general one with U vectors per step (2, or 1 when a vector's
+// accumulators take 32 bytes or more: 8 floats for 16-bit data, 8 doubles for bf16 -> f64) and
+// kPullBatch sources per batch, which keeps every instance within 128 registers (512 threads)
+// without spills.
 template <typename In, typename Out, int VEC>
 __device__ __forceinline__ void pull_item(const weft_grpcoll_params& p, const weft_grpcoll_tensor& t,
-                                          const weft_grpcoll_item& s) {
+                                          const weft_grpcoll_item& s, const weft_pgl_view& src_view,
+                                          const weft_pgl_view& lse_view) {
   if (s.npeers == 1 && p.op != WEFT_GRPCOLL_OP_LSE) {
-    pull_single<In, Out, VEC>(p, t, s);
+    pull_single<In, Out, VEC>(p, t, s, src_view);
   } else {
-    pull_rows<In, Out, VEC, (sizeof(typename AccOf<Out>::T) * VEC >= 16 ? 1 : 2), kPullBatch>(p, t, s);
+    pull_rows<In, Out, VEC, (sizeof(typename AccOf<Out>::T) * VEC >= 16 ? 1 : 2), kPullBatch>(p, t, s, src_view,
+                                                                                             lse_view);
   }
 }
 
-// The lse of one item's rows, after its data (which read the old output lse when accumulating).
+// The lse of one item's rows (the sources' lse in `lse_view`), after its data (which read the old
+// output lse when accumulating).
 template <typename Acc>
-__device__ __forceinline__ void pull_lse(const weft_grpcoll_params& p, const weft_grpcoll_item& s) {
+__device__ __forceinline__ void pull_lse(const weft_grpcoll_params& p, const weft_grpcoll_item& s,
+                                         const weft_pgl_view& lse_view) {
   float* out_lse = base<float>(p.output_lse, p.output_lse.rank);
   const uint64_t n = uint64_t(s.rows) * p.lse_per_row;
   for (uint64_t j = threadIdx.x; j < n; j += blockDim.x) {
@@ -406,8 +411,147 @@ __device__ __forceinline__ void pull_lse(const weft_grpcoll_params& p, const wef
     float* dst = out_lse + (s.row + r) * p.lse_per_row + h;
     if (has(p, WEFT_GRPCOLL_ACCUMULATE)) run.add(*dst, scale, w);
     for (uint32_t k = 0; k < s.npeers; ++k)
-      run.add(base<const float>(p.input_lse, s.peer[k])[(s.peer_row[k] + r) * p.lse_per_row + h], scale, w);
+      run.add(base<const float>(lse_view, s.peer[k])[(s.peer_row[k] + r) * p.lse_per_row + h], scale, w);
     *dst = float(run.lse());
+  }
+}
+
+
+// ---- pull through shared memory (bulk loads) ----
+//
+// A pulling block keeps only a few 16-byte loads per thread in flight when it reads its sources
+// straight from peer memory: latency-bound (crates/grpcoll/README.md, "Measured"). With
+// bulk_buffer_bytes set, one thread instead bulk-loads (cp.async.bulk, the TMA) each unit's source
+// rows into one of two shared-memory buffers — a unit is a slice of an item: as many of its rows as
+// fit the buffer with every source's copy — one unit ahead of the block, which reduces the
+// previous unit from shared memory with the same code as the direct path (the unit's item copy
+// names this rank and rows k x unit rows, its source view points at the buffer). An item whose one
+// row from every source does not fit a buffer is pulled directly. Orderings: the loads start after
+// the BEFORE barrier's acquire and a proxy fence (the sources were written by ordinary stores);
+// each buffer's mbarrier completes when its bytes landed (acquire for every waiting thread); a
+// buffer is refilled only after the __syncthreads that ends the unit read from it.
+
+struct BulkShared {
+  uint64_t bar[2];
+  weft_grpcoll_item item[2];
+  weft_pgl_view view[2];
+};
+static_assert(sizeof(BulkShared) <= WEFT_GRPCOLL_BULK_SHARED_BYTES, "WEFT_GRPCOLL_BULK_SHARED_BYTES holds BulkShared");
+
+// One unit of the block's work: item `it`, its rows [r0, r0 + rows), through a buffer or direct.
+struct BulkUnit {
+  uint32_t it, r0, rows;
+  bool bulk;
+};
+
+// The block's units in order (every thread walks the same sequence): walk position j (whole runs,
+// as the direct path) and the next slice's first row r0. False when the block's work is done.
+__device__ __forceinline__ bool next_unit(const weft_grpcoll_params& p, uint32_t n, uint32_t row_bytes, uint32_t& j,
+                                          uint32_t& r0, BulkUnit& u) {
+  const uint32_t len = weft_grpcoll_walk_length(n, walk_world(p));
+  while (j < len) {
+    const uint32_t it = walk_item(p, j, n, false);
+    if (it >= n) {
+      j += gridDim.x;
+      continue;
+    }
+    const weft_grpcoll_item& s = item(p, it);
+    const uint64_t per_row = uint64_t(s.npeers) * row_bytes;
+    if (per_row == 0 || per_row > p.bulk_buffer_bytes) {
+      u = BulkUnit{it, 0, s.rows, false};
+      j += gridDim.x;
+      return true;
+    }
+    const uint32_t fit = uint32_t(p.bulk_buffer_bytes / per_row);
+    const uint32_t rows = fit < s.rows - r0 ? fit : s.rows - r0;
+    u = BulkUnit{it, r0, rows, true};
+    r0 += rows;
+    if (r0 >= s.rows) {
+      r0 = 0;
+      j += gridDim.x;
+    }
+    return true;
+  }
+  return false;
+}
+
+// Thread 0: starts unit u's loads into buffer b (or, direct, completes the buffer's phase with no bytes).
+template <typename In>
+__device__ __forceinline__ void issue_unit(const weft_grpcoll_params& p, const weft_pgl_view& src, uint8_t* buf,
+                                           BulkShared* sh, uint32_t b, const BulkUnit& u) {
+  if (!u.bulk) {
+    weft::mbar_arrive(&sh->bar[b]);
+    return;
+  }
+  const weft_grpcoll_item& s = item(p, u.it);
+  const uint32_t row_elems = p.tensor[0].row_elems;
+  const uint32_t bytes = u.rows * row_elems * uint32_t(sizeof(In));
+  uint8_t* dst = buf + uint64_t(b) * p.bulk_buffer_bytes;
+  weft_grpcoll_item& m = sh->item[b];
+  m.row = s.row + u.r0;
+  m.rows = u.rows;
+  m.npeers = s.npeers;
+  sh->view[b] = src;
+  sh->view[b].base[src.rank] = reinterpret_cast<uint64_t>(dst);
+  for (uint32_t k = 0; k < s.npeers; ++k) {
+    m.peer[k] = src.rank;
+    m.peer_row[k] = k * u.rows;
+  }
+  weft::mbar_arrive_expect_tx(&sh->bar[b], bytes * s.npeers);
+  for (uint32_t k = 0; k < s.npeers; ++k) {
+    const In* from = base<const In>(src, s.peer[k]) + (uint64_t(s.peer_row[k]) + u.r0) * row_elems;
+    weft::bulk_load_g2s(dst + uint64_t(k) * bytes, from, bytes, &sh->bar[b]);
+  }
+}
+
+template <typename In, typename Out, int VEC>
+__device__ __forceinline__ void pull_bulk(const weft_grpcoll_params& p) {
+  extern __shared__ __align__(128) uint8_t bulk_smem[];
+  BulkShared* sh = reinterpret_cast<BulkShared*>(bulk_smem + 2ull * p.bulk_buffer_bytes);
+  const weft_grpcoll_tensor& t = p.tensor[0];
+  const weft_pgl_view& src = has(p, WEFT_GRPCOLL_CONVERT) ? t.staging : t.input;
+  const uint32_t n = item_count(p), row_bytes = t.row_elems * uint32_t(sizeof(In));
+  if (threadIdx.x == 0) {
+    // The host sizes shared memory with weft_grpcoll_pull_smem_bytes: a mismatch is a build bug,
+    // reported (status SMEM) rather than a corrupt run.
+    uint32_t given;
+    asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(given));
+    if (given < weft_grpcoll_pull_smem_bytes(p.bulk_buffer_bytes)) {
+      weft::sync::failure f{};
+      f.status = WEFT_SYNC_STATUS_SMEM;
+      f.expected = weft_grpcoll_pull_smem_bytes(p.bulk_buffer_bytes);
+      f.observed = given;
+      weft::sync::fail(p.bar.bound, p.bar.view.rank, f);
+    }
+    weft::mbar_init(&sh->bar[0], 1);
+    weft::mbar_init(&sh->bar[1], 1);
+    weft::mbar_fence_init();
+    // The sources were written by ordinary stores (before this launch, or by phase 1), acquired by
+    // the BEFORE barrier; the bulk loads read them through the async proxy.
+    weft::fence_proxy_async_all();
+  }
+  __syncthreads();
+  uint32_t j = blockIdx.x, r0 = 0, phase[2] = {0, 0}, b = 0;
+  BulkUnit cur, next;
+  bool have = next_unit(p, n, row_bytes, j, r0, cur);
+  if (threadIdx.x == 0 && have) issue_unit<In>(p, src, bulk_smem, sh, 0, cur);
+  while (have) {
+    const bool have_next = next_unit(p, n, row_bytes, j, r0, next);
+    // Buffer b ^ 1 was last read by the unit before `cur`, which every thread finished (the
+    // __syncthreads below).
+    if (threadIdx.x == 0 && have_next) issue_unit<In>(p, src, bulk_smem, sh, b ^ 1u, next);
+    // A give-up reports (block, buffer, item, first row of the unit).
+    weft::sync::mbarrier_wait(&sh->bar[b], phase[b], p.bar.bound, p.bar.view.rank, coord4(blockIdx.x, b, cur.it, cur.r0));
+    phase[b] ^= 1u;
+    if (cur.bulk) {
+      pull_item<In, Out, VEC>(p, t, sh->item[b], sh->view[b], p.input_lse);
+    } else {
+      pull_item<In, Out, VEC>(p, t, item(p, cur.it), src, p.input_lse);
+    }
+    __syncthreads();
+    cur = next;
+    have = have_next;
+    b ^= 1u;
   }
 }
 
@@ -421,18 +565,23 @@ __device__ __forceinline__ void pull(const weft_grpcoll_params& p) {
   if (synced) cross_barrier(p, WEFT_GRPCOLL_BAR_BEFORE, convert);
   const auto pull_one = [&](uint32_t it) {
     const weft_grpcoll_item& s = item(p, it);
-    for (uint32_t t = 0; t < p.ntensors; ++t) pull_item<In, Out, VEC>(p, p.tensor[t], s);
+    for (uint32_t t = 0; t < p.ntensors; ++t)
+      pull_item<In, Out, VEC>(p, p.tensor[t], s, convert ? p.tensor[t].staging : p.tensor[t].input, p.input_lse);
     if (p.op == WEFT_GRPCOLL_OP_LSE) {
       // Every thread has read the item's old output lse (accumulate) before any is rewritten.
       __syncthreads();
-      pull_lse<typename AccOf<Out>::T>(p, s);
+      pull_lse<typename AccOf<Out>::T>(p, s, p.input_lse);
     }
   };
   if constexpr (VEC > 1) {
-    const uint32_t n = item_count(p);
-    for (uint32_t j = blockIdx.x; j < weft_grpcoll_walk_length(n, walk_world(p)); j += gridDim.x) {
-      const uint32_t it = walk_item(p, j, n, false);
-      if (it < n) pull_one(it);  // uniform across the block: pull_one's __syncthreads stays safe
+    if (p.bulk_buffer_bytes != 0 && synced && p.op != WEFT_GRPCOLL_OP_LSE && p.ntensors == 1) {
+      pull_bulk<In, Out, VEC>(p);
+    } else {
+      const uint32_t n = item_count(p);
+      for (uint32_t j = blockIdx.x; j < weft_grpcoll_walk_length(n, walk_world(p)); j += gridDim.x) {
+        const uint32_t it = walk_item(p, j, n, false);
+        if (it < n) pull_one(it);  // uniform across the block: pull_one's __syncthreads stays safe
+      }
     }
   } else {
     // The 1-element kernels (rows that are not whole 16-byte vectors, the slow path) walk in

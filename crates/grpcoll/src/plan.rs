@@ -26,6 +26,39 @@ use weft_sync::{Counters, WaitBudget};
 
 const PUSH_THREADS: u32 = 1024;
 const PULL_THREADS: u32 = 512;
+/// Bytes of each of the two shared-memory buffers a native pull block bulk-loads its sources'
+/// rows into (kernels/grpcoll/grpcoll.cu, "pull through shared memory"): with 96 KiB, a block has
+/// up to 192 KiB of loads in flight where 16-byte loads into registers keep about 32 KiB.
+const BULK_BUFFER_BYTES: u32 = 96 << 10;
+
+/// The native pull kernel's bulk buffer bytes on this device: `BULK_BUFFER_BYTES`, or
+/// `WEFT_GRPCOLL_BULK_KIB` (KiB; 0 reads the sources straight from peer memory, for comparison),
+/// 0 where the device's opt-in shared memory per block cannot hold two buffers.
+fn bulk_buffer_bytes(ctx: &Arc<cudarc::driver::CudaContext>) -> anyhow::Result<u32> {
+    let wanted = match std::env::var("WEFT_GRPCOLL_BULK_KIB") {
+        Ok(v) => {
+            let kib: u32 = v.trim().parse().map_err(|_| {
+                GrpcollError::Options(format!(
+                    "WEFT_GRPCOLL_BULK_KIB={v:?} is not a number of KiB"
+                ))
+            })?;
+            ensure!(
+                kib < 1024,
+                GrpcollError::Options(format!(
+                    "WEFT_GRPCOLL_BULK_KIB={kib}: a buffer of at most 1023 KiB (a bulk load's transaction count)"
+                ))
+            );
+            kib << 10
+        }
+        Err(_) => BULK_BUFFER_BYTES,
+    };
+    let optin = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
+        as u32;
+    // SAFETY: a pure function of its argument.
+    let needed = unsafe { weft_kernels::abi::weft_grpcoll_pull_smem_bytes(wanted) };
+    Ok(if needed <= optin { wanted } else { 0 })
+}
 
 fn op_name(code: u64) -> &'static str {
     match code {
@@ -78,6 +111,8 @@ pub(crate) struct Core<T: PglElement> {
     pub(crate) output_lse: Option<Pgl<f32>>,
     pub(crate) counters: Counters,
     pub(crate) native: CudaFunction,
+    /// The native pull kernel's bulk buffer bytes (0: it reads peer memory directly).
+    pub(crate) bulk_buffer_bytes: u32,
     pub(crate) native_items: Items,
     /// Push kernel at the comm row widths (the baseline's gathers, and a push cast's scatter);
     /// and at the lse row width.
@@ -399,6 +434,21 @@ impl<T: PglElement> Core<T> {
                 Some(name) => module.load_function(name)?,
                 None => copy_comm.clone(),
             };
+            // Bulk buffers where the pull kernel has them: 16-byte vectors, one tensor, no lse.
+            let bulk = match &pull_name {
+                Some(name) if name.ends_with("_vN") && lse_per_row == 0 && row_elems.len() == 1 => {
+                    bulk_buffer_bytes(&ctx)?
+                }
+                _ => 0,
+            };
+            if bulk > 0 {
+                // SAFETY: a pure function of its argument.
+                let smem = unsafe { weft_kernels::abi::weft_grpcoll_pull_smem_bytes(bulk) };
+                native.set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                )?;
+            }
             let layout = match capacity {
                 None => None,
                 Some(_) => Some(
@@ -408,9 +458,9 @@ impl<T: PglElement> Core<T> {
                         .load_function("weft_grpcoll_layout")?,
                 ),
             };
-            Ok((native, copy_comm, copy_lse, layout))
+            Ok((native, bulk, copy_comm, copy_lse, layout))
         })();
-        let (native, copy_comm, copy_lse, layout) =
+        let (native, bulk_buffer_bytes, copy_comm, copy_lse, layout) =
             agree_typed(rdzv, "grpcoll plan (kernels)", loaded)?;
 
         // Work lists: rows per item from the bytes of one row of every tensor.
@@ -505,6 +555,7 @@ impl<T: PglElement> Core<T> {
             output_lse,
             counters,
             native,
+            bulk_buffer_bytes,
             native_items,
             copy_comm,
             copy_lse,
@@ -603,10 +654,12 @@ impl<T: PglElement> Core<T> {
         grid: u32,
     ) -> anyhow::Result<()> {
         let pull = std::ptr::eq(f, &self.native) && self.path == Path::Pull;
+        // SAFETY: a pure function of its argument.
+        let smem = unsafe { weft_kernels::abi::weft_grpcoll_pull_smem_bytes(p.bulk_buffer_bytes) };
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
             block_dim: (if pull { PULL_THREADS } else { PUSH_THREADS }, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: smem,
         };
         // SAFETY: the params' views and work lists point at buffers this plan owns (or peers'
         // mapped buffers of the same shapes), alive until the plan is freed; the items stay in
@@ -626,6 +679,7 @@ impl<T: PglElement> Core<T> {
         p.bar = self.counters.device()?;
         p.epoch = base + 1;
         p.flags = WEFT_GRPCOLL_SYNCED | WEFT_GRPCOLL_TRANSFER;
+        p.bulk_buffer_bytes = self.bulk_buffer_bytes;
         if self.converts() {
             p.flags |= WEFT_GRPCOLL_CONVERT;
         }

@@ -37,6 +37,13 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// Orders this thread's preceding generic-proxy accesses, in every state space, before its
+// subsequent async-proxy accesses: a thread that acquired data written by ordinary stores (this
+// GPU's or a peer's, e.g. through a barrier) issues it before bulk-loading that data.
+__device__ __forceinline__ void fence_proxy_async_all() {
+  asm volatile("fence.proxy.async;" ::: "memory");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Bulk copies (cp.async.bulk, non-tensor)
 
