@@ -421,71 +421,80 @@ __device__ __forceinline__ void pull_lse(const weft_grpcoll_params& p, const wef
 //
 // A pulling block keeps only a few 16-byte loads per thread in flight when it reads its sources
 // straight from peer memory: latency-bound (crates/grpcoll/README.md, "Measured"). With
-// bulk_buffer_bytes set, one thread instead bulk-loads (cp.async.bulk, the TMA) each unit's source
-// rows into one of two shared-memory buffers — a unit is a slice of an item: as many of its rows as
-// fit the buffer with every source's copy — one unit ahead of the block, which reduces the
-// previous unit from shared memory with the same code as the direct path (the unit's item copy
-// names this rank and rows k x unit rows, its source view points at the buffer). An item whose one
-// row from every source does not fit a buffer is pulled directly. Orderings: the loads start after
-// the BEFORE barrier's acquire and a proxy fence (the sources were written by ordinary stores);
-// each buffer's mbarrier completes when its bytes landed (acquire for every waiting thread); a
-// buffer is refilled only after the __syncthreads that ends the unit read from it.
+// bulk_buffer_bytes set, thread 0 instead bulk-loads (cp.async.bulk, the TMA) each unit's source
+// rows into a ring of WEFT_GRPCOLL_BULK_STAGES shared-memory buffers, STAGES - 1 units ahead of the
+// block — a unit is a slice of an item: as many of its rows as fit one buffer with every source's
+// copy — and the block reduces each unit from shared memory with the same code as the direct path
+// (the unit's item copy names this rank and rows k x unit rows, its source view points at the
+// buffer). An item whose one row from every source does not fit a buffer is pulled directly.
+// Orderings: the loads start after the BEFORE barrier's acquire and a proxy fence (the sources were
+// written by ordinary stores); a buffer's mbarrier completes when its bytes and thread 0's
+// description of the unit are there (acquire for every waiting thread); a buffer is refilled only
+// after the __syncthreads that ends the unit read from it.
+
+constexpr uint32_t kBulkStages = WEFT_GRPCOLL_BULK_STAGES;
+
+// One unit of the block's work: item `it`, its rows [r0, r0 + rows), through a buffer or direct;
+// `end`: the block's work is done.
+struct BulkUnit {
+  uint32_t it, r0, rows;
+  uint32_t bulk, end;
+};
 
 struct BulkShared {
-  uint64_t bar[2];
-  weft_grpcoll_item item[2];
-  weft_pgl_view view[2];
+  uint64_t bar[kBulkStages];
+  BulkUnit unit[kBulkStages];
+  weft_grpcoll_item item[kBulkStages];
+  weft_pgl_view view[kBulkStages];
 };
 static_assert(sizeof(BulkShared) <= WEFT_GRPCOLL_BULK_SHARED_BYTES, "WEFT_GRPCOLL_BULK_SHARED_BYTES holds BulkShared");
 
-// One unit of the block's work: item `it`, its rows [r0, r0 + rows), through a buffer or direct.
-struct BulkUnit {
-  uint32_t it, r0, rows;
-  bool bulk;
+// Thread 0's walk over the block's units: walk position j (whole runs, as the direct path) and the
+// next slice's first row r0.
+struct BulkCursor {
+  uint32_t j, r0;
 };
 
-// The block's units in order (every thread walks the same sequence): walk position j (whole runs,
-// as the direct path) and the next slice's first row r0. False when the block's work is done.
-__device__ __forceinline__ bool next_unit(const weft_grpcoll_params& p, uint32_t n, uint32_t row_bytes, uint32_t& j,
-                                          uint32_t& r0, BulkUnit& u) {
+__device__ __forceinline__ BulkUnit next_unit(const weft_grpcoll_params& p, uint32_t n, uint32_t row_bytes, BulkCursor& c) {
   const uint32_t len = weft_grpcoll_walk_length(n, walk_world(p));
-  while (j < len) {
-    const uint32_t it = walk_item(p, j, n, false);
+  while (c.j < len) {
+    const uint32_t it = walk_item(p, c.j, n, false);
     if (it >= n) {
-      j += gridDim.x;
+      c.j += gridDim.x;
       continue;
     }
     const weft_grpcoll_item& s = item(p, it);
     const uint64_t per_row = uint64_t(s.npeers) * row_bytes;
     if (per_row == 0 || per_row > p.bulk_buffer_bytes) {
-      u = BulkUnit{it, 0, s.rows, false};
-      j += gridDim.x;
-      return true;
+      c.j += gridDim.x;
+      return BulkUnit{it, 0, s.rows, 0u, 0u};
     }
     const uint32_t fit = uint32_t(p.bulk_buffer_bytes / per_row);
-    const uint32_t rows = fit < s.rows - r0 ? fit : s.rows - r0;
-    u = BulkUnit{it, r0, rows, true};
-    r0 += rows;
-    if (r0 >= s.rows) {
-      r0 = 0;
-      j += gridDim.x;
+    const uint32_t r0 = c.r0, rows = fit < s.rows - r0 ? fit : s.rows - r0;
+    c.r0 += rows;
+    if (c.r0 >= s.rows) {
+      c.r0 = 0;
+      c.j += gridDim.x;
     }
-    return true;
+    return BulkUnit{it, r0, rows, 1u, 0u};
   }
-  return false;
+  return BulkUnit{0, 0, 0, 0u, 1u};
 }
 
-// Thread 0: starts unit u's loads into buffer b (or, direct, completes the buffer's phase with no bytes).
+// Thread 0: describes the block's next unit in buffer b and starts its loads (a direct unit or
+// the end completes the buffer's phase with no bytes).
 template <typename In>
 __device__ __forceinline__ void issue_unit(const weft_grpcoll_params& p, const weft_pgl_view& src, uint8_t* buf,
-                                           BulkShared* sh, uint32_t b, const BulkUnit& u) {
+                                           BulkShared* sh, uint32_t b, uint32_t n, uint32_t row_bytes, BulkCursor& c) {
+  const BulkUnit u = next_unit(p, n, row_bytes, c);
+  sh->unit[b] = u;
   if (!u.bulk) {
     weft::mbar_arrive(&sh->bar[b]);
     return;
   }
   const weft_grpcoll_item& s = item(p, u.it);
   const uint32_t row_elems = p.tensor[0].row_elems;
-  const uint32_t bytes = u.rows * row_elems * uint32_t(sizeof(In));
+  const uint32_t bytes = u.rows * row_bytes;
   uint8_t* dst = buf + uint64_t(b) * p.bulk_buffer_bytes;
   weft_grpcoll_item& m = sh->item[b];
   m.row = s.row + u.r0;
@@ -507,10 +516,11 @@ __device__ __forceinline__ void issue_unit(const weft_grpcoll_params& p, const w
 template <typename In, typename Out, int VEC>
 __device__ __forceinline__ void pull_bulk(const weft_grpcoll_params& p) {
   extern __shared__ __align__(128) uint8_t bulk_smem[];
-  BulkShared* sh = reinterpret_cast<BulkShared*>(bulk_smem + 2ull * p.bulk_buffer_bytes);
+  BulkShared* sh = reinterpret_cast<BulkShared*>(bulk_smem + uint64_t(kBulkStages) * p.bulk_buffer_bytes);
   const weft_grpcoll_tensor& t = p.tensor[0];
   const weft_pgl_view& src = has(p, WEFT_GRPCOLL_CONVERT) ? t.staging : t.input;
   const uint32_t n = item_count(p), row_bytes = t.row_elems * uint32_t(sizeof(In));
+  BulkCursor cursor{blockIdx.x, 0};  // thread 0's
   if (threadIdx.x == 0) {
     // The host sizes shared memory with weft_grpcoll_pull_smem_bytes: a mismatch is a build bug,
     // reported (status SMEM) rather than a corrupt run.
@@ -523,35 +533,30 @@ __device__ __forceinline__ void pull_bulk(const weft_grpcoll_params& p) {
       f.observed = given;
       weft::sync::fail(p.bar.bound, p.bar.view.rank, f);
     }
-    weft::mbar_init(&sh->bar[0], 1);
-    weft::mbar_init(&sh->bar[1], 1);
+    for (uint32_t b = 0; b < kBulkStages; ++b) weft::mbar_init(&sh->bar[b], 1);
     weft::mbar_fence_init();
     // The sources were written by ordinary stores (before this launch, or by phase 1), acquired by
     // the BEFORE barrier; the bulk loads read them through the async proxy.
     weft::fence_proxy_async_all();
+    for (uint32_t b = 0; b + 1 < kBulkStages; ++b) issue_unit<In>(p, src, bulk_smem, sh, b, n, row_bytes, cursor);
   }
   __syncthreads();
-  uint32_t j = blockIdx.x, r0 = 0, phase[2] = {0, 0}, b = 0;
-  BulkUnit cur, next;
-  bool have = next_unit(p, n, row_bytes, j, r0, cur);
-  if (threadIdx.x == 0 && have) issue_unit<In>(p, src, bulk_smem, sh, 0, cur);
-  while (have) {
-    const bool have_next = next_unit(p, n, row_bytes, j, r0, next);
-    // Buffer b ^ 1 was last read by the unit before `cur`, which every thread finished (the
+  for (uint32_t i = 0;; ++i) {
+    const uint32_t b = i % kBulkStages;
+    // The buffer of unit i + STAGES - 1 last held unit i - 1, which every thread finished (the
     // __syncthreads below).
-    if (threadIdx.x == 0 && have_next) issue_unit<In>(p, src, bulk_smem, sh, b ^ 1u, next);
-    // A give-up reports (block, buffer, item, first row of the unit).
-    weft::sync::mbarrier_wait(&sh->bar[b], phase[b], p.bar.bound, p.bar.view.rank, coord4(blockIdx.x, b, cur.it, cur.r0));
-    phase[b] ^= 1u;
-    if (cur.bulk) {
+    if (threadIdx.x == 0) issue_unit<In>(p, src, bulk_smem, sh, (i + kBulkStages - 1) % kBulkStages, n, row_bytes, cursor);
+    // A give-up reports (block, buffer, unit, 0).
+    weft::sync::mbarrier_wait(&sh->bar[b], (i / kBulkStages) & 1u, p.bar.bound, p.bar.view.rank,
+                              coord4(blockIdx.x, b, i, 0));
+    const BulkUnit u = sh->unit[b];
+    if (u.end) break;  // uniform: every thread read the same description
+    if (u.bulk) {
       pull_item<In, Out, VEC>(p, t, sh->item[b], sh->view[b], p.input_lse);
     } else {
-      pull_item<In, Out, VEC>(p, t, item(p, cur.it), src, p.input_lse);
+      pull_item<In, Out, VEC>(p, t, item(p, u.it), src, p.input_lse);
     }
     __syncthreads();
-    cur = next;
-    have = have_next;
-    b ^= 1u;
   }
 }
 

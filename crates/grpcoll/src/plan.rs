@@ -26,10 +26,11 @@ use weft_sync::{Counters, WaitBudget};
 
 const PUSH_THREADS: u32 = 1024;
 const PULL_THREADS: u32 = 512;
-/// Bytes of each of the two shared-memory buffers a native pull block bulk-loads its sources'
-/// rows into (kernels/grpcoll/grpcoll.cu, "pull through shared memory"): with 96 KiB, a block has
-/// up to 192 KiB of loads in flight where 16-byte loads into registers keep about 32 KiB.
-const BULK_BUFFER_BYTES: u32 = 96 << 10;
+/// Bytes of each of the shared-memory buffers (a ring of `WEFT_GRPCOLL_BULK_STAGES`, 4) a native
+/// pull block bulk-loads its sources' rows into (kernels/grpcoll/grpcoll.cu, "pull through shared
+/// memory"): with 48 KiB, a block keeps up to 144 KiB of loads in flight where 16-byte loads into
+/// registers keep about 32 KiB.
+const BULK_BUFFER_BYTES: u32 = 48 << 10;
 
 /// The native pull kernel's bulk buffer bytes on this device: `BULK_BUFFER_BYTES`, or
 /// `WEFT_GRPCOLL_BULK_KIB` (KiB; 0 reads the sources straight from peer memory, for comparison),

@@ -98,17 +98,19 @@ typedef struct weft_grpcoll_params {
   uint32_t lse_per_row;      // op LSE: lse values per row (each covers row_elems / lse_per_row elements)
   int32_t op;                // WEFT_GRPCOLL_OP_*
   uint32_t flags;            // WEFT_GRPCOLL_* flags
-  // Native pull kernels (vN, one tensor, not LSE): nonzero = bytes of each of the two shared-memory
-  // buffers the sources' rows are bulk-loaded into (weft_grpcoll_pull_smem_bytes of dynamic shared
+  // Native pull kernels (vN, one tensor, not LSE): nonzero = bytes of each of the shared-memory
+  // buffers (a ring of WEFT_GRPCOLL_BULK_STAGES) the sources' rows are bulk-loaded into (weft_grpcoll_pull_smem_bytes of dynamic shared
   // memory); 0 = the sources are read straight from peer memory.
   uint32_t bulk_buffer_bytes;
 } weft_grpcoll_params;
 
-// Dynamic shared memory of a pull launch with bulk buffers of `buffer_bytes`: two buffers, then
-// their mbarriers, item copies and source views (kernels/grpcoll/grpcoll.cu, BulkShared), padded.
-#define WEFT_GRPCOLL_BULK_SHARED_BYTES 1024u
+// Dynamic shared memory of a pull launch with bulk buffers of `buffer_bytes`: a ring of
+// WEFT_GRPCOLL_BULK_STAGES buffers, then their mbarriers, unit descriptions, item copies and
+// source views (kernels/grpcoll/grpcoll.cu, BulkShared), padded.
+#define WEFT_GRPCOLL_BULK_STAGES 4u
+#define WEFT_GRPCOLL_BULK_SHARED_BYTES 2048u
 WEFT_HD uint32_t weft_grpcoll_pull_smem_bytes(uint32_t buffer_bytes) {
-  return buffer_bytes == 0 ? 0u : 2u * buffer_bytes + WEFT_GRPCOLL_BULK_SHARED_BYTES;
+  return buffer_bytes == 0 ? 0u : WEFT_GRPCOLL_BULK_STAGES * buffer_bytes + WEFT_GRPCOLL_BULK_SHARED_BYTES;
 }
 
 // ---- device-resident metadata (kernels/grpcoll/layout.cu) ----
