@@ -26,11 +26,11 @@ use weft_sync::{Counters, WaitBudget};
 
 const PUSH_THREADS: u32 = 1024;
 const PULL_THREADS: u32 = 512;
-/// Bytes of each of the shared-memory buffers (a ring of `WEFT_GRPCOLL_BULK_STAGES`, 4) a native
+/// Bytes of each of the shared-memory buffers (a ring of `WEFT_GRPCOLL_BULK_STAGES`, 2) a native
 /// pull block bulk-loads its sources' rows into (kernels/grpcoll/grpcoll.cu, "pull through shared
-/// memory"): with 48 KiB, a block keeps up to 144 KiB of loads in flight where 16-byte loads into
-/// registers keep about 32 KiB.
-const BULK_BUFFER_BYTES: u32 = 48 << 10;
+/// memory"): a block keeps up to 96 KiB of loads in flight where 16-byte loads into registers keep
+/// about 32 KiB. Two 96 KiB buffers measured faster than four of 48 KiB (crates/grpcoll/README.md).
+const BULK_BUFFER_BYTES: u32 = 96 << 10;
 
 /// The native pull kernel's bulk buffer bytes on this device: `BULK_BUFFER_BYTES`, or
 /// `WEFT_GRPCOLL_BULK_KIB` (KiB; 0 reads the sources straight from peer memory, for comparison),
@@ -435,9 +435,15 @@ impl<T: PglElement> Core<T> {
                 Some(name) => module.load_function(name)?,
                 None => copy_comm.clone(),
             };
-            // Bulk buffers where the pull kernel has them: 16-byte vectors, one tensor, no lse.
+            // Bulk buffers where the pull kernel has them (16-byte vectors, one tensor, no lse)
+            // and they pay: a GroupReduce (a cast through a narrower dtype measured 3-6 % slower).
             let bulk = match &pull_name {
-                Some(name) if name.ends_with("_vN") && lse_per_row == 0 && row_elems.len() == 1 => {
+                Some(name)
+                    if kind == Kind::Reduce
+                        && name.ends_with("_vN")
+                        && lse_per_row == 0
+                        && row_elems.len() == 1 =>
+                {
                     bulk_buffer_bytes(&ctx)?
                 }
                 _ => 0,
