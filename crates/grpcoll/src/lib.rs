@@ -4,8 +4,9 @@
 //! - [`GroupCast`]: input split i goes to every rank of `dst_indices[i]` (push: the sender reads
 //!   each split once and writes it to every destination's output at its final rows).
 //! - [`GroupReduce`]: output split j is the sum / average / lse-combination of the partials of
-//!   every rank in `src_indices[j]` (pull: the receiver reads its sources' partials and writes the
-//!   reduced rows once), fp32 accumulation (fp64 for f64 data), optionally into the existing output.
+//!   every rank in `src_indices[j]` (pull: the receiver reads its sources' partials — bulk-loaded
+//!   into shared memory where it can — and writes the reduced rows once), fp32 accumulation (fp64
+//!   for f64 data), optionally into the existing output.
 //!
 //! A plan is built once, collectively, from this rank's metadata ([`GroupCastMeta`],
 //! [`GroupReduceMeta`]) and the row widths of up to three tensors that share it (packed
