@@ -30,7 +30,7 @@ const PULL_THREADS: u32 = 512;
 /// pull block bulk-loads its sources' rows into (kernels/grpcoll/grpcoll.cu, "pull through shared
 /// memory"): a block keeps up to 96 KiB of loads in flight where 16-byte loads into registers keep
 /// about 32 KiB. Two 96 KiB buffers measured faster than four of 48 KiB (crates/grpcoll/README.md).
-const BULK_BUFFER_BYTES: u32 = 72 << 10;
+const BULK_BUFFER_BYTES: u32 = 96 << 10;
 
 /// The native pull kernel's bulk buffer bytes on this device: `BULK_BUFFER_BYTES`, or
 /// `WEFT_GRPCOLL_BULK_KIB` (KiB; 0 reads the sources straight from peer memory, for comparison),

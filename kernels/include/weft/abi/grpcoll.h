@@ -107,7 +107,7 @@ typedef struct weft_grpcoll_params {
 // Dynamic shared memory of a pull launch with bulk buffers of `buffer_bytes`: a ring of
 // WEFT_GRPCOLL_BULK_STAGES buffers, then their mbarriers, unit descriptions, item copies and
 // source views (kernels/grpcoll/grpcoll.cu, BulkShared), padded.
-#define WEFT_GRPCOLL_BULK_STAGES 3u
+#define WEFT_GRPCOLL_BULK_STAGES 2u
 #define WEFT_GRPCOLL_BULK_SHARED_BYTES 2048u
 WEFT_HD uint32_t weft_grpcoll_pull_smem_bytes(uint32_t buffer_bytes) {
   return buffer_bytes == 0 ? 0u : WEFT_GRPCOLL_BULK_STAGES * buffer_bytes + WEFT_GRPCOLL_BULK_SHARED_BYTES;
