@@ -33,32 +33,39 @@ const PULL_THREADS: u32 = 512;
 const BULK_BUFFER_BYTES: u32 = 96 << 10;
 
 /// The native pull kernel's bulk buffer bytes on this device: `BULK_BUFFER_BYTES`, or
-/// `WEFT_GRPCOLL_BULK_KIB` (KiB; 0 reads the sources straight from peer memory, for comparison),
-/// 0 where the device's opt-in shared memory per block cannot hold two buffers.
-fn bulk_buffer_bytes(ctx: &Arc<cudarc::driver::CudaContext>) -> anyhow::Result<u32> {
-    let wanted = match std::env::var("WEFT_GRPCOLL_BULK_KIB") {
+/// `WEFT_GRPCOLL_BULK_KIB` (whole KiB; 0 reads the sources straight from peer memory, for
+/// comparison; a value that does not fit the device is refused, naming the largest that does); 0
+/// where the default cannot fit. `optin`: the device's opt-in shared memory per block less the
+/// kernel's static shared memory.
+fn bulk_buffer_bytes(optin: u32) -> anyhow::Result<u32> {
+    // The largest buffer the ring fits, in whole KiB (a bulk load's transaction count stays
+    // below 2^20 at 1023 KiB).
+    let fits = |bytes: u32| {
+        // SAFETY: a pure function of its argument.
+        unsafe { weft_kernels::abi::weft_grpcoll_pull_smem_bytes(bytes) <= optin }
+    };
+    let most_kib = (0..1024u32).rev().find(|&k| fits(k << 10)).unwrap_or(0);
+    match std::env::var("WEFT_GRPCOLL_BULK_KIB") {
         Ok(v) => {
             let kib: u32 = v.trim().parse().map_err(|_| {
                 GrpcollError::Options(format!(
-                    "WEFT_GRPCOLL_BULK_KIB={v:?} is not a number of KiB"
+                    "WEFT_GRPCOLL_BULK_KIB={v:?} is not a whole number of KiB"
                 ))
             })?;
             ensure!(
-                kib < 1024,
+                kib <= most_kib,
                 GrpcollError::Options(format!(
-                    "WEFT_GRPCOLL_BULK_KIB={kib}: a buffer of at most 1023 KiB (a bulk load's transaction count)"
+                    "WEFT_GRPCOLL_BULK_KIB={kib}: at most {most_kib} KiB per buffer fit this device's shared memory"
                 ))
             );
-            kib << 10
+            Ok(kib << 10)
         }
-        Err(_) => BULK_BUFFER_BYTES,
-    };
-    let optin = ctx
-        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
-        as u32;
-    // SAFETY: a pure function of its argument.
-    let needed = unsafe { weft_kernels::abi::weft_grpcoll_pull_smem_bytes(wanted) };
-    Ok(if needed <= optin { wanted } else { 0 })
+        Err(_) => Ok(if fits(BULK_BUFFER_BYTES) {
+            BULK_BUFFER_BYTES
+        } else {
+            0
+        }),
+    }
 }
 
 fn op_name(code: u64) -> &'static str {
@@ -444,18 +451,24 @@ impl<T: PglElement> Core<T> {
                         && lse_per_row == 0
                         && row_elems.len() == 1 =>
                 {
-                    bulk_buffer_bytes(&ctx)?
+                    // The module (and so this kernel's handle) is shared by every plan in the
+                    // process: its limit is raised to the device's whole opt-in once, never
+                    // lowered to one plan's size (a later plan must not break an earlier one).
+                    let optin = ctx.attribute(
+                        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                    )? as u32;
+                    let static_smem = native.get_attribute(
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                    )? as u32;
+                    let dynamic = optin.saturating_sub(static_smem);
+                    native.set_attribute(
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        dynamic as i32,
+                    )?;
+                    bulk_buffer_bytes(dynamic)?
                 }
                 _ => 0,
             };
-            if bulk > 0 {
-                // SAFETY: a pure function of its argument.
-                let smem = unsafe { weft_kernels::abi::weft_grpcoll_pull_smem_bytes(bulk) };
-                native.set_attribute(
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    smem as i32,
-                )?;
-            }
             let layout = match capacity {
                 None => None,
                 Some(_) => Some(
@@ -919,6 +932,19 @@ mod tests {
         .contains("200 SMs requested; the device has 132"));
         assert!(e(validate_args(Kind::Cast, DType::F32, &[8], ReduceOp::Sum, &o, 24, 132, 8))
             .contains("8 ranks share one GPU of 132 SMs, so 24 SMs per rank cannot all be resident at once; pass Options::sms at most 16"));
+    }
+
+    // Two 96 KiB buffers where the device's opt-in shared memory holds them (an H100 or H200:
+    // 227 KiB), none where it does not. (Run without WEFT_GRPCOLL_BULK_KIB set.)
+    #[test]
+    fn bulk_buffers_fit_the_device() {
+        if std::env::var_os("WEFT_GRPCOLL_BULK_KIB").is_some() {
+            return;
+        }
+        assert_eq!(bulk_buffer_bytes(232_448).unwrap(), 96 << 10);
+        assert_eq!(bulk_buffer_bytes(2 * (96 << 10) + 2048).unwrap(), 96 << 10);
+        assert_eq!(bulk_buffer_bytes(2 * (96 << 10) + 2047).unwrap(), 0);
+        assert_eq!(bulk_buffer_bytes(49_152).unwrap(), 0);
     }
 
     #[test]

@@ -99,7 +99,9 @@ typedef struct weft_grpcoll_params {
   int32_t op;                // WEFT_GRPCOLL_OP_*
   uint32_t flags;            // WEFT_GRPCOLL_* flags
   // Native pull kernels (vN, one tensor, not LSE): nonzero = bytes of each of the shared-memory
-  // buffers (a ring of WEFT_GRPCOLL_BULK_STAGES) the sources' rows are bulk-loaded into (weft_grpcoll_pull_smem_bytes of dynamic shared
+  // buffers (a ring of WEFT_GRPCOLL_BULK_STAGES) the sources' rows are bulk-loaded into — a
+  // multiple of 128 below 2^20 (the host passes whole KiB below 1024: buffer offsets stay 128-byte
+  // aligned and a buffer's transaction count fits an mbarrier phase) (weft_grpcoll_pull_smem_bytes of dynamic shared
   // memory); 0 = the sources are read straight from peer memory.
   uint32_t bulk_buffer_bytes;
 } weft_grpcoll_params;
