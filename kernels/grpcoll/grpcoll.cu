@@ -423,8 +423,8 @@ __device__ __forceinline__ void pull_lse(const weft_grpcoll_params& p, const wef
 // straight from peer memory: latency-bound (crates/grpcoll/README.md, "Measured"). With
 // bulk_buffer_bytes set, thread 0 instead bulk-loads (cp.async.bulk, the TMA) each unit's source
 // rows into a ring of WEFT_GRPCOLL_BULK_STAGES shared-memory buffers, STAGES - 1 units ahead of the
-// block — a unit is a slice of an item, its rows cut evenly into as few slices as fit one buffer
-// with every source's copy — and the block reduces each unit from shared memory with the same code as the direct path
+// block — a unit is a slice of an item: as many of its rows as fit one buffer with every source's
+// copy — and the block reduces each unit from shared memory with the same code as the direct path
 // (the unit's item copy names this rank and rows k x unit rows, its source view points at the
 // buffer). An item whose one row from every source does not fit a buffer is pulled directly.
 // Orderings: the loads start after the BEFORE barrier's acquire and a proxy fence (the sources were
@@ -469,11 +469,8 @@ __device__ __forceinline__ BulkUnit next_unit(const weft_grpcoll_params& p, uint
       c.j += gridDim.x;
       return BulkUnit{it, 0, s.rows, 0u, 0u};
     }
-    // Even slices: ceil(rows / fit) units of ceil(rows / units) rows (8 rows where 6 fit: 4 + 4,
-    // not 6 + 2 and a small last copy).
     const uint32_t fit = uint32_t(p.bulk_buffer_bytes / per_row);
-    const uint32_t units = (s.rows + fit - 1) / fit, size = (s.rows + units - 1) / units;
-    const uint32_t r0 = c.r0, rows = size < s.rows - r0 ? size : s.rows - r0;
+    const uint32_t r0 = c.r0, rows = fit < s.rows - r0 ? fit : s.rows - r0;
     c.r0 += rows;
     if (c.r0 >= s.rows) {
       c.r0 = 0;
