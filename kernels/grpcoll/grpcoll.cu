@@ -423,13 +423,10 @@ __device__ __forceinline__ void pull_lse(const weft_grpcoll_params& p, const wef
 // straight from peer memory: latency-bound (crates/grpcoll/README.md, "Measured"). With
 // bulk_buffer_bytes set, thread 0 instead bulk-loads (cp.async.bulk, the TMA) each unit's source
 // rows into a ring of WEFT_GRPCOLL_BULK_STAGES shared-memory buffers, STAGES - 1 units ahead of the
-// block — a unit is a slice of an item: as many of its rows as fit one buffer with every remote
-// source's copy — and the block reduces each unit with the same code as the direct path: the
-// unit's source view points each remote source's rank at its rows in the buffer (a rank is a
-// source of an item at most once: the plan and the layout kernel check it), while this rank's own
-// source is read where it lies (local memory, short latency), so the buffer holds only bytes that
-// cross NVLink. An item whose one row from every remote source does not fit a buffer, or that has
-// no remote source, is pulled directly.
+// block — a unit is a slice of an item: as many of its rows as fit one buffer with every source's
+// copy — and the block reduces each unit from shared memory with the same code as the direct path
+// (the unit's item copy names this rank and rows k x unit rows, its source view points at the
+// buffer). An item whose one row from every source does not fit a buffer is pulled directly.
 // Orderings: the loads start after the BEFORE barrier's acquire and a proxy fence (the sources were
 // written by ordinary stores); a buffer's mbarrier completes when its bytes and thread 0's
 // description of the unit are there (acquire for every waiting thread); a buffer is refilled only
@@ -458,15 +455,7 @@ struct BulkCursor {
   uint32_t j, r0;
 };
 
-// Sources of item s other than rank `self`.
-__device__ __forceinline__ uint32_t remote_sources(const weft_grpcoll_item& s, int32_t self) {
-  uint32_t k = 0;
-  for (uint32_t i = 0; i < s.npeers; ++i) k += s.peer[i] != self ? 1u : 0u;
-  return k;
-}
-
-__device__ __forceinline__ BulkUnit next_unit(const weft_grpcoll_params& p, uint32_t n, uint32_t row_bytes, int32_t self,
-                                              BulkCursor& c) {
+__device__ __forceinline__ BulkUnit next_unit(const weft_grpcoll_params& p, uint32_t n, uint32_t row_bytes, BulkCursor& c) {
   const uint32_t len = weft_grpcoll_walk_length(n, walk_world(p));
   while (c.j < len) {
     const uint32_t it = walk_item(p, c.j, n, false);
@@ -475,7 +464,7 @@ __device__ __forceinline__ BulkUnit next_unit(const weft_grpcoll_params& p, uint
       continue;
     }
     const weft_grpcoll_item& s = item(p, it);
-    const uint64_t per_row = uint64_t(remote_sources(s, self)) * row_bytes;
+    const uint64_t per_row = uint64_t(s.npeers) * row_bytes;
     if (per_row == 0 || per_row > p.bulk_buffer_bytes) {
       c.j += gridDim.x;
       return BulkUnit{it, 0, s.rows, 0u, 0u};
@@ -497,7 +486,7 @@ __device__ __forceinline__ BulkUnit next_unit(const weft_grpcoll_params& p, uint
 template <typename In>
 __device__ __forceinline__ void issue_unit(const weft_grpcoll_params& p, const weft_pgl_view& src, uint8_t* buf,
                                            BulkShared* sh, uint32_t b, uint32_t n, uint32_t row_bytes, BulkCursor& c) {
-  const BulkUnit u = next_unit(p, n, row_bytes, src.rank, c);
+  const BulkUnit u = next_unit(p, n, row_bytes, c);
   sh->unit[b] = u;
   if (!u.bulk) {
     weft::mbar_arrive(&sh->bar[b]);
@@ -512,26 +501,15 @@ __device__ __forceinline__ void issue_unit(const weft_grpcoll_params& p, const w
   m.rows = u.rows;
   m.npeers = s.npeers;
   sh->view[b] = src;
-  // Remote source k: its rows at slot `slots` of the buffer, its rank's base pointed there;
-  // this rank's source: where it lies, from the unit's first row.
-  uint32_t slots = 0;
+  sh->view[b].base[src.rank] = reinterpret_cast<uint64_t>(dst);
   for (uint32_t k = 0; k < s.npeers; ++k) {
-    m.peer[k] = s.peer[k];
-    if (s.peer[k] == src.rank) {
-      m.peer_row[k] = s.peer_row[k] + u.r0;
-    } else {
-      m.peer_row[k] = 0;
-      sh->view[b].base[s.peer[k]] = reinterpret_cast<uint64_t>(dst + uint64_t(slots) * bytes);
-      ++slots;
-    }
+    m.peer[k] = src.rank;
+    m.peer_row[k] = k * u.rows;
   }
-  weft::mbar_arrive_expect_tx(&sh->bar[b], bytes * slots);
-  slots = 0;
+  weft::mbar_arrive_expect_tx(&sh->bar[b], bytes * s.npeers);
   for (uint32_t k = 0; k < s.npeers; ++k) {
-    if (s.peer[k] == src.rank) continue;
     const In* from = base<const In>(src, s.peer[k]) + (uint64_t(s.peer_row[k]) + u.r0) * row_elems;
-    weft::bulk_load_g2s(dst + uint64_t(slots) * bytes, from, bytes, &sh->bar[b]);
-    ++slots;
+    weft::bulk_load_g2s(dst + uint64_t(k) * bytes, from, bytes, &sh->bar[b]);
   }
 }
 
