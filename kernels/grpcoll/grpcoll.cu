@@ -237,12 +237,18 @@ struct LseRun {
   __device__ __forceinline__ Acc inv() const { return sum > Acc(0) ? Acc(1) / sum : Acc(0); }
 };
 
+// The threads that share an item's rows: thread `tid` of `n` (the whole block, or the bulk
+// pull's consumer warps).
+struct Workers {
+  uint32_t tid, n;
+};
+
 // The data of one item for one tensor: U vectors per thread per step, its sources loaded KB at a
 // time (U x KB loads in flight per thread).
 template <typename In, typename Out, int VEC, int U, int KB>
 __device__ __forceinline__ void pull_rows(const weft_grpcoll_params& p, const weft_grpcoll_tensor& t,
                                           const weft_grpcoll_item& s, const weft_pgl_view& src_view,
-                                          const weft_pgl_view& lse_view) {
+                                          const weft_pgl_view& lse_view, Workers w) {
   using Acc = typename AccOf<Out>::T;
   using PI = Pack<In, VEC>;
   using PO = Pack<Out, VEC>;
@@ -255,7 +261,7 @@ __device__ __forceinline__ void pull_rows(const weft_grpcoll_params& p, const we
   // An item is one chunk (about 64 KiB, or one row): its vector count fits 32 bits.
   const uint32_t n = s.rows * vpr;
   const uint32_t npeers = s.npeers;
-  for (uint32_t i0 = threadIdx.x; i0 < n; i0 += blockDim.x * U) {
+  for (uint32_t i0 = w.tid; i0 < n; i0 += w.n * U) {
     uint32_t r[U];
     uint32_t col[U];
     bool live[U];
@@ -263,7 +269,7 @@ __device__ __forceinline__ void pull_rows(const weft_grpcoll_params& p, const we
     LseRun<Acc> run[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const uint32_t i = i0 + u * blockDim.x;
+      const uint32_t i = i0 + u * w.n;
       live[u] = i < n;
       r[u] = live[u] ? i / vpr : 0;
       col[u] = live[u] ? (i - r[u] * vpr) * VEC : 0;
@@ -344,7 +350,7 @@ constexpr int kSingleUnroll = 4;
 
 template <typename In, typename Out, int VEC>
 __device__ __forceinline__ void pull_single(const weft_grpcoll_params& p, const weft_grpcoll_tensor& t,
-                                            const weft_grpcoll_item& s, const weft_pgl_view& src_view) {
+                                            const weft_grpcoll_item& s, const weft_pgl_view& src_view, Workers w) {
   using Acc = typename AccOf<Out>::T;
   using PI = Pack<In, VEC>;
   using PO = Pack<Out, VEC>;
@@ -355,16 +361,16 @@ __device__ __forceinline__ void pull_single(const weft_grpcoll_params& p, const 
   const PI* src = reinterpret_cast<const PI*>(base<const In>(src_view, s.peer[0]) + uint64_t(s.peer_row[0]) * t.row_elems);
   PO* dst = reinterpret_cast<PO*>(base<Out>(t.output, t.output.rank) + uint64_t(s.row) * t.row_elems);
   const uint32_t n = s.rows * (t.row_elems / VEC);
-  for (uint32_t i0 = threadIdx.x; i0 < n; i0 += blockDim.x * U) {
+  for (uint32_t i0 = w.tid; i0 < n; i0 += w.n * U) {
     PI x[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const uint32_t i = i0 + u * blockDim.x;
+      const uint32_t i = i0 + u * w.n;
       if (i < n) x[u] = src[i];
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const uint32_t i = i0 + u * blockDim.x;
+      const uint32_t i = i0 + u * w.n;
       if (i >= n) continue;
       PO y;
       if (accumulate) {
@@ -388,12 +394,12 @@ __device__ __forceinline__ void pull_single(const weft_grpcoll_params& p, const 
 template <typename In, typename Out, int VEC>
 __device__ __forceinline__ void pull_item(const weft_grpcoll_params& p, const weft_grpcoll_tensor& t,
                                           const weft_grpcoll_item& s, const weft_pgl_view& src_view,
-                                          const weft_pgl_view& lse_view) {
+                                          const weft_pgl_view& lse_view, Workers w) {
   if (s.npeers == 1 && p.op != WEFT_GRPCOLL_OP_LSE) {
-    pull_single<In, Out, VEC>(p, t, s, src_view);
+    pull_single<In, Out, VEC>(p, t, s, src_view, w);
   } else {
     pull_rows<In, Out, VEC, (sizeof(typename AccOf<Out>::T) * VEC >= 16 ? 1 : 2), kPullBatch>(p, t, s, src_view,
-                                                                                             lse_view);
+                                                                                             lse_view, w);
   }
 }
 
@@ -421,16 +427,20 @@ __device__ __forceinline__ void pull_lse(const weft_grpcoll_params& p, const wef
 //
 // A pulling block keeps only a few 16-byte loads per thread in flight when it reads its sources
 // straight from peer memory: latency-bound (crates/grpcoll/README.md, "Measured"). With
-// bulk_buffer_bytes set, thread 0 instead bulk-loads (cp.async.bulk, the TMA) each unit's source
-// rows into a ring of WEFT_GRPCOLL_BULK_STAGES shared-memory buffers, STAGES - 1 units ahead of the
-// block — a unit is a slice of an item: as many of its rows as fit one buffer with every source's
-// copy — and the block reduces each unit from shared memory with the same code as the direct path
-// (the unit's item copy names this rank and rows k x unit rows, its source view points at the
-// buffer). An item whose one row from every source does not fit a buffer is pulled directly.
-// Orderings: the loads start after the BEFORE barrier's acquire and a proxy fence (the sources were
-// written by ordinary stores); a buffer's mbarrier completes when its bytes and thread 0's
-// description of the unit are there (acquire for every waiting thread); a buffer is refilled only
-// after the __syncthreads that ends the unit read from it.
+// bulk_buffer_bytes set, the block's last warp is a producer: its lane 0 walks the block's units
+// and bulk-loads (cp.async.bulk, the TMA) each unit's source rows into a ring of
+// WEFT_GRPCOLL_BULK_STAGES shared-memory buffers — a unit is a slice of an item: as many of its rows
+// as fit one buffer with every source's copy — while the other warps (the consumers) reduce each
+// unit from shared memory with the same code as the direct path (the unit's item copy names this
+// rank and rows k x unit rows, its source view points at the buffer). An item whose one row from
+// every source does not fit a buffer is pulled directly by the consumers. The producer's walk and
+// descriptions (global item loads, about as long as a unit's reduce) thus overlap the reduce
+// instead of preceding it. Orderings: the loads start after the BEFORE barrier's acquire and the
+// producer's proxy fence (the sources were written by ordinary stores); a buffer's FULL mbarrier
+// completes when its bytes and the producer's description of the unit are there (acquire for
+// every waiting thread); its EMPTY mbarrier completes when every consumer warp has finished with
+// the unit (each warp's lane 0 arrives after a __syncwarp), and only then does the producer
+// describe and refill the buffer.
 
 constexpr uint32_t kBulkStages = WEFT_GRPCOLL_BULK_STAGES;
 
@@ -442,14 +452,15 @@ struct BulkUnit {
 };
 
 struct BulkShared {
-  uint64_t bar[kBulkStages];
+  uint64_t bar[kBulkStages];    // FULL: the unit's bytes and description are there
+  uint64_t empty[kBulkStages];  // EMPTY: every consumer warp is done with the unit
   BulkUnit unit[kBulkStages];
   weft_grpcoll_item item[kBulkStages];
   weft_pgl_view view[kBulkStages];
 };
 static_assert(sizeof(BulkShared) <= WEFT_GRPCOLL_BULK_SHARED_BYTES, "WEFT_GRPCOLL_BULK_SHARED_BYTES holds BulkShared");
 
-// Thread 0's walk over the block's units: walk position j (whole runs, as the direct path) and the
+// The producer's walk over the block's units: walk position j (whole runs, as the direct path) and the
 // next slice's first row r0.
 struct BulkCursor {
   uint32_t j, r0;
@@ -481,7 +492,7 @@ __device__ __forceinline__ BulkUnit next_unit(const weft_grpcoll_params& p, uint
   return BulkUnit{0, 0, 0, 0u, 1u};
 }
 
-// Thread 0: describes the block's next unit in buffer b and starts its loads (a direct unit or
+// The producer: describes the block's next unit in buffer b and starts its loads (a direct unit or
 // the end completes the buffer's phase with no bytes).
 template <typename In>
 __device__ __forceinline__ void issue_unit(const weft_grpcoll_params& p, const weft_pgl_view& src, uint8_t* buf,
@@ -520,7 +531,8 @@ __device__ __forceinline__ void pull_bulk(const weft_grpcoll_params& p) {
   const weft_grpcoll_tensor& t = p.tensor[0];
   const weft_pgl_view& src = has(p, WEFT_GRPCOLL_CONVERT) ? t.staging : t.input;
   const uint32_t n = item_count(p), row_bytes = t.row_elems * uint32_t(sizeof(In));
-  BulkCursor cursor{blockIdx.x, 0};  // thread 0's
+  // Pull blocks have 512 threads (16 warps): 15 consumer warps and the producer.
+  const uint32_t consumers = blockDim.x - 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     // The host sizes shared memory with weft_grpcoll_pull_smem_bytes: a mismatch is a build bug,
     // reported (status SMEM) rather than a corrupt run.
@@ -533,31 +545,48 @@ __device__ __forceinline__ void pull_bulk(const weft_grpcoll_params& p) {
       f.observed = given;
       weft::sync::fail(p.bar.bound, p.bar.view.rank, f);
     }
-    for (uint32_t b = 0; b < kBulkStages; ++b) weft::mbar_init(&sh->bar[b], 1);
+    for (uint32_t b = 0; b < kBulkStages; ++b) {
+      weft::mbar_init(&sh->bar[b], 1);
+      weft::mbar_init(&sh->empty[b], consumers / 32);
+    }
     weft::mbar_fence_init();
-    // The sources were written by ordinary stores (before this launch, or by phase 1), acquired by
-    // the BEFORE barrier; the bulk loads read them through the async proxy.
-    weft::fence_proxy_async_all();
-    for (uint32_t b = 0; b + 1 < kBulkStages; ++b) issue_unit<In>(p, src, bulk_smem, sh, b, n, row_bytes, cursor);
   }
   __syncthreads();
-  for (uint32_t i = 0;; ++i) {
-    const uint32_t b = i % kBulkStages;
-    // The buffer of unit i + STAGES - 1 last held unit i - 1, which every thread finished (the
-    // __syncthreads below).
-    if (threadIdx.x == 0) issue_unit<In>(p, src, bulk_smem, sh, (i + kBulkStages - 1) % kBulkStages, n, row_bytes, cursor);
-    // A give-up reports (block, buffer, unit, 0).
-    weft::sync::mbarrier_wait(&sh->bar[b], (i / kBulkStages) & 1u, p.bar.bound, p.bar.view.rank,
-                              coord4(blockIdx.x, b, i, 0));
-    const BulkUnit u = sh->unit[b];
-    if (u.end) break;  // uniform: every thread read the same description
-    if (u.bulk) {
-      pull_item<In, Out, VEC>(p, t, sh->item[b], sh->view[b], p.input_lse);
-    } else {
-      pull_item<In, Out, VEC>(p, t, item(p, u.it), src, p.input_lse);
+  if (threadIdx.x == consumers) {
+    // The producer. The sources were written by ordinary stores (before this launch, or by phase
+    // 1), acquired by the BEFORE barrier; the bulk loads read them through the async proxy.
+    weft::fence_proxy_async_all();
+    BulkCursor cursor{blockIdx.x, 0};
+    for (uint32_t i = 0;; ++i) {
+      const uint32_t b = i % kBulkStages;
+      // Buffer b last held unit i - STAGES: wait until every consumer warp is done with it. A
+      // give-up reports (block, buffer, unit, 1).
+      if (i >= kBulkStages)
+        weft::sync::mbarrier_wait(&sh->empty[b], (i / kBulkStages - 1) & 1u, p.bar.bound, p.bar.view.rank,
+                                  coord4(blockIdx.x, b, i, 1));
+      issue_unit<In>(p, src, bulk_smem, sh, b, n, row_bytes, cursor);
+      if (sh->unit[b].end) break;
     }
-    __syncthreads();
+  } else if (threadIdx.x < consumers) {
+    for (uint32_t i = 0;; ++i) {
+      const uint32_t b = i % kBulkStages;
+      // A give-up reports (block, buffer, unit, 0).
+      weft::sync::mbarrier_wait(&sh->bar[b], (i / kBulkStages) & 1u, p.bar.bound, p.bar.view.rank,
+                                coord4(blockIdx.x, b, i, 0));
+      const BulkUnit u = sh->unit[b];
+      if (u.end) break;  // uniform: every consumer read the same description
+      const Workers w{threadIdx.x, consumers};
+      if (u.bulk) {
+        pull_item<In, Out, VEC>(p, t, sh->item[b], sh->view[b], p.input_lse, w);
+      } else {
+        pull_item<In, Out, VEC>(p, t, item(p, u.it), src, p.input_lse, w);
+      }
+      __syncwarp();
+      if (lane == 0) weft::mbar_arrive(&sh->empty[b]);
+    }
   }
+  // Reconverge the producer's warp before the block barrier that follows (see cross_barrier).
+  __syncwarp();
 }
 
 template <typename In, typename Out, int VEC>
@@ -571,7 +600,8 @@ __device__ __forceinline__ void pull(const weft_grpcoll_params& p) {
   const auto pull_one = [&](uint32_t it) {
     const weft_grpcoll_item& s = item(p, it);
     for (uint32_t t = 0; t < p.ntensors; ++t)
-      pull_item<In, Out, VEC>(p, p.tensor[t], s, convert ? p.tensor[t].staging : p.tensor[t].input, p.input_lse);
+      pull_item<In, Out, VEC>(p, p.tensor[t], s, convert ? p.tensor[t].staging : p.tensor[t].input, p.input_lse,
+                              Workers{threadIdx.x, blockDim.x});
     if (p.op == WEFT_GRPCOLL_OP_LSE) {
       // Every thread has read the item's old output lse (accumulate) before any is rewritten.
       __syncthreads();
