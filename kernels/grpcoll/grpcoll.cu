@@ -524,6 +524,63 @@ __device__ __forceinline__ void issue_unit(const weft_grpcoll_params& p, const w
   }
 }
 
+// One bulk unit (sum or average; lse never comes here): its sources' rows lie in the buffer one
+// after another (source k at k x bytes) and its output rows are contiguous, so the unit is one
+// flat run of vectors: out[i] = sum over k of source k's [i], read by ld.shared, U vectors per
+// thread per step, the sources added in the item's order as pull_rows and pull_single do (the
+// same values, bit for bit).
+template <typename In, typename Out, int VEC>
+__device__ __forceinline__ void reduce_unit(const weft_grpcoll_params& p, const weft_grpcoll_tensor& t,
+                                            const weft_grpcoll_item& m, const uint8_t* buf, Workers w) {
+  using Acc = typename AccOf<Out>::T;
+  using PI = Pack<In, VEC>;
+  using PO = Pack<Out, VEC>;
+  constexpr int U = sizeof(Acc) * VEC >= 64 ? 2 : 4;
+  const bool accumulate = has(p, WEFT_GRPCOLL_ACCUMULATE);
+  const uint32_t n = m.rows * (t.row_elems / VEC), npeers = m.npeers;
+  const PI* src = reinterpret_cast<const PI*>(buf);
+  PO* dst = reinterpret_cast<PO*>(base<Out>(t.output, t.output.rank) + uint64_t(m.row) * t.row_elems);
+  const Acc scale = p.op == WEFT_GRPCOLL_OP_AVG ? Acc(1) / Acc(npeers) : Acc(1);
+  for (uint32_t i0 = w.tid; i0 < n; i0 += w.n * U) {
+    Acc acc[U][VEC];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const uint32_t i = i0 + u * w.n;
+      if (i < n) {
+        const PI x = src[i];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) acc[u][e] = Acc(widen(x.v[e]));  // assigned: a copy keeps -0.0
+      }
+    }
+    for (uint32_t k = 1; k < npeers; ++k) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const uint32_t i = i0 + u * w.n;
+        if (i < n) {
+          const PI x = src[uint64_t(k) * n + i];
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) acc[u][e] += Acc(widen(x.v[e]));
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const uint32_t i = i0 + u * w.n;
+      if (i >= n) continue;
+      PO y;
+      if (accumulate) {
+        const PO o = dst[i];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) y.v[e] = narrow<Out>(Acc(widen(o.v[e])) + acc[u][e] * scale);
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) y.v[e] = narrow<Out>(acc[u][e] * scale);
+      }
+      dst[i] = y;
+    }
+  }
+}
+
 template <typename In, typename Out, int VEC>
 __device__ __forceinline__ void pull_bulk(const weft_grpcoll_params& p) {
   extern __shared__ __align__(128) uint8_t bulk_smem[];
@@ -577,7 +634,7 @@ __device__ __forceinline__ void pull_bulk(const weft_grpcoll_params& p) {
       if (u.end) break;  // uniform: every consumer read the same description
       const Workers w{threadIdx.x, consumers};
       if (u.bulk) {
-        pull_item<In, Out, VEC>(p, t, sh->item[b], sh->view[b], p.input_lse, w);
+        reduce_unit<In, Out, VEC>(p, t, sh->item[b], bulk_smem + uint64_t(b) * p.bulk_buffer_bytes, w);
       } else {
         pull_item<In, Out, VEC>(p, t, item(p, u.it), src, p.input_lse, w);
       }
