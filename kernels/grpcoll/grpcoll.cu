@@ -431,10 +431,9 @@ __device__ __forceinline__ void pull_lse(const weft_grpcoll_params& p, const wef
 // and bulk-loads (cp.async.bulk, the TMA) each unit's source rows into a ring of
 // WEFT_GRPCOLL_BULK_STAGES shared-memory buffers — a unit is a slice of an item: as many of its rows
 // as fit one buffer with every source's copy — while the other warps (the consumers) reduce each
-// unit from shared memory with the same code as the direct path (the unit's item copy names this
-// rank and rows k x unit rows, its source view points at the buffer). An item whose one row from
-// every source does not fit a buffer is pulled directly by the consumers. The producer's walk and
-// descriptions (global item loads, about as long as a unit's reduce) thus overlap the reduce
+// unit from shared memory as one flat run of vectors (reduce_unit). An item whose one row from
+// every source does not fit a buffer is pulled directly by the consumers (pull_item). The
+// producer's walk (global item loads, about as long as a unit's reduce) thus overlaps the reduce
 // instead of preceding it. Orderings: the loads start after the BEFORE barrier's acquire and the
 // producer's proxy fence (the sources were written by ordinary stores); a buffer's FULL mbarrier
 // completes when its bytes and the producer's description of the unit are there (acquire for
@@ -446,17 +445,18 @@ constexpr uint32_t kBulkStages = WEFT_GRPCOLL_BULK_STAGES;
 
 // One unit of the block's work: item `it`, its rows [r0, r0 + rows), through a buffer or direct;
 // `end`: the block's work is done.
+// A bulk unit also carries its first output row and its source count (the buffer holds source
+// k's rows at k x rows x row bytes).
 struct BulkUnit {
   uint32_t it, r0, rows;
   uint32_t bulk, end;
+  uint32_t out_row, npeers;
 };
 
 struct BulkShared {
   uint64_t bar[kBulkStages];    // FULL: the unit's bytes and description are there
   uint64_t empty[kBulkStages];  // EMPTY: every consumer warp is done with the unit
   BulkUnit unit[kBulkStages];
-  weft_grpcoll_item item[kBulkStages];
-  weft_pgl_view view[kBulkStages];
 };
 static_assert(sizeof(BulkShared) <= WEFT_GRPCOLL_BULK_SHARED_BYTES, "WEFT_GRPCOLL_BULK_SHARED_BYTES holds BulkShared");
 
@@ -478,7 +478,7 @@ __device__ __forceinline__ BulkUnit next_unit(const weft_grpcoll_params& p, uint
     const uint64_t per_row = uint64_t(s.npeers) * row_bytes;
     if (per_row == 0 || per_row > p.bulk_buffer_bytes) {
       c.j += gridDim.x;
-      return BulkUnit{it, 0, s.rows, 0u, 0u};
+      return BulkUnit{it, 0, s.rows, 0u, 0u, 0u, 0u};
     }
     const uint32_t fit = uint32_t(p.bulk_buffer_bytes / per_row);
     const uint32_t r0 = c.r0, rows = fit < s.rows - r0 ? fit : s.rows - r0;
@@ -487,9 +487,9 @@ __device__ __forceinline__ BulkUnit next_unit(const weft_grpcoll_params& p, uint
       c.r0 = 0;
       c.j += gridDim.x;
     }
-    return BulkUnit{it, r0, rows, 1u, 0u};
+    return BulkUnit{it, r0, rows, 1u, 0u, s.row + r0, s.npeers};
   }
-  return BulkUnit{0, 0, 0, 0u, 1u};
+  return BulkUnit{0, 0, 0, 0u, 1u, 0u, 0u};
 }
 
 // The producer: describes the block's next unit in buffer b and starts its loads (a direct unit or
@@ -507,16 +507,6 @@ __device__ __forceinline__ void issue_unit(const weft_grpcoll_params& p, const w
   const uint32_t row_elems = p.tensor[0].row_elems;
   const uint32_t bytes = u.rows * row_bytes;
   uint8_t* dst = buf + uint64_t(b) * p.bulk_buffer_bytes;
-  weft_grpcoll_item& m = sh->item[b];
-  m.row = s.row + u.r0;
-  m.rows = u.rows;
-  m.npeers = s.npeers;
-  sh->view[b] = src;
-  sh->view[b].base[src.rank] = reinterpret_cast<uint64_t>(dst);
-  for (uint32_t k = 0; k < s.npeers; ++k) {
-    m.peer[k] = src.rank;
-    m.peer_row[k] = k * u.rows;
-  }
   weft::mbar_arrive_expect_tx(&sh->bar[b], bytes * s.npeers);
   for (uint32_t k = 0; k < s.npeers; ++k) {
     const In* from = base<const In>(src, s.peer[k]) + (uint64_t(s.peer_row[k]) + u.r0) * row_elems;
@@ -531,7 +521,7 @@ __device__ __forceinline__ void issue_unit(const weft_grpcoll_params& p, const w
 // same values, bit for bit).
 template <typename In, typename Out, int VEC>
 __device__ __forceinline__ void reduce_unit(const weft_grpcoll_params& p, const weft_grpcoll_tensor& t,
-                                            const weft_grpcoll_item& m, const uint8_t* buf, Workers w) {
+                                            const BulkUnit& m, const uint8_t* buf, Workers w) {
   using Acc = typename AccOf<Out>::T;
   using PI = Pack<In, VEC>;
   using PO = Pack<Out, VEC>;
@@ -539,7 +529,7 @@ __device__ __forceinline__ void reduce_unit(const weft_grpcoll_params& p, const 
   const bool accumulate = has(p, WEFT_GRPCOLL_ACCUMULATE);
   const uint32_t n = m.rows * (t.row_elems / VEC), npeers = m.npeers;
   const PI* src = reinterpret_cast<const PI*>(buf);
-  PO* dst = reinterpret_cast<PO*>(base<Out>(t.output, t.output.rank) + uint64_t(m.row) * t.row_elems);
+  PO* dst = reinterpret_cast<PO*>(base<Out>(t.output, t.output.rank) + uint64_t(m.out_row) * t.row_elems);
   const Acc scale = p.op == WEFT_GRPCOLL_OP_AVG ? Acc(1) / Acc(npeers) : Acc(1);
   for (uint32_t i0 = w.tid; i0 < n; i0 += w.n * U) {
     Acc acc[U][VEC];
@@ -634,7 +624,7 @@ __device__ __forceinline__ void pull_bulk(const weft_grpcoll_params& p) {
       if (u.end) break;  // uniform: every consumer read the same description
       const Workers w{threadIdx.x, consumers};
       if (u.bulk) {
-        reduce_unit<In, Out, VEC>(p, t, sh->item[b], bulk_smem + uint64_t(b) * p.bulk_buffer_bytes, w);
+        reduce_unit<In, Out, VEC>(p, t, u, bulk_smem + uint64_t(b) * p.bulk_buffer_bytes, w);
       } else {
         pull_item<In, Out, VEC>(p, t, item(p, u.it), src, p.input_lse, w);
       }

@@ -107,8 +107,8 @@ typedef struct weft_grpcoll_params {
 } weft_grpcoll_params;
 
 // Dynamic shared memory of a pull launch with bulk buffers of `buffer_bytes`: a ring of
-// WEFT_GRPCOLL_BULK_STAGES buffers, then their mbarriers, unit descriptions, item copies and
-// source views (kernels/grpcoll/grpcoll.cu, BulkShared), padded.
+// WEFT_GRPCOLL_BULK_STAGES buffers, then their FULL and EMPTY mbarriers and unit descriptions
+// (kernels/grpcoll/grpcoll.cu, BulkShared), padded.
 #define WEFT_GRPCOLL_BULK_STAGES 2u
 #define WEFT_GRPCOLL_BULK_SHARED_BYTES 2048u
 WEFT_HD uint32_t weft_grpcoll_pull_smem_bytes(uint32_t buffer_bytes) {
