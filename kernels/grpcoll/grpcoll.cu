@@ -243,6 +243,21 @@ struct Workers {
   uint32_t tid, n;
 };
 
+// Stores one output vector: v narrowed, or (accumulate) the existing output plus v, in one rounding.
+template <typename Out, typename Acc, int VEC>
+__device__ __forceinline__ void store_out(Pack<Out, VEC>* dst, const Acc (&v)[VEC], bool accumulate) {
+  Pack<Out, VEC> y;
+  if (accumulate) {
+    const Pack<Out, VEC> o = *dst;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) y.v[e] = narrow<Out>(Acc(widen(o.v[e])) + v[e]);
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) y.v[e] = narrow<Out>(v[e]);
+  }
+  *dst = y;
+}
+
 // The data of one item for one tensor: U vectors per thread per step, its sources loaded KB at a
 // time (U x KB loads in flight per thread).
 template <typename In, typename Out, int VEC, int U, int KB>
@@ -329,16 +344,11 @@ __device__ __forceinline__ void pull_rows(const weft_grpcoll_params& p, const we
       Acc scale = 1;
       if (lse) scale = run[u].inv();
       if (p.op == WEFT_GRPCOLL_OP_AVG && npeers > 0) scale = Acc(1) / Acc(npeers);
-      PO y;
-      if (accumulate && !lse) {  // sum / avg into the existing output
-        const PO o = *reinterpret_cast<const PO*>(dst);
+      Acc v[VEC];
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) y.v[e] = narrow<Out>(Acc(widen(o.v[e])) + acc[u][e] * scale);
-      } else {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) y.v[e] = narrow<Out>(acc[u][e] * scale);
-      }
-      *reinterpret_cast<PO*>(dst) = y;
+      for (int e = 0; e < VEC; ++e) v[e] = acc[u][e] * scale;
+      // Sum / avg accumulate into the existing output; lse already combined it as a source.
+      store_out<Out>(reinterpret_cast<PO*>(dst), v, accumulate && !lse);
     }
   }
 }
@@ -372,16 +382,10 @@ __device__ __forceinline__ void pull_single(const weft_grpcoll_params& p, const 
     for (int u = 0; u < U; ++u) {
       const uint32_t i = i0 + u * w.n;
       if (i >= n) continue;
-      PO y;
-      if (accumulate) {
-        const PO o = dst[i];
+      Acc v[VEC];
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) y.v[e] = narrow<Out>(Acc(widen(o.v[e])) + Acc(widen(x[u].v[e])));
-      } else {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) y.v[e] = narrow<Out>(Acc(widen(x[u].v[e])));
-      }
-      dst[i] = y;
+      for (int e = 0; e < VEC; ++e) v[e] = Acc(widen(x[u].v[e]));
+      store_out<Out>(dst + i, v, accumulate);
     }
   }
 }
@@ -557,16 +561,10 @@ __device__ __forceinline__ void reduce_unit(const weft_grpcoll_params& p, const 
     for (int u = 0; u < U; ++u) {
       const uint32_t i = i0 + u * w.n;
       if (i >= n) continue;
-      PO y;
-      if (accumulate) {
-        const PO o = dst[i];
+      Acc v[VEC];
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) y.v[e] = narrow<Out>(Acc(widen(o.v[e])) + acc[u][e] * scale);
-      } else {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) y.v[e] = narrow<Out>(acc[u][e] * scale);
-      }
-      dst[i] = y;
+      for (int e = 0; e < VEC; ++e) v[e] = acc[u][e] * scale;
+      store_out<Out>(dst + i, v, accumulate);
     }
   }
 }
