@@ -458,7 +458,7 @@ struct BulkUnit {
 };
 
 struct BulkShared {
-  uint64_t bar[kBulkStages];    // FULL: the unit's bytes and description are there
+  uint64_t full[kBulkStages];   // FULL: the unit's bytes and description are there
   uint64_t empty[kBulkStages];  // EMPTY: every consumer warp is done with the unit
   BulkUnit unit[kBulkStages];
 };
@@ -504,17 +504,17 @@ __device__ __forceinline__ void issue_unit(const weft_grpcoll_params& p, const w
   const BulkUnit u = next_unit(p, n, row_bytes, c);
   sh->unit[b] = u;
   if (!u.bulk) {
-    weft::mbar_arrive(&sh->bar[b]);
+    weft::mbar_arrive(&sh->full[b]);
     return;
   }
   const weft_grpcoll_item& s = item(p, u.it);
   const uint32_t row_elems = p.tensor[0].row_elems;
   const uint32_t bytes = u.rows * row_bytes;
   uint8_t* dst = buf + uint64_t(b) * p.bulk_buffer_bytes;
-  weft::mbar_arrive_expect_tx(&sh->bar[b], bytes * s.npeers);
+  weft::mbar_arrive_expect_tx(&sh->full[b], bytes * s.npeers);
   for (uint32_t k = 0; k < s.npeers; ++k) {
     const In* from = base<const In>(src, s.peer[k]) + (uint64_t(s.peer_row[k]) + u.r0) * row_elems;
-    weft::bulk_load_g2s(dst + uint64_t(k) * bytes, from, bytes, &sh->bar[b]);
+    weft::bulk_load_g2s(dst + uint64_t(k) * bytes, from, bytes, &sh->full[b]);
   }
 }
 
@@ -534,7 +534,10 @@ __device__ __forceinline__ void reduce_unit(const weft_grpcoll_params& p, const 
   const uint32_t n = m.rows * (t.row_elems / VEC), npeers = m.npeers;
   const PI* src = reinterpret_cast<const PI*>(buf);
   PO* dst = reinterpret_cast<PO*>(base<Out>(t.output, t.output.rank) + uint64_t(m.out_row) * t.row_elems);
-  const Acc scale = p.op == WEFT_GRPCOLL_OP_AVG ? Acc(1) / Acc(npeers) : Acc(1);
+  // Scaled only where pull_rows averages (a one-source unit is copied as pull_single copies it:
+  // a NaN keeps its bits).
+  const bool scaled = p.op == WEFT_GRPCOLL_OP_AVG && npeers > 1;
+  const Acc scale = scaled ? Acc(1) / Acc(npeers) : Acc(1);
   for (uint32_t i0 = w.tid; i0 < n; i0 += w.n * U) {
     Acc acc[U][VEC];
 #pragma unroll
@@ -563,7 +566,7 @@ __device__ __forceinline__ void reduce_unit(const weft_grpcoll_params& p, const 
       if (i >= n) continue;
       Acc v[VEC];
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) v[e] = acc[u][e] * scale;
+      for (int e = 0; e < VEC; ++e) v[e] = scaled ? acc[u][e] * scale : acc[u][e];
       store_out<Out>(dst + i, v, accumulate);
     }
   }
@@ -576,8 +579,10 @@ __device__ __forceinline__ void pull_bulk(const weft_grpcoll_params& p) {
   const weft_grpcoll_tensor& t = p.tensor[0];
   const weft_pgl_view& src = has(p, WEFT_GRPCOLL_CONVERT) ? t.staging : t.input;
   const uint32_t n = item_count(p), row_bytes = t.row_elems * uint32_t(sizeof(In));
-  // Pull blocks have 512 threads (16 warps): 15 consumer warps and the producer.
-  const uint32_t consumers = blockDim.x - 32, lane = threadIdx.x % 32;
+  // Pull blocks have WEFT_GRPCOLL_PULL_THREADS threads: the consumer warps and the producer.
+  static_assert(WEFT_GRPCOLL_PULL_THREADS % 32 == 0 && WEFT_GRPCOLL_PULL_THREADS >= 64,
+                "the bulk pull needs whole warps: at least one consumer warp and the producer");
+  const uint32_t consumers = WEFT_GRPCOLL_PULL_THREADS - 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     // The host sizes shared memory with weft_grpcoll_pull_smem_bytes: a mismatch is a build bug,
     // reported (status SMEM) rather than a corrupt run.
@@ -591,7 +596,7 @@ __device__ __forceinline__ void pull_bulk(const weft_grpcoll_params& p) {
       weft::sync::fail(p.bar.bound, p.bar.view.rank, f);
     }
     for (uint32_t b = 0; b < kBulkStages; ++b) {
-      weft::mbar_init(&sh->bar[b], 1);
+      weft::mbar_init(&sh->full[b], 1);
       weft::mbar_init(&sh->empty[b], consumers / 32);
     }
     weft::mbar_fence_init();
@@ -616,7 +621,7 @@ __device__ __forceinline__ void pull_bulk(const weft_grpcoll_params& p) {
     for (uint32_t i = 0;; ++i) {
       const uint32_t b = i % kBulkStages;
       // A give-up reports (block, buffer, unit, 0).
-      weft::sync::mbarrier_wait(&sh->bar[b], (i / kBulkStages) & 1u, p.bar.bound, p.bar.view.rank,
+      weft::sync::mbarrier_wait(&sh->full[b], (i / kBulkStages) & 1u, p.bar.bound, p.bar.view.rank,
                                 coord4(blockIdx.x, b, i, 0));
       const BulkUnit u = sh->unit[b];
       if (u.end) break;  // uniform: every consumer read the same description
@@ -686,11 +691,11 @@ WEFT_CAST(1)
 
 // weft_grpcoll_reduce_<in>_<out>_v<16 / sizeof(in)> and _v1.
 #define WEFT_PULL(IN_NAME, IN, OUT_NAME, OUT)                                                              \
-  extern "C" __global__ void __launch_bounds__(512)                                                       \
+  extern "C" __global__ void __launch_bounds__(WEFT_GRPCOLL_PULL_THREADS)                                 \
       weft_grpcoll_reduce_##IN_NAME##_##OUT_NAME##_v1(const __grid_constant__ weft_grpcoll_params p) {    \
     pull<IN, OUT, 1>(p);                                                                                  \
   }                                                                                                       \
-  extern "C" __global__ void __launch_bounds__(512)                                                       \
+  extern "C" __global__ void __launch_bounds__(WEFT_GRPCOLL_PULL_THREADS)                                 \
       weft_grpcoll_reduce_##IN_NAME##_##OUT_NAME##_vN(const __grid_constant__ weft_grpcoll_params p) {    \
     pull<IN, OUT, 16 / sizeof(IN)>(p);                                                                    \
   }

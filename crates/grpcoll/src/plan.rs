@@ -25,11 +25,13 @@ use weft_pgl::{agree, agree_outcome, AgreeError, Backend, DType, Pgl, PglElement
 use weft_sync::{Counters, WaitBudget};
 
 const PUSH_THREADS: u32 = 1024;
-const PULL_THREADS: u32 = 512;
+/// The kernel's own constant: with bulk buffers one warp loads and the others reduce.
+const PULL_THREADS: u32 = weft_kernels::abi::WEFT_GRPCOLL_PULL_THREADS;
 /// Bytes of each of the shared-memory buffers (a ring of `WEFT_GRPCOLL_BULK_STAGES`, 2) a native
 /// pull block bulk-loads its sources' rows into (kernels/grpcoll/grpcoll.cu, "pull through shared
-/// memory"): a block keeps up to 96 KiB of loads in flight where 16-byte loads into registers keep
-/// about 32 KiB. Two 96 KiB buffers measured faster than four of 48 KiB (crates/grpcoll/README.md).
+/// memory"): a block's producer warp keeps up to both buffers' loads in flight where 16-byte loads
+/// into registers keep about 32 KiB. Two 96 KiB buffers measured faster than four of 48 KiB
+/// (crates/grpcoll/README.md).
 const BULK_BUFFER_BYTES: u32 = 96 << 10;
 
 /// The native pull kernel's bulk buffer bytes on this device: `BULK_BUFFER_BYTES`, or

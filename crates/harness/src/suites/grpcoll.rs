@@ -163,6 +163,21 @@ pub fn cases() -> Vec<Case> {
             "grpcoll::reduce::lse::f64_via_f32",
             reduce_trial::<f64>(Op::Lse, via(DType::F32))
         ),
+        // One tensor through a narrower dtype into f64: the bulk pull's fp64 accumulators.
+        both!(
+            "grpcoll::reduce::sum::f64_via_bf16",
+            reduce_trial::<f64>(Op::Sum, via(DType::Bf16))
+        ),
+        both!(
+            "grpcoll::reduce::avg::accumulate::f64_via_f32",
+            reduce_trial::<f64>(
+                Op::Avg,
+                Cfg {
+                    accumulate: true,
+                    ..via(DType::F32)
+                }
+            )
+        ),
         both!(
             "grpcoll::reduce::sum::accumulate::bf16",
             reduce_trial::<bf16>(Op::Sum, ACCUMULATE)

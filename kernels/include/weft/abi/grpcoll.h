@@ -110,6 +110,8 @@ typedef struct weft_grpcoll_params {
 // WEFT_GRPCOLL_BULK_STAGES buffers, then their FULL and EMPTY mbarriers and unit descriptions
 // (kernels/grpcoll/grpcoll.cu, BulkShared), padded.
 #define WEFT_GRPCOLL_BULK_STAGES 2u
+// Threads of a pull block (whole warps; with bulk buffers the last warp is the producer).
+#define WEFT_GRPCOLL_PULL_THREADS 512u
 #define WEFT_GRPCOLL_BULK_SHARED_BYTES 2048u
 WEFT_HD uint32_t weft_grpcoll_pull_smem_bytes(uint32_t buffer_bytes) {
   return buffer_bytes == 0 ? 0u : WEFT_GRPCOLL_BULK_STAGES * buffer_bytes + WEFT_GRPCOLL_BULK_SHARED_BYTES;
