@@ -521,15 +521,16 @@ __device__ __forceinline__ void issue_unit(const weft_grpcoll_params& p, const w
 // One bulk unit (sum or average; lse never comes here): its sources' rows lie in the buffer one
 // after another (source k at k x bytes) and its output rows are contiguous, so the unit is one
 // flat run of vectors: out[i] = sum over k of source k's [i], read by ld.shared, U vectors per
-// thread per step, the sources added in the item's order as pull_rows and pull_single do (the
-// same values, bit for bit).
+// thread per step (4; 2 or 1 where a vector's accumulators take 32 or 64 bytes: no spills within
+// the 128 registers of 512 threads), the sources added in the item's order as pull_rows and
+// pull_single do (the same values, bit for bit).
 template <typename In, typename Out, int VEC>
 __device__ __forceinline__ void reduce_unit(const weft_grpcoll_params& p, const weft_grpcoll_tensor& t,
                                             const BulkUnit& m, const uint8_t* buf, Workers w) {
   using Acc = typename AccOf<Out>::T;
   using PI = Pack<In, VEC>;
   using PO = Pack<Out, VEC>;
-  constexpr int U = sizeof(Acc) * VEC >= 64 ? 2 : 4;
+  constexpr int U = sizeof(Acc) * VEC >= 64 ? 1 : (sizeof(Acc) * VEC >= 32 ? 2 : 4);
   const bool accumulate = has(p, WEFT_GRPCOLL_ACCUMULATE);
   const uint32_t n = m.rows * (t.row_elems / VEC), npeers = m.npeers;
   const PI* src = reinterpret_cast<const PI*>(buf);
