@@ -433,7 +433,7 @@ __device__ __forceinline__ void pull_lse(const weft_grpcoll_params& p, const wef
 // straight from peer memory: latency-bound (crates/grpcoll/README.md, "Measured"). With
 // bulk_buffer_bytes set, the block's last warp is a producer: its lane 0 walks the block's units
 // and bulk-loads (cp.async.bulk, the TMA) each unit's source rows into a ring of
-// WEFT_GRPCOLL_BULK_STAGES shared-memory buffers — a unit is a slice of an item: as many of its rows
+// p.bulk_stages shared-memory buffers — a unit is a slice of an item: as many of its rows
 // as fit one buffer with every source's copy — while the other warps (the consumers) reduce each
 // unit from shared memory as one flat run of vectors (reduce_unit). An item whose one row from
 // every source does not fit a buffer is pulled directly by the consumers (pull_item). The
@@ -445,7 +445,6 @@ __device__ __forceinline__ void pull_lse(const weft_grpcoll_params& p, const wef
 // the unit (each warp's lane 0 arrives after a __syncwarp), and only then does the producer
 // describe and refill the buffer.
 
-constexpr uint32_t kBulkStages = WEFT_GRPCOLL_BULK_STAGES;
 
 // One unit of the block's work: item `it`, its rows [r0, r0 + rows), through a buffer or direct;
 // `end`: the block's work is done.
@@ -458,9 +457,9 @@ struct BulkUnit {
 };
 
 struct BulkShared {
-  uint64_t full[kBulkStages];   // FULL: the unit's bytes and description are there
-  uint64_t empty[kBulkStages];  // EMPTY: every consumer warp is done with the unit
-  BulkUnit unit[kBulkStages];
+  uint64_t full[WEFT_GRPCOLL_BULK_MAX_STAGES];   // FULL: the unit's bytes and description are there
+  uint64_t empty[WEFT_GRPCOLL_BULK_MAX_STAGES];  // EMPTY: every consumer warp is done with the unit
+  BulkUnit unit[WEFT_GRPCOLL_BULK_MAX_STAGES];
 };
 static_assert(sizeof(BulkShared) <= WEFT_GRPCOLL_BULK_SHARED_BYTES, "WEFT_GRPCOLL_BULK_SHARED_BYTES holds BulkShared");
 
@@ -576,7 +575,8 @@ __device__ __forceinline__ void reduce_unit(const weft_grpcoll_params& p, const 
 template <typename In, typename Out, int VEC>
 __device__ __forceinline__ void pull_bulk(const weft_grpcoll_params& p) {
   extern __shared__ __align__(128) uint8_t bulk_smem[];
-  BulkShared* sh = reinterpret_cast<BulkShared*>(bulk_smem + uint64_t(kBulkStages) * p.bulk_buffer_bytes);
+  const uint32_t stages = p.bulk_stages;  // 2 to WEFT_GRPCOLL_BULK_MAX_STAGES (host-checked)
+  BulkShared* sh = reinterpret_cast<BulkShared*>(bulk_smem + uint64_t(stages) * p.bulk_buffer_bytes);
   const weft_grpcoll_tensor& t = p.tensor[0];
   const weft_pgl_view& src = has(p, WEFT_GRPCOLL_CONVERT) ? t.staging : t.input;
   const uint32_t n = item_count(p), row_bytes = t.row_elems * uint32_t(sizeof(In));
@@ -589,14 +589,14 @@ __device__ __forceinline__ void pull_bulk(const weft_grpcoll_params& p) {
     // reported (status SMEM) rather than a corrupt run.
     uint32_t given;
     asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(given));
-    if (given < weft_grpcoll_pull_smem_bytes(p.bulk_buffer_bytes)) {
+    if (given < weft_grpcoll_pull_smem_bytes(p.bulk_buffer_bytes, stages)) {
       weft::sync::failure f{};
       f.status = WEFT_SYNC_STATUS_SMEM;
-      f.expected = weft_grpcoll_pull_smem_bytes(p.bulk_buffer_bytes);
+      f.expected = weft_grpcoll_pull_smem_bytes(p.bulk_buffer_bytes, stages);
       f.observed = given;
       weft::sync::fail(p.bar.bound, p.bar.view.rank, f);
     }
-    for (uint32_t b = 0; b < kBulkStages; ++b) {
+    for (uint32_t b = 0; b < stages; ++b) {
       weft::mbar_init(&sh->full[b], 1);
       weft::mbar_init(&sh->empty[b], consumers / 32);
     }
@@ -609,20 +609,20 @@ __device__ __forceinline__ void pull_bulk(const weft_grpcoll_params& p) {
     weft::fence_proxy_async_all();
     BulkCursor cursor{blockIdx.x, 0};
     for (uint32_t i = 0;; ++i) {
-      const uint32_t b = i % kBulkStages;
-      // Buffer b last held unit i - STAGES: wait until every consumer warp is done with it. A
+      const uint32_t b = i % stages;
+      // Buffer b last held unit i - stages: wait until every consumer warp is done with it. A
       // give-up reports (block, buffer, unit, 1).
-      if (i >= kBulkStages)
-        weft::sync::mbarrier_wait(&sh->empty[b], (i / kBulkStages - 1) & 1u, p.bar.bound, p.bar.view.rank,
+      if (i >= stages)
+        weft::sync::mbarrier_wait(&sh->empty[b], (i / stages - 1) & 1u, p.bar.bound, p.bar.view.rank,
                                   coord4(blockIdx.x, b, i, 1));
       issue_unit<In>(p, src, bulk_smem, sh, b, n, row_bytes, cursor);
       if (sh->unit[b].end) break;
     }
   } else if (threadIdx.x < consumers) {
     for (uint32_t i = 0;; ++i) {
-      const uint32_t b = i % kBulkStages;
+      const uint32_t b = i % stages;
       // A give-up reports (block, buffer, unit, 0).
-      weft::sync::mbarrier_wait(&sh->full[b], (i / kBulkStages) & 1u, p.bar.bound, p.bar.view.rank,
+      weft::sync::mbarrier_wait(&sh->full[b], (i / stages) & 1u, p.bar.bound, p.bar.view.rank,
                                 coord4(blockIdx.x, b, i, 0));
       const BulkUnit u = sh->unit[b];
       if (u.end) break;  // uniform: every consumer read the same description

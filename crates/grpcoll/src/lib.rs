@@ -19,6 +19,7 @@
 //! the receivers pull the narrow rows and widen them into their outputs, in the same kernel.
 
 mod baseline;
+mod bulk_ring;
 mod device_meta;
 mod error;
 mod kernel_choice;

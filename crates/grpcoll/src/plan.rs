@@ -3,6 +3,7 @@
 //! native launch. The AlltoAll-v path is in baseline.rs.
 
 use crate::baseline::Staging;
+use crate::bulk_ring::BulkRing;
 use crate::device_meta::{self, Capacity};
 use crate::error::GrpcollError;
 use crate::kernel_choice::{pull_kernel_name, push_kernel_name};
@@ -27,49 +28,6 @@ use weft_sync::{Counters, WaitBudget};
 const PUSH_THREADS: u32 = 1024;
 /// The kernel's own constant: with bulk buffers one warp loads and the others reduce.
 const PULL_THREADS: u32 = weft_kernels::abi::WEFT_GRPCOLL_PULL_THREADS;
-/// Bytes of each of the shared-memory buffers (a ring of `WEFT_GRPCOLL_BULK_STAGES`, 2) a native
-/// pull block bulk-loads its sources' rows into (kernels/grpcoll/grpcoll.cu, "pull through shared
-/// memory"): a block's producer warp keeps up to both buffers' loads in flight where 16-byte loads
-/// into registers keep about 32 KiB. Two 96 KiB buffers measured faster than four of 48 KiB
-/// (crates/grpcoll/README.md).
-const BULK_BUFFER_BYTES: u32 = 96 << 10;
-
-/// The native pull kernel's bulk buffer bytes on this device: `BULK_BUFFER_BYTES`, or
-/// `WEFT_GRPCOLL_BULK_KIB` (whole KiB; 0 reads the sources straight from peer memory, for
-/// comparison; a value that does not fit the device is refused, naming the largest that does); 0
-/// where the default cannot fit. `optin`: the device's opt-in shared memory per block less the
-/// kernel's static shared memory.
-fn bulk_buffer_bytes(optin: u32) -> anyhow::Result<u32> {
-    // The largest buffer the ring fits, in whole KiB (a bulk load's transaction count stays
-    // below 2^20 at 1023 KiB).
-    let fits = |bytes: u32| {
-        // SAFETY: a pure function of its argument.
-        unsafe { weft_kernels::abi::weft_grpcoll_pull_smem_bytes(bytes) <= optin }
-    };
-    let most_kib = (0..1024u32).rev().find(|&k| fits(k << 10)).unwrap_or(0);
-    match std::env::var("WEFT_GRPCOLL_BULK_KIB") {
-        Ok(v) => {
-            let kib: u32 = v.trim().parse().map_err(|_| {
-                GrpcollError::Options(format!(
-                    "WEFT_GRPCOLL_BULK_KIB={v:?} is not a whole number of KiB"
-                ))
-            })?;
-            ensure!(
-                kib <= most_kib,
-                GrpcollError::Options(format!(
-                    "WEFT_GRPCOLL_BULK_KIB={kib}: at most {most_kib} KiB per buffer fit this device's shared memory"
-                ))
-            );
-            Ok(kib << 10)
-        }
-        Err(_) => Ok(if fits(BULK_BUFFER_BYTES) {
-            BULK_BUFFER_BYTES
-        } else {
-            0
-        }),
-    }
-}
-
 fn op_name(code: u64) -> &'static str {
     match code {
         0 => "sum",
@@ -121,8 +79,8 @@ pub(crate) struct Core<T: PglElement> {
     pub(crate) output_lse: Option<Pgl<f32>>,
     pub(crate) counters: Counters,
     pub(crate) native: CudaFunction,
-    /// The native pull kernel's bulk buffer bytes (0: it reads peer memory directly).
-    pub(crate) bulk_buffer_bytes: u32,
+    /// The native pull kernel's ring of bulk buffers (none: it reads peer memory directly).
+    pub(crate) bulk: BulkRing,
     pub(crate) native_items: Items,
     /// Push kernel at the comm row widths (the baseline's gathers, and a push cast's scatter);
     /// and at the lse row width.
@@ -467,9 +425,9 @@ impl<T: PglElement> Core<T> {
                         sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                         dynamic as i32,
                     )?;
-                    bulk_buffer_bytes(dynamic)?
+                    BulkRing::choose(dynamic)?
                 }
-                _ => 0,
+                _ => BulkRing::NONE,
             };
             let layout = match capacity {
                 None => None,
@@ -482,7 +440,7 @@ impl<T: PglElement> Core<T> {
             };
             Ok((native, bulk, copy_comm, copy_lse, layout))
         })();
-        let (native, bulk_buffer_bytes, copy_comm, copy_lse, layout) =
+        let (native, bulk, copy_comm, copy_lse, layout) =
             agree_typed(rdzv, "grpcoll plan (kernels)", loaded)?;
 
         // Work lists: rows per item from the bytes of one row of every tensor.
@@ -577,7 +535,7 @@ impl<T: PglElement> Core<T> {
             output_lse,
             counters,
             native,
-            bulk_buffer_bytes,
+            bulk,
             native_items,
             copy_comm,
             copy_lse,
@@ -676,8 +634,11 @@ impl<T: PglElement> Core<T> {
         grid: u32,
     ) -> anyhow::Result<()> {
         let pull = std::ptr::eq(f, &self.native) && self.path == Path::Pull;
-        // SAFETY: a pure function of its argument.
-        let smem = unsafe { weft_kernels::abi::weft_grpcoll_pull_smem_bytes(p.bulk_buffer_bytes) };
+        let smem = BulkRing {
+            buffer_bytes: p.bulk_buffer_bytes,
+            stages: p.bulk_stages,
+        }
+        .smem_bytes();
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
             block_dim: (if pull { PULL_THREADS } else { PUSH_THREADS }, 1, 1),
@@ -701,7 +662,8 @@ impl<T: PglElement> Core<T> {
         p.bar = self.counters.device()?;
         p.epoch = base + 1;
         p.flags = WEFT_GRPCOLL_SYNCED | WEFT_GRPCOLL_TRANSFER;
-        p.bulk_buffer_bytes = self.bulk_buffer_bytes;
+        p.bulk_buffer_bytes = self.bulk.buffer_bytes;
+        p.bulk_stages = self.bulk.stages;
         if self.converts() {
             p.flags |= WEFT_GRPCOLL_CONVERT;
         }
@@ -934,19 +896,6 @@ mod tests {
         .contains("200 SMs requested; the device has 132"));
         assert!(e(validate_args(Kind::Cast, DType::F32, &[8], ReduceOp::Sum, &o, 24, 132, 8))
             .contains("8 ranks share one GPU of 132 SMs, so 24 SMs per rank cannot all be resident at once; pass Options::sms at most 16"));
-    }
-
-    // Two 96 KiB buffers where the device's opt-in shared memory holds them (an H100 or H200:
-    // 227 KiB), none where it does not. (Run without WEFT_GRPCOLL_BULK_KIB set.)
-    #[test]
-    fn bulk_buffers_fit_the_device() {
-        if std::env::var_os("WEFT_GRPCOLL_BULK_KIB").is_some() {
-            return;
-        }
-        assert_eq!(bulk_buffer_bytes(232_448).unwrap(), 96 << 10);
-        assert_eq!(bulk_buffer_bytes(2 * (96 << 10) + 2048).unwrap(), 96 << 10);
-        assert_eq!(bulk_buffer_bytes(2 * (96 << 10) + 2047).unwrap(), 0);
-        assert_eq!(bulk_buffer_bytes(49_152).unwrap(), 0);
     }
 
     #[test]

@@ -99,22 +99,23 @@ typedef struct weft_grpcoll_params {
   int32_t op;                // WEFT_GRPCOLL_OP_*
   uint32_t flags;            // WEFT_GRPCOLL_* flags
   // Native pull kernels (vN, one tensor, not LSE): nonzero = bytes of each of the shared-memory
-  // buffers (a ring of WEFT_GRPCOLL_BULK_STAGES) the sources' rows are bulk-loaded into — a
+  // buffers (a ring of bulk_stages) the sources' rows are bulk-loaded into — a
   // multiple of 128 below 2^20 (the host passes whole KiB below 1024: buffer offsets stay 128-byte
   // aligned and a buffer's transaction count fits an mbarrier phase) (weft_grpcoll_pull_smem_bytes of dynamic shared
   // memory); 0 = the sources are read straight from peer memory.
   uint32_t bulk_buffer_bytes;
+  uint32_t bulk_stages;      // buffers in the ring: 2 to WEFT_GRPCOLL_BULK_MAX_STAGES (with bulk_buffer_bytes)
 } weft_grpcoll_params;
 
-// Dynamic shared memory of a pull launch with bulk buffers of `buffer_bytes`: a ring of
-// WEFT_GRPCOLL_BULK_STAGES buffers, then their FULL and EMPTY mbarriers and unit descriptions
-// (kernels/grpcoll/grpcoll.cu, BulkShared), padded.
-#define WEFT_GRPCOLL_BULK_STAGES 2u
+// Dynamic shared memory of a pull launch with a ring of `stages` bulk buffers of `buffer_bytes`:
+// the buffers, then their FULL and EMPTY mbarriers and unit descriptions (kernels/grpcoll/grpcoll.cu,
+// BulkShared, sized for WEFT_GRPCOLL_BULK_MAX_STAGES), padded.
+#define WEFT_GRPCOLL_BULK_MAX_STAGES 4u
 // Threads of a pull block (whole warps; with bulk buffers the last warp is the producer).
 #define WEFT_GRPCOLL_PULL_THREADS 512u
 #define WEFT_GRPCOLL_BULK_SHARED_BYTES 2048u
-WEFT_HD uint32_t weft_grpcoll_pull_smem_bytes(uint32_t buffer_bytes) {
-  return buffer_bytes == 0 ? 0u : WEFT_GRPCOLL_BULK_STAGES * buffer_bytes + WEFT_GRPCOLL_BULK_SHARED_BYTES;
+WEFT_HD uint32_t weft_grpcoll_pull_smem_bytes(uint32_t buffer_bytes, uint32_t stages) {
+  return buffer_bytes == 0 ? 0u : stages * buffer_bytes + WEFT_GRPCOLL_BULK_SHARED_BYTES;
 }
 
 // ---- device-resident metadata (kernels/grpcoll/layout.cu) ----
