@@ -44,9 +44,11 @@ use weft_sync::ErrorSlot;
 pub use weft_pgl::nccl::Communicator;
 
 /// Default number of SMs (one block each) the native kernels use, capped by the device's count.
-/// 96: on two H100s over NVLink the pulling GroupReduce is latency-bound and reads 91–183 GB/s
-/// from 24 SMs, 287–324 GB/s from 96 (0.47–1.02× the AlltoAll-v path at 24, 1.55–2.12× at 96);
-/// GroupCast gains 8–15 % (README.md, "Measured"). Pass `Options::sms` to leave SMs to compute.
+/// 96: chosen when the pulling GroupReduce was latency-bound (two H100s: 91–183 GB/s from 24 SMs,
+/// 287–324 from 96). Since the ring of bulk buffers, 24 SMs take about as long as 96 for most
+/// reduces on two H200s (median 1.00×) but up to 1.9× as long for the many-item varlen reduces, and
+/// the casts 1.01–1.16× as long (2.1× through a narrower dtype) (README.md, "Measured"). Pass
+/// `Options::sms` to leave SMs to compute.
 pub const DEFAULT_SMS: u32 = 96;
 /// Tensors one plan moves together (packed transfer).
 pub const MAX_TENSORS: usize = WEFT_GRPCOLL_MAX_TENSORS as usize;
