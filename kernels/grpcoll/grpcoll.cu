@@ -445,7 +445,6 @@ __device__ __forceinline__ void pull_lse(const weft_grpcoll_params& p, const wef
 // the unit (each warp's lane 0 arrives after a __syncwarp), and only then does the producer
 // describe and refill the buffer.
 
-
 // One unit of the block's work: item `it`, its rows [r0, r0 + rows), through a buffer or direct;
 // `end`: the block's work is done.
 // A bulk unit also carries its first output row and its source count (the buffer holds source
@@ -575,7 +574,7 @@ __device__ __forceinline__ void reduce_unit(const weft_grpcoll_params& p, const 
 template <typename In, typename Out, int VEC>
 __device__ __forceinline__ void pull_bulk(const weft_grpcoll_params& p) {
   extern __shared__ __align__(128) uint8_t bulk_smem[];
-  const uint32_t stages = p.bulk_stages;  // 2 to WEFT_GRPCOLL_BULK_MAX_STAGES (host-checked)
+  const uint32_t stages = p.bulk_stages;  // 2 to WEFT_GRPCOLL_BULK_MAX_STAGES (crates/grpcoll/src/bulk_ring.rs)
   BulkShared* sh = reinterpret_cast<BulkShared*>(bulk_smem + uint64_t(stages) * p.bulk_buffer_bytes);
   const weft_grpcoll_tensor& t = p.tensor[0];
   const weft_pgl_view& src = has(p, WEFT_GRPCOLL_CONVERT) ? t.staging : t.input;

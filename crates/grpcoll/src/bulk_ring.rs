@@ -6,15 +6,15 @@ use crate::error::GrpcollError;
 use anyhow::ensure;
 use weft_kernels::abi::{weft_grpcoll_pull_smem_bytes, WEFT_GRPCOLL_BULK_MAX_STAGES};
 
-/// Default ring: three buffers of 64 KiB. On 24 SMs of two H200s it moved the reduces 4–25 %
-/// faster than two of 96 KiB (three loads in flight behind the unit being reduced, each unit
-/// smaller); on 96 SMs within −1.3 … +9 % (crates/grpcoll/README.md, "Measured").
+/// Default ring: three buffers of 64 KiB. On 24 SMs of two H200s it moved the reduces 3–24 %
+/// faster than two of 96 KiB (the loads of two units in flight beside the unit being reduced,
+/// instead of one); on 96 SMs within −2.1 … +8 % (crates/grpcoll/README.md, "Measured").
 const DEFAULT_BUFFER_BYTES: u32 = 64 << 10;
 const DEFAULT_STAGES: u32 = 3;
 /// Overrides, for comparisons: buffer KiB (0: the sources are read straight from peer memory) and
 /// the ring's depth.
-pub(crate) const BUFFER_KIB_VAR: &str = "WEFT_GRPCOLL_BULK_KIB";
-pub(crate) const STAGES_VAR: &str = "WEFT_GRPCOLL_BULK_STAGES";
+const BUFFER_KIB_VAR: &str = "WEFT_GRPCOLL_BULK_KIB";
+const STAGES_VAR: &str = "WEFT_GRPCOLL_BULK_STAGES";
 
 /// `stages` buffers of `buffer_bytes`; `buffer_bytes` 0: no ring (direct reads).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,8 +36,9 @@ impl BulkRing {
     }
 
     /// The ring on a device whose kernel may take `optin` bytes of dynamic shared memory: the
-    /// default, or `WEFT_GRPCOLL_BULK_KIB` / `WEFT_GRPCOLL_BULK_STAGES` (a ring that does not fit
-    /// is refused, naming the largest buffer that does); none where the default cannot fit.
+    /// default, or `WEFT_GRPCOLL_BULK_KIB` / `WEFT_GRPCOLL_BULK_STAGES` (a buffer that does not
+    /// fit the ring is refused, naming the largest that does; with only the depth given, the
+    /// default buffer or the largest that fits that depth); none where the default cannot fit.
     pub fn choose(optin: u32) -> anyhow::Result<BulkRing> {
         Self::choose_with(optin, |v| std::env::var(v).ok())
     }
@@ -48,9 +49,12 @@ impl BulkRing {
                 GrpcollError::Options(format!("{name}={v:?} is not a whole number")).into()
             })
         };
+        let depth_given = var(STAGES_VAR).is_some();
         let stages = match var(STAGES_VAR) {
             Some(v) => {
                 let s = whole(STAGES_VAR, &v)?;
+                // A ring has at least two buffers (one loading while one is reduced); the
+                // kernel's mbarrier arrays hold at most WEFT_GRPCOLL_BULK_MAX_STAGES.
                 ensure!(
                     (2..=WEFT_GRPCOLL_BULK_MAX_STAGES).contains(&s),
                     GrpcollError::Options(format!(
@@ -83,6 +87,7 @@ impl BulkRing {
                 );
                 kib << 10
             }
+            None if depth_given => most_kib.min(DEFAULT_BUFFER_BYTES >> 10) << 10,
             None if fits(DEFAULT_BUFFER_BYTES) => DEFAULT_BUFFER_BYTES,
             None => 0,
         };
@@ -140,6 +145,10 @@ mod tests {
         );
         assert_eq!(choose(&[(BUFFER_KIB_VAR, "72")]).unwrap(), ring(72, 3));
         assert_eq!(choose(&[(BUFFER_KIB_VAR, "0")]).unwrap(), BulkRing::NONE);
+        // Only the depth: the default buffer where the deeper ring holds it, else the largest
+        // that fits (never a silent fall back to direct reads).
+        assert_eq!(choose(&[(STAGES_VAR, "2")]).unwrap(), ring(64, 2));
+        assert_eq!(choose(&[(STAGES_VAR, "4")]).unwrap(), ring(56, 4));
         // 232 448 bytes less the 2 KiB of mbarriers: 75 KiB buffers in a ring of 3, 56 in 4.
         assert!(e(&[(BUFFER_KIB_VAR, "96")])
             .contains("at most 75 KiB per buffer fit this device's shared memory in a ring of 3"));

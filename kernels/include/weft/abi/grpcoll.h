@@ -104,7 +104,8 @@ typedef struct weft_grpcoll_params {
   // aligned and a buffer's transaction count fits an mbarrier phase) (weft_grpcoll_pull_smem_bytes of dynamic shared
   // memory); 0 = the sources are read straight from peer memory.
   uint32_t bulk_buffer_bytes;
-  uint32_t bulk_stages;      // buffers in the ring: 2 to WEFT_GRPCOLL_BULK_MAX_STAGES (with bulk_buffer_bytes)
+  uint32_t bulk_stages;      // buffers in the ring with bulk_buffer_bytes: 2 to WEFT_GRPCOLL_BULK_MAX_STAGES
+                             // (set only from crates/grpcoll's BulkRing, which checks it)
 } weft_grpcoll_params;
 
 // Dynamic shared memory of a pull launch with a ring of `stages` bulk buffers of `buffer_bytes`:
