@@ -78,23 +78,16 @@ constexpr uint32_t kBulkChunkElems = 2048;
 
 // The payload's n elements (padded to whole 16-byte units, within the slot: max_elems is a
 // multiple of 4) through shared memory and bulk stores issued by thread 0. On return thread 0's
-// stores are complete and ordered before its release. The block writes each chunk but its last
-// 16-byte unit, which thread 0 writes right before the bulk store that reads it: without
-// `proxy_fence` (the negative control) nothing orders those generic stores before the async
-// proxy's read. (With only the other threads' stores unfenced, before a CTA barrier, no stale
-// element was ever seen on H200s: crates/sync/README.md.)
+// stores are complete and ordered before its release.
 __device__ void send_bulk(uint32_t* dst, uint64_t key, uint32_t n, bool proxy_fence) {
   __shared__ alignas(128) uint32_t chunk[kBulkChunkElems];
   const uint32_t padded = (n + 3) & ~3u;
-  const auto value = [&](uint32_t at, uint32_t i) { return at + i < n ? weft_stress_value(key, at + i) : 0u; };
   for (uint32_t at = 0; at < padded; at += kBulkChunkElems) {
-    const uint32_t len = min(kBulkChunkElems, padded - at);  // a multiple of 4
-    for (uint32_t i = threadIdx.x; i < len - 4; i += blockDim.x) chunk[i] = value(at, i);
+    const uint32_t len = min(kBulkChunkElems, padded - at);
+    for (uint32_t i = threadIdx.x; i < len; i += blockDim.x) chunk[i] = at + i < n ? weft_stress_value(key, at + i) : 0u;
     if (proxy_fence) weft::fence_proxy_async_smem();  // each writer's generic stores before the async proxy reads
     __syncthreads();
     if (threadIdx.x == 0) {
-      for (uint32_t i = len - 4; i < len; ++i) chunk[i] = value(at, i);
-      if (proxy_fence) weft::fence_proxy_async_smem();
       weft::bulk_store_s2g(dst + at, chunk, len * 4);
       weft::bulk_commit_group();
       weft::bulk_wait_group_read<0>();  // the chunk may be rewritten
