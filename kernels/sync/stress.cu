@@ -40,9 +40,7 @@ __device__ pair_role role_of(const weft_stress_params& p) {
   return {sender, peer};
 }
 
-__device__ bool bulk(const weft_stress_params& p) {
-  return p.ordering == WEFT_STRESS_BULK || p.ordering == WEFT_STRESS_BULK_NO_PROXY_FENCE;
-}
+__device__ bool bulk(const weft_stress_params& p) { return p.ordering == WEFT_STRESS_BULK; }
 
 // The relaxed negative control's signals and polls.
 __device__ bool unordered(const weft_stress_params& p) { return p.ordering == WEFT_STRESS_RELAXED; }
@@ -79,13 +77,13 @@ constexpr uint32_t kBulkChunkElems = 2048;
 // The payload's n elements (padded to whole 16-byte units, within the slot: max_elems is a
 // multiple of 4) through shared memory and bulk stores issued by thread 0. On return thread 0's
 // stores are complete and ordered before its release.
-__device__ void send_bulk(uint32_t* dst, uint64_t key, uint32_t n, bool proxy_fence) {
+__device__ void send_bulk(uint32_t* dst, uint64_t key, uint32_t n) {
   __shared__ alignas(128) uint32_t chunk[kBulkChunkElems];
   const uint32_t padded = (n + 3) & ~3u;
   for (uint32_t at = 0; at < padded; at += kBulkChunkElems) {
     const uint32_t len = min(kBulkChunkElems, padded - at);
     for (uint32_t i = threadIdx.x; i < len; i += blockDim.x) chunk[i] = at + i < n ? weft_stress_value(key, at + i) : 0u;
-    if (proxy_fence) weft::fence_proxy_async_smem();  // each writer's generic stores before the async proxy reads
+    weft::fence_proxy_async_smem();  // each writer's generic stores before the async proxy reads
     __syncthreads();
     if (threadIdx.x == 0) {
       weft::bulk_store_s2g(dst + at, chunk, len * 4);
@@ -124,8 +122,7 @@ __device__ void send(const weft_stress_params& p, int32_t receiver) {
     const uint32_t n = weft_stress_elems(p.seed, g, rank, receiver, p.max_elems);
     uint32_t* dst = slot_of(p, slot_owner(p, receiver), g, rank);
     if (bulk(p)) {
-      // thread 0 issued every store and releases below
-      send_bulk(dst, key, n, p.ordering != WEFT_STRESS_BULK_NO_PROXY_FENCE);
+      send_bulk(dst, key, n);  // thread 0 issued every store and releases below
     } else {
       for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = weft_stress_value(key, i);
     }

@@ -63,9 +63,6 @@ pub enum Ordering {
     /// TMA bulk stores from shared memory, released once complete (`bulk_wait_group<0>` and the
     /// async-proxy fence), as the fused GEMM epilogues do.
     BulkStore,
-    /// Negative control: as `BulkStore`, without the proxy fence between the threads' stores into
-    /// shared memory and the bulk store that reads them (should show mismatches).
-    BulkStoreNoProxyFence,
 }
 
 pub struct Stress {
@@ -194,10 +191,7 @@ impl Stress {
         ordering: Ordering,
     ) -> anyhow::Result<PendingStress> {
         let (rank, world) = (self.data.rank(), self.data.world());
-        if matches!(
-            ordering,
-            Ordering::BulkStore | Ordering::BulkStoreNoProxyFence
-        ) {
+        if ordering == Ordering::BulkStore {
             // The bulk path is tried around the ring and the relay only (the trials' modes).
             anyhow::ensure!(
                 matches!(self.mode, StressMode::Ring | StressMode::Relay),
@@ -238,7 +232,6 @@ impl Stress {
                 Ordering::ReleaseAcquire => abi::WEFT_STRESS_ORDERED,
                 Ordering::Relaxed => abi::WEFT_STRESS_RELAXED,
                 Ordering::BulkStore => abi::WEFT_STRESS_BULK,
-                Ordering::BulkStoreNoProxyFence => abi::WEFT_STRESS_BULK_NO_PROXY_FENCE,
             }) as i32,
             reserved: 0,
         };

@@ -20,10 +20,6 @@
 // Payload by TMA bulk stores (staged through shared memory), released as ORDERED once every bulk
 // store is complete (cp.async.bulk.wait_group 0, then the async-proxy fence).
 #define WEFT_STRESS_BULK 2
-// Negative control of the proxy fence: as BULK, but without the fence.proxy.async between the
-// threads' generic stores into the staging buffer and the bulk store that reads it (the async
-// proxy may read what the buffer held before: stale elements at the receiver).
-#define WEFT_STRESS_BULK_NO_PROXY_FENCE 3
 // (Released after cp.async.bulk.wait_group.read 0 only — their writes maybe still in flight — the
 // same runs never showed a wrong element on H200s, so no negative control of that can fail: see
 // crates/sync/README.md.)
