@@ -7,7 +7,7 @@
 //! terminal would be stopped).
 
 use anyhow::{anyhow, bail, Result};
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -25,7 +25,6 @@ const GRACE: Duration = Duration::from_secs(5);
 const KILL_WAIT: Duration = Duration::from_secs(10);
 /// Longest wait between checks for signals (and for rank exits where pidfds are unavailable).
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
-const USAGE: &str = "usage: weft launch -n N [--] CMD [ARGS...]";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchSpec {
@@ -37,45 +36,50 @@ pub struct LaunchSpec {
 /// weft's subcommands, which as a launched command would name a program of the same name.
 const WEFT_SUBCOMMANDS: [&str; 6] = ["test", "bench", "tune", "info", "secret", "launch"];
 
+/// `weft launch`'s flags (clap: `weft launch --help`).
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "weft launch",
+    override_usage = "weft launch -n N [--] CMD [ARGS...]",
+    about = "Start N local ranks of CMD (rank r on GPU r), with a fresh WEFT_JOB_SECRET unless one is set; \
+when a rank fails, or on Ctrl-C, stop the others and name the rank and how it ended."
+)]
+struct LaunchArgs {
+    /// Local ranks to start (1 to 1024)
+    #[arg(short = 'n', long = "nranks", value_name = "N", value_parser = parse_ranks)]
+    ranks: usize,
+    /// The command and its arguments, the same on every rank (everything after the command's
+    /// name is passed on; `--` before a command that starts with `-`)
+    #[arg(value_name = "CMD", required = true, num_args = 1.., trailing_var_arg = true, value_parser = clap::value_parser!(OsString))]
+    command: Vec<OsString>,
+}
+
+/// What `weft launch ARGS` asks for.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LaunchCommand {
+    Run(LaunchSpec),
+    /// Text to print and exit successfully (`--help`).
+    Print(String),
+}
+
 /// Parses the words after `launch`: `-n N [--] CMD [ARGS…]` (also `--nranks N`, `--nranks=N`).
-/// The first word that is not an option (or the word after `--`) is the command.
-pub fn parse_launch_args(args: &[OsString]) -> Result<LaunchSpec> {
-    let mut ranks = None;
-    let mut i = 0;
-    while i < args.len() {
-        // A word that is not UTF-8 cannot be an option: it starts the command.
-        let Some(word) = args[i].to_str() else { break };
-        let (option, value) = match word {
-            "--" => {
-                i += 1;
-                break;
-            }
-            "-n" | "--nranks" => {
-                let value = args.get(i + 1).filter(|v| v.as_os_str() != "--");
-                let value = value.ok_or_else(|| {
-                    anyhow!("{word} needs a value (the number of ranks); {USAGE}")
-                })?;
-                i += 2;
-                (word, value.as_os_str())
-            }
-            _ if word.starts_with("--nranks=") => {
-                i += 1;
-                ("--nranks", OsStr::new(&word["--nranks=".len()..]))
-            }
-            _ if word.starts_with('-') && word != "-" => {
-                bail!("unknown option {word:?} before the command; {USAGE}")
-            }
-            _ => break,
-        };
-        if ranks.is_some() {
-            bail!("the number of ranks is given twice ({option}); {USAGE}");
+/// The first word that is not an option (or the word after `--`) is the command; every word after
+/// it is the command's.
+pub fn parse_launch_args(args: &[OsString]) -> Result<LaunchCommand> {
+    use clap::Parser;
+    let words = std::iter::once(OsString::from("weft launch")).chain(args.iter().cloned());
+    let a = match LaunchArgs::try_parse_from(words) {
+        Ok(a) => a,
+        Err(e) if matches!(e.kind(), clap::error::ErrorKind::DisplayHelp) => {
+            return Ok(LaunchCommand::Print(e.render().to_string()))
         }
-        ranks = Some(parse_ranks(option, value)?);
-    }
-    let ranks = ranks.ok_or_else(|| anyhow!("missing -n N (the number of ranks); {USAGE}"))?;
-    let Some(program) = args.get(i) else {
-        bail!("no command given after the options; {USAGE}")
+        Err(e) => bail!("{}", crate::bench::clap_error_text(&e)),
     };
+    let (program, args) = a
+        .command
+        .split_first()
+        .map(|(p, rest)| (p.clone(), rest.to_vec()))
+        .ok_or_else(|| anyhow!("no command given after the options"))?;
     // `weft launch -n 4 test` would run the shell's `test` on every rank (which exits 1 and
     // prints nothing): a bare weft subcommand name is refused, naming the command meant.
     if let Some(sub) = program.to_str().filter(|p| WEFT_SUBCOMMANDS.contains(p)) {
@@ -84,26 +88,26 @@ pub fn parse_launch_args(args: &[OsString]) -> Result<LaunchSpec> {
             .unwrap_or_else(|_| "weft".into());
         bail!(
             "the command {sub:?} is a weft subcommand, not a program: to run it on every rank, \
-             weft launch -n {ranks} -- {weft} {sub} …"
+             weft launch -n {} -- {weft} {sub} …",
+            a.ranks
         );
     }
-    Ok(LaunchSpec {
-        ranks,
-        program: program.clone(),
-        args: args[i + 1..].to_vec(),
-    })
+    Ok(LaunchCommand::Run(LaunchSpec {
+        ranks: a.ranks,
+        program,
+        args,
+    }))
 }
 
-fn parse_ranks(option: &str, value: &OsStr) -> Result<usize> {
-    let text = value.to_string_lossy();
-    let n: usize = text.parse().map_err(|_| {
-        anyhow!("{option} {text:?}: the number of ranks must be a positive integer; {USAGE}")
-    })?;
+fn parse_ranks(text: &str) -> Result<usize> {
+    let n: usize = text
+        .parse()
+        .map_err(|_| anyhow!("the number of ranks must be a positive integer"))?;
     if n == 0 {
-        bail!("{option} 0: at least one rank is needed");
+        bail!("at least one rank is needed");
     }
     if n > MAX_LOCAL_RANKS {
-        bail!("{option} {n}: at most {MAX_LOCAL_RANKS} local ranks can be launched");
+        bail!("at most {MAX_LOCAL_RANKS} local ranks can be launched");
     }
     Ok(n)
 }
@@ -447,8 +451,15 @@ mod tests {
 
     fn parse_err(s: &[&str]) -> String {
         match parse_launch_args(&words(s)) {
-            Ok(spec) => panic!("expected an error for {s:?}, got {spec:?}"),
+            Ok(c) => panic!("expected an error for {s:?}, got {c:?}"),
             Err(e) => e.to_string(),
+        }
+    }
+
+    fn parsed(s: &[&str]) -> LaunchSpec {
+        match parse_launch_args(&words(s)) {
+            Ok(LaunchCommand::Run(spec)) => spec,
+            other => panic!("expected a launch for {s:?}, got {other:?}"),
         }
     }
 
@@ -472,39 +483,59 @@ mod tests {
     #[test]
     fn parses_valid_forms() {
         assert_eq!(
-            parse_launch_args(&words(&["-n", "4", "--", "prog", "-x", "y"])).unwrap(),
+            parsed(&["-n", "4", "--", "prog", "-x", "y"]),
             spec(4, "prog", &["-x", "y"])
         );
         assert_eq!(
-            parse_launch_args(&words(&["-n", "2", "prog", "--", "a"])).unwrap(),
+            parsed(&["-n", "2", "prog", "--", "a"]),
             spec(2, "prog", &["--", "a"])
         );
+        assert_eq!(parsed(&["-n", "2", "ls", "-la"]), spec(2, "ls", &["-la"]));
+        assert_eq!(parsed(&["--nranks", "8", "prog"]), spec(8, "prog", &[]));
+        assert_eq!(parsed(&["--nranks=3", "--", "prog"]), spec(3, "prog", &[]));
         assert_eq!(
-            parse_launch_args(&words(&["--nranks", "8", "prog"])).unwrap(),
-            spec(8, "prog", &[])
-        );
-        assert_eq!(
-            parse_launch_args(&words(&["--nranks=3", "--", "prog"])).unwrap(),
-            spec(3, "prog", &[])
-        );
-        assert_eq!(
-            parse_launch_args(&words(&["-n", "1024", "--", "-prog"])).unwrap(),
+            parsed(&["-n", "1024", "--", "-prog"]),
             spec(1024, "-prog", &[])
         );
+        // Words that are not UTF-8 pass through to the command.
+        use std::os::unix::ffi::OsStringExt;
+        let odd = OsString::from_vec(vec![b'a', 0xff]);
+        let mut w = words(&["-n", "2", "prog"]);
+        w.push(odd.clone());
+        match parse_launch_args(&w).unwrap() {
+            LaunchCommand::Run(s) => assert_eq!(s.args, vec![odd]),
+            other => panic!("{other:?}"),
+        }
+        match parse_launch_args(&words(&["--help"])).unwrap() {
+            LaunchCommand::Print(text) => assert!(
+                text.contains("Usage: weft launch -n N [--] CMD [ARGS...]")
+                    && text.contains("--nranks <N>"),
+                "{text}"
+            ),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
     fn argument_errors() {
-        assert!(parse_err(&["--", "prog"]).contains("missing -n N"));
-        assert!(parse_err(&["prog", "-n", "2"]).contains("missing -n N"));
-        assert!(parse_err(&["-n"]).contains("-n needs a value"));
-        assert!(parse_err(&["-n", "--", "prog"]).contains("-n needs a value"));
-        assert!(parse_err(&["--nranks"]).contains("--nranks needs a value"));
-        assert!(parse_err(&["-n", "four", "prog"])
-            .contains("\"four\": the number of ranks must be a positive integer"));
-        assert!(parse_err(&["-n", "-2", "prog"]).contains("must be a positive integer"));
-        assert!(parse_err(&["-n", "0", "prog"]).contains("at least one rank"));
-        assert!(parse_err(&["-n", "1025", "prog"]).contains("at most 1024"));
+        for (args, part) in [
+            (&["--", "prog"][..], "--nranks <N>"),
+            (&["prog", "-n", "2"], "--nranks <N>"),
+            (&["-n"], "a value is required for '--nranks <N>'"),
+            (&["-n", "--", "prog"], "a value is required for '--nranks <N>'"),
+            (&["--nranks"], "a value is required for '--nranks <N>'"),
+            (&["-n", "four", "prog"], "invalid value 'four' for '--nranks <N>': the number of ranks must be a positive integer"),
+            (&["-n", "-2", "prog"], "-2"),
+            (&["-n", "0", "prog"], "at least one rank is needed"),
+            (&["-n", "1025", "prog"], "at most 1024 local ranks"),
+            (&["-n", "2"], "<CMD>"),
+            (&["-n", "2", "--"], "<CMD>"),
+            (&["-n", "2", "-v", "prog"], "unexpected argument '-v'"),
+            (&["-n", "2", "-n", "3", "prog"], "cannot be used multiple times"),
+        ] {
+            let e = parse_err(args);
+            assert!(e.contains(part), "{args:?}: {part:?} missing from {e:?}");
+        }
         // A weft subcommand as the command (the shell's `test` would run): refused, naming the
         // command meant; with a path it is a program.
         let e = parse_err(&["-n", "4", "test"]);
@@ -517,10 +548,6 @@ mod tests {
         assert!(parse_err(&["-n", "2", "--", "bench", "nccl"])
             .contains("\"bench\" is a weft subcommand"));
         assert!(parse_launch_args(&words(&["-n", "2", "--", "/usr/bin/test", "-e", "/"])).is_ok());
-        assert!(parse_err(&["-n", "2"]).contains("no command given"));
-        assert!(parse_err(&["-n", "2", "--"]).contains("no command given"));
-        assert!(parse_err(&["-n", "2", "-v", "prog"]).contains("unknown option \"-v\""));
-        assert!(parse_err(&["-n", "2", "-n", "3", "prog"]).contains("given twice"));
     }
 
     #[test]

@@ -59,7 +59,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let wants_help = matches!(args.get(1).map(String::as_str), Some("--help" | "-h"));
     let result = match args.first().map(String::as_str) {
-        Some(cmd @ ("info" | "launch" | "secret")) if wants_help => {
+        Some(cmd @ ("info" | "secret")) if wants_help => {
             println!("{}", subcommand_usage(cmd));
             Ok(ExitCode::SUCCESS)
         }
@@ -76,9 +76,15 @@ fn main() -> ExitCode {
         }),
         Some("launch") => {
             let rest: Vec<OsString> = std::env::args_os().skip(2).collect();
-            launch::parse_launch_args(&rest)
-                .and_then(|spec| launch::run_local(&spec))
-                .map(|()| ExitCode::SUCCESS)
+            launch::parse_launch_args(&rest).and_then(|command| match command {
+                launch::LaunchCommand::Run(spec) => {
+                    launch::run_local(&spec).map(|()| ExitCode::SUCCESS)
+                }
+                launch::LaunchCommand::Print(text) => {
+                    print!("{text}");
+                    Ok(ExitCode::SUCCESS)
+                }
+            })
         }
         // Internal: the watchdog trial's child, a step that never ends.
         Some(suites::WATCHDOG_CHILD) => suites::watchdog_child(&args[1..]),
@@ -118,7 +124,6 @@ fn main() -> ExitCode {
 fn subcommand_usage(cmd: &str) -> &'static str {
     match cmd {
         "info" => "Usage: weft info\n\nDescribe the local GPUs, their links and the driver, CUDA and NCCL versions.",
-        "launch" => "Usage: weft launch -n N [--] CMD [ARGS...]\n\nStart N local ranks of CMD (rank r on GPU r), with a fresh WEFT_JOB_SECRET unless one is set;\nwhen a rank fails, or on Ctrl-C, stop the others and name the rank and how it ended.",
         _ => "Usage: weft secret\n\nPrint a fresh job secret (64 hex digits): export WEFT_JOB_SECRET=$(weft secret) and pass it\nto every rank (mpirun -x WEFT_JOB_SECRET).",
     }
 }
