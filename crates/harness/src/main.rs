@@ -57,22 +57,21 @@ fn main() -> ExitCode {
     // log facade, on stderr: RUST_LOG filters them (default: warnings and errors).
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let wants_help = matches!(args.get(1).map(String::as_str), Some("--help" | "-h"));
     let result = match args.first().map(String::as_str) {
-        Some(cmd @ ("info" | "secret")) if wants_help => {
-            println!("{}", subcommand_usage(cmd));
-            Ok(ExitCode::SUCCESS)
-        }
         None => default_run(true),
         Some("--no-info") if args.len() == 1 => default_run(false),
-        Some("info") => info::print().map(|()| ExitCode::SUCCESS),
+        Some("info") => flagless::<InfoArgs>("weft info", &args[1..], || {
+            info::print().map(|()| ExitCode::SUCCESS)
+        }),
         Some("test") => test(&args[1..]),
         Some("bench") => bench_command(&args[1..]),
         Some("tune") => tune_command(&args[1..]),
         Some("plot") => plot_command(&args[1..]),
-        Some("secret") if args.len() == 1 => weft_pgl::job_secret::JobSecret::generate().map(|s| {
-            println!("{}", s.to_hex());
-            ExitCode::SUCCESS
+        Some("secret") => flagless::<SecretArgs>("weft secret", &args[1..], || {
+            weft_pgl::job_secret::JobSecret::generate().map(|s| {
+                println!("{}", s.to_hex());
+                ExitCode::SUCCESS
+            })
         }),
         Some("launch") => {
             let rest: Vec<OsString> = std::env::args_os().skip(2).collect();
@@ -120,11 +119,36 @@ fn main() -> ExitCode {
     })
 }
 
-/// The usage of a subcommand whose flags are not parsed by clap (`weft CMD --help`).
-fn subcommand_usage(cmd: &str) -> &'static str {
-    match cmd {
-        "info" => "Usage: weft info\n\nDescribe the local GPUs, their links and the driver, CUDA and NCCL versions.",
-        _ => "Usage: weft secret\n\nPrint a fresh job secret (64 hex digits): export WEFT_JOB_SECRET=$(weft secret) and pass it\nto every rank (mpirun -x WEFT_JOB_SECRET).",
+/// `weft info`: no flags (clap gives it `--help` and refuses anything else).
+#[derive(clap::Parser)]
+#[command(
+    name = "weft info",
+    about = "Describe the local GPUs, their links and the driver, CUDA and NCCL versions."
+)]
+struct InfoArgs {}
+
+/// `weft secret`: no flags.
+#[derive(clap::Parser)]
+#[command(
+    name = "weft secret",
+    about = "Print a fresh job secret (64 hex digits): export WEFT_JOB_SECRET=$(weft secret) and pass it \
+to every rank (mpirun -x WEFT_JOB_SECRET)."
+)]
+struct SecretArgs {}
+
+/// A subcommand without flags: `--help` printed, any other word refused, else `run`.
+fn flagless<P: clap::Parser>(
+    name: &str,
+    args: &[String],
+    run: impl FnOnce() -> anyhow::Result<ExitCode>,
+) -> anyhow::Result<ExitCode> {
+    match P::try_parse_from(std::iter::once(name).chain(args.iter().map(String::as_str))) {
+        Ok(_) => run(),
+        Err(e) if matches!(e.kind(), clap::error::ErrorKind::DisplayHelp) => {
+            print!("{}", e.render());
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => Err(anyhow::anyhow!("{}", bench::clap_error_text(&e))),
     }
 }
 
