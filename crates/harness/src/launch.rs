@@ -62,9 +62,9 @@ pub enum LaunchCommand {
     Print(String),
 }
 
-/// Parses the words after `launch`: `-n N [--] CMD [ARGS…]` (also `--nranks N`, `--nranks=N`).
-/// The first word that is not an option (or the word after `--`) is the command; every word after
-/// it is the command's.
+/// Parses the words after `launch`: `-n N [--] CMD [ARGS…]` (also `-nN`, `-n=N`, `--nranks N`,
+/// `--nranks=N`; `-h` / `--help` before the command prints the usage). The first word that is not
+/// an option (or the word after `--`) is the command; every word after it is the command's.
 pub fn parse_launch_args(args: &[OsString]) -> Result<LaunchCommand> {
     use clap::Parser;
     let words = std::iter::once(OsString::from("weft launch")).chain(args.iter().cloned());
@@ -492,6 +492,13 @@ mod tests {
         );
         assert_eq!(parsed(&["-n", "2", "ls", "-la"]), spec(2, "ls", &["-la"]));
         assert_eq!(parsed(&["--nranks", "8", "prog"]), spec(8, "prog", &[]));
+        assert_eq!(parsed(&["-n2", "prog"]), spec(2, "prog", &[]));
+        assert_eq!(
+            parsed(&["-n=2", "prog", "-n", "3"]),
+            spec(2, "prog", &["-n", "3"])
+        );
+        assert_eq!(parsed(&["-n", "2", "--", "--", "x"]), spec(2, "--", &["x"]));
+        assert_eq!(parsed(&["-n", "2", "-"]), spec(2, "-", &[]));
         assert_eq!(parsed(&["--nranks=3", "--", "prog"]), spec(3, "prog", &[]));
         assert_eq!(
             parsed(&["-n", "1024", "--", "-prog"]),
@@ -506,7 +513,7 @@ mod tests {
             LaunchCommand::Run(s) => assert_eq!(s.args, vec![odd]),
             other => panic!("{other:?}"),
         }
-        match parse_launch_args(&words(&["--help"])).unwrap() {
+        match parse_launch_args(&words(&["-n", "2", "-h"])).unwrap() {
             LaunchCommand::Print(text) => assert!(
                 text.contains("Usage: weft launch -n N [--] CMD [ARGS...]")
                     && text.contains("--nranks <N>"),
@@ -525,7 +532,7 @@ mod tests {
             (&["-n", "--", "prog"], "a value is required for '--nranks <N>'"),
             (&["--nranks"], "a value is required for '--nranks <N>'"),
             (&["-n", "four", "prog"], "invalid value 'four' for '--nranks <N>': the number of ranks must be a positive integer"),
-            (&["-n", "-2", "prog"], "-2"),
+            (&["-n", "-2", "prog"], "unexpected argument '-2'"),
             (&["-n", "0", "prog"], "at least one rank is needed"),
             (&["-n", "1025", "prog"], "at most 1024 local ranks"),
             (&["-n", "2"], "<CMD>"),

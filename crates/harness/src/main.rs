@@ -56,7 +56,12 @@ fn main() -> ExitCode {
     // The libraries' warnings (a PGL dropped without free, a teardown that failed) through the
     // log facade, on stderr: RUST_LOG filters them (default: warnings and errors).
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    // Words that are not UTF-8 reach `weft launch`'s command as they are (args_os); the other
+    // subcommands see them lossily converted (and refuse them as unknown words).
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     let result = match args.first().map(String::as_str) {
         None => default_run(true),
         Some("--no-info") if args.len() == 1 => default_run(false),

@@ -1,6 +1,6 @@
 //! The `weft` binary's command line, as a user meets it on a machine with or without GPUs:
-//! argument errors of `weft launch`, a failing rank stopping the job, unknown commands, and the
-//! main job's message when there is no GPU.
+//! argument errors of `weft launch`, `weft info` and `weft secret`, a failing rank stopping the
+//! job, unknown commands, and the main job's message when there is no GPU.
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -20,11 +20,26 @@ fn stderr(o: &Output) -> String {
 #[test]
 fn launch_argument_errors_are_named() {
     for (args, expected) in [
-        (&["launch"][..], "missing -n"),
-        (&["launch", "-n"][..], "-n"),
-        (&["launch", "-n", "zero", "--", "true"][..], "zero"),
-        (&["launch", "-n", "0", "--", "true"][..], "0"),
-        (&["launch", "-n", "2"][..], "no command"),
+        (&["launch"][..], "--nranks <N>"),
+        (
+            &["launch", "-n"][..],
+            "a value is required for '--nranks <N>'",
+        ),
+        (
+            &["launch", "-n", "zero", "--", "true"][..],
+            "invalid value 'zero'",
+        ),
+        (
+            &["launch", "-n", "0", "--", "true"][..],
+            "at least one rank",
+        ),
+        (&["launch", "-n", "2"][..], "<CMD>"),
+        (
+            &["launch", "-n", "2", "-v", "true"][..],
+            "unexpected argument '-v'",
+        ),
+        (&["info", "extra"][..], "unexpected argument 'extra'"),
+        (&["secret", "extra"][..], "unexpected argument 'extra'"),
         (
             &["launch", "-n", "2", "--", "/nonexistent/weft-test-program"][..],
             "/nonexistent/weft-test-program",
