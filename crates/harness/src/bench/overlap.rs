@@ -138,7 +138,10 @@ fn family_choice(f: Family) -> MethodChoice {
         Family::SeqCublas => MethodChoice::Exact(Method::SeqCublas),
         Family::SeqWeft => MethodChoice::Exact(Method::SeqWeft),
         Family::SeqCollectives => MethodChoice::Exact(Method::SeqCollectives),
-        Family::FusedIntra => MethodChoice::Exact(Method::FusedIntra { tile_n: None }),
+        Family::FusedIntra => MethodChoice::Exact(Method::FusedIntra {
+            tile_n: None,
+            own_last: false,
+        }),
         f => MethodChoice::Family(f),
     }
 }

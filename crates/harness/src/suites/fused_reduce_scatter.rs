@@ -18,7 +18,7 @@ use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use std::time::Duration;
 use weft_pgl::{Pgl, PglElement};
-use weft_signal_gemm::fused::FusedReduceScatter;
+use weft_signal_gemm::fused::{FusedReduceScatter, OwnerOrder};
 use weft_signal_gemm::reference::gemm_f64;
 use weft_signal_gemm::{
     device_sms, BLayout, Dtype, GemmElement, GemmOptions, GemmShape, Scheduling, TileChoice,
@@ -158,10 +158,19 @@ fn matches_reference(job: &mut Job) -> anyhow::Result<()> {
             sm_margin: sms - ctas,
             ..random_options(&mut rng, cluster_m)
         };
-        let what = format!("case {case}: {shape} {options:?}, {world} ranks, seed {seed}");
+        // Half the cases in each order of the adds.
+        let order = if case < 3 {
+            OwnerOrder::Interleaved
+        } else {
+            OwnerOrder::OwnLast
+        };
+        let what =
+            format!("case {case}: {shape} {options:?}, {order:?}, {world} ranks, seed {seed}");
         match output {
-            Dtype::Bf16 => check_case::<bf16>(job, &ctx, &stream, seed + case, shape, options),
-            _ => check_case::<f32>(job, &ctx, &stream, seed + case, shape, options),
+            Dtype::Bf16 => {
+                check_case::<bf16>(job, &ctx, &stream, seed + case, shape, options, order)
+            }
+            _ => check_case::<f32>(job, &ctx, &stream, seed + case, shape, options, order),
         }
         .map_err(|e| e.context(what))?;
     }
@@ -175,10 +184,12 @@ fn check_case<T: GemmElement + PglElement>(
     seed: u64,
     shape: GemmShape,
     options: GemmOptions,
+    order: OwnerOrder,
 ) -> anyhow::Result<()> {
     let world = job.world();
     let rank = job.rank();
-    let mut op = FusedReduceScatter::<T>::new(&mut job.rdzv, ctx, stream, shape, options)?;
+    let mut op =
+        FusedReduceScatter::<T>::with_order(&mut job.rdzv, ctx, stream, shape, options, order)?;
     op.set_budget(WaitBudget::for_device(ctx, TRIAL_WAIT)?);
     let (first, rows) = op.rows();
     anyhow::ensure!(

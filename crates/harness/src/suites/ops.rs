@@ -149,6 +149,13 @@ fn choices(
     }) {
         out.push(MethodChoice::Exact(m.clone()));
     }
+    // The fused ReduceScatter's other order, whatever the waves (a candidate only at a few).
+    if all.iter().any(|m| matches!(m, Method::FusedIntra { .. })) && kind == OpKind::ReduceScatter {
+        out.push(MethodChoice::Exact(Method::FusedIntra {
+            tile_n: None,
+            own_last: true,
+        }));
+    }
     out.push(MethodChoice::Auto);
     Ok(out)
 }

@@ -61,6 +61,9 @@ pub const COPY_ENGINE_TILE_ROWS: [u32; 2] = [4, 16];
 /// at 4096–8192 rows; 16 lost everywhere (2D copies of 1 KiB-wide rows;
 /// results/overlap-all-gather/k-chunks-nvidia-h200-x4-2026-11-27/).
 pub const COPY_ENGINE_K_CHUNKS: [u32; 3] = [2, 4, 8];
+/// The most waves (of the plan's tiles) at which the fused ReduceScatter also tries its
+/// own-last order.
+pub const OWN_LAST_MAX_WAVES: u32 = 4;
 /// Row bands the decomposition of AllReduce and ReduceScatter tries.
 pub const DECOMPOSITION_CHUNKS: [u32; 2] = [2, 4];
 
@@ -172,7 +175,19 @@ pub fn candidates(
     match op {
         OpKind::ReduceScatter => {
             if fused_world && m.is_multiple_of(world) && rows_per_rank.is_multiple_of(64) {
-                out.push(Method::FusedIntra { tile_n: None });
+                out.push(Method::FusedIntra {
+                    tile_n: None,
+                    own_last: false,
+                });
+                // A GEMM of a few waves: the owners' blocks one after another, so the peers'
+                // adds leave beside the GEMM of the own block's tiles instead of with the last
+                // wave (fused::OwnerOrder::OwnLast).
+                if world > 1 && plan.as_ref().is_ok_and(|p| p.waves() <= OWN_LAST_MAX_WAVES) {
+                    out.push(Method::FusedIntra {
+                        tile_n: None,
+                        own_last: true,
+                    });
+                }
             }
         }
         OpKind::AllGather => {
@@ -220,11 +235,17 @@ pub fn candidates(
         }
         OpKind::AllToAll => {
             if fused_world {
-                out.push(Method::FusedIntra { tile_n: None });
+                out.push(Method::FusedIntra {
+                    tile_n: None,
+                    own_last: false,
+                });
                 // Skewed routings where the stores outlast the GEMM (4096 × 8192 × 1024 on two
                 // H200s: 0.188 ms against 0.167).
                 if narrow {
-                    out.push(Method::FusedIntra { tile_n: Some(128) });
+                    out.push(Method::FusedIntra {
+                        tile_n: Some(128),
+                        own_last: false,
+                    });
                 }
             }
         }
@@ -372,11 +393,32 @@ mod tests {
         let s = GemmShape::new(4096, 8192, 1024);
         assert_eq!(GemmPlan::new(132, s, o).unwrap().tile_n(), 256);
         let both = [
-            Method::FusedIntra { tile_n: None },
-            Method::FusedIntra { tile_n: Some(128) },
+            Method::FusedIntra {
+                tile_n: None,
+                own_last: false,
+            },
+            Method::FusedIntra {
+                tile_n: Some(128),
+                own_last: false,
+            },
         ];
         assert_eq!(fused(OpKind::AllToAll, s, o), both);
         assert_eq!(fused(OpKind::ReduceScatter, s, o), both[..1]);
+        // A GEMM of a few waves: the ReduceScatter tries its owners' blocks one after another
+        // too (not at one rank, where there are no peers).
+        let small = GemmShape::new(512, 8192, 4096);
+        assert!(GemmPlan::new(132, small, o).unwrap().waves() <= OWN_LAST_MAX_WAVES);
+        let own_last = Method::FusedIntra {
+            tile_n: None,
+            own_last: true,
+        };
+        assert_eq!(
+            fused(OpKind::ReduceScatter, small, o),
+            [both[0].clone(), own_last]
+        );
+        assert!(!candidates(OpKind::ReduceScatter, small, o, 1, 132, false)
+            .iter()
+            .any(|m| matches!(m, Method::FusedIntra { own_last: true, .. })));
         // A fixed tile in the options: no second width.
         let fixed = GemmOptions {
             tile: TileChoice::N256,

@@ -41,8 +41,10 @@ pub enum Method {
     /// into the owner; All-to-All: stores into the destinations) or loader (AllGather: TMA loads
     /// from the owner) talks to the peers. `tile_n`: the GEMM's tile width (128 or 256), or
     /// `None` for the plan's own choice: narrower tiles make more, shorter ones, and less work
-    /// after the last stores (the All-to-All's skewed routings).
-    FusedIntra { tile_n: Option<u32> },
+    /// after the last stores (the All-to-All's skewed routings). `own_last` (ReduceScatter
+    /// only): the owners' row blocks one after another, this rank's own last, instead of
+    /// interleaved (`fused::OwnerOrder`).
+    FusedIntra { tile_n: Option<u32>, own_last: bool },
     /// ParallelKittens' inter-SM design: `ctas` communicator CTAs of the GEMM kernel move the
     /// data (AllReduce: tile owners sum and broadcast; AllGather: chunked copies).
     FusedInter { ctas: u32 },
@@ -161,7 +163,7 @@ impl Method {
     /// 128 or 256), else `planned`, the options' own.
     pub fn tile_choice(&self, planned: TileChoice) -> anyhow::Result<TileChoice> {
         let tile_n = match self {
-            Method::FusedIntra { tile_n } | Method::FusedCe { tile_n, .. } => *tile_n,
+            Method::FusedIntra { tile_n, .. } | Method::FusedCe { tile_n, .. } => *tile_n,
             _ => None,
         };
         Ok(match tile_n {
@@ -180,8 +182,20 @@ impl fmt::Display for Method {
             Method::SeqCublas
             | Method::SeqWeft
             | Method::SeqCollectives
-            | Method::FusedIntra { tile_n: None } => f.write_str(name),
-            Method::FusedIntra { tile_n: Some(w) } => write!(f, "{name}:{w}"),
+            | Method::FusedIntra {
+                tile_n: None,
+                own_last: false,
+            } => f.write_str(name),
+            Method::FusedIntra { tile_n, own_last } => {
+                f.write_str(name)?;
+                if let Some(w) = tile_n {
+                    write!(f, ":{w}")?;
+                }
+                if *own_last {
+                    f.write_str(":own-last")?;
+                }
+                Ok(())
+            }
             Method::Decomposition { chunks } => write!(f, "{name}:{chunks}"),
             Method::FusedInter { ctas } => write!(f, "{name}:{ctas}"),
             Method::FusedCe {
@@ -252,12 +266,13 @@ impl FromStr for Method {
                 want(0, "seq-collectives").map(|()| Method::SeqCollectives)?
             }
             Family::FusedIntra => {
-                ensure!(
-                    args.len() <= 1,
-                    "method {s:?}: expected the form fused-intra[:<tile width, 128 or 256>]"
-                );
+                let form = "fused-intra[:<tile width, 128 or 256>][:own-last]";
+                let own_last = args.last() == Some(&"own-last");
+                let width = &args[..args.len() - usize::from(own_last)];
+                ensure!(width.len() <= 1, "method {s:?}: expected the form {form}");
                 Method::FusedIntra {
-                    tile_n: args.first().map(|w| tile_width(w, s)).transpose()?,
+                    tile_n: width.first().map(|w| tile_width(w, s)).transpose()?,
+                    own_last,
                 }
             }
             Family::Decomposition => {
@@ -404,8 +419,22 @@ mod tests {
                 waves: vec![1, 3],
             },
             Method::SignalCe { waves: vec![2, 1] },
-            Method::FusedIntra { tile_n: None },
-            Method::FusedIntra { tile_n: Some(128) },
+            Method::FusedIntra {
+                tile_n: None,
+                own_last: false,
+            },
+            Method::FusedIntra {
+                tile_n: Some(128),
+                own_last: false,
+            },
+            Method::FusedIntra {
+                tile_n: None,
+                own_last: true,
+            },
+            Method::FusedIntra {
+                tile_n: Some(256),
+                own_last: true,
+            },
             Method::FusedInter { ctas: 16 },
             Method::FusedCe {
                 tile_rows: 4,
@@ -487,6 +516,9 @@ mod tests {
         assert!(err("fused-ce:4:192").contains("128 or 256, not 192"));
         assert!(err("fused-intra:192").contains("128 or 256, not 192"));
         assert!(err("fused-intra:128:4").contains("fused-intra[:<tile width"));
+        assert!(err("fused-intra:own-last:128").contains("[:own-last]"));
+        assert!(err("fused-intra:128:256:own-last").contains("[:own-last]"));
+        assert!(err("fused-intra:last").contains("tile width \"last\""));
         assert!(err("signal-ce").contains("signal-ce:<waves>"));
         assert!(err("signal-ce:2+0").contains("at least 1"));
         assert!(err("signal:32").contains("signal:<sm_margin>"));
