@@ -432,19 +432,6 @@ impl GemmPlan {
         p.sched.tm_offset = tiles % self.tiles_m();
         Ok(p)
     }
-    /// The same plan with L2 groups of `rows` cluster rows (at least 1; at most the plan's
-    /// cluster rows): the order walks a group's rows column by column before the next group.
-    pub fn with_group_m(&self, rows: u32) -> anyhow::Result<Self> {
-        ensure!(
-            rows >= 1,
-            "{}: an L2 group of 0 cluster rows",
-            self.describe()
-        );
-        let units = self.tiles_m().div_ceil(self.sched.cluster_m);
-        let mut p = self.clone();
-        p.sched.group_m = rows.min(units);
-        Ok(p)
-    }
     /// The same plan visiting its tile rows as `blocks` equal blocks in turn (cluster row u of
     /// the order in block u % blocks): every wave then holds rows of every block (the fused
     /// ReduceScatter's owners), instead of one block after another. The blocks must be whole

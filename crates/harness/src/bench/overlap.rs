@@ -140,7 +140,7 @@ fn family_choice(f: Family) -> MethodChoice {
         Family::SeqCollectives => MethodChoice::Exact(Method::SeqCollectives),
         Family::FusedIntra => MethodChoice::Exact(Method::FusedIntra {
             tile_n: None,
-            own_last: false,
+            deferred: false,
         }),
         f => MethodChoice::Family(f),
     }

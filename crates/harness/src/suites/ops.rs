@@ -149,11 +149,14 @@ fn choices(
     }) {
         out.push(MethodChoice::Exact(m.clone()));
     }
-    // The fused ReduceScatter's other order, whatever the waves (a candidate only at a few).
-    if all.iter().any(|m| matches!(m, Method::FusedIntra { .. })) && kind == OpKind::ReduceScatter {
+    // The fused ReduceScatter's deferred peer adds, wherever its family is a candidate.
+    if all
+        .iter()
+        .any(|m| matches!(m, Method::FusedIntra { deferred: true, .. }))
+    {
         out.push(MethodChoice::Exact(Method::FusedIntra {
             tile_n: None,
-            own_last: true,
+            deferred: true,
         }));
     }
     out.push(MethodChoice::Auto);

@@ -11,73 +11,69 @@
 //! all of a rank's CTAs must be resident, so ranks that share a GPU must leave each other room.
 
 use super::collective_plan::{
-    agree_on_plan, check_resident, copy_own_buffer, peer_barrier_counters, peer_tensor_maps,
-    synchronize_checked, with_failed_free,
+    agree_on_plan, check_resident, copy_own_buffer, peer_barrier_counters, peer_tensor_map_bytes,
+    synchronize_checked, upload_tensor_maps, with_failed_free,
 };
 use crate::dtype::GemmElement;
 use crate::gemm::{device_sms, Gemm, LaunchExtras, PeerReduceTarget};
+use crate::plan::FusionSet;
 use crate::plan::{GemmOptions, GemmPlan, GemmShape};
 use crate::reorder::{OutputLayout, MAX_BAND_RANKS};
 use anyhow::{ensure, Context};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use std::sync::Arc;
-use weft_kernels::abi::{WEFT_GEMM_PEER_BAR_END, WEFT_GEMM_PEER_BAR_START};
+use weft_kernels::abi::{
+    WEFT_GEMM_CONSUMERS, WEFT_GEMM_PEER_BAR_END, WEFT_GEMM_PEER_BAR_STAGE,
+    WEFT_GEMM_PEER_BAR_START, WEFT_GEMM_STAGE_SLOTS,
+};
 use weft_pgl::Bootstrap;
 use weft_pgl::{agree, Backend, Pgl, PglElement, Shape};
 use weft_sync::{Counters, WaitBudget};
 
-/// The order in which a rank's tiles add into their owners.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum OwnerOrder {
-    /// The owners' row blocks visited in turn: every wave adds into every owner, so each link
-    /// carries adds the whole kernel long instead of one owner's block after another. The
-    /// default: on two and four GPUs it beat the blocks one after another by 1.09–1.42× from
-    /// 4096 rows up, where the GEMM takes many waves.
-    #[default]
-    Interleaved,
-    /// The owners' row blocks one after another, the L2 group no taller than a block: the
-    /// peers' tiles come first and the rank's own block last, so the adds over NVLink run beside
-    /// the GEMM of the later tiles and the kernel ends on local adds only. For GEMMs of a few
-    /// waves (M ≤ 512 at world 2: two waves of 128-wide tiles, one for the peer's rows and one
-    /// for its own), where the interleaved order ends with a wave whose peer adds all leave at
-    /// once.
-    OwnLast,
-}
-
-/// `plan`'s order for `order`: either way rotated so that rank r starts on rank r + 1's block
-/// and ends on its own (no owner takes every rank's adds at once; the adds that end the kernel
-/// are local, all of them with OwnLast). Order only: the adds commute and the barriers cover the
-/// whole kernel. The blocks are skipped where they are not whole cluster rows.
-fn order_for_owners(
-    plan: GemmPlan,
-    ranks: u32,
-    rank: u32,
-    order: OwnerOrder,
-) -> anyhow::Result<GemmPlan> {
+/// The order the ranks' adds travel best in: the owners' row blocks visited in turn (every wave
+/// adds into every owner, so each link carries adds the whole kernel long instead of one owner's
+/// block after another), and rotated so that rank r starts on rank r + 1's block and ends on its
+/// own (no owner takes every rank's adds at once; the adds that end the kernel are local). Order
+/// only: the adds commute and the barriers cover the whole kernel. Either is skipped where the
+/// blocks are not whole cluster rows.
+fn order_for_owners(plan: GemmPlan, ranks: u32, rank: u32) -> anyhow::Result<GemmPlan> {
     let cm = plan.cluster_m();
     if ranks < 2 || !plan.tiles_m().is_multiple_of(cm) {
         return Ok(plan);
     }
-    let whole_blocks = (plan.shape.m / ranks).is_multiple_of(plan.tile_m() * cm);
-    let plan = match order {
-        OwnerOrder::Interleaved => match plan.with_tm_blocks(ranks) {
-            Ok(p) if whole_blocks => p,
-            _ => plan,
-        },
-        // The tallest group that divides a block, so that no group spans two owners.
-        OwnerOrder::OwnLast if whole_blocks => {
-            let per_block = plan.tiles_m() / cm / ranks;
-            let rows = (1..=plan.group_m().min(per_block))
-                .rev()
-                .find(|g| per_block.is_multiple_of(*g))
-                .unwrap_or(1);
-            plan.with_group_m(rows)?
-        }
-        OwnerOrder::OwnLast => plan,
+    let plan = match plan.with_tm_blocks(ranks) {
+        Ok(p) if (plan.shape.m / ranks).is_multiple_of(plan.tile_m() * cm) => p,
+        _ => plan,
     };
     let first_row = u64::from((rank + 1) % ranks) * u64::from(plan.shape.m / ranks);
     let tiles = (first_row / u64::from(plan.tile_m())) as u32 / cm * cm;
     plan.with_tm_offset(tiles)
+}
+
+/// Who adds a finished tile's rows into an owner that is another rank.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum PeerAdds {
+    /// The tile's epilogue, by TMA reduce-add over NVLink from its shared buffers (the
+    /// default): the warpgroup goes on once its chunks have left them.
+    #[default]
+    Epilogue,
+    /// Deferred (kernels/include/weft/gemm/peer_stage.cuh): the epilogue stores the rows by TMA
+    /// into a staging slot in this GPU's memory and goes on; a warp of the loader warpgroup adds
+    /// them into the owner (16-byte vector reductions through peer memory) while the GEMM runs
+    /// its next tiles. Rows this rank owns are added by the epilogue either way. Needs the
+    /// pipelined epilogue (the `_pr` kernel) and a staging buffer of ctas × 4 × 64 rows of a tile.
+    Deferred,
+}
+
+/// The deferred adds' staging buffer and every rank's output as mapped here.
+struct Staging {
+    buf: CudaSlice<u8>,
+    ptrs: CudaSlice<u64>,
+}
+
+/// Rows of the staging buffer of a plan with `ctas` compute CTAs (64 rows a slot).
+fn staging_rows(ctas: u32) -> u64 {
+    u64::from(ctas) * u64::from(WEFT_GEMM_CONSUMERS) * u64::from(WEFT_GEMM_STAGE_SLOTS) * 64
 }
 
 /// One rank's fused GEMM + ReduceScatter for a fixed shape and world.
@@ -88,13 +84,14 @@ pub struct FusedReduceScatter<T: GemmElement + PglElement> {
     maps: CudaSlice<u8>,
     bar: Counters,
     ranks: u32,
+    staging: Option<Staging>,
 }
 
 impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
     /// Collective over `rdzv`'s ranks: plans the GEMM (the same on every rank, refused on every
     /// rank if any rank refuses), allocates each rank's m/world × n output and the barrier
-    /// counters. `options.output` must be T; beta must be 0. The adds travel in the default
-    /// order ([`OwnerOrder::Interleaved`]).
+    /// counters. `options.output` must be T; beta must be 0. The epilogue adds into the peers
+    /// ([`PeerAdds::Epilogue`]).
     pub fn new(
         rdzv: &mut dyn Bootstrap,
         ctx: &Arc<CudaContext>,
@@ -102,17 +99,17 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
         shape: GemmShape,
         options: GemmOptions,
     ) -> anyhow::Result<Self> {
-        Self::with_order(rdzv, ctx, stream, shape, options, OwnerOrder::default())
+        Self::with_adds(rdzv, ctx, stream, shape, options, PeerAdds::default())
     }
 
-    /// As [`Self::new`], the adds in `order` (every rank must pass the same).
-    pub fn with_order(
+    /// As [`Self::new`], the peers' rows added as `adds` says (every rank must pass the same).
+    pub fn with_adds(
         rdzv: &mut dyn Bootstrap,
         ctx: &Arc<CudaContext>,
         stream: &Arc<CudaStream>,
         shape: GemmShape,
         options: GemmOptions,
-        order: OwnerOrder,
+        adds: PeerAdds,
     ) -> anyhow::Result<Self> {
         let world = rdzv.world();
         let ranks = u32::try_from(world).unwrap_or(u32::MAX);
@@ -120,7 +117,7 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
         let gemm = agree(
             rdzv,
             "fused GEMM + ReduceScatter plan",
-            Self::plan_gemm(ctx, shape, options, ranks, rank, order),
+            Self::plan_gemm(ctx, shape, options, ranks, rank, adds),
         )?;
         let what = "fused GEMM + ReduceScatter";
         agree_on_plan(rdzv, what, &gemm.plan().describe())?;
@@ -133,11 +130,25 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
             Backend::default(),
         )
         .context("allocating the fused ReduceScatter's outputs")?;
-        let maps = match agree(
-            rdzv,
-            "fused ReduceScatter tensor maps",
-            Self::encode_maps(stream, &out, shape, ranks),
-        ) {
+        let deferred = adds == PeerAdds::Deferred && ranks > 1;
+        let staged = || -> anyhow::Result<(CudaSlice<u8>, Option<Staging>)> {
+            if !deferred {
+                return Ok((Self::encode_maps(stream, &out, shape, ranks, None)?, None));
+            }
+            let rows = staging_rows(gemm.plan().ctas());
+            let tile_n = gemm.plan().tile_n();
+            let bytes = rows * u64::from(tile_n) * <T as GemmElement>::DTYPE.bytes() as u64;
+            let buf = stream.alloc_zeros::<u8>(bytes as usize).with_context(|| {
+                format!("allocating the deferred adds' staging buffer ({bytes} bytes)")
+            })?;
+            let (stage_ptr, _) = cudarc::driver::DevicePtr::device_ptr(&buf, stream);
+            let maps =
+                Self::encode_maps(stream, &out, shape, ranks, Some((stage_ptr, rows, tile_n)))?;
+            let ptrs: Vec<u64> = (0..ranks as usize).map(|r| out.peer_ptr(r)).collect();
+            let ptrs = stream.clone_htod(&ptrs)?;
+            Ok((maps, Some(Staging { buf, ptrs })))
+        };
+        let (maps, staging) = match agree(rdzv, "fused ReduceScatter tensor maps", staged()) {
             Ok(m) => m,
             Err(e) => return Err(with_failed_free(e, out.free(rdzv))),
         };
@@ -151,6 +162,7 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
             maps,
             bar,
             ranks,
+            staging,
         })
     }
 
@@ -160,7 +172,7 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
         options: GemmOptions,
         ranks: u32,
         rank: u32,
-        order: OwnerOrder,
+        adds: PeerAdds,
     ) -> anyhow::Result<Gemm> {
         ensure!(
             (1..=MAX_BAND_RANKS).contains(&ranks),
@@ -184,27 +196,49 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
         let plan = GemmPlan::new(device_sms(ctx)?, shape, options)?;
         plan.require_fused_kernel()?;
         OutputLayout::PeerReduce { ranks }.check(&plan)?;
-        Gemm::from_plan(ctx, order_for_owners(plan, ranks, rank, order)?)
+        ensure!(
+            adds == PeerAdds::Epilogue || plan.has_method_kernel(FusionSet::PeerReduce),
+            "fused ReduceScatter {}: deferred peer adds run in the fused ReduceScatter's own kernel, which has the pipelined epilogue only (plan it with EpilogueChoice::Auto or Pipelined)",
+            plan.describe()
+        );
+        Gemm::from_plan(ctx, order_for_owners(plan, ranks, rank)?)
     }
 
-    /// A tensor map per rank's output, as this process maps it, in device memory.
+    /// A tensor map per rank's output, as this process maps it, then with deferred adds the
+    /// staging buffer's (address, rows, tile width), in device memory: the kernel finds it after
+    /// the ranks' (peer_stage.cuh, stage_map).
     fn encode_maps(
         stream: &Arc<CudaStream>,
         out: &Pgl<T>,
         shape: GemmShape,
         ranks: u32,
+        staging: Option<(u64, u64, u32)>,
     ) -> anyhow::Result<CudaSlice<u8>> {
         let ptrs: Vec<u64> = (0..ranks as usize).map(|r| out.peer_ptr(r)).collect();
         let chunk_cols = (128 / <T as GemmElement>::DTYPE.bytes()) as u32;
         let dims = (u64::from(shape.m / ranks), u64::from(shape.n));
-        peer_tensor_maps(
-            stream,
-            "ReduceScatter output",
-            &ptrs,
-            <T as GemmElement>::DTYPE,
-            dims,
-            (64, chunk_cols),
-        )
+        let dtype = <T as GemmElement>::DTYPE;
+        let mut bytes =
+            peer_tensor_map_bytes("ReduceScatter output", &ptrs, dtype, dims, (64, chunk_cols))?;
+        if let Some((ptr, rows, tile_n)) = staging {
+            bytes.extend(peer_tensor_map_bytes(
+                "deferred adds' staging buffer",
+                &[ptr],
+                dtype,
+                (rows, u64::from(tile_n)),
+                (64, chunk_cols),
+            )?);
+        }
+        upload_tensor_maps(stream, &bytes)
+    }
+
+    /// Who adds the peers' rows.
+    pub fn adds(&self) -> PeerAdds {
+        if self.staging.is_some() {
+            PeerAdds::Deferred
+        } else {
+            PeerAdds::Epilogue
+        }
     }
 
     pub fn gemm(&self) -> &Gemm {
@@ -251,11 +285,17 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
             Arc::ptr_eq(stream.context(), self.out.context()),
             "the fused ReduceScatter was made on another context than the stream's"
         );
+        let (ptrs, stage) = match &self.staging {
+            Some(st) => (st.ptrs.device_ptr(stream).0, st.buf.device_ptr(stream).0),
+            None => (0, 0),
+        };
         let target = PeerReduceTarget {
             maps: self.maps_ptr(stream),
             ranks: self.ranks,
             bar: self.bar.device()?,
             epoch: self.bar.epoch() + 1,
+            ptrs,
+            stage,
         };
         let extras = LaunchExtras::<T> {
             layout: OutputLayout::PeerReduce { ranks: self.ranks },
@@ -304,7 +344,7 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
     fn check_barriers(&self) -> anyhow::Result<()> {
         self.bar.check().with_context(|| {
             format!(
-                "fused ReduceScatter barrier (counter row {WEFT_GEMM_PEER_BAR_START}: every rank's output zeroed; row {WEFT_GEMM_PEER_BAR_END}: every rank's adds done)"
+                "fused ReduceScatter barrier (counter row {WEFT_GEMM_PEER_BAR_START}: every rank's output zeroed; row {WEFT_GEMM_PEER_BAR_END}: every rank's adds done; row {WEFT_GEMM_PEER_BAR_STAGE}: the deferred adds' staging slots)"
             )
         })
     }
@@ -322,77 +362,5 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
         let out = self.out.free(rdzv);
         let bar = self.bar.free(rdzv);
         out.and(bar)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::plan::TileChoice;
-
-    /// Every rank's order for its owners: every tile once; with OwnLast each block is visited
-    /// whole before the next, starting at rank r + 1's and ending on the rank's own (so the
-    /// last tiles are its own); with Interleaved consecutive cluster rows land in different
-    /// blocks.
-    #[test]
-    fn owner_orders_keep_every_tile_and_end_on_the_own_block() {
-        for (m, world, cluster_m, tile) in [
-            (512, 2, 1, TileChoice::N128),
-            (512, 4, 1, TileChoice::N128),
-            (4096, 2, 1, TileChoice::N256),
-            (4096, 4, 2, TileChoice::N256),
-            (3072, 2, 1, TileChoice::N256),
-            (1536, 4, 1, TileChoice::N128),
-        ] {
-            let options = GemmOptions {
-                cluster_m,
-                tile,
-                ..GemmOptions::default()
-            };
-            let base = GemmPlan::new(132, GemmShape::new(m, 8192, 1024), options).unwrap();
-            let per_block = m / world / 128;
-            for rank in 0..world {
-                for order in [OwnerOrder::Interleaved, OwnerOrder::OwnLast] {
-                    let what = format!(
-                        "{m} rows, world {world}, cluster {cluster_m}, rank {rank}, {order:?}"
-                    );
-                    let plan = order_for_owners(base.clone(), world, rank, order).unwrap();
-                    let mut sched = plan.schedule();
-                    sched.sort_by_key(|t| t.order);
-                    let mut seen: Vec<(u32, u32)> = sched.iter().map(|t| (t.tm, t.tn)).collect();
-                    seen.sort();
-                    let all: Vec<(u32, u32)> = (0..base.tiles_m())
-                        .flat_map(|tm| (0..base.tiles_n()).map(move |tn| (tm, tn)))
-                        .collect();
-                    assert_eq!(seen, all, "{what}: every tile once");
-                    let owners: Vec<u32> = sched.iter().map(|t| t.tm / per_block).collect();
-                    match order {
-                        OwnerOrder::OwnLast => {
-                            // Runs of one owner, in the order r + 1, r + 2, …, r.
-                            let mut runs = owners.clone();
-                            runs.dedup();
-                            let expected: Vec<u32> =
-                                (1..=world).map(|i| (rank + i) % world).collect();
-                            assert_eq!(
-                                runs, expected,
-                                "{what}: owners' blocks one after another, own last"
-                            );
-                        }
-                        OwnerOrder::Interleaved => {
-                            // The first `world` cluster rows of the order: one in each block.
-                            let mut first: Vec<u32> = (0..world)
-                                .map(|i| owners[(i * cluster_m) as usize])
-                                .collect();
-                            first.sort();
-                            assert_eq!(
-                                first,
-                                (0..world).collect::<Vec<_>>(),
-                                "{what}: every owner in the first rows"
-                            );
-                        }
-                    }
-                }
-            }
-        }
     }
 }

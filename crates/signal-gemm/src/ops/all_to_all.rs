@@ -340,8 +340,8 @@ fn plan_imp<TO: OpElement>(
         Method::SignalCe { waves } => Imp::CopyEngine(Box::new(AllToAllCopyEngine::new(
             rdzv, stream, shape, options, waves, routes,
         )?)),
-        Method::FusedIntra { own_last: true, .. } => {
-            bail!("{method}: own-last orders the fused ReduceScatter's adds; the All-to-All's fused-intra has no such order")
+        Method::FusedIntra { deferred: true, .. } => {
+            bail!("{method}: deferred peer adds are the fused ReduceScatter's; the All-to-All's fused-intra stores rows, it adds none")
         }
         Method::FusedIntra { .. } => Imp::Fused(Box::new(FusedAllToAll::new(
             rdzv,

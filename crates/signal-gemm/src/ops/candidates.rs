@@ -61,9 +61,9 @@ pub const COPY_ENGINE_TILE_ROWS: [u32; 2] = [4, 16];
 /// at 4096–8192 rows; 16 lost everywhere (2D copies of 1 KiB-wide rows;
 /// results/overlap-all-gather/k-chunks-nvidia-h200-x4-2026-11-27/).
 pub const COPY_ENGINE_K_CHUNKS: [u32; 3] = [2, 4, 8];
-/// The most waves (of the plan's tiles) at which the fused ReduceScatter also tries its
-/// own-last order.
-pub const OWN_LAST_MAX_WAVES: u32 = 4;
+/// The most waves (of the plan's wider tiles) at which the fused ReduceScatter also tries
+/// 128-wide tiles.
+pub const NARROW_REDUCE_SCATTER_MAX_WAVES: u32 = 4;
 /// Row bands the decomposition of AllReduce and ReduceScatter tries.
 pub const DECOMPOSITION_CHUNKS: [u32; 2] = [2, 4];
 
@@ -167,8 +167,8 @@ pub fn candidates(
     let fused_world = world <= MAX_BAND_RANKS;
     // Narrow tiles where the plan would choose a wider one itself: more, shorter tiles, so the
     // communication of the first waves overlaps the GEMM of the later ones, and less work is
-    // left after the last of it (not for the fused ReduceScatter: on two H200s 128-wide tiles
-    // were never faster, up to 16 % slower; results/overlap-reduce-scatter/
+    // left after the last of it (the fused ReduceScatter only at a few waves: on its grid on two
+    // H200s 128-wide tiles were never faster, up to 16 % slower; results/overlap-reduce-scatter/
     // narrow-tiles-nvidia-h200-x2-2026-11-27/).
     let plan = GemmPlan::new(sms, shape, options);
     let narrow = options.tile == TileChoice::Auto && plan.as_ref().is_ok_and(|p| p.tile_n() != 128);
@@ -177,15 +177,26 @@ pub fn candidates(
             if fused_world && m.is_multiple_of(world) && rows_per_rank.is_multiple_of(64) {
                 out.push(Method::FusedIntra {
                     tile_n: None,
-                    own_last: false,
+                    deferred: false,
                 });
-                // A GEMM of a few waves: the owners' blocks one after another, so the peers'
-                // adds leave beside the GEMM of the own block's tiles instead of with the last
-                // wave (fused::OwnerOrder::OwnLast).
-                if world > 1 && plan.as_ref().is_ok_and(|p| p.waves() <= OWN_LAST_MAX_WAVES) {
+                // The peers' rows added by the loader warpgroup while the GEMM goes on.
+                if world > 1 {
                     out.push(Method::FusedIntra {
                         tile_n: None,
-                        own_last: true,
+                        deferred: true,
+                    });
+                }
+                // A GEMM of a few waves of wider tiles: 128-wide ones (512 × 8192 × 1024 on two
+                // H200s: 34.5 against 39.0 µs; results/overlap-reduce-scatter/
+                // own-last-nvidia-h200-x2-2026-11-27-3e89360/).
+                if narrow
+                    && plan
+                        .as_ref()
+                        .is_ok_and(|p| p.waves() <= NARROW_REDUCE_SCATTER_MAX_WAVES)
+                {
+                    out.push(Method::FusedIntra {
+                        tile_n: Some(128),
+                        deferred: false,
                     });
                 }
             }
@@ -237,14 +248,14 @@ pub fn candidates(
             if fused_world {
                 out.push(Method::FusedIntra {
                     tile_n: None,
-                    own_last: false,
+                    deferred: false,
                 });
                 // Skewed routings where the stores outlast the GEMM (4096 × 8192 × 1024 on two
                 // H200s: 0.188 ms against 0.167).
                 if narrow {
                     out.push(Method::FusedIntra {
                         tile_n: Some(128),
-                        own_last: false,
+                        deferred: false,
                     });
                 }
             }
@@ -395,30 +406,38 @@ mod tests {
         let both = [
             Method::FusedIntra {
                 tile_n: None,
-                own_last: false,
+                deferred: false,
             },
             Method::FusedIntra {
                 tile_n: Some(128),
-                own_last: false,
+                deferred: false,
             },
         ];
         assert_eq!(fused(OpKind::AllToAll, s, o), both);
-        assert_eq!(fused(OpKind::ReduceScatter, s, o), both[..1]);
-        // A GEMM of a few waves: the ReduceScatter tries its owners' blocks one after another
-        // too (not at one rank, where there are no peers).
-        let small = GemmShape::new(512, 8192, 4096);
-        assert!(GemmPlan::new(132, small, o).unwrap().waves() <= OWN_LAST_MAX_WAVES);
-        let own_last = Method::FusedIntra {
+        let deferred = Method::FusedIntra {
             tile_n: None,
-            own_last: true,
+            deferred: true,
         };
         assert_eq!(
-            fused(OpKind::ReduceScatter, small, o),
-            [both[0].clone(), own_last]
+            fused(OpKind::ReduceScatter, s, o),
+            [both[0].clone(), deferred.clone()]
         );
-        assert!(!candidates(OpKind::ReduceScatter, small, o, 1, 132, false)
-            .iter()
-            .any(|m| matches!(m, Method::FusedIntra { own_last: true, .. })));
+        // A GEMM of a few waves of wider tiles: the ReduceScatter tries 128-wide ones too; at one
+        // rank there are no peers' rows to defer.
+        let small = GemmShape::new(512, 8192, 1024);
+        let plan = GemmPlan::new(132, small, o).unwrap();
+        assert!(plan.tile_n() != 128 && plan.waves() <= NARROW_REDUCE_SCATTER_MAX_WAVES);
+        assert_eq!(
+            fused(OpKind::ReduceScatter, small, o),
+            [both[0].clone(), deferred, both[1].clone()]
+        );
+        assert_eq!(
+            candidates(OpKind::ReduceScatter, small, o, 1, 132, false)
+                .into_iter()
+                .filter(|m| matches!(m, Method::FusedIntra { .. }))
+                .collect::<Vec<_>>(),
+            [both[0].clone(), both[1].clone()]
+        );
         // A fixed tile in the options: no second width.
         let fixed = GemmOptions {
             tile: TileChoice::N256,

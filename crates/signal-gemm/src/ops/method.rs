@@ -41,10 +41,10 @@ pub enum Method {
     /// into the owner; All-to-All: stores into the destinations) or loader (AllGather: TMA loads
     /// from the owner) talks to the peers. `tile_n`: the GEMM's tile width (128 or 256), or
     /// `None` for the plan's own choice: narrower tiles make more, shorter ones, and less work
-    /// after the last stores (the All-to-All's skewed routings). `own_last` (ReduceScatter
-    /// only): the owners' row blocks one after another, this rank's own last, instead of
-    /// interleaved (`fused::OwnerOrder`).
-    FusedIntra { tile_n: Option<u32>, own_last: bool },
+    /// after the last stores (the All-to-All's skewed routings). `deferred` (ReduceScatter
+    /// only): the peers' rows staged locally and added by warps of the loader warpgroup while
+    /// the GEMM goes on, instead of by the epilogue (`fused::PeerAdds::Deferred`).
+    FusedIntra { tile_n: Option<u32>, deferred: bool },
     /// ParallelKittens' inter-SM design: `ctas` communicator CTAs of the GEMM kernel move the
     /// data (AllReduce: tile owners sum and broadcast; AllGather: chunked copies).
     FusedInter { ctas: u32 },
@@ -184,15 +184,15 @@ impl fmt::Display for Method {
             | Method::SeqCollectives
             | Method::FusedIntra {
                 tile_n: None,
-                own_last: false,
+                deferred: false,
             } => f.write_str(name),
-            Method::FusedIntra { tile_n, own_last } => {
+            Method::FusedIntra { tile_n, deferred } => {
                 f.write_str(name)?;
                 if let Some(w) = tile_n {
                     write!(f, ":{w}")?;
                 }
-                if *own_last {
-                    f.write_str(":own-last")?;
+                if *deferred {
+                    f.write_str(":deferred")?;
                 }
                 Ok(())
             }
@@ -266,13 +266,13 @@ impl FromStr for Method {
                 want(0, "seq-collectives").map(|()| Method::SeqCollectives)?
             }
             Family::FusedIntra => {
-                let form = "fused-intra[:<tile width, 128 or 256>][:own-last]";
-                let own_last = args.last() == Some(&"own-last");
-                let width = &args[..args.len() - usize::from(own_last)];
+                let form = "fused-intra[:<tile width, 128 or 256>][:deferred]";
+                let deferred = args.last() == Some(&"deferred");
+                let width = &args[..args.len() - usize::from(deferred)];
                 ensure!(width.len() <= 1, "method {s:?}: expected the form {form}");
                 Method::FusedIntra {
                     tile_n: width.first().map(|w| tile_width(w, s)).transpose()?,
-                    own_last,
+                    deferred,
                 }
             }
             Family::Decomposition => {
@@ -421,19 +421,19 @@ mod tests {
             Method::SignalCe { waves: vec![2, 1] },
             Method::FusedIntra {
                 tile_n: None,
-                own_last: false,
+                deferred: false,
             },
             Method::FusedIntra {
                 tile_n: Some(128),
-                own_last: false,
+                deferred: false,
             },
             Method::FusedIntra {
                 tile_n: None,
-                own_last: true,
+                deferred: true,
             },
             Method::FusedIntra {
                 tile_n: Some(256),
-                own_last: true,
+                deferred: true,
             },
             Method::FusedInter { ctas: 16 },
             Method::FusedCe {
@@ -516,9 +516,9 @@ mod tests {
         assert!(err("fused-ce:4:192").contains("128 or 256, not 192"));
         assert!(err("fused-intra:192").contains("128 or 256, not 192"));
         assert!(err("fused-intra:128:4").contains("fused-intra[:<tile width"));
-        assert!(err("fused-intra:own-last:128").contains("[:own-last]"));
-        assert!(err("fused-intra:128:256:own-last").contains("[:own-last]"));
-        assert!(err("fused-intra:last").contains("tile width \"last\""));
+        assert!(err("fused-intra:deferred:128").contains("[:deferred]"));
+        assert!(err("fused-intra:128:256:deferred").contains("[:deferred]"));
+        assert!(err("fused-intra:later").contains("tile width \"later\""));
         assert!(err("signal-ce").contains("signal-ce:<waves>"));
         assert!(err("signal-ce:2+0").contains("at least 1"));
         assert!(err("signal:32").contains("signal:<sm_margin>"));

@@ -22,7 +22,7 @@ use super::inputs::{with_operands, Operands};
 use super::method::{Method, MethodChoice};
 use crate::cublas::CublasGemm;
 use crate::dtype::GemmElement;
-use crate::fused::{FusedReduceScatter, OwnerOrder};
+use crate::fused::{FusedReduceScatter, PeerAdds};
 use crate::overlap::high_priority_stream;
 use crate::plan::{GemmOptions, GemmShape};
 use anyhow::{bail, ensure};
@@ -298,10 +298,10 @@ fn plan_imp<TO: OpElement>(
             let band = CublasGemm::new(stream, GemmShape::new(shape.m / (world * chunks), shape.n, shape.k), options)?;
             Imp::Decomposition { band, chunks: *chunks, comm: env.comm().clone(), side: high_priority_stream(&ctx)?, d: alloc(mn)?, out: alloc(out_len)? }
         }
-        Method::FusedIntra { own_last, .. } => {
+        Method::FusedIntra { deferred, .. } => {
             let options = GemmOptions { tile: method.tile_choice(options.tile)?, ..options };
-            let order = if *own_last { OwnerOrder::OwnLast } else { OwnerOrder::Interleaved };
-            Imp::Fused(FusedReduceScatter::<TO>::with_order(rdzv, &ctx, stream, shape, options, order)?)
+            let adds = if *deferred { PeerAdds::Deferred } else { PeerAdds::Epilogue };
+            Imp::Fused(FusedReduceScatter::<TO>::with_adds(rdzv, &ctx, stream, shape, options, adds)?)
         }
         other => bail!("{other} is not a method of GEMM + ReduceScatter (seq-cublas, seq-weft, seq-collectives, decomposition, fused-intra)"),
     })
