@@ -23,9 +23,9 @@
 //   push:   the pusher waits on full (acquire, CTA scope), before its first add for every rank's
 //           START (its D zeroed), reads the slot (generic loads) and adds it into the owner with
 //           red.relaxed.sys; __syncwarp, then lane 0 arrives on empty;
-//   finish: after the terminator the pusher's lane 0 arrives on peer_done (after __syncwarp, so
-//           every lane's adds are ordered before it); the peer-barrier thread waits for every
-//           consumer and pusher, then arrives at END with fence.acq_rel.sys, cumulative over them.
+//   finish: after the terminator every pusher lane fences (fence.acq_rel.sys: its adds performed
+//           at system scope), then __syncwarp and lane 0 arrives on peer_done; the peer-barrier
+//           thread waits for every consumer and pusher, then arrives at END.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -168,6 +168,10 @@ __device__ __forceinline__ void run_stage_pusher(const weft_gemm_params& p, cons
                     p.peer_bar.view.rank, k, 0, stage_pusher_bound(p));
     }
   }
+  // Every lane's adds performed at system scope before the END arrival they precede: the fence
+  // waits for this thread's own outstanding writes (another warp's fence would not; without it
+  // the owner read its D with most of a one-wave run's adds still in flight).
+  weft::sync::mo::fence_acq_rel_sys();
   __syncwarp();
   if (lane == 0) mbar_arrive(sm.peer_done());
 }
