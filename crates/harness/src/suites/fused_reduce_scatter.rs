@@ -33,10 +33,13 @@ pub fn cases() -> Vec<Case> {
             matches_reference,
         ),
         Case::gpu("fused_reduce_scatter::stress_back_to_back_exact", |job| {
-            stress(job, PeerAdds::Epilogue)
+            stress(job, PeerAdds::Epilogue, TileChoice::Auto)
         }),
+        // Deferred adds in both epilogue paths: 128-wide tiles store a warpgroup's two chunks
+        // from two issuers, 256-wide ones its four from the leader alone.
         Case::gpu("fused_reduce_scatter::stress_deferred_adds_exact", |job| {
-            stress(job, PeerAdds::Deferred)
+            stress(job, PeerAdds::Deferred, TileChoice::N128)?;
+            stress(job, PeerAdds::Deferred, TileChoice::N256)
         }),
         Case::gpu(
             "fused_reduce_scatter::a_late_rank_reads_its_own_run",
@@ -299,10 +302,10 @@ fn exact_set(
     Ok((a, b, want.iter().map(|&v| bf16::from_f64(v)).collect()))
 }
 
-/// With deferred adds 4 CTAs walk 16 tiles a rank each, so every consumer's staging ring wraps
+/// With deferred adds 4 CTAs walk 8 or 16 tiles a rank each, so every consumer's staging ring wraps
 /// (its slots reused within a run: the pusher's reads before the next TMA stores) and a run's
 /// pushes overlap its later tiles.
-fn stress(job: &mut Job, adds: PeerAdds) -> anyhow::Result<()> {
+fn stress(job: &mut Job, adds: PeerAdds, tile: TileChoice) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
     let (ctx, stream) = gpu(job)?;
     let (world, rank) = (job.world(), job.rank());
@@ -320,7 +323,7 @@ fn stress(job: &mut Job, adds: PeerAdds) -> anyhow::Result<()> {
             GemmShape::new(512 * world as u32, 1024, 32),
             GemmOptions {
                 sm_margin: sms - max_ctas.min(4),
-                tile: TileChoice::N256,
+                tile,
                 epilogue: EpilogueChoice::Pipelined,
                 ..GemmOptions::default()
             },

@@ -16,10 +16,11 @@
 //   stage:  the consumer's leader waits for the slot's empty phase (bounded), fences the async
 //           proxy (the pusher's generic reads before the TMA writes), writes the destination,
 //           and the warpgroup's barriers order its TMA stores after; its stores are committed;
-//   post:   at the start of the warpgroup's next epilogue (or its drain) the leader waits for its
-//           bulk groups to COMPLETE and fences async-proxy writes against generic reads
-//           (fence.proxy.async.global), then arrives on the slot's full barrier (release, CTA
-//           scope): a tile later, when the wait costs nothing;
+//   post:   at the start of the warpgroup's next epilogue (or its drain) every issuer waits for
+//           its bulk groups to COMPLETE and fences async-proxy writes against generic reads
+//           (fence.proxy.async.global); after a warpgroup barrier (several issuers) the leader
+//           arrives on the slot's full barrier (release, CTA scope): a tile later, when the waits
+//           cost nothing;
 //   push:   the pusher waits on full (acquire, CTA scope), before its first add for every rank's
 //           START (its D zeroed), reads the slot (generic loads) and adds it into the owner with
 //           red.relaxed.sys; __syncwarp, then lane 0 arrives on empty;
@@ -71,14 +72,17 @@ __device__ __forceinline__ void red_add_16b(float*, uint8_t* dst, int4 v) {
                "f"(__int_as_float(v.y)), "f"(__int_as_float(v.z)), "f"(__int_as_float(v.w)));
 }
 
-// Consumer side. The warpgroup's count of staged slots and whether the last is yet to be posted.
+// Consumer side. The warpgroup's count of staged slots and whether the last is yet to be posted:
+// every thread keeps the same (the issuers of a whole-tile epilogue, lane 0 of each warp, each
+// store a share of the slot's chunks).
 struct StageState {
   uint32_t staged = 0;
   bool pending = false;
 };
 
-// The leader, before staging its rows of a tile: waits (bounded) until the pusher has read the
-// slot's previous use; false when the budget ran out (reported after the loop, as for START).
+// The leader, before staging its rows of a tile (a warpgroup barrier orders the other issuers
+// after it): waits (bounded) until the pusher has read the slot's previous use and writes the
+// destination; false when the budget ran out (reported after the drain, as for START).
 template <class Cfg>
 __device__ __forceinline__ bool stage_claim(const weft_gemm_params& p, const SharedTiles<Cfg>& sm, int consumer,
                                             const StageState& ss, uint64_t where, uint32_t col0) {
@@ -92,12 +96,17 @@ __device__ __forceinline__ bool stage_claim(const weft_gemm_params& p, const Sha
   return true;
 }
 
-// The leader: hands the staged slot to the pusher once this thread's TMA stores completed.
-template <class Cfg>
-__device__ __forceinline__ void stage_post(const SharedTiles<Cfg>& sm, int consumer, StageState& ss) {
+// An issuer of the pending slot's stores: they completed, ordered before generic reads.
+__device__ __forceinline__ void stage_complete() {
   bulk_wait_group<0>();
   weft::sync::mo::fence_proxy_async_global();
-  mbar_arrive(sm.signal_full(consumer, ss.staged % kStageSlots));
+}
+
+// Every thread, once every issuer completed (stage_complete, then a warpgroup barrier where
+// there are several): the leader hands the pending slot to the pusher.
+template <class Cfg>
+__device__ __forceinline__ void stage_post(const SharedTiles<Cfg>& sm, int consumer, StageState& ss, bool leader) {
+  if (leader) mbar_arrive(sm.signal_full(consumer, ss.staged % kStageSlots));
   ++ss.staged;
   ss.pending = false;
 }

@@ -254,10 +254,14 @@ struct TmaStorer {
       if (leader && !peer_reduce_ready(p)) st.peer_stalled |= kPeerStallStart;
       st.peer_ready = true;
     }
-    // Deferred peer adds (peer_stage.cuh; the fused ReduceScatter's own kernel, pipelined, so the
-    // leader is the only issuer): the rows staged a tile ago are handed to the pusher now.
+    // Deferred peer adds (peer_stage.cuh; the fused ReduceScatter's own kernel): the rows staged
+    // a tile ago are handed to the pusher now.
     const bool stage_on = Cfg::kPeerReduceOnly && stage_enabled(p);
-    if (stage_on && leader && st.stage.pending) stage_post(sm, consumer, st.stage);
+    if (stage_on && st.stage.pending) {
+      if (issuer) stage_complete();
+      if constexpr (kIssuers > 1) named_barrier_sync(1 + consumer, kWarpgroupThreads);
+      stage_post(sm, consumer, st.stage, leader);
+    }
     const DueSignals due = signals_due<Cfg>(p, st, order);
     if (issuer) complete_stores(due);
     count_tile<Cfg>(p, st, due, order);
@@ -386,8 +390,8 @@ struct TmaStorer {
         }
         ++epi_count;
       }
-      if (staged && leader) st.stage.pending = true;
     }
+    if (staged) st.stage.pending = true;
     // ROW_SLOTS: every thread's stores of this tile before the leader's (deferred) release.
     // (PEER_ROWS signals only at the drain, whose barrier orders them.)
     if (row_slots) named_barrier_sync(bar_id, kWarpgroupThreads);
@@ -418,8 +422,9 @@ struct TmaStorer {
     }
     named_barrier_sync(1 + consumer, kWarpgroupThreads);
     if (Cfg::kPeerReduceOnly && stage_enabled(p) && thread_in_warpgroup() == 0) {
-      // The last staged rows, then the pusher's terminator (also after a stall: the pusher ends).
-      if (st.stage.pending) stage_post(sm, consumer, st.stage);
+      // The last staged rows (every issuer completed its stores above), then the pusher's
+      // terminator (also after a stall: the pusher ends).
+      if (st.stage.pending) stage_post(sm, consumer, st.stage, true);
       if (!stage_finish<Cfg>(p, sm, consumer, st.stage)) st.peer_stalled |= kPeerStallStage;
     }
     if (thread_in_warpgroup() == 0) {
