@@ -95,7 +95,7 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
 
   const int wg = warpgroup_index();
   if (wg == 0) {
-    warpgroup_release_registers<kLoaderRegs>();
+    warpgroup_release_registers<(Cfg::kPeerReduceOnly ? 64 : kLoaderRegs)>();
     const int warp = static_cast<int>(threadIdx.x) / 32;
     if (threadIdx.x == 0) {
       run_loader<Cfg>(p, sm);
@@ -115,7 +115,7 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
     }
     __syncwarp();
   } else {
-    warpgroup_claim_registers<kConsumerRegs>();
+    warpgroup_claim_registers<(Cfg::kPeerReduceOnly ? 216 : kConsumerRegs)>();
     const int consumer = wg - 1;
     PipelineState<Cfg::kStages> ps;
     StoreState store_state;

@@ -158,11 +158,14 @@ __device__ __forceinline__ void run_stage_pusher(const weft_gemm_params& p, cons
     // time: lane l takes vector l of each row (rows of more than 32 vectors: l and l + 32).
     const uint32_t vpr = min(p.sched.tile_n, p.sched.n - col0) * uint32_t(sizeof(Out)) / 16u;
     const uint64_t d_row = uint64_t(p.sched.n) * sizeof(Out);
+    constexpr uint32_t kRows = 4;
     for (uint32_t c = lane; c < vpr; c += 32u) {
-#pragma unroll 4
-      for (uint32_t r = 0; r < 64u; ++r) {
-        const int4 x = *reinterpret_cast<const int4*>(src + r * pitch + c * 16u);
-        red_add_16b(static_cast<Out*>(nullptr), dst + r * d_row + c * 16u, x);
+      for (uint32_t r = 0; r < 64u; r += kRows) {
+        int4 x[kRows];
+#pragma unroll
+        for (uint32_t i = 0; i < kRows; ++i) x[i] = *reinterpret_cast<const int4*>(src + (r + i) * pitch + c * 16u);
+#pragma unroll
+        for (uint32_t i = 0; i < kRows; ++i) red_add_16b(static_cast<Out*>(nullptr), dst + (r + i) * d_row + c * 16u, x[i]);
       }
     }
     __syncwarp();
