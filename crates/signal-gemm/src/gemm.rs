@@ -126,10 +126,6 @@ pub struct PeerReduceTarget {
     pub(crate) ranks: u32,
     pub(crate) bar: weft_sync_counters,
     pub(crate) epoch: u64,
-    /// Deferred peer adds (0, 0: none): every rank's output as mapped here (u64 per rank) and
-    /// the staging buffer (its map after the ranks' in `maps`).
-    pub(crate) ptrs: u64,
-    pub(crate) stage: u64,
 }
 
 /// Where a PEER_ROWS launch stores its rows: each rank's output address as mapped here (u64 per
@@ -848,13 +844,10 @@ impl Gemm {
                     t.ranks
                 );
                 ensure!(flags.is_none() && groups.is_none(), "GEMM {}: the peer-reduce layout signals through its barriers, not tile flags or wave groups", plan.shape);
-                ensure!((t.ptrs == 0) == (t.stage == 0), "GEMM {}: deferred peer adds need both the ranks' outputs and the staging buffer", plan.shape);
                 p.peer_maps = t.maps;
                 p.peer_rows = plan.shape.m / ranks;
                 p.peer_bar = t.bar;
                 p.peer_epoch = t.epoch;
-                p.peer_ptrs = t.ptrs;
-                p.peer_stage = t.stage;
             }
             (OutputLayout::PeerReduce { .. }, None) => anyhow::bail!("GEMM {}: the peer-reduce layout needs its peers' outputs and barriers (use weft_signal_gemm::fused::FusedReduceScatter)", plan.shape),
             (_, Some(_)) => anyhow::bail!("GEMM {}: peer targets were given for the {} layout", plan.shape, layout.name()),
@@ -1156,8 +1149,6 @@ mod tests {
                 ranks: 2,
                 bar,
                 epoch: 0,
-                ptrs: 0,
-                stage: 0,
             }),
             ..Default::default()
         };

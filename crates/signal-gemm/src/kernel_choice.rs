@@ -269,8 +269,6 @@ mod tests {
             ranks: 2,
             bar,
             epoch: 0,
-            ptrs: 0,
-            stage: 0,
         };
         let all_reduce = AllReduceTarget {
             flags: 0,

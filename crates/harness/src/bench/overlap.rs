@@ -138,10 +138,7 @@ fn family_choice(f: Family) -> MethodChoice {
         Family::SeqCublas => MethodChoice::Exact(Method::SeqCublas),
         Family::SeqWeft => MethodChoice::Exact(Method::SeqWeft),
         Family::SeqCollectives => MethodChoice::Exact(Method::SeqCollectives),
-        Family::FusedIntra => MethodChoice::Exact(Method::FusedIntra {
-            tile_n: None,
-            deferred: false,
-        }),
+        Family::FusedIntra => MethodChoice::Exact(Method::FusedIntra { tile_n: None }),
         f => MethodChoice::Family(f),
     }
 }

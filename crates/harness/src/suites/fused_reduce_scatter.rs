@@ -18,11 +18,10 @@ use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use std::time::Duration;
 use weft_pgl::{Pgl, PglElement};
-use weft_signal_gemm::fused::{FusedReduceScatter, PeerAdds};
+use weft_signal_gemm::fused::FusedReduceScatter;
 use weft_signal_gemm::reference::gemm_f64;
 use weft_signal_gemm::{
-    device_sms, BLayout, Dtype, EpilogueChoice, GemmElement, GemmOptions, GemmShape, Scheduling,
-    TileChoice,
+    device_sms, BLayout, Dtype, GemmElement, GemmOptions, GemmShape, Scheduling, TileChoice,
 };
 use weft_sync::WaitBudget;
 
@@ -32,15 +31,7 @@ pub fn cases() -> Vec<Case> {
             "fused_reduce_scatter::matches_f64_sum_over_ranks",
             matches_reference,
         ),
-        Case::gpu("fused_reduce_scatter::stress_back_to_back_exact", |job| {
-            stress(job, PeerAdds::Epilogue, TileChoice::Auto)
-        }),
-        // Deferred adds in both epilogue paths: 128-wide tiles store a warpgroup's two chunks
-        // from two issuers, 256-wide ones its four from the leader alone.
-        Case::gpu("fused_reduce_scatter::stress_deferred_adds_exact", |job| {
-            stress(job, PeerAdds::Deferred, TileChoice::N128)?;
-            stress(job, PeerAdds::Deferred, TileChoice::N256)
-        }),
+        Case::gpu("fused_reduce_scatter::stress_back_to_back_exact", stress),
         Case::gpu(
             "fused_reduce_scatter::a_late_rank_reads_its_own_run",
             late_rank,
@@ -167,26 +158,10 @@ fn matches_reference(job: &mut Job) -> anyhow::Result<()> {
             sm_margin: sms - ctas,
             ..random_options(&mut rng, cluster_m)
         };
-        // Half the cases with deferred peer adds (pipelined epilogue: the only one they run in).
-        let adds = if case < 3 {
-            PeerAdds::Epilogue
-        } else {
-            PeerAdds::Deferred
-        };
-        let options = match adds {
-            PeerAdds::Deferred => GemmOptions {
-                epilogue: EpilogueChoice::Pipelined,
-                ..options
-            },
-            PeerAdds::Epilogue => options,
-        };
-        let what =
-            format!("case {case}: {shape} {options:?}, {adds:?}, {world} ranks, seed {seed}");
+        let what = format!("case {case}: {shape} {options:?}, {world} ranks, seed {seed}");
         match output {
-            Dtype::Bf16 => {
-                check_case::<bf16>(job, &ctx, &stream, seed + case, shape, options, adds)
-            }
-            _ => check_case::<f32>(job, &ctx, &stream, seed + case, shape, options, adds),
+            Dtype::Bf16 => check_case::<bf16>(job, &ctx, &stream, seed + case, shape, options),
+            _ => check_case::<f32>(job, &ctx, &stream, seed + case, shape, options),
         }
         .map_err(|e| e.context(what))?;
     }
@@ -200,12 +175,10 @@ fn check_case<T: GemmElement + PglElement>(
     seed: u64,
     shape: GemmShape,
     options: GemmOptions,
-    adds: PeerAdds,
 ) -> anyhow::Result<()> {
     let world = job.world();
     let rank = job.rank();
-    let mut op =
-        FusedReduceScatter::<T>::with_adds(&mut job.rdzv, ctx, stream, shape, options, adds)?;
+    let mut op = FusedReduceScatter::<T>::new(&mut job.rdzv, ctx, stream, shape, options)?;
     op.set_budget(WaitBudget::for_device(ctx, TRIAL_WAIT)?);
     let (first, rows) = op.rows();
     anyhow::ensure!(
@@ -302,35 +275,18 @@ fn exact_set(
     Ok((a, b, want.iter().map(|&v| bf16::from_f64(v)).collect()))
 }
 
-/// With deferred adds 4 CTAs walk 8 or 16 tiles a rank each, so every consumer's staging ring wraps
-/// (its slots reused within a run: the pusher's reads before the next TMA stores) and a run's
-/// pushes overlap its later tiles.
-fn stress(job: &mut Job, adds: PeerAdds, tile: TileChoice) -> anyhow::Result<()> {
+fn stress(job: &mut Job) -> anyhow::Result<()> {
     let seed = shared_seed(job)?;
     let (ctx, stream) = gpu(job)?;
     let (world, rank) = (job.world(), job.rank());
     let max_ctas = max_ctas(job, &ctx)?;
     let sms = device_sms(&ctx)?;
-    let (shape, options) = match adds {
-        PeerAdds::Epilogue => (
-            GemmShape::new(128 * world as u32, 384, 32),
-            GemmOptions {
-                sm_margin: sms - max_ctas.min(16),
-                ..GemmOptions::default()
-            },
-        ),
-        PeerAdds::Deferred => (
-            GemmShape::new(512 * world as u32, 1024, 32),
-            GemmOptions {
-                sm_margin: sms - max_ctas.min(4),
-                tile,
-                epilogue: EpilogueChoice::Pipelined,
-                ..GemmOptions::default()
-            },
-        ),
+    let shape = GemmShape::new(128 * world as u32, 384, 32);
+    let options = GemmOptions {
+        sm_margin: sms - max_ctas.min(16),
+        ..GemmOptions::default()
     };
-    let mut op =
-        FusedReduceScatter::<bf16>::with_adds(&mut job.rdzv, &ctx, &stream, shape, options, adds)?;
+    let mut op = FusedReduceScatter::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, options)?;
     op.set_budget(WaitBudget::for_device(&ctx, TRIAL_WAIT)?);
     let result = (|| -> anyhow::Result<()> {
         let (first, rows) = op.rows();
@@ -504,27 +460,6 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
             "cannot all be resident",
         )?;
     }
-    // Deferred adds with the whole-tile epilogue (which has no kernel of the fused
-    // ReduceScatter's own).
-    let shape = GemmShape::new(128 * world, 512, 64);
-    let whole = GemmOptions {
-        tile: TileChoice::N256,
-        epilogue: EpilogueChoice::WholeTile,
-        ..fits
-    };
-    let made = FusedReduceScatter::<bf16>::with_adds(
-        &mut job.rdzv,
-        &ctx,
-        &stream,
-        shape,
-        whole,
-        PeerAdds::Deferred,
-    );
-    refused(
-        &format!("{shape} {whole:?}, deferred adds"),
-        made.and_then(|op| op.free(&mut job.rdzv)),
-        "deferred peer adds run in the fused ReduceScatter's own kernel",
-    )?;
     // Too small an operand, on a plan that is otherwise valid.
     let shape = GemmShape::new(128 * world, 256, 64);
     let mut op = FusedReduceScatter::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, fits)?;

@@ -149,16 +149,6 @@ fn choices(
     }) {
         out.push(MethodChoice::Exact(m.clone()));
     }
-    // The fused ReduceScatter's deferred peer adds, wherever its family is a candidate.
-    if all
-        .iter()
-        .any(|m| matches!(m, Method::FusedIntra { deferred: true, .. }))
-    {
-        out.push(MethodChoice::Exact(Method::FusedIntra {
-            tile_n: None,
-            deferred: true,
-        }));
-    }
     out.push(MethodChoice::Auto);
     Ok(out)
 }

@@ -60,23 +60,9 @@ pub(crate) fn peer_tensor_maps(
     what: &str,
     ptrs: &[u64],
     dtype: Dtype,
-    dims: (u64, u64),
-    boxes: (u32, u32),
-) -> anyhow::Result<CudaSlice<u8>> {
-    upload_tensor_maps(
-        stream,
-        &peer_tensor_map_bytes(what, ptrs, dtype, dims, boxes)?,
-    )
-}
-
-/// The bytes of [`peer_tensor_maps`]' maps, for callers that append maps of their own.
-pub(crate) fn peer_tensor_map_bytes(
-    what: &str,
-    ptrs: &[u64],
-    dtype: Dtype,
     (rows, cols): (u64, u64),
     (box_rows, box_cols): (u32, u32),
-) -> anyhow::Result<Vec<u8>> {
+) -> anyhow::Result<CudaSlice<u8>> {
     let mut bytes = Vec::with_capacity(ptrs.len() * std::mem::size_of::<weft_tensor_map>());
     for (r, &ptr) in ptrs.iter().enumerate() {
         let map = encode_2d(
@@ -92,16 +78,8 @@ pub(crate) fn peer_tensor_map_bytes(
             bytes.extend_from_slice(&w.to_le_bytes());
         }
     }
-    Ok(bytes)
-}
-
-/// Tensor maps' bytes in device memory (cuMemAlloc aligns to at least 256 bytes: every map is
-/// 64-byte aligned as TMA needs).
-pub(crate) fn upload_tensor_maps(
-    stream: &Arc<CudaStream>,
-    bytes: &[u8],
-) -> anyhow::Result<CudaSlice<u8>> {
-    let maps = stream.clone_htod(bytes)?;
+    // cuMemAlloc aligns to at least 256 bytes: every map is 64-byte aligned as TMA needs.
+    let maps = stream.clone_htod(&bytes)?;
     stream.synchronize()?;
     Ok(maps)
 }

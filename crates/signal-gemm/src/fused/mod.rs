@@ -30,4 +30,4 @@ pub(crate) use ag_copy_engine::k_chunks_fit;
 pub use all_gather::{AllGatherMethod, FusedAllGatherGemm};
 pub use all_reduce::{AllReduceMethod, FusedAllReduce};
 pub use all_to_all::FusedAllToAll;
-pub use reduce_scatter::{FusedReduceScatter, PeerAdds};
+pub use reduce_scatter::FusedReduceScatter;

@@ -11,21 +11,17 @@
 //! all of a rank's CTAs must be resident, so ranks that share a GPU must leave each other room.
 
 use super::collective_plan::{
-    agree_on_plan, check_resident, copy_own_buffer, peer_barrier_counters, peer_tensor_map_bytes,
-    synchronize_checked, upload_tensor_maps, with_failed_free,
+    agree_on_plan, check_resident, copy_own_buffer, peer_barrier_counters, peer_tensor_maps,
+    synchronize_checked, with_failed_free,
 };
 use crate::dtype::GemmElement;
 use crate::gemm::{device_sms, Gemm, LaunchExtras, PeerReduceTarget};
-use crate::plan::FusionSet;
 use crate::plan::{GemmOptions, GemmPlan, GemmShape};
 use crate::reorder::{OutputLayout, MAX_BAND_RANKS};
 use anyhow::{ensure, Context};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use std::sync::Arc;
-use weft_kernels::abi::{
-    WEFT_GEMM_CONSUMERS, WEFT_GEMM_PEER_BAR_END, WEFT_GEMM_PEER_BAR_STAGE,
-    WEFT_GEMM_PEER_BAR_START, WEFT_GEMM_STAGE_SLOTS,
-};
+use weft_kernels::abi::{WEFT_GEMM_PEER_BAR_END, WEFT_GEMM_PEER_BAR_START};
 use weft_pgl::Bootstrap;
 use weft_pgl::{agree, Backend, Pgl, PglElement, Shape};
 use weft_sync::{Counters, WaitBudget};
@@ -50,32 +46,6 @@ fn order_for_owners(plan: GemmPlan, ranks: u32, rank: u32) -> anyhow::Result<Gem
     plan.with_tm_offset(tiles)
 }
 
-/// Who adds a finished tile's rows into an owner that is another rank.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum PeerAdds {
-    /// The tile's epilogue, by TMA reduce-add over NVLink from its shared buffers (the
-    /// default): the warpgroup goes on once its chunks have left them.
-    #[default]
-    Epilogue,
-    /// Deferred (kernels/include/weft/gemm/peer_stage.cuh): the epilogue stores the rows by TMA
-    /// into a staging slot in this GPU's memory and goes on; a warp of the loader warpgroup adds
-    /// them into the owner (16-byte vector reductions through peer memory) while the GEMM runs
-    /// its next tiles. Rows this rank owns are added by the epilogue either way. Needs the
-    /// pipelined epilogue (the `_pr` kernel) and a staging buffer of ctas × 4 × 64 rows of a tile.
-    Deferred,
-}
-
-/// The deferred adds' staging buffer and every rank's output as mapped here.
-struct Staging {
-    buf: CudaSlice<u8>,
-    ptrs: CudaSlice<u64>,
-}
-
-/// Rows of the staging buffer of a plan with `ctas` compute CTAs (64 rows a slot).
-fn staging_rows(ctas: u32) -> u64 {
-    u64::from(ctas) * u64::from(WEFT_GEMM_CONSUMERS) * u64::from(WEFT_GEMM_STAGE_SLOTS) * 64
-}
-
 /// One rank's fused GEMM + ReduceScatter for a fixed shape and world.
 pub struct FusedReduceScatter<T: GemmElement + PglElement> {
     gemm: Gemm,
@@ -84,14 +54,12 @@ pub struct FusedReduceScatter<T: GemmElement + PglElement> {
     maps: CudaSlice<u8>,
     bar: Counters,
     ranks: u32,
-    staging: Option<Staging>,
 }
 
 impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
     /// Collective over `rdzv`'s ranks: plans the GEMM (the same on every rank, refused on every
     /// rank if any rank refuses), allocates each rank's m/world × n output and the barrier
-    /// counters. `options.output` must be T; beta must be 0. The epilogue adds into the peers
-    /// ([`PeerAdds::Epilogue`]).
+    /// counters. `options.output` must be T; beta must be 0.
     pub fn new(
         rdzv: &mut dyn Bootstrap,
         ctx: &Arc<CudaContext>,
@@ -99,25 +67,13 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
         shape: GemmShape,
         options: GemmOptions,
     ) -> anyhow::Result<Self> {
-        Self::with_adds(rdzv, ctx, stream, shape, options, PeerAdds::default())
-    }
-
-    /// As [`Self::new`], the peers' rows added as `adds` says (every rank must pass the same).
-    pub fn with_adds(
-        rdzv: &mut dyn Bootstrap,
-        ctx: &Arc<CudaContext>,
-        stream: &Arc<CudaStream>,
-        shape: GemmShape,
-        options: GemmOptions,
-        adds: PeerAdds,
-    ) -> anyhow::Result<Self> {
         let world = rdzv.world();
         let ranks = u32::try_from(world).unwrap_or(u32::MAX);
         let rank = rdzv.rank() as u32;
         let gemm = agree(
             rdzv,
             "fused GEMM + ReduceScatter plan",
-            Self::plan_gemm(ctx, shape, options, ranks, rank, adds),
+            Self::plan_gemm(ctx, shape, options, ranks, rank),
         )?;
         let what = "fused GEMM + ReduceScatter";
         agree_on_plan(rdzv, what, &gemm.plan().describe())?;
@@ -130,25 +86,11 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
             Backend::default(),
         )
         .context("allocating the fused ReduceScatter's outputs")?;
-        let deferred = adds == PeerAdds::Deferred && ranks > 1;
-        let staged = || -> anyhow::Result<(CudaSlice<u8>, Option<Staging>)> {
-            if !deferred {
-                return Ok((Self::encode_maps(stream, &out, shape, ranks, None)?, None));
-            }
-            let rows = staging_rows(gemm.plan().ctas());
-            let tile_n = gemm.plan().tile_n();
-            let bytes = rows * u64::from(tile_n) * <T as GemmElement>::DTYPE.bytes() as u64;
-            let buf = stream.alloc_zeros::<u8>(bytes as usize).with_context(|| {
-                format!("allocating the deferred adds' staging buffer ({bytes} bytes)")
-            })?;
-            let (stage_ptr, _) = cudarc::driver::DevicePtr::device_ptr(&buf, stream);
-            let maps =
-                Self::encode_maps(stream, &out, shape, ranks, Some((stage_ptr, rows, tile_n)))?;
-            let ptrs: Vec<u64> = (0..ranks as usize).map(|r| out.peer_ptr(r)).collect();
-            let ptrs = stream.clone_htod(&ptrs)?;
-            Ok((maps, Some(Staging { buf, ptrs })))
-        };
-        let (maps, staging) = match agree(rdzv, "fused ReduceScatter tensor maps", staged()) {
+        let maps = match agree(
+            rdzv,
+            "fused ReduceScatter tensor maps",
+            Self::encode_maps(stream, &out, shape, ranks),
+        ) {
             Ok(m) => m,
             Err(e) => return Err(with_failed_free(e, out.free(rdzv))),
         };
@@ -162,7 +104,6 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
             maps,
             bar,
             ranks,
-            staging,
         })
     }
 
@@ -172,7 +113,6 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
         options: GemmOptions,
         ranks: u32,
         rank: u32,
-        adds: PeerAdds,
     ) -> anyhow::Result<Gemm> {
         ensure!(
             (1..=MAX_BAND_RANKS).contains(&ranks),
@@ -196,49 +136,27 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
         let plan = GemmPlan::new(device_sms(ctx)?, shape, options)?;
         plan.require_fused_kernel()?;
         OutputLayout::PeerReduce { ranks }.check(&plan)?;
-        ensure!(
-            adds == PeerAdds::Epilogue || plan.has_method_kernel(FusionSet::PeerReduce),
-            "fused ReduceScatter {}: deferred peer adds run in the fused ReduceScatter's own kernel, which has the pipelined epilogue only (plan it with EpilogueChoice::Auto or Pipelined)",
-            plan.describe()
-        );
         Gemm::from_plan(ctx, order_for_owners(plan, ranks, rank)?)
     }
 
-    /// A tensor map per rank's output, as this process maps it, then with deferred adds the
-    /// staging buffer's (address, rows, tile width), in device memory: the kernel finds it after
-    /// the ranks' (peer_stage.cuh, stage_map).
+    /// A tensor map per rank's output, as this process maps it, in device memory.
     fn encode_maps(
         stream: &Arc<CudaStream>,
         out: &Pgl<T>,
         shape: GemmShape,
         ranks: u32,
-        staging: Option<(u64, u64, u32)>,
     ) -> anyhow::Result<CudaSlice<u8>> {
         let ptrs: Vec<u64> = (0..ranks as usize).map(|r| out.peer_ptr(r)).collect();
         let chunk_cols = (128 / <T as GemmElement>::DTYPE.bytes()) as u32;
         let dims = (u64::from(shape.m / ranks), u64::from(shape.n));
-        let dtype = <T as GemmElement>::DTYPE;
-        let mut bytes =
-            peer_tensor_map_bytes("ReduceScatter output", &ptrs, dtype, dims, (64, chunk_cols))?;
-        if let Some((ptr, rows, tile_n)) = staging {
-            bytes.extend(peer_tensor_map_bytes(
-                "deferred adds' staging buffer",
-                &[ptr],
-                dtype,
-                (rows, u64::from(tile_n)),
-                (64, chunk_cols),
-            )?);
-        }
-        upload_tensor_maps(stream, &bytes)
-    }
-
-    /// Who adds the peers' rows.
-    pub fn adds(&self) -> PeerAdds {
-        if self.staging.is_some() {
-            PeerAdds::Deferred
-        } else {
-            PeerAdds::Epilogue
-        }
+        peer_tensor_maps(
+            stream,
+            "ReduceScatter output",
+            &ptrs,
+            <T as GemmElement>::DTYPE,
+            dims,
+            (64, chunk_cols),
+        )
     }
 
     pub fn gemm(&self) -> &Gemm {
@@ -285,17 +203,11 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
             Arc::ptr_eq(stream.context(), self.out.context()),
             "the fused ReduceScatter was made on another context than the stream's"
         );
-        let (ptrs, stage) = match &self.staging {
-            Some(st) => (st.ptrs.device_ptr(stream).0, st.buf.device_ptr(stream).0),
-            None => (0, 0),
-        };
         let target = PeerReduceTarget {
             maps: self.maps_ptr(stream),
             ranks: self.ranks,
             bar: self.bar.device()?,
             epoch: self.bar.epoch() + 1,
-            ptrs,
-            stage,
         };
         let extras = LaunchExtras::<T> {
             layout: OutputLayout::PeerReduce { ranks: self.ranks },
@@ -344,7 +256,7 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
     fn check_barriers(&self) -> anyhow::Result<()> {
         self.bar.check().with_context(|| {
             format!(
-                "fused ReduceScatter barrier (counter row {WEFT_GEMM_PEER_BAR_START}: every rank's output zeroed; row {WEFT_GEMM_PEER_BAR_END}: every rank's adds done; row {WEFT_GEMM_PEER_BAR_STAGE}: the deferred adds' staging slots)"
+                "fused ReduceScatter barrier (counter row {WEFT_GEMM_PEER_BAR_START}: every rank's output zeroed; row {WEFT_GEMM_PEER_BAR_END}: every rank's adds done)"
             )
         })
     }

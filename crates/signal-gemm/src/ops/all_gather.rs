@@ -349,9 +349,6 @@ fn plan_imp<TI: OpElement>(
             let band = CublasGemm::new(stream, GemmShape::new(shape.m / world, shape.n, shape.k), options)?;
             Imp::Decomposition { band, comm: env.comm().clone(), side: high_priority_stream(&ctx)?, shard: alloc(shard_len)?, a: alloc(mk)? }
         }
-        Method::FusedIntra { deferred: true, .. } => {
-            bail!("{method}: deferred peer adds are the fused ReduceScatter's; the AllGather's fused-intra has none")
-        }
         Method::FusedIntra { .. } => {
             let options = GemmOptions { tile: method.tile_choice(options.tile)?, ..options };
             Imp::Fused(FusedAllGatherGemm::<TI>::new(rdzv, &ctx, stream, shape, options, AllGatherMethod::Intra)?)

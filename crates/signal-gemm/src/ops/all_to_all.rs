@@ -340,9 +340,6 @@ fn plan_imp<TO: OpElement>(
         Method::SignalCe { waves } => Imp::CopyEngine(Box::new(AllToAllCopyEngine::new(
             rdzv, stream, shape, options, waves, routes,
         )?)),
-        Method::FusedIntra { deferred: true, .. } => {
-            bail!("{method}: deferred peer adds are the fused ReduceScatter's; the All-to-All's fused-intra stores rows, it adds none")
-        }
         Method::FusedIntra { .. } => Imp::Fused(Box::new(FusedAllToAll::new(
             rdzv,
             stream.context(),

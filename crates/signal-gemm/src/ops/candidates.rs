@@ -175,29 +175,17 @@ pub fn candidates(
     match op {
         OpKind::ReduceScatter => {
             if fused_world && m.is_multiple_of(world) && rows_per_rank.is_multiple_of(64) {
-                out.push(Method::FusedIntra {
-                    tile_n: None,
-                    deferred: false,
-                });
-                // The peers' rows added by the loader warpgroup while the GEMM goes on.
-                if world > 1 {
-                    out.push(Method::FusedIntra {
-                        tile_n: None,
-                        deferred: true,
-                    });
-                }
-                // A GEMM of a few waves of wider tiles: 128-wide ones (512 × 8192 × 1024 on two
-                // H200s: 34.5 against 39.0 µs; results/overlap-reduce-scatter/
+                out.push(Method::FusedIntra { tile_n: None });
+                // A GEMM of a few waves of wider tiles: 128-wide ones too (on two H200s 512 ×
+                // 8192 × 1024 took 34.5 µs against 39.0, 1024 × 8192 × 2048 68.5 against 75.3;
+                // 1024 × 8192 × 4096 123.0 against 118.6; results/overlap-reduce-scatter/
                 // own-last-nvidia-h200-x2-2026-11-27-3e89360/).
                 if narrow
                     && plan
                         .as_ref()
                         .is_ok_and(|p| p.waves() <= NARROW_REDUCE_SCATTER_MAX_WAVES)
                 {
-                    out.push(Method::FusedIntra {
-                        tile_n: Some(128),
-                        deferred: false,
-                    });
+                    out.push(Method::FusedIntra { tile_n: Some(128) });
                 }
             }
         }
@@ -246,17 +234,11 @@ pub fn candidates(
         }
         OpKind::AllToAll => {
             if fused_world {
-                out.push(Method::FusedIntra {
-                    tile_n: None,
-                    deferred: false,
-                });
+                out.push(Method::FusedIntra { tile_n: None });
                 // Skewed routings where the stores outlast the GEMM (4096 × 8192 × 1024 on two
                 // H200s: 0.188 ms against 0.167).
                 if narrow {
-                    out.push(Method::FusedIntra {
-                        tile_n: Some(128),
-                        deferred: false,
-                    });
+                    out.push(Method::FusedIntra { tile_n: Some(128) });
                 }
             }
         }
@@ -404,45 +386,22 @@ mod tests {
         let s = GemmShape::new(4096, 8192, 1024);
         assert_eq!(GemmPlan::new(132, s, o).unwrap().tile_n(), 256);
         let both = [
-            Method::FusedIntra {
-                tile_n: None,
-                deferred: false,
-            },
-            Method::FusedIntra {
-                tile_n: Some(128),
-                deferred: false,
-            },
+            Method::FusedIntra { tile_n: None },
+            Method::FusedIntra { tile_n: Some(128) },
         ];
         assert_eq!(fused(OpKind::AllToAll, s, o), both);
-        let deferred = Method::FusedIntra {
-            tile_n: None,
-            deferred: true,
-        };
-        assert_eq!(
-            fused(OpKind::ReduceScatter, s, o),
-            [both[0].clone(), deferred.clone()]
-        );
-        // A GEMM of a few waves of wider tiles: the ReduceScatter tries 128-wide ones too; at one
-        // rank there are no peers' rows to defer.
+        assert_eq!(fused(OpKind::ReduceScatter, s, o), both[..1]);
+        // A GEMM of a few waves of wider tiles: the ReduceScatter tries 128-wide ones too.
         let small = GemmShape::new(512, 8192, 1024);
         let plan = GemmPlan::new(132, small, o).unwrap();
         assert!(plan.tile_n() != 128 && plan.waves() <= NARROW_REDUCE_SCATTER_MAX_WAVES);
-        assert_eq!(
-            fused(OpKind::ReduceScatter, small, o),
-            [both[0].clone(), deferred, both[1].clone()]
-        );
-        assert_eq!(
-            candidates(OpKind::ReduceScatter, small, o, 1, 132, false)
-                .into_iter()
-                .filter(|m| matches!(m, Method::FusedIntra { .. }))
-                .collect::<Vec<_>>(),
-            [both[0].clone(), both[1].clone()]
-        );
+        assert_eq!(fused(OpKind::ReduceScatter, small, o), both);
         // A fixed tile in the options: no second width.
         let fixed = GemmOptions {
             tile: TileChoice::N256,
             ..o
         };
+        assert_eq!(fused(OpKind::ReduceScatter, small, fixed), both[..1]);
         assert_eq!(fused(OpKind::AllToAll, s, fixed), both[..1]);
         // The copy-engine AllGather: groups of 4 and 16 tile rows whole, 16 in 2, 4 and 8 chunks
         // along K where whole K blocks of 64 make exactly that many (k = 256: four blocks).

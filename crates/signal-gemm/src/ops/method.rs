@@ -41,10 +41,8 @@ pub enum Method {
     /// into the owner; All-to-All: stores into the destinations) or loader (AllGather: TMA loads
     /// from the owner) talks to the peers. `tile_n`: the GEMM's tile width (128 or 256), or
     /// `None` for the plan's own choice: narrower tiles make more, shorter ones, and less work
-    /// after the last stores (the All-to-All's skewed routings). `deferred` (ReduceScatter
-    /// only): the peers' rows staged locally and added by warps of the loader warpgroup while
-    /// the GEMM goes on, instead of by the epilogue (`fused::PeerAdds::Deferred`).
-    FusedIntra { tile_n: Option<u32>, deferred: bool },
+    /// after the last stores (the All-to-All's skewed routings).
+    FusedIntra { tile_n: Option<u32> },
     /// ParallelKittens' inter-SM design: `ctas` communicator CTAs of the GEMM kernel move the
     /// data (AllReduce: tile owners sum and broadcast; AllGather: chunked copies).
     FusedInter { ctas: u32 },
@@ -163,7 +161,7 @@ impl Method {
     /// 128 or 256), else `planned`, the options' own.
     pub fn tile_choice(&self, planned: TileChoice) -> anyhow::Result<TileChoice> {
         let tile_n = match self {
-            Method::FusedIntra { tile_n, .. } | Method::FusedCe { tile_n, .. } => *tile_n,
+            Method::FusedIntra { tile_n } | Method::FusedCe { tile_n, .. } => *tile_n,
             _ => None,
         };
         Ok(match tile_n {
@@ -182,20 +180,8 @@ impl fmt::Display for Method {
             Method::SeqCublas
             | Method::SeqWeft
             | Method::SeqCollectives
-            | Method::FusedIntra {
-                tile_n: None,
-                deferred: false,
-            } => f.write_str(name),
-            Method::FusedIntra { tile_n, deferred } => {
-                f.write_str(name)?;
-                if let Some(w) = tile_n {
-                    write!(f, ":{w}")?;
-                }
-                if *deferred {
-                    f.write_str(":deferred")?;
-                }
-                Ok(())
-            }
+            | Method::FusedIntra { tile_n: None } => f.write_str(name),
+            Method::FusedIntra { tile_n: Some(w) } => write!(f, "{name}:{w}"),
             Method::Decomposition { chunks } => write!(f, "{name}:{chunks}"),
             Method::FusedInter { ctas } => write!(f, "{name}:{ctas}"),
             Method::FusedCe {
@@ -266,13 +252,12 @@ impl FromStr for Method {
                 want(0, "seq-collectives").map(|()| Method::SeqCollectives)?
             }
             Family::FusedIntra => {
-                let form = "fused-intra[:<tile width, 128 or 256>][:deferred]";
-                let deferred = args.last() == Some(&"deferred");
-                let width = &args[..args.len() - usize::from(deferred)];
-                ensure!(width.len() <= 1, "method {s:?}: expected the form {form}");
+                ensure!(
+                    args.len() <= 1,
+                    "method {s:?}: expected the form fused-intra[:<tile width, 128 or 256>]"
+                );
                 Method::FusedIntra {
-                    tile_n: width.first().map(|w| tile_width(w, s)).transpose()?,
-                    deferred,
+                    tile_n: args.first().map(|w| tile_width(w, s)).transpose()?,
                 }
             }
             Family::Decomposition => {
@@ -419,22 +404,8 @@ mod tests {
                 waves: vec![1, 3],
             },
             Method::SignalCe { waves: vec![2, 1] },
-            Method::FusedIntra {
-                tile_n: None,
-                deferred: false,
-            },
-            Method::FusedIntra {
-                tile_n: Some(128),
-                deferred: false,
-            },
-            Method::FusedIntra {
-                tile_n: None,
-                deferred: true,
-            },
-            Method::FusedIntra {
-                tile_n: Some(256),
-                deferred: true,
-            },
+            Method::FusedIntra { tile_n: None },
+            Method::FusedIntra { tile_n: Some(128) },
             Method::FusedInter { ctas: 16 },
             Method::FusedCe {
                 tile_rows: 4,
@@ -516,9 +487,6 @@ mod tests {
         assert!(err("fused-ce:4:192").contains("128 or 256, not 192"));
         assert!(err("fused-intra:192").contains("128 or 256, not 192"));
         assert!(err("fused-intra:128:4").contains("fused-intra[:<tile width"));
-        assert!(err("fused-intra:deferred:128").contains("[:deferred]"));
-        assert!(err("fused-intra:128:256:deferred").contains("[:deferred]"));
-        assert!(err("fused-intra:later").contains("tile width \"later\""));
         assert!(err("signal-ce").contains("signal-ce:<waves>"));
         assert!(err("signal-ce:2+0").contains("at least 1"));
         assert!(err("signal:32").contains("signal:<sm_margin>"));

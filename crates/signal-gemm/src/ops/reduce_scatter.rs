@@ -22,7 +22,7 @@ use super::inputs::{with_operands, Operands};
 use super::method::{Method, MethodChoice};
 use crate::cublas::CublasGemm;
 use crate::dtype::GemmElement;
-use crate::fused::{FusedReduceScatter, PeerAdds};
+use crate::fused::FusedReduceScatter;
 use crate::overlap::high_priority_stream;
 use crate::plan::{GemmOptions, GemmShape};
 use anyhow::{bail, ensure};
@@ -298,10 +298,9 @@ fn plan_imp<TO: OpElement>(
             let band = CublasGemm::new(stream, GemmShape::new(shape.m / (world * chunks), shape.n, shape.k), options)?;
             Imp::Decomposition { band, chunks: *chunks, comm: env.comm().clone(), side: high_priority_stream(&ctx)?, d: alloc(mn)?, out: alloc(out_len)? }
         }
-        Method::FusedIntra { deferred, .. } => {
+        Method::FusedIntra { .. } => {
             let options = GemmOptions { tile: method.tile_choice(options.tile)?, ..options };
-            let adds = if *deferred { PeerAdds::Deferred } else { PeerAdds::Epilogue };
-            Imp::Fused(FusedReduceScatter::<TO>::with_adds(rdzv, &ctx, stream, shape, options, adds)?)
+            Imp::Fused(FusedReduceScatter::<TO>::new(rdzv, &ctx, stream, shape, options)?)
         }
         other => bail!("{other} is not a method of GEMM + ReduceScatter (seq-cublas, seq-weft, seq-collectives, decomposition, fused-intra)"),
     })

@@ -220,8 +220,6 @@ WEFT_HD uint32_t weft_gemm_group_of(const weft_gemm_wave_groups* g, uint32_t ord
 #define WEFT_GEMM_PEER_ROW_MASK 0x0FFFFFFFu  // (1 << WEFT_GEMM_PEER_ROW_BITS) - 1
 #define WEFT_GEMM_PEER_BAR_START 0  // counter rows of peer_bar: shape (1, 1, 2, 1)
 #define WEFT_GEMM_PEER_BAR_END 1
-#define WEFT_GEMM_PEER_BAR_STAGE 2  // no counter: the row a failure of the deferred peer adds' staging ring reports
-#define WEFT_GEMM_STAGE_SLOTS 2     // deferred peer adds: staging slots per consumer warpgroup of a CTA
 #define WEFT_GEMM_NO_SLOT 0xFFFFFFFFu
 #define WEFT_GEMM_BAND_ATOM 8u
 #define WEFT_GEMM_BAND_ATOMS (WEFT_GEMM_TILE_M / WEFT_GEMM_BAND_ATOM)
@@ -374,17 +372,11 @@ typedef struct weft_gemm_params {
   // world is the reduction's) and this launch's barrier epoch (from 1; each launch arrives once
   // at each counter, so epoch e waits for world x ctas x e arrivals).
   uint64_t peer_maps;
-  uint64_t peer_ptrs;  // PEER_ROWS, and PEER_REDUCE with peer_stage: u64 per rank, its D's address as
-                       // mapped here (global memory); with PEER_ROWS peer_rows is then the rows of every rank's D
+  uint64_t peer_ptrs;  // PEER_ROWS only: u64 per rank, its D's address as mapped here (global memory);
+                       // peer_rows is then the rows of every rank's D
   uint32_t peer_rows;
   uint32_t peer_reserved;
   uint64_t peer_epoch;
-  // PEER_REDUCE, the fused ReduceScatter's own kernel only: 0 (each epilogue adds into the owner),
-  // or deferred peer adds (kernels/include/weft/gemm/peer_stage.cuh): this GPU's staging buffer,
-  // ctas x WEFT_GEMM_CONSUMERS x WEFT_GEMM_STAGE_SLOTS slots of 64 rows x tile_n elements
-  // (row-major, rows tile_n wide; its tensor map follows the ranks' in peer_maps, box and swizzle
-  // as theirs), and peer_ptrs (u64 per rank, its D as mapped here) where the adds go.
-  uint64_t peer_stage;
   weft_sync_counters peer_bar;
   // Tile flags released at system scope (peers read them: fused AllReduce), and the
   // communicator role the communicator CTAs run (WEFT_GEMM_COMM_*).

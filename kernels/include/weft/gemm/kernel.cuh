@@ -3,9 +3,7 @@
 //   CTA < ctas (compute):  warpgroup 0 = loader (TMA, one thread, registers released) and, when
 //                          the launch signals, a signaller thread per consumer (signaller.cuh);
 //                          with the PEER_REDUCE layout, warps 1..3 zero the output and run the
-//                          cross-rank barriers instead, warps 1 and 2 then pushing the
-//                          consumers' staged rows with deferred peer adds (peer_reduce.cuh,
-//                          peer_stage.cuh; PEER_ROWS and the
+//                          cross-rank barriers instead (peer_reduce.cuh; PEER_ROWS and the
 //                          fused AllGather: the barriers only)
 //                          warpgroups 1..kConsumers = consumers (wgmma) + Storer (epilogue)
 //   CTA >= ctas:           Communicator (reserved SMs; see communicator.cuh)
@@ -31,7 +29,6 @@
 #include "weft/gemm/consumer.cuh"
 #include "weft/gemm/loader.cuh"
 #include "weft/gemm/peer_reduce.cuh"
-#include "weft/gemm/peer_stage.cuh"
 #include "weft/gemm/split_k.cuh"
 #include "weft/gemm/storer.cuh"
 #include "weft/sm90/mbarrier.cuh"
@@ -75,8 +72,7 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
         mbar_init(sm.signal_empty(c, s), 1);  // the signaller, once it issued the release
       }
     }
-    // Peer barriers: each consumer's leader, drained, and with deferred peer adds each pusher.
-    mbar_init(sm.peer_done(), Cfg::kConsumers * (Cfg::kPeerReduceOnly && stage_enabled(p) ? 2 : 1));
+    mbar_init(sm.peer_done(), Cfg::kConsumers);  // peer barriers: each consumer's leader, drained
     *sm.peer_flag() = 0;
     *sm.ag_stall() = 0;
     mbar_fence_init();
@@ -95,15 +91,13 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
 
   const int wg = warpgroup_index();
   if (wg == 0) {
-    warpgroup_release_registers<(Cfg::kPeerReduceOnly ? 64 : kLoaderRegs)>();
+    warpgroup_release_registers<kLoaderRegs>();
     const int warp = static_cast<int>(threadIdx.x) / 32;
     if (threadIdx.x == 0) {
       run_loader<Cfg>(p, sm);
     } else if (warp >= 1 && uses_peer_barriers<Cfg>(p)) {  // warps 1..3; no signallers then (uses_signals is false)
       if (uses_peer_reduce<Cfg>(p)) {
         peer_reduce_start<Cfg>(p);
-        // Deferred peer adds: warp 1 + c pushes consumer c's staged rows (peer_stage.cuh).
-        if (Cfg::kPeerReduceOnly && stage_enabled(p) && warp <= Cfg::kConsumers) run_stage_pusher<Cfg>(p, sm, warp - 1);
       } else if (threadIdx.x == 96) {
         // AllGather: this rank's shard was written before the launch (stream order); PEER_ROWS:
         // this rank's D was read before it.
@@ -115,7 +109,7 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
     }
     __syncwarp();
   } else {
-    warpgroup_claim_registers<(Cfg::kPeerReduceOnly ? 216 : kConsumerRegs)>();
+    warpgroup_claim_registers<kConsumerRegs>();
     const int consumer = wg - 1;
     PipelineState<Cfg::kStages> ps;
     StoreState store_state;

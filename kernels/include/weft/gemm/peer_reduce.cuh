@@ -172,18 +172,12 @@ __device__ __forceinline__ bool peer_reduce_ready(const weft_gemm_params& p) {
   return true;
 }
 
-// What a consumer's leader gave up waiting for (StoreState::peer_stalled, then peer_flag): every
-// rank's START, or a staging slot of the deferred peer adds (peer_stage.cuh).
-constexpr uint32_t kPeerStallStart = 1;
-constexpr uint32_t kPeerStallStage = 2;
-
 // A consumer's leader after its drain (its warpgroup's reduces complete and fenced, then the
-// warpgroup barrier): flags a wait that gave up (kPeerStall*), then arrives on peer_done
-// (release, CTA scope). Nothing else: code here that reports or signals makes ptxas spill the
-// consumers.
+// warpgroup barrier): flags a START wait that gave up, then arrives on peer_done (release, CTA
+// scope). Nothing else: code here that reports or signals makes ptxas spill the consumers.
 template <class Cfg>
-__device__ __forceinline__ void peer_reduce_drained(const SharedTiles<Cfg>& sm, uint32_t stalled) {
-  if (stalled != 0) *sm.peer_flag() = stalled;
+__device__ __forceinline__ void peer_reduce_drained(const SharedTiles<Cfg>& sm, bool start_stalled) {
+  if (start_stalled) *sm.peer_flag() = 1;
   mbar_arrive(sm.peer_done());
 }
 
@@ -204,11 +198,6 @@ __device__ __forceinline__ void run_peer_barrier(const weft_gemm_params& p, cons
                   WEFT_GEMM_CONSUMERS, 0, uint64_t(clock64() - c0));
   }
   if (const uint32_t code = *sm.ag_stall(); code != 0) ag_chunk_fail<Cfg>(p, code);
-  if ((*sm.peer_flag() & kPeerStallStage) != 0) {
-    // A consumer gave up waiting for its pusher to free a staging slot.
-    peer_bar_fail(p, WEFT_SYNC_STATUS_TIMEOUT, WEFT_SYNC_PRIM_MBARRIER_WAIT, WEFT_GEMM_PEER_BAR_STAGE,
-                  p.peer_bar.view.rank, 0, 0, p.peer_bar.bound.budget_cycles);
-  }
   if (*sm.peer_flag() != 0) {
     // A consumer gave up waiting for every rank's D to be zeroed (its reduces went out), or the
     // loader for every rank's A shard to be written (its loads went out).

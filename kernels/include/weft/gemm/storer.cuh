@@ -30,7 +30,6 @@
 #include "weft/abi/gemm.h"
 #include "weft/gemm/config.cuh"
 #include "weft/gemm/peer_reduce.cuh"
-#include "weft/gemm/peer_stage.cuh"
 #include "weft/gemm/signaller.cuh"
 #include "weft/sync/memory_order.cuh"
 #include "weft/tma/tensor_copy.cuh"
@@ -65,8 +64,7 @@ struct StoreState {
   SignalRing ring;                        // the leader's position in its signaller's ring
   bool signal_stalled = false;            // a post found no free slot: reported at the drain
   bool peer_ready = false;                // PEER_REDUCE / PEER_ROWS: START passed (every rank's D zeroed / read)
-  uint32_t peer_stalled = 0;              // PEER_REDUCE / PEER_ROWS: a wait of the leader's that gave up (kPeerStall*)
-  StageState stage;                       // deferred peer adds: the leader's staging ring (peer_stage.cuh)
+  bool peer_stalled = false;              // PEER_REDUCE / PEER_ROWS: the leader's wait for that gave up
 };
 
 // The deferred signals due before storing the tile of `next` (WEFT_GEMM_NO_TILE when draining):
@@ -251,16 +249,8 @@ struct TmaStorer {
     // The warpgroup barriers below order every issuer (PEER_ROWS: every thread) after the
     // leader's wait.
     if ((peer || to_peer_rows) && !st.peer_ready) {
-      if (leader && !peer_reduce_ready(p)) st.peer_stalled |= kPeerStallStart;
+      if (leader) st.peer_stalled = !peer_reduce_ready(p);
       st.peer_ready = true;
-    }
-    // Deferred peer adds (peer_stage.cuh; the fused ReduceScatter's own kernel): the rows staged
-    // a tile ago are handed to the pusher now.
-    const bool stage_on = Cfg::kPeerReduceOnly && stage_enabled(p);
-    if (stage_on && st.stage.pending) {
-      if (issuer) stage_complete();
-      if constexpr (kIssuers > 1) named_barrier_sync(1 + consumer, kWarpgroupThreads);
-      stage_post(sm, consumer, st.stage, leader);
     }
     const DueSignals due = signals_due<Cfg>(p, st, order);
     if (issuer) complete_stores(due);
@@ -276,13 +266,6 @@ struct TmaStorer {
     const bool row_slots = Cfg::kAllFusions && p.layout == WEFT_GEMM_LAYOUT_ROW_SLOTS;
     const int32_t store_row = static_cast<int32_t>(tile_order ? order * Cfg::kBM + consumer * 64 : row0);
     const int32_t store_col = static_cast<int32_t>(tile_order || bands ? 0 : col0);
-    // This warpgroup's 64 rows belong to another rank: staged here, added by the pusher.
-    const bool staged = stage_on && t.valid && row0 < p.sched.m && row0 / p.peer_rows != uint32_t(p.peer_bar.view.rank);
-    if (staged && leader) {
-      const uint32_t owner = row0 / p.peer_rows;
-      const uint64_t where = (uint64_t(owner) << 32) | (row0 - owner * p.peer_rows);
-      if (!stage_claim<Cfg>(p, sm, consumer, st.stage, where, col0)) st.peer_stalled |= kPeerStallStage;
-    }
     weft_gemm_band_slots slots{0, 0};
     // With group counters, count_tile just set st.group to this tile's group (a search from it
     // ends at once); without them there is one group.
@@ -323,11 +306,6 @@ struct TmaStorer {
         return store_bands(p, buf, c * Cfg::kEpiCols, consumer * 64, slots, c * boxes, share, kIssuers);
       }
       if (static_cast<uint32_t>(c) % kIssuers != share) return false;
-      if (staged) {
-        tensor_store_2d(stage_map(p), buf, c * Cfg::kEpiCols,
-                        static_cast<int32_t>(stage_row(consumer, st.stage.staged % kStageSlots)));
-        return true;
-      }
       if (peer) {
         if (row0 >= p.sched.m) return false;  // a phantom's or a ragged tile's missing rows
         const uint32_t owner = row0 / p.peer_rows;
@@ -391,7 +369,6 @@ struct TmaStorer {
         ++epi_count;
       }
     }
-    if (staged) st.stage.pending = true;
     // ROW_SLOTS: every thread's stores of this tile before the leader's (deferred) release.
     // (PEER_ROWS signals only at the drain, whose barrier orders them.)
     if (row_slots) named_barrier_sync(bar_id, kWarpgroupThreads);
@@ -421,12 +398,6 @@ struct TmaStorer {
       weft::sync::mo::fence_proxy_async_global();
     }
     named_barrier_sync(1 + consumer, kWarpgroupThreads);
-    if (Cfg::kPeerReduceOnly && stage_enabled(p) && thread_in_warpgroup() == 0) {
-      // The last staged rows (every issuer completed its stores above), then the pusher's
-      // terminator (also after a stall: the pusher ends).
-      if (st.stage.pending) stage_post(sm, consumer, st.stage, true);
-      if (!stage_finish<Cfg>(p, sm, consumer, st.stage)) st.peer_stalled |= kPeerStallStage;
-    }
     if (thread_in_warpgroup() == 0) {
       const DueSignals due = signals_due<Cfg>(p, st, WEFT_GEMM_NO_TILE);
       if (!stalled) post_due(p, sm, consumer, st, due);
