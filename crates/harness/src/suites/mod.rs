@@ -21,6 +21,7 @@ mod grpcoll_stress;
 mod leaks;
 mod nccl;
 mod ops;
+mod ops_bounded;
 mod overlap;
 mod pgl;
 mod rank_death;
@@ -72,6 +73,7 @@ pub fn all() -> Vec<Case> {
     cases.extend(fused_all_gather::cases());
     cases.extend(auto_choice::cases());
     cases.extend(ops::cases());
+    cases.extend(ops_bounded::cases());
     cases.extend(leaks::cases());
     cases
 }

@@ -53,11 +53,15 @@ pub fn cases() -> Vec<Case> {
 }
 
 /// The budget the bounded trials give NCCL, and how far past it their error may come.
-const TRIAL_BUDGET: Duration = Duration::from_secs(3);
-const TRIAL_SLACK: Duration = Duration::from_secs(20);
+pub(super) const TRIAL_BUDGET: Duration = Duration::from_secs(3);
+pub(super) const TRIAL_SLACK: Duration = Duration::from_secs(20);
 
 /// Checks that `r` is the bounded-wait error, within budget + slack of `t0`.
-fn expect_bounded<T>(what: &str, t0: Instant, r: anyhow::Result<T>) -> anyhow::Result<()> {
+pub(super) fn expect_bounded<T>(
+    what: &str,
+    t0: Instant,
+    r: anyhow::Result<T>,
+) -> anyhow::Result<()> {
     let took = t0.elapsed();
     let e = match r {
         Ok(_) => anyhow::bail!("{what} succeeded, but a peer never took part"),
@@ -75,7 +79,7 @@ fn expect_bounded<T>(what: &str, t0: Instant, r: anyhow::Result<T>) -> anyhow::R
 }
 
 /// Polls `stream` until its work has ended, at most `limit`.
-fn stream_idle_within(stream: &CudaStream, limit: Duration) -> anyhow::Result<()> {
+pub(super) fn stream_idle_within(stream: &CudaStream, limit: Duration) -> anyhow::Result<()> {
     let t0 = Instant::now();
     loop {
         // SAFETY: a valid stream of the current context.

@@ -21,7 +21,7 @@ use super::choice::{
 use super::common::{
     agree_on_request, check_capture, check_dtype, check_launch, op_collectives, OpElement, SeqGemm,
 };
-use super::env::{lock, OverlapEnv, SharedComm};
+use super::env::{lock, synchronize_with, OverlapEnv, SharedComm};
 use super::method::{Method, MethodChoice};
 use crate::cublas::CublasGemm;
 use crate::dtype::{Dtype, GemmElement};
@@ -307,7 +307,11 @@ impl<TI: OpElement> AllGatherGemm<TI> {
         match &self.imp {
             Imp::Fused(f) => f.synchronize(&self.stream),
             Imp::SeqCollectives { coll, .. } => Ok(coll.synchronize()?),
-            _ => Ok(self.stream.synchronize()?),
+            Imp::Seq { comm, .. } | Imp::Decomposition { comm, .. } => synchronize_with(
+                comm,
+                &self.stream,
+                &format!("AllGather + GEMM {} ({})", self.shape, self.method()),
+            ),
         }
     }
 

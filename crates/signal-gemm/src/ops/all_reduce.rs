@@ -16,7 +16,7 @@ use super::choice::{
 use super::common::{
     agree_on_request, check_capture, check_dtype, check_launch, op_collectives, OpElement, SeqGemm,
 };
-use super::env::{lock, OverlapEnv, SharedComm};
+use super::env::{lock, synchronize_with, OverlapEnv, SharedComm};
 use super::inputs::{with_operands, Operands};
 use super::method::{Method, MethodChoice};
 use crate::cublas::CublasGemm;
@@ -233,16 +233,21 @@ impl<TO: OpElement> GemmAllReduce<TO> {
     }
 
     /// Waits for the op's stream; an error names any device wait of the op that ran past its
-    /// bound (fused and signal methods), else the driver's error, if any.
+    /// bound (fused and signal methods), an NCCL call a peer never joined within the
+    /// communicator's budget (NCCL methods: the communicator is aborted), else the driver's
+    /// error, if any.
     pub fn synchronize(&self) -> anyhow::Result<()> {
+        let what = || format!("GEMM + AllReduce {} ({})", self.shape, self.method());
         match &self.imp {
             Imp::Fused(f) => f.synchronize(&self.stream),
-            Imp::Signal { ov, .. } => {
-                self.stream.synchronize()?;
+            Imp::Signal { ov, comm, .. } => {
+                synchronize_with(comm, &self.stream, &what())?;
                 ov.check()
             }
+            Imp::Seq { comm, .. } | Imp::Decomposition { comm, .. } => {
+                synchronize_with(comm, &self.stream, &what())
+            }
             Imp::SeqCollectives { coll, .. } => Ok(coll.synchronize()?),
-            _ => Ok(self.stream.synchronize()?),
         }
     }
 

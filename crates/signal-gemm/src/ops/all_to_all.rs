@@ -21,7 +21,7 @@ use super::choice::{
 use super::common::{
     agree_on_request, check_capture, check_dtype, check_launch, OpElement, SeqGemm,
 };
-use super::env::{lock, OverlapEnv, SharedComm};
+use super::env::{lock, synchronize_with, OverlapEnv, SharedComm};
 use super::inputs::{with_operands, Operands};
 use super::method::{Method, MethodChoice};
 use crate::dtype::GemmElement;
@@ -269,14 +269,18 @@ impl<TO: OpElement> GemmAllToAll<TO> {
 
     /// As [`super::GemmAllReduce::synchronize`].
     pub fn synchronize(&self) -> anyhow::Result<()> {
-        if let Imp::Fused(f) = &self.imp {
-            return f.synchronize(&self.stream);
-        }
-        self.stream.synchronize()?;
+        let what = || format!("GEMM + All-to-All {} ({})", self.shape, self.method());
         match &self.imp {
-            Imp::Signal { ov, .. } => ov.check(),
-            Imp::CopyEngine(ce) => ce.check(),
-            _ => Ok(()),
+            Imp::Fused(f) => f.synchronize(&self.stream),
+            Imp::Seq { comm, .. } => synchronize_with(comm, &self.stream, &what()),
+            Imp::Signal { ov, comm, .. } => {
+                synchronize_with(comm, &self.stream, &what())?;
+                ov.check()
+            }
+            Imp::CopyEngine(ce) => {
+                self.stream.synchronize()?;
+                ce.check()
+            }
         }
     }
 

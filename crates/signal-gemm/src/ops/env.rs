@@ -13,7 +13,7 @@ use crate::plan::{GemmOptions, GemmPlan, GemmShape};
 use crate::tuner::{predict_overlap, Op, TuningProfile};
 use crate::wave_groups::WaveGroups;
 use anyhow::{ensure, Context};
-use cudarc::driver::CudaContext;
+use cudarc::driver::{CudaContext, CudaStream};
 use std::sync::{Arc, Mutex};
 use weft_pgl::nccl::Communicator;
 use weft_pgl::Bootstrap;
@@ -209,4 +209,15 @@ pub(crate) fn lock(comm: &SharedComm) -> anyhow::Result<std::sync::MutexGuard<'_
             "the ops' NCCL communicator is unusable: a thread panicked while enqueueing on it"
         )
     })
+}
+
+/// Waits for `stream`, where NCCL calls of `comm` may be queued, within the communicator's budget
+/// while polling NCCL's asynchronous errors: a peer that never joins such a call ends in an error
+/// naming `what`, the budget and the abort, where a plain stream synchronize waits forever.
+pub(crate) fn synchronize_with(
+    comm: &SharedComm,
+    stream: &CudaStream,
+    what: &str,
+) -> anyhow::Result<()> {
+    lock(comm)?.synchronize(stream, what)
 }

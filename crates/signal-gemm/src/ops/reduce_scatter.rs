@@ -17,7 +17,7 @@ use super::choice::{
 use super::common::{
     agree_on_request, check_capture, check_dtype, check_launch, op_collectives, OpElement, SeqGemm,
 };
-use super::env::{lock, OverlapEnv, SharedComm};
+use super::env::{lock, synchronize_with, OverlapEnv, SharedComm};
 use super::inputs::{with_operands, Operands};
 use super::method::{Method, MethodChoice};
 use crate::cublas::CublasGemm;
@@ -252,7 +252,11 @@ impl<TO: OpElement> GemmReduceScatter<TO> {
         match &self.imp {
             Imp::Fused(f) => f.synchronize(&self.stream),
             Imp::SeqCollectives { coll, .. } => Ok(coll.synchronize()?),
-            _ => Ok(self.stream.synchronize()?),
+            Imp::Seq { comm, .. } | Imp::Decomposition { comm, .. } => synchronize_with(
+                comm,
+                &self.stream,
+                &format!("GEMM + ReduceScatter {} ({})", self.shape, self.method()),
+            ),
         }
     }
 
