@@ -10,7 +10,7 @@ use super::grpcoll_reference::{
 };
 use crate::data::shared_seed;
 use crate::job::Job;
-use crate::trials::Case;
+use crate::trials::{Case, Skip};
 use half::bf16;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -49,6 +49,18 @@ pub fn cases() -> Vec<Case> {
         }),
         Case::gpu("grpcoll::errors::device_meta_disagreement", disagreement),
         Case::gpu("grpcoll::errors::device_meta_wrapping_rows", wrapping_rows),
+        Case::gpu("grpcoll::errors::device_meta_split_count", |j| {
+            rejected_words(j, Corrupt::SplitCount)
+        }),
+        Case::gpu("grpcoll::errors::device_meta_mask_outside_world", |j| {
+            rejected_words(j, Corrupt::MaskOutsideWorld)
+        }),
+        Case::gpu("grpcoll::errors::device_meta_peer_count", |j| {
+            rejected_words(j, Corrupt::PeerCount)
+        }),
+        Case::gpu("grpcoll::errors::device_meta_pair_count", |j| {
+            rejected_words(j, Corrupt::PairCount)
+        }),
     ]
 }
 
@@ -295,6 +307,78 @@ fn wrapping_rows(job: &mut Job) -> anyhow::Result<()> {
                 "splits sum to at least 4294967295 rows; the capacity is 8",
                 "row counts that wrap in 32 bits were accepted",
             )
+        },
+    )
+}
+
+/// One problem in rank 0's device metadata (raw words, past the host's checks) of a ring where
+/// every rank sends 4 rows to the next: each is what one of the layout kernel's checks refuses.
+#[derive(Clone, Copy)]
+enum Corrupt {
+    /// 3 input splits listed, the capacity being 2.
+    SplitCount,
+    /// The input split's destinations name rank `world`.
+    MaskOutsideWorld,
+    /// The output split names two sources (a cast output takes exactly one).
+    PeerCount,
+    /// The 4 rows go to the next rank as two splits of 2, which expects one split.
+    PairCount,
+}
+
+/// Every rank's layout kernel must refuse rank 0's corrupted words with the same message, move
+/// nothing, and the same plan then runs the consistent ring.
+fn rejected_words(job: &mut Job, corrupt: Corrupt) -> anyhow::Result<()> {
+    if matches!(corrupt, Corrupt::PeerCount) && job.world() < 2 {
+        return Err(Skip("needs two ranks (a second source to name)".into()).into());
+    }
+    on_small_device_plan(
+        job,
+        "grpcoll device-metadata rejection trial",
+        |plan, rank, world| {
+            let to = 1u32 << ((rank + 1) % world);
+            let from = 1u32 << ((rank + world - 1) % world);
+            // The device layout (weft/abi/grpcoll.h), max_splits = 2: split counts, then per side
+            // the rows and peer masks of 2 splits.
+            let mut words = [1, 1, 4, 0, to, 0, 4, 0, from, 0];
+            let needle = match corrupt {
+                Corrupt::SplitCount => {
+                    words[0] = 3;
+                    "rank 0 lists 3 input splits; the capacity is 2".to_string()
+                }
+                Corrupt::MaskOutsideWorld => {
+                    words[4] |= 1 << world;
+                    "rank 0's input split 0 names ranks outside the world".to_string()
+                }
+                Corrupt::PeerCount => {
+                    words[8] |= 1;
+                    "rank 0's output split 0 names 2 ranks; it must name exactly one".to_string()
+                }
+                Corrupt::PairCount => {
+                    words[..6].copy_from_slice(&[2, 1, 2, 2, to, to]);
+                    "rank 0 sends 2 input splits to rank 1 but rank 1 expects 1 from rank 0"
+                        .to_string()
+                }
+            };
+            if rank != 0 {
+                words = [1, 1, 4, 0, to, 0, 4, 0, from, 0];
+            }
+            write(plan.input(), &vec![1.5f32; plan.input().len()])?;
+            write(plan.output(), &vec![f32::NAN; plan.output().len()])?;
+            let meta = plan.device_meta().ok_or_else(|| {
+                anyhow::anyhow!("a device-metadata plan without its metadata buffer")
+            })?;
+            write(meta, &words)?;
+            plan.run()?;
+            expect_rejected(plan, &needle, "the corrupted device metadata was accepted")?;
+            plan.write_device_meta(&ring_cast(rank, world, 4))?;
+            plan.run()?;
+            plan.synchronize()?;
+            let out = read(plan.output())?;
+            anyhow::ensure!(
+                out[..4 * 16].iter().all(|&v| v == 1.5) && out[4 * 16..].iter().all(|v| v.is_nan()),
+                "the ring after the rejected layout moved the wrong rows"
+            );
+            Ok(())
         },
     )
 }

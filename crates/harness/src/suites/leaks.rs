@@ -16,6 +16,9 @@
 //! - fused_all_gather_plans: the fused AllGather + GEMM, copy-engine and communicator-CTA methods
 //!   in turn (shards, gathered A, chunk flags, side stream), a run of each every 25 cycles, and each cycle
 //!   a plan refused for a shard that is not whole tile rows.
+//! - fused_all_to_all_plans: the fused GEMM + All-to-All (its GEMM, the peer outputs sized by
+//!   the routing, row table and barriers), a run every 25 cycles, and each cycle a plan refused
+//!   for a routing of the wrong length.
 //! - nccl_communicators: a communicator made, used for an all-reduce, dropped.
 //! - collectives: weft-collectives' staging PGL, round flags and state, an all-reduce every 25
 //!   cycles, and each cycle a call refused for a short output and a set-up refused for its
@@ -26,7 +29,7 @@
 //!   plans of every kernel family load no other (`Cubin::load` keeps each module for the process:
 //!   per-plan loads and unloads lost device memory on H100 hosts' driver).
 //!
-//! `weft test` runs 200 GEMM, 300 grpcoll, 100 of each fused, 50 NCCL, 200 collectives and 100
+//! `weft test` runs 200 GEMM, 300 grpcoll, 100 of each fused (the four methods), 50 NCCL, 200 collectives and 100
 //! overlap-op cycles; `WEFT_LEAK_CYCLES=1000`
 //! sets every count (issue #26's figure). Not cycled: KernelBarrier, whose allocations (a
 //! 4-byte device counter and a pinned host page) are far below the 4 MiB this check resolves,
@@ -51,7 +54,8 @@ use rand::{Rng, SeedableRng};
 use weft_grpcoll::{GroupCast, GroupCastMeta, GroupReduce, Options, ReduceOp};
 use weft_pgl::nccl::{Communicator, ReduceOp as NcclOp};
 use weft_signal_gemm::fused::{
-    AllGatherMethod, AllReduceMethod, FusedAllGatherGemm, FusedAllReduce, FusedReduceScatter,
+    AllGatherMethod, AllReduceMethod, FusedAllGatherGemm, FusedAllReduce, FusedAllToAll,
+    FusedReduceScatter,
 };
 use weft_signal_gemm::{device_sms, Gemm, GemmOptions, GemmShape, KSplits, Scheduling};
 
@@ -69,6 +73,7 @@ pub fn cases() -> Vec<Case> {
         ),
         Case::gpu("leaks::fused_all_reduce_plans", fused_all_reduce_plans),
         Case::gpu("leaks::fused_all_gather_plans", fused_all_gather_plans),
+        Case::gpu("leaks::fused_all_to_all_plans", fused_all_to_all_plans),
         Case::gpu("leaks::nccl_communicators", nccl_communicators),
         Case::gpu("leaks::collectives", collectives),
         Case::gpu("leaks::overlap_ops", overlap_ops),
@@ -263,6 +268,43 @@ fn fused_reduce_scatter_plans(job: &mut Job) -> anyhow::Result<()> {
             "a fused ReduceScatter of 96 rows per rank",
             made.and_then(|op| op.free(&mut job.rdzv)),
             "whole multiple of 64",
+        )
+    })
+}
+
+fn fused_all_to_all_plans(job: &mut Job) -> anyhow::Result<()> {
+    let (ctx, stream) = gpu(job)?;
+    let world = job.world() as u32;
+    let sms = device_sms(&ctx)?;
+    let options = GemmOptions {
+        sm_margin: sms - max_ctas(job, &ctx)?.min(16),
+        ..GemmOptions::default()
+    };
+    let shape = GemmShape::new(128, 256, 64);
+    // Row i of every rank to rank i % world (every rank receives from every rank).
+    let routes: Vec<Vec<u32>> = (0..world)
+        .map(|_| (0..shape.m).map(|i| i % world).collect())
+        .collect();
+    let short: Vec<Vec<u32>> = routes.iter().map(|r| r[1..].to_vec()).collect();
+    let a = upload(&stream, &uniform::<bf16>(7, (shape.m * shape.k) as usize))?;
+    let b = upload(&stream, &uniform::<bf16>(8, (shape.k * shape.n) as usize))?;
+    flat_over(job, "fused All-to-All plan", cycles(100)?, |job, i| {
+        let mut op =
+            FusedAllToAll::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, options, &routes)?;
+        let ran = if i % 25 == 0 {
+            op.run(&stream, &a, &b)
+                .and_then(|()| op.synchronize(&stream))
+        } else {
+            Ok(())
+        };
+        let freed = op.free(&mut job.rdzv);
+        ran.and(freed)?;
+        // Every rank's routing one row short of M: refused on every rank alike.
+        let made = FusedAllToAll::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, options, &short);
+        refused(
+            "a fused All-to-All routing M - 1 rows",
+            made.and_then(|op| op.free(&mut job.rdzv)),
+            "routing has 127 rows, M is 128",
         )
     })
 }
