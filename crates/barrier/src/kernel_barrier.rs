@@ -21,6 +21,26 @@ use weft_sync::WaitBudget;
 
 /// A launch-ordering barrier on one GPU (RAII: the counter and the report are freed on drop, after
 /// the context has finished every kernel that may use them).
+///
+/// # Examples
+///
+/// ```no_run
+/// use cudarc::driver::CudaContext;
+/// use weft_barrier::KernelBarrier;
+/// # fn main() -> anyhow::Result<()> {
+/// let ctx = CudaContext::new(0)?;
+/// let (compute, comm) = (ctx.new_stream()?, ctx.new_stream()?);
+/// let mut bar = KernelBarrier::new(&ctx)?;
+/// let target = bar.expect(1)?; // one arrival this round
+/// bar.wait(&compute, target)?; // the compute stream's next kernels start once it has come
+/// // ... launch the compute kernels on `compute`, then on `comm` a communication kernel that
+/// // arrives on `bar.view()` once its blocks are resident (a grpcoll plan takes it through
+/// // `set_kernel_barrier`; your own kernel includes <weft/barrier/kernel_barrier.cuh>) ...
+/// compute.synchronize()?;
+/// comm.synchronize()?;
+/// bar.check()?; // a wait that gave up: an error naming the target and what had arrived
+/// # Ok(()) }
+/// ```
 pub struct KernelBarrier {
     ctx: Arc<CudaContext>,
     wait: CudaFunction,

@@ -21,6 +21,28 @@ use weft_sync::{Counters, WaitBudget};
 /// rank of the rendezvous. Every rank must make the same calls in the same order with the same
 /// lengths and element types (as with NCCL); a rank that does not is reported by the others'
 /// bounded waits ([`CollectiveError::Wait`] from [`Collectives::synchronize`] or `check`).
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use cudarc::driver::CudaContext;
+/// use weft_pgl::{gpu, rank_env::RankEnv, rendezvous::Rendezvous};
+/// # fn main() -> anyhow::Result<()> {
+/// // One process per GPU, started by `weft launch -n N --`, mpirun, srun or torchrun.
+/// let env = RankEnv::from_env()?;
+/// let mut rdzv = Rendezvous::connect(&env, Duration::from_secs(60))?;
+/// let ctx = CudaContext::new(gpu::device_for_rank(&env, CudaContext::device_count()? as usize)?)?;
+/// use weft_collectives::{Collectives, Options};
+/// let stream = ctx.new_stream()?;
+/// let mut coll = Collectives::new(&mut rdzv, &stream, Options::default())?;
+/// let input = stream.clone_htod(&vec![1.0f32; 4096])?;
+/// let mut sum = stream.alloc_zeros::<f32>(4096)?;
+/// coll.all_reduce(&input, &mut sum)?; // every element: the world size
+/// coll.synchronize()?;
+/// coll.free(&mut rdzv)?;
+/// # Ok(()) }
+/// ```
 pub struct Collectives {
     stream: Arc<CudaStream>,
     staging: Pgl<u8>,

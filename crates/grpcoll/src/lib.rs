@@ -230,6 +230,41 @@ group_collective!(GroupReduce);
 
 /// A GroupCast plan (collective). Any element type when the communication dtype is the data's
 /// (rows are copied as bytes); f32 / f64 data through a narrower communication dtype.
+///
+/// # Examples
+///
+/// A ring: every rank sends its 4 rows of 1024 f32 to the next rank.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use cudarc::driver::CudaContext;
+/// use weft_pgl::{gpu, rank_env::RankEnv, rendezvous::Rendezvous};
+/// # fn main() -> anyhow::Result<()> {
+/// // One process per GPU, started by `weft launch -n N --`, mpirun, srun or torchrun.
+/// let env = RankEnv::from_env()?;
+/// let mut rdzv = Rendezvous::connect(&env, Duration::from_secs(60))?;
+/// let ctx = CudaContext::new(gpu::device_for_rank(&env, CudaContext::device_count()? as usize)?)?;
+/// use weft_grpcoll::{GroupCast, GroupCastMeta, Options};
+/// let (rank, world) = (rdzv.rank(), rdzv.world());
+/// let meta = GroupCastMeta {
+///     input_rows: 4,
+///     input_split_rows: vec![4],
+///     dst_indices: vec![vec![(rank + 1) % world]], // input split 0 goes to the next rank
+///     output_rows: 4,
+///     output_split_rows: vec![4],
+///     src_index: vec![(rank + world - 1) % world], // output split 0 comes from the previous one
+/// };
+/// let stream = ctx.new_stream()?;
+/// // Collective: checks every rank's metadata against the others', allocates input and output.
+/// let mut cast = GroupCast::<f32>::new(&mut rdzv, &stream, &meta, 1024, Options::default())?;
+/// cast.input().copy_from_host(&vec![rank as f32; 4 * 1024])?;
+/// cast.run()?;
+/// cast.synchronize()?;
+/// let mut got = vec![0f32; 4 * 1024];
+/// cast.output().copy_to_host(&mut got)?; // the previous rank's rows
+/// cast.free(&mut rdzv)?;
+/// # Ok(()) }
+/// ```
 pub struct GroupCast<T: PglElement> {
     core: Core<T>,
 }

@@ -74,6 +74,28 @@ pub(crate) enum Peer {
     },
 }
 
+/// One buffer of a [`Shape`] on every rank, each peer's mapped into this process.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use cudarc::driver::CudaContext;
+/// use weft_pgl::{gpu, rank_env::RankEnv, rendezvous::Rendezvous};
+/// # fn main() -> anyhow::Result<()> {
+/// // One process per GPU, started by `weft launch -n N --`, mpirun, srun or torchrun.
+/// let env = RankEnv::from_env()?;
+/// let mut rdzv = Rendezvous::connect(&env, Duration::from_secs(60))?;
+/// let ctx = CudaContext::new(gpu::device_for_rank(&env, CudaContext::device_count()? as usize)?)?;
+/// use weft_pgl::{Backend, Pgl, Shape};
+/// // Collective: every rank allocates 1024 x 1024 f32 (zeroed) and maps every peer's buffer.
+/// let buf = Pgl::<f32>::alloc(&mut rdzv, &ctx, Shape::new(1, 1, 1024, 1024), Backend::default())?;
+/// let next = (rdzv.rank() + 1) % rdzv.world();
+/// let _peer_address = buf.peer_ptr(next); // a device address this rank's kernels may write
+/// let _view = buf.view(); // every rank's address, by value: a kernel argument (weft/abi/pgl.h)
+/// buf.free(&mut rdzv)?; // collective: no rank frees while a peer may still read
+/// # Ok(()) }
+/// ```
 pub struct Pgl<T: PglElement> {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) shape: Shape,

@@ -11,6 +11,31 @@ use weft_kernels::abi::{weft_sync_bound, weft_sync_counters};
 use weft_pgl::Bootstrap;
 use weft_pgl::{agree, Backend, Pgl, Shape};
 
+/// Signal counters on every rank, this rank's error slot and the waits' budget.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use cudarc::driver::CudaContext;
+/// use weft_pgl::{gpu, rank_env::RankEnv, rendezvous::Rendezvous};
+/// # fn main() -> anyhow::Result<()> {
+/// // One process per GPU, started by `weft launch -n N --`, mpirun, srun or torchrun.
+/// let env = RankEnv::from_env()?;
+/// let mut rdzv = Rendezvous::connect(&env, Duration::from_secs(60))?;
+/// let ctx = CudaContext::new(gpu::device_for_rank(&env, CudaContext::device_count()? as usize)?)?;
+/// use weft_pgl::Shape;
+/// use weft_sync::{sync_checked, Counters, WaitBudget};
+/// // Collective: one counter per rank, waits bounded by the default budget.
+/// let mut bar = Counters::alloc(&mut rdzv, &ctx, Shape::new(1, 1, 1, 1), WaitBudget::default_for(&ctx)?)?;
+/// let _target = bar.begin(1); // this launch's epoch base: targets grow, no memsets
+/// let _counters = bar.device()?; // the weft_sync_counters argument of your kernel
+/// let stream = ctx.new_stream()?;
+/// // ... launch a kernel that includes <weft/sync.cuh> and signals / waits on `_counters` ...
+/// sync_checked(&stream, &[bar.slot()])?; // a wait that gave up: an error naming what it waited for
+/// bar.free(&mut rdzv)?;
+/// # Ok(()) }
+/// ```
 pub struct Counters {
     pgl: Pgl<u64>,
     slot: ErrorSlot,

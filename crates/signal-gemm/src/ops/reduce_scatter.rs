@@ -65,6 +65,39 @@ enum Imp<TO: OpElement> {
 }
 
 /// One rank's GEMM + ReduceScatter for a fixed shape, GEMM options and world.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use cudarc::driver::CudaContext;
+/// use weft_pgl::{gpu, rank_env::RankEnv, rendezvous::Rendezvous};
+/// # fn main() -> anyhow::Result<()> {
+/// // One process per GPU, started by `weft launch -n N --`, mpirun, srun or torchrun.
+/// let env = RankEnv::from_env()?;
+/// let mut rdzv = Rendezvous::connect(&env, Duration::from_secs(60))?;
+/// let ctx = CudaContext::new(gpu::device_for_rank(&env, CudaContext::device_count()? as usize)?)?;
+/// use half::bf16;
+/// use weft_signal_gemm::ops::{GemmReduceScatter, MethodChoice, OverlapEnv};
+/// use weft_signal_gemm::{GemmOptions, GemmShape};
+/// // The ops order their own streams by events: cudarc's per-buffer tracking must be off.
+/// // SAFETY: this program uses its buffers on `stream` only and synchronises before reading.
+/// unsafe { ctx.disable_event_tracking() };
+/// let stream = ctx.new_stream()?;
+/// let shape = GemmShape::new(4096, 8192, 2048); // A m x k, B n x k (D = A · Bᵀ)
+/// let a = stream.alloc_zeros::<bf16>(4096 * 2048)?;
+/// let b = stream.alloc_zeros::<bf16>(8192 * 2048)?;
+/// // Collective: NCCL and the choice cache once per process, the op once per shape; `Auto`
+/// // measures the methods at first use and keeps the fastest.
+/// let mut env = OverlapEnv::new(&mut rdzv, &ctx)?;
+/// let mut op = GemmReduceScatter::<bf16>::plan(
+///     &mut rdzv, &mut env, &stream, shape, GemmOptions::default(), &MethodChoice::Auto, false,
+/// )?;
+/// op.launch(&stream, &a, &b)?; // this rank's m / world rows of the sum: op.output()
+/// op.synchronize()?;
+/// op.free(&mut rdzv)?;
+/// # Ok(()) }
+/// ```
 pub struct GemmReduceScatter<TO: OpElement> {
     shape: GemmShape,
     options: GemmOptions,
