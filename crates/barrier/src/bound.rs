@@ -2,6 +2,7 @@
 //! at the device's maximum clock by weft-sync's [`WaitBudget`](weft_sync::WaitBudget) (so it lasts
 //! at least that long; longer at lower clocks).
 
+use crate::error::BarrierError;
 use std::time::Duration;
 
 /// The variable that overrides the default bound, in milliseconds.
@@ -11,8 +12,11 @@ pub const TIMEOUT_VAR: &str = "WEFT_BARRIER_TIMEOUT_MS";
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// [`TIMEOUT_VAR`] when set, else [`DEFAULT_TIMEOUT`].
-pub fn default_timeout() -> anyhow::Result<Duration> {
-    weft_sync::budget::timeout_from_env(TIMEOUT_VAR, DEFAULT_TIMEOUT)
+pub fn default_timeout() -> Result<Duration, BarrierError> {
+    Ok(weft_sync::budget::timeout_from_env(
+        TIMEOUT_VAR,
+        DEFAULT_TIMEOUT,
+    )?)
 }
 
 #[cfg(test)]
@@ -21,7 +25,7 @@ mod tests {
     use weft_sync::budget::timeout_from_text;
     use weft_sync::WaitBudget;
 
-    fn timeout_from(text: Option<&str>) -> anyhow::Result<Duration> {
+    fn timeout_from(text: Option<&str>) -> Result<Duration, weft_sync::SyncError> {
         timeout_from_text(TIMEOUT_VAR, text, DEFAULT_TIMEOUT)
     }
 

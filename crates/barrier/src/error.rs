@@ -42,8 +42,11 @@ pub enum BarrierError {
         #[source]
         source: DriverError,
     },
-    /// Loading the wait kernel, the SM clock query, or the bound's configuration
-    /// (`WEFT_BARRIER_TIMEOUT_MS`).
+    /// The SM clock query, or the bound's setting (`WEFT_BARRIER_TIMEOUT_MS`: `SyncError::Setting`
+    /// names the variable, its text and why it is refused).
+    #[error(transparent)]
+    Sync(#[from] weft_sync::SyncError),
+    /// Loading the wait kernel.
     #[error(transparent)]
     Setup(#[from] anyhow::Error),
 }

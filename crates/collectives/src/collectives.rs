@@ -142,7 +142,7 @@ impl Collectives {
         let budget = agree(
             rdzv,
             "collectives wait budget",
-            WaitBudget::default_for(&ctx),
+            WaitBudget::default_for(&ctx).map_err(anyhow::Error::new),
         )?;
         let flags = Counters::alloc(
             rdzv,

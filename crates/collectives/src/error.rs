@@ -54,7 +54,7 @@ impl From<weft_sync::SyncError> for CollectiveError {
     fn from(e: weft_sync::SyncError) -> Self {
         match e {
             e @ weft_sync::SyncError::Device { .. } => CollectiveError::Wait(e),
-            e @ weft_sync::SyncError::Driver(_) => CollectiveError::Runtime(anyhow::Error::new(e)),
+            e => CollectiveError::Runtime(anyhow::Error::new(e)),
         }
     }
 }

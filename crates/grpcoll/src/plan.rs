@@ -763,7 +763,7 @@ impl<T: PglElement> Core<T> {
         if let Some(dm) = self.device {
             dm.meta.free(rdzv)?;
         }
-        self.counters.free(rdzv)
+        Ok(self.counters.free(rdzv)?)
     }
 }
 

@@ -4,7 +4,7 @@
 //! The SM clock never exceeds its maximum, so a budget of `d` at the maximum clock lasts at least
 //! `d` of wall time; it lasts longer when the SM runs slower (idle or throttled clocks).
 
-use anyhow::Context;
+use crate::error::SyncError;
 use cudarc::driver::{sys, CudaContext};
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,12 +37,12 @@ impl WaitBudget {
     }
 
     /// `d` on `ctx`'s device.
-    pub fn for_device(ctx: &Arc<CudaContext>, d: Duration) -> anyhow::Result<Self> {
+    pub fn for_device(ctx: &Arc<CudaContext>, d: Duration) -> Result<Self, SyncError> {
         Ok(Self::from_duration(d, sm_clock_khz(ctx)?))
     }
 
     /// The default bound ([`TIMEOUT_VAR`] or [`DEFAULT_TIMEOUT`]) on `ctx`'s device.
-    pub fn default_for(ctx: &Arc<CudaContext>) -> anyhow::Result<Self> {
+    pub fn default_for(ctx: &Arc<CudaContext>) -> Result<Self, SyncError> {
         Self::for_device(ctx, default_timeout()?)
     }
 
@@ -56,13 +56,13 @@ impl WaitBudget {
 }
 
 /// [`TIMEOUT_VAR`] when set, else [`DEFAULT_TIMEOUT`].
-pub fn default_timeout() -> anyhow::Result<Duration> {
+pub fn default_timeout() -> Result<Duration, SyncError> {
     timeout_from_env(TIMEOUT_VAR, DEFAULT_TIMEOUT)
 }
 
 /// A wait bound from environment variable `var` (whole milliseconds, 1 to one hour), else
 /// `default`. Shared by every crate whose device waits have their own variable.
-pub fn timeout_from_env(var: &str, default: Duration) -> anyhow::Result<Duration> {
+pub fn timeout_from_env(var: &str, default: Duration) -> Result<Duration, SyncError> {
     timeout_from_text(var, std::env::var(var).ok().as_deref(), default)
 }
 
@@ -71,26 +71,39 @@ pub fn timeout_from_text(
     var: &str,
     text: Option<&str>,
     default: Duration,
-) -> anyhow::Result<Duration> {
+) -> Result<Duration, SyncError> {
     let Some(text) = text else {
         return Ok(default);
+    };
+    let refused = |reason: &str| SyncError::Setting {
+        var: var.to_string(),
+        value: text.to_string(),
+        reason: reason.to_string(),
     };
     let ms: u64 = text
         .trim()
         .parse()
-        .with_context(|| format!("{var}={text:?} is not a whole number of milliseconds"))?;
-    anyhow::ensure!(ms > 0, "{var}=0: a wait needs a positive bound");
+        .map_err(|_| refused("not a whole number of milliseconds"))?;
+    if ms == 0 {
+        return Err(refused("a wait needs a positive bound"));
+    }
     // A bound of hours is no bound: a lost signal must surface while someone is watching.
-    anyhow::ensure!(ms <= 3_600_000, "{var}={ms}: at most 3600000 (one hour)");
+    if ms > 3_600_000 {
+        return Err(refused("at most 3600000 (one hour)"));
+    }
     Ok(Duration::from_millis(ms))
 }
 
 /// The device's maximum SM clock in kHz (CU_DEVICE_ATTRIBUTE_CLOCK_RATE).
-pub fn sm_clock_khz(ctx: &Arc<CudaContext>) -> anyhow::Result<u32> {
+pub fn sm_clock_khz(ctx: &Arc<CudaContext>) -> Result<u32, SyncError> {
     let khz = ctx
         .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)
-        .context("reading the SM clock rate")?;
-    anyhow::ensure!(khz > 0, "the device reports an SM clock of {khz} kHz");
+        .map_err(SyncError::setup("reading the SM clock rate"))?;
+    if khz <= 0 {
+        return Err(SyncError::setup("reading the SM clock rate")(format!(
+            "the device reports an SM clock of {khz} kHz"
+        )));
+    }
     Ok(khz as u32)
 }
 
@@ -98,7 +111,7 @@ pub fn sm_clock_khz(ctx: &Arc<CudaContext>) -> anyhow::Result<u32> {
 mod tests {
     use super::*;
 
-    fn timeout_from(text: Option<&str>) -> anyhow::Result<Duration> {
+    fn timeout_from(text: Option<&str>) -> Result<Duration, SyncError> {
         timeout_from_text(TIMEOUT_VAR, text, DEFAULT_TIMEOUT)
     }
 
@@ -147,5 +160,26 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("WEFT_SYNC_TIMEOUT_MS=\"1s\""));
+    }
+
+    #[test]
+    fn a_refused_setting_is_typed() {
+        for (text, reason) in [
+            ("0", "positive"),
+            ("1s", "whole number"),
+            ("3600001", "one hour"),
+        ] {
+            match timeout_from(Some(text)) {
+                Err(SyncError::Setting {
+                    var,
+                    value,
+                    reason: why,
+                }) => {
+                    assert_eq!((var.as_str(), value.as_str()), (TIMEOUT_VAR, text));
+                    assert!(why.contains(reason), "{text}: {why}");
+                }
+                other => panic!("{text}: expected SyncError::Setting, got {other:?}"),
+            }
+        }
     }
 }

@@ -3,8 +3,8 @@
 
 use crate::budget::WaitBudget;
 use crate::epoch::Epoch;
+use crate::error::SyncError;
 use crate::error_slot::ErrorSlot;
-use anyhow::Context;
 use cudarc::driver::{result, CudaContext, CudaStream};
 use std::sync::Arc;
 use weft_kernels::abi::{weft_sync_bound, weft_sync_counters};
@@ -51,10 +51,15 @@ impl Counters {
         ctx: &Arc<CudaContext>,
         shape: Shape,
         budget: WaitBudget,
-    ) -> anyhow::Result<Self> {
-        let slot = agree(rdzv, "sync error slot", ErrorSlot::new(ctx))?;
-        let pgl =
-            Pgl::alloc(rdzv, ctx, shape, Backend::default()).context("allocating sync counters")?;
+    ) -> Result<Self, SyncError> {
+        let slot = agree(
+            rdzv,
+            "sync error slot",
+            ErrorSlot::new(ctx).map_err(anyhow::Error::new),
+        )
+        .map_err(SyncError::setup("making every rank's sync error slot"))?;
+        let pgl = Pgl::alloc(rdzv, ctx, shape, Backend::default())
+            .map_err(SyncError::setup("allocating sync counters"))?;
         Ok(Self {
             pgl,
             slot,
@@ -64,7 +69,7 @@ impl Counters {
     }
 
     /// The kernel argument: the counters' view and the bound of their waits.
-    pub fn device(&self) -> anyhow::Result<weft_sync_counters> {
+    pub fn device(&self) -> Result<weft_sync_counters, SyncError> {
         Ok(weft_sync_counters {
             view: self.pgl.view(),
             bound: weft_sync_bound {
@@ -112,12 +117,15 @@ impl Counters {
         &mut self,
         rdzv: &mut dyn Bootstrap,
         stream: &Arc<CudaStream>,
-    ) -> anyhow::Result<()> {
-        agree(
+    ) -> Result<(), SyncError> {
+        let drained = agree(
             rdzv,
             "sync counters reset (drain)",
             stream.synchronize().map_err(anyhow::Error::from),
-        )?;
+        );
+        drained.map_err(SyncError::setup(
+            "draining every rank before a counters reset",
+        ))?;
         let zeroed = (|| -> anyhow::Result<()> {
             stream.context().bind_to_thread()?;
             let bytes = self.pgl.len() * std::mem::size_of::<u64>();
@@ -126,14 +134,17 @@ impl Counters {
             stream.synchronize()?;
             Ok(())
         })();
-        agree(rdzv, "sync counters reset (zero)", zeroed)?;
+        agree(rdzv, "sync counters reset (zero)", zeroed)
+            .map_err(SyncError::setup("zeroing the counters on every rank"))?;
         self.epoch.reset();
         self.slot.clear();
         Ok(())
     }
 
     /// Collective: frees the counters on every rank.
-    pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
-        self.pgl.free(rdzv)
+    pub fn free(self, rdzv: &mut dyn Bootstrap) -> Result<(), SyncError> {
+        self.pgl
+            .free(rdzv)
+            .map_err(SyncError::setup("freeing the sync counters"))
     }
 }

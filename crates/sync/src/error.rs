@@ -122,14 +122,42 @@ pub enum SyncError {
     /// `{:#}` prints it after this text).
     #[error("a sync kernel failed and recorded nothing in its error slot")]
     Driver(#[source] DriverError),
+    /// A wait bound's setting that is not one: the variable, its text and why.
+    #[error("{var}={value:?}: {reason}")]
+    Setting {
+        var: String,
+        value: String,
+        reason: String,
+    },
+    /// Setting up counters, an error slot, a kernel or a result struct failed (the driver, an
+    /// allocation, agreement between ranks): what was being done, the cause as the source
+    /// (`{:#}` prints it after this text).
+    #[error("{what}")]
+    Setup {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
 }
 
 impl SyncError {
-    /// The recorded failures (none for a driver error).
+    /// The recorded failures (none for the other kinds).
     pub fn failures(&self) -> &[DeviceFailure] {
         match self {
             Self::Device { failures, .. } => failures,
-            Self::Driver(_) => &[],
+            Self::Driver(_) | Self::Setting { .. } | Self::Setup { .. } => &[],
+        }
+    }
+
+    /// A `Setup` error: `what` failed because of `source`.
+    pub(crate) fn setup<E>(what: impl Into<String>) -> impl FnOnce(E) -> Self
+    where
+        E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    {
+        let what = what.into();
+        move |source| Self::Setup {
+            what,
+            source: source.into(),
         }
     }
 }

@@ -3,7 +3,7 @@
 //! process can use it), which stays readable after the trap has ended the kernel's context.
 
 use crate::error::{DeviceFailure, KernelEnd, SyncError};
-use anyhow::Context;
+
 use cudarc::driver::{result, sys, CudaContext};
 use std::sync::Arc;
 use weft_kernels::abi::{self, weft_error_slot};
@@ -23,14 +23,17 @@ unsafe impl Sync for ErrorSlot {}
 impl ErrorSlot {
     /// Allocates a cleared slot with `ctx` current (cuMemHostAlloc, PORTABLE | DEVICEMAP). Use the
     /// rank's long-lived context: the slot must outlive any throwaway context that traps on it.
-    pub fn new(ctx: &Arc<CudaContext>) -> anyhow::Result<Self> {
-        ctx.bind_to_thread()?;
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self, SyncError> {
+        ctx.bind_to_thread().map_err(SyncError::setup(
+            "binding the context for the sync error slot",
+        ))?;
         let clock_khz = crate::budget::sm_clock_khz(ctx)?;
         let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
         // SAFETY: a fresh allocation of the struct's size; cleared below before any use.
         let host = unsafe { result::malloc_host(std::mem::size_of::<weft_error_slot>(), flags) }
-            .context("allocating the sync error slot (cuMemHostAlloc, portable + device-mapped)")?
-            as *mut weft_error_slot;
+            .map_err(SyncError::setup(
+                "allocating the sync error slot (cuMemHostAlloc, portable + device-mapped)",
+            ))? as *mut weft_error_slot;
         let slot = Self {
             host,
             ctx: ctx.clone(),
@@ -41,13 +44,17 @@ impl ErrorSlot {
     }
 
     /// The slot's device address as seen by kernels of `ctx` (any context of this process).
-    pub fn device_ptr(&self, ctx: &Arc<CudaContext>) -> anyhow::Result<u64> {
-        ctx.bind_to_thread()?;
+    pub fn device_ptr(&self, ctx: &Arc<CudaContext>) -> Result<u64, SyncError> {
+        ctx.bind_to_thread().map_err(SyncError::setup(
+            "binding the context for the sync error slot",
+        ))?;
         let mut dptr: sys::CUdeviceptr = 0;
         // SAFETY: `host` came from cuMemHostAlloc with DEVICEMAP; flags must be 0.
         unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, self.host as *mut _, 0) }
             .result()
-            .context("cuMemHostGetDevicePointer on the sync error slot")?;
+            .map_err(SyncError::setup(
+                "cuMemHostGetDevicePointer on the sync error slot",
+            ))?;
         Ok(dptr)
     }
 

@@ -3,7 +3,7 @@
 
 use crate::error::{DeviceFailure, KernelEnd, SyncError};
 use crate::error_slot::ErrorSlot;
-use anyhow::Context;
+
 use cudarc::driver::{
     sys, CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError,
 };
@@ -12,13 +12,14 @@ use std::sync::Arc;
 use weft_kernels::Cubin;
 
 /// Loads `name` from `cubin` into `ctx`.
-pub fn load(ctx: &Arc<CudaContext>, cubin: &Cubin, name: &str) -> anyhow::Result<CudaFunction> {
+pub fn load(ctx: &Arc<CudaContext>, cubin: &Cubin, name: &str) -> Result<CudaFunction, SyncError> {
     let module = cubin
         .load(ctx)
-        .with_context(|| format!("loading {}", cubin.source))?;
-    module
-        .load_function(name)
-        .with_context(|| format!("{} has no kernel {name}", cubin.source))
+        .map_err(SyncError::setup(format!("loading {}", cubin.source)))?;
+    module.load_function(name).map_err(SyncError::setup(format!(
+        "{} has no kernel {name}",
+        cubin.source
+    )))
 }
 
 /// The launch attribute (for `cuLaunchKernelEx`) of programmatic dependent launch: the kernel may
@@ -68,9 +69,11 @@ pub struct DeviceStruct<T: Copy> {
 }
 
 impl<T: Copy> DeviceStruct<T> {
-    pub fn zeroed(stream: &Arc<CudaStream>) -> anyhow::Result<Self> {
+    pub fn zeroed(stream: &Arc<CudaStream>) -> Result<Self, SyncError> {
         Ok(Self {
-            buf: stream.alloc_zeros::<u8>(std::mem::size_of::<T>())?,
+            buf: stream
+                .alloc_zeros::<u8>(std::mem::size_of::<T>())
+                .map_err(SyncError::setup("allocating a kernel's result struct"))?,
             _t: PhantomData,
         })
     }
@@ -81,9 +84,19 @@ impl<T: Copy> DeviceStruct<T> {
     }
 
     /// Copies the struct back (synchronous on `stream`).
-    pub fn read(&self, stream: &Arc<CudaStream>) -> anyhow::Result<T> {
-        let bytes = stream.clone_dtoh(&self.buf)?;
-        anyhow::ensure!(bytes.len() == std::mem::size_of::<T>());
+    pub fn read(&self, stream: &Arc<CudaStream>) -> Result<T, SyncError> {
+        let bytes = stream
+            .clone_dtoh(&self.buf)
+            .map_err(SyncError::setup("copying a kernel's result struct back"))?;
+        if bytes.len() != std::mem::size_of::<T>() {
+            return Err(SyncError::setup("copying a kernel's result struct back")(
+                format!(
+                    "{} bytes came back for a struct of {}",
+                    bytes.len(),
+                    std::mem::size_of::<T>()
+                ),
+            ));
+        }
         // SAFETY: T is a bindgen plain-old-data struct (every bit pattern valid) of exactly these bytes.
         Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const T) })
     }

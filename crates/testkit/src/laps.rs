@@ -79,7 +79,7 @@ impl Laps {
         let func = agree(
             rdzv,
             "loading the sync laps kernel",
-            load(ctx, &cubins::SYNC_LAPS, "weft_sync_laps"),
+            load(ctx, &cubins::SYNC_LAPS, "weft_sync_laps").map_err(anyhow::Error::new),
         )?;
         let barrier = Counters::alloc(rdzv, ctx, Shape::new(1, 1, 1, blocks), budget)?;
         let seen = Pgl::alloc(
@@ -174,7 +174,7 @@ impl Laps {
     /// Collective.
     pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         self.seen.free(rdzv)?;
-        self.barrier.free(rdzv)
+        Ok(self.barrier.free(rdzv)?)
     }
 }
 

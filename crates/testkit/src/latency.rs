@@ -110,13 +110,14 @@ impl Latency {
         ctx: &Arc<CudaContext>,
         budget: WaitBudget,
     ) -> anyhow::Result<Self> {
-        let loaded = load(ctx, &cubins::SYNC_LATENCY, "weft_sync_latency").and_then(|f| {
+        let loaded = (|| -> anyhow::Result<_> {
+            let f = load(ctx, &cubins::SYNC_LATENCY, "weft_sync_latency")?;
             f.set_attribute(
                 sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 INTER_SM_SMEM as i32,
             )?;
             Ok(f)
-        });
+        })();
         let func = agree(rdzv, "loading the sync latency kernel", loaded)?;
         let counters = Counters::alloc(rdzv, ctx, Shape::new(1, 1, 1, 2), budget)?;
         Ok(Self { counters, func })
@@ -174,7 +175,7 @@ impl Latency {
 
     /// Collective.
     pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
-        self.counters.free(rdzv)
+        Ok(self.counters.free(rdzv)?)
     }
 }
 

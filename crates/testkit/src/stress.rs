@@ -149,7 +149,7 @@ impl Stress {
         let func = agree(
             rdzv,
             "loading the sync stress kernel",
-            load(ctx, &cubins::SYNC_STRESS, "weft_sync_stress"),
+            load(ctx, &cubins::SYNC_STRESS, "weft_sync_stress").map_err(anyhow::Error::new),
         )?;
         let data = Pgl::alloc(
             rdzv,
@@ -179,7 +179,7 @@ impl Stress {
         rdzv: &mut dyn Bootstrap,
         stream: &Arc<CudaStream>,
     ) -> anyhow::Result<()> {
-        self.counters.reset(rdzv, stream)
+        Ok(self.counters.reset(rdzv, stream)?)
     }
 
     /// Enqueues `rounds` rounds continuing from the previous launch (no memset, no host barrier).
@@ -295,7 +295,7 @@ impl Stress {
     /// Collective.
     pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         self.data.free(rdzv)?;
-        self.counters.free(rdzv)
+        Ok(self.counters.free(rdzv)?)
     }
 }
 

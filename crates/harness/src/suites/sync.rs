@@ -304,7 +304,7 @@ struct ChildReport {
 }
 
 /// The child's host error as its type says it: the recorded failures' kinds and how the kernel
-/// ended ("[Timeout] stopped"), "driver" or "none" — what a caller can match on.
+/// ended ("[Timeout] stopped"), "driver", "setting", "setup" or "none" — what a caller can match on.
 fn typed_summary(error: &Option<weft_sync::SyncError>) -> String {
     use weft_sync::{KernelEnd, SyncError};
     match error {
@@ -318,6 +318,8 @@ fn typed_summary(error: &Option<weft_sync::SyncError>) -> String {
             }
         ),
         Some(SyncError::Driver(_)) => "driver".into(),
+        Some(SyncError::Setting { .. }) => "setting".into(),
+        Some(SyncError::Setup { .. }) => "setup".into(),
         None => "none".into(),
     }
 }

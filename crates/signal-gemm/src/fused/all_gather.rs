@@ -170,7 +170,9 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
                 match made {
                     Ok(g) => Some(g),
                     Err(e) => {
-                        let held = shard.free(rdzv).and(bar.free(rdzv));
+                        let held = shard
+                            .free(rdzv)
+                            .and(bar.free(rdzv).map_err(anyhow::Error::new));
                         return Err(with_failed_free(e, held));
                     }
                 }
@@ -448,7 +450,7 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
     /// Collective: frees the shards, counters and chunk flags on every rank.
     pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         let shard = self.shard.free(rdzv);
-        let bar = self.bar.free(rdzv);
+        let bar = self.bar.free(rdzv).map_err(anyhow::Error::new);
         let flags = self.gathered.map_or(Ok(()), |g| g.chunk_flags.free(rdzv));
         shard.and(bar).and(flags)
     }

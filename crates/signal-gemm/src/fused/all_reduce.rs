@@ -349,7 +349,7 @@ impl FusedAllReduce {
             self.partial.free(rdzv),
             self.out.free(rdzv),
             self.flags.free(rdzv),
-            self.bar.free(rdzv),
+            self.bar.free(rdzv).map_err(anyhow::Error::new),
         ];
         results
             .into_iter()

@@ -319,7 +319,7 @@ impl<T: GemmElement + PglElement> FusedAllToAll<T> {
     /// Collective: frees the outputs and counters on every rank.
     pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         let out = self.out.free(rdzv);
-        let bar = self.bar.free(rdzv);
+        let bar = self.bar.free(rdzv).map_err(anyhow::Error::new);
         out.and(bar)
     }
 }

@@ -95,9 +95,9 @@ pub(crate) fn peer_barrier_counters(
     let budget = agree(
         rdzv,
         &format!("{what} barrier budget"),
-        WaitBudget::default_for(ctx),
+        WaitBudget::default_for(ctx).map_err(anyhow::Error::new),
     )?;
-    Counters::alloc(rdzv, ctx, Shape::new(1, 1, 2, 1), budget)
+    Ok(Counters::alloc(rdzv, ctx, Shape::new(1, 1, 2, 1), budget)?)
 }
 
 /// `e`, with the failure of the collective free that followed it (`freed`), if any.
