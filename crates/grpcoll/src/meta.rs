@@ -5,7 +5,7 @@
 //! rank d is the k-th output split (in index order) of rank d that lists r as a source.
 
 use crate::error::GrpcollError;
-use anyhow::bail;
+use anyhow::{bail, Context};
 
 /// GroupCast metadata of one rank: input split i (`input_split_rows[i]` rows, consecutive from
 /// row 0) goes to every rank in `dst_indices[i]` (possibly none); output split j
@@ -64,7 +64,7 @@ impl Kind {
 
 /// Either kind as one shape: the peers of each input split (destinations) and of each output
 /// split (sources).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Desc {
     pub input_rows: usize,
     pub input_split_rows: Vec<usize>,
@@ -359,6 +359,17 @@ fn offsets(splits: &[usize]) -> Vec<usize> {
             at - s
         })
         .collect()
+}
+
+/// Every rank's metadata as this rank decoded it, each checked as [`validate_local`] checked it
+/// on its own rank: a payload is not trusted to have passed that check (its sizes feed this
+/// rank's offsets and buffer sizes). The error names the first rank that fails.
+pub(crate) fn validate_all(kind: Kind, descs: &[Desc]) -> anyhow::Result<()> {
+    for (r, d) in descs.iter().enumerate() {
+        validate_local(kind, d, descs.len())
+            .with_context(|| format!("{}: rank {r}'s metadata as received", kind.name()))?;
+    }
+    Ok(())
 }
 
 /// Matches every rank's sends with every rank's receives (the rule in the module docs). Every
@@ -673,6 +684,121 @@ mod tests {
                     }
                 }
             }
+        }
+
+        /// Every rank's metadata (world 1 to 4), any of it hostile.
+        fn world_descs() -> impl Strategy<Value = Vec<Desc>> {
+            (1usize..5).prop_flat_map(|world| {
+                prop::collection::vec((side(world), side(world)), world).prop_map(|sides| {
+                    sides
+                        .into_iter()
+                        .map(|(i, o)| Desc {
+                            input_rows: i.0,
+                            input_split_rows: i.1,
+                            input_peers: i.2,
+                            output_rows: o.0,
+                            output_split_rows: o.1,
+                            output_peers: o.2,
+                        })
+                        .collect()
+                })
+            })
+        }
+
+        /// Every rank's metadata built from blocks (source, destination, rows) so that every
+        /// pair matches by the rule — only the row counts can be hostile (near usize::MAX, each
+        /// side's rows the splits' wrapping sum): what passes matching unless the sizes are
+        /// checked.
+        fn matched_world() -> impl Strategy<Value = Vec<Desc>> {
+            (1usize..5).prop_flat_map(|world| {
+                prop::collection::vec((0..world, 0..world, rows()), 0..8).prop_map(move |blocks| {
+                    (0..world)
+                        .map(|r| {
+                            let mut d = Desc::default();
+                            for &(src, dst, rows) in &blocks {
+                                if src == r {
+                                    d.input_split_rows.push(rows);
+                                    d.input_peers.push(vec![dst]);
+                                }
+                                if dst == r {
+                                    d.output_split_rows.push(rows);
+                                    d.output_peers.push(vec![src]);
+                                }
+                            }
+                            let wrapped =
+                                |v: &[usize]| v.iter().fold(0usize, |a, &x| a.wrapping_add(x));
+                            d.input_rows = wrapped(&d.input_split_rows);
+                            d.output_rows = wrapped(&d.output_split_rows);
+                            d
+                        })
+                        .collect()
+                })
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(4096))]
+            /// What a plan does with the ranks' all-gathered metadata — decode, `validate_all`,
+            /// `match_global` — never panics on hostile payloads, and whatever it accepts moves
+            /// rows only within each source's input and each destination's output (sums in
+            /// u128, independent of the code under test), each within u32.
+            #[test]
+            fn received_metadata_moves_rows_only_within_the_tensors(
+                descs in prop_oneof![world_descs(), matched_world()],
+                reduce in any::<bool>(),
+                cut in any::<prop::sample::Index>(),
+            ) {
+                let kind = if reduce { Kind::Reduce } else { Kind::Cast };
+                let h = Header {
+                    kind: kind as u64,
+                    dtype: 7,
+                    comm_dtype: 7,
+                    row_elems: [128, 0, 0],
+                    op: 0,
+                    lse_per_row: 0,
+                    accumulate: 0,
+                    sms: 24,
+                    device_splits: 0,
+                };
+                // A payload cut short anywhere is refused, never a panic.
+                let bytes = encode(&h, &descs[0]);
+                let _ = decode(&bytes[..cut.index(bytes.len() + 1)]);
+                let decoded: Vec<Desc> = descs
+                    .iter()
+                    .map(|d| decode(&encode(&h, d)).map(|(_, d)| d))
+                    .collect::<anyhow::Result<_>>()
+                    .expect("a whole payload decodes");
+                prop_assert_eq!(&decoded, &descs);
+                let Ok(()) = validate_all(kind, &decoded) else { return Ok(()) };
+                let Ok(transfers) = match_global(kind, &decoded) else { return Ok(()) };
+                for t in transfers {
+                    let (src, dst) = (&decoded[t.src], &decoded[t.dst]);
+                    prop_assert!(t.src_row as u128 + t.rows as u128 <= src.input_rows as u128);
+                    prop_assert!(t.dst_row as u128 + t.rows as u128 <= dst.output_rows as u128);
+                    prop_assert!(src.input_rows <= u32::MAX as usize);
+                    prop_assert!(dst.output_rows <= u32::MAX as usize);
+                    let before: u128 = src.input_split_rows[..t.src_split].iter().map(|&r| r as u128).sum();
+                    prop_assert_eq!(before, t.src_row as u128);
+                    let before: u128 = dst.output_split_rows[..t.dst_split].iter().map(|&r| r as u128).sum();
+                    prop_assert_eq!(before, t.dst_row as u128);
+                }
+            }
+        }
+
+        #[test]
+        fn a_peers_unchecked_metadata_is_refused_naming_it() {
+            // Rank 1 claims 4 input rows made of two splits whose sum wraps: it never passed its
+            // own check, and this rank's check of what it received names it.
+            let d0 = cast(vec![4], vec![vec![1]], vec![4], vec![1]);
+            let mut d1 = cast(vec![4], vec![vec![0]], vec![4], vec![0]);
+            d1.input_split_rows = vec![usize::MAX - 3, 8];
+            d1.input_peers = vec![vec![0], vec![0]];
+            let e = validate_all(Kind::Cast, &[d0, d1]).unwrap_err();
+            let text = format!("{e:#}");
+            assert!(
+                text.contains("rank 1's metadata as received") && text.contains("sum past"),
+                "{text}"
+            );
         }
 
         #[test]
