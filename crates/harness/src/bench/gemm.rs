@@ -247,8 +247,21 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         g.stream.alloc_zeros::<u8>(FLUSH_BYTES)?
     };
     let mut measured = Vec::new();
-    for case in &cases {
+    for (i, case) in cases.iter().enumerate() {
         use half::f16;
+        super::progress(
+            job.rank(),
+            "gemm",
+            &format!(
+                "{}/{} {} {}→{}, sm_margin {}",
+                i + 1,
+                cases.len(),
+                case.shape,
+                case.options.input,
+                case.options.output,
+                case.options.sm_margin
+            ),
+        );
         let m = match (case.options.input, case.options.output) {
             (Dtype::Bf16, Dtype::Bf16) => measure::<bf16, bf16>(job, case, quick, &mut flush)?,
             (Dtype::Bf16, Dtype::F32) => measure::<bf16, f32>(job, case, quick, &mut flush)?,

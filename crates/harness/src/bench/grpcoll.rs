@@ -115,6 +115,21 @@ fn measure<T: PglElement>(
     reduce: bool,
 ) -> anyhow::Result<Case> {
     let (rank, world) = (job.rank(), job.world());
+    super::progress(
+        rank,
+        "grpcoll",
+        &format!(
+            "{} {} {}{} {}x{}",
+            s.workload.0,
+            if reduce { "reduce" } else { "cast" },
+            T::DTYPE.name(),
+            s.comm
+                .map(|c| format!(" via {}", c.name()))
+                .unwrap_or_default(),
+            s.tokens,
+            s.hidden
+        ),
+    );
     let opts = Options {
         comm_dtype: s.comm,
         sms: sms_override()?,

@@ -123,6 +123,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
     // The communication stream at default priority (the diagnostics' other stream).
     let normal = ctx.new_stream()?;
     for shape in super::grid::large_shapes(quick) {
+        super::progress(job.rank(), "interference", &format!("{shape}"));
         let GemmShape { m, n, k } = shape;
         let (mu, nu, ku) = (m as usize, n as usize, k as usize);
         let a = upload(

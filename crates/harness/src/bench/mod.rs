@@ -430,3 +430,12 @@ mod tests {
         }
     }
 }
+
+/// A suite's progress: a new step for this rank's watchdog (the bench bound counts per step) and,
+/// on rank 0, a line on stderr (`weft bench <suite>: <text>`) as the suite reaches each part.
+pub(crate) fn progress(rank: usize, suite: &str, text: &str) {
+    crate::watchdog::step(&format!("bench {suite}: {text}"));
+    if rank == 0 {
+        eprintln!("weft bench {suite}: {text}");
+    }
+}

@@ -169,6 +169,7 @@ pub fn run(job: &mut Job, quick: bool, sweep: &Sweep) -> anyhow::Result<SuiteRes
         let send = random_buffer(stream, max_elems, 1 + rank as u64)?;
         let mut recv = random_buffer(stream, max_elems, 1000 + rank as u64)?;
         for op in OPS {
+            super::progress(rank, "nccl", op.name());
             let mut last = None;
             for &bytes in &sizes {
                 let (s, r) = op.counts(bytes, world);

@@ -310,10 +310,7 @@ struct Measured {
 
 /// Rank 0's progress line on stderr; on every rank, a new step for the watchdog.
 fn progress(job: &Job, text: &str) {
-    crate::watchdog::step(&format!("bench step {text}"));
-    if job.rank() == 0 {
-        eprintln!("weft bench: {text}");
-    }
+    super::progress(job.rank(), "overlap", text);
 }
 
 pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {

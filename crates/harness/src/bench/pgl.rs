@@ -571,6 +571,15 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             vec![0]
         };
         for &blocks in &configs {
+            super::progress(
+                job.rank(),
+                "pgl",
+                &if method.is_kernel() {
+                    format!("{} on {blocks} SMs", method.name())
+                } else {
+                    method.name().to_string()
+                },
+            );
             for &bytes in &sizes {
                 let (warmup, iters) = repetitions(bytes, quick);
                 job.rdzv.barrier()?;
