@@ -48,8 +48,9 @@ pub enum CollectiveError {
     Runtime(#[from] anyhow::Error),
 }
 
-/// A synchronisation's error: recorded waits are `Wait`, a driver error with nothing recorded is
-/// `Runtime` (still a `SyncError` inside: `downcast_ref`).
+/// weft-sync's error: recorded waits are `Wait`; a driver error with nothing recorded, a wait
+/// bound's setting or a set-up that failed is `Runtime` (still a `SyncError` inside:
+/// `downcast_ref`).
 impl From<weft_sync::SyncError> for CollectiveError {
     fn from(e: weft_sync::SyncError) -> Self {
         match e {

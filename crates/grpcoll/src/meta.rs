@@ -5,7 +5,7 @@
 //! rank d is the k-th output split (in index order) of rank d that lists r as a source.
 
 use crate::error::GrpcollError;
-use anyhow::{bail, Context};
+use anyhow::bail;
 
 /// GroupCast metadata of one rank: input split i (`input_split_rows[i]` rows, consecutive from
 /// row 0) goes to every rank in `dst_indices[i]` (possibly none); output split j
@@ -361,13 +361,32 @@ fn offsets(splits: &[usize]) -> Vec<usize> {
         .collect()
 }
 
-/// Every rank's metadata as this rank decoded it, each checked as [`validate_local`] checked it
-/// on its own rank: a payload is not trusted to have passed that check (its sizes feed this
-/// rank's offsets and buffer sizes). The error names the first rank that fails.
-pub(crate) fn validate_all(kind: Kind, descs: &[Desc]) -> anyhow::Result<()> {
+/// Every rank's metadata as this rank decoded it, each checked as its own rank checked it: a
+/// payload is not trusted to have passed that check (its sizes feed this rank's offsets and
+/// buffer sizes). Host metadata: [`validate_local`]; device metadata (`device`: no splits, the
+/// rows are the capacity's): rows within u32. The error names the first rank that fails.
+pub(crate) fn validate_all(kind: Kind, descs: &[Desc], device: bool) -> anyhow::Result<()> {
     for (r, d) in descs.iter().enumerate() {
-        validate_local(kind, d, descs.len())
-            .with_context(|| format!("{}: rank {r}'s metadata as received", kind.name()))?;
+        let checked = if device {
+            let limit = u32::MAX as usize;
+            if d.input_rows > limit || d.output_rows > limit {
+                Err(anyhow::anyhow!(
+                    "a capacity of {} input and {} output rows, past u32",
+                    d.input_rows,
+                    d.output_rows
+                ))
+            } else {
+                Ok(())
+            }
+        } else {
+            validate_local(kind, d, descs.len())
+        };
+        if let Err(e) = checked {
+            bail!(GrpcollError::RanksDisagree(format!(
+                "{}: rank {r}'s metadata as received is not valid: {e}",
+                kind.name()
+            )));
+        }
     }
     Ok(())
 }
@@ -640,19 +659,24 @@ mod tests {
                 })
         }
 
+        /// One side: (rows, split rows, a peer list per split).
+        type Side = (usize, Vec<usize>, Vec<Vec<usize>>);
+
+        fn desc_of(i: Side, o: Side) -> Desc {
+            Desc {
+                input_rows: i.0,
+                input_split_rows: i.1,
+                input_peers: i.2,
+                output_rows: o.0,
+                output_split_rows: o.1,
+                output_peers: o.2,
+            }
+        }
+
         fn desc() -> impl Strategy<Value = (usize, Desc)> {
             (1usize..5).prop_flat_map(|world| {
-                (Just(world), side(world), side(world)).prop_map(|(world, i, o)| {
-                    let d = Desc {
-                        input_rows: i.0,
-                        input_split_rows: i.1,
-                        input_peers: i.2,
-                        output_rows: o.0,
-                        output_split_rows: o.1,
-                        output_peers: o.2,
-                    };
-                    (world, d)
-                })
+                (Just(world), side(world), side(world))
+                    .prop_map(|(world, i, o)| (world, desc_of(i, o)))
             })
         }
 
@@ -689,19 +713,8 @@ mod tests {
         /// Every rank's metadata (world 1 to 4), any of it hostile.
         fn world_descs() -> impl Strategy<Value = Vec<Desc>> {
             (1usize..5).prop_flat_map(|world| {
-                prop::collection::vec((side(world), side(world)), world).prop_map(|sides| {
-                    sides
-                        .into_iter()
-                        .map(|(i, o)| Desc {
-                            input_rows: i.0,
-                            input_split_rows: i.1,
-                            input_peers: i.2,
-                            output_rows: o.0,
-                            output_split_rows: o.1,
-                            output_peers: o.2,
-                        })
-                        .collect()
-                })
+                prop::collection::vec((side(world), side(world)), world)
+                    .prop_map(|sides| sides.into_iter().map(|(i, o)| desc_of(i, o)).collect())
             })
         }
 
@@ -769,7 +782,7 @@ mod tests {
                     .collect::<anyhow::Result<_>>()
                     .expect("a whole payload decodes");
                 prop_assert_eq!(&decoded, &descs);
-                let Ok(()) = validate_all(kind, &decoded) else { return Ok(()) };
+                let Ok(()) = validate_all(kind, &decoded, false) else { return Ok(()) };
                 let Ok(transfers) = match_global(kind, &decoded) else { return Ok(()) };
                 for t in transfers {
                     let (src, dst) = (&decoded[t.src], &decoded[t.dst]);
@@ -793,12 +806,26 @@ mod tests {
             let mut d1 = cast(vec![4], vec![vec![0]], vec![4], vec![0]);
             d1.input_split_rows = vec![usize::MAX - 3, 8];
             d1.input_peers = vec![vec![0], vec![0]];
-            let e = validate_all(Kind::Cast, &[d0, d1]).unwrap_err();
-            let text = format!("{e:#}");
-            assert!(
-                text.contains("rank 1's metadata as received") && text.contains("sum past"),
-                "{text}"
-            );
+            let e = validate_all(Kind::Cast, &[d0, d1], false).unwrap_err();
+            // What a caller gets: the typed error, naming the rank.
+            match GrpcollError::from_anyhow(e) {
+                GrpcollError::RanksDisagree(text) => assert!(
+                    text.contains("rank 1's metadata as received") && text.contains("sum past"),
+                    "{text}"
+                ),
+                other => panic!("expected RanksDisagree, got {other:?}"),
+            }
+            // Device metadata carries no splits, only the capacity's rows: accepted within u32
+            // (a plan's own check of a device desc would refuse its empty splits), refused past.
+            let device = |rows: usize| Desc {
+                input_rows: rows,
+                output_rows: 8,
+                ..Desc::default()
+            };
+            assert!(validate_all(Kind::Cast, &[device(8), device(8)], true).is_ok());
+            assert!(validate_all(Kind::Cast, &[device(8), device(8)], false).is_err());
+            let e = validate_all(Kind::Cast, &[device(8), device(1 << 40)], true).unwrap_err();
+            assert!(e.to_string().contains("rank 1's metadata"), "{e}");
         }
 
         #[test]

@@ -331,7 +331,7 @@ impl<T: PglElement> Core<T> {
             _ => v.to_string(),
         })?;
         let descs: Vec<Desc> = decoded.into_iter().map(|(_, d)| d).collect();
-        meta::validate_all(kind, &descs)?;
+        meta::validate_all(kind, &descs, capacity.is_some())?;
         let transfers = meta::match_global(kind, &descs)?;
 
         let max_in = descs.iter().map(|d| d.input_rows).max().unwrap_or(0).max(1);

@@ -1,6 +1,7 @@
 //! What weft-sync's host side reports, typed so that a caller can match on it: the failures that
 //! device primitives recorded in their error slots (kind, primitive, ranks, counter, values,
-//! bound), and the driver's error when a kernel stopped without recording one. The messages are
+//! bound), the driver's error when a kernel stopped without recording one, a wait bound's setting
+//! that is not one, and a set-up that failed. The recorded failures' messages are
 //! `error_slot::describe`'s.
 
 use crate::error_slot::describe;
@@ -104,8 +105,9 @@ pub enum KernelEnd {
     Stopped(DriverError),
 }
 
-/// A synchronisation that failed: what the device primitives recorded, or the driver's error when
-/// nothing was recorded.
+/// What weft-sync reports: a synchronisation that failed (what the device primitives recorded,
+/// or the driver's error when nothing was), a wait bound's setting that is not one, or a set-up
+/// that failed.
 #[derive(Debug, Error)]
 pub enum SyncError {
     /// Device primitives recorded failures (one per error slot that holds one).

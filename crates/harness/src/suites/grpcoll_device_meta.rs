@@ -15,7 +15,7 @@ use half::bf16;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use weft_grpcoll::pattern::{cast_metas, reduce_metas};
-use weft_grpcoll::{Capacity, GroupCast, GroupReduce, Options, ReduceOp};
+use weft_grpcoll::{Capacity, GroupCast, GroupCastMeta, GroupReduce, Options, ReduceOp};
 use weft_pgl::DType;
 
 const PATTERNS: usize = 4;
@@ -242,17 +242,23 @@ fn disagreement(job: &mut Job) -> anyhow::Result<()> {
                 &needle,
                 "the inconsistent device metadata was accepted",
             )?;
-            plan.write_device_meta(&good)?;
-            plan.run()?;
-            plan.synchronize()?;
-            let out = read(plan.output())?;
-            anyhow::ensure!(
-                out[..4 * 16].iter().all(|&v| v == 1.5) && out[4 * 16..].iter().all(|v| v.is_nan()),
-                "the ring after the rejected layout moved the wrong rows"
-            );
-            Ok(())
+            runs_the_ring_after(plan, &good)
         },
     )
+}
+
+/// After a rejected layout: the same plan runs the consistent 4-row ring `good` (inputs of 1.5):
+/// the previous rank's rows arrive and the rest of the output keeps its poison.
+fn runs_the_ring_after(plan: &mut GroupCast<f32>, good: &GroupCastMeta) -> anyhow::Result<()> {
+    plan.write_device_meta(good)?;
+    plan.run()?;
+    plan.synchronize()?;
+    let out = read(plan.output())?;
+    anyhow::ensure!(
+        out[..4 * 16].iter().all(|&v| v == 1.5) && out[4 * 16..].iter().all(|v| v.is_nan()),
+        "the ring after the rejected layout moved the wrong rows"
+    );
+    Ok(())
 }
 
 /// After a run: synchronize fails with a `GrpcollError::Layout` with `needle` in its message, and
@@ -355,8 +361,11 @@ fn rejected_words(job: &mut Job, corrupt: Corrupt) -> anyhow::Result<()> {
                 }
                 Corrupt::PairCount => {
                     words[..6].copy_from_slice(&[2, 1, 2, 2, to, to]);
-                    "rank 0 sends 2 input splits to rank 1 but rank 1 expects 1 from rank 0"
-                        .to_string()
+                    // The next rank (rank 0 itself at world 1).
+                    format!(
+                        "rank 0 sends 2 input splits to rank {d} but rank {d} expects 1 from rank 0",
+                        d = 1 % world
+                    )
                 }
             };
             if rank != 0 {
@@ -370,15 +379,7 @@ fn rejected_words(job: &mut Job, corrupt: Corrupt) -> anyhow::Result<()> {
             write(meta, &words)?;
             plan.run()?;
             expect_rejected(plan, &needle, "the corrupted device metadata was accepted")?;
-            plan.write_device_meta(&ring_cast(rank, world, 4))?;
-            plan.run()?;
-            plan.synchronize()?;
-            let out = read(plan.output())?;
-            anyhow::ensure!(
-                out[..4 * 16].iter().all(|&v| v == 1.5) && out[4 * 16..].iter().all(|v| v.is_nan()),
-                "the ring after the rejected layout moved the wrong rows"
-            );
-            Ok(())
+            runs_the_ring_after(plan, &ring_cast(rank, world, 4))
         },
     )
 }

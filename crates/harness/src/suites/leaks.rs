@@ -29,7 +29,7 @@
 //!   plans of every kernel family load no other (`Cubin::load` keeps each module for the process:
 //!   per-plan loads and unloads lost device memory on H100 hosts' driver).
 //!
-//! `weft test` runs 200 GEMM, 300 grpcoll, 100 of each fused (the four methods), 50 NCCL, 200 collectives and 100
+//! `weft test` runs 200 GEMM, 300 grpcoll, 100 of each of the four fused ops, 50 NCCL, 200 collectives and 100
 //! overlap-op cycles; `WEFT_LEAK_CYCLES=1000`
 //! sets every count (issue #26's figure). Not cycled: KernelBarrier, whose allocations (a
 //! 4-byte device counter and a pinned host page) are far below the 4 MiB this check resolves,

@@ -105,6 +105,15 @@ fn peer_never_launches(job: &mut Job, kind: OpKind) -> anyhow::Result<()> {
         }
         let t0 = Instant::now();
         let r = op.launch_and_sync(&stream);
+        // From the op's synchronize (its NCCL wait names the op and method), not from a launch.
+        if let Err(e) = &r {
+            let text = format!("{e:#}");
+            anyhow::ensure!(
+                text.contains(kind.title()) && text.contains("(seq-cublas)"),
+                "{}: the bounded error does not come from the op's synchronize: {text}",
+                kind.title()
+            );
+        }
         expect_bounded(&format!("{} launched by rank 0 alone", kind.title()), t0, r)?;
         // The aborted communicator's kernel must end, leaving the stream usable.
         stream_idle_within(&stream, TRIAL_SLACK)

@@ -19,7 +19,8 @@ use weft_pgl::nccl::Communicator;
 use weft_pgl::Bootstrap;
 
 /// A communicator the ops of one rank share (NCCL communicators are used by one thread at a
-/// time: each launch holds the lock while it enqueues).
+/// time: each launch holds the lock while it enqueues, and an op's `synchronize` while it waits
+/// for its stream, at most the communicator's budget).
 pub type SharedComm = Arc<Mutex<Communicator>>;
 
 pub struct OverlapEnv {
