@@ -316,6 +316,15 @@ pub fn write_file(path: &PathBuf, text: &str) -> anyhow::Result<()> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
+/// A suite's progress: a new step for this rank's watchdog (the bench bound counts per step) and,
+/// on rank 0, a line on stderr (`weft bench <suite>: <text>`) as the suite reaches each part.
+pub(crate) fn progress(rank: usize, suite: &str, text: &str) {
+    crate::watchdog::step(&format!("bench {suite}: {text}"));
+    if rank == 0 {
+        eprintln!("weft bench {suite}: {text}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -428,14 +437,5 @@ mod tests {
             }
             r => panic!("{r:?}"),
         }
-    }
-}
-
-/// A suite's progress: a new step for this rank's watchdog (the bench bound counts per step) and,
-/// on rank 0, a line on stderr (`weft bench <suite>: <text>`) as the suite reaches each part.
-pub(crate) fn progress(rank: usize, suite: &str, text: &str) {
-    crate::watchdog::step(&format!("bench {suite}: {text}"));
-    if rank == 0 {
-        eprintln!("weft bench {suite}: {text}");
     }
 }
