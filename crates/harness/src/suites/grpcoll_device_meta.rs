@@ -247,6 +247,18 @@ fn disagreement(job: &mut Job) -> anyhow::Result<()> {
     )
 }
 
+/// Inputs of 1.5, a poisoned output, `words` written as this rank's device metadata (raw, past
+/// the host's checks), then a run.
+fn run_raw_words(plan: &mut GroupCast<f32>, words: &[u32]) -> anyhow::Result<()> {
+    write(plan.input(), &vec![1.5f32; plan.input().len()])?;
+    write(plan.output(), &vec![f32::NAN; plan.output().len()])?;
+    let meta = plan
+        .device_meta()
+        .ok_or_else(|| anyhow::anyhow!("a device-metadata plan without its metadata buffer"))?;
+    write(meta, words)?;
+    Ok(plan.run()?)
+}
+
 /// After a rejected layout: the same plan runs the consistent 4-row ring `good` (inputs of 1.5):
 /// the previous rank's rows arrive and the rest of the output keeps its poison.
 fn runs_the_ring_after(plan: &mut GroupCast<f32>, good: &GroupCastMeta) -> anyhow::Result<()> {
@@ -301,13 +313,7 @@ fn wrapping_rows(job: &mut Job) -> anyhow::Result<()> {
             // The device layout (weft/abi/grpcoll.h): split counts, then per side the rows and peer
             // masks of max_splits splits.
             let words = [2, 2, huge, 8, to, to, huge, 8, from, from];
-            write(plan.input(), &vec![1.5f32; plan.input().len()])?;
-            write(plan.output(), &vec![f32::NAN; plan.output().len()])?;
-            let meta = plan.device_meta().ok_or_else(|| {
-                anyhow::anyhow!("a device-metadata plan without its metadata buffer")
-            })?;
-            write(meta, &words)?;
-            plan.run()?;
+            run_raw_words(plan, &words)?;
             expect_rejected(
                 plan,
                 "splits sum to at least 4294967295 rows; the capacity is 8",
@@ -371,13 +377,7 @@ fn rejected_words(job: &mut Job, corrupt: Corrupt) -> anyhow::Result<()> {
             if rank != 0 {
                 words = [1, 1, 4, 0, to, 0, 4, 0, from, 0];
             }
-            write(plan.input(), &vec![1.5f32; plan.input().len()])?;
-            write(plan.output(), &vec![f32::NAN; plan.output().len()])?;
-            let meta = plan.device_meta().ok_or_else(|| {
-                anyhow::anyhow!("a device-metadata plan without its metadata buffer")
-            })?;
-            write(meta, &words)?;
-            plan.run()?;
+            run_raw_words(plan, &words)?;
             expect_rejected(plan, &needle, "the corrupted device metadata was accepted")?;
             runs_the_ring_after(plan, &ring_cast(rank, world, 4))
         },
