@@ -8,6 +8,7 @@
 //   BARRIER    barrier() on every rank, back to back; one barrier per iteration
 //   INTER_SM   the ping-pong between two blocks of one GPU, signal_gpu / wait_gpu
 //   MBARRIER   the ping-pong between two warps of one block through shared-memory mbarriers
+//   PING_PONG_STORE / _RELAXED, BARRIER_STORE   reference paths built from stores (abi/sync_checks.h)
 // Counter targets continue from `first` (iterations done on these counters by earlier launches).
 #include "weft/sync.cuh"
 #include "weft/abi/sync_checks.h"
@@ -93,6 +94,55 @@ __device__ void barriers(const weft_latency_params& p) {
   t.finish(0);
 }
 
+// Reference ping-pongs: the ball is the epoch itself, stored (not added) into the other rank's
+// counter, with release/acquire (`ordered`) or with relaxed accesses and no ordering at all.
+template <bool kOrdered>
+__device__ void ping_pong_store(const weft_latency_params& p) {
+  const int32_t rank = p.counters.view.rank;
+  if (rank > 1) return;
+  const weft_tile_coord ball = coord4(0, 0, 0, 0);
+  uint64_t* theirs = counter_or_trap(p.counters, ball, 1 - rank, WEFT_SYNC_PRIM_SIGNAL);
+  auto hand_over = [&](uint64_t j) {
+    if constexpr (kOrdered) mo::st_release_sys(theirs, j);
+    else mo::st_relaxed_sys(theirs, j);
+  };
+  auto await = [&](uint64_t j) {
+    if constexpr (kOrdered) wait(p.counters, ball, rank, j);
+    else unordered::wait(p.counters, ball, rank, j);
+  };
+  iteration_timer t(p);
+  for (uint32_t i = 0; i < p.warmup + p.iters; ++i) {
+    const uint64_t j = p.first + i + 1;
+    if (rank == 1) await(j);
+    hand_over(j);
+    if (rank == 0) await(j);
+    t.lap(i);
+  }
+  t.finish(0);
+}
+
+// Reference barrier from stores: counter (0, 0, 0, r) on every rank is rank r's slot; a rank
+// releases its epoch into its slot on every peer (one system fence, then relaxed stores), then
+// acquires every peer's slot on its own GPU. No atomics, one writer per slot.
+__device__ void barriers_store(const weft_latency_params& p) {
+  const int32_t rank = p.counters.view.rank, world = p.counters.view.world;
+  iteration_timer t(p);
+  for (uint32_t i = 0; i < p.warmup + p.iters; ++i) {
+    const uint64_t e = p.first + i + 1;
+    mo::fence_acq_rel_sys();
+    for (int32_t d = 1; d < world; ++d) {
+      const int32_t r = rank + d < world ? rank + d : rank + d - world;
+      mo::st_relaxed_sys(counter_or_trap(p.counters, coord4(0, 0, 0, rank), r, WEFT_SYNC_PRIM_BARRIER), e);
+    }
+    for (int32_t d = 1; d < world; ++d) {
+      const int32_t r = rank + d < world ? rank + d : rank + d - world;
+      wait(p.counters, coord4(0, 0, 0, r), rank, e);
+    }
+    t.lap(i);
+  }
+  t.finish(0);
+}
+
 // Block 0 pings on counter 1, block 1 pongs on counter 0 (both on this GPU).
 __device__ void inter_sm(const weft_latency_params& p) {
   const weft_tile_coord ping = coord4(0, 0, 0, 1), pong = coord4(0, 0, 0, 0);
@@ -142,7 +192,7 @@ __device__ void mbarrier_ping_pong(const weft_latency_params& p) {
 
 }  // namespace
 
-// Grid: RING / PING_PONG / BARRIER one block of 32 threads (thread 0 works); INTER_SM two blocks
+// Grid: RING / PING_PONG* / BARRIER* one block of 32 threads (thread 0 works); INTER_SM two blocks
 // of 32 (on different SMs: the host checks summary.smid); MBARRIER one block of 64.
 extern "C" __global__ void weft_sync_latency(const __grid_constant__ weft_latency_params p) {
   if (p.kind == WEFT_LATENCY_MBARRIER) {
@@ -155,6 +205,9 @@ extern "C" __global__ void weft_sync_latency(const __grid_constant__ weft_latenc
     case WEFT_LATENCY_PING_PONG: ping_pong(p); break;
     case WEFT_LATENCY_BARRIER: barriers(p); break;
     case WEFT_LATENCY_INTER_SM: inter_sm(p); break;
+    case WEFT_LATENCY_PING_PONG_STORE: ping_pong_store<true>(p); break;
+    case WEFT_LATENCY_PING_PONG_RELAXED: ping_pong_store<false>(p); break;
+    case WEFT_LATENCY_BARRIER_STORE: barriers_store(p); break;
     default: break;
   }
 }

@@ -30,6 +30,13 @@ pub enum LatencyKind {
     InterSm,
     /// Two warps of one block through shared-memory mbarriers; a sample is one round trip.
     Mbarrier,
+    /// Reference, not weft's API: the PingPong with the epoch stored (`st.release.sys`) instead
+    /// of added; a sample is one round trip.
+    PingPongStore,
+    /// Reference: the same with relaxed stores and loads, no ordering; one round trip.
+    PingPongRelaxed,
+    /// Reference: a barrier from stores, one slot per rank on every rank; one barrier.
+    BarrierStore,
 }
 
 impl LatencyKind {
@@ -40,19 +47,30 @@ impl LatencyKind {
             LatencyKind::Barrier => abi::WEFT_LATENCY_BARRIER,
             LatencyKind::InterSm => abi::WEFT_LATENCY_INTER_SM,
             LatencyKind::Mbarrier => abi::WEFT_LATENCY_MBARRIER,
+            LatencyKind::PingPongStore => abi::WEFT_LATENCY_PING_PONG_STORE,
+            LatencyKind::PingPongRelaxed => abi::WEFT_LATENCY_PING_PONG_RELAXED,
+            LatencyKind::BarrierStore => abi::WEFT_LATENCY_BARRIER_STORE,
         }) as i32
     }
 
     /// Whether `rank` runs this kind.
     pub fn takes_part(self, rank: usize) -> bool {
-        self != LatencyKind::PingPong || rank < 2
+        !matches!(
+            self,
+            LatencyKind::PingPong | LatencyKind::PingPongStore | LatencyKind::PingPongRelaxed
+        ) || rank < 2
     }
 
     /// Whether ranks must launch together (cross-GPU kinds).
     pub fn cross_gpu(self) -> bool {
         matches!(
             self,
-            LatencyKind::Ring | LatencyKind::PingPong | LatencyKind::Barrier
+            LatencyKind::Ring
+                | LatencyKind::PingPong
+                | LatencyKind::Barrier
+                | LatencyKind::PingPongStore
+                | LatencyKind::PingPongRelaxed
+                | LatencyKind::BarrierStore
         )
     }
 
@@ -104,7 +122,7 @@ pub struct Latency {
 }
 
 impl Latency {
-    /// Collective: two counters per rank for one kind's launches.
+    /// Collective: max(2, world) counters per rank for one kind's launches.
     pub fn alloc(
         rdzv: &mut dyn Bootstrap,
         ctx: &Arc<CudaContext>,
@@ -119,7 +137,8 @@ impl Latency {
             Ok(f)
         })();
         let func = agree(rdzv, "loading the sync latency kernel", loaded)?;
-        let counters = Counters::alloc(rdzv, ctx, Shape::new(1, 1, 1, 2), budget)?;
+        let slots = u32::try_from(rdzv.world().max(2))?;
+        let counters = Counters::alloc(rdzv, ctx, Shape::new(1, 1, 1, slots), budget)?;
         Ok(Self { counters, func })
     }
 
@@ -195,7 +214,14 @@ mod tests {
 
     #[test]
     fn participation() {
-        assert!(LatencyKind::PingPong.takes_part(1) && !LatencyKind::PingPong.takes_part(2));
+        for ping_pong in [
+            LatencyKind::PingPong,
+            LatencyKind::PingPongStore,
+            LatencyKind::PingPongRelaxed,
+        ] {
+            assert!(ping_pong.takes_part(1) && !ping_pong.takes_part(2) && ping_pong.cross_gpu());
+        }
+        assert!(LatencyKind::BarrierStore.takes_part(7) && LatencyKind::BarrierStore.cross_gpu());
         assert!(LatencyKind::Barrier.takes_part(7) && LatencyKind::Barrier.cross_gpu());
         assert!(!LatencyKind::InterSm.cross_gpu());
     }

@@ -9,7 +9,10 @@
 //! signal on one GPU (half a round trip between two blocks on different SMs), the intra-SM
 //! mbarrier (half a round trip between two warps), and the ring stress kernel per round with
 //! release/acquire against the same protocol without them (negative control, with the mismatches
-//! it let through).
+//! it let through). Reference rows, timed in the same run: the ping-pong with the epoch stored
+//! instead of added (ordered, and relaxed with no ordering: the link's floor) and a barrier built
+//! from stored epochs, a slot per rank, so the primitives' cost is read against what the
+//! hardware allows on this machine.
 
 use super::SuiteResult;
 use crate::job::Job;
@@ -62,6 +65,9 @@ fn latency_rows(
             LatencyKind::Ring,
             LatencyKind::PingPong,
             LatencyKind::Barrier,
+            LatencyKind::PingPongStore,
+            LatencyKind::PingPongRelaxed,
+            LatencyKind::BarrierStore,
         ]);
     }
     kinds.extend([LatencyKind::InterSm, LatencyKind::Mbarrier]);
@@ -139,6 +145,24 @@ fn latency_rows(
                 "intra-SM mbarrier, two warps (round trip / 2)".into(),
                 us / 2.0,
                 Some((SEED_MBARRIER_US, "seed: intra-SM mbarrier")),
+                None,
+            )),
+            LatencyKind::PingPongStore => rows.push(part(
+                "reference: ping-pong / 2 by stored epochs, st.release.sys / ld.acquire.sys".into(),
+                us / 2.0,
+                Some((ANCHOR_ONE_WAY_US, "docs/DESIGN.md §4 flag ping-pong / 2")),
+                None,
+            )),
+            LatencyKind::PingPongRelaxed => rows.push(part(
+                "reference: ping-pong / 2 by stored epochs, relaxed, no ordering".into(),
+                us / 2.0,
+                None,
+                None,
+            )),
+            LatencyKind::BarrierStore => rows.push(part(
+                format!("reference: barrier from stored epochs, a slot per rank ({world} ranks)"),
+                us,
+                None,
                 None,
             )),
         }

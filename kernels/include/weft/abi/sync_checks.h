@@ -122,9 +122,15 @@ WEFT_HD uint32_t weft_laps_delay_ns(uint64_t seed, uint64_t lap, uint32_t rank, 
 #define WEFT_LATENCY_BARRIER 2   // every rank; one iteration = one barrier
 #define WEFT_LATENCY_INTER_SM 3  // two blocks of one GPU, .gpu scope; one iteration = one round trip
 #define WEFT_LATENCY_MBARRIER 4  // two warps of one block, shared-memory mbarriers; one round trip
+// Reference paths timed beside the primitives (not weft's API): what an ordered hop costs with a
+// plain store instead of weft's atomic add, the unordered floor, and a barrier built from stores.
+#define WEFT_LATENCY_PING_PONG_STORE 5   // ranks 0 and 1: st.release.sys of the epoch / ld.acquire.sys
+#define WEFT_LATENCY_PING_PONG_RELAXED 6 // ranks 0 and 1: st.relaxed.sys / ld.relaxed.sys (no ordering)
+#define WEFT_LATENCY_BARRIER_STORE 7     // every rank: st.release.sys of the epoch into each peer's
+                                         // slot of this rank, ld.acquire.sys of each peer's slot
 
 typedef struct weft_latency_params {
-  weft_sync_counters counters; // uint64, shape (1, 1, 1, 2)
+  weft_sync_counters counters; // uint64, shape (1, 1, 1, max(2, world)): BARRIER_STORE's slot per rank
   uint64_t samples;            // device address: uint32 clock64 cycles per timed iteration
   uint64_t summary;            // device address of a weft_latency_summary
   uint64_t first;              // iterations already done on these counters (the epoch base)
