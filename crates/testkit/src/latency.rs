@@ -37,6 +37,10 @@ pub enum LatencyKind {
     PingPongRelaxed,
     /// Reference: a barrier from stores, one slot per rank on every rank; one barrier.
     BarrierStore,
+    /// Candidate: PingPong with each wait polling relaxed, then one `fence.acq_rel.sys`.
+    PingPongPollFence,
+    /// Candidate: Barrier with its wait polling relaxed, then one `fence.acq_rel.sys`.
+    BarrierPollFence,
 }
 
 impl LatencyKind {
@@ -50,6 +54,8 @@ impl LatencyKind {
             LatencyKind::PingPongStore => abi::WEFT_LATENCY_PING_PONG_STORE,
             LatencyKind::PingPongRelaxed => abi::WEFT_LATENCY_PING_PONG_RELAXED,
             LatencyKind::BarrierStore => abi::WEFT_LATENCY_BARRIER_STORE,
+            LatencyKind::PingPongPollFence => abi::WEFT_LATENCY_PING_PONG_POLL_FENCE,
+            LatencyKind::BarrierPollFence => abi::WEFT_LATENCY_BARRIER_POLL_FENCE,
         }) as i32
     }
 
@@ -57,7 +63,10 @@ impl LatencyKind {
     pub fn takes_part(self, rank: usize) -> bool {
         !matches!(
             self,
-            LatencyKind::PingPong | LatencyKind::PingPongStore | LatencyKind::PingPongRelaxed
+            LatencyKind::PingPong
+                | LatencyKind::PingPongStore
+                | LatencyKind::PingPongRelaxed
+                | LatencyKind::PingPongPollFence
         ) || rank < 2
     }
 
@@ -71,6 +80,8 @@ impl LatencyKind {
                 | LatencyKind::PingPongStore
                 | LatencyKind::PingPongRelaxed
                 | LatencyKind::BarrierStore
+                | LatencyKind::PingPongPollFence
+                | LatencyKind::BarrierPollFence
         )
     }
 
