@@ -26,6 +26,7 @@ mod dtype;
 pub mod fused;
 mod gemm;
 mod kernel_choice;
+mod l2_prefetch;
 pub mod ops;
 pub mod overlap;
 mod plan;
