@@ -114,7 +114,6 @@ unsafe impl DeviceRepr for abi::weft_gemm_group_wait_params {}
 unsafe impl DeviceRepr for abi::weft_gemm_peer_flags_params {}
 unsafe impl DeviceRepr for abi::weft_gemm_row_slots_check_params {}
 unsafe impl DeviceRepr for abi::weft_gemm_restore_params {}
-unsafe impl DeviceRepr for abi::weft_l2_prefetch_params {}
 unsafe impl DeviceRepr for abi::weft_gemm_slot_scatter_params {}
 unsafe impl DeviceRepr for abi::weft_gemm_row_gather_params {}
 unsafe impl DeviceRepr for abi::weft_collective_params {}

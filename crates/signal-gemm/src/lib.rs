@@ -26,7 +26,6 @@ mod dtype;
 pub mod fused;
 mod gemm;
 mod kernel_choice;
-mod l2_prefetch;
 pub mod ops;
 pub mod overlap;
 mod plan;

@@ -26,7 +26,6 @@ use super::method::{Method, MethodChoice};
 use crate::cublas::CublasGemm;
 use crate::dtype::{Dtype, GemmElement};
 use crate::fused::{AllGatherMethod, FusedAllGatherGemm};
-use crate::l2_prefetch::{L2Prefetch, PrefetchRegion};
 use crate::overlap::high_priority_stream;
 use crate::plan::{GemmOptions, GemmShape};
 use anyhow::{bail, ensure, Context};
@@ -53,8 +52,6 @@ enum Imp<TI: OpElement> {
         gemm: CublasGemm,
         shard: CudaSlice<TI>,
         a: CudaSlice<TI>,
-        /// B's first k-steps into L2 while the gather runs.
-        prefetch: Option<L2Prefetch>,
     },
     Decomposition {
         band: CublasGemm,
@@ -271,11 +268,7 @@ impl<TI: OpElement> AllGatherGemm<TI> {
                 gemm,
                 shard,
                 a,
-                prefetch,
             } => {
-                if let Some(p) = prefetch {
-                    p.launch(stream, b)?;
-                }
                 coll.all_gather(&*shard, a)?;
                 gemm.launch(a, b, d)
             }
@@ -353,12 +346,7 @@ fn plan_imp<TI: OpElement>(
             let local = CublasGemm::new(stream, shape, options).and_then(|g| Ok((g, alloc(shard_len)?, alloc(mk)?)));
             let (gemm, shard, a) = agree(rdzv, "planning seq-collectives (cuBLAS, buffers)", local)?;
             let bytes = u64::from(mk) * size_of::<TI>() as u64;
-            // EXPERIMENT: the prefetch budget from the environment (MiB; unset or 0: none).
-            let budget = std::env::var("WEFT_AG_PREFETCH_MIB").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) << 20;
-            let prefetch = PrefetchRegion::b_prefix(options.b_layout, shape.n, shape.k, size_of::<TI>() as u32, budget)
-                .map(|r| L2Prefetch::new(stream, r))
-                .transpose()?;
-            Imp::SeqCollectives { coll: op_collectives(rdzv, stream, bytes)?, gemm, shard, a, prefetch }
+            Imp::SeqCollectives { coll: op_collectives(rdzv, stream, bytes)?, gemm, shard, a }
         }
         Method::Decomposition { chunks } => {
             ensure!(*chunks == world, "the AllGather decomposition has one chunk per rank ({world}), asked for {chunks}");

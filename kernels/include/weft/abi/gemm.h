@@ -492,14 +492,3 @@ typedef struct weft_gemm_row_slots_check_params {
   int32_t rank;      // for the report
   weft_sync_bound bound;
 } weft_gemm_row_slots_check_params;
-
-// ---- L2 prefetch of a GEMM operand (kernels/gemm/l2_prefetch.cu) ------------------------------
-
-// `rows` runs of `row_bytes` bytes, `pitch` bytes apart from `base`: every address, the pitch and
-// row_bytes multiples of 16 (the bulk prefetch's alignment).
-typedef struct weft_l2_prefetch_params {
-  uint64_t base;
-  uint64_t pitch;
-  uint32_t rows;
-  uint32_t row_bytes;
-} weft_l2_prefetch_params;
