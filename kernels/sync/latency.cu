@@ -66,15 +66,6 @@ __device__ void ring(const weft_latency_params& p) {
   t.finish(0);
 }
 
-// A wait on this rank's counter at `coord` with load policy `Load` (wait()'s is AcquireSys).
-template <typename Load>
-__device__ __forceinline__ void wait_with(const weft_sync_counters& bar, weft_tile_coord coord, uint64_t expected,
-                                          int32_t primitive) {
-  const uint64_t* c = counter_or_trap(bar, coord, bar.view.rank, primitive);
-  detail::spin_until(c, expected, bar.bound, bar.view.rank, primitive, bar.view.rank, coord, Load{});
-}
-
-template <typename Load>
 __device__ void ping_pong(const weft_latency_params& p) {
   const int32_t rank = p.counters.view.rank;
   if (rank > 1) return;
@@ -84,9 +75,9 @@ __device__ void ping_pong(const weft_latency_params& p) {
     const uint64_t j = p.first + i + 1;
     if (rank == 0) {
       signal(p.counters, ball, 1, 1);
-      wait_with<Load>(p.counters, ball, j, WEFT_SYNC_PRIM_WAIT);
+      wait(p.counters, ball, 0, j);
     } else {
-      wait_with<Load>(p.counters, ball, j, WEFT_SYNC_PRIM_WAIT);
+      wait(p.counters, ball, 1, j);
       signal(p.counters, ball, 0, 1);
     }
     t.lap(i);
@@ -98,19 +89,6 @@ __device__ void barriers(const weft_latency_params& p) {
   iteration_timer t(p);
   for (uint32_t i = 0; i < p.warmup + p.iters; ++i) {
     barrier(p.counters, coord4(0, 0, 0, 0), p.first + i + 1);
-    t.lap(i);
-  }
-  t.finish(0);
-}
-
-// barrier() with its wait polling relaxed and fencing once.
-__device__ void barriers_poll_fence(const weft_latency_params& p) {
-  const int32_t world = p.counters.view.world;
-  iteration_timer t(p);
-  for (uint32_t i = 0; i < p.warmup + p.iters; ++i) {
-    signal_all(p.counters, coord4(0, 0, 0, 0), 1);
-    wait_with<detail::RelaxedSysThenFence>(p.counters, coord4(0, 0, 0, 0),
-                                           weft_barrier_target(world, p.first + i + 1), WEFT_SYNC_PRIM_BARRIER);
     t.lap(i);
   }
   t.finish(0);
@@ -224,9 +202,7 @@ extern "C" __global__ void weft_sync_latency(const __grid_constant__ weft_latenc
   if (threadIdx.x != 0) return;
   switch (p.kind) {
     case WEFT_LATENCY_RING: ring(p); break;
-    case WEFT_LATENCY_PING_PONG: ping_pong<detail::AcquireSys>(p); break;
-    case WEFT_LATENCY_PING_PONG_POLL_FENCE: ping_pong<detail::RelaxedSysThenFence>(p); break;
-    case WEFT_LATENCY_BARRIER_POLL_FENCE: barriers_poll_fence(p); break;
+    case WEFT_LATENCY_PING_PONG: ping_pong(p); break;
     case WEFT_LATENCY_BARRIER: barriers(p); break;
     case WEFT_LATENCY_INTER_SM: inter_sm(p); break;
     case WEFT_LATENCY_PING_PONG_STORE: ping_pong_store<true>(p); break;

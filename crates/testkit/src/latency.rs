@@ -37,10 +37,6 @@ pub enum LatencyKind {
     PingPongRelaxed,
     /// Reference: a barrier from stores, one slot per rank on every rank; one barrier.
     BarrierStore,
-    /// Candidate: PingPong with each wait polling relaxed, then one `fence.acq_rel.sys`.
-    PingPongPollFence,
-    /// Candidate: Barrier with its wait polling relaxed, then one `fence.acq_rel.sys`.
-    BarrierPollFence,
 }
 
 impl LatencyKind {
@@ -54,8 +50,6 @@ impl LatencyKind {
             LatencyKind::PingPongStore => abi::WEFT_LATENCY_PING_PONG_STORE,
             LatencyKind::PingPongRelaxed => abi::WEFT_LATENCY_PING_PONG_RELAXED,
             LatencyKind::BarrierStore => abi::WEFT_LATENCY_BARRIER_STORE,
-            LatencyKind::PingPongPollFence => abi::WEFT_LATENCY_PING_PONG_POLL_FENCE,
-            LatencyKind::BarrierPollFence => abi::WEFT_LATENCY_BARRIER_POLL_FENCE,
         }) as i32
     }
 
@@ -63,10 +57,7 @@ impl LatencyKind {
     pub fn takes_part(self, rank: usize) -> bool {
         !matches!(
             self,
-            LatencyKind::PingPong
-                | LatencyKind::PingPongStore
-                | LatencyKind::PingPongRelaxed
-                | LatencyKind::PingPongPollFence
+            LatencyKind::PingPong | LatencyKind::PingPongStore | LatencyKind::PingPongRelaxed
         ) || rank < 2
     }
 
@@ -80,8 +71,6 @@ impl LatencyKind {
                 | LatencyKind::PingPongStore
                 | LatencyKind::PingPongRelaxed
                 | LatencyKind::BarrierStore
-                | LatencyKind::PingPongPollFence
-                | LatencyKind::BarrierPollFence
         )
     }
 

@@ -68,8 +68,6 @@ fn latency_rows(
             LatencyKind::PingPongStore,
             LatencyKind::PingPongRelaxed,
             LatencyKind::BarrierStore,
-            LatencyKind::PingPongPollFence,
-            LatencyKind::BarrierPollFence,
         ]);
     }
     kinds.extend([LatencyKind::InterSm, LatencyKind::Mbarrier]);
@@ -158,18 +156,6 @@ fn latency_rows(
             LatencyKind::PingPongRelaxed => rows.push(part(
                 "reference: ping-pong / 2 by stored epochs, relaxed, no ordering".into(),
                 us / 2.0,
-                None,
-                None,
-            )),
-            LatencyKind::PingPongPollFence => rows.push(part(
-                "candidate: ping-pong / 2, waits polling relaxed then one fence.acq_rel.sys".into(),
-                us / 2.0,
-                None,
-                None,
-            )),
-            LatencyKind::BarrierPollFence => rows.push(part(
-                format!("candidate: barrier ({world} ranks), wait polling relaxed then one fence"),
-                us,
                 None,
                 None,
             )),

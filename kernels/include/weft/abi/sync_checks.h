@@ -128,9 +128,6 @@ WEFT_HD uint32_t weft_laps_delay_ns(uint64_t seed, uint64_t lap, uint32_t rank, 
 #define WEFT_LATENCY_PING_PONG_RELAXED 6 // ranks 0 and 1: st.relaxed.sys / ld.relaxed.sys (no ordering)
 #define WEFT_LATENCY_BARRIER_STORE 7     // every rank: st.release.sys of the epoch into each peer's
                                          // slot of this rank, ld.acquire.sys of each peer's slot
-// Candidates for the primitives' wait (weft's signals, the acquire by one fence after relaxed polls):
-#define WEFT_LATENCY_PING_PONG_POLL_FENCE 8 // PING_PONG, each wait polling relaxed then fence.acq_rel.sys
-#define WEFT_LATENCY_BARRIER_POLL_FENCE 9   // BARRIER, its wait polling relaxed then fence.acq_rel.sys
 
 typedef struct weft_latency_params {
   weft_sync_counters counters; // uint64, shape (1, 1, 1, max(2, world)): BARRIER_STORE's slot per rank

@@ -22,23 +22,14 @@
 namespace weft::sync {
 namespace detail {
 
-// Load policies: operator() is one poll, acquired() runs once after the poll that met the target.
 struct AcquireSys {
   __device__ __forceinline__ uint64_t operator()(const uint64_t* p) const { return mo::ld_acquire_sys(p); }
-  __device__ __forceinline__ void acquired() const {}
-};
-// The acquire pattern of the PTX memory model: strong relaxed polls, then one acquire fence.
-struct RelaxedSysThenFence {
-  __device__ __forceinline__ uint64_t operator()(const uint64_t* p) const { return mo::ld_relaxed_sys(p); }
-  __device__ __forceinline__ void acquired() const { mo::fence_acq_rel_sys(); }
 };
 struct AcquireGpu {
   __device__ __forceinline__ uint64_t operator()(const uint64_t* p) const { return mo::ld_acquire_gpu(p); }
-  __device__ __forceinline__ void acquired() const {}
 };
 struct RelaxedSys {
   __device__ __forceinline__ uint64_t operator()(const uint64_t* p) const { return mo::ld_relaxed_sys(p); }
-  __device__ __forceinline__ void acquired() const {}
 };
 
 // Polls `counter` with `load` until it is >= expected; past bound.budget_cycles reports (as
@@ -48,18 +39,12 @@ __device__ __forceinline__ uint64_t spin_until(const uint64_t* counter, uint64_t
                                                int32_t rank, int32_t primitive, int32_t target_rank, weft_tile_coord coord,
                                                Load load) {
   uint64_t v = load(counter);
-  if (v >= expected) {
-    load.acquired();
-    return v;
-  }
+  if (v >= expected) return v;
   const long long c0 = clock64();
   const uint64_t t0 = globaltimer_ns();
   for (;;) {
     v = load(counter);
-    if (v >= expected) {
-      load.acquired();
-      return v;
-    }
+    if (v >= expected) return v;
     const uint64_t spent = uint64_t(clock64() - c0);
     if (spent > bound.budget_cycles) {
       failure f{};
