@@ -99,20 +99,15 @@ enum Method {
     PlainRead,
     BulkWrite,
     BulkRead,
-    /// The copy engine and a plain-write kernel at once, on two streams: the kernel's SMs move
-    /// the message's last `1 / HybridWrite.0` and the copy engine the rest.
-    HybridWrite(u32),
 }
 
-const METHODS: [Method; 8] = [
+const METHODS: [Method; 6] = [
     Method::CopyEngineWrite,
     Method::CopyEngineRead,
     Method::PlainWrite,
     Method::PlainRead,
     Method::BulkWrite,
     Method::BulkRead,
-    Method::HybridWrite(4),
-    Method::HybridWrite(8),
 ];
 
 impl Method {
@@ -124,9 +119,6 @@ impl Method {
             Method::PlainRead => "plain read",
             Method::BulkWrite => "bulk write",
             Method::BulkRead => "bulk read",
-            Method::HybridWrite(4) => "copy engine + plain write, 1/4 by SMs",
-            Method::HybridWrite(8) => "copy engine + plain write, 1/8 by SMs",
-            Method::HybridWrite(_) => "copy engine + plain write",
         }
     }
 
@@ -443,8 +435,6 @@ fn one_block_per_sm(
 /// Everything one copy needs.
 struct Transfer<'a> {
     stream: &'a Arc<CudaStream>,
-    /// The copy engine's stream of the hybrid method.
-    side: Arc<CudaStream>,
     kernels: &'a Kernels,
     /// Local source and destination, and the peers' as mapped here.
     src_local: u64,
@@ -471,32 +461,6 @@ impl Transfer<'_> {
             Method::CopyEngineWrite | Method::CopyEngineRead => {
                 // SAFETY: both ranges lie inside live PGL buffers of at least `bytes` bytes.
                 unsafe { result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream())? };
-            }
-            Method::HybridWrite(parts) => {
-                // The copy engine takes the first bytes, 4 KiB-aligned, the kernel the rest.
-                let by_kernel = (n / u64::from(parts)) / 4096 * 4096;
-                let by_engine = n - by_kernel;
-                self.side.join(stream)?;
-                // SAFETY: both ranges lie inside live PGL buffers of at least `bytes` bytes.
-                unsafe {
-                    result::memcpy_dtod_async(dst, src, by_engine as usize, self.side.cu_stream())?
-                };
-                let cfg = LaunchConfig {
-                    grid_dim: (blocks, 1, 1),
-                    block_dim: (PLAIN_THREADS, 1, 1),
-                    shared_mem_bytes: k.plain_smem,
-                };
-                let (src, dst) = (src + by_engine, dst + by_engine);
-                // SAFETY: the message's tail, 16-byte aligned, disjoint, live.
-                unsafe {
-                    stream
-                        .launch_builder(&k.write_plain)
-                        .arg(&src)
-                        .arg(&dst)
-                        .arg(&by_kernel)
-                        .launch(cfg)?
-                };
-                stream.join(&self.side)?;
             }
             Method::PlainWrite | Method::PlainRead => {
                 let func = if method == Method::PlainWrite {
@@ -593,7 +557,6 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
 
     let copy = Transfer {
         stream: &stream,
-        side: ctx.new_stream()?,
         kernels: &kernels,
         src_local: src.local_ptr(),
         dst_local: dst.local_ptr(),
@@ -689,9 +652,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         let base = ce_ms(c.bytes);
         let ratio = base.map(|b| b / t);
         let block = match c.method {
-            Method::PlainWrite | Method::PlainRead | Method::HybridWrite(_) => {
-                format!("{PLAIN_THREADS} thr")
-            }
+            Method::PlainWrite | Method::PlainRead => format!("{PLAIN_THREADS} thr"),
             Method::BulkWrite | Method::BulkRead => kernels.bulk.describe(),
             _ => String::new(),
         };
