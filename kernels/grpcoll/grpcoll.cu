@@ -88,11 +88,6 @@ __device__ __forceinline__ const weft_grpcoll_item& item(const weft_grpcoll_para
   return reinterpret_cast<const weft_grpcoll_item*>(p.items)[it];
 }
 
-template <typename T>
-__device__ __forceinline__ T* base(const weft_pgl_view& v, int32_t rank) {
-  return reinterpret_cast<T*>(v.base[rank]);
-}
-
 // ---- push (GroupCast, comm dtype = data dtype) ----
 
 template <int BYTES> struct Raw;
@@ -106,7 +101,7 @@ template <int BYTES>
 __device__ __forceinline__ void push_rows(const weft_grpcoll_tensor& t, const weft_grpcoll_item& s) {
   using V = typename Raw<BYTES>::T;
   const uint64_t vpr = t.row_bytes / BYTES;
-  const V* src = reinterpret_cast<const V*>(base<const char>(t.input, t.input.rank) + uint64_t(s.row) * t.row_bytes);
+  const V* src = weft::pgl::at_bytes<const V>(t.input, t.input.rank, uint64_t(s.row) * t.row_bytes);
   const uint64_t n = uint64_t(s.rows) * vpr;
   const uint32_t npeers = s.npeers;
   for (uint64_t i0 = threadIdx.x; i0 < n; i0 += uint64_t(blockDim.x) * kPushUnroll) {
@@ -117,7 +112,7 @@ __device__ __forceinline__ void push_rows(const weft_grpcoll_tensor& t, const we
       if (i < n) v[u] = src[i];
     }
     for (uint32_t k = 0; k < npeers; ++k) {
-      V* dst = reinterpret_cast<V*>(base<char>(t.output, s.peer[k]) + uint64_t(s.peer_row[k]) * t.row_bytes);
+      V* dst = weft::pgl::at_bytes<V>(t.output, s.peer[k], uint64_t(s.peer_row[k]) * t.row_bytes);
 #pragma unroll
       for (int u = 0; u < kPushUnroll; ++u) {
         const uint64_t i = i0 + uint64_t(u) * blockDim.x;
@@ -188,8 +183,8 @@ template <typename In, typename Out, int VEC>
 __device__ __forceinline__ void convert_inputs(const weft_grpcoll_params& p) {
   for (uint32_t t = 0; t < p.ntensors; ++t) {
     const weft_grpcoll_tensor& tt = p.tensor[t];
-    const auto* src = base<const Pack<Out, VEC>>(tt.input, tt.input.rank);
-    auto* dst = base<Pack<In, VEC>>(tt.staging, tt.staging.rank);
+    const auto* src = weft::pgl::on_rank<const Pack<Out, VEC>>(tt.input, tt.input.rank);
+    auto* dst = weft::pgl::on_rank<Pack<In, VEC>>(tt.staging, tt.staging.rank);
     const uint64_t n = uint64_t(tt.convert_rows) * (tt.row_elems / VEC);
     const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
     // kConvertUnroll loads in flight per thread: the few SMs of the launch stream local memory.
@@ -271,8 +266,8 @@ __device__ __forceinline__ void pull_rows(const weft_grpcoll_params& p, const we
   const bool lse = p.op == WEFT_GRPCOLL_OP_LSE;
   const uint32_t vpr = t.row_elems / VEC;
   const uint32_t group = lse ? t.row_elems / p.lse_per_row : t.row_elems;
-  Out* out = base<Out>(t.output, t.output.rank);
-  const float* out_lse = lse ? base<const float>(p.output_lse, p.output_lse.rank) : nullptr;
+  Out* out = weft::pgl::on_rank<Out>(t.output, t.output.rank);
+  const float* out_lse = lse ? weft::pgl::on_rank<const float>(p.output_lse, p.output_lse.rank) : nullptr;
   // An item is one chunk (about 64 KiB, or one row): its vector count fits 32 bits.
   const uint32_t n = s.rows * vpr;
   const uint32_t npeers = s.npeers;
@@ -312,8 +307,8 @@ __device__ __forceinline__ void pull_rows(const weft_grpcoll_params& p, const we
           const uint32_t k = k0 + kk;
           if (live[u] && k < npeers) {
             const uint64_t row = uint64_t(s.peer_row[k]) + r[u];
-            if (lse) l[u][kk] = base<const float>(lse_view, s.peer[k])[row * p.lse_per_row + col[u] / group];
-            x[u][kk] = *reinterpret_cast<const PI*>(base<const In>(src_view, s.peer[k]) + row * t.row_elems + col[u]);
+            if (lse) l[u][kk] = weft::pgl::on_rank<const float>(lse_view, s.peer[k])[row * p.lse_per_row + col[u] / group];
+            x[u][kk] = *reinterpret_cast<const PI*>(weft::pgl::on_rank<const In>(src_view, s.peer[k]) + row * t.row_elems + col[u]);
           }
         }
       }
@@ -368,8 +363,8 @@ __device__ __forceinline__ void pull_single(const weft_grpcoll_params& p, const 
   constexpr int U = sizeof(Out) > sizeof(In) ? kSingleUnroll / 2 : kSingleUnroll;
   const bool accumulate = has(p, WEFT_GRPCOLL_ACCUMULATE);
   // Rows are contiguous on both sides: the item is one run of rows x row_elems elements.
-  const PI* src = reinterpret_cast<const PI*>(base<const In>(src_view, s.peer[0]) + uint64_t(s.peer_row[0]) * t.row_elems);
-  PO* dst = reinterpret_cast<PO*>(base<Out>(t.output, t.output.rank) + uint64_t(s.row) * t.row_elems);
+  const PI* src = reinterpret_cast<const PI*>(weft::pgl::on_rank<const In>(src_view, s.peer[0]) + uint64_t(s.peer_row[0]) * t.row_elems);
+  PO* dst = reinterpret_cast<PO*>(weft::pgl::on_rank<Out>(t.output, t.output.rank) + uint64_t(s.row) * t.row_elems);
   const uint32_t n = s.rows * (t.row_elems / VEC);
   for (uint32_t i0 = w.tid; i0 < n; i0 += w.n * U) {
     PI x[U];
@@ -412,7 +407,7 @@ __device__ __forceinline__ void pull_item(const weft_grpcoll_params& p, const we
 template <typename Acc>
 __device__ __forceinline__ void pull_lse(const weft_grpcoll_params& p, const weft_grpcoll_item& s,
                                          const weft_pgl_view& lse_view) {
-  float* out_lse = base<float>(p.output_lse, p.output_lse.rank);
+  float* out_lse = weft::pgl::on_rank<float>(p.output_lse, p.output_lse.rank);
   const uint64_t n = uint64_t(s.rows) * p.lse_per_row;
   for (uint64_t j = threadIdx.x; j < n; j += blockDim.x) {
     const uint64_t r = j / p.lse_per_row, h = j - r * p.lse_per_row;
@@ -421,7 +416,7 @@ __device__ __forceinline__ void pull_lse(const weft_grpcoll_params& p, const wef
     float* dst = out_lse + (s.row + r) * p.lse_per_row + h;
     if (has(p, WEFT_GRPCOLL_ACCUMULATE)) run.add(*dst, scale, w);
     for (uint32_t k = 0; k < s.npeers; ++k)
-      run.add(base<const float>(lse_view, s.peer[k])[(s.peer_row[k] + r) * p.lse_per_row + h], scale, w);
+      run.add(weft::pgl::on_rank<const float>(lse_view, s.peer[k])[(s.peer_row[k] + r) * p.lse_per_row + h], scale, w);
     *dst = float(run.lse());
   }
 }
@@ -511,7 +506,7 @@ __device__ __forceinline__ void issue_unit(const weft_grpcoll_params& p, const w
   uint8_t* dst = buf + uint64_t(b) * p.bulk_buffer_bytes;
   weft::mbar_arrive_expect_tx(&sh->full[b], bytes * s.npeers);
   for (uint32_t k = 0; k < s.npeers; ++k) {
-    const In* from = base<const In>(src, s.peer[k]) + (uint64_t(s.peer_row[k]) + u.r0) * row_elems;
+    const In* from = weft::pgl::on_rank<const In>(src, s.peer[k]) + (uint64_t(s.peer_row[k]) + u.r0) * row_elems;
     weft::bulk_load_g2s(dst + uint64_t(k) * bytes, from, bytes, &sh->full[b]);
   }
 }
@@ -532,7 +527,7 @@ __device__ __forceinline__ void reduce_unit(const weft_grpcoll_params& p, const 
   const bool accumulate = has(p, WEFT_GRPCOLL_ACCUMULATE);
   const uint32_t n = m.rows * (t.row_elems / VEC), npeers = m.npeers;
   const PI* src = reinterpret_cast<const PI*>(buf);
-  PO* dst = reinterpret_cast<PO*>(base<Out>(t.output, t.output.rank) + uint64_t(m.out_row) * t.row_elems);
+  PO* dst = reinterpret_cast<PO*>(weft::pgl::on_rank<Out>(t.output, t.output.rank) + uint64_t(m.out_row) * t.row_elems);
   // Scaled only where pull_rows averages (a one-source unit is copied as pull_single copies it:
   // a NaN keeps its bits).
   const bool scaled = p.op == WEFT_GRPCOLL_OP_AVG && npeers > 1;

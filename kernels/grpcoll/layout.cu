@@ -102,7 +102,7 @@ extern "C" __global__ void __launch_bounds__(1024) weft_grpcoll_layout(const __g
 
   // 2. Local copies of every rank's metadata.
   for (uint32_t w = threadIdx.x; w < L.world * L.words; w += blockDim.x) {
-    L.copy[w] = reinterpret_cast<const uint32_t*>(p.meta.base[w / L.words])[w % L.words];
+    L.copy[w] = weft::pgl::on_rank<const uint32_t>(p.meta, int32_t(w / L.words))[w % L.words];
   }
   __syncthreads();
 

@@ -4,6 +4,7 @@
 // host computation. The writes walk tiles with the shared tile-coordinate helpers, so a wrong
 // origin, ragged-edge extent or peer base shows up as wrong or unwritten elements.
 #include "weft/abi/pgl.h"
+#include "weft/pgl/view.cuh"
 
 // Must match pattern_value() in crates/harness/src/suites/pgl.rs.
 __device__ __forceinline__ uint32_t pattern_value(uint32_t writer, uint32_t owner, uint64_t offset) {
@@ -25,7 +26,7 @@ extern "C" __global__ void weft_pgl_pattern(const __grid_constant__ weft_pgl_vie
     for (uint32_t i = threadIdx.x; i < rows * cols; i += blockDim.x) {
       const uint64_t offset = origin + uint64_t(i / cols) * view.shape.cols + (i % cols);
       for (int p = 0; p < view.world; ++p) {
-        reinterpret_cast<uint32_t*>(view.base[p])[offset] = pattern_value(uint32_t(view.rank), uint32_t(p), offset);
+        weft::pgl::on_rank<uint32_t>(view, p)[offset] = pattern_value(uint32_t(view.rank), uint32_t(p), offset);
       }
     }
   }

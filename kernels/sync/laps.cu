@@ -26,10 +26,10 @@ extern "C" __global__ void weft_sync_laps(const __grid_constant__ weft_laps_para
     spin_ns(weft_laps_delay_ns(p.seed, e, uint32_t(rank), b, p.max_delay_ns));
     delayed += globaltimer_ns() - t0;
     for (int32_t r = 0; r < world; ++r) {
-      mo::st_relaxed_sys(reinterpret_cast<uint64_t*>(p.seen.base[r]) + weft_elem_offset(p.seen.shape, 0, 0, b, uint32_t(rank)), e);
+      mo::st_relaxed_sys(weft::pgl::element<uint64_t>(p.seen, r, 0, 0, b, uint32_t(rank)), e);
     }
     barrier(p.barrier, at, e);
-    const uint64_t* mine = reinterpret_cast<const uint64_t*>(p.seen.base[rank]) + weft_elem_offset(p.seen.shape, 0, 0, b, 0);
+    const uint64_t* mine = weft::pgl::element<const uint64_t>(p.seen, rank, 0, 0, b, 0);
     for (int32_t q = 0; q < world; ++q) {
       const uint64_t v = mo::ld_relaxed_sys(mine + q);  // peers may be writing e + 1 concurrently
       ++checks;

@@ -104,8 +104,7 @@ __device__ int32_t slot_owner(const weft_stress_params& p, int32_t receiver) {
 }
 
 __device__ uint32_t* slot_of(const weft_stress_params& p, int32_t owner, uint64_t g, int32_t sender) {
-  return reinterpret_cast<uint32_t*>(p.data.base[owner]) +
-         weft_elem_offset(p.data.shape, 0, uint32_t(g % p.slots), uint32_t(sender), 0);
+  return weft::pgl::element<uint32_t>(p.data, owner, 0, uint32_t(g % p.slots), uint32_t(sender), 0);
 }
 
 __device__ void send(const weft_stress_params& p, int32_t receiver) {

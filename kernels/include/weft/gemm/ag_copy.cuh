@@ -19,6 +19,7 @@
 #include "weft/gemm/ag_chunk.cuh"
 #include "weft/gemm/config.cuh"
 #include "weft/gemm/peer_reduce.cuh"
+#include "weft/pgl/view.cuh"
 #include "weft/sync/memory_order.cuh"
 
 namespace weft::gemm {
@@ -43,7 +44,7 @@ __device__ __forceinline__ void run_ag_copy(const weft_gemm_params& p) {
   for (uint32_t j = comm; j < chunks; j += p.comm_ctas) {
     const uint32_t tm = (s.tm_offset + own + j) % tiles_m;
     const uint32_t owner = tm / own;
-    const int4* src = reinterpret_cast<const int4*>(c.shards.base[owner] + uint64_t(tm - owner * own) * chunk_bytes);
+    const int4* src = weft::pgl::at_bytes<const int4>(c.shards, int32_t(owner), uint64_t(tm - owner * own) * chunk_bytes);
     int4* dst = reinterpret_cast<int4*>(c.gathered + uint64_t(tm) * chunk_bytes);
     for (uint32_t first = threadIdx.x; first < vectors; first += blockDim.x * kCopyVectors) {
       int4 v[kCopyVectors];

@@ -17,6 +17,7 @@
 #pragma once
 #include <cuda_bf16.h>
 #include "weft/abi/gemm.h"
+#include "weft/pgl/view.cuh"
 #include "weft/sync/signal.cuh"
 #include "weft/sync/wait.cuh"
 
@@ -86,7 +87,7 @@ __device__ __forceinline__ OwnedTile owned_tile(const weft_tile_allreduce_params
 __device__ __forceinline__ void await_tile(const weft_tile_allreduce_params& p, int32_t world, const OwnedTile& a) {
   if (threadIdx.x == 0) {
     for (int32_t r = 0; r < world; ++r) {
-      const uint64_t* flag = reinterpret_cast<const uint64_t*>(p.flags.base[r]) + a.index;
+      const uint64_t* flag = weft::pgl::on_rank<const uint64_t>(p.flags, r) + a.index;
       weft::sync::wait_flag<weft::sync::FlagScope::Sys>(
           flag, p.flag_target, p.bar.bound,
           weft::sync::WaitSite{p.partial.rank, WEFT_SYNC_PRIM_WAIT, r, weft_tile_coord{kRoleAllReduce, a.order, a.t.tm, a.t.tn}});
@@ -123,11 +124,12 @@ __device__ __forceinline__ void run_tile_allreduce_world(const weft_tile_allredu
   for (uint32_t j = worker; j < p.owned_count; j += p.workers) {
     const OwnedTile a = owned_tile(p, j);
     await_tile(p, W, a);
-    uint64_t in[W], out[W];  // out: peers first, this rank last (spreads the stores)
+    const uint8_t* in[W];
+    uint8_t* out[W];  // peers first, this rank last (spreads the stores)
 #pragma unroll
     for (int r = 0; r < W; ++r) {
-      in[r] = p.partial.base[r];
-      out[r] = p.out.base[(rank + 1 + r) % W];
+      in[r] = weft::pgl::on_rank<const uint8_t>(p.partial, r);
+      out[r] = weft::pgl::on_rank<uint8_t>(p.out, (rank + 1 + r) % W);
     }
     const uint32_t rows = a.rows;
     const uint64_t origin = a.origin;
@@ -216,7 +218,7 @@ __device__ __forceinline__ void run_tile_allreduce_any_world(const weft_tile_all
       for (int32_t r = 0; r < world; ++r) {
         int4 v[kVectors];
 #pragma unroll
-        for (int u = 0; u < kVectors; ++u) v[u] = *reinterpret_cast<const int4*>(p.partial.base[r] + off[u]);
+        for (int u = 0; u < kVectors; ++u) v[u] = *weft::pgl::at_bytes<const int4>(p.partial, r, off[u]);
 #pragma unroll
         for (int u = 0; u < kVectors; ++u) add_bf16x8(acc[u], v[u]);
       }
@@ -226,7 +228,7 @@ __device__ __forceinline__ void run_tile_allreduce_any_world(const weft_tile_all
         const int4 sum = to_bf16x8(acc[u]);
         for (int32_t q = 1; q <= world; ++q) {
           const int32_t r = (rank + q) % world;  // peers first, this rank last: spread the stores
-          *reinterpret_cast<int4*>(p.out.base[r] + off[u]) = sum;
+          *weft::pgl::at_bytes<int4>(p.out, r, off[u]) = sum;
         }
       }
     }

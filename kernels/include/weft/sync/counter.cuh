@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include "weft/abi/pgl.h"
 #include "weft/abi/sync.h"
+#include "weft/pgl/view.cuh"
 #include "weft/sync/error.cuh"
 
 namespace weft::sync {
@@ -16,7 +17,7 @@ __device__ __forceinline__ uint64_t* counter_ptr(const weft_pgl_view& v, weft_ti
                       coord.d < v.shape.depth && coord.r < v.shape.rows && coord.c < v.shape.cols &&
                       v.base[rank] != 0;
   if (!inside) return nullptr;
-  return reinterpret_cast<uint64_t*>(v.base[rank]) + weft_elem_offset(v.shape, coord.b, coord.d, coord.r, coord.c);
+  return weft::pgl::element<uint64_t>(v, rank, coord.b, coord.d, coord.r, coord.c);
 }
 
 // As counter_ptr, but a bad coordinate or rank is reported for `primitive` and traps.
