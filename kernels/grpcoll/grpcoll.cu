@@ -101,7 +101,7 @@ template <int BYTES>
 __device__ __forceinline__ void push_rows(const weft_grpcoll_tensor& t, const weft_grpcoll_item& s) {
   using V = typename Raw<BYTES>::T;
   const uint64_t vpr = t.row_bytes / BYTES;
-  const V* src = weft::pgl::at_bytes<const V>(t.input, t.input.rank, uint64_t(s.row) * t.row_bytes);
+  const V* src = reinterpret_cast<const V*>(weft::pgl::on_rank<const char>(t.input, t.input.rank) + uint64_t(s.row) * t.row_bytes);
   const uint64_t n = uint64_t(s.rows) * vpr;
   const uint32_t npeers = s.npeers;
   for (uint64_t i0 = threadIdx.x; i0 < n; i0 += uint64_t(blockDim.x) * kPushUnroll) {
@@ -112,7 +112,7 @@ __device__ __forceinline__ void push_rows(const weft_grpcoll_tensor& t, const we
       if (i < n) v[u] = src[i];
     }
     for (uint32_t k = 0; k < npeers; ++k) {
-      V* dst = weft::pgl::at_bytes<V>(t.output, s.peer[k], uint64_t(s.peer_row[k]) * t.row_bytes);
+      V* dst = reinterpret_cast<V*>(weft::pgl::on_rank<char>(t.output, s.peer[k]) + uint64_t(s.peer_row[k]) * t.row_bytes);
 #pragma unroll
       for (int u = 0; u < kPushUnroll; ++u) {
         const uint64_t i = i0 + uint64_t(u) * blockDim.x;
