@@ -13,19 +13,19 @@ using weft::sync::globaltimer_ns;
 constexpr int kUnroll = 4;  // independent 16-byte loads in flight per thread
 
 __device__ __forceinline__ unsigned long long* stamp(const weft_comm_copy_params& p, int i) {
-  return reinterpret_cast<unsigned long long*>(p.stamps + i);
+  return reinterpret_cast<unsigned long long*>(p.stamps) + i;
 }
 
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(WEFT_OVERLAP_THREADS, 1) weft_comm_copy(const __grid_constant__ weft_comm_copy_params p) {
   // At the very top, before anything could return: the stamp, then the arrival (one thread).
-  if ((blockIdx.x | threadIdx.x) == 0) p.stamps[WEFT_STAMP_COMM_ARRIVE] = globaltimer_ns();
+  if ((blockIdx.x | threadIdx.x) == 0) *stamp(p, WEFT_STAMP_COMM_ARRIVE) = globaltimer_ns();
   weft::kernel_barrier_arrive(p.barrier);
   if (threadIdx.x == 0) atomicMin(stamp(p, WEFT_STAMP_COMM_START), globaltimer_ns());
 
-  const uint4* __restrict__ src = static_cast<const uint4*>(p.src);
-  uint4* __restrict__ dst = static_cast<uint4*>(p.dst);
+  const uint4* __restrict__ src = reinterpret_cast<const uint4*>(p.src);
+  uint4* __restrict__ dst = reinterpret_cast<uint4*>(p.dst);
   const uint64_t n = p.bytes / 16, threads = uint64_t(gridDim.x) * blockDim.x;
   uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   for (; i + (kUnroll - 1) * threads < n; i += kUnroll * threads) {

@@ -12,7 +12,7 @@ namespace {
 using weft::sync::globaltimer_ns;
 
 __device__ __forceinline__ unsigned long long* stamp(const weft_persistent_compute_params& p, int i) {
-  return reinterpret_cast<unsigned long long*>(p.stamps + i);
+  return reinterpret_cast<unsigned long long*>(p.stamps) + i;
 }
 
 }  // namespace
@@ -29,7 +29,7 @@ extern "C" __global__ void __launch_bounds__(WEFT_OVERLAP_THREADS, 1) weft_persi
       uint32_t next = 0;
       if (threadIdx.x == 0) {
         if (first) atomicMin(stamp(p, WEFT_STAMP_COMPUTE_START), globaltimer_ns());
-        next = atomicAdd(p.tile_counter, 1u);
+        next = atomicAdd(reinterpret_cast<uint32_t*>(p.tile_counter), 1u);
       }
       tile = __shfl_sync(0xffffffffu, next, 0);
     }
@@ -49,7 +49,7 @@ extern "C" __global__ void __launch_bounds__(WEFT_OVERLAP_THREADS, 1) weft_persi
     uint32_t sum = 0;
 #pragma unroll
     for (uint32_t j = 0; j < WEFT_OVERLAP_CHAINS; ++j) sum += x[j];
-    p.out[elem] = sum;
+    reinterpret_cast<uint32_t*>(p.out)[elem] = sum;
   }
   // Every thread's last store precedes the loop's final __syncthreads.
   if (threadIdx.x == 0) atomicMax(stamp(p, WEFT_STAMP_COMPUTE_END), globaltimer_ns());

@@ -16,7 +16,7 @@ using weft::sync::globaltimer_ns;
 
 extern "C" __global__ void __launch_bounds__(1, 1) weft_kernel_barrier_wait(const __grid_constant__ weft_kernel_barrier_wait_params p) {
   const uint64_t c0 = clock64();
-  int32_t seen = weft::kernel_barrier_load(p.view.counter);  // often already reached (comm started first)
+  int32_t seen = weft::kernel_barrier_load(weft::kernel_barrier_counter(p.view));  // often already reached (comm started first)
   const uint64_t t0 = globaltimer_ns();
   while (seen < p.target) {
     const uint64_t spent = clock64() - c0;
@@ -34,7 +34,7 @@ extern "C" __global__ void __launch_bounds__(1, 1) weft_kernel_barrier_wait(cons
       weft::kernel_barrier_release_next();  // the compute kernel then runs unordered (reported)
       return;
     }
-    seen = weft::kernel_barrier_load(p.view.counter);
+    seen = weft::kernel_barrier_load(weft::kernel_barrier_counter(p.view));
   }
   if (p.exit_stamp != 0) *reinterpret_cast<uint64_t*>(p.exit_stamp) = globaltimer_ns();
   weft::kernel_barrier_release_next();  // after the stamp: the hand-off is not understated

@@ -11,14 +11,15 @@ __device__ __forceinline__ float bf16_bits_to_float(uint16_t bits) {
 extern "C" __global__ void weft_bound_compare(const __grid_constant__ weft_bound_compare_params p) {
   const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
   for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.count; i += stride) {
-    const float got = bf16_bits_to_float(p.got[i]);
-    const float want = bf16_bits_to_float(p.want[i]);
+    const float got = bf16_bits_to_float(reinterpret_cast<const uint16_t*>(p.got)[i]);
+    const float want = bf16_bits_to_float(reinterpret_cast<const uint16_t*>(p.want)[i]);
     float bound = p.rel * fabsf(want) + p.abs;
-    if (p.bound != nullptr) bound += p.bound[i] * p.bound_scale;
+    if (p.bound != 0) bound += reinterpret_cast<const float*>(p.bound)[i] * p.bound_scale;
     // Written so that a NaN on either side fails.
     if (!(fabsf(got - want) <= bound)) {
-      atomicAdd(p.result, 1ull);
-      atomicMin(p.result + 1, static_cast<unsigned long long>(i));
+      unsigned long long* result = reinterpret_cast<unsigned long long*>(p.result);
+      atomicAdd(result, 1ull);
+      atomicMin(result + 1, static_cast<unsigned long long>(i));
     }
   }
 }
@@ -26,6 +27,6 @@ extern "C" __global__ void weft_bound_compare(const __grid_constant__ weft_bound
 extern "C" __global__ void weft_abs_to_f32(const __grid_constant__ weft_abs_to_f32_params p) {
   const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
   for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.count; i += stride) {
-    p.dst[i] = fabsf(bf16_bits_to_float(p.src[i]));
+    reinterpret_cast<float*>(p.dst)[i] = fabsf(bf16_bits_to_float(reinterpret_cast<const uint16_t*>(p.src)[i]));
   }
 }

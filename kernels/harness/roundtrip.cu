@@ -5,6 +5,6 @@
 extern "C" __global__ void weft_roundtrip(const __grid_constant__ weft_roundtrip_params p) {
   const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
   for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n; i += stride) {
-    p.output[i] = p.input[i] * p.scale + float(p.rank);
+    reinterpret_cast<float*>(p.output)[i] = reinterpret_cast<const float*>(p.input)[i] * p.scale + float(p.rank);
   }
 }

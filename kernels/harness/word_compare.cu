@@ -6,9 +6,10 @@
 extern "C" __global__ void weft_word_compare(const __grid_constant__ weft_word_compare_params p) {
   const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
   for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.words; i += stride) {
-    if (p.a[i] != p.b[i]) {
-      atomicAdd(p.result, 1ull);
-      atomicMin(p.result + 1, static_cast<unsigned long long>(i));
+    if (reinterpret_cast<const uint32_t*>(p.a)[i] != reinterpret_cast<const uint32_t*>(p.b)[i]) {
+      unsigned long long* result = reinterpret_cast<unsigned long long*>(p.result);
+      atomicAdd(result, 1ull);
+      atomicMin(result + 1, static_cast<unsigned long long>(i));
     }
   }
 }

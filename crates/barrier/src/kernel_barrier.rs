@@ -109,7 +109,7 @@ impl KernelBarrier {
     /// What communication kernels take: their first thread of the first block arrives on it.
     pub fn view(&self) -> weft_kernel_barrier_view {
         weft_kernel_barrier_view {
-            counter: self.counter as *mut i32,
+            counter: self.counter,
         }
     }
 

@@ -150,7 +150,7 @@ macro_rules! common_methods {
         /// (`weft_barrier::KernelBarrier::view()`: expect one arrival per `run`); `None` stops it.
         /// The counter must outlive those launches.
         pub fn set_kernel_barrier(&mut self, view: Option<weft_kernel_barrier_view>) {
-            self.core.arrive = view.map_or(0, |v| v.counter as u64);
+            self.core.arrive = view.map_or(0, |v| v.counter);
         }
         /// AlltoAll-v baseline (convert, range-gather, NCCL grouped send/recv, range-scatter or
         /// scatter-reduce) on the plan's stream, with the same inputs, outputs and options.

@@ -672,7 +672,7 @@ impl<T: PglElement> Core<T> {
             p.flags |= WEFT_GRPCOLL_ACCUMULATE;
         }
         p.arrive = weft_kernel_barrier_view {
-            counter: self.arrive as *mut i32,
+            counter: self.arrive,
         };
         if let Some(dm) = &self.device {
             let lp = weft_grpcoll_layout_params {

@@ -56,8 +56,8 @@ impl BoundCompare {
         let (ps, _gs) = src.device_ptr(stream);
         let (pd, _gd) = dst.device_ptr_mut(stream);
         let p = weft_abs_to_f32_params {
-            src: ps as *const u16,
-            dst: pd as *mut f32,
+            src: ps,
+            dst: pd,
             count: count as u64,
         };
         // SAFETY: the kernel takes exactly this struct; both buffers hold `count` elements.
@@ -118,14 +118,14 @@ impl BoundCompare {
         };
         let (pr, _gr) = self.result.device_ptr_mut(stream);
         let p = weft_bound_compare_params {
-            got: pg as *const u16,
-            want: pw as *const u16,
-            bound: pb as *const f32,
+            got: pg,
+            want: pw,
+            bound: pb,
             bound_scale: scale,
             rel: bound.rel,
             abs: bound.abs,
             count: count as u64,
-            result: pr as *mut _,
+            result: pr,
         };
         // SAFETY: the kernel takes exactly this struct; the buffers hold `count` elements (checked).
         unsafe { stream.launch_builder(&self.compare).arg(&p).launch(GRID) }

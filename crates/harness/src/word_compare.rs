@@ -86,10 +86,10 @@ impl WordCompare {
         );
         let (pr, _gr) = self.result.device_ptr_mut(stream);
         let p = weft_word_compare_params {
-            a: pa as *const u32,
-            b: pb as *const u32,
+            a: pa,
+            b: pb,
             words: (bytes / 4) as u64,
-            result: pr as *mut _,
+            result: pr,
         };
         let cfg = LaunchConfig {
             grid_dim: (528, 1, 1),

@@ -108,9 +108,9 @@ impl Kernels {
             self.sms
         );
         let p = weft_persistent_compute_params {
-            out: work.out.device_ptr(stream).0 as *mut u32,
-            tile_counter: work.tile_counter.device_ptr(stream).0 as *mut u32,
-            stamps: stamps.buf.device_ptr(stream).0 as *mut u64,
+            out: work.out.device_ptr(stream).0,
+            tile_counter: work.tile_counter.device_ptr(stream).0,
+            stamps: stamps.buf.device_ptr(stream).0,
             tiles: work.tiles,
             rounds: work.rounds,
             mul: work.mul,
@@ -165,13 +165,11 @@ impl Kernels {
         );
         ensure!(blocks > 0, "the comm kernel needs at least one block");
         let p = weft_comm_copy_params {
-            barrier: barrier.unwrap_or(weft_kernel_barrier_view {
-                counter: std::ptr::null_mut(),
-            }),
-            src: copy.src as *const _,
-            dst: copy.dst as *mut _,
+            barrier: barrier.unwrap_or(weft_kernel_barrier_view { counter: 0 }),
+            src: copy.src,
+            dst: copy.dst,
             bytes: copy.bytes,
-            stamps: stamps.buf.device_ptr(stream).0 as *mut u64,
+            stamps: stamps.buf.device_ptr(stream).0,
         };
         let cfg = LaunchConfig {
             grid_dim: (blocks, 1, 1),

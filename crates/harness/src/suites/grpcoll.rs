@@ -625,9 +625,8 @@ fn kernel_barrier_arrivals(job: &mut Job) -> anyhow::Result<()> {
         kb.check()?;
         let mut count = 0i32;
         // SAFETY: reads the barrier's 4-byte counter after both streams finished.
-        let r = unsafe {
-            sys::cuMemcpyDtoH_v2((&mut count as *mut i32).cast(), kb.view().counter as u64, 4)
-        };
+        let r =
+            unsafe { sys::cuMemcpyDtoH_v2((&mut count as *mut i32).cast(), kb.view().counter, 4) };
         anyhow::ensure!(
             r == sys::CUresult::CUDA_SUCCESS,
             "reading the KernelBarrier counter: {r:?}"

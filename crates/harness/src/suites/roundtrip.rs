@@ -67,9 +67,8 @@ fn roundtrip(job: &mut Job) -> anyhow::Result<()> {
         let d_in = gpu.stream.clone_htod(&input)?;
         let mut d_out = gpu.stream.clone_htod(&vec![f32::NAN; n])?;
         let params = weft_roundtrip_params {
-            input: cudarc::driver::DevicePtr::device_ptr(&d_in, &gpu.stream).0 as *const f32,
-            output: cudarc::driver::DevicePtrMut::device_ptr_mut(&mut d_out, &gpu.stream).0
-                as *mut f32,
+            input: cudarc::driver::DevicePtr::device_ptr(&d_in, &gpu.stream).0,
+            output: cudarc::driver::DevicePtrMut::device_ptr_mut(&mut d_out, &gpu.stream).0,
             n: n as u64,
             scale,
             rank: rank as i32,

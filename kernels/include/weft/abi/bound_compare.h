@@ -5,23 +5,23 @@
 #include <stdint.h>
 
 typedef struct weft_bound_compare_params {
-  const uint16_t* got;   // bf16 bits
-  const uint16_t* want;  // bf16 bits
+  uint64_t got;   // device address: bf16 bits
+  uint64_t want;  // device address: bf16 bits
   // Element i passes when |got - want| <= bound[i] * bound_scale + rel * |want| + abs
-  // (bound may be NULL: no per-element term). A NaN never passes.
-  const float* bound;
+  // (bound may be 0: no per-element term). A NaN never passes.
+  uint64_t bound;  // device address: f32, or 0
   float bound_scale;
   float rel;
   float abs;
   uint64_t count;
   // result[0] += elements outside the bound; result[1] = min index of one (the host zeroes [0]
   // and sets [1] to UINT64_MAX first).
-  unsigned long long* result;
+  uint64_t result;  // device address: two u64
 } weft_bound_compare_params;
 
 // |src[i]| (bf16 bits) as f32, for building a per-element bound on the device.
 typedef struct weft_abs_to_f32_params {
-  const uint16_t* src;
-  float* dst;
+  uint64_t src;  // device address: bf16 bits
+  uint64_t dst;  // device address: f32
   uint64_t count;
 } weft_abs_to_f32_params;

@@ -9,10 +9,10 @@
 #define WEFT_KERNEL_BARRIER_STATUS_NONE 0
 #define WEFT_KERNEL_BARRIER_STATUS_TIMEOUT 1  // a wait ran past its cycle budget and returned
 
-// What communication kernels take (by value): the counter they arrive on. A NULL counter means
+// What communication kernels take (by value): the counter they arrive on. A counter of 0 means
 // "no barrier": arrive does nothing.
 typedef struct weft_kernel_barrier_view {
-  int32_t* counter;
+  uint64_t counter;  // device address: int32
 } weft_kernel_barrier_view;
 
 // What a wait that gave up saw. Lives in host-mapped pinned memory; the wait kernel writes it and

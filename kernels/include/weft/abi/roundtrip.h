@@ -4,8 +4,8 @@
 
 // output[i] = input[i] * scale + rank, for i < n. Passed to the kernel by value.
 typedef struct weft_roundtrip_params {
-  const float* input;
-  float* output;
+  uint64_t input;   // device address: f32
+  uint64_t output;  // device address: f32
   uint64_t n;
   float scale;
   int32_t rank;

@@ -23,9 +23,9 @@
 // Tile t (taken from *tile_counter, dynamic scheduling) writes out[t * THREADS + thread]: the sum
 // over CHAINS chains of `rounds` steps x -> mul * x + add (mod 2^32) from weft_overlap_chain_start.
 typedef struct weft_persistent_compute_params {
-  uint32_t* out;           // tiles * WEFT_OVERLAP_THREADS elements
-  uint32_t* tile_counter;  // zeroed before the launch
-  uint64_t* stamps;        // WEFT_STAMP_COUNT entries
+  uint64_t out;            // device address: u32, tiles * WEFT_OVERLAP_THREADS elements
+  uint64_t tile_counter;   // device address: u32, zeroed before the launch
+  uint64_t stamps;         // device address: u64, WEFT_STAMP_COUNT entries
   uint32_t tiles;
   uint32_t rounds;
   uint32_t mul;            // odd
@@ -38,10 +38,10 @@ typedef struct weft_persistent_compute_params {
 // multiple of 16, disjoint. Arrives on `barrier` first.
 typedef struct weft_comm_copy_params {
   weft_kernel_barrier_view barrier;
-  const void* src;
-  void* dst;
+  uint64_t src;            // device address
+  uint64_t dst;            // device address
   uint64_t bytes;
-  uint64_t* stamps;        // WEFT_STAMP_COUNT entries
+  uint64_t stamps;         // device address: u64, WEFT_STAMP_COUNT entries
 } weft_comm_copy_params;
 
 WEFT_HD uint32_t weft_overlap_mix(uint32_t x) {

@@ -4,10 +4,10 @@
 #include <stdint.h>
 
 typedef struct weft_word_compare_params {
-  const uint32_t* a;
-  const uint32_t* b;
+  uint64_t a;  // device address: u32 words
+  uint64_t b;  // device address: u32 words
   uint64_t words;
   // result[0] += words that differ; result[1] = min index of one (the host zeroes [0] and sets
   // [1] to UINT64_MAX first).
-  unsigned long long* result;
+  uint64_t result;  // device address: two u64
 } weft_word_compare_params;

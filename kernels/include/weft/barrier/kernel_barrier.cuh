@@ -10,6 +10,11 @@
 
 namespace weft {
 
+// The view's counter (a device address in the C ABI) as a pointer.
+__device__ __forceinline__ int32_t* kernel_barrier_counter(weft_kernel_barrier_view v) {
+  return reinterpret_cast<int32_t*>(v.counter);
+}
+
 __device__ __forceinline__ void kernel_barrier_add(int32_t* counter) {
   asm volatile("red.relaxed.gpu.global.add.s32 [%0], 1;" ::"l"(counter) : "memory");
 }
@@ -29,19 +34,19 @@ __device__ __forceinline__ void kernel_barrier_release_next() {
 }
 
 // One arrival per launch: the first thread of the first block. Call it at the very top of the
-// communication kernel, before any early return. A NULL counter is no barrier.
+// communication kernel, before any early return. A counter of 0 is no barrier.
 __device__ __forceinline__ void kernel_barrier_arrive(weft_kernel_barrier_view v) {
-  if (v.counter == nullptr) return;
-  if ((blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x | threadIdx.y | threadIdx.z) == 0) kernel_barrier_add(v.counter);
+  if (v.counter == 0) return;
+  if ((blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x | threadIdx.y | threadIdx.z) == 0) kernel_barrier_add(kernel_barrier_counter(v));
 }
 
 // One arrival per cluster (the first thread of each cluster's block rank 0), for cluster launches
 // whose every cluster must be resident before compute starts: expect one arrival per cluster.
 __device__ __forceinline__ void kernel_barrier_arrive_per_cluster(weft_kernel_barrier_view v) {
-  if (v.counter == nullptr) return;
+  if (v.counter == 0) return;
   uint32_t rank;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-  if ((rank | threadIdx.x | threadIdx.y | threadIdx.z) == 0) kernel_barrier_add(v.counter);
+  if ((rank | threadIdx.x | threadIdx.y | threadIdx.z) == 0) kernel_barrier_add(kernel_barrier_counter(v));
 }
 
 }  // namespace weft
