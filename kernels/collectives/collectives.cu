@@ -26,6 +26,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include "weft/abi/collectives.h"
+#include "weft/pgl/view.cuh"
 #include "weft/sync.cuh"
 
 using namespace weft::sync;
@@ -237,7 +238,7 @@ struct Collective {
 
   // `owner`'s slot of round `seq`, `phase`, written by `sender`.
   __device__ T* slot(uint64_t seq, uint32_t phase, int32_t owner, int32_t sender) const {
-    return weft::pgl::at_bytes<T>(p.staging, owner, weft_collective_slot_offset(seq, phase, sender, world, p.slot_bytes));
+    return reinterpret_cast<T*>(weft::pgl::address(p.staging, owner) + weft_collective_slot_offset(seq, phase, sender, world, p.slot_bytes));
   }
 
   __device__ const T* input() const { return reinterpret_cast<const T*>(p.input); }
@@ -449,7 +450,7 @@ __device__ void run_ll(const weft_collective_params& p, uint64_t seq) {
   const uint64_t words = (n + E - 1) / E;
   const bool scatter = p.algo == WEFT_COLL_REDUCE_SCATTER;
   auto slot = [&](int32_t owner, int32_t sender) {
-    return weft::pgl::at_bytes<uint64_t>(p.staging, owner, weft_collective_ll_slot_offset(seq, sender, world, p.slot_bytes));
+    return reinterpret_cast<uint64_t*>(weft::pgl::address(p.staging, owner) + weft_collective_ll_slot_offset(seq, sender, world, p.slot_bytes));
   };
   const T* in = reinterpret_cast<const T*>(p.input);
   T* out = reinterpret_cast<T*>(p.output);
@@ -607,8 +608,7 @@ __device__ uint64_t run_sentinel(const weft_collective_params& p, const volatile
   load(first, source((me + 1) % world));
   const uint64_t seq = *seq_copy + 1;
   auto slot = [&](int32_t owner, int32_t sender) {
-    return weft::pgl::at_bytes<uint4>(p.staging, owner,
-                                      weft_collective_sentinel_slot_offset(seq, sender, world, p.slot_bytes, p.sentinel_bytes));
+    return reinterpret_cast<uint4*>(weft::pgl::address(p.staging, owner) + weft_collective_sentinel_slot_offset(seq, sender, world, p.slot_bytes, p.sentinel_bytes));
   };
   // Send: to every peer (ReduceScatter: peer p's shard to peer p; else the input, loaded once).
   for (uint64_t v0 = first; v0 < nv; v0 += U * stride) {
@@ -706,8 +706,7 @@ __device__ uint64_t run_sentinel_two_shot(const weft_collective_params& p, const
   const uint64_t first = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const uint64_t seq = *seq_copy + 1;
   auto slot = [&](int32_t owner, int32_t sender, uint64_t round) {
-    return weft::pgl::at_bytes<uint4>(p.staging, owner,
-                                      weft_collective_sentinel_slot_offset(round, sender, world, p.slot_bytes, p.sentinel_bytes));
+    return reinterpret_cast<uint4*>(weft::pgl::address(p.staging, owner) + weft_collective_sentinel_slot_offset(round, sender, world, p.slot_bytes, p.sentinel_bytes));
   };
   // Phase 0: shard `peer` of the input to `peer`.
   for (int32_t k = 1; k < world; ++k) {

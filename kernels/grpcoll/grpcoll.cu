@@ -30,6 +30,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include "weft/abi/grpcoll.h"
+#include "weft/pgl/view.cuh"
 #include "weft/barrier/kernel_barrier.cuh"
 #include "weft/sync.cuh"
 #include "weft/sync/mbarrier_wait.cuh"

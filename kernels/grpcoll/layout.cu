@@ -14,6 +14,7 @@
 // runs its barriers with nothing to move, so no rank waits for another.
 #include <stdint.h>
 #include "weft/abi/grpcoll.h"
+#include "weft/pgl/view.cuh"
 #include "weft/sync.cuh"
 
 using namespace weft::sync;

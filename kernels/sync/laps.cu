@@ -7,6 +7,7 @@
 //   read seen[b][p] for every p     -- after the acquire: must be e or e + 1
 // A value below e means rank p had not arrived (or its store was not visible) when this rank
 // passed; above e + 1 means p passed barrier e + 1 before this rank arrived at it.
+#include "weft/pgl/view.cuh"
 #include "weft/sync.cuh"
 #include "weft/abi/sync_checks.h"
 

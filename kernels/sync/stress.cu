@@ -16,6 +16,7 @@
 // puts each payload slot on the rank after the receiver, so data, flag and reads take three
 // different NVLink paths.
 #include "weft/tma/bulk_copy.cuh"
+#include "weft/pgl/view.cuh"
 #include "weft/sync.cuh"
 #include "weft/abi/sync_checks.h"
 

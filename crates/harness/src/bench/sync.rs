@@ -1,5 +1,5 @@
 //! sync latency: the device primitives timed inside the kernel (clock64 per iteration, converted
-//! at the clock the SM ran, crates/sync/src/latency.rs), against an NCCL 4-byte all-reduce timed
+//! at the clock the SM ran, crates/testkit/src/latency.rs), against an NCCL 4-byte all-reduce timed
 //! in the same run (CUDA events per iteration, as in the nccl suite) and the seed's figures.
 //! Every number is the median over all timed iterations of a rank; the reported time is the
 //! slowest rank's median.

@@ -89,7 +89,7 @@ typedef struct weft_grpcoll_params {
   weft_pgl_view input_lse;   // op LSE (one tensor): f32, lse_per_row per row
   weft_pgl_view output_lse;
   weft_sync_counters bar;    // (1, 1, 3, blocks), rows WEFT_GRPCOLL_BAR_*
-  weft_kernel_barrier_view arrive;  // KernelBarrier the launch arrives on (NULL counter: none)
+  weft_kernel_barrier_view arrive;  // KernelBarrier the launch arrives on (counter 0: none)
   uint64_t items;            // device address of nitems weft_grpcoll_item
   uint64_t nitems_at;        // nonzero: device address of a u32 that holds nitems (device metadata)
   uint64_t epoch;            // barrier epoch of this launch (Counters::begin(1) + 1)

@@ -126,8 +126,9 @@ WEFT_HD uint32_t weft_laps_delay_ns(uint64_t seed, uint64_t lap, uint32_t rank, 
 // plain store instead of weft's atomic add, the unordered floor, and a barrier built from stores.
 #define WEFT_LATENCY_PING_PONG_STORE 5   // ranks 0 and 1: st.release.sys of the epoch / ld.acquire.sys
 #define WEFT_LATENCY_PING_PONG_RELAXED 6 // ranks 0 and 1: st.relaxed.sys / ld.relaxed.sys (no ordering)
-#define WEFT_LATENCY_BARRIER_STORE 7     // every rank: st.release.sys of the epoch into each peer's
-                                         // slot of this rank, ld.acquire.sys of each peer's slot
+#define WEFT_LATENCY_BARRIER_STORE 7     // every rank: one fence.acq_rel.sys, then st.relaxed.sys of
+                                         // the epoch into its slot on each peer; ld.acquire.sys of
+                                         // each peer's slot on its own GPU
 
 typedef struct weft_latency_params {
   weft_sync_counters counters; // uint64, shape (1, 1, 1, max(2, world)): BARRIER_STORE's slot per rank

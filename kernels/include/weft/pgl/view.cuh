@@ -8,6 +8,11 @@
 
 namespace weft::pgl {
 
+// Rank `rank`'s buffer as a device address, for byte arithmetic before a cast. The collectives use
+// it: through at_bytes ptxas scheduled their slot arithmetic differently and the calls ran up to
+// 1 % slower under graph replay (results/collectives/pgl-accessor-ab-*/README.md).
+__device__ __forceinline__ uint64_t address(const weft_pgl_view& v, int32_t rank) { return v.base[rank]; }
+
 // Rank `rank`'s buffer (this GPU's own, or a peer's as mapped here) as T*; T may be const.
 template <typename T>
 __device__ __forceinline__ T* on_rank(const weft_pgl_view& v, int32_t rank) {
