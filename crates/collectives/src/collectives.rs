@@ -134,7 +134,7 @@ impl Collectives {
             Backend::default(),
         )
         .map_err(|e| {
-            e.context(format!(
+            anyhow::Error::new(e).context(format!(
                 "allocating {} bytes of collective staging",
                 (rows + sentinel_rows) as u64 * slot_bytes
             ))

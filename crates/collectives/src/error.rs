@@ -60,6 +60,13 @@ impl From<weft_sync::SyncError> for CollectiveError {
     }
 }
 
+/// weft-pgl's error (the staging PGL, the rendezvous): `Runtime`, typed inside (`downcast_ref`).
+impl From<weft_pgl::PglError> for CollectiveError {
+    fn from(e: weft_pgl::PglError) -> Self {
+        CollectiveError::Runtime(anyhow::Error::new(e))
+    }
+}
+
 impl From<cudarc::driver::DriverError> for CollectiveError {
     fn from(e: cudarc::driver::DriverError) -> Self {
         CollectiveError::Runtime(e.into())

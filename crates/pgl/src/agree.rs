@@ -1,6 +1,7 @@
 //! Collective agreement on a local outcome: every rank learns whether every rank succeeded, so
 //! that a failure on one rank never leaves the others waiting in a later step.
 
+use crate::error::PglError;
 use crate::Bootstrap;
 
 /// Why an agreement did not end in every rank's success.
@@ -35,6 +36,23 @@ pub fn agree<T>(
     agree_outcome(rdzv, step, local).map_err(|e| match e {
         AgreeError::Exchange(e) => e,
         AgreeError::Refused { text, .. } => anyhow::anyhow!(text),
+    })
+}
+
+/// [`agree`] for weft-pgl's own steps: a failed exchange is the bootstrap's error (typed when
+/// it is weft's rendezvous); the ranks' refusals are `PglError::RanksDisagree` with the agreed
+/// text, or this rank's own kind (`Shape`, `Unsupported`, …) with that text when it refused too.
+pub(crate) fn agree_typed<T>(
+    rdzv: &mut dyn Bootstrap,
+    step: &str,
+    local: anyhow::Result<T>,
+) -> Result<T, PglError> {
+    agree_outcome(rdzv, step, local).map_err(|e| match e {
+        AgreeError::Exchange(e) => PglError::from_anyhow(e),
+        AgreeError::Refused { text, local } => local
+            .map(PglError::from_anyhow)
+            .and_then(|own| own.with_text(text.clone()))
+            .unwrap_or(PglError::RanksDisagree(text)),
     })
 }
 

@@ -3,8 +3,9 @@
 //! Everything here probes the driver library before touching it: with dynamic loading, cudarc
 //! panics on first use of a missing library, and weft must instead say "no GPU" and exit cleanly.
 
+use crate::error::PglError;
 use crate::rank_env::RankEnv;
-use anyhow::{bail, Context};
+
 use cudarc::driver::{result as cu, sys};
 
 /// The GPUs this process can see, or why it can see none.
@@ -45,13 +46,18 @@ pub fn probe() -> GpuAvailability {
 pub const SHARED_GPU_VAR: &str = "WEFT_SHARED_GPU";
 
 /// Whether `WEFT_SHARED_GPU` allows ranks to share a GPU ("1"; unset, empty or "0": no).
-pub fn shared_gpu_allowed() -> anyhow::Result<bool> {
+/// Errors: `PglError::Setting`.
+pub fn shared_gpu_allowed() -> Result<bool, PglError> {
     match std::env::var(SHARED_GPU_VAR) {
         Err(_) => Ok(false),
         Ok(v) => match v.trim() {
             "" | "0" => Ok(false),
             "1" => Ok(true),
-            other => bail!("{SHARED_GPU_VAR}={other:?}: expected 1 (ranks may share a GPU) or 0"),
+            other => Err(PglError::Setting {
+                var: SHARED_GPU_VAR,
+                value: other.to_string(),
+                reason: "is not 1 (ranks may share a GPU) or 0".into(),
+            }),
         },
     }
 }
@@ -61,17 +67,25 @@ pub fn shared_gpu_allowed() -> anyhow::Result<bool> {
 /// `WEFT_DEVICE` overrides; otherwise the local rank. Ranks never share a GPU silently: a local
 /// rank without a GPU of its own is an error, since co-located ranks would distort every timing,
 /// unless `WEFT_SHARED_GPU=1` asks for sharing (see [`SHARED_GPU_VAR`]).
-pub fn device_for_rank(env: &RankEnv, visible: usize) -> anyhow::Result<usize> {
-    if let Ok(text) = std::env::var("WEFT_DEVICE") {
+///
+/// Errors: `PglError::Setting` (WEFT_DEVICE, WEFT_SHARED_GPU), `PglError::Launcher` (more local
+/// ranks than GPUs).
+pub fn device_for_rank(env: &RankEnv, visible: usize) -> Result<usize, PglError> {
+    if let Ok(text) = std::env::var(DEVICE_VAR) {
+        let setting = |reason: String| PglError::Setting {
+            var: DEVICE_VAR,
+            value: text.clone(),
+            reason,
+        };
         let ordinal: usize = text
             .trim()
             .parse()
-            .with_context(|| format!("WEFT_DEVICE={text:?} is not a device ordinal"))?;
+            .map_err(|_| setting("is not a device ordinal".into()))?;
         if ordinal >= visible {
-            bail!(
-                "WEFT_DEVICE={ordinal} but only {visible} GPU(s) are visible to rank {}",
+            return Err(setting(format!(
+                "but only {visible} GPU(s) are visible to rank {}",
                 env.rank
-            );
+            )));
         }
         return Ok(ordinal);
     }
@@ -79,7 +93,7 @@ pub fn device_for_rank(env: &RankEnv, visible: usize) -> anyhow::Result<usize> {
         if shared_gpu_allowed()? {
             return Ok(env.local_rank % visible);
         }
-        bail!(
+        return Err(PglError::Launcher(format!(
             "rank {} is local rank {} of {} on this host, but only {visible} GPU(s) are visible \
              (CUDA_VISIBLE_DEVICES={}): start at most one rank per GPU (or set {SHARED_GPU_VAR}=1 \
              for correctness runs on shared GPUs)",
@@ -87,18 +101,21 @@ pub fn device_for_rank(env: &RankEnv, visible: usize) -> anyhow::Result<usize> {
             env.local_rank,
             env.local_world,
             std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_else(|_| "unset".into())
-        );
+        )));
     }
     Ok(env.local_rank)
 }
 
+/// `WEFT_DEVICE`: the device ordinal a rank drives, overriding its local rank.
+pub const DEVICE_VAR: &str = "WEFT_DEVICE";
+
 /// The driver's CUDA version as (major, minor), e.g. (13, 0).
-pub fn driver_cuda_version() -> anyhow::Result<(i32, i32)> {
+pub fn driver_cuda_version() -> Result<(i32, i32), PglError> {
     let mut v = 0;
     // SAFETY: plain out-parameter; callers probe() first so the library is loaded.
     let r = unsafe { sys::cuDriverGetVersion(&mut v) };
     if r != sys::CUresult::CUDA_SUCCESS {
-        bail!("cuDriverGetVersion failed: {r:?}");
+        return Err(PglError::Driver(cudarc::driver::DriverError(r)));
     }
     Ok((v / 1000, (v % 1000) / 10))
 }
@@ -110,9 +127,11 @@ pub fn driver_cuda_version() -> anyhow::Result<(i32, i32)> {
 pub fn max_ranks_per_gpu(
     rdzv: &mut dyn crate::Bootstrap,
     ctx: &cudarc::driver::CudaContext,
-) -> anyhow::Result<usize> {
+) -> Result<usize, PglError> {
     let mine = crate::pgl::pci_bus_id(ctx.cu_device());
-    let all = rdzv.all_gather(mine.as_bytes())?;
+    let all = rdzv
+        .all_gather(mine.as_bytes())
+        .map_err(PglError::from_anyhow)?;
     Ok(all
         .iter()
         .map(|id| all.iter().filter(|other| *other == id).count())

@@ -7,6 +7,7 @@
 use crate::backend::Backend;
 use crate::driver::check;
 use crate::element::PglElement;
+use crate::error::{typed, PglError};
 use crate::pgl::{byte_size, pci_bus_id, Mode, Own, Peer, Pgl};
 use crate::shape::Shape;
 use crate::{ipc, vmm};
@@ -23,7 +24,8 @@ pub struct PglGroup<T: PglElement> {
 }
 
 /// Enables peer access from every context to every other, naming the first pair without it.
-pub fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> anyhow::Result<()> {
+/// Errors: `PglError::Unsupported` for a pair without peer access.
+pub fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> Result<(), PglError> {
     for (a, ca) in contexts.iter().enumerate() {
         for (b, cb) in contexts.iter().enumerate() {
             if a == b {
@@ -31,17 +33,17 @@ pub fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> anyhow::Result<()> {
             }
             let mut ok = 0;
             // SAFETY: out-parameter, valid devices.
-            check(|| "cuDeviceCanAccessPeer".into(), unsafe {
+            typed(check(|| "cuDeviceCanAccessPeer".into(), unsafe {
                 sys::cuDeviceCanAccessPeer(&mut ok, ca.cu_device(), cb.cu_device())
-            })?;
+            }))?;
             if ok != 1 {
-                bail!(
+                return Err(PglError::Unsupported(format!(
                     "no peer access from member {a} (GPU {}, {}) to member {b} (GPU {}, {})",
                     ca.ordinal(),
                     pci_bus_id(ca.cu_device()),
                     cb.ordinal(),
                     pci_bus_id(cb.cu_device())
-                );
+                )));
             }
             ca.bind_to_thread()?;
             // SAFETY: both contexts are live.
@@ -56,7 +58,8 @@ pub fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> anyhow::Result<()> {
                         )
                     },
                     r,
-                )?;
+                )
+                .map_err(PglError::from_anyhow)?;
             }
         }
     }
@@ -65,28 +68,42 @@ pub fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> anyhow::Result<()> {
 
 impl<T: PglElement> PglGroup<T> {
     /// Allocates `shape` (zero-filled) on each context's device and maps all of them everywhere.
+    /// Errors: `Shape` (member count, shape), `Unsupported` (two members on one GPU, no peer
+    /// access), `Runtime` (an allocation that does not fit, the driver).
     pub fn alloc(
         contexts: &[Arc<CudaContext>],
         shape: Shape,
         backend: Backend,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, PglError> {
         let world = contexts.len();
         if world == 0 || world > WEFT_PGL_MAX_RANKS as usize {
-            bail!("a single-process PGL needs 1 to {WEFT_PGL_MAX_RANKS} GPUs, got {world}");
+            return Err(PglError::Shape(format!(
+                "a single-process PGL needs 1 to {WEFT_PGL_MAX_RANKS} GPUs, got {world}"
+            )));
         }
         for (a, ca) in contexts.iter().enumerate() {
             if let Some(b) = contexts[..a]
                 .iter()
                 .position(|cb| cb.cu_device() == ca.cu_device())
             {
-                bail!(
+                return Err(PglError::Unsupported(format!(
                     "members {b} and {a} both use GPU {}: one GPU per member",
                     ca.ordinal()
-                );
+                )));
             }
         }
-        let bytes = byte_size::<T>(shape)?.max(1);
+        let bytes = typed(byte_size::<T>(shape))?.max(1);
         enable_peer_access(contexts)?;
+        typed(Self::allocate(contexts, shape, backend, bytes))
+    }
+
+    fn allocate(
+        contexts: &[Arc<CudaContext>],
+        shape: Shape,
+        backend: Backend,
+        bytes: usize,
+    ) -> anyhow::Result<Self> {
+        let world = contexts.len();
         let devices: Vec<_> = contexts.iter().map(|c| c.cu_device()).collect();
         let mut owns = Vec::with_capacity(world);
         for (i, ctx) in contexts.iter().enumerate() {
@@ -160,13 +177,13 @@ impl<T: PglElement> PglGroup<T> {
     }
 
     /// Synchronises every member's device, then frees every member.
-    pub fn free(mut self) -> anyhow::Result<()> {
+    pub fn free(mut self) -> Result<(), PglError> {
         self.synchronize_all()?;
         self.members.clear();
         Ok(())
     }
 
-    fn synchronize_all(&self) -> anyhow::Result<()> {
+    fn synchronize_all(&self) -> Result<(), PglError> {
         for m in &self.members {
             m.ctx.synchronize()?;
         }

@@ -4,8 +4,8 @@
 
 use crate::driver::check;
 use crate::element::PglElement;
+use crate::error::{typed, PglError};
 use crate::pgl::Pgl;
-use anyhow::ensure;
 use cudarc::driver::sys;
 
 impl<T: PglElement> Pgl<T> {
@@ -13,7 +13,7 @@ impl<T: PglElement> Pgl<T> {
     /// this returns (the context is synchronised: a copy from pageable memory may otherwise
     /// still be in flight, unordered with the streams that read the buffer next). No kernel may
     /// use the buffer meanwhile. Err when `host` is longer than the buffer.
-    pub fn copy_from_host(&self, host: &[T]) -> anyhow::Result<()> {
+    pub fn copy_from_host(&self, host: &[T]) -> Result<(), PglError> {
         self.check_host_copy_len(host.len())?;
         if host.is_empty() {
             return Ok(());
@@ -28,7 +28,7 @@ impl<T: PglElement> Pgl<T> {
                 std::mem::size_of_val(host),
             )
         };
-        check(|| "copying host memory into a PGL".into(), r)?;
+        typed(check(|| "copying host memory into a PGL".into(), r))?;
         self.context().synchronize()?;
         Ok(())
     }
@@ -36,7 +36,7 @@ impl<T: PglElement> Pgl<T> {
     /// Copies the first `host.len()` elements of this rank's buffer into `host`. Synchronise the
     /// streams that write the buffer first (a plan's `synchronize`). Err when `host` is longer
     /// than the buffer.
-    pub fn copy_to_host(&self, host: &mut [T]) -> anyhow::Result<()> {
+    pub fn copy_to_host(&self, host: &mut [T]) -> Result<(), PglError> {
         self.check_host_copy_len(host.len())?;
         if host.is_empty() {
             return Ok(());
@@ -51,16 +51,17 @@ impl<T: PglElement> Pgl<T> {
                 std::mem::size_of_val(host),
             )
         };
-        check(|| "copying a PGL into host memory".into(), r)
+        typed(check(|| "copying a PGL into host memory".into(), r))
     }
 
-    /// Err when a host copy of `n` elements would run past this rank's buffer.
-    fn check_host_copy_len(&self, n: usize) -> anyhow::Result<()> {
-        ensure!(
-            n <= self.len(),
-            "a host copy of {n} elements runs past this PGL's {} per rank",
-            self.len()
-        );
+    /// `PglError::Length` when a host copy of `n` elements would run past this rank's buffer.
+    fn check_host_copy_len(&self, n: usize) -> Result<(), PglError> {
+        if n > self.len() {
+            return Err(PglError::Length(format!(
+                "a host copy of {n} elements runs past this PGL's {} per rank",
+                self.len()
+            )));
+        }
         Ok(())
     }
 }

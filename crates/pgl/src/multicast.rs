@@ -13,6 +13,7 @@
 use crate::agree::agree;
 use crate::driver::check;
 use crate::element::PglElement;
+use crate::error::{typed, PglError};
 use crate::pgl::{Own, Pgl};
 use crate::vmm;
 use crate::Bootstrap;
@@ -35,17 +36,20 @@ impl MulticastOptIn {
 pub fn multicast_permitted(
     var: impl Fn(&str) -> Option<String>,
     device_supports: bool,
-) -> anyhow::Result<()> {
+) -> Result<(), PglError> {
+    let refused = |why: &str| {
+        Err(PglError::Unsupported(format!(
+            "NVLink multicast refused: {why}"
+        )))
+    };
     if var("NCCL_NVLS_ENABLE").as_deref().map(str::trim) == Some("0") {
-        bail!(
-            "NVLink multicast refused: NCCL_NVLS_ENABLE=0 is set (this machine forbids multicast)"
-        );
+        return refused("NCCL_NVLS_ENABLE=0 is set (this machine forbids multicast)");
     }
     if var("WEFT_ALLOW_MULTICAST").as_deref() != Some("1") {
-        bail!("NVLink multicast refused: not opted in (set WEFT_ALLOW_MULTICAST=1 on machines that allow it)");
+        return refused("not opted in (set WEFT_ALLOW_MULTICAST=1 on machines that allow it)");
     }
     if !device_supports {
-        bail!("NVLink multicast refused: the device does not support multicast");
+        return refused("the device does not support multicast");
     }
     Ok(())
 }
@@ -69,7 +73,11 @@ pub fn bind_multicast<T: PglElement>(
     rdzv: &mut dyn Bootstrap,
     pgl: &Pgl<T>,
     _opt_in: &MulticastOptIn,
-) -> anyhow::Result<MulticastMapping> {
+) -> Result<MulticastMapping, PglError> {
+    typed(bind(rdzv, pgl))
+}
+
+fn bind<T: PglElement>(rdzv: &mut dyn Bootstrap, pgl: &Pgl<T>) -> anyhow::Result<MulticastMapping> {
     let device = pgl.context().cu_device();
     let mut supported = 0;
     // SAFETY: out-parameter, valid device.
@@ -80,7 +88,7 @@ pub fn bind_multicast<T: PglElement>(
     agree(
         rdzv,
         "multicast permission",
-        multicast_permitted(|k| std::env::var(k).ok(), supported == 1),
+        multicast_permitted(|k| std::env::var(k).ok(), supported == 1).map_err(Into::into),
     )?;
     let Some(Own::Vmm { _phys: phys, .. }) = pgl.own.as_ref() else {
         bail!("multicast needs a PGL allocated with the vmm backend");

@@ -15,6 +15,7 @@
 //! Non-blocking, group ends, calls that need connection setup and teardown are bounded by the
 //! same budget too; blocking, they are not.
 
+use crate::error::{typed, NcclFailure, PglError};
 use crate::nccl_budget::{self, Unsettled};
 pub use crate::nccl_budget::{timeout_from, Waits, DEFAULT_TIMEOUT, NONBLOCKING_VAR, TIMEOUT_VAR};
 use crate::Bootstrap;
@@ -88,15 +89,31 @@ pub fn is_available() -> bool {
 /// An error naming the missing library unless [`is_available`] (`who`: e.g. "rank 3: ").
 fn require_nccl(who: &str) -> anyhow::Result<()> {
     if !is_available() {
-        bail!("{who}libnccl.so could not be loaded (install NCCL or set LD_LIBRARY_PATH)");
+        return Err(PglError::Unsupported(format!(
+            "{who}libnccl.so could not be loaded (install NCCL or set LD_LIBRARY_PATH)"
+        ))
+        .into());
     }
     Ok(())
 }
 
+/// An argument refused before anything was enqueued.
+fn nccl_argument(text: String) -> anyhow::Error {
+    nccl_error(NcclFailure::Argument, text)
+}
+
+/// An NCCL error of `failure` with `text`, as anyhow (the public calls type it again).
+fn nccl_error(failure: NcclFailure, text: String) -> anyhow::Error {
+    PglError::Nccl { failure, text }.into()
+}
+
 /// NCCL's version as (major, minor, patch).
-pub fn version() -> anyhow::Result<(i32, i32, i32)> {
-    require_nccl("")?;
-    let v = nc::get_nccl_version().map_err(|e| anyhow::anyhow!("ncclGetVersion failed: {e:?}"))?;
+pub fn version() -> Result<(i32, i32, i32), PglError> {
+    typed(require_nccl(""))?;
+    let v = nc::get_nccl_version().map_err(|e| PglError::Nccl {
+        failure: NcclFailure::Failed(e.0 as i32),
+        text: format!("ncclGetVersion failed: {e:?}"),
+    })?;
     Ok((v / 10000, (v % 10000) / 100, v % 100))
 }
 
@@ -132,7 +149,10 @@ fn check(
 ) -> anyhow::Result<()> {
     match r {
         Ok(_) => Ok(()),
-        Err(e) => bail!("{call} failed: {:?}: {}", e.0, last_error(comm)),
+        Err(e) => Err(nccl_error(
+            NcclFailure::Failed(e.0 as i32),
+            format!("{call} failed: {:?}: {}", e.0, last_error(comm)),
+        )),
     }
 }
 
@@ -151,10 +171,13 @@ fn last_error(comm: sys::ncclComm_t) -> String {
 
 /// A fresh NCCL unique id (rank 0's part of making a communicator). NCCL starts its bootstrap
 /// root for it, which lives until every rank of the communicator has checked in.
-pub fn new_unique_id() -> anyhow::Result<[u8; 128]> {
-    require_nccl("")?;
+pub fn new_unique_id() -> Result<[u8; 128], PglError> {
+    typed(require_nccl(""))?;
     keep_nvls_off();
-    let id = Id::new().map_err(|e| anyhow::anyhow!("ncclGetUniqueId failed: {:?}", e.0))?;
+    let id = Id::new().map_err(|e| PglError::Nccl {
+        failure: NcclFailure::Failed(e.0 as i32),
+        text: format!("ncclGetUniqueId failed: {:?}", e.0),
+    })?;
     let mut out = [0u8; 128];
     for (dst, src) in out.iter_mut().zip(id.internal()) {
         *dst = *src as u8;
@@ -165,7 +188,7 @@ pub fn new_unique_id() -> anyhow::Result<[u8; 128]> {
 impl Communicator {
     /// Collective: every rank of `rdzv` must call it. Rank 0 creates the unique id and the
     /// rendezvous broadcasts it; each rank then joins on `ctx`'s device.
-    pub fn new(rdzv: &mut dyn Bootstrap, ctx: &Arc<CudaContext>) -> anyhow::Result<Self> {
+    pub fn new(rdzv: &mut dyn Bootstrap, ctx: &Arc<CudaContext>) -> Result<Self, PglError> {
         Self::with_max_ctas(rdzv, ctx, None)
     }
 
@@ -177,8 +200,8 @@ impl Communicator {
         rdzv: &mut dyn Bootstrap,
         ctx: &Arc<CudaContext>,
         max_ctas: Option<u32>,
-    ) -> anyhow::Result<Self> {
-        Self::with_waits(rdzv, ctx, max_ctas, Waits::from_env()?)
+    ) -> Result<Self, PglError> {
+        Self::with_waits(rdzv, ctx, max_ctas, typed(Waits::from_env())?)
     }
 
     /// As [`Communicator::with_max_ctas`], waiting as `waits` says (every rank must pass the
@@ -188,24 +211,26 @@ impl Communicator {
         ctx: &Arc<CudaContext>,
         max_ctas: Option<u32>,
         waits: Waits,
-    ) -> anyhow::Result<Self> {
-        // Every rank checks before the broadcast, so a rank without NCCL fails them all at once.
-        require_nccl(&format!("rank {}: ", rdzv.rank()))?;
-        let id_bytes: Vec<u8> = if rdzv.rank() == 0 {
-            new_unique_id()?.to_vec()
-        } else {
-            Vec::new()
-        };
-        let id_bytes = rdzv
-            .broadcast(0, &id_bytes)
-            .context("broadcasting the NCCL unique id")?;
-        let id: [u8; 128] = id_bytes.as_slice().try_into().map_err(|_| {
-            anyhow::anyhow!(
-                "NCCL unique id from rank 0 has {} bytes, expected 128",
-                id_bytes.len()
-            )
-        })?;
-        Self::from_unique_id(&id, rdzv.rank(), rdzv.world(), ctx, max_ctas, waits)
+    ) -> Result<Self, PglError> {
+        typed((|| -> anyhow::Result<Self> {
+            // Every rank checks before the broadcast, so a rank without NCCL fails them all at once.
+            require_nccl(&format!("rank {}: ", rdzv.rank()))?;
+            let id_bytes: Vec<u8> = if rdzv.rank() == 0 {
+                new_unique_id()?.to_vec()
+            } else {
+                Vec::new()
+            };
+            let id_bytes = rdzv
+                .broadcast(0, &id_bytes)
+                .context("broadcasting the NCCL unique id")?;
+            let id: [u8; 128] = id_bytes.as_slice().try_into().map_err(|_| {
+                anyhow::anyhow!(
+                    "NCCL unique id from rank 0 has {} bytes, expected 128",
+                    id_bytes.len()
+                )
+            })?;
+            Self::join(&id, rdzv.rank(), rdzv.world(), ctx, max_ctas, waits)
+        })())
     }
 
     /// Joins the communicator of `id` as `rank` of `world` on `ctx`'s device (the other ranks
@@ -216,6 +241,17 @@ impl Communicator {
     /// first torn down (at most a minute more). NCCL_COMM_BLOCKING=1 in the environment overrides
     /// the non-blocking init (NCCL reads it over the config): the init is then unbounded.
     pub fn from_unique_id(
+        id: &[u8; 128],
+        rank: usize,
+        world: usize,
+        ctx: &Arc<CudaContext>,
+        max_ctas: Option<u32>,
+        waits: Waits,
+    ) -> Result<Self, PglError> {
+        typed(Self::join(id, rank, world, ctx, max_ctas, waits))
+    }
+
+    fn join(
         id: &[u8; 128],
         rank: usize,
         world: usize,
@@ -401,34 +437,38 @@ impl Communicator {
     /// Waits until `stream`'s work (this communicator's collectives on it included) has
     /// finished, polling NCCL for asynchronous errors meanwhile, at most the budget; past it or
     /// on an error the communicator is aborted and the error names `what`.
-    pub fn synchronize(&self, stream: &CudaStream, what: &str) -> anyhow::Result<()> {
-        self.usable(what)?;
-        self.ctx.bind_to_thread()?;
-        nccl_budget::drain(self.comm, stream.cu_stream(), self.waits.budget)
-            .map_err(|u| self.fail(what, u))
+    pub fn synchronize(&self, stream: &CudaStream, what: &str) -> Result<(), PglError> {
+        typed((|| -> anyhow::Result<()> {
+            self.usable(what)?;
+            self.ctx.bind_to_thread()?;
+            nccl_budget::drain(self.comm, stream.cu_stream(), self.waits.budget)
+                .map_err(|u| self.fail(what, u))
+        })())
     }
 
     /// Runs `f` (this communicator's calls) inside one NCCL group, so they launch together
     /// (NCCL's ncclGroupStart / ncclGroupEnd); the group is ended, and its launch waited out
     /// within the budget, even when `f` fails.
-    pub fn group<R>(&self, f: impl FnOnce() -> anyhow::Result<R>) -> anyhow::Result<R> {
-        self.usable("ncclGroupStart")?;
-        let group = Group::start(self)?;
+    pub fn group<R>(&self, f: impl FnOnce() -> anyhow::Result<R>) -> Result<R, PglError> {
+        typed(self.usable("ncclGroupStart"))?;
+        let group = typed(Group::start(self))?;
         let out = f();
         let ended = group.end();
-        let out = out?;
-        ended?;
+        let out = typed(out)?;
+        typed(ended)?;
         Ok(out)
     }
 
     /// An error unless the communicator can take another call.
     fn usable(&self, what: &str) -> anyhow::Result<()> {
         if self.is_aborted() {
-            bail!(
-                "rank {} of {}: {what}: the NCCL communicator was aborted after an earlier failure",
-                self.rank,
-                self.world
-            );
+            return Err(nccl_error(
+                NcclFailure::Aborted,
+                format!(
+                    "rank {} of {}: {what}: the NCCL communicator was aborted after an earlier failure",
+                    self.rank, self.world
+                ),
+            ));
         }
         Ok(())
     }
@@ -452,6 +492,14 @@ impl Communicator {
     fn fail(&self, what: &str, u: Unsettled) -> anyhow::Error {
         let detail = last_error(self.comm);
         self.abort();
+        let failure = match &u {
+            Unsettled::Failed(e) => NcclFailure::Failed(*e as i32),
+            Unsettled::TimedOut(t) => NcclFailure::TimedOut {
+                budget: self.waits.budget,
+                waited: *t,
+            },
+            Unsettled::Cuda(e) => NcclFailure::Stream(*e as i32),
+        };
         let how = match u {
             Unsettled::Failed(e) => format!(
                 "failed ({e:?}{})",
@@ -468,10 +516,12 @@ impl Communicator {
             ),
             Unsettled::Cuda(e) => format!("failed: its stream reported {e:?}"),
         };
-        anyhow::anyhow!(
-            "rank {} of {}: NCCL {what} {how}; the communicator was aborted",
-            self.rank,
-            self.world
+        nccl_error(
+            failure,
+            format!(
+                "rank {} of {}: NCCL {what} {how}; the communicator was aborted",
+                self.rank, self.world
+            ),
         )
     }
 
@@ -482,31 +532,33 @@ impl Communicator {
         recv: &mut R,
         op: ReduceOp,
         stream: &CudaStream,
-    ) -> anyhow::Result<()> {
-        self.usable("ncclAllReduce")?;
-        if send.len() != recv.len() {
-            bail!(
-                "all_reduce: send has {} elements, recv {}",
-                send.len(),
-                recv.len()
-            );
-        }
-        let n = recv.len();
-        let (s, _gs) = send.device_ptr(stream);
-        let (r, _gr) = recv.device_ptr_mut(stream);
-        // SAFETY: both buffers hold n elements of T on this communicator's device.
-        let res = unsafe {
-            nc::all_reduce(
-                s as _,
-                r as _,
-                n,
-                T::as_nccl_type(),
-                op.raw(),
-                self.comm,
-                stream.cu_stream() as _,
-            )
-        };
-        self.finish("ncclAllReduce", res)
+    ) -> Result<(), PglError> {
+        typed((|| -> anyhow::Result<()> {
+            self.usable("ncclAllReduce")?;
+            if send.len() != recv.len() {
+                return Err(nccl_argument(format!(
+                    "all_reduce: send has {} elements, recv {}",
+                    send.len(),
+                    recv.len()
+                )));
+            }
+            let n = recv.len();
+            let (s, _gs) = send.device_ptr(stream);
+            let (r, _gr) = recv.device_ptr_mut(stream);
+            // SAFETY: both buffers hold n elements of T on this communicator's device.
+            let res = unsafe {
+                nc::all_reduce(
+                    s as _,
+                    r as _,
+                    n,
+                    T::as_nccl_type(),
+                    op.raw(),
+                    self.comm,
+                    stream.cu_stream() as _,
+                )
+            };
+            self.finish("ncclAllReduce", res)
+        })())
     }
 
     /// In place: `buf[i] = op over ranks of buf[i]` (one NCCL call with send = recv).
@@ -515,24 +567,26 @@ impl Communicator {
         buf: &mut B,
         op: ReduceOp,
         stream: &CudaStream,
-    ) -> anyhow::Result<()> {
-        self.usable("ncclAllReduce (in place)")?;
-        let n = buf.len();
-        let (p, _g) = buf.device_ptr_mut(stream);
-        // SAFETY: the buffer holds n elements of T on this communicator's device; NCCL allows
-        // sendbuff == recvbuff.
-        let res = unsafe {
-            nc::all_reduce(
-                p as _,
-                p as _,
-                n,
-                T::as_nccl_type(),
-                op.raw(),
-                self.comm,
-                stream.cu_stream() as _,
-            )
-        };
-        self.finish("ncclAllReduce (in place)", res)
+    ) -> Result<(), PglError> {
+        typed((|| -> anyhow::Result<()> {
+            self.usable("ncclAllReduce (in place)")?;
+            let n = buf.len();
+            let (p, _g) = buf.device_ptr_mut(stream);
+            // SAFETY: the buffer holds n elements of T on this communicator's device; NCCL allows
+            // sendbuff == recvbuff.
+            let res = unsafe {
+                nc::all_reduce(
+                    p as _,
+                    p as _,
+                    n,
+                    T::as_nccl_type(),
+                    op.raw(),
+                    self.comm,
+                    stream.cu_stream() as _,
+                )
+            };
+            self.finish("ncclAllReduce (in place)", res)
+        })())
     }
 
     /// `recv` (n elements) = op over ranks of `send[rank*n .. (rank+1)*n]`; `send` holds world·n.
@@ -542,31 +596,33 @@ impl Communicator {
         recv: &mut R,
         op: ReduceOp,
         stream: &CudaStream,
-    ) -> anyhow::Result<()> {
-        self.usable("ncclReduceScatter")?;
-        let n = recv.len();
-        if send.len() != n * self.world {
-            bail!(
-                "reduce_scatter: send has {} elements, expected world ({}) × recv ({n})",
-                send.len(),
-                self.world
-            );
-        }
-        let (s, _gs) = send.device_ptr(stream);
-        let (r, _gr) = recv.device_ptr_mut(stream);
-        // SAFETY: sizes checked above.
-        let res = unsafe {
-            nc::reduce_scatter(
-                s as _,
-                r as _,
-                n,
-                T::as_nccl_type(),
-                op.raw(),
-                self.comm,
-                stream.cu_stream() as _,
-            )
-        };
-        self.finish("ncclReduceScatter", res)
+    ) -> Result<(), PglError> {
+        typed((|| -> anyhow::Result<()> {
+            self.usable("ncclReduceScatter")?;
+            let n = recv.len();
+            if send.len() != n * self.world {
+                return Err(nccl_argument(format!(
+                    "reduce_scatter: send has {} elements, expected world ({}) × recv ({n})",
+                    send.len(),
+                    self.world
+                )));
+            }
+            let (s, _gs) = send.device_ptr(stream);
+            let (r, _gr) = recv.device_ptr_mut(stream);
+            // SAFETY: sizes checked above.
+            let res = unsafe {
+                nc::reduce_scatter(
+                    s as _,
+                    r as _,
+                    n,
+                    T::as_nccl_type(),
+                    op.raw(),
+                    self.comm,
+                    stream.cu_stream() as _,
+                )
+            };
+            self.finish("ncclReduceScatter", res)
+        })())
     }
 
     /// `recv[r*n .. (r+1)*n]` = rank r's `send` (n elements); `recv` holds world·n.
@@ -575,30 +631,32 @@ impl Communicator {
         send: &S,
         recv: &mut R,
         stream: &CudaStream,
-    ) -> anyhow::Result<()> {
-        self.usable("ncclAllGather")?;
-        let n = send.len();
-        if recv.len() != n * self.world {
-            bail!(
-                "all_gather: recv has {} elements, expected world ({}) × send ({n})",
-                recv.len(),
-                self.world
-            );
-        }
-        let (s, _gs) = send.device_ptr(stream);
-        let (r, _gr) = recv.device_ptr_mut(stream);
-        // SAFETY: sizes checked above.
-        let res = unsafe {
-            nc::all_gather(
-                s as _,
-                r as _,
-                n,
-                T::as_nccl_type(),
-                self.comm,
-                stream.cu_stream() as _,
-            )
-        };
-        self.finish("ncclAllGather", res)
+    ) -> Result<(), PglError> {
+        typed((|| -> anyhow::Result<()> {
+            self.usable("ncclAllGather")?;
+            let n = send.len();
+            if recv.len() != n * self.world {
+                return Err(nccl_argument(format!(
+                    "all_gather: recv has {} elements, expected world ({}) × send ({n})",
+                    recv.len(),
+                    self.world
+                )));
+            }
+            let (s, _gs) = send.device_ptr(stream);
+            let (r, _gr) = recv.device_ptr_mut(stream);
+            // SAFETY: sizes checked above.
+            let res = unsafe {
+                nc::all_gather(
+                    s as _,
+                    r as _,
+                    n,
+                    T::as_nccl_type(),
+                    self.comm,
+                    stream.cu_stream() as _,
+                )
+            };
+            self.finish("ncclAllGather", res)
+        })())
     }
 
     /// All-to-all with equal blocks: block p of `send` (n = len / world elements) goes to rank p,
@@ -608,48 +666,50 @@ impl Communicator {
         send: &S,
         recv: &mut R,
         stream: &CudaStream,
-    ) -> anyhow::Result<()> {
-        self.usable("all_to_all")?;
-        if send.len() != recv.len() || send.len() % self.world != 0 {
-            bail!(
-                "all_to_all: send {} and recv {} elements must be equal and divisible by world {}",
-                send.len(),
-                recv.len(),
-                self.world
-            );
-        }
-        let n = send.len() / self.world;
-        let bytes = n * std::mem::size_of::<T>();
-        let (s, _gs) = send.device_ptr(stream);
-        let (r, _gr) = recv.device_ptr_mut(stream);
-        let group = Group::start(self)?;
-        for peer in 0..self.world {
-            let off = (peer * bytes) as u64;
-            // SAFETY: block `peer` of each buffer is in bounds (sizes checked above).
-            let rs = unsafe {
-                nc::send(
-                    (s + off) as _,
-                    n,
-                    T::as_nccl_type(),
-                    peer as i32,
-                    self.comm,
-                    stream.cu_stream() as _,
-                )
-            };
-            self.finish("ncclSend", rs)?;
-            let rr = unsafe {
-                nc::recv(
-                    (r + off) as _,
-                    n,
-                    T::as_nccl_type(),
-                    peer as i32,
-                    self.comm,
-                    stream.cu_stream() as _,
-                )
-            };
-            self.finish("ncclRecv", rr)?;
-        }
-        group.end()
+    ) -> Result<(), PglError> {
+        typed((|| -> anyhow::Result<()> {
+            self.usable("all_to_all")?;
+            if send.len() != recv.len() || send.len() % self.world != 0 {
+                return Err(nccl_argument(format!(
+                    "all_to_all: send {} and recv {} elements must be equal and divisible by world {}",
+                    send.len(),
+                    recv.len(),
+                    self.world
+                )));
+            }
+            let n = send.len() / self.world;
+            let bytes = n * std::mem::size_of::<T>();
+            let (s, _gs) = send.device_ptr(stream);
+            let (r, _gr) = recv.device_ptr_mut(stream);
+            let group = Group::start(self)?;
+            for peer in 0..self.world {
+                let off = (peer * bytes) as u64;
+                // SAFETY: block `peer` of each buffer is in bounds (sizes checked above).
+                let rs = unsafe {
+                    nc::send(
+                        (s + off) as _,
+                        n,
+                        T::as_nccl_type(),
+                        peer as i32,
+                        self.comm,
+                        stream.cu_stream() as _,
+                    )
+                };
+                self.finish("ncclSend", rs)?;
+                let rr = unsafe {
+                    nc::recv(
+                        (r + off) as _,
+                        n,
+                        T::as_nccl_type(),
+                        peer as i32,
+                        self.comm,
+                        stream.cu_stream() as _,
+                    )
+                };
+                self.finish("ncclRecv", rr)?;
+            }
+            group.end()
+        })())
     }
 
     /// All-to-all with per-peer ranges, one NCCL group: `send[sends[p]]` goes to rank p and
@@ -662,61 +722,64 @@ impl Communicator {
         recv: &mut R,
         recvs: &[std::ops::Range<usize>],
         stream: &CudaStream,
-    ) -> anyhow::Result<()> {
-        self.usable("all_to_all_v")?;
-        if sends.len() != self.world || recvs.len() != self.world {
-            bail!(
-                "all_to_all_v: {} send and {} receive ranges, expected one per rank ({})",
-                sends.len(),
-                recvs.len(),
-                self.world
-            );
-        }
-        for (what, ranges, len) in [("send", sends, send.len()), ("receive", recvs, recv.len())] {
-            if let Some((p, r)) = ranges
-                .iter()
-                .enumerate()
-                .find(|(_, r)| r.start > r.end || r.end > len)
+    ) -> Result<(), PglError> {
+        typed((|| -> anyhow::Result<()> {
+            self.usable("all_to_all_v")?;
+            if sends.len() != self.world || recvs.len() != self.world {
+                return Err(nccl_argument(format!(
+                    "all_to_all_v: {} send and {} receive ranges, expected one per rank ({})",
+                    sends.len(),
+                    recvs.len(),
+                    self.world
+                )));
+            }
+            for (what, ranges, len) in [("send", sends, send.len()), ("receive", recvs, recv.len())]
             {
-                bail!("all_to_all_v: {what} range {r:?} for rank {p} is outside the {len}-element buffer");
+                if let Some((p, r)) = ranges
+                    .iter()
+                    .enumerate()
+                    .find(|(_, r)| r.start > r.end || r.end > len)
+                {
+                    return Err(nccl_argument(format!("all_to_all_v: {what} range {r:?} for rank {p} is outside the {len}-element buffer")));
+                }
             }
-        }
-        let elem = std::mem::size_of::<T>() as u64;
-        let (s, _gs) = send.device_ptr(stream);
-        let (r, _gr) = recv.device_ptr_mut(stream);
-        let group = Group::start(self)?;
-        for peer in 0..self.world {
-            let (out, inn) = (&sends[peer], &recvs[peer]);
-            if !out.is_empty() {
-                // SAFETY: the range is inside `send` (checked above).
-                let rs = unsafe {
-                    nc::send(
-                        (s + out.start as u64 * elem) as _,
-                        out.len(),
-                        T::as_nccl_type(),
-                        peer as i32,
-                        self.comm,
-                        stream.cu_stream() as _,
-                    )
-                };
-                self.finish("ncclSend", rs)?;
+            let elem = std::mem::size_of::<T>() as u64;
+            let (s, _gs) = send.device_ptr(stream);
+            let (r, _gr) = recv.device_ptr_mut(stream);
+            let group = Group::start(self)?;
+            for peer in 0..self.world {
+                let (out, inn) = (&sends[peer], &recvs[peer]);
+                if !out.is_empty() {
+                    // SAFETY: the range is inside `send` (checked above).
+                    let rs = unsafe {
+                        nc::send(
+                            (s + out.start as u64 * elem) as _,
+                            out.len(),
+                            T::as_nccl_type(),
+                            peer as i32,
+                            self.comm,
+                            stream.cu_stream() as _,
+                        )
+                    };
+                    self.finish("ncclSend", rs)?;
+                }
+                if !inn.is_empty() {
+                    // SAFETY: the range is inside `recv` (checked above).
+                    let rr = unsafe {
+                        nc::recv(
+                            (r + inn.start as u64 * elem) as _,
+                            inn.len(),
+                            T::as_nccl_type(),
+                            peer as i32,
+                            self.comm,
+                            stream.cu_stream() as _,
+                        )
+                    };
+                    self.finish("ncclRecv", rr)?;
+                }
             }
-            if !inn.is_empty() {
-                // SAFETY: the range is inside `recv` (checked above).
-                let rr = unsafe {
-                    nc::recv(
-                        (r + inn.start as u64 * elem) as _,
-                        inn.len(),
-                        T::as_nccl_type(),
-                        peer as i32,
-                        self.comm,
-                        stream.cu_stream() as _,
-                    )
-                };
-                self.finish("ncclRecv", rr)?;
-            }
-        }
-        group.end()
+            group.end()
+        })())
     }
 
     /// Sends `send` to `to` and receives `recv` from `from` in one group (a ring step when
@@ -728,42 +791,44 @@ impl Communicator {
         recv: &mut R,
         from: usize,
         stream: &CudaStream,
-    ) -> anyhow::Result<()> {
-        self.usable("send_recv")?;
-        if to >= self.world || from >= self.world {
-            bail!(
-                "send_recv: peers {to} and {from} must be below world {}",
-                self.world
-            );
-        }
-        let (send_len, recv_len) = (send.len(), recv.len());
-        let (s, _gs) = send.device_ptr(stream);
-        let (r, _gr) = recv.device_ptr_mut(stream);
-        let group = Group::start(self)?;
-        // SAFETY: each buffer's own length is passed.
-        let rs = unsafe {
-            nc::send(
-                s as _,
-                send_len,
-                T::as_nccl_type(),
-                to as i32,
-                self.comm,
-                stream.cu_stream() as _,
-            )
-        };
-        self.finish("ncclSend", rs)?;
-        let rr = unsafe {
-            nc::recv(
-                r as _,
-                recv_len,
-                T::as_nccl_type(),
-                from as i32,
-                self.comm,
-                stream.cu_stream() as _,
-            )
-        };
-        self.finish("ncclRecv", rr)?;
-        group.end()
+    ) -> Result<(), PglError> {
+        typed((|| -> anyhow::Result<()> {
+            self.usable("send_recv")?;
+            if to >= self.world || from >= self.world {
+                return Err(nccl_argument(format!(
+                    "send_recv: peers {to} and {from} must be below world {}",
+                    self.world
+                )));
+            }
+            let (send_len, recv_len) = (send.len(), recv.len());
+            let (s, _gs) = send.device_ptr(stream);
+            let (r, _gr) = recv.device_ptr_mut(stream);
+            let group = Group::start(self)?;
+            // SAFETY: each buffer's own length is passed.
+            let rs = unsafe {
+                nc::send(
+                    s as _,
+                    send_len,
+                    T::as_nccl_type(),
+                    to as i32,
+                    self.comm,
+                    stream.cu_stream() as _,
+                )
+            };
+            self.finish("ncclSend", rs)?;
+            let rr = unsafe {
+                nc::recv(
+                    r as _,
+                    recv_len,
+                    T::as_nccl_type(),
+                    from as i32,
+                    self.comm,
+                    stream.cu_stream() as _,
+                )
+            };
+            self.finish("ncclRecv", rr)?;
+            group.end()
+        })())
     }
 }
 

@@ -10,10 +10,11 @@
 //!
 //! Single-process mode (one process driving several GPUs): see [`crate::PglGroup`].
 
-use crate::agree::agree;
+use crate::agree::agree_typed;
 use crate::backend::Backend;
 use crate::driver::check;
 use crate::element::{DType, PglElement};
+use crate::error::PglError;
 use crate::shape::Shape;
 use crate::Bootstrap;
 use crate::{ipc, vmm};
@@ -183,7 +184,7 @@ pub(crate) fn pci_bus_id(device: CUdevice) -> String {
 }
 
 /// Ranks whose descriptor differs from rank 0's, as an error naming them.
-fn check_agreement(all: &[Descriptor]) -> anyhow::Result<()> {
+fn check_agreement(all: &[Descriptor]) -> Result<(), PglError> {
     let first = &all[0];
     let differing: Vec<String> = all
         .iter()
@@ -193,11 +194,11 @@ fn check_agreement(all: &[Descriptor]) -> anyhow::Result<()> {
         .map(|(r, d)| format!("rank {r} asked for {}", d.describe()))
         .collect();
     if !differing.is_empty() {
-        bail!(
+        return Err(PglError::RanksDisagree(format!(
             "PGL allocation: ranks disagree: rank 0 asked for {}, {}",
             first.describe(),
             differing.join(", ")
-        );
+        )));
     }
     Ok(())
 }
@@ -212,7 +213,7 @@ impl<T: PglElement> Pgl<T> {
         ctx: &Arc<CudaContext>,
         shape: Shape,
         backend: Backend,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, PglError> {
         Self::build(rdzv, ctx, shape, backend, None)
     }
 
@@ -227,7 +228,7 @@ impl<T: PglElement> Pgl<T> {
         ctx: &Arc<CudaContext>,
         shape: Shape,
         ptr: CUdeviceptr,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, PglError> {
         Self::build(rdzv, ctx, shape, Backend::Ipc, Some(ptr))
     }
 
@@ -237,10 +238,12 @@ impl<T: PglElement> Pgl<T> {
         shape: Shape,
         backend: Backend,
         existing: Option<CUdeviceptr>,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, PglError> {
         let (rank, world) = (rdzv.rank(), rdzv.world());
         if world > WEFT_PGL_MAX_RANKS as usize {
-            bail!("a PGL spans at most {WEFT_PGL_MAX_RANKS} ranks; this job has {world}");
+            return Err(PglError::Shape(format!(
+                "a PGL spans at most {WEFT_PGL_MAX_RANKS} ranks; this job has {world}"
+            )));
         }
         ctx.bind_to_thread()?;
         let device = ctx.cu_device();
@@ -252,12 +255,14 @@ impl<T: PglElement> Pgl<T> {
             pci_bus_id: pci_bus_id(device),
         };
         let all = rdzv
-            .all_gather(&mine.encode())?
+            .all_gather(&mine.encode())
+            .map_err(PglError::from_anyhow)?
             .iter()
             .map(|b| Descriptor::decode(b))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+            .collect::<anyhow::Result<Vec<_>>>()
+            .map_err(|e| PglError::RanksDisagree(format!("{e:#}")))?;
         check_agreement(&all)?;
-        let bytes = agree(rdzv, "PGL shape check", valid)?;
+        let bytes = agree_typed(rdzv, "PGL shape check", valid)?;
 
         let mut pgl = Self {
             ctx: ctx.clone(),
@@ -275,21 +280,21 @@ impl<T: PglElement> Pgl<T> {
             .collect();
         // A rank whose allocation failed makes every rank fail here (memory allocated on the
         // others is freed by Own's drop); after it, failures tear down collectively.
-        let (own, export, _exported_fd) = agree(
+        let (own, export, _exported_fd) = agree_typed(
             rdzv,
             "PGL allocation",
             allocate_own(ctx, bytes, backend, existing),
         )?;
         pgl.own = Some(own);
         // A failed exchange means a broken rendezvous: no collective teardown is possible then.
-        let exports = rdzv.all_gather(&export)?;
+        let exports = rdzv.all_gather(&export).map_err(PglError::from_anyhow)?;
         let mapped = map_peers(&mut pgl, &all, &exports);
-        if let Err(e) = agree(rdzv, "PGL peer mapping", mapped) {
+        if let Err(e) = agree_typed(rdzv, "PGL peer mapping", mapped) {
             let _ = pgl.release(rdzv);
             return Err(e);
         }
         // Every peer holds its own reference now; the exported descriptor (_exported_fd) may close.
-        rdzv.barrier()?;
+        rdzv.barrier().map_err(PglError::from_anyhow)?;
         Ok(pgl)
     }
 }
@@ -409,11 +414,12 @@ fn check_peer_access(
         if crate::gpu::shared_gpu_allowed()? {
             return Ok(()); // mapping a peer process's memory on the same GPU works
         }
-        bail!(
+        return Err(PglError::Unsupported(format!(
             "ranks {rank} and {peer} both use GPU {peer_pci}: a PGL needs one GPU per rank \
              (set {}=1 to allow shared GPUs for correctness runs)",
             crate::gpu::SHARED_GPU_VAR
-        );
+        ))
+        .into());
     }
     let mut ok = 0;
     // SAFETY: out-parameter and valid devices.
@@ -421,10 +427,11 @@ fn check_peer_access(
         sys::cuDeviceCanAccessPeer(&mut ok, device, peer_dev)
     })?;
     if ok != 1 {
-        bail!(
+        return Err(PglError::Unsupported(format!(
             "no peer access between rank {rank} (GPU {}) and rank {peer} (GPU {peer_pci})",
             pci_bus_id(device)
-        );
+        ))
+        .into());
     }
     Ok(())
 }
@@ -493,21 +500,23 @@ impl<T: PglElement> Pgl<T> {
     }
 
     /// Collective: frees this PGL on every rank (see the module docs for the ordering).
-    pub fn free(mut self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
+    pub fn free(mut self, rdzv: &mut dyn Bootstrap) -> Result<(), PglError> {
         if self.mode != Mode::Process {
-            bail!("a single-process PGL is freed through its PglGroup");
+            return Err(PglError::Unsupported(
+                "a single-process PGL is freed through its PglGroup".into(),
+            ));
         }
         self.release(rdzv)
     }
 
     /// Synchronise; barrier (nobody uses any buffer); unmap peers; barrier (nobody maps ours);
     /// free our memory.
-    fn release(&mut self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
+    fn release(&mut self, rdzv: &mut dyn Bootstrap) -> Result<(), PglError> {
         self.ctx.bind_to_thread()?;
         let synced = self.ctx.synchronize().map_err(anyhow::Error::from);
-        agree(rdzv, "PGL free (synchronise)", synced)?;
+        agree_typed(rdzv, "PGL free (synchronise)", synced)?;
         let unmapped = self.unmap_peers();
-        agree(rdzv, "PGL free (unmap peers)", unmapped)?;
+        agree_typed(rdzv, "PGL free (unmap peers)", unmapped)?;
         self.free_own();
         Ok(())
     }

@@ -5,6 +5,7 @@
 //! SLURM_STEP_NUM_TASKS), torchrun (RANK with WORLD_SIZE). With none of them the process is a
 //! standalone rank 0 of 1.
 
+use crate::error::PglError;
 use crate::job_secret::{JobSecret, INSECURE_VAR, SECRET_VAR};
 use anyhow::{anyhow, bail, Context, Result};
 
@@ -40,7 +41,8 @@ pub struct RankEnv {
 impl RankEnv {
     /// Reads the process environment. When the launcher gives no job id, falls back to
     /// `ppid-<parent pid>`: ranks started by one launcher process on one host share a parent.
-    pub fn from_env() -> Result<Self> {
+    /// Errors: `PglError::Launcher`, naming the variable.
+    pub fn from_env() -> Result<Self, PglError> {
         // Non-UTF-8 values are kept (lossily) so that they are reported as invalid, not as unset.
         let mut env = Self::from_vars(|name| {
             std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
@@ -54,8 +56,12 @@ impl RankEnv {
     }
 
     /// Detects the launcher from `var` (a variable lookup) and validates what it gives.
-    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self> {
-        let var = &var;
+    /// Errors: `PglError::Launcher`, naming the variable.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self, PglError> {
+        Self::parse_vars(&var).map_err(|e| PglError::Launcher(format!("{e:#}")))
+    }
+
+    fn parse_vars(var: &dyn Fn(&str) -> Option<String>) -> Result<Self> {
         let has = |name: &str| var(name).is_some();
         // (launcher, rank, world size, local rank, local world size); the first also triggers.
         // Slurm has no local world size variable: it comes from SLURM_STEP_TASKS_PER_NODE.
@@ -315,7 +321,7 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    fn env_of(pairs: &[(&str, &str)]) -> Result<RankEnv> {
+    fn env_of(pairs: &[(&str, &str)]) -> Result<RankEnv, PglError> {
         let map: HashMap<String, String> = pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -323,10 +329,12 @@ mod tests {
         RankEnv::from_vars(|name| map.get(name).cloned())
     }
 
+    /// The error's text; every refusal of the launcher's variables is `PglError::Launcher`.
     fn err_of(pairs: &[(&str, &str)]) -> String {
         match env_of(pairs) {
             Ok(env) => panic!("expected an error, got {env:?}"),
-            Err(e) => format!("{e:#}"),
+            Err(PglError::Launcher(text)) => text,
+            Err(other) => panic!("expected PglError::Launcher, got {other:?}"),
         }
     }
 

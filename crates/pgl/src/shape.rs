@@ -2,6 +2,7 @@
 //! definition in `kernels/include/weft/abi/pgl.h`, compiled for the host from the same source the
 //! kernels include; this module only adds safe wrappers and validation.
 
+use crate::error::PglError;
 use weft_kernels::abi::{self, weft_pgl_shape, weft_tile_coord};
 
 /// Same on every rank of a PGL. Every dimension is at least 1.
@@ -42,18 +43,19 @@ impl Shape {
         }
     }
 
-    /// Errors on a zero dimension, naming it.
-    pub fn validate(&self) -> anyhow::Result<()> {
+    /// `PglError::Shape` on a zero dimension, naming it.
+    pub fn validate(&self) -> Result<(), PglError> {
         for (name, v) in [
             ("batch", self.batch),
             ("depth", self.depth),
             ("rows", self.rows),
             ("cols", self.cols),
         ] {
-            anyhow::ensure!(
-                v >= 1,
-                "shape {self}: {name} is 0 (every dimension must be at least 1)"
-            );
+            if v < 1 {
+                return Err(PglError::Shape(format!(
+                    "shape {self}: {name} is 0 (every dimension must be at least 1)"
+                )));
+            }
         }
         Ok(())
     }
@@ -87,12 +89,14 @@ pub struct TileGrid {
 pub type TileCoord = weft_tile_coord;
 
 impl TileGrid {
-    pub fn new(shape: Shape, tile_rows: u32, tile_cols: u32) -> anyhow::Result<Self> {
+    /// `PglError::Shape` for a shape or tile with a zero side.
+    pub fn new(shape: Shape, tile_rows: u32, tile_cols: u32) -> Result<Self, PglError> {
         shape.validate()?;
-        anyhow::ensure!(
-            tile_rows >= 1 && tile_cols >= 1,
-            "tile shape {tile_rows}×{tile_cols} has a zero side"
-        );
+        if tile_rows < 1 || tile_cols < 1 {
+            return Err(PglError::Shape(format!(
+                "tile shape {tile_rows}×{tile_cols} has a zero side"
+            )));
+        }
         Ok(Self {
             shape,
             tile_rows,

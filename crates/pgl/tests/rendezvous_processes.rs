@@ -58,7 +58,7 @@ fn run_child(role: &str) -> Result<()> {
                     bail!("broadcast round {round} from rank {root}: wrong bytes");
                 }
             }
-            rdzv.barrier()
+            Ok(rdzv.barrier()?)
         }
         "exit" => {
             let exit_rank: usize = std::env::var(EXIT_RANK)?.parse()?;

@@ -109,7 +109,7 @@ pub(super) fn enqueue(
 ) -> anyhow::Result<()> {
     let (send, mut recv) = (send.slice(..s), recv.slice_mut(..r));
     let world = comm.world();
-    match op {
+    let r = match op {
         Op::AllReduce => comm.all_reduce(&send, &mut recv, ReduceOp::Sum, stream),
         Op::ReduceScatter => comm.reduce_scatter(&send, &mut recv, ReduceOp::Sum, stream),
         Op::AllGather => comm.all_gather(&send, &mut recv, stream),
@@ -121,7 +121,8 @@ pub(super) fn enqueue(
             (comm.rank() + world - 1) % world,
             stream,
         ),
-    }
+    };
+    Ok(r?)
 }
 
 /// A device buffer of `n` random f32 (filled from a 16 MiB random block, copied repeatedly).

@@ -786,7 +786,10 @@ fn alone(
         }
         OpKind::AllGather => {
             let mut a = poisoned::<bf16>(&compute, mu * ku)?;
-            let t_comm = rig.time(|| comm.all_gather(&x.a, &mut a, &compute))?;
+            let t_comm = rig.time(|| {
+                comm.all_gather(&x.a, &mut a, &compute)
+                    .map_err(anyhow::Error::from)
+            })?;
             let mut d = poisoned::<bf16>(&compute, mu * nu)?;
             let t_gemm = rig.time(|| cublas.launch(&a, &x.b, &mut d))?;
             (t_gemm, t_comm, None, CommAlone::AllGather { a })
@@ -877,6 +880,7 @@ fn align(
         )
     })?;
     comm.all_reduce_in_place(tiny, ReduceOp::Sum, stream)
+        .map_err(anyhow::Error::from)
 }
 
 /// An error's first line (progress lines stay short; the full text is in the refusal).

@@ -43,7 +43,7 @@ impl CommAlone {
         shard: &CudaSlice<bf16>,
         stream: &Arc<CudaStream>,
     ) -> anyhow::Result<()> {
-        match self {
+        let r = match self {
             CommAlone::Reduce { d, out, all: true } => {
                 comm.all_reduce(d, out, ReduceOp::Sum, stream)
             }
@@ -57,7 +57,8 @@ impl CommAlone {
                 recv,
                 recvs,
             } => comm.all_to_all_v(send, sends, recv, recvs, stream),
-        }
+        };
+        Ok(r?)
     }
 }
 

@@ -26,10 +26,11 @@ pub fn collective<S: DevicePtr<bf16>, R: DevicePtrMut<bf16>>(
     out: &mut R,
     stream: &CudaStream,
 ) -> anyhow::Result<()> {
-    match op {
+    let r = match op {
         Op::AllReduce => comm.all_reduce(send, out, ReduceOp::Sum, stream),
         Op::ReduceScatter => comm.reduce_scatter(send, out, ReduceOp::Sum, stream),
-    }
+    };
+    Ok(r?)
 }
 
 /// One signal-gemm overlap and its staging buffers.

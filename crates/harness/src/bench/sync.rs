@@ -222,6 +222,7 @@ fn nccl_all_reduce_4b_us(job: &mut Job, quick: bool) -> anyhow::Result<f64> {
     let mut recv = gpu.stream.clone_htod(&[0.0f32])?;
     let ms = time_iterations(&gpu.stream, 20, if quick { 100 } else { 500 }, || {
         comm.all_reduce(&send, &mut recv, ReduceOp::Sum, &gpu.stream)
+            .map_err(anyhow::Error::from)
     })?;
     Ok(median(&ms) * 1e3)
 }

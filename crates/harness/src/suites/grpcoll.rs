@@ -386,7 +386,7 @@ fn as_f64<T: GElem>(v: &[T]) -> Vec<f64> {
 }
 
 pub(super) fn write<T: PglElement>(pgl: &Pgl<T>, host: &[T]) -> anyhow::Result<()> {
-    pgl.copy_from_host(host)
+    Ok(pgl.copy_from_host(host)?)
 }
 
 pub(super) fn read<T: PglElement + Default + Clone>(pgl: &Pgl<T>) -> anyhow::Result<Vec<T>> {

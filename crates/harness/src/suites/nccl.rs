@@ -11,6 +11,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
 use weft_pgl::nccl::{new_unique_id, Communicator, ReduceOp, Waits, TIMEOUT_VAR};
+use weft_pgl::{NcclFailure, PglError};
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -57,16 +58,30 @@ pub(super) const TRIAL_BUDGET: Duration = Duration::from_secs(3);
 pub(super) const TRIAL_SLACK: Duration = Duration::from_secs(20);
 
 /// Checks that `r` is the bounded-wait error, within budget + slack of `t0`.
-pub(super) fn expect_bounded<T>(
+/// The error must be weft-pgl's typed NCCL timeout (`PglError::Nccl` with
+/// `NcclFailure::TimedOut`, through any context), naming the budget's variable and the abort.
+pub(super) fn expect_bounded<T, E: Into<anyhow::Error>>(
     what: &str,
     t0: Instant,
-    r: anyhow::Result<T>,
+    r: Result<T, E>,
 ) -> anyhow::Result<()> {
     let took = t0.elapsed();
     let e = match r {
         Ok(_) => anyhow::bail!("{what} succeeded, but a peer never took part"),
-        Err(e) => format!("{e:#}"),
+        Err(e) => e.into(),
     };
+    let typed = matches!(
+        e.downcast_ref::<PglError>(),
+        Some(PglError::Nccl {
+            failure: NcclFailure::TimedOut { .. },
+            ..
+        })
+    );
+    let e = format!("{e:#}");
+    anyhow::ensure!(
+        typed,
+        "{what}: expected weft-pgl's typed NCCL timeout (PglError::Nccl, TimedOut), got: {e}"
+    );
     anyhow::ensure!(
         e.contains("did not complete within") && e.contains(TIMEOUT_VAR) && e.contains("aborted"),
         "{what}: expected the bounded-wait error naming {TIMEOUT_VAR}, got: {e}"
@@ -120,7 +135,11 @@ fn second_communicator(job: &mut Job, waits: Waits) -> anyhow::Result<Communicat
         .ctx
         .clone();
     let made = Communicator::with_waits(&mut job.rdzv, &ctx, None, waits);
-    weft_pgl::agree(&mut job.rdzv, "a second communicator", made)
+    weft_pgl::agree(
+        &mut job.rdzv,
+        "a second communicator",
+        made.map_err(anyhow::Error::from),
+    )
 }
 
 /// On a blocking communicator of its own, after one all-reduce every rank joins, rank 0 starts

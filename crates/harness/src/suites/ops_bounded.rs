@@ -51,7 +51,11 @@ fn peer_never_launches(job: &mut Job, kind: OpKind) -> anyhow::Result<()> {
         nonblocking: false,
     };
     let made = Communicator::with_waits(&mut job.rdzv, &ctx, None, waits);
-    let comm = weft_pgl::agree(&mut job.rdzv, "a communicator with a short budget", made)?;
+    let comm = weft_pgl::agree(
+        &mut job.rdzv,
+        "a communicator with a short budget",
+        made.map_err(anyhow::Error::from),
+    )?;
     let mut env =
         OverlapEnv::with_communicator(&mut job.rdzv, &ctx, comm, ChoiceCache::in_memory())?;
     let (rank, world) = (job.rank(), job.world() as u32);

@@ -13,7 +13,7 @@ use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use weft_kernels::cubins;
 use weft_pgl::multicast::{bind_multicast, MulticastOptIn};
-use weft_pgl::{Backend, Bootstrap, Pgl, PglGroup, Shape};
+use weft_pgl::{Backend, Bootstrap, Pgl, PglError, PglGroup, Shape};
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -218,7 +218,8 @@ fn pattern_shared_user_buffer(job: &mut Job) -> anyhow::Result<()> {
     let r = unsafe { sys::cuMemAlloc_v2(&mut base, bytes + 256) };
     anyhow::ensure!(r == sys::CUresult::CUDA_SUCCESS, "cuMemAlloc failed: {r:?}");
     // SAFETY: base + 256 holds `bytes` bytes and outlives the Pgl (freed below, after pgl.free).
-    let shared = unsafe { Pgl::<u32>::share(&mut job.rdzv, &ctx, shape, base + 256) };
+    let shared = unsafe { Pgl::<u32>::share(&mut job.rdzv, &ctx, shape, base + 256) }
+        .map_err(anyhow::Error::from);
     let result = shared.and_then(|pgl| {
         launch_pattern(&stream, &pgl, 16, 32)?;
         stream.synchronize()?;
@@ -347,6 +348,18 @@ fn needs_two_ranks(job: &Job) -> anyhow::Result<()> {
 }
 
 /// The error every rank must see, checked for `expected` text.
+/// `r` as anyhow, once its error is the typed `PglError::RanksDisagree` (a success passes on, for
+/// `expect_error` to report).
+fn ranks_disagree<T>(what: &str, r: Result<T, PglError>) -> anyhow::Result<anyhow::Result<T>> {
+    if let Err(e) = &r {
+        anyhow::ensure!(
+            matches!(e, PglError::RanksDisagree(_)),
+            "{what}: expected PglError::RanksDisagree, got {e:?}"
+        );
+    }
+    Ok(r.map_err(anyhow::Error::from))
+}
+
 fn expect_error<T>(what: &str, r: anyhow::Result<T>, expected: &[&str]) -> anyhow::Result<()> {
     match r {
         Ok(_) => anyhow::bail!("{what}: allocation succeeded but should have failed"),
@@ -373,6 +386,7 @@ fn shape_mismatch(job: &mut Job) -> anyhow::Result<()> {
         .ctx
         .clone();
     let r = Pgl::<f32>::alloc(&mut job.rdzv, &ctx, Shape::vector(n), Backend::Vmm);
+    let r = ranks_disagree("shape mismatch", r)?;
     expect_error(
         "shape mismatch",
         r,
@@ -396,6 +410,7 @@ fn backend_mismatch(job: &mut Job) -> anyhow::Result<()> {
         .ctx
         .clone();
     let r = Pgl::<f32>::alloc(&mut job.rdzv, &ctx, Shape::vector(16), backend);
+    let r = ranks_disagree("backend mismatch", r)?;
     expect_error(
         "backend mismatch",
         r,
@@ -455,5 +470,9 @@ fn multicast_refused(job: &mut Job) -> anyhow::Result<()> {
         &MulticastOptIn::nvlink_multicast_is_allowed_on_this_machine(),
     );
     pgl.free(&mut job.rdzv)?;
-    expect_error("multicast", r, &["NVLink multicast refused"])
+    expect_error(
+        "multicast",
+        r.map_err(anyhow::Error::from),
+        &["NVLink multicast refused"],
+    )
 }

@@ -17,24 +17,28 @@ impl Rendezvous {
         secret: Option<&JobSecret>,
         connect_timeout: Duration,
         deadline: Instant,
-    ) -> Result<Vec<Stream>> {
+    ) -> Result<Vec<Stream>, PglError> {
         let address = &self.address;
         let world = self.world;
-        let listener = endpoint.listen()?;
+        let listener = endpoint
+            .listen()
+            .map_err(|e| PglError::rendezvous(Why::Transport, format!("{e:#}")))?;
         listener
             .set_nonblocking()
-            .map_err(|e| anyhow!("rendezvous at {address}: {e}"))?;
+            .map_err(|e| failure(Why::Transport, address, e))?;
         let mut members: Vec<Option<Stream>> = (1..world).map(|_| None).collect();
         // The last connection refused for the secret, for the timeout's message.
         let mut refused: Option<String> = None;
         // Aborts every connected member (and `extra`) with `text`, and returns the error.
-        let reject =
-            |members: &mut Vec<Option<Stream>>, extra: Option<&mut Stream>, text: String| {
-                for m in members.iter_mut().flatten().chain(extra) {
-                    send_abort(m, 0, &text);
-                }
-                anyhow!("rendezvous at {address}: {text}")
-            };
+        let reject = |members: &mut Vec<Option<Stream>>,
+                      extra: Option<&mut Stream>,
+                      why: Why,
+                      text: String| {
+            for m in members.iter_mut().flatten().chain(extra) {
+                send_abort(m, 0, &text);
+            }
+            failure(why, address, text)
+        };
         while members.iter().any(|m| m.is_none()) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -48,12 +52,20 @@ impl Rendezvous {
                         "; the last connection refused: {r}"
                     ))
                 );
-                return Err(reject(&mut members, None, text));
+                return Err(reject(
+                    &mut members,
+                    None,
+                    Why::Timeout { ranks: missing },
+                    text,
+                ));
             }
             match poll_readable(&[listener.fd()], left) {
                 Ok(ready) if ready[0] => {}
                 Ok(_) => continue,
-                Err(e) => return Err(reject(&mut members, None, format!("poll failed: {e}"))),
+                Err(e) => {
+                    let text = format!("poll failed: {e}");
+                    return Err(reject(&mut members, None, Why::Transport, text));
+                }
             }
             let mut stream = match listener.accept() {
                 Ok(s) => s,
@@ -111,7 +123,7 @@ impl Rendezvous {
                 members[rank as usize - 1] = Some(stream);
                 continue;
             };
-            return Err(reject(&mut members, Some(&mut stream), text));
+            return Err(reject(&mut members, Some(&mut stream), Why::Mismatch, text));
         }
         drop(listener); // no more connections: removes the Unix socket file
         let mut members: Vec<Stream> = members.into_iter().flatten().collect();
@@ -131,7 +143,7 @@ impl Rendezvous {
                         send_abort(m, 0, &text);
                     }
                 }
-                bail!("rendezvous at {address}: {text}");
+                return Err(failure(Why::PeerGone { rank: r }, address, text));
             }
         }
         Ok(members)
@@ -145,7 +157,7 @@ impl Rendezvous {
         secret: Option<&JobSecret>,
         connect_timeout: Duration,
         deadline: Instant,
-    ) -> Result<Stream> {
+    ) -> Result<Stream, PglError> {
         let address = &self.address;
         let mut stream = loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -153,15 +165,20 @@ impl Rendezvous {
                 endpoint.connect(left.clamp(Duration::from_millis(1), Duration::from_secs(1)));
             match attempt {
                 Ok(s) => break s,
-                Err(e) if left.is_zero() => bail!(
-                    "rank {} could not reach rank 0 at {address} within {} (last error: {e})",
-                    self.rank,
-                    fmt_duration(connect_timeout)
-                ),
+                Err(e) if left.is_zero() => {
+                    return Err(PglError::rendezvous(
+                        Why::Timeout { ranks: vec![0] },
+                        format!(
+                        "rank {} could not reach rank 0 at {address} within {} (last error: {e})",
+                        self.rank,
+                        fmt_duration(connect_timeout)
+                    ),
+                    ))
+                }
                 Err(_) => std::thread::sleep(RETRY_INTERVAL.min(left)),
             }
         };
-        let my_nonce = crate::job_secret::nonce()?;
+        let my_nonce = crate::job_secret::nonce().map_err(PglError::Runtime)?;
         let mut hello = [0u8; HELLO_BYTES];
         hello[..8].copy_from_slice(&(self.rank as u64).to_le_bytes());
         hello[8..16].copy_from_slice(&(self.world as u64).to_le_bytes());
@@ -187,10 +204,10 @@ impl Rendezvous {
             // With a secret, rank 0 must challenge (or refuse) before anything else: a Welcome
             // without its proof is not from this job's rank 0.
             if f.kind != Kind::Challenge && f.kind != Kind::Abort {
-                bail!(
-                    "rendezvous at {address}: the process listening there answered with {} instead of proving the job secret ({SECRET_VAR}): it is not this job's rank 0",
+                return Err(failure(Why::Unauthenticated, address, format!(
+                    "the process listening there answered with {} instead of proving the job secret ({SECRET_VAR}): it is not this job's rank 0",
                     f.kind.name()
-                );
+                )));
             }
             if f.kind == Kind::Challenge {
                 let (rank, world) = (self.rank as u64, self.world as u64);
@@ -199,9 +216,9 @@ impl Rendezvous {
                     s.verify(AuthRole::Root, rank, world, (&my_nonce, their_nonce), proof)
                 };
                 if !good {
-                    bail!(
-                        "rendezvous at {address}: the process listening there did not prove the job secret ({SECRET_VAR}): this rank's secret differs from rank 0's (two `weft launch` runs each make their own), or it is not this job's rank 0; only this rank's Hello (rank, world, a nonce) was sent to it"
-                    );
+                    return Err(failure(Why::Unauthenticated, address, format!(
+                        "the process listening there did not prove the job secret ({SECRET_VAR}): this rank's secret differs from rank 0's (two `weft launch` runs each make their own), or it is not this job's rank 0; only this rank's Hello (rank, world, a nonce) was sent to it"
+                    )));
                 }
                 let proof = s.proof(
                     AuthRole::Member,
@@ -219,33 +236,59 @@ impl Rendezvous {
                 .and_then(|()| recv_frame(&mut stream, 1 << 20, until));
             }
         }
-        let text = match reply {
+        let (why, text) = match reply {
             Ok(f) if f.kind == Kind::Welcome => return Ok(stream),
-            Ok(f) if f.kind == Kind::Abort => String::from_utf8_lossy(&f.payload).into_owned(),
-            Ok(f) => format!(
-                "unexpected {} from rank 0 during the handshake",
-                f.kind.name()
+            Ok(f) if f.kind == Kind::Abort => {
+                let text = String::from_utf8_lossy(&f.payload).into_owned();
+                let why = if is_secret_refusal(&text) {
+                    Why::Unauthenticated
+                } else {
+                    Why::Aborted
+                };
+                (why, text)
+            }
+            Ok(f) => (
+                Why::Mismatch,
+                format!(
+                    "unexpected {} from rank 0 during the handshake",
+                    f.kind.name()
+                ),
             ),
-            Err(WireError::Closed) => "rank 0 closed the connection during the handshake".into(),
-            Err(WireError::TimedOut) => {
+            Err(WireError::Closed) => (
+                Why::PeerGone { rank: 0 },
+                "rank 0 closed the connection during the handshake".into(),
+            ),
+            Err(WireError::TimedOut) => (
+                Why::Timeout { ranks: vec![0] },
                 format!(
                     "rank 0 accepted the connection but did not finish the handshake within {}",
                     fmt_duration(wait)
-                )
-            }
-            Err(WireError::Io(e)) => {
-                format!("connection to rank 0 failed during the handshake: {e}")
-            }
-            Err(WireError::Invalid(what)) => {
-                format!("rank 0 sent an invalid message during the handshake: {what}")
-            }
+                ),
+            ),
+            Err(WireError::Io(e)) => (
+                Why::PeerGone { rank: 0 },
+                format!("connection to rank 0 failed during the handshake: {e}"),
+            ),
+            Err(WireError::Invalid(what)) => (
+                Why::Mismatch,
+                format!("rank 0 sent an invalid message during the handshake: {what}"),
+            ),
         };
-        bail!("rendezvous at {address}: {text}")
+        Err(failure(why, address, text))
     }
 }
 
 /// Hello: rank and world (u64 each), whether the member has a job secret (one byte), its nonce.
 pub(super) const HELLO_BYTES: usize = 8 + 8 + 1 + NONCE_BYTES;
+
+/// What every refusal of `prove_to_member` says (and only those: a member that reads it in rank
+/// 0's Abort was refused for the secret).
+const SECRET_REFUSAL: &str = "start every rank with the same job secret";
+
+/// Whether rank 0's Abort `text` is a refusal for the job secret.
+fn is_secret_refusal(text: &str) -> bool {
+    text.contains(SECRET_REFUSAL)
+}
 
 /// Rank 0's side of the secret: `Err(why)` when the member that said Hello (`rank`, `world`,
 /// whether it has a secret, its nonce) cannot join — no secret where rank 0 has one or the
@@ -259,16 +302,17 @@ pub(super) fn prove_to_member(
 ) -> std::result::Result<(), String> {
     let s = match (secret, has_secret) {
         (None, false) => return Ok(()),
-        (None, true) => return Err(format!("this process has a job secret ({SECRET_VAR}) and rank 0 has none: start every rank with the same one")),
-        (Some(_), false) => return Err(format!("rank 0 requires the job secret ({SECRET_VAR}) and this process has none: start every rank with the same one")),
+        (None, true) => return Err(format!("this process has a job secret ({SECRET_VAR}) and rank 0 has none: {SECRET_REFUSAL}")),
+        (Some(_), false) => return Err(format!("rank 0 requires the job secret ({SECRET_VAR}) and this process has none: {SECRET_REFUSAL}")),
         (Some(s), true) => s,
     };
     let my_nonce = crate::job_secret::nonce().map_err(|e| format!("rank 0: {e:#}"))?;
     let proof = s.proof(AuthRole::Root, rank, world, (their_nonce, &my_nonce));
-    send_frame(stream, Kind::Challenge, 0, &[&my_nonce, &proof], deadline)
-        .map_err(|_| "the connection closed during the secret's exchange".to_string())?;
+    send_frame(stream, Kind::Challenge, 0, &[&my_nonce, &proof], deadline).map_err(|_| {
+        format!("the connection closed during the secret's exchange ({SECRET_REFUSAL})")
+    })?;
     let answer = recv_frame(stream, PROOF_BYTES, deadline)
-        .map_err(|_| "no proof of the job secret came back in time".to_string())?;
+        .map_err(|_| format!("no proof of the job secret came back in time ({SECRET_REFUSAL})"))?;
     let good = answer.kind == Kind::Proof
         && s.verify(
             AuthRole::Member,
@@ -281,7 +325,7 @@ pub(super) fn prove_to_member(
         Ok(())
     } else {
         Err(format!(
-            "rank 0 refused this process: its proof of the job secret ({SECRET_VAR}) did not match"
+            "rank 0 refused this process: its proof of the job secret ({SECRET_VAR}) did not match ({SECRET_REFUSAL})"
         ))
     }
 }

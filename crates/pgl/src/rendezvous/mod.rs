@@ -21,6 +21,7 @@ mod tests;
 mod transport;
 mod wire;
 
+use crate::error::{PglError, RendezvousFailure as Why};
 use crate::job_secret::{
     JobSecret, Role as AuthRole, INSECURE_VAR, NONCE_BYTES, PROOF_BYTES, SECRET_VAR,
 };
@@ -69,14 +70,23 @@ fn rank_list(ranks: &[usize]) -> String {
 }
 
 /// Per-collective timeout: WEFT_RDZV_TIMEOUT seconds when set, else 300 s.
-fn op_timeout(value: Option<String>) -> Result<Duration> {
+fn op_timeout(value: Option<String>) -> Result<Duration, PglError> {
     let Some(v) = value else {
         return Ok(DEFAULT_TIMEOUT);
     };
     match v.trim().parse::<f64>() {
         Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => Ok(Duration::from_secs_f64(s)),
-        _ => bail!("{TIMEOUT_VAR}={v:?} is not a positive number of seconds"),
+        _ => Err(PglError::Setting {
+            var: TIMEOUT_VAR,
+            value: v,
+            reason: "is not a positive number of seconds".into(),
+        }),
     }
+}
+
+/// A rendezvous failure of kind `why` at `address`.
+fn failure(why: Why, address: &str, text: impl std::fmt::Display) -> PglError {
+    PglError::rendezvous(why, format!("rendezvous at {address}: {text}"))
 }
 
 enum Role {
@@ -99,8 +109,8 @@ pub struct Rendezvous {
     /// Number of the current (or last) collective; 0 before the first.
     seq: u64,
     role: Role,
-    /// Set by the first failure; later calls return it at once.
-    failed: Option<String>,
+    /// Set by the first failure (its kind and text); later calls return it at once.
+    failed: Option<(Why, String)>,
     max_payload: usize,
 }
 
@@ -111,16 +121,20 @@ const _: () = {
 };
 
 impl Rendezvous {
-    /// Rank 0 listens, the others connect (retrying until `connect_timeout`).
-    pub fn connect(env: &RankEnv, connect_timeout: Duration) -> Result<Self> {
+    /// Rank 0 listens, the others connect (retrying until `connect_timeout`). Errors:
+    /// `PglError::Setting` (WEFT_RDZV_TIMEOUT), `PglError::Rendezvous` (a rank that did not
+    /// arrive, a stranger refused, the secret missing over TCP, …).
+    pub fn connect(env: &RankEnv, connect_timeout: Duration) -> Result<Self, PglError> {
         let timeout =
             op_timeout(std::env::var_os(TIMEOUT_VAR).map(|v| v.to_string_lossy().into_owned()))?;
         if env.world == 0 || env.rank >= env.world {
-            bail!(
-                "rendezvous: rank {} is not below world size {}",
-                env.rank,
-                env.world
-            );
+            return Err(PglError::rendezvous(
+                Why::Refused,
+                format!(
+                    "rendezvous: rank {} is not below world size {}",
+                    env.rank, env.world
+                ),
+            ));
         }
         let mut rdzv = Rendezvous {
             rank: env.rank,
@@ -135,14 +149,15 @@ impl Rendezvous {
         if env.world == 1 {
             return Ok(rdzv);
         }
-        let endpoint = Endpoint::for_env(env)?;
+        let endpoint = Endpoint::for_env(env)
+            .map_err(|e| PglError::rendezvous(Why::Transport, format!("{e:#}")))?;
         rdzv.address = endpoint.describe();
         if matches!(endpoint, Endpoint::Tcp { .. }) && env.secret.is_none() && !env.insecure_tcp {
-            bail!(
+            return Err(PglError::rendezvous(Why::Refused, format!(
                 "rank {}: the rendezvous at {} is over TCP, where anyone who can reach the port could join: set {SECRET_VAR} to the same secret on every rank (`weft secret` prints one; `weft launch` sets it) or, on a trusted network, {INSECURE_VAR}=1",
                 env.rank,
                 rdzv.address
-            );
+            )));
         }
         let secret = env.secret.as_ref();
         let deadline = Instant::now() + connect_timeout;
@@ -177,7 +192,7 @@ impl Rendezvous {
     }
 
     /// Every rank's `bytes`, indexed by rank.
-    pub fn all_gather(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
+    pub fn all_gather(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, PglError> {
         self.begin(Kind::AllGather, bytes.len())?;
         if matches!(self.role, Role::Single) {
             return Ok(vec![bytes.to_vec()]);
@@ -186,7 +201,11 @@ impl Rendezvous {
             let reply = self.member_exchange(Kind::AllGather, &[bytes])?;
             return match decode_parts(&reply, self.world) {
                 Some(parts) => Ok(parts),
-                None => Err(self.fail("rank 0 sent a malformed all_gather result".into(), true)),
+                None => Err(self.fail(
+                    Why::Mismatch,
+                    "rank 0 sent a malformed all_gather result".into(),
+                    true,
+                )),
             };
         }
         let mut parts = self.root_gather(Kind::AllGather)?;
@@ -197,7 +216,7 @@ impl Rendezvous {
                 "all_gather result of {total} bytes (world {}) exceeds the limit of {} bytes",
                 self.world, self.max_payload
             );
-            return Err(self.fail(text, true));
+            return Err(self.fail(Why::Refused, text, true));
         }
         let mut framing = Vec::with_capacity(8 * self.world);
         for p in &parts {
@@ -213,7 +232,7 @@ impl Rendezvous {
     }
 
     /// Rank `root`'s `bytes` on every rank (`bytes` is ignored on the other ranks).
-    pub fn broadcast(&mut self, root: usize, bytes: &[u8]) -> Result<Vec<u8>> {
+    pub fn broadcast(&mut self, root: usize, bytes: &[u8]) -> Result<Vec<u8>, PglError> {
         let own = if self.rank == root { bytes } else { &[][..] };
         self.begin(Kind::Broadcast, own.len())?;
         if root >= self.world {
@@ -221,7 +240,7 @@ impl Rendezvous {
                 "rank {} called broadcast with root {root}, which is not below world size {}",
                 self.rank, self.world
             );
-            return Err(self.fail(text, true));
+            return Err(self.fail(Why::Refused, text, true));
         }
         if matches!(self.role, Role::Single) {
             return Ok(bytes.to_vec());
@@ -242,7 +261,7 @@ impl Rendezvous {
                     ),
                     None => format!("rank {r} sent a malformed broadcast in collective #{}", self.seq),
                 };
-                return Err(self.fail_root(text));
+                return Err(self.fail_root(Why::Mismatch, text));
             }
         }
         let value = if root == 0 {
@@ -255,7 +274,7 @@ impl Rendezvous {
     }
 
     /// Returns once every rank has called barrier.
-    pub fn barrier(&mut self) -> Result<()> {
+    pub fn barrier(&mut self) -> Result<(), PglError> {
         self.begin(Kind::Barrier, 0)?;
         if matches!(self.role, Role::Single) {
             return Ok(());
@@ -285,7 +304,7 @@ impl Rendezvous {
             // Rank 0 prefixes "rank N failed: " when it passes the message on.
             Role::Member { root } => send_abort(root, self.seq, message),
         }
-        self.failed = Some(format!("this rank aborted: {message}"));
+        self.failed = Some((Why::Aborted, format!("this rank aborted: {message}")));
     }
 
     #[cfg(test)]
@@ -299,9 +318,12 @@ impl Rendezvous {
     }
 
     /// Starts collective number seq + 1, unless this rendezvous has failed or the payload is too big.
-    fn begin(&mut self, kind: Kind, payload_len: usize) -> Result<()> {
-        if let Some(text) = &self.failed {
-            bail!("rendezvous at {} already failed: {text}", self.address);
+    fn begin(&mut self, kind: Kind, payload_len: usize) -> Result<(), PglError> {
+        if let Some((why, text)) = &self.failed {
+            return Err(PglError::rendezvous(
+                why.clone(),
+                format!("rendezvous at {} already failed: {text}", self.address),
+            ));
         }
         self.seq += 1;
         if payload_len > self.max_payload {
@@ -311,73 +333,84 @@ impl Rendezvous {
                 kind.name(),
                 self.max_payload
             );
-            return Err(self.fail(text, true));
+            return Err(self.fail(Why::Refused, text, true));
         }
         Ok(())
     }
 
     /// Records the failure and tells the other ranks: rank 0 tells every member; a member tells
     /// rank 0 when `tell_others` (not when the failure came from rank 0).
-    fn fail(&mut self, text: String, tell_others: bool) -> anyhow::Error {
+    fn fail(&mut self, why: Why, text: String, tell_others: bool) -> PglError {
         if matches!(self.role, Role::Root { .. }) {
-            return self.fail_root(text);
+            return self.fail_root(why, text);
         }
         if let (true, Role::Member { root }) = (tell_others, &mut self.role) {
             send_abort(root, self.seq, &text);
         }
-        let e = anyhow!("rendezvous at {}: {text}", self.address);
-        self.failed = Some(text);
+        let e = failure(why.clone(), &self.address, &text);
+        self.failed = Some((why, text));
         e
     }
 
     /// Rank 0's failure: every member gets an Abort carrying `text` (the culprit too: after a
     /// mismatch it is alive and waiting; when it is gone, the send fails quietly).
-    fn fail_root(&mut self, text: String) -> anyhow::Error {
+    fn fail_root(&mut self, why: Why, text: String) -> PglError {
         if let Role::Root { members } = &mut self.role {
             for m in members.iter_mut() {
                 send_abort(m, self.seq, &text);
             }
         }
-        let e = anyhow!("rendezvous at {}: {text}", self.address);
-        self.failed = Some(text);
+        let e = failure(why.clone(), &self.address, &text);
+        self.failed = Some((why, text));
         e
     }
 
     /// Rank 0: receives collective `self.seq` of kind `kind` from every member. Returns payloads
     /// indexed by rank (index 0 left empty).
-    fn root_gather(&mut self, kind: Kind) -> Result<Vec<Vec<u8>>> {
+    fn root_gather(&mut self, kind: Kind) -> Result<Vec<Vec<u8>>, PglError> {
         let (seq, timeout, max_frame) = (self.seq, self.timeout, self.max_frame());
         let result = match &mut self.role {
             Role::Root { members } => gather_from(members, kind, seq, timeout, max_frame),
-            _ => Err("internal error: gather on a rank other than 0".into()),
+            _ => Err((
+                Why::Refused,
+                "internal error: gather on a rank other than 0".into(),
+            )),
         };
-        result.map_err(|text| self.fail_root(text))
+        result.map_err(|(why, text)| self.fail_root(why, text))
     }
 
     /// Rank 0: sends the result of collective `self.seq` to every member.
-    fn root_reply(&mut self, pieces: &[&[u8]]) -> Result<()> {
+    fn root_reply(&mut self, pieces: &[&[u8]]) -> Result<(), PglError> {
         let (seq, timeout) = (self.seq, self.timeout);
         let deadline = Instant::now() + timeout;
         let Role::Root { members } = &mut self.role else {
-            return Err(self.fail_root("internal error: reply from a rank other than 0".into()));
+            return Err(self.fail_root(
+                Why::Refused,
+                "internal error: reply from a rank other than 0".into(),
+            ));
         };
         for (i, m) in members.iter_mut().enumerate() {
             if let Err(e) = send_frame(m, Kind::Result, seq, pieces, deadline) {
+                let why = wire_failure(&e, i + 1);
                 let text = wire_error_text(e, i + 1, "sending to", timeout, seq);
-                return Err(self.fail_root(text));
+                return Err(self.fail_root(why, text));
             }
         }
         Ok(())
     }
 
     /// A member: sends its part of collective `self.seq` and waits for rank 0's result.
-    fn member_exchange(&mut self, kind: Kind, pieces: &[&[u8]]) -> Result<Vec<u8>> {
+    fn member_exchange(&mut self, kind: Kind, pieces: &[&[u8]]) -> Result<Vec<u8>, PglError> {
         let seq = self.seq;
         let waited = self.timeout + MEMBER_SLACK;
         let deadline = Instant::now() + waited;
         let max_frame = self.max_frame();
         let Role::Member { root } = &mut self.role else {
-            return Err(self.fail("internal error: member exchange on rank 0".into(), false));
+            return Err(self.fail(
+                Why::Refused,
+                "internal error: member exchange on rank 0".into(),
+                false,
+            ));
         };
         let sent = send_frame(root, kind, seq, pieces, deadline);
         // After a failed send, rank 0 may still have left an Abort explaining why.
@@ -387,12 +420,15 @@ impl Rendezvous {
             Instant::now() + ABORT_SEND_TIMEOUT
         };
         let reply = recv_frame(root, max_frame, reply_deadline);
-        let (text, tell_root) = match (sent, reply) {
-            (_, Ok(f)) if f.kind == Kind::Abort => {
-                (String::from_utf8_lossy(&f.payload).into_owned(), false)
-            }
+        let (why, text, tell_root) = match (sent, reply) {
+            (_, Ok(f)) if f.kind == Kind::Abort => (
+                Why::Aborted,
+                String::from_utf8_lossy(&f.payload).into_owned(),
+                false,
+            ),
             (Ok(()), Ok(f)) if f.kind == Kind::Result && f.seq == seq => return Ok(f.payload),
             (Ok(()), Ok(f)) => (
+                Why::Mismatch,
                 format!(
                     "unexpected {} #{} from rank 0 in collective #{seq}",
                     f.kind.name(),
@@ -403,10 +439,11 @@ impl Rendezvous {
             (Err(e), _) | (Ok(()), Err(e)) => {
                 // Rank 0 is alive but silent: tell it, in case it is stuck elsewhere.
                 let tell = matches!(e, WireError::TimedOut);
-                (wire_error_text(e, 0, "waiting for", waited, seq), tell)
+                let why = wire_failure(&e, 0);
+                (why, wire_error_text(e, 0, "waiting for", waited, seq), tell)
             }
         };
-        Err(self.fail(text, tell_root))
+        Err(self.fail(why, text, tell_root))
     }
 }
 
@@ -421,15 +458,15 @@ impl crate::Bootstrap for Rendezvous {
     }
 
     fn exchange(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
-        Rendezvous::all_gather(self, bytes)
+        Ok(Rendezvous::all_gather(self, bytes)?)
     }
 
     fn broadcast(&mut self, root: usize, bytes: &[u8]) -> Result<Vec<u8>> {
-        Rendezvous::broadcast(self, root, bytes)
+        Ok(Rendezvous::broadcast(self, root, bytes)?)
     }
 
     fn barrier(&mut self) -> Result<()> {
-        Rendezvous::barrier(self)
+        Ok(Rendezvous::barrier(self)?)
     }
 }
 
@@ -441,7 +478,7 @@ fn gather_from(
     seq: u64,
     timeout: Duration,
     max_frame: usize,
-) -> Result<Vec<Vec<u8>>, String> {
+) -> Result<Vec<Vec<u8>>, (Why, String)> {
     let deadline = Instant::now() + timeout;
     // parts[r] for rank r; rank 0's own part is filled in by the caller.
     let mut parts: Vec<Option<Vec<u8>>> = vec![None; members.len() + 1];
@@ -459,29 +496,40 @@ fn gather_from(
                 fmt_duration(timeout),
                 rank_list(&pending)
             );
-            return Err(text);
+            return Err((Why::Timeout { ranks: pending }, text));
         }
         let fds: Vec<RawFd> = pending.iter().map(|&r| members[r - 1].fd()).collect();
-        let ready = poll_readable(&fds, left)
-            .map_err(|e| format!("poll failed in collective #{seq}: {e}"))?;
+        let ready = poll_readable(&fds, left).map_err(|e| {
+            (
+                Why::Transport,
+                format!("poll failed in collective #{seq}: {e}"),
+            )
+        })?;
         for (&r, _) in pending.iter().zip(ready).filter(|(_, ready)| *ready) {
-            let text = match recv_frame(&mut members[r - 1], max_frame, deadline) {
-                Ok(f) if f.kind == Kind::Abort => format!("rank {r} failed: {}", String::from_utf8_lossy(&f.payload)),
-                Ok(f) if f.seq != seq => format!(
-                    "rank {r} is at collective #{} but rank 0 at #{seq}: the ranks called different numbers of \
-                     collectives",
-                    f.seq
+            let failed = match recv_frame(&mut members[r - 1], max_frame, deadline) {
+                Ok(f) if f.kind == Kind::Abort => (
+                    Why::Aborted,
+                    format!("rank {r} failed: {}", String::from_utf8_lossy(&f.payload)),
                 ),
-                Ok(f) if f.kind != kind => {
-                    format!("rank {r} called {} but rank 0 called {} in collective #{seq}", f.kind.name(), kind.name())
-                }
+                Ok(f) if f.seq != seq => (
+                    Why::Mismatch,
+                    format!(
+                        "rank {r} is at collective #{} but rank 0 at #{seq}: the ranks called different numbers of \
+                         collectives",
+                        f.seq
+                    ),
+                ),
+                Ok(f) if f.kind != kind => (
+                    Why::Mismatch,
+                    format!("rank {r} called {} but rank 0 called {} in collective #{seq}", f.kind.name(), kind.name()),
+                ),
                 Ok(f) => {
                     parts[r] = Some(f.payload);
                     continue;
                 }
-                Err(e) => wire_error_text(e, r, "waiting for", timeout, seq),
+                Err(e) => (wire_failure(&e, r), wire_error_text(e, r, "waiting for", timeout, seq)),
             };
-            return Err(text);
+            return Err(failed);
         }
     }
 }

@@ -68,10 +68,29 @@ fn on_threads<T: Send>(envs: Vec<RankEnv>, body: impl Fn(RankEnv) -> T + Sync) -
 }
 
 /// Every rank's error text (panics if a rank succeeded).
-fn errors(results: Vec<Result<()>>) -> Vec<String> {
+fn errors<E: std::fmt::Display>(results: Vec<Result<(), E>>) -> Vec<String> {
     results
         .into_iter()
-        .map(|r| format!("{:#}", r.expect_err("expected this rank to fail")))
+        .map(|r| match r {
+            Ok(()) => panic!("expected this rank to fail"),
+            Err(e) => format!("{e:#}"),
+        })
+        .collect()
+}
+
+/// The kind of a rendezvous error (panics on any other error).
+fn why(e: &PglError) -> Why {
+    match e {
+        PglError::Rendezvous { failure, .. } => failure.clone(),
+        other => panic!("not a rendezvous error: {other:?}"),
+    }
+}
+
+/// Every rank's kind of failure (panics if a rank succeeded or failed otherwise).
+fn whys(results: &[Result<(), PglError>]) -> Vec<Why> {
+    results
+        .iter()
+        .map(|r| why(r.as_ref().expect_err("expected this rank to fail")))
         .collect()
 }
 
@@ -168,10 +187,11 @@ fn tcp_transport() {
 #[test]
 fn tcp_without_a_secret_is_refused_unless_waived() {
     let master = Some(("127.0.0.1".to_string(), free_port()));
-    for e in errors(on_threads(
-        envs("nosecret", &[0, 1], 2, master.clone()),
-        |env| Rendezvous::connect(&env, CONNECT).map(drop),
-    )) {
+    let results = on_threads(envs("nosecret", &[0, 1], 2, master.clone()), |env| {
+        Rendezvous::connect(&env, CONNECT).map(drop)
+    });
+    assert_eq!(whys(&results), vec![Why::Refused, Why::Refused]);
+    for e in errors(results) {
         assert!(
             e.contains("over TCP") && e.contains("WEFT_JOB_SECRET"),
             "{e}"
@@ -249,6 +269,10 @@ fn a_member_refuses_a_rank_0_without_its_secret() {
     let results = on_threads(job, |env| {
         Rendezvous::connect(&env, Duration::from_secs(2)).map(drop)
     });
+    assert_eq!(
+        whys(&results),
+        vec![Why::Timeout { ranks: vec![1] }, Why::Unauthenticated]
+    );
     let e = errors(results);
     assert!(e[1].contains("did not prove the job secret"), "{}", e[1]);
     assert!(e[0].contains("rank(s) 1 did not arrive"), "{}", e[0]);
@@ -279,12 +303,11 @@ fn a_member_refuses_a_welcome_without_a_challenge() {
             // Keep the connection open until the member has decided.
             let _ = recv_frame(&mut stream, 1 << 10, soon);
         });
-        let e = format!(
-            "{:#}",
-            Rendezvous::connect(&env, Duration::from_secs(5))
-                .map(drop)
-                .unwrap_err()
-        );
+        let e = Rendezvous::connect(&env, Duration::from_secs(5))
+            .map(drop)
+            .unwrap_err();
+        assert_eq!(why(&e), Why::Unauthenticated);
+        let e = e.to_string();
         assert!(
             e.contains("answered with welcome instead of proving"),
             "{e}"
@@ -301,6 +324,7 @@ fn a_member_without_the_secret_is_told_why() {
     let results = on_threads(job, |env| {
         Rendezvous::connect(&env, Duration::from_secs(2)).map(drop)
     });
+    assert_eq!(why(results[1].as_ref().unwrap_err()), Why::Unauthenticated);
     let e = errors(results);
     assert!(e[1].contains("rank 0 requires the job secret"), "{}", e[1]);
 }
@@ -316,6 +340,10 @@ fn missing_rank_is_named() {
         "took {:?}",
         start.elapsed()
     );
+    assert_eq!(
+        whys(&results),
+        vec![Why::Timeout { ranks: vec![2] }, Why::Aborted]
+    );
     for e in errors(results) {
         assert!(
             e.contains("rank(s) 2 did not arrive within 1 s (world 3)"),
@@ -330,8 +358,9 @@ fn member_without_root_gives_up() {
     let env = &envs("noroot", &[1], 2, None)[0];
     let e = Rendezvous::connect(env, Duration::from_millis(300))
         .map(drop)
-        .unwrap_err()
-        .to_string();
+        .unwrap_err();
+    assert_eq!(why(&e), Why::Timeout { ranks: vec![0] });
+    let e = e.to_string();
     assert!(
         e.contains("rank 1 could not reach rank 0 at unix:") && e.contains("within 300 ms"),
         "{e}"
@@ -345,6 +374,7 @@ fn different_world_sizes_are_reported_to_both() {
     envs[1].world = 3;
     envs[1].local_world = 3;
     let results = on_threads(envs, |env| Rendezvous::connect(&env, CONNECT).map(drop));
+    assert_eq!(whys(&results), vec![Why::Mismatch, Why::Aborted]);
     for e in errors(results) {
         assert!(
             e.contains("rank 1 was started with world size 3, rank 0 with 2"),
@@ -403,13 +433,16 @@ fn abort_reaches_every_rank_and_poisons_later_calls() {
         if env.rank == 2 {
             rdzv.abort("out of memory on GPU 2");
         }
-        let first = format!("{:#}", rdzv.barrier().unwrap_err());
+        let first = rdzv.barrier().unwrap_err();
         let start = Instant::now();
-        let again = format!("{:#}", rdzv.all_gather(b"x").unwrap_err());
+        let again = rdzv.all_gather(b"x").unwrap_err();
         assert!(start.elapsed() < Duration::from_secs(1));
+        assert_eq!(why(&again), why(&first), "{again}");
+        let again = again.to_string();
         assert!(again.contains("already failed"), "{again}");
-        Err(anyhow!(first))
+        Err(first)
     });
+    assert_eq!(whys(&results), vec![Why::Aborted; 3]);
     let errors = errors(results);
     for e in &errors[..2] {
         assert!(e.contains("rank 2 failed: out of memory on GPU 2"), "{e}");
@@ -429,7 +462,9 @@ fn root_abort_reaches_members() {
             rdzv.abort("bad input");
             return Err(anyhow!("rank 0 aborted"));
         }
-        rdzv.barrier()
+        let r = rdzv.barrier();
+        assert_eq!(why(r.as_ref().unwrap_err()), Why::Aborted);
+        Ok(r?)
     });
     for e in &errors(results)[1..] {
         assert!(e.contains("rank 0 failed: bad input"), "{e}");
@@ -456,6 +491,10 @@ fn late_rank_is_named_by_everyone() {
         }
         result
     });
+    assert_eq!(
+        why(results[0].as_ref().unwrap_err()),
+        Why::Timeout { ranks: vec![2] }
+    );
     for e in errors(results) {
         assert!(
             e.contains("timed out after 1 s waiting for rank 2 in collective #1"),
@@ -473,7 +512,14 @@ fn closed_member_is_named() {
             drop(rdzv);
             return Err(anyhow!("rank 2 left"));
         }
-        rdzv.barrier()
+        let r = rdzv.barrier();
+        let expected = if env.rank == 0 {
+            Why::PeerGone { rank: 2 }
+        } else {
+            Why::Aborted
+        };
+        assert_eq!(why(r.as_ref().unwrap_err()), expected);
+        Ok(r?)
     });
     for e in &errors(results)[..2] {
         assert!(
@@ -494,7 +540,9 @@ fn closed_root_is_named() {
         }
         // Give rank 0 time to close first.
         std::thread::sleep(Duration::from_millis(100));
-        rdzv.barrier()
+        let r = rdzv.barrier();
+        assert_eq!(why(r.as_ref().unwrap_err()), Why::PeerGone { rank: 0 });
+        Ok(r?)
     });
     for e in &errors(results)[1..] {
         assert!(
@@ -512,6 +560,7 @@ fn payload_limits() {
         rdzv.all_gather(&vec![0u8; if env.rank == 1 { 101 } else { 100 }])
             .map(drop)
     });
+    assert_eq!(whys(&results), vec![Why::Aborted, Why::Refused]);
     for e in errors(results) {
         assert!(
             e.contains("rank 1 passed 101 bytes to all_gather, over the limit of 100 bytes"),
@@ -599,7 +648,12 @@ fn timeout_variable() {
         Duration::from_millis(2500)
     );
     for bad in ["0", "-1", "abc", "", "inf"] {
-        let e = op_timeout(Some(bad.into())).unwrap_err().to_string();
+        let e = op_timeout(Some(bad.into())).unwrap_err();
+        assert!(
+            matches!(&e, PglError::Setting { var: TIMEOUT_VAR, value, .. } if value == bad),
+            "{e:?}"
+        );
+        let e = e.to_string();
         assert!(
             e.contains("WEFT_RDZV_TIMEOUT") && e.contains("positive number of seconds"),
             "{e}"

@@ -226,6 +226,16 @@ pub(super) fn wire_error_text(
     }
 }
 
+/// The kind of failure a wire error with rank `peer` is.
+pub(super) fn wire_failure(e: &WireError, peer: usize) -> crate::error::RendezvousFailure {
+    use crate::error::RendezvousFailure as Why;
+    match e {
+        WireError::Closed | WireError::Io(_) => Why::PeerGone { rank: peer },
+        WireError::TimedOut => Why::Timeout { ranks: vec![peer] },
+        WireError::Invalid(_) => Why::Mismatch,
+    }
+}
+
 /// Decodes `world` length-prefixed parts; None unless the bytes are exactly that.
 pub(super) fn decode_parts(mut bytes: &[u8], world: usize) -> Option<Vec<Vec<u8>>> {
     let mut parts = Vec::with_capacity(world);

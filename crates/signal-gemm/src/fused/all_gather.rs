@@ -138,11 +138,21 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
         );
         let maps = match maps {
             Ok(m) => m,
-            Err(e) => return Err(with_failed_free(e, shard.free(rdzv))),
+            Err(e) => {
+                return Err(with_failed_free(
+                    e,
+                    shard.free(rdzv).map_err(anyhow::Error::from),
+                ))
+            }
         };
         let bar = match peer_barrier_counters(rdzv, ctx, what) {
             Ok(b) => b,
-            Err(e) => return Err(with_failed_free(e, shard.free(rdzv))),
+            Err(e) => {
+                return Err(with_failed_free(
+                    e,
+                    shard.free(rdzv).map_err(anyhow::Error::from),
+                ))
+            }
         };
         let gathered = match method {
             AllGatherMethod::Intra => None,
@@ -172,6 +182,7 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
                     Err(e) => {
                         let held = shard
                             .free(rdzv)
+                            .map_err(anyhow::Error::from)
                             .and(bar.free(rdzv).map_err(anyhow::Error::new));
                         return Err(with_failed_free(e, held));
                     }
@@ -449,9 +460,11 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
 
     /// Collective: frees the shards, counters and chunk flags on every rank.
     pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
-        let shard = self.shard.free(rdzv);
+        let shard = self.shard.free(rdzv).map_err(anyhow::Error::from);
         let bar = self.bar.free(rdzv).map_err(anyhow::Error::new);
-        let flags = self.gathered.map_or(Ok(()), |g| g.chunk_flags.free(rdzv));
+        let flags = self.gathered.map_or(Ok(()), |g| {
+            g.chunk_flags.free(rdzv).map_err(anyhow::Error::from)
+        });
         shard.and(bar).and(flags)
     }
 }

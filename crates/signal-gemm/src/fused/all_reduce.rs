@@ -346,9 +346,9 @@ impl FusedAllReduce {
     /// Collective: frees the buffers and counters on every rank.
     pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         let results = [
-            self.partial.free(rdzv),
-            self.out.free(rdzv),
-            self.flags.free(rdzv),
+            self.partial.free(rdzv).map_err(anyhow::Error::from),
+            self.out.free(rdzv).map_err(anyhow::Error::from),
+            self.flags.free(rdzv).map_err(anyhow::Error::from),
             self.bar.free(rdzv).map_err(anyhow::Error::new),
         ];
         results

@@ -92,11 +92,21 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
             Self::encode_maps(stream, &out, shape, ranks),
         ) {
             Ok(m) => m,
-            Err(e) => return Err(with_failed_free(e, out.free(rdzv))),
+            Err(e) => {
+                return Err(with_failed_free(
+                    e,
+                    out.free(rdzv).map_err(anyhow::Error::from),
+                ))
+            }
         };
         let bar = match peer_barrier_counters(rdzv, ctx, what) {
             Ok(b) => b,
-            Err(e) => return Err(with_failed_free(e, out.free(rdzv))),
+            Err(e) => {
+                return Err(with_failed_free(
+                    e,
+                    out.free(rdzv).map_err(anyhow::Error::from),
+                ))
+            }
         };
         Ok(Self {
             gemm,
@@ -271,7 +281,7 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
 
     /// Collective: frees the outputs and counters on every rank.
     pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
-        let out = self.out.free(rdzv);
+        let out = self.out.free(rdzv).map_err(anyhow::Error::from);
         let bar = self.bar.free(rdzv).map_err(anyhow::Error::new);
         out.and(bar)
     }

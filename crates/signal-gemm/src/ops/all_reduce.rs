@@ -174,7 +174,9 @@ impl<TO: OpElement> GemmAllReduce<TO> {
         match &mut self.imp {
             Imp::Seq { gemm, comm, out } => {
                 gemm.launch(stream, a, b, out)?;
-                lock(comm)?.all_reduce_in_place(out, ReduceOp::Sum, stream)
+                lock(comm)?
+                    .all_reduce_in_place(out, ReduceOp::Sum, stream)
+                    .map_err(anyhow::Error::from)
             }
             Imp::SeqCollectives { gemm, coll, out } => {
                 gemm.launch(a, b, out)?;

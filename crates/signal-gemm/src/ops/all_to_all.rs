@@ -237,7 +237,9 @@ impl<TO: OpElement> GemmAllToAll<TO> {
                 gemm.launch(stream, a, b, d)?;
                 gather.gather(stream, d, send)?;
                 let (sends, recvs) = gather.ranges();
-                lock(comm)?.all_to_all_v(&*send, sends, out, recvs, stream)
+                lock(comm)?
+                    .all_to_all_v(&*send, sends, out, recvs, stream)
+                    .map_err(anyhow::Error::from)
             }
             Imp::Signal {
                 ov,

@@ -197,6 +197,7 @@ impl Bench {
         let align = || {
             let comm = lock(env.comm())?;
             comm.all_reduce_in_place(tiny, ReduceOp::Sum, stream)
+                .map_err(anyhow::Error::from)
         };
         Ok(median(&time_flushed_aligned(
             stream,

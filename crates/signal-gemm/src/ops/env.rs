@@ -220,5 +220,7 @@ pub(crate) fn synchronize_with(
     stream: &CudaStream,
     what: &str,
 ) -> anyhow::Result<()> {
-    lock(comm)?.synchronize(stream, what)
+    lock(comm)?
+        .synchronize(stream, what)
+        .map_err(anyhow::Error::from)
 }

@@ -224,7 +224,9 @@ impl<TO: OpElement> GemmReduceScatter<TO> {
         match &mut self.imp {
             Imp::Seq { gemm, comm, d, out } => {
                 gemm.launch(stream, a, b, d)?;
-                lock(comm)?.reduce_scatter(&*d, out, ReduceOp::Sum, stream)
+                lock(comm)?
+                    .reduce_scatter(&*d, out, ReduceOp::Sum, stream)
+                    .map_err(anyhow::Error::from)
             }
             Imp::SeqCollectives { coll, gemm, d, out } => {
                 gemm.launch(a, b, d)?;

@@ -81,6 +81,7 @@ impl AllReduceOverlap {
                 let r = self.groups().orders(g);
                 let mut range = staging.slice_mut(r.start as usize * tile..r.end as usize * tile);
                 comm.all_reduce_in_place(&mut range, ReduceOp::Sum, x)
+                    .map_err(anyhow::Error::from)
             })?;
         let restored = self.map.restore(compute, staging, out, restore);
         self.pipe.mark_if_failed(restored)

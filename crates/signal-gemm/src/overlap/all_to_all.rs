@@ -98,6 +98,7 @@ impl AllToAllOverlap {
             |g, x, staging| {
                 let (sends, recvs) = self.map.group_ranges(g);
                 comm.all_to_all_v(&*staging, sends, received, recvs, x)
+                    .map_err(anyhow::Error::from)
             },
         )?;
         let scattered = self.map.scatter(compute, received, out);

@@ -116,7 +116,8 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
         let flags = match flags {
             Ok(f) => f,
             Err(e) => {
-                let e = e.context("allocating the copy-engine All-to-All's flags");
+                let e =
+                    anyhow::Error::from(e).context("allocating the copy-engine All-to-All's flags");
                 return Err(match received.free(rdzv) {
                     Ok(()) => e,
                     Err(f) => e.context(format!(
@@ -403,6 +404,6 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
     pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
         let received = self.received.free(rdzv);
         let flags = self.flags.free(rdzv);
-        received.and(flags)
+        Ok(received.and(flags)?)
     }
 }

@@ -104,6 +104,7 @@ impl ReduceScatterOverlap {
                 let send = staging.slice(send);
                 let mut recv = received.slice_mut(recv);
                 comm.reduce_scatter(&send, &mut recv, ReduceOp::Sum, x)
+                    .map_err(anyhow::Error::from)
             })?;
         let restored = self.map.restore(compute, received, out, restore);
         self.pipe.mark_if_failed(restored)
