@@ -73,10 +73,9 @@ fn main() -> ExitCode {
         Some("tune") => tune_command(&args[1..]),
         Some("plot") => plot_command(&args[1..]),
         Some("secret") => flagless::<SecretArgs>("weft secret", &args[1..], || {
-            weft_pgl::job_secret::JobSecret::generate().map(|s| {
-                println!("{}", s.to_hex());
-                ExitCode::SUCCESS
-            })
+            let s = weft_pgl::job_secret::JobSecret::generate()?;
+            println!("{}", s.to_hex());
+            Ok(ExitCode::SUCCESS)
         }),
         Some("launch") => {
             let rest: Vec<OsString> = std::env::args_os().skip(2).collect();

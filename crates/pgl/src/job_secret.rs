@@ -9,7 +9,8 @@
 //! (one host) it is optional — the socket's private directory and the peer's uid keep other
 //! users out, the secret keeps out the user's other processes.
 
-use anyhow::{bail, Context, Result};
+use crate::error::PglError;
+use anyhow::{Context, Result};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use std::io::Read;
@@ -57,20 +58,21 @@ pub(crate) enum Role {
 }
 
 impl JobSecret {
-    /// A fresh secret.
-    pub fn generate() -> Result<Self> {
-        Ok(Self(random()?))
+    /// A fresh secret (`PglError::Runtime` if the system's random source fails).
+    pub fn generate() -> Result<Self, PglError> {
+        Ok(Self(random().map_err(PglError::Runtime)?))
     }
 
-    /// 64 hex digits (either case).
-    pub fn parse(text: &str) -> Result<Self> {
+    /// 64 hex digits (either case). Errors: `PglError::Launcher` (the secret's variable is the
+    /// launcher's to set).
+    pub fn parse(text: &str) -> Result<Self, PglError> {
         let text = text.trim();
         if text.len() != 2 * SECRET_BYTES || !text.bytes().all(|c| c.is_ascii_hexdigit()) {
-            bail!(
+            return Err(PglError::Launcher(format!(
                 "{SECRET_VAR} must be {} hex digits ({SECRET_BYTES} bytes; `weft secret` prints one), got {} characters",
                 2 * SECRET_BYTES,
                 text.len()
-            );
+            )));
         }
         let mut b = [0u8; SECRET_BYTES];
         for (i, byte) in b.iter_mut().enumerate() {
@@ -143,7 +145,10 @@ mod tests {
         assert_eq!(JobSecret::parse(&s.to_hex()).unwrap(), s);
         assert_eq!(JobSecret::parse(&s.to_hex().to_uppercase()).unwrap(), s);
         assert_ne!(JobSecret::generate().unwrap(), s);
-        let err = |t: &str| format!("{:#}", JobSecret::parse(t).unwrap_err());
+        let err = |t: &str| match JobSecret::parse(t) {
+            Err(PglError::Launcher(text)) => text,
+            other => panic!("expected PglError::Launcher, got {other:?}"),
+        };
         assert!(err("abc").contains("64 hex digits"));
         assert!(err(&"g".repeat(64)).contains("64 hex digits"));
         assert_eq!(format!("{s:?}"), "JobSecret(…)");

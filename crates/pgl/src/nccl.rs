@@ -201,7 +201,7 @@ impl Communicator {
         ctx: &Arc<CudaContext>,
         max_ctas: Option<u32>,
     ) -> Result<Self, PglError> {
-        Self::with_waits(rdzv, ctx, max_ctas, typed(Waits::from_env())?)
+        Self::with_waits(rdzv, ctx, max_ctas, Waits::from_env()?)
     }
 
     /// As [`Communicator::with_max_ctas`], waiting as `waits` says (every rank must pass the

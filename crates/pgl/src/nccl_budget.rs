@@ -9,6 +9,7 @@
 //! operation: a rank that died or never joined then ends the others within the budget instead
 //! of hanging them.
 
+use crate::error::PglError;
 use cudarc::driver::sys as cu;
 use cudarc::nccl::sys;
 use std::time::{Duration, Instant};
@@ -21,15 +22,18 @@ pub const TIMEOUT_VAR: &str = "WEFT_NCCL_TIMEOUT_S";
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The budget from `value` (the variable's value, if set).
-pub fn timeout_from(value: Option<&str>) -> anyhow::Result<Duration> {
+/// Errors: `PglError::Setting`.
+pub fn timeout_from(value: Option<&str>) -> Result<Duration, PglError> {
     let Some(v) = value else {
         return Ok(DEFAULT_TIMEOUT);
     };
     match v.trim().parse::<f64>() {
         Ok(s) if s.is_finite() && s > 0.0 && s <= 1e9 => Ok(Duration::from_secs_f64(s)),
-        _ => anyhow::bail!(
-            "{TIMEOUT_VAR}={v:?}: expected a positive number of seconds (the bound on every NCCL wait)"
-        ),
+        _ => Err(PglError::Setting {
+            var: TIMEOUT_VAR,
+            value: v.to_string(),
+            reason: "is not a positive number of seconds (the bound on every NCCL wait)".into(),
+        }),
     }
 }
 
@@ -48,12 +52,18 @@ pub struct Waits {
 }
 
 impl Waits {
-    /// From the two variables' values (if set).
-    pub fn from_values(timeout: Option<&str>, nonblocking: Option<&str>) -> anyhow::Result<Self> {
+    /// From the two variables' values (if set). Errors: `PglError::Setting`.
+    pub fn from_values(timeout: Option<&str>, nonblocking: Option<&str>) -> Result<Self, PglError> {
         let nonblocking = match nonblocking.map(str::trim) {
             None | Some("0") | Some("") => false,
             Some("1") => true,
-            Some(v) => anyhow::bail!("{NONBLOCKING_VAR}={v:?}: expected 0 or 1"),
+            Some(v) => {
+                return Err(PglError::Setting {
+                    var: NONBLOCKING_VAR,
+                    value: v.to_string(),
+                    reason: "is not 0 or 1".into(),
+                })
+            }
         };
         Ok(Self {
             budget: timeout_from(timeout)?,
@@ -62,7 +72,7 @@ impl Waits {
     }
 
     /// From the environment ([`TIMEOUT_VAR`], [`NONBLOCKING_VAR`]).
-    pub fn from_env() -> anyhow::Result<Self> {
+    pub fn from_env() -> Result<Self, PglError> {
         Self::from_values(
             std::env::var(TIMEOUT_VAR).ok().as_deref(),
             std::env::var(NONBLOCKING_VAR).ok().as_deref(),
@@ -171,11 +181,19 @@ mod tests {
                 .nonblocking
         );
         assert!(!Waits::from_values(None, Some("0")).unwrap().nonblocking);
-        let e = Waits::from_values(None, Some("yes"))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains(NONBLOCKING_VAR), "{e}");
-        assert!(Waits::from_values(Some("-3"), None).is_err());
+        let e = Waits::from_values(None, Some("yes")).unwrap_err();
+        assert!(
+            matches!(&e, PglError::Setting { var: NONBLOCKING_VAR, value, .. } if value == "yes"),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains(NONBLOCKING_VAR), "{e}");
+        assert!(matches!(
+            Waits::from_values(Some("-3"), None),
+            Err(PglError::Setting {
+                var: TIMEOUT_VAR,
+                ..
+            })
+        ));
     }
 
     #[test]

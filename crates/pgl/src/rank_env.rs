@@ -277,7 +277,7 @@ fn master(
 
 /// Task count on node `node` (0-based) from Slurm's compressed per-node list, e.g. "4(x2),3"
 /// means nodes 0 and 1 run 4 tasks and node 2 runs 3.
-pub fn slurm_tasks_on_node(spec: &str, node: usize) -> Result<usize> {
+pub(crate) fn slurm_tasks_on_node(spec: &str, node: usize) -> Result<usize> {
     let groups = parse_slurm_tasks_per_node(spec)?;
     let mut first = 0usize;
     for (count, repeat) in &groups {
@@ -290,7 +290,7 @@ pub fn slurm_tasks_on_node(spec: &str, node: usize) -> Result<usize> {
 }
 
 /// Parses "count" or "count(xrepeat)" entries separated by commas into (count, repeat) pairs.
-pub fn parse_slurm_tasks_per_node(spec: &str) -> Result<Vec<(usize, usize)>> {
+pub(crate) fn parse_slurm_tasks_per_node(spec: &str) -> Result<Vec<(usize, usize)>> {
     let malformed =
         || anyhow!("malformed Slurm tasks-per-node list {spec:?} (expected e.g. \"4(x2),3\")");
     let mut groups = Vec::new();
