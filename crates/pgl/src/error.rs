@@ -127,6 +127,11 @@ pub(crate) fn typed<T>(r: anyhow::Result<T>) -> Result<T, PglError> {
     r.map_err(PglError::from_anyhow)
 }
 
+/// `body`'s outcome as a `PglError`: the public calls' boundary, whose bodies use `anyhow` inside.
+pub(crate) fn typed_with<T>(body: impl FnOnce() -> anyhow::Result<T>) -> Result<T, PglError> {
+    typed(body())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

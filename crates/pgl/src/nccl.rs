@@ -15,7 +15,7 @@
 //! Non-blocking, group ends, calls that need connection setup and teardown are bounded by the
 //! same budget too; blocking, they are not.
 
-use crate::error::{typed, NcclFailure, PglError};
+use crate::error::{typed, typed_with, NcclFailure, PglError};
 use crate::nccl_budget::{self, Unsettled};
 pub use crate::nccl_budget::{timeout_from, Waits, DEFAULT_TIMEOUT, NONBLOCKING_VAR, TIMEOUT_VAR};
 use crate::Bootstrap;
@@ -212,7 +212,7 @@ impl Communicator {
         max_ctas: Option<u32>,
         waits: Waits,
     ) -> Result<Self, PglError> {
-        typed((|| -> anyhow::Result<Self> {
+        typed_with(|| -> anyhow::Result<Self> {
             // Every rank checks before the broadcast, so a rank without NCCL fails them all at once.
             require_nccl(&format!("rank {}: ", rdzv.rank()))?;
             let id_bytes: Vec<u8> = if rdzv.rank() == 0 {
@@ -230,7 +230,7 @@ impl Communicator {
                 )
             })?;
             Self::join(&id, rdzv.rank(), rdzv.world(), ctx, max_ctas, waits)
-        })())
+        })
     }
 
     /// Joins the communicator of `id` as `rank` of `world` on `ctx`'s device (the other ranks
@@ -438,12 +438,12 @@ impl Communicator {
     /// finished, polling NCCL for asynchronous errors meanwhile, at most the budget; past it or
     /// on an error the communicator is aborted and the error names `what`.
     pub fn synchronize(&self, stream: &CudaStream, what: &str) -> Result<(), PglError> {
-        typed((|| -> anyhow::Result<()> {
+        typed_with(|| -> anyhow::Result<()> {
             self.usable(what)?;
             self.ctx.bind_to_thread()?;
             nccl_budget::drain(self.comm, stream.cu_stream(), self.waits.budget)
                 .map_err(|u| self.fail(what, u))
-        })())
+        })
     }
 
     /// Runs `f` (this communicator's calls) inside one NCCL group, so they launch together
@@ -533,7 +533,7 @@ impl Communicator {
         op: ReduceOp,
         stream: &CudaStream,
     ) -> Result<(), PglError> {
-        typed((|| -> anyhow::Result<()> {
+        typed_with(|| -> anyhow::Result<()> {
             self.usable("ncclAllReduce")?;
             if send.len() != recv.len() {
                 return Err(nccl_argument(format!(
@@ -558,7 +558,7 @@ impl Communicator {
                 )
             };
             self.finish("ncclAllReduce", res)
-        })())
+        })
     }
 
     /// In place: `buf[i] = op over ranks of buf[i]` (one NCCL call with send = recv).
@@ -568,7 +568,7 @@ impl Communicator {
         op: ReduceOp,
         stream: &CudaStream,
     ) -> Result<(), PglError> {
-        typed((|| -> anyhow::Result<()> {
+        typed_with(|| -> anyhow::Result<()> {
             self.usable("ncclAllReduce (in place)")?;
             let n = buf.len();
             let (p, _g) = buf.device_ptr_mut(stream);
@@ -586,7 +586,7 @@ impl Communicator {
                 )
             };
             self.finish("ncclAllReduce (in place)", res)
-        })())
+        })
     }
 
     /// `recv` (n elements) = op over ranks of `send[rank*n .. (rank+1)*n]`; `send` holds world·n.
@@ -597,7 +597,7 @@ impl Communicator {
         op: ReduceOp,
         stream: &CudaStream,
     ) -> Result<(), PglError> {
-        typed((|| -> anyhow::Result<()> {
+        typed_with(|| -> anyhow::Result<()> {
             self.usable("ncclReduceScatter")?;
             let n = recv.len();
             if send.len() != n * self.world {
@@ -622,7 +622,7 @@ impl Communicator {
                 )
             };
             self.finish("ncclReduceScatter", res)
-        })())
+        })
     }
 
     /// `recv[r*n .. (r+1)*n]` = rank r's `send` (n elements); `recv` holds world·n.
@@ -632,7 +632,7 @@ impl Communicator {
         recv: &mut R,
         stream: &CudaStream,
     ) -> Result<(), PglError> {
-        typed((|| -> anyhow::Result<()> {
+        typed_with(|| -> anyhow::Result<()> {
             self.usable("ncclAllGather")?;
             let n = send.len();
             if recv.len() != n * self.world {
@@ -656,7 +656,7 @@ impl Communicator {
                 )
             };
             self.finish("ncclAllGather", res)
-        })())
+        })
     }
 
     /// All-to-all with equal blocks: block p of `send` (n = len / world elements) goes to rank p,
@@ -667,7 +667,7 @@ impl Communicator {
         recv: &mut R,
         stream: &CudaStream,
     ) -> Result<(), PglError> {
-        typed((|| -> anyhow::Result<()> {
+        typed_with(|| -> anyhow::Result<()> {
             self.usable("all_to_all")?;
             if send.len() != recv.len() || send.len() % self.world != 0 {
                 return Err(nccl_argument(format!(
@@ -709,7 +709,7 @@ impl Communicator {
                 self.finish("ncclRecv", rr)?;
             }
             group.end()
-        })())
+        })
     }
 
     /// All-to-all with per-peer ranges, one NCCL group: `send[sends[p]]` goes to rank p and
@@ -723,7 +723,7 @@ impl Communicator {
         recvs: &[std::ops::Range<usize>],
         stream: &CudaStream,
     ) -> Result<(), PglError> {
-        typed((|| -> anyhow::Result<()> {
+        typed_with(|| -> anyhow::Result<()> {
             self.usable("all_to_all_v")?;
             if sends.len() != self.world || recvs.len() != self.world {
                 return Err(nccl_argument(format!(
@@ -779,7 +779,7 @@ impl Communicator {
                 }
             }
             group.end()
-        })())
+        })
     }
 
     /// Sends `send` to `to` and receives `recv` from `from` in one group (a ring step when
@@ -792,7 +792,7 @@ impl Communicator {
         from: usize,
         stream: &CudaStream,
     ) -> Result<(), PglError> {
-        typed((|| -> anyhow::Result<()> {
+        typed_with(|| -> anyhow::Result<()> {
             self.usable("send_recv")?;
             if to >= self.world || from >= self.world {
                 return Err(nccl_argument(format!(
@@ -828,7 +828,7 @@ impl Communicator {
             };
             self.finish("ncclRecv", rr)?;
             group.end()
-        })())
+        })
     }
 }
 

@@ -13,11 +13,13 @@
 //! them with ncclSend/ncclRecv and gets this order.)
 
 use crate::dtype::GemmElement;
+use crate::error::GemmError;
+use crate::error::{refuse, require};
 use crate::gemm::RowSlotTable;
 use crate::plan::GemmPlan;
 use crate::reorder::OutputLayout;
 use crate::wave_groups::WaveGroups;
-use anyhow::{ensure, Context};
+use anyhow::Context;
 use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
@@ -110,142 +112,147 @@ impl AllToAllMap {
         groups: &WaveGroups,
         routes: &[Vec<u32>],
         rank: usize,
-    ) -> anyhow::Result<Self> {
-        let world = routes.len();
-        let m = plan.shape.m as usize;
-        ensure!(
-            world >= 1 && rank < world,
-            "all-to-all map: rank {rank} of {world} routings"
-        );
-        ensure!(
-            groups.fits(plan),
-            "all-to-all map: wave groups {groups} were made for another plan than {}",
-            plan.describe()
-        );
-        for (s, r) in routes.iter().enumerate() {
-            ensure!(
-                r.len() == m,
-                "all-to-all map: rank {s}'s routing has {} rows, the GEMM has m = {m}",
-                r.len()
+    ) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let world = routes.len();
+            let m = plan.shape.m as usize;
+            require!(
+                world >= 1 && rank < world,
+                Options,
+                "all-to-all map: rank {rank} of {world} routings"
             );
-            if let Some((row, d)) = r.iter().enumerate().find(|(_, &d)| d as usize >= world) {
-                anyhow::bail!("all-to-all map: rank {s} routes row {row} to rank {d}, but there are {world} ranks");
-            }
-        }
-        let tile_n = plan.tile_n() as usize;
-        // This rank's pools: the slot of every (tile, row).
-        let mut mine = Vec::new();
-        let counts_mine = walk(plan, groups, &routes[rank], world, |g, d, i, tile, y, _| {
-            mine.push((g, d, i, tile, y))
-        });
-        let (send_off, send_slots) = offsets(&counts_mine);
-        let mut table = vec![WEFT_GEMM_NO_SLOT; (plan.tiles() * WEFT_GEMM_TILE_M) as usize];
-        for (g, d, i, tile, y) in mine {
-            table[(tile * WEFT_GEMM_TILE_M + y) as usize] = send_off[g][d] + i;
-        }
-        let send = (0..groups.count())
-            .map(|g| {
-                (0..world)
-                    .map(|d| {
-                        send_off[g][d] as usize * tile_n
-                            ..(send_off[g][d] + counts_mine[g][d]) as usize * tile_n
-                    })
-                    .collect()
-            })
-            .collect();
-        // What arrives: from each source s, its pool (g, rank), laid out group by group, source
-        // by source; output rows source by source, each source's rows to this rank in order.
-        let counts_all: Vec<Vec<Vec<u32>>> = routes
-            .iter()
-            .map(|r| walk(plan, groups, r, world, |_, _, _, _, _, _| {}))
-            .collect();
-        let recv_counts: Vec<Vec<u32>> = (0..groups.count())
-            .map(|g| (0..world).map(|s| counts_all[s][g][rank]).collect())
-            .collect();
-        let (recv_off, recv_slots) = recv_offsets(&counts_all, groups.count(), rank);
-        let mut push = vec![vec![0usize; world]; groups.count()];
-        let mut max_received = 0usize;
-        for q in 0..world {
-            let (off_q, slots_q) = recv_offsets(&counts_all, groups.count(), q);
-            for (g, row) in push.iter_mut().enumerate() {
-                row[q] = off_q[g][rank] as usize * tile_n;
-            }
-            max_received = max_received.max(slots_q as usize * tile_n);
-        }
-        let recv = (0..groups.count())
-            .map(|g| {
-                (0..world)
-                    .map(|s| {
-                        recv_off[g][s] as usize * tile_n
-                            ..(recv_off[g][s] + recv_counts[g][s]) as usize * tile_n
-                    })
-                    .collect()
-            })
-            .collect();
-        let mut sources = Vec::new();
-        let mut out_row_of = vec![Vec::new(); world]; // [s][row] -> output row (rows routed here)
-        for (s, r) in routes.iter().enumerate() {
-            out_row_of[s] = vec![u32::MAX; m];
-            for (row, &d) in r.iter().enumerate() {
-                if d as usize == rank {
-                    out_row_of[s][row] = sources.len() as u32;
-                    sources.push((s as u32, row as u32));
+            require!(
+                groups.fits(plan),
+                Options,
+                "all-to-all map: wave groups {groups} were made for another plan than {}",
+                plan.describe()
+            );
+            for (s, r) in routes.iter().enumerate() {
+                require!(
+                    r.len() == m,
+                    Length,
+                    "all-to-all map: rank {s}'s routing has {} rows, the GEMM has m = {m}",
+                    r.len()
+                );
+                if let Some((row, d)) = r.iter().enumerate().find(|(_, &d)| d as usize >= world) {
+                    refuse!(Options, "all-to-all map: rank {s} routes row {row} to rank {d}, but there are {world} ranks");
                 }
             }
-        }
-        let mut dst = vec![u32::MAX; 2 * recv_slots as usize];
-        for (s, r) in routes.iter().enumerate() {
-            walk(plan, groups, r, world, |g, d, i, tile, y, tn| {
-                if d == rank {
-                    let slot = (recv_off[g][s] + i) as usize;
-                    let row = (tile / plan.tiles_n()) * WEFT_GEMM_TILE_M + y;
-                    dst[2 * slot] = out_row_of[s][row as usize];
-                    dst[2 * slot + 1] = tn;
-                }
+            let tile_n = plan.tile_n() as usize;
+            // This rank's pools: the slot of every (tile, row).
+            let mut mine = Vec::new();
+            let counts_mine = walk(plan, groups, &routes[rank], world, |g, d, i, tile, y, _| {
+                mine.push((g, d, i, tile, y))
             });
-        }
-        ensure!(
-            !dst.contains(&u32::MAX),
-            "all-to-all map: a received slot has no destination (internal error)"
-        );
-        ensure!(
-            table
+            let (send_off, send_slots) = offsets(&counts_mine);
+            let mut table = vec![WEFT_GEMM_NO_SLOT; (plan.tiles() * WEFT_GEMM_TILE_M) as usize];
+            for (g, d, i, tile, y) in mine {
+                table[(tile * WEFT_GEMM_TILE_M + y) as usize] = send_off[g][d] + i;
+            }
+            let send = (0..groups.count())
+                .map(|g| {
+                    (0..world)
+                        .map(|d| {
+                            send_off[g][d] as usize * tile_n
+                                ..(send_off[g][d] + counts_mine[g][d]) as usize * tile_n
+                        })
+                        .collect()
+                })
+                .collect();
+            // What arrives: from each source s, its pool (g, rank), laid out group by group, source
+            // by source; output rows source by source, each source's rows to this rank in order.
+            let counts_all: Vec<Vec<Vec<u32>>> = routes
                 .iter()
-                .all(|&s| s == WEFT_GEMM_NO_SLOT || s < send_slots),
-            "all-to-all map: a row-slot entry past the {send_slots} staging slots (internal error)"
-        );
-        let row_slots = stream
-            .clone_htod(&table)
-            .context("uploading the row-slot table")?;
-        if dst.is_empty() {
-            dst = vec![0, 0]; // nothing arrives: a placeholder (a device buffer cannot be empty)
-        }
-        let dst_of_slot = stream
-            .clone_htod(&dst)
-            .context("uploading the received-slot table")?;
-        let ctx = stream.context();
-        let module = cubins::GEMM_RESTORE
-            .load(ctx)
-            .with_context(|| format!("loading {}", cubins::GEMM_RESTORE.source))?;
-        let scatter = module
-            .load_function("weft_gemm_slot_scatter")
-            .context("kernels/gemm/restore.cu: weft_gemm_slot_scatter")?;
-        let blocks = 4 * crate::gemm::device_sms(ctx)?;
-        stream.synchronize()?;
-        Ok(Self {
-            plan: plan.clone(),
-            world,
-            row_slots,
-            dst_of_slot,
-            send,
-            recv,
-            push,
-            max_received,
-            send_slots,
-            recv_slots,
-            sources,
-            scatter,
-            blocks,
+                .map(|r| walk(plan, groups, r, world, |_, _, _, _, _, _| {}))
+                .collect();
+            let recv_counts: Vec<Vec<u32>> = (0..groups.count())
+                .map(|g| (0..world).map(|s| counts_all[s][g][rank]).collect())
+                .collect();
+            let (recv_off, recv_slots) = recv_offsets(&counts_all, groups.count(), rank);
+            let mut push = vec![vec![0usize; world]; groups.count()];
+            let mut max_received = 0usize;
+            for q in 0..world {
+                let (off_q, slots_q) = recv_offsets(&counts_all, groups.count(), q);
+                for (g, row) in push.iter_mut().enumerate() {
+                    row[q] = off_q[g][rank] as usize * tile_n;
+                }
+                max_received = max_received.max(slots_q as usize * tile_n);
+            }
+            let recv = (0..groups.count())
+                .map(|g| {
+                    (0..world)
+                        .map(|s| {
+                            recv_off[g][s] as usize * tile_n
+                                ..(recv_off[g][s] + recv_counts[g][s]) as usize * tile_n
+                        })
+                        .collect()
+                })
+                .collect();
+            let mut sources = Vec::new();
+            let mut out_row_of = vec![Vec::new(); world]; // [s][row] -> output row (rows routed here)
+            for (s, r) in routes.iter().enumerate() {
+                out_row_of[s] = vec![u32::MAX; m];
+                for (row, &d) in r.iter().enumerate() {
+                    if d as usize == rank {
+                        out_row_of[s][row] = sources.len() as u32;
+                        sources.push((s as u32, row as u32));
+                    }
+                }
+            }
+            let mut dst = vec![u32::MAX; 2 * recv_slots as usize];
+            for (s, r) in routes.iter().enumerate() {
+                walk(plan, groups, r, world, |g, d, i, tile, y, tn| {
+                    if d == rank {
+                        let slot = (recv_off[g][s] + i) as usize;
+                        let row = (tile / plan.tiles_n()) * WEFT_GEMM_TILE_M + y;
+                        dst[2 * slot] = out_row_of[s][row as usize];
+                        dst[2 * slot + 1] = tn;
+                    }
+                });
+            }
+            anyhow::ensure!(
+                !dst.contains(&u32::MAX),
+                "all-to-all map: a received slot has no destination (internal error)"
+            );
+            anyhow::ensure!(
+                table
+                    .iter()
+                    .all(|&s| s == WEFT_GEMM_NO_SLOT || s < send_slots),
+                "all-to-all map: a row-slot entry past the {send_slots} staging slots (internal error)"
+            );
+            let row_slots = stream
+                .clone_htod(&table)
+                .context("uploading the row-slot table")?;
+            if dst.is_empty() {
+                dst = vec![0, 0]; // nothing arrives: a placeholder (a device buffer cannot be empty)
+            }
+            let dst_of_slot = stream
+                .clone_htod(&dst)
+                .context("uploading the received-slot table")?;
+            let ctx = stream.context();
+            let module = cubins::GEMM_RESTORE
+                .load(ctx)
+                .with_context(|| format!("loading {}", cubins::GEMM_RESTORE.source))?;
+            let scatter = module
+                .load_function("weft_gemm_slot_scatter")
+                .context("kernels/gemm/restore.cu: weft_gemm_slot_scatter")?;
+            let blocks = 4 * crate::gemm::device_sms(ctx)?;
+            stream.synchronize()?;
+            Ok(Self {
+                plan: plan.clone(),
+                world,
+                row_slots,
+                dst_of_slot,
+                send,
+                recv,
+                push,
+                max_received,
+                send_slots,
+                recv_slots,
+                sources,
+                scatter,
+                blocks,
+            })
         })
     }
 
@@ -308,9 +315,11 @@ impl AllToAllMap {
         stream: &Arc<CudaStream>,
         received: &CudaSlice<T>,
         out: &mut CudaSlice<T>,
-    ) -> anyhow::Result<()> {
-        let (src, _gs) = received.device_ptr(stream);
-        self.scatter_from(stream, src, received.len(), out)
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            let (src, _gs) = received.device_ptr(stream);
+            self.scatter_from(stream, src, received.len(), out)
+        })
     }
 
     /// As [`scatter`](Self::scatter) from `received_len` elements of T at device address `src`
@@ -350,26 +359,35 @@ impl AllToAllMap {
     }
 
     /// Refuses what [`scatter`](Self::scatter) would refuse.
-    pub fn check<T: GemmElement>(&self, received_len: usize, out_len: usize) -> anyhow::Result<()> {
-        ensure!(
-            self.plan.options.output == T::DTYPE,
-            "all-to-all scatter: the plan's output is {}, given {}",
-            self.plan.options.output,
-            T::DTYPE
-        );
-        ensure!(
-            received_len >= self.received_len(),
-            "all-to-all scatter: received buffer has {received_len} elements, needs {}",
-            self.received_len()
-        );
-        let need = self.rows() * self.plan.shape.n as usize;
-        ensure!(
-            out_len >= need,
-            "all-to-all scatter: output has {out_len} elements, needs {} rows x {}",
-            self.rows(),
-            self.plan.shape.n
-        );
-        Ok(())
+    pub fn check<T: GemmElement>(
+        &self,
+        received_len: usize,
+        out_len: usize,
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            require!(
+                self.plan.options.output == T::DTYPE,
+                Options,
+                "all-to-all scatter: the plan's output is {}, given {}",
+                self.plan.options.output,
+                T::DTYPE
+            );
+            require!(
+                received_len >= self.received_len(),
+                Length,
+                "all-to-all scatter: received buffer has {received_len} elements, needs {}",
+                self.received_len()
+            );
+            let need = self.rows() * self.plan.shape.n as usize;
+            require!(
+                out_len >= need,
+                Length,
+                "all-to-all scatter: output has {out_len} elements, needs {} rows x {}",
+                self.rows(),
+                self.plan.shape.n
+            );
+            Ok(())
+        })
     }
 }
 

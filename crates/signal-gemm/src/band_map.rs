@@ -11,9 +11,10 @@
 //! [`RankBandMap::global_row`] names the standard row of each.
 
 use crate::dtype::GemmElement;
+use crate::error::require;
+use crate::error::GemmError;
 use crate::plan::GemmPlan;
 use crate::reorder::{OutputLayout, Restore, SlotGeometry, SlotRestore};
-use anyhow::ensure;
 use cudarc::driver::{CudaSlice, CudaStream};
 use std::ops::Range;
 use std::sync::Arc;
@@ -33,7 +34,11 @@ impl BandGeometry {
     fn new(plan: &GemmPlan, ranks: u32, rank: u32) -> anyhow::Result<Self> {
         let layout = OutputLayout::RankBands { ranks };
         layout.check(plan)?;
-        ensure!(rank < ranks, "rank-bands map: rank {rank} of {ranks} ranks");
+        require!(
+            rank < ranks,
+            Options,
+            "rank-bands map: rank {rank} of {ranks} ranks"
+        );
         let (tile_m, m) = (plan.tile_m(), plan.shape.m);
         let band_rows = layout.band_rows(plan);
         // SAFETY: pure functions.
@@ -76,13 +81,15 @@ impl RankBandMap {
         plan: &GemmPlan,
         ranks: u32,
         rank: u32,
-    ) -> anyhow::Result<Self> {
-        let geo = BandGeometry::new(plan, ranks, rank)?;
-        Ok(Self {
-            slots: SlotRestore::new(stream, plan)?,
-            plan: plan.clone(),
-            ranks,
-            geo,
+    ) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let geo = BandGeometry::new(plan, ranks, rank)?;
+            Ok(Self {
+                slots: SlotRestore::new(stream, plan)?,
+                plan: plan.clone(),
+                ranks,
+                geo,
+            })
         })
     }
 
@@ -130,15 +137,19 @@ impl RankBandMap {
         received_len: usize,
         dst_len: usize,
         step: &Restore<'_>,
-    ) -> anyhow::Result<()> {
-        self.slots.check::<T>(
-            "rank-bands",
-            self.geometry(),
-            self.received_len() as u64,
-            received_len,
-            dst_len,
-            step,
-        )
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            self.slots
+                .check::<T>(
+                    "rank-bands",
+                    self.geometry(),
+                    self.received_len() as u64,
+                    received_len,
+                    dst_len,
+                    step,
+                )
+                .map_err(anyhow::Error::from)
+        })
     }
 
     /// `dst` (rows() × n, standard row order) from `received`, with `step` fused.
@@ -148,10 +159,13 @@ impl RankBandMap {
         received: &CudaSlice<T>,
         dst: &mut CudaSlice<T>,
         step: Restore<'_>,
-    ) -> anyhow::Result<()> {
-        self.check::<T>(received.len(), dst.len(), &step)?;
-        self.slots
-            .launch(stream, self.geometry(), received, dst, step)
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            self.check::<T>(received.len(), dst.len(), &step)?;
+            self.slots
+                .launch(stream, self.geometry(), received, dst, step)
+                .map_err(anyhow::Error::from)
+        })
     }
 }
 

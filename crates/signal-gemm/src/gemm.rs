@@ -1,12 +1,14 @@
 //! A loaded GEMM: the plan's kernel on one context, its error slot, and launches on a stream.
 
 use crate::dtype::{Dtype, GemmElement};
+use crate::error::GemmError;
+use crate::error::{refuse, require};
 use crate::kernel_choice::{GemmKernels, KernelVariant, LaunchNeeds, MethodKernels};
 use crate::plan::{BLayout, FusionSet, GemmOptions, GemmPlan, GemmShape, Scheduling};
 use crate::reorder::OutputLayout;
 use crate::tensor_map::{encode_2d, encode_3d, encode_wide};
 use crate::wave_groups::GroupCounters;
-use anyhow::{ensure, Context};
+use anyhow::Context;
 use cudarc::driver::sys::{self, CUfunction_attribute};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig,
@@ -37,14 +39,16 @@ pub struct TileFlags {
 
 impl TileFlags {
     /// Zeroed flags for `plan`'s tiles.
-    pub fn new(stream: &Arc<CudaStream>, plan: &GemmPlan) -> anyhow::Result<Self> {
-        let flags = stream
-            .alloc_zeros::<u64>(plan.tiles() as usize)
-            .context("allocating GEMM tile flags")?;
-        Ok(Self {
-            flags,
-            launches: 0,
-            tiles: plan.tiles(),
+    pub fn new(stream: &Arc<CudaStream>, plan: &GemmPlan) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let flags = stream
+                .alloc_zeros::<u64>(plan.tiles() as usize)
+                .context("allocating GEMM tile flags")?;
+            Ok(Self {
+                flags,
+                launches: 0,
+                tiles: plan.tiles(),
+            })
         })
     }
     /// The value every flag reaches at the end of the next launch (and counts that launch).
@@ -300,11 +304,11 @@ fn fit_resident_clusters(func: &CudaFunction, plan: GemmPlan) -> anyhow::Result<
         .context("cuOccupancyMaxActiveClusters")?;
     let resident = clusters.max(0) as u32 * cm;
     let comm = plan.options.comm_ctas;
-    ensure!(resident > comm, "only {clusters} clusters of {cm} CTAs can be resident: no room for the GEMM next to {comm} communicator CTAs");
+    require!(resident > comm, Options, "only {clusters} clusters of {cm} CTAs can be resident: no room for the GEMM next to {comm} communicator CTAs");
     if plan.ctas() + comm <= resident {
         Ok(plan)
     } else {
-        plan.with_ctas(resident - comm)
+        plan.with_ctas(resident - comm).map_err(anyhow::Error::from)
     }
 }
 
@@ -355,8 +359,13 @@ impl<'a> RowSlotTable<'a> {
 }
 
 /// The SM count of `ctx`'s device.
-pub fn device_sms(ctx: &Arc<CudaContext>) -> anyhow::Result<u32> {
-    Ok(ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32)
+pub fn device_sms(ctx: &Arc<CudaContext>) -> Result<u32, GemmError> {
+    crate::error::typed_with(|| -> anyhow::Result<u32> {
+        Ok(
+            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+                as u32,
+        )
+    })
 }
 
 impl Gemm {
@@ -365,109 +374,115 @@ impl Gemm {
         ctx: &Arc<CudaContext>,
         shape: GemmShape,
         options: GemmOptions,
-    ) -> anyhow::Result<Self> {
-        let plan = GemmPlan::new(device_sms(ctx)?, shape, options)?;
-        Self::from_plan(ctx, plan)
+    ) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let plan = GemmPlan::new(device_sms(ctx)?, shape, options)?;
+            Self::from_plan(ctx, plan).map_err(anyhow::Error::from)
+        })
     }
 
     /// Loads the kernel of a plan made for this device.
-    pub fn from_plan(ctx: &Arc<CudaContext>, plan: GemmPlan) -> anyhow::Result<Self> {
-        let sms = device_sms(ctx)?;
-        ensure!(
-            plan.sms == sms,
-            "GEMM plan made for {} SMs, but the device has {sms}",
-            plan.sms
-        );
-        let major =
-            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
-        let minor =
-            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
-        ensure!(
-            (major, minor) == (9, 0),
-            "weft's GEMM needs a Hopper GPU (sm_90), this device is sm_{major}{minor}"
-        );
-        let cubin = match plan.options.input {
-            Dtype::Bf16 => &cubins::GEMM_GEMM_BF16,
-            Dtype::F16 => &cubins::GEMM_GEMM_F16,
-            Dtype::F32 => unreachable!("rejected by GemmPlan::new"),
-        };
-        let module = cubin
-            .load(ctx)
-            .with_context(|| format!("loading {}", cubin.source))?;
-        let load = |name: String| -> anyhow::Result<CudaFunction> {
-            let func = module
-                .load_function(&name)
-                .with_context(|| format!("{} has no kernel {name}", cubin.source))?;
-            func.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                plan.smem_bytes() as i32,
-            )
-            .with_context(|| {
-                format!(
-                    "allowing {} bytes of dynamic shared memory for {name}",
-                    plan.smem_bytes()
+    pub fn from_plan(ctx: &Arc<CudaContext>, plan: GemmPlan) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let sms = device_sms(ctx)?;
+            require!(
+                plan.sms == sms,
+                Unsupported,
+                "GEMM plan made for {} SMs, but the device has {sms}",
+                plan.sms
+            );
+            let major = ctx
+                .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+            let minor = ctx
+                .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+            require!(
+                (major, minor) == (9, 0),
+                Unsupported,
+                "weft's GEMM needs a Hopper GPU (sm_90), this device is sm_{major}{minor}"
+            );
+            let cubin = match plan.options.input {
+                Dtype::Bf16 => &cubins::GEMM_GEMM_BF16,
+                Dtype::F16 => &cubins::GEMM_GEMM_F16,
+                Dtype::F32 => unreachable!("rejected by GemmPlan::new"),
+            };
+            let module = cubin
+                .load(ctx)
+                .with_context(|| format!("loading {}", cubin.source))?;
+            let load = |name: String| -> anyhow::Result<CudaFunction> {
+                let func = module
+                    .load_function(&name)
+                    .with_context(|| format!("{} has no kernel {name}", cubin.source))?;
+                func.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    plan.smem_bytes() as i32,
                 )
-            })?;
-            Ok(func)
-        };
-        let func = if plan.has_fused_kernel() {
-            Some(load(plan.kernel_name())?)
-        } else {
-            None
-        };
-        let methods = MethodKernels::load(&plan, load)?;
-        let plain_func = load(plan.plain_kernel_name())?;
-        let plain_split = if plan.k_splits() > 1 {
-            Some(load(plan.plain_split_kernel_name())?)
-        } else {
-            None
-        };
-        let plan = if plan.cluster_m() > 1 {
-            // The kernels use the same registers and shared memory; checked on each regardless.
-            let mut plan = plan;
-            let method_funcs = MethodKernels::SETS.iter().filter_map(|s| methods.get(*s));
-            for f in func.iter().chain(method_funcs) {
-                plan = fit_resident_clusters(f, plan)?;
-            }
-            fit_resident_clusters(&plain_func, plan)?
-        } else {
-            plan
-        };
-        let slot = ErrorSlot::new(ctx)?;
-        let budget = WaitBudget::default_for(ctx)?;
-        let bound = weft_sync_bound {
-            error_slot: slot.device_ptr(ctx)?,
-            budget_cycles: budget.cycles,
-        };
-        let claims = match plan.options.scheduling {
-            Scheduling::Static => None,
-            Scheduling::Dynamic => {
-                let stream = ctx.default_stream();
-                let counter = stream
-                    .alloc_zeros::<u32>(1)
-                    .context("allocating the GEMM's tile-claim counter")?;
-                stream.synchronize()?;
-                Some(Mutex::new(TileClaims {
-                    counter,
-                    base: 0,
-                    stream: None,
-                }))
-            }
-        };
-        let split = SplitPartials::new(ctx, &plan)?;
-        Ok(Self {
-            row_slots_check: Box::default(),
-            plan,
-            kernels: Box::new(GemmKernels {
-                fused: func,
-                methods,
-                plain: plain_func,
-                plain_split,
-            }),
-            slot,
-            bound,
-            claims,
-            split,
+                .with_context(|| {
+                    format!(
+                        "allowing {} bytes of dynamic shared memory for {name}",
+                        plan.smem_bytes()
+                    )
+                })?;
+                Ok(func)
+            };
+            let func = if plan.has_fused_kernel() {
+                Some(load(plan.kernel_name())?)
+            } else {
+                None
+            };
+            let methods = MethodKernels::load(&plan, load)?;
+            let plain_func = load(plan.plain_kernel_name())?;
+            let plain_split = if plan.k_splits() > 1 {
+                Some(load(plan.plain_split_kernel_name())?)
+            } else {
+                None
+            };
+            let plan = if plan.cluster_m() > 1 {
+                // The kernels use the same registers and shared memory; checked on each regardless.
+                let mut plan = plan;
+                let method_funcs = MethodKernels::SETS.iter().filter_map(|s| methods.get(*s));
+                for f in func.iter().chain(method_funcs) {
+                    plan = fit_resident_clusters(f, plan)?;
+                }
+                fit_resident_clusters(&plain_func, plan)?
+            } else {
+                plan
+            };
+            let slot = ErrorSlot::new(ctx)?;
+            let budget = WaitBudget::default_for(ctx)?;
+            let bound = weft_sync_bound {
+                error_slot: slot.device_ptr(ctx)?,
+                budget_cycles: budget.cycles,
+            };
+            let claims = match plan.options.scheduling {
+                Scheduling::Static => None,
+                Scheduling::Dynamic => {
+                    let stream = ctx.default_stream();
+                    let counter = stream
+                        .alloc_zeros::<u32>(1)
+                        .context("allocating the GEMM's tile-claim counter")?;
+                    stream.synchronize()?;
+                    Some(Mutex::new(TileClaims {
+                        counter,
+                        base: 0,
+                        stream: None,
+                    }))
+                }
+            };
+            let split = SplitPartials::new(ctx, &plan)?;
+            Ok(Self {
+                row_slots_check: Box::default(),
+                plan,
+                kernels: Box::new(GemmKernels {
+                    fused: func,
+                    methods,
+                    plain: plain_func,
+                    plain_split,
+                }),
+                slot,
+                bound,
+                claims,
+                split,
+            })
         })
     }
 
@@ -487,8 +502,11 @@ impl Gemm {
         a: &CudaSlice<TI>,
         b: &CudaSlice<TI>,
         d: &mut CudaSlice<TO>,
-    ) -> anyhow::Result<()> {
-        self.launch_with(stream, a, b, d, LaunchExtras::default())
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            self.launch_with(stream, a, b, d, LaunchExtras::default())
+                .map_err(anyhow::Error::from)
+        })
     }
 
     /// As [`Gemm::launch`], with tile flags, the test communicator's copy, or a trace.
@@ -499,13 +517,15 @@ impl Gemm {
         b: &CudaSlice<TI>,
         d: &mut CudaSlice<TO>,
         extras: LaunchExtras<'_, TO>,
-    ) -> anyhow::Result<()> {
-        let d_len = d.len();
-        let (a_ptr, _ra) = a.device_ptr(stream);
-        let (d_ptr, _rd) = d.device_ptr_mut(stream);
-        // SAFETY: `a` holds a.len() elements of TI and `d` d_len of TO; both stay borrowed (and
-        // their use recorded) until the launch is enqueued.
-        unsafe { self.launch_into(stream, (a_ptr, a.len()), b, d_ptr, d_len, extras) }
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            let d_len = d.len();
+            let (a_ptr, _ra) = a.device_ptr(stream);
+            let (d_ptr, _rd) = d.device_ptr_mut(stream);
+            // SAFETY: `a` holds a.len() elements of TI and `d` d_len of TO; both stay borrowed (and
+            // their use recorded) until the launch is enqueued.
+            unsafe { self.launch_into(stream, (a_ptr, a.len()), b, d_ptr, d_len, extras) }
+        })
     }
 
     /// As [`Gemm::launch_with`], with A as (device address, elements of TI) and D as `d_len`
@@ -527,21 +547,24 @@ impl Gemm {
         let GemmShape { m, n, k } = plan.shape;
         let (m, n, k) = (m as u64, n as u64, k as u64);
         let o = &plan.options;
-        ensure!(
+        require!(
             TI::DTYPE == o.input,
+            Options,
             "GEMM planned for {} inputs, given {} buffers",
             o.input,
             TI::DTYPE
         );
-        ensure!(
+        require!(
             TO::DTYPE == o.output,
+            Options,
             "GEMM planned for {} output, given a {} buffer",
             o.output,
             TO::DTYPE
         );
-        let need = |what: &str, len: usize, want: u64, dims: String| {
-            ensure!(
+        let need = |what: &str, len: usize, want: u64, dims: String| -> anyhow::Result<()> {
+            require!(
                 len as u64 >= want,
+                Length,
                 "GEMM {}: {what} buffer too small: {len} elements, needs {want} ({dims})",
                 plan.shape
             );
@@ -568,9 +591,10 @@ impl Gemm {
             | OutputLayout::PeerReduce { .. }
             | OutputLayout::PeerRows { .. } => {
                 need("D", d_len, layout.elements(plan), layout.describe(plan))?;
-                ensure!(o.beta == 0.0, "GEMM {}: the {} layout needs beta = 0 (D is not in the standard layout to read)", plan.shape, layout.name());
-                ensure!(
+                require!(o.beta == 0.0, Options, "GEMM {}: the {} layout needs beta = 0 (D is not in the standard layout to read)", plan.shape, layout.name());
+                require!(
                     extras.copy_dst.is_none(),
+                    Options,
                     "GEMM {}: the tile-copy communicator reads the standard layout, not {}",
                     plan.shape,
                     layout.name()
@@ -701,8 +725,8 @@ impl Gemm {
         let _split_keep = match split.as_mut() {
             Some(sp) => {
                 let s = stream.cu_stream();
-                ensure!(
-                    sp.stream.is_none_or(|prev| prev == s),
+                require!(
+                    sp.stream.is_none_or(|prev| prev == s), Options,
                     "a split-K GEMM launches on one stream (its launches share the partials): this Gemm already launched on another stream; make one Gemm per stream or plan it with KSplits::Fixed(1)"
                 );
                 sp.stream = Some(s);
@@ -761,15 +785,16 @@ impl Gemm {
             all_gather,
         } = extras;
         if let Some(g) = all_gather {
-            ensure!(
+            require!(
                 peer.is_none() && peer_rows.is_none() && all_reduce.is_none(),
+                Options,
                 "GEMM {}: the fused AllGather combines with no other fused collective",
                 plan.shape
             );
-            ensure!(flags.is_none() && groups.is_none(), "GEMM {}: the fused AllGather signals through its barriers, not tile flags or wave groups", plan.shape);
+            require!(flags.is_none() && groups.is_none(), Options, "GEMM {}: the fused AllGather signals through its barriers, not tile flags or wave groups", plan.shape);
             let ranks = g.bar.view.world as u32;
-            ensure!(
-                u64::from(g.rows) * u64::from(ranks) == m && g.rows % (plan.tile_m() * plan.cluster_m()) == 0,
+            require!(
+                u64::from(g.rows) * u64::from(ranks) == m && g.rows % (plan.tile_m() * plan.cluster_m()) == 0, Shape,
                 "GEMM {}: A shards of {} rows on {ranks} ranks do not make m in whole tiles (of whole clusters)",
                 plan.shape,
                 g.rows
@@ -780,31 +805,32 @@ impl Gemm {
             p.peer_epoch = g.epoch;
             if let Some(c) = g.copy {
                 if g.host_copy {
-                    ensure!(o.comm_ctas == 0, "GEMM {}: the copy-engine AllGather copies on the host's streams: plan with comm_ctas = 0 (not {})", plan.shape, o.comm_ctas);
+                    require!(o.comm_ctas == 0, Options, "GEMM {}: the copy-engine AllGather copies on the host's streams: plan with comm_ctas = 0 (not {})", plan.shape, o.comm_ctas);
                 } else {
-                    ensure!(o.comm_ctas > 0 && c.flag_rows <= 1, "GEMM {}: the inter-SM AllGather copies the shards in communicator CTAs, a flag per tile row: plan with comm_ctas > 0", plan.shape);
+                    require!(o.comm_ctas > 0 && c.flag_rows <= 1, Options, "GEMM {}: the inter-SM AllGather copies the shards in communicator CTAs, a flag per tile row: plan with comm_ctas > 0", plan.shape);
                 }
                 // K chunks: only the AllGather's own kernel polls a flag per chunk (the kernel with
                 // every fusion polls each group's first flag alone, and would read the later
                 // chunks before they landed); each chunk whole K blocks, the flags covering K.
                 if c.k_chunks > 1 {
-                    ensure!(
-                        g.host_copy && variant == KernelVariant::Method(FusionSet::AllGather),
+                    require!(
+                        g.host_copy && variant == KernelVariant::Method(FusionSet::AllGather), Options,
                         "GEMM {}: the AllGather's copy in K chunks needs the copy engines and the AllGather's own kernel (a 128- or 256-wide tile, the pipelined epilogue, no other fusion); this launch runs {variant:?}",
                         plan.shape
                     );
                     // SAFETY: a pure function of the schedule (abi/gemm.h).
                     let k_blocks = unsafe { weft_gemm_k_blocks(p.sched) };
-                    ensure!(
+                    require!(
                         c.k_chunk_blocks > 0 && k_blocks.div_ceil(c.k_chunk_blocks) == c.k_chunks,
+                        Shape,
                         "GEMM {}: {} K chunks of {} K blocks do not cover its {k_blocks} K blocks",
                         plan.shape,
                         c.k_chunks,
                         c.k_chunk_blocks
                     );
                 }
-                ensure!(
-                    c.shards.world as u32 == ranks && u64::from(c.row_bytes) == k * o.input.bytes() as u64,
+                require!(
+                    c.shards.world as u32 == ranks && u64::from(c.row_bytes) == k * o.input.bytes() as u64, Options,
                     "GEMM {}: the AllGather copy was made for {} ranks and rows of {} bytes, the launch has {ranks} ranks and rows of {} bytes",
                     plan.shape,
                     c.shards.world,
@@ -819,58 +845,59 @@ impl Gemm {
             }
         }
         if let Some(t) = all_reduce {
-            ensure!(
+            require!(
                 layout == OutputLayout::Standard,
+                Options,
                 "GEMM {}: the fused AllReduce reads the standard layout, not {}",
                 plan.shape,
                 layout.name()
             );
-            ensure!(flags.is_none() && groups.is_none() && copy_dst.is_none(), "GEMM {}: the fused AllReduce owns the tile flags (no TileFlags, wave groups or tile copy)", plan.shape);
+            require!(flags.is_none() && groups.is_none() && copy_dst.is_none(), Options, "GEMM {}: the fused AllReduce owns the tile flags (no TileFlags, wave groups or tile copy)", plan.shape);
             p.tile_flags = t.flags;
             p.flag_target = t.flag_target;
             p.flags_sys = 1;
             if let Some(ar) = t.comm {
-                ensure!(o.comm_ctas > 0 && ar.workers == o.comm_ctas, "GEMM {}: the fused AllReduce's {} workers must be the plan's communicator CTAs ({})", plan.shape, ar.workers, o.comm_ctas);
+                require!(o.comm_ctas > 0 && ar.workers == o.comm_ctas, Options, "GEMM {}: the fused AllReduce's {} workers must be the plan's communicator CTAs ({})", plan.shape, ar.workers, o.comm_ctas);
                 p.comm_op = WEFT_GEMM_COMM_ALLREDUCE;
                 p.allreduce = ar;
             }
         }
         match (layout, peer) {
             (OutputLayout::PeerReduce { ranks }, Some(t)) => {
-                ensure!(
-                    t.ranks == ranks && t.bar.view.world as u32 == ranks,
+                require!(
+                    t.ranks == ranks && t.bar.view.world as u32 == ranks, Options,
                     "GEMM {}: peer targets for {} ranks given to a launch reducing over {ranks}",
                     plan.shape,
                     t.ranks
                 );
-                ensure!(flags.is_none() && groups.is_none(), "GEMM {}: the peer-reduce layout signals through its barriers, not tile flags or wave groups", plan.shape);
+                require!(flags.is_none() && groups.is_none(), Options, "GEMM {}: the peer-reduce layout signals through its barriers, not tile flags or wave groups", plan.shape);
                 p.peer_maps = t.maps;
                 p.peer_rows = plan.shape.m / ranks;
                 p.peer_bar = t.bar;
                 p.peer_epoch = t.epoch;
             }
-            (OutputLayout::PeerReduce { .. }, None) => anyhow::bail!("GEMM {}: the peer-reduce layout needs its peers' outputs and barriers (use weft_signal_gemm::fused::FusedReduceScatter)", plan.shape),
-            (_, Some(_)) => anyhow::bail!("GEMM {}: peer targets were given for the {} layout", plan.shape, layout.name()),
+            (OutputLayout::PeerReduce { .. }, None) => refuse!(Options, "GEMM {}: the peer-reduce layout needs its peers' outputs and barriers (use weft_signal_gemm::fused::FusedReduceScatter)", plan.shape),
+            (_, Some(_)) => refuse!(Options, "GEMM {}: peer targets were given for the {} layout", plan.shape, layout.name()),
             (_, None) => {}
         }
         match (layout, peer_rows) {
             (OutputLayout::PeerRows { ranks, rows }, Some(t)) => {
-                ensure!(
-                    t.bar.view.world as u32 == ranks && u64::from(t.table_rows) == m,
+                require!(
+                    t.bar.view.world as u32 == ranks && u64::from(t.table_rows) == m, Options,
                     "GEMM {}: peer rows made for {} ranks and {} rows of A given to a launch over {ranks} ranks and {m} rows",
                     plan.shape,
                     t.bar.view.world,
                     t.table_rows
                 );
-                ensure!(flags.is_none() && groups.is_none(), "GEMM {}: the peer-rows layout signals through its barriers, not tile flags or wave groups", plan.shape);
+                require!(flags.is_none() && groups.is_none(), Options, "GEMM {}: the peer-rows layout signals through its barriers, not tile flags or wave groups", plan.shape);
                 p.peer_ptrs = t.ptrs;
                 p.row_slots = t.table;
                 p.peer_rows = rows;
                 p.peer_bar = t.bar;
                 p.peer_epoch = t.epoch;
             }
-            (OutputLayout::PeerRows { .. }, None) => anyhow::bail!("GEMM {}: the peer-rows layout needs its peers' outputs, row table and barriers (use weft_signal_gemm::fused::FusedAllToAll)", plan.shape),
-            (_, Some(_)) => anyhow::bail!("GEMM {}: peer rows were given for the {} layout", plan.shape, layout.name()),
+            (OutputLayout::PeerRows { .. }, None) => refuse!(Options, "GEMM {}: the peer-rows layout needs its peers' outputs, row table and barriers (use weft_signal_gemm::fused::FusedAllToAll)", plan.shape),
+            (_, Some(_)) => refuse!(Options, "GEMM {}: peer rows were given for the {} layout", plan.shape, layout.name()),
             (_, None) => {}
         }
         // (table, entries, slots): a table not checked for these slots, checked on the device
@@ -885,8 +912,9 @@ impl Gemm {
                 }),
             ) => {
                 let need = u64::from(plan.tiles()) * u64::from(WEFT_GEMM_TILE_M);
-                ensure!(
+                require!(
                     table.len() as u64 >= need,
+                    Length,
                     "GEMM {}: row-slot table has {} entries, needs {need} (128 per tile)",
                     plan.shape,
                     table.len()
@@ -896,11 +924,13 @@ impl Gemm {
                     slots_check = Some((p.row_slots, need, slots));
                 }
             }
-            (OutputLayout::RowSlots { .. }, None) => anyhow::bail!(
+            (OutputLayout::RowSlots { .. }, None) => refuse!(
+                Options,
                 "GEMM {}: the row-slots layout needs its table (LaunchExtras::row_slots)",
                 plan.shape
             ),
-            (_, Some(_)) => anyhow::bail!(
+            (_, Some(_)) => refuse!(
+                Options,
                 "GEMM {}: a row-slot table was given for the {} layout",
                 plan.shape,
                 layout.name()
@@ -908,8 +938,8 @@ impl Gemm {
             (_, None) => {}
         }
         if let Some(g) = groups {
-            ensure!(
-                g.groups().fits(plan),
+            require!(
+                g.groups().fits(plan), Options,
                 "wave groups {} were made for another plan ({} orders on {} CTAs) than {} ({} orders on {} CTAs)",
                 g.groups(),
                 g.groups().planned().0,
@@ -924,8 +954,9 @@ impl Gemm {
         let mut _keep = Vec::new();
         let mut launches = None;
         if let Some(f) = flags {
-            ensure!(
+            require!(
                 f.tiles == plan.tiles(),
+                Options,
                 "tile flags made for {} tiles, this plan has {} (one TileFlags per plan)",
                 f.tiles,
                 plan.tiles()
@@ -939,12 +970,14 @@ impl Gemm {
             launches = Some(&mut f.launches);
         }
         if let Some(c) = copy_dst {
-            ensure!(
+            require!(
                 p.tile_flags != 0,
+                Options,
                 "the tile-copy communicator needs tile flags"
             );
-            ensure!(
+            require!(
                 o.comm_ctas > 0,
+                Options,
                 "the tile-copy communicator needs a plan with comm_ctas > 0"
             );
             need("copy", c.len(), m * n, format!("{m} x {n}"))?;
@@ -980,13 +1013,13 @@ impl Gemm {
         if let Some(c) = claims.as_mut() {
             // A graph would replay this launch's claim base, not the counter's next one.
             let capture = stream.capture_status().context("cuStreamIsCapturing")?;
-            ensure!(
-                capture == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE,
+            require!(
+                capture == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE, Options,
                 "a dynamically scheduled GEMM cannot be captured in a CUDA graph (each launch starts at a new claim base); plan it with Scheduling::Static"
             );
             let s = stream.cu_stream();
-            ensure!(
-                c.stream.is_none_or(|prev| prev == s),
+            require!(
+                c.stream.is_none_or(|prev| prev == s), Options,
                 "a dynamically scheduled GEMM launches on one stream (its launches must not overlap): this Gemm already launched on another stream; make one Gemm per stream"
             );
             c.stream = Some(s);
@@ -998,8 +1031,8 @@ impl Gemm {
             r
         });
         if let Some((table, entries, slots)) = slots_check {
-            ensure!(
-                !early_release,
+            require!(
+                !early_release, Options,
                 "GEMM {}: the row-slots layout's table check runs on the stream before the GEMM, so the GEMM cannot be released early by a wait",
                 plan.shape
             );
@@ -1092,21 +1125,23 @@ impl Gemm {
 
     /// Dynamic scheduling only: (the claim counter's value on the device, the base the host will
     /// give the next launch). Equal once every launch has finished. Synchronises `stream`.
-    pub fn claim_counter(&self, stream: &Arc<CudaStream>) -> anyhow::Result<Option<(u32, u32)>> {
-        let Some(c) = &self.claims else {
-            return Ok(None);
-        };
-        let c = c
-            .lock()
-            .map_err(|_| anyhow::anyhow!("the GEMM's claim counter lock is poisoned"))?;
-        let v = stream.clone_dtoh(&c.counter)?;
-        stream.synchronize()?;
-        Ok(Some((v[0], c.base)))
+    pub fn claim_counter(&self, stream: &Arc<CudaStream>) -> Result<Option<(u32, u32)>, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Option<(u32, u32)>> {
+            let Some(c) = &self.claims else {
+                return Ok(None);
+            };
+            let c = c
+                .lock()
+                .map_err(|_| anyhow::anyhow!("the GEMM's claim counter lock is poisoned"))?;
+            let v = stream.clone_dtoh(&c.counter)?;
+            stream.synchronize()?;
+            Ok(Some((v[0], c.base)))
+        })
     }
 
     /// After a synchronisation: an error naming the wait that ran past its budget, if any.
-    pub fn check(&self) -> anyhow::Result<()> {
-        Ok(self.slot.check()?)
+    pub fn check(&self) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> { Ok(self.slot.check()?) })
     }
 }
 

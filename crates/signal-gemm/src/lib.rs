@@ -23,6 +23,7 @@ mod a2a_map;
 mod band_map;
 mod cublas;
 mod dtype;
+mod error;
 pub mod fused;
 mod gemm;
 mod kernel_choice;
@@ -42,6 +43,7 @@ pub use a2a_map::AllToAllMap;
 pub use band_map::RankBandMap;
 pub use cublas::CublasGemm;
 pub use dtype::{Dtype, GemmElement};
+pub use error::GemmError;
 pub use gemm::{
     device_sms, AllGatherSource, AllReduceTarget, Gemm, LaunchExtras, PeerReduceTarget,
     RowSlotTable, TileFlags, SIGNALS_PER_TILE,

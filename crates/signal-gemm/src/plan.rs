@@ -2,8 +2,9 @@
 //! tile shape and grid chosen and the schedule fixed. A [`crate::Gemm`] launches a plan.
 
 use crate::dtype::Dtype;
+use crate::error::GemmError;
+use crate::error::{refuse, require};
 use crate::schedule::{list_schedule, ScheduledTile};
-use anyhow::{bail, ensure};
 use weft_kernels::abi::{
     weft_gemm_k_blocks, weft_gemm_order_count, weft_gemm_schedule, weft_gemm_smem_bytes,
     weft_gemm_split_begin, weft_gemm_tiles_m, weft_gemm_tiles_n, WEFT_GEMM_EPI_PIPELINED,
@@ -192,167 +193,177 @@ const N192_RELATIVE_SPEED: f64 = 0.96;
 
 impl GemmPlan {
     /// Validates `shape` and `options` for a device with `sms` SMs.
-    pub fn new(sms: u32, shape: GemmShape, options: GemmOptions) -> anyhow::Result<Self> {
-        let GemmShape { m, n, k } = shape;
-        for (name, v) in [("m", m), ("n", n), ("k", k)] {
-            ensure!(v > 0, "GEMM shape {shape}: {name} is 0");
-            ensure!(v % 16 == 0, "GEMM shape {shape}: {name} = {v} is not a multiple of 16 (weft's GEMM needs m, n, k multiples of 16)");
-            ensure!(
-                v < (1 << 31),
-                "GEMM shape {shape}: {name} = {v} does not fit a TMA coordinate (< 2^31)"
+    pub fn new(sms: u32, shape: GemmShape, options: GemmOptions) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let GemmShape { m, n, k } = shape;
+            for (name, v) in [("m", m), ("n", n), ("k", k)] {
+                require!(v > 0, Shape, "GEMM shape {shape}: {name} is 0");
+                require!(v % 16 == 0, Shape, "GEMM shape {shape}: {name} = {v} is not a multiple of 16 (weft's GEMM needs m, n, k multiples of 16)");
+                require!(
+                    v < (1 << 31),
+                    Shape,
+                    "GEMM shape {shape}: {name} = {v} does not fit a TMA coordinate (< 2^31)"
+                );
+            }
+            require!(
+                matches!(options.input, Dtype::Bf16 | Dtype::F16),
+                Options,
+                "GEMM input dtype {} is not supported: A and B must be bf16 or f16",
+                options.input
             );
-        }
-        ensure!(
-            matches!(options.input, Dtype::Bf16 | Dtype::F16),
-            "GEMM input dtype {} is not supported: A and B must be bf16 or f16",
-            options.input
-        );
-        ensure!(
-            options.alpha.is_finite() && options.beta.is_finite(),
-            "GEMM alpha {} / beta {} must be finite",
-            options.alpha,
-            options.beta
-        );
-        ensure!(sms > 0, "device reports no SMs");
-        let reserved = options.sm_margin as u64 + options.comm_ctas as u64;
-        ensure!(
-            reserved < sms as u64,
-            "sm_margin {} + comm_ctas {} leaves no SM of {sms} for the GEMM",
-            options.sm_margin,
-            options.comm_ctas
-        );
-        ensure!(
-            matches!(options.cluster_m, 1 | 2),
-            "cluster_m = {} is not supported (1 or 2)",
-            options.cluster_m
-        );
-        ensure!(
-            options.scheduling == Scheduling::Static || options.cluster_m == 1,
-            "dynamic scheduling needs cluster_m 1 (the CTAs of a cluster run their tiles in lockstep), have {}",
-            options.cluster_m
-        );
-        ensure!(
-            options.comm_ctas.is_multiple_of(options.cluster_m),
-            "comm_ctas = {} is not a multiple of cluster_m = {} (communicator CTAs come in whole clusters)",
-            options.comm_ctas,
-            options.cluster_m
-        );
-        // Whole clusters only.
-        let ctas =
-            (sms - options.sm_margin - options.comm_ctas) / options.cluster_m * options.cluster_m;
-        ensure!(
-            ctas > 0,
-            "no whole cluster of {} CTAs fits the SMs left ({sms} - sm_margin - comm_ctas)",
-            options.cluster_m
-        );
-        ensure!(
-            options.tile != TileChoice::N192 || options.cluster_m == 1,
-            "128x192 tiles have kernels for clusters of 1 only (asked: cluster_m {})",
-            options.cluster_m
-        );
-        let tile_n = match options.tile {
-            TileChoice::N256 => 256,
-            TileChoice::N192 => 192,
-            TileChoice::N128 => 128,
-            TileChoice::Auto => auto_tile_n(shape, ctas, false),
-            TileChoice::AutoPlain => auto_tile_n(shape, ctas, options.cluster_m == 1),
-        };
-        let mut sched = weft_gemm_schedule {
-            m,
-            n,
-            k,
-            tile_m: WEFT_GEMM_TILE_M,
-            tile_n,
-            tile_k: WEFT_GEMM_TILE_K,
-            cluster_m: options.cluster_m,
-            group_m: 1,
-            ctas,
-            tm_offset: 0,
-            tm_blocks: 0,
-            k_splits: 1,
-        };
-        // SAFETY (all weft_gemm_* calls): pure functions of the struct, from the C header.
-        let units_m = unsafe { weft_gemm_tiles_m(sched) }.div_ceil(sched.cluster_m);
-        sched.group_m = match options.group_m {
-            Some(0) => bail!("group_m must be at least 1"),
-            Some(g) => g.min(units_m),
-            None => auto_group_m(ctas, tile_n).min(units_m).max(1),
-        };
-        let k_blocks = unsafe { weft_gemm_k_blocks(sched) };
-        let tiles =
-            unsafe { weft_gemm_tiles_m(sched) } as u64 * unsafe { weft_gemm_tiles_n(sched) } as u64;
-        // The whole-tile epilogue exists for 16-bit outputs with 128 x 256 tiles.
-        let whole_ok = options.output.bytes() == 2 && tile_n == 256;
-        sched.k_splits = match options.k_splits {
-            KSplits::Fixed(s) => {
-                ensure!(
-                    (1..=WEFT_GEMM_MAX_K_SPLITS).contains(&s) && s <= k_blocks,
-                    "GEMM shape {shape}: k_splits = {s} must be 1 to {} and at most the {k_blocks} K blocks of 64",
-                    WEFT_GEMM_MAX_K_SPLITS
-                );
-                ensure!(
-                    s == 1 || (options.cluster_m == 1 && options.comm_ctas == 0),
-                    "GEMM shape {shape}: split-K (k_splits = {s}) needs cluster_m 1 and no communicator CTAs (have {} and {})",
-                    options.cluster_m,
-                    options.comm_ctas
-                );
-                s
-            }
-            // Not where the kernel would need another epilogue than the one asked for or Auto's
-            // (16-bit 128 x 256 tiles split only with the whole-tile epilogue, whose pipeline is a
-            // stage shorter: on the grid's one such shape, 512 x 5120 x 8192, 3 splits ran 2.6 %
-            // slower than whole tiles).
-            KSplits::Auto
-                if options.cluster_m == 1
-                    && options.comm_ctas == 0
-                    && options.sm_margin == 0
-                    && !(whole_ok && options.epilogue != EpilogueChoice::WholeTile) =>
-            {
-                auto_k_splits(tiles, k_blocks, ctas)
-            }
-            KSplits::Auto => 1,
-        };
-        // Orders, work units and tile indices are 32-bit in the schedule (abi/gemm.h) and the
-        // kernels: a plan whose work units would not fit is refused (no shape whose D fits in a
-        // GPU's memory comes near). Counted here in 64 bits: weft_gemm_order_count would wrap.
-        let orders =
-            units_m as u64 * options.cluster_m as u64 * unsafe { weft_gemm_tiles_n(sched) } as u64;
-        let works = orders * sched.k_splits as u64;
-        ensure!(
-            works <= u32::MAX as u64,
-            "GEMM shape {shape}: {orders} tile orders x {} splits exceed the schedule's 32-bit counts ({})",
-            sched.k_splits,
-            u32::MAX
-        );
-        // The 16-bit 128 x 256 kernels split K only with the whole-tile epilogue
-        // (kernels/include/weft/gemm/config.cuh, kSplitK).
-        let split_needs_whole = sched.k_splits > 1 && whole_ok;
-        let epilogue = match options.epilogue {
-            EpilogueChoice::Pipelined => {
-                ensure!(
-                    !split_needs_whole,
-                    "GEMM shape {shape}: split-K with 16-bit outputs and 128x256 tiles needs the whole-tile epilogue (asked: pipelined)"
-                );
-                WEFT_GEMM_EPI_PIPELINED
-            }
-            EpilogueChoice::WholeTile => {
-                ensure!(whole_ok, "the whole-tile epilogue needs a 16-bit output and 128x256 tiles (have {} output, 128x{tile_n})", options.output);
-                WEFT_GEMM_EPI_WHOLE_TILE
-            }
-            EpilogueChoice::Auto => {
-                if split_needs_whole {
-                    WEFT_GEMM_EPI_WHOLE_TILE
-                } else {
+            require!(
+                options.alpha.is_finite() && options.beta.is_finite(),
+                Options,
+                "GEMM alpha {} / beta {} must be finite",
+                options.alpha,
+                options.beta
+            );
+            require!(sms > 0, Unsupported, "device reports no SMs");
+            let reserved = options.sm_margin as u64 + options.comm_ctas as u64;
+            require!(
+                reserved < sms as u64,
+                Options,
+                "sm_margin {} + comm_ctas {} leaves no SM of {sms} for the GEMM",
+                options.sm_margin,
+                options.comm_ctas
+            );
+            require!(
+                matches!(options.cluster_m, 1 | 2),
+                Options,
+                "cluster_m = {} is not supported (1 or 2)",
+                options.cluster_m
+            );
+            require!(
+                options.scheduling == Scheduling::Static || options.cluster_m == 1, Options,
+                "dynamic scheduling needs cluster_m 1 (the CTAs of a cluster run their tiles in lockstep), have {}",
+                options.cluster_m
+            );
+            require!(
+                options.comm_ctas.is_multiple_of(options.cluster_m), Options,
+                "comm_ctas = {} is not a multiple of cluster_m = {} (communicator CTAs come in whole clusters)",
+                options.comm_ctas,
+                options.cluster_m
+            );
+            // Whole clusters only.
+            let ctas = (sms - options.sm_margin - options.comm_ctas) / options.cluster_m
+                * options.cluster_m;
+            require!(
+                ctas > 0,
+                Options,
+                "no whole cluster of {} CTAs fits the SMs left ({sms} - sm_margin - comm_ctas)",
+                options.cluster_m
+            );
+            require!(
+                options.tile != TileChoice::N192 || options.cluster_m == 1,
+                Options,
+                "128x192 tiles have kernels for clusters of 1 only (asked: cluster_m {})",
+                options.cluster_m
+            );
+            let tile_n = match options.tile {
+                TileChoice::N256 => 256,
+                TileChoice::N192 => 192,
+                TileChoice::N128 => 128,
+                TileChoice::Auto => auto_tile_n(shape, ctas, false),
+                TileChoice::AutoPlain => auto_tile_n(shape, ctas, options.cluster_m == 1),
+            };
+            let mut sched = weft_gemm_schedule {
+                m,
+                n,
+                k,
+                tile_m: WEFT_GEMM_TILE_M,
+                tile_n,
+                tile_k: WEFT_GEMM_TILE_K,
+                cluster_m: options.cluster_m,
+                group_m: 1,
+                ctas,
+                tm_offset: 0,
+                tm_blocks: 0,
+                k_splits: 1,
+            };
+            // SAFETY (all weft_gemm_* calls): pure functions of the struct, from the C header.
+            let units_m = unsafe { weft_gemm_tiles_m(sched) }.div_ceil(sched.cluster_m);
+            sched.group_m = match options.group_m {
+                Some(0) => refuse!(Options, "group_m must be at least 1"),
+                Some(g) => g.min(units_m),
+                None => auto_group_m(ctas, tile_n).min(units_m).max(1),
+            };
+            let k_blocks = unsafe { weft_gemm_k_blocks(sched) };
+            let tiles = unsafe { weft_gemm_tiles_m(sched) } as u64
+                * unsafe { weft_gemm_tiles_n(sched) } as u64;
+            // The whole-tile epilogue exists for 16-bit outputs with 128 x 256 tiles.
+            let whole_ok = options.output.bytes() == 2 && tile_n == 256;
+            sched.k_splits = match options.k_splits {
+                KSplits::Fixed(s) => {
+                    require!(
+                        (1..=WEFT_GEMM_MAX_K_SPLITS).contains(&s) && s <= k_blocks, Shape,
+                        "GEMM shape {shape}: k_splits = {s} must be 1 to {} and at most the {k_blocks} K blocks of 64",
+                        WEFT_GEMM_MAX_K_SPLITS
+                    );
+                    require!(
+                        s == 1 || (options.cluster_m == 1 && options.comm_ctas == 0), Options,
+                        "GEMM shape {shape}: split-K (k_splits = {s}) needs cluster_m 1 and no communicator CTAs (have {} and {})",
+                        options.cluster_m,
+                        options.comm_ctas
+                    );
+                    s
+                }
+                // Not where the kernel would need another epilogue than the one asked for or Auto's
+                // (16-bit 128 x 256 tiles split only with the whole-tile epilogue, whose pipeline is a
+                // stage shorter: on the grid's one such shape, 512 x 5120 x 8192, 3 splits ran 2.6 %
+                // slower than whole tiles).
+                KSplits::Auto
+                    if options.cluster_m == 1
+                        && options.comm_ctas == 0
+                        && options.sm_margin == 0
+                        && !(whole_ok && options.epilogue != EpilogueChoice::WholeTile) =>
+                {
+                    auto_k_splits(tiles, k_blocks, ctas)
+                }
+                KSplits::Auto => 1,
+            };
+            // Orders, work units and tile indices are 32-bit in the schedule (abi/gemm.h) and the
+            // kernels: a plan whose work units would not fit is refused (no shape whose D fits in a
+            // GPU's memory comes near). Counted here in 64 bits: weft_gemm_order_count would wrap.
+            let orders = units_m as u64
+                * options.cluster_m as u64
+                * unsafe { weft_gemm_tiles_n(sched) } as u64;
+            let works = orders * sched.k_splits as u64;
+            require!(
+                works <= u32::MAX as u64, Shape,
+                "GEMM shape {shape}: {orders} tile orders x {} splits exceed the schedule's 32-bit counts ({})",
+                sched.k_splits,
+                u32::MAX
+            );
+            // The 16-bit 128 x 256 kernels split K only with the whole-tile epilogue
+            // (kernels/include/weft/gemm/config.cuh, kSplitK).
+            let split_needs_whole = sched.k_splits > 1 && whole_ok;
+            let epilogue = match options.epilogue {
+                EpilogueChoice::Pipelined => {
+                    require!(
+                        !split_needs_whole, Options,
+                        "GEMM shape {shape}: split-K with 16-bit outputs and 128x256 tiles needs the whole-tile epilogue (asked: pipelined)"
+                    );
                     WEFT_GEMM_EPI_PIPELINED
                 }
-            }
-        };
-        Ok(Self {
-            shape,
-            options,
-            sms,
-            sched,
-            epilogue,
+                EpilogueChoice::WholeTile => {
+                    require!(whole_ok, Options, "the whole-tile epilogue needs a 16-bit output and 128x256 tiles (have {} output, 128x{tile_n})", options.output);
+                    WEFT_GEMM_EPI_WHOLE_TILE
+                }
+                EpilogueChoice::Auto => {
+                    if split_needs_whole {
+                        WEFT_GEMM_EPI_WHOLE_TILE
+                    } else {
+                        WEFT_GEMM_EPI_PIPELINED
+                    }
+                }
+            };
+            Ok(Self {
+                shape,
+                options,
+                sms,
+                sched,
+                epilogue,
+            })
         })
     }
 
@@ -380,14 +391,16 @@ impl GemmPlan {
     }
     /// An error naming the tile unless [`Self::has_fused_kernel`]: what the fused methods check
     /// when they plan, before any launch.
-    pub fn require_fused_kernel(&self) -> anyhow::Result<()> {
-        ensure!(
-            self.has_fused_kernel(),
-            "GEMM {}: 128x{} tiles have plain kernels only, and this GEMM is launched with fusions: plan it with TileChoice::Auto, N128 or N256",
-            self.shape,
-            self.sched.tile_n
-        );
-        Ok(())
+    pub fn require_fused_kernel(&self) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            require!(
+                self.has_fused_kernel(), Options,
+                "GEMM {}: 128x{} tiles have plain kernels only, and this GEMM is launched with fusions: plan it with TileChoice::Auto, N128 or N256",
+                self.shape,
+                self.sched.tile_n
+            );
+            Ok(())
+        })
     }
     pub fn tile_m(&self) -> u32 {
         self.sched.tile_m
@@ -407,47 +420,54 @@ impl GemmPlan {
     }
     /// The same plan on fewer compute CTAs (whole clusters), e.g. when fewer clusters than SMs
     /// allow can be resident at once.
-    pub fn with_ctas(&self, ctas: u32) -> anyhow::Result<Self> {
-        ensure!(
-            ctas > 0 && ctas.is_multiple_of(self.sched.cluster_m) && ctas <= self.sched.ctas,
-            "{ctas} CTAs for {}",
-            self.describe()
-        );
-        let mut p = self.clone();
-        p.sched.ctas = ctas;
-        Ok(p)
+    pub fn with_ctas(&self, ctas: u32) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            require!(
+                ctas > 0 && ctas.is_multiple_of(self.sched.cluster_m) && ctas <= self.sched.ctas,
+                Options,
+                "{ctas} CTAs for {}",
+                self.describe()
+            );
+            let mut p = self.clone();
+            p.sched.ctas = ctas;
+            Ok(p)
+        })
     }
     /// The same plan with its order rotated by `tiles` tile rows (tile row tm runs where tm −
     /// tiles would; the fused AllGather starts each rank at its own shard). With clusters, both
     /// `tiles` and the tile rows must be whole clusters.
-    pub fn with_tm_offset(&self, tiles: u32) -> anyhow::Result<Self> {
-        let cm = self.sched.cluster_m;
-        ensure!(
-            tiles.is_multiple_of(cm) && self.tiles_m().is_multiple_of(cm),
-            "rotating {} by {tiles} tile rows: with clusters of {cm} both the rotation and the {} tile rows must be whole clusters",
-            self.describe(),
-            self.tiles_m()
-        );
-        let mut p = self.clone();
-        p.sched.tm_offset = tiles % self.tiles_m();
-        Ok(p)
+    pub fn with_tm_offset(&self, tiles: u32) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let cm = self.sched.cluster_m;
+            require!(
+                tiles.is_multiple_of(cm) && self.tiles_m().is_multiple_of(cm), Options,
+                "rotating {} by {tiles} tile rows: with clusters of {cm} both the rotation and the {} tile rows must be whole clusters",
+                self.describe(),
+                self.tiles_m()
+            );
+            let mut p = self.clone();
+            p.sched.tm_offset = tiles % self.tiles_m();
+            Ok(p)
+        })
     }
     /// The same plan visiting its tile rows as `blocks` equal blocks in turn (cluster row u of
     /// the order in block u % blocks): every wave then holds rows of every block (the fused
     /// ReduceScatter's owners), instead of one block after another. The blocks must be whole
     /// cluster rows.
-    pub fn with_tm_blocks(&self, blocks: u32) -> anyhow::Result<Self> {
-        let cm = self.sched.cluster_m;
-        let units = self.tiles_m() / cm;
-        ensure!(
-            blocks >= 1 && self.tiles_m().is_multiple_of(cm) && units.is_multiple_of(blocks),
-            "visiting {} as {blocks} blocks of tile rows: its {} tile rows (clusters of {cm}) do not split into {blocks} equal blocks of whole clusters",
-            self.describe(),
-            self.tiles_m()
-        );
-        let mut p = self.clone();
-        p.sched.tm_blocks = blocks;
-        Ok(p)
+    pub fn with_tm_blocks(&self, blocks: u32) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let cm = self.sched.cluster_m;
+            let units = self.tiles_m() / cm;
+            require!(
+                blocks >= 1 && self.tiles_m().is_multiple_of(cm) && units.is_multiple_of(blocks), Options,
+                "visiting {} as {blocks} blocks of tile rows: its {} tile rows (clusters of {cm}) do not split into {blocks} equal blocks of whole clusters",
+                self.describe(),
+                self.tiles_m()
+            );
+            let mut p = self.clone();
+            p.sched.tm_blocks = blocks;
+            Ok(p)
+        })
     }
     pub fn tiles_m(&self) -> u32 {
         unsafe { weft_gemm_tiles_m(self.sched) }
@@ -636,46 +656,65 @@ mod tests {
         GemmOptions::default()
     }
 
+    /// The refusal's text, once its kind is `kind` (by name).
+    fn refusal(r: Result<GemmPlan, GemmError>, kind: &str) -> String {
+        let e = r.expect_err("the plan was accepted");
+        let got = match &e {
+            GemmError::Shape(_) => "Shape",
+            GemmError::Options(_) => "Options",
+            GemmError::Length(_) => "Length",
+            GemmError::Unsupported(_) => "Unsupported",
+            _ => "another kind",
+        };
+        assert_eq!(got, kind, "{e:?}");
+        e.to_string()
+    }
+
     #[test]
     fn rejects_shapes_that_are_not_multiples_of_16() {
-        let e = GemmPlan::new(132, GemmShape::new(1000, 512, 256), opts())
-            .unwrap_err()
-            .to_string();
+        let e = refusal(
+            GemmPlan::new(132, GemmShape::new(1000, 512, 256), opts()),
+            "Shape",
+        );
         assert!(e.contains("m = 1000 is not a multiple of 16"), "{e}");
-        let e = GemmPlan::new(132, GemmShape::new(1024, 512, 24), opts())
-            .unwrap_err()
-            .to_string();
+        let e = refusal(
+            GemmPlan::new(132, GemmShape::new(1024, 512, 24), opts()),
+            "Shape",
+        );
         assert!(e.contains("k = 24"), "{e}");
-        let e = GemmPlan::new(132, GemmShape::new(0, 512, 256), opts())
-            .unwrap_err()
-            .to_string();
+        let e = refusal(
+            GemmPlan::new(132, GemmShape::new(0, 512, 256), opts()),
+            "Shape",
+        );
         assert!(e.contains("m is 0"), "{e}");
     }
 
     #[test]
     fn rejects_f32_inputs_and_too_many_reserved_sms() {
-        let e = GemmPlan::new(
-            132,
-            GemmShape::new(256, 256, 256),
-            GemmOptions {
-                input: Dtype::F32,
-                ..opts()
-            },
-        )
-        .unwrap_err()
-        .to_string();
+        let e = refusal(
+            GemmPlan::new(
+                132,
+                GemmShape::new(256, 256, 256),
+                GemmOptions {
+                    input: Dtype::F32,
+                    ..opts()
+                },
+            ),
+            "Options",
+        );
         assert!(e.contains("input dtype f32"), "{e}");
-        let e = GemmPlan::new(
-            132,
-            GemmShape::new(256, 256, 256),
-            GemmOptions {
-                sm_margin: 130,
-                comm_ctas: 2,
-                ..opts()
-            },
-        )
-        .unwrap_err()
-        .to_string();
+        let e = refusal(
+            GemmPlan::new(
+                132,
+                GemmShape::new(256, 256, 256),
+                GemmOptions {
+                    sm_margin: 130,
+                    comm_ctas: 2,
+                    ..opts()
+                },
+            ),
+            "Options",
+        );
         assert!(e.contains("leaves no SM"), "{e}");
     }
 

@@ -1,6 +1,7 @@
 //! A float64 CPU reference of the GEMM (small shapes), and the tolerance weft checks against.
 
 use crate::dtype::{Dtype, GemmElement};
+use crate::error::GemmError;
 use crate::plan::{BLayout, GemmShape};
 
 /// alpha · A · B + beta · D0 in float64 from the (already rounded) inputs. `d0` may be empty when
@@ -85,32 +86,34 @@ pub fn check_all<TO: GemmElement>(
     got: &[TO],
     want: &[f64],
     tol: Tolerance,
-) -> anyhow::Result<()> {
-    let n = shape.n as usize;
-    let mut bad = 0usize;
-    let mut first = Vec::new();
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let g = g.to_f64();
-        if !tol.allows(g, *w, shape.k) {
-            bad += 1;
-            if first.len() < 5 {
-                first.push(format!("({}, {}): got {g}, want {w}", i / n, i % n));
+) -> Result<(), GemmError> {
+    crate::error::typed_with(|| -> anyhow::Result<()> {
+        let n = shape.n as usize;
+        let mut bad = 0usize;
+        let mut first = Vec::new();
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            let g = g.to_f64();
+            if !tol.allows(g, *w, shape.k) {
+                bad += 1;
+                if first.len() < 5 {
+                    first.push(format!("({}, {}): got {g}, want {w}", i / n, i % n));
+                }
             }
         }
-    }
-    anyhow::ensure!(
-        got.len() == want.len(),
-        "{what}: {} elements, expected {}",
-        got.len(),
-        want.len()
-    );
-    anyhow::ensure!(
-        bad == 0,
-        "{what} {shape}: {bad} of {} elements outside tolerance ({tol:?}); first: {}",
-        got.len(),
-        first.join("; ")
-    );
-    Ok(())
+        anyhow::ensure!(
+            got.len() == want.len(),
+            "{what}: {} elements, expected {}",
+            got.len(),
+            want.len()
+        );
+        anyhow::ensure!(
+            bad == 0,
+            "{what} {shape}: {bad} of {} elements outside tolerance ({tol:?}); first: {}",
+            got.len(),
+            first.join("; ")
+        );
+        Ok(())
+    })
 }
 
 #[cfg(test)]

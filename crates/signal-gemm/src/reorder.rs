@@ -6,8 +6,10 @@
 //! bit, alone or fused into a residual add or an RMSNorm.
 
 use crate::dtype::{Dtype, GemmElement};
+use crate::error::require;
+use crate::error::GemmError;
 use crate::plan::GemmPlan;
-use anyhow::{ensure, Context};
+use anyhow::Context;
 use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
@@ -64,42 +66,46 @@ pub enum OutputLayout {
 
 impl OutputLayout {
     /// Refuses a layout the plan cannot store.
-    pub fn check(self, plan: &GemmPlan) -> anyhow::Result<()> {
-        if let OutputLayout::RankBands { ranks } = self {
-            ensure!(
-                (1..=MAX_BAND_RANKS).contains(&ranks),
-                "the rank-bands layout cuts a tile for 1 to {MAX_BAND_RANKS} ranks, asked for {ranks} ({})",
-                plan.describe()
-            );
-        }
-        if let OutputLayout::PeerReduce { ranks } = self {
-            let m = plan.shape.m;
-            ensure!(
-                (1..=MAX_BAND_RANKS).contains(&ranks),
-                "the fused ReduceScatter spans 1 to {MAX_BAND_RANKS} ranks, asked for {ranks} ({})",
-                plan.describe()
-            );
-            ensure!(
-                m.is_multiple_of(ranks) && (m / ranks).is_multiple_of(64),
-                "GEMM {}: the fused ReduceScatter gives each of {ranks} ranks m / {ranks} rows, which must be a whole multiple of 64 (m = {m} gives {})",
-                plan.shape,
-                f64::from(m) / f64::from(ranks)
-            );
-        }
-        if let OutputLayout::PeerRows { ranks, rows } = self {
-            ensure!(
-                (1..=MAX_BAND_RANKS).contains(&ranks),
-                "the fused All-to-All spans 1 to {MAX_BAND_RANKS} ranks, asked for {ranks} ({})",
-                plan.describe()
-            );
-            ensure!(
-                rows <= WEFT_GEMM_PEER_ROW_MASK + 1,
-                "GEMM {}: the fused All-to-All addresses at most {} rows per rank, asked for {rows}",
-                plan.shape,
-                WEFT_GEMM_PEER_ROW_MASK + 1
-            );
-        }
-        Ok(())
+    pub fn check(self, plan: &GemmPlan) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            if let OutputLayout::RankBands { ranks } = self {
+                require!(
+                    (1..=MAX_BAND_RANKS).contains(&ranks), Options,
+                    "the rank-bands layout cuts a tile for 1 to {MAX_BAND_RANKS} ranks, asked for {ranks} ({})",
+                    plan.describe()
+                );
+            }
+            if let OutputLayout::PeerReduce { ranks } = self {
+                let m = plan.shape.m;
+                require!(
+                    (1..=MAX_BAND_RANKS).contains(&ranks),
+                    Options,
+                    "the fused ReduceScatter spans 1 to {MAX_BAND_RANKS} ranks, asked for {ranks} ({})",
+                    plan.describe()
+                );
+                require!(
+                    m.is_multiple_of(ranks) && (m / ranks).is_multiple_of(64), Shape,
+                    "GEMM {}: the fused ReduceScatter gives each of {ranks} ranks m / {ranks} rows, which must be a whole multiple of 64 (m = {m} gives {})",
+                    plan.shape,
+                    f64::from(m) / f64::from(ranks)
+                );
+            }
+            if let OutputLayout::PeerRows { ranks, rows } = self {
+                require!(
+                    (1..=MAX_BAND_RANKS).contains(&ranks),
+                    Options,
+                    "the fused All-to-All spans 1 to {MAX_BAND_RANKS} ranks, asked for {ranks} ({})",
+                    plan.describe()
+                );
+                require!(
+                    rows <= WEFT_GEMM_PEER_ROW_MASK + 1, Shape,
+                    "GEMM {}: the fused All-to-All addresses at most {} rows per rank, asked for {rows}",
+                    plan.shape,
+                    WEFT_GEMM_PEER_ROW_MASK + 1
+                );
+            }
+            Ok(())
+        })
     }
 
     /// Elements of D this layout needs for `plan`.
@@ -221,37 +227,39 @@ pub(crate) struct SlotRestore {
 
 impl SlotRestore {
     /// The table for `plan` (listed from the kernel's scheduler), uploaded on `stream`.
-    pub fn new(stream: &Arc<CudaStream>, plan: &GemmPlan) -> anyhow::Result<Self> {
-        let mut table = vec![u32::MAX; plan.tiles() as usize];
-        for t in plan.schedule() {
-            table[(t.tm * plan.tiles_n() + t.tn) as usize] = t.order;
-        }
-        ensure!(
-            !table.contains(&u32::MAX),
-            "the schedule of {} misses a tile",
-            plan.describe()
-        );
-        let slot_of_tile = stream
-            .clone_htod(&table)
-            .context("uploading the tile -> slot table")?;
-        let ctx = stream.context();
-        let module = cubins::GEMM_RESTORE
-            .load(ctx)
-            .with_context(|| format!("loading {}", cubins::GEMM_RESTORE.source))?;
-        let restore = module
-            .load_function("weft_gemm_restore")
-            .context("kernels/gemm/restore.cu: weft_gemm_restore")?;
-        let rmsnorm = module
-            .load_function("weft_gemm_restore_rmsnorm")
-            .context("kernels/gemm/restore.cu: weft_gemm_restore_rmsnorm")?;
-        let sms = crate::gemm::device_sms(ctx)?;
-        stream.synchronize()?;
-        Ok(Self {
-            plan: plan.clone(),
-            slot_of_tile,
-            restore,
-            rmsnorm,
-            blocks: 4 * sms,
+    pub fn new(stream: &Arc<CudaStream>, plan: &GemmPlan) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let mut table = vec![u32::MAX; plan.tiles() as usize];
+            for t in plan.schedule() {
+                table[(t.tm * plan.tiles_n() + t.tn) as usize] = t.order;
+            }
+            anyhow::ensure!(
+                !table.contains(&u32::MAX),
+                "the schedule of {} misses a tile",
+                plan.describe()
+            );
+            let slot_of_tile = stream
+                .clone_htod(&table)
+                .context("uploading the tile -> slot table")?;
+            let ctx = stream.context();
+            let module = cubins::GEMM_RESTORE
+                .load(ctx)
+                .with_context(|| format!("loading {}", cubins::GEMM_RESTORE.source))?;
+            let restore = module
+                .load_function("weft_gemm_restore")
+                .context("kernels/gemm/restore.cu: weft_gemm_restore")?;
+            let rmsnorm = module
+                .load_function("weft_gemm_restore_rmsnorm")
+                .context("kernels/gemm/restore.cu: weft_gemm_restore_rmsnorm")?;
+            let sms = crate::gemm::device_sms(ctx)?;
+            stream.synchronize()?;
+            Ok(Self {
+                plan: plan.clone(),
+                slot_of_tile,
+                restore,
+                rmsnorm,
+                blocks: 4 * sms,
+            })
         })
     }
 
@@ -265,68 +273,78 @@ impl SlotRestore {
         src_len: usize,
         dst_len: usize,
         step: &Restore<'_>,
-    ) -> anyhow::Result<()> {
-        let plan = &self.plan;
-        let (rows, n) = (geo.rows, plan.shape.n);
-        ensure!(
-            src_len as u64 >= src_need,
-            "{what} restore: the slot buffer has {src_len} elements, {} needs {src_need}",
-            plan.describe()
-        );
-        let out = u64::from(rows) * u64::from(n);
-        ensure!(
-            dst_len as u64 >= out,
-            "{what} restore: output has {dst_len} elements, needs {rows} x {n}"
-        );
-        ensure!(
-            plan.options.output == T::DTYPE,
-            "{what} restore: the plan's output is {}, given {}",
-            plan.options.output,
-            T::DTYPE
-        );
-        let residual_ok = |r: &CudaSlice<bf16>| {
-            ensure!(
-                r.len() as u64 >= out,
-                "{what} restore: residual has {} elements, needs {rows} x {n}",
-                r.len()
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            let plan = &self.plan;
+            let (rows, n) = (geo.rows, plan.shape.n);
+            require!(
+                src_len as u64 >= src_need,
+                Length,
+                "{what} restore: the slot buffer has {src_len} elements, {} needs {src_need}",
+                plan.describe()
             );
-            Ok(())
-        };
-        match step {
-            Restore::Copy => {}
-            Restore::ResidualAdd { residual } => {
-                ensure!(
-                    T::DTYPE == Dtype::Bf16,
-                    "{what} restore with a residual add needs bf16 output, the plan's is {}",
-                    T::DTYPE
+            let out = u64::from(rows) * u64::from(n);
+            require!(
+                dst_len as u64 >= out,
+                Length,
+                "{what} restore: output has {dst_len} elements, needs {rows} x {n}"
+            );
+            require!(
+                plan.options.output == T::DTYPE,
+                Options,
+                "{what} restore: the plan's output is {}, given {}",
+                plan.options.output,
+                T::DTYPE
+            );
+            let residual_ok = |r: &CudaSlice<bf16>| -> anyhow::Result<()> {
+                require!(
+                    r.len() as u64 >= out,
+                    Length,
+                    "{what} restore: residual has {} elements, needs {rows} x {n}",
+                    r.len()
                 );
-                residual_ok(residual)?;
-            }
-            Restore::RmsNorm {
-                residual,
-                gamma,
-                eps,
-            } => {
-                ensure!(
-                    T::DTYPE == Dtype::Bf16,
-                    "{what} restore with RMSNorm needs bf16 output, the plan's is {}",
-                    T::DTYPE
-                );
-                ensure!(
-                    gamma.len() >= n as usize,
-                    "{what} restore: RMSNorm gamma has {} elements, needs n = {n}",
-                    gamma.len()
-                );
-                ensure!(
-                    eps.is_finite() && *eps >= 0.0,
-                    "{what} restore: RMSNorm eps must be finite and >= 0, got {eps}"
-                );
-                if let Some(r) = residual {
-                    residual_ok(r)?;
+                Ok(())
+            };
+            match step {
+                Restore::Copy => {}
+                Restore::ResidualAdd { residual } => {
+                    require!(
+                        T::DTYPE == Dtype::Bf16,
+                        Options,
+                        "{what} restore with a residual add needs bf16 output, the plan's is {}",
+                        T::DTYPE
+                    );
+                    residual_ok(residual)?;
+                }
+                Restore::RmsNorm {
+                    residual,
+                    gamma,
+                    eps,
+                } => {
+                    require!(
+                        T::DTYPE == Dtype::Bf16,
+                        Options,
+                        "{what} restore with RMSNorm needs bf16 output, the plan's is {}",
+                        T::DTYPE
+                    );
+                    require!(
+                        gamma.len() >= n as usize,
+                        Length,
+                        "{what} restore: RMSNorm gamma has {} elements, needs n = {n}",
+                        gamma.len()
+                    );
+                    require!(
+                        eps.is_finite() && *eps >= 0.0,
+                        Options,
+                        "{what} restore: RMSNorm eps must be finite and >= 0, got {eps}"
+                    );
+                    if let Some(r) = residual {
+                        residual_ok(r)?;
+                    }
                 }
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// `dst` from `src` with `step` fused; the caller has run [`check`](Self::check).
@@ -337,74 +355,76 @@ impl SlotRestore {
         src: &CudaSlice<T>,
         dst: &mut CudaSlice<T>,
         step: Restore<'_>,
-    ) -> anyhow::Result<()> {
-        let plan = &self.plan;
-        if geo.rows == 0 {
-            return Ok(());
-        }
-        // The guards live to the end of the launch (they order other streams when cudarc's event
-        // tracking is on).
-        let (src_ptr, _gs) = src.device_ptr(stream);
-        let (dst_ptr, _gd) = dst.device_ptr_mut(stream);
-        let (table_ptr, _gt) = self.slot_of_tile.device_ptr(stream);
-        let mut keep = Vec::new();
-        let mut p = weft_gemm_restore_params {
-            src: src_ptr,
-            dst: dst_ptr,
-            slot_of_tile: table_ptr,
-            m: geo.rows,
-            n: plan.shape.n,
-            tile_n: plan.tile_n(),
-            tiles_n: plan.tiles_n(),
-            tile_rows: geo.tile_rows,
-            slot_rows: geo.slot_rows,
-            elem_bytes: T::DTYPE.bytes() as u32,
-            op: WEFT_GEMM_RESTORE_COPY,
-            ..Default::default()
-        };
-        let func = match step {
-            Restore::Copy => &self.restore,
-            Restore::ResidualAdd { residual } => {
-                p.op = WEFT_GEMM_RESTORE_ADD;
-                let (ptr, g) = residual.device_ptr(stream);
-                p.residual = ptr;
-                keep.push(g);
-                &self.restore
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            let plan = &self.plan;
+            if geo.rows == 0 {
+                return Ok(());
             }
-            Restore::RmsNorm {
-                residual,
-                gamma,
-                eps,
-            } => {
-                p.op = WEFT_GEMM_RESTORE_RMSNORM;
-                let (ptr, g) = gamma.device_ptr(stream);
-                p.gamma = ptr;
-                keep.push(g);
-                p.eps = eps;
-                if let Some(r) = residual {
-                    let (ptr, g) = r.device_ptr(stream);
+            // The guards live to the end of the launch (they order other streams when cudarc's event
+            // tracking is on).
+            let (src_ptr, _gs) = src.device_ptr(stream);
+            let (dst_ptr, _gd) = dst.device_ptr_mut(stream);
+            let (table_ptr, _gt) = self.slot_of_tile.device_ptr(stream);
+            let mut keep = Vec::new();
+            let mut p = weft_gemm_restore_params {
+                src: src_ptr,
+                dst: dst_ptr,
+                slot_of_tile: table_ptr,
+                m: geo.rows,
+                n: plan.shape.n,
+                tile_n: plan.tile_n(),
+                tiles_n: plan.tiles_n(),
+                tile_rows: geo.tile_rows,
+                slot_rows: geo.slot_rows,
+                elem_bytes: T::DTYPE.bytes() as u32,
+                op: WEFT_GEMM_RESTORE_COPY,
+                ..Default::default()
+            };
+            let func = match step {
+                Restore::Copy => &self.restore,
+                Restore::ResidualAdd { residual } => {
+                    p.op = WEFT_GEMM_RESTORE_ADD;
+                    let (ptr, g) = residual.device_ptr(stream);
                     p.residual = ptr;
                     keep.push(g);
+                    &self.restore
                 }
-                &self.rmsnorm
-            }
-        };
-        let grid = if p.op == WEFT_GEMM_RESTORE_RMSNORM {
-            geo.rows.min(self.blocks * 2)
-        } else {
-            self.blocks
-        };
-        let cfg = LaunchConfig {
-            grid_dim: (grid, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: the kernels take exactly this struct; every buffer was checked (by `check`) to
-        // hold what the geometry makes them read or write and lives until the stream has run it.
-        unsafe { stream.launch_builder(func).arg(&p).launch(cfg) }
-            .context("launching the restore kernel")?;
-        drop(keep);
-        Ok(())
+                Restore::RmsNorm {
+                    residual,
+                    gamma,
+                    eps,
+                } => {
+                    p.op = WEFT_GEMM_RESTORE_RMSNORM;
+                    let (ptr, g) = gamma.device_ptr(stream);
+                    p.gamma = ptr;
+                    keep.push(g);
+                    p.eps = eps;
+                    if let Some(r) = residual {
+                        let (ptr, g) = r.device_ptr(stream);
+                        p.residual = ptr;
+                        keep.push(g);
+                    }
+                    &self.rmsnorm
+                }
+            };
+            let grid = if p.op == WEFT_GEMM_RESTORE_RMSNORM {
+                geo.rows.min(self.blocks * 2)
+            } else {
+                self.blocks
+            };
+            let cfg = LaunchConfig {
+                grid_dim: (grid, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the kernels take exactly this struct; every buffer was checked (by `check`) to
+            // hold what the geometry makes them read or write and lives until the stream has run it.
+            unsafe { stream.launch_builder(func).arg(&p).launch(cfg) }
+                .context("launching the restore kernel")?;
+            drop(keep);
+            Ok(())
+        })
     }
 }
 
@@ -416,10 +436,12 @@ pub struct TileOrderMap {
 
 impl TileOrderMap {
     /// The table for `plan`, uploaded on `stream`.
-    pub fn new(stream: &Arc<CudaStream>, plan: &GemmPlan) -> anyhow::Result<Self> {
-        Ok(Self {
-            slots: SlotRestore::new(stream, plan)?,
-            plan: plan.clone(),
+    pub fn new(stream: &Arc<CudaStream>, plan: &GemmPlan) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            Ok(Self {
+                slots: SlotRestore::new(stream, plan)?,
+                plan: plan.clone(),
+            })
         })
     }
 
@@ -438,10 +460,13 @@ impl TileOrderMap {
         src_len: usize,
         dst_len: usize,
         step: &Restore<'_>,
-    ) -> anyhow::Result<()> {
-        let need = OutputLayout::TileOrder.elements(&self.plan);
-        self.slots
-            .check::<T>("tile-order", self.geometry(), need, src_len, dst_len, step)
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            let need = OutputLayout::TileOrder.elements(&self.plan);
+            self.slots
+                .check::<T>("tile-order", self.geometry(), need, src_len, dst_len, step)
+                .map_err(anyhow::Error::from)
+        })
     }
 
     /// `dst` (m × n, standard) from `src` (the TILE_ORDER buffer), with `step` fused.
@@ -451,8 +476,12 @@ impl TileOrderMap {
         src: &CudaSlice<T>,
         dst: &mut CudaSlice<T>,
         step: Restore<'_>,
-    ) -> anyhow::Result<()> {
-        self.check::<T>(src.len(), dst.len(), &step)?;
-        self.slots.launch(stream, self.geometry(), src, dst, step)
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            self.check::<T>(src.len(), dst.len(), &step)?;
+            self.slots
+                .launch(stream, self.geometry(), src, dst, step)
+                .map_err(anyhow::Error::from)
+        })
     }
 }

@@ -2,7 +2,8 @@
 //! cuTensorMapEncodeTiled and passed to the kernel inside its parameters.
 
 use crate::dtype::Dtype;
-use anyhow::{ensure, Context};
+use crate::error::require;
+use anyhow::Context;
 use cudarc::driver::sys;
 use weft_kernels::abi::weft_tensor_map;
 
@@ -18,13 +19,15 @@ pub(crate) fn encode_2d(
     box_cols: u32,
 ) -> anyhow::Result<weft_tensor_map> {
     let elem = dtype.bytes() as u64;
-    ensure!(
+    require!(
         (cols * elem).is_multiple_of(16),
+        Shape,
         "{what}: row pitch {} bytes is not a multiple of 16",
         cols * elem
     );
-    ensure!(
+    require!(
         box_cols as u64 * elem <= 128,
+        Options,
         "{what}: box row of {} bytes exceeds the 128-byte swizzle",
         box_cols as u64 * elem
     );
@@ -44,13 +47,15 @@ pub(crate) fn encode_3d(
     box_cols: u32,
 ) -> anyhow::Result<weft_tensor_map> {
     let elem = dtype.bytes() as u64;
-    ensure!(
+    require!(
         (cols * elem).is_multiple_of(16),
+        Shape,
         "{what}: row pitch {} bytes is not a multiple of 16",
         cols * elem
     );
-    ensure!(
+    require!(
         box_cols as u64 * elem <= 128,
+        Options,
         "{what}: box row of {} bytes exceeds the 128-byte swizzle",
         box_cols as u64 * elem
     );
@@ -80,8 +85,9 @@ pub(crate) fn encode_wide(
 ) -> anyhow::Result<weft_tensor_map> {
     let elem = dtype.bytes() as u64;
     let chunk_cols = 128 / elem;
-    ensure!(
+    require!(
         cols.is_multiple_of(chunk_cols),
+        Options,
         "{what}: {cols} columns are not whole 128-byte chunks (the wide view needs them)"
     );
     let row_bytes = cols * elem;
@@ -124,8 +130,9 @@ fn encode_strided(
     strides: &[u64],
     boxes: &[u32],
 ) -> anyhow::Result<weft_tensor_map> {
-    ensure!(
+    require!(
         ptr.is_multiple_of(16),
+        Options,
         "{what}: device address {ptr:#x} is not 16-byte aligned (TMA needs it)"
     );
     let rank = dims.len();

@@ -4,8 +4,10 @@
 //! full. The group of an order comes from `weft_gemm_group_of` (kernels/include/weft/abi/gemm.h), the
 //! same function the kernel calls.
 
+use crate::error::require;
+use crate::error::GemmError;
 use crate::plan::GemmPlan;
-use anyhow::{ensure, Context};
+use anyhow::Context;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
@@ -30,55 +32,63 @@ pub struct WaveGroups {
 
 impl WaveGroups {
     /// Groups of `waves[g]` waves each, in order. They must cover the plan's waves exactly.
-    pub fn new(plan: &GemmPlan, waves: &[u32]) -> anyhow::Result<Self> {
-        let total = plan.waves();
-        ensure!(
-            !waves.is_empty(),
-            "wave groups: no group given ({} has {total} waves)",
-            plan.describe()
-        );
-        ensure!(
-            waves.len() <= WEFT_GEMM_MAX_WAVE_GROUPS as usize,
-            "wave groups: {} groups, at most {WEFT_GEMM_MAX_WAVE_GROUPS}",
-            waves.len()
-        );
-        ensure!(
-            waves.iter().all(|&w| w >= 1),
-            "wave groups: a group of 0 waves in {waves:?}"
-        );
-        let sum: u64 = waves.iter().map(|&w| u64::from(w)).sum();
-        ensure!(
-            sum == u64::from(total),
-            "wave groups {waves:?} cover {sum} waves, the plan has {total} ({})",
-            plan.describe()
-        );
-        let (orders, ctas) = (plan.orders(), plan.ctas());
-        let mut abi = weft_gemm_wave_groups {
-            count: waves.len() as u32,
-            ..Default::default()
-        };
-        let mut end_wave = 0u32;
-        for (g, &w) in waves.iter().enumerate() {
-            end_wave += w;
-            abi.end_order[g] = (end_wave * ctas).min(orders);
-        }
-        Ok(Self {
-            waves: waves.to_vec(),
-            abi,
-            orders,
-            ctas,
+    pub fn new(plan: &GemmPlan, waves: &[u32]) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let total = plan.waves();
+            require!(
+                !waves.is_empty(),
+                Options,
+                "wave groups: no group given ({} has {total} waves)",
+                plan.describe()
+            );
+            require!(
+                waves.len() <= WEFT_GEMM_MAX_WAVE_GROUPS as usize,
+                Options,
+                "wave groups: {} groups, at most {WEFT_GEMM_MAX_WAVE_GROUPS}",
+                waves.len()
+            );
+            require!(
+                waves.iter().all(|&w| w >= 1),
+                Options,
+                "wave groups: a group of 0 waves in {waves:?}"
+            );
+            let sum: u64 = waves.iter().map(|&w| u64::from(w)).sum();
+            require!(
+                sum == u64::from(total),
+                Options,
+                "wave groups {waves:?} cover {sum} waves, the plan has {total} ({})",
+                plan.describe()
+            );
+            let (orders, ctas) = (plan.orders(), plan.ctas());
+            let mut abi = weft_gemm_wave_groups {
+                count: waves.len() as u32,
+                ..Default::default()
+            };
+            let mut end_wave = 0u32;
+            for (g, &w) in waves.iter().enumerate() {
+                end_wave += w;
+                abi.end_order[g] = (end_wave * ctas).min(orders);
+            }
+            Ok(Self {
+                waves: waves.to_vec(),
+                abi,
+                orders,
+                ctas,
+            })
         })
     }
 
     /// Groups of `per_group` waves (the last one takes what is left).
-    pub fn uniform(plan: &GemmPlan, per_group: u32) -> anyhow::Result<Self> {
-        ensure!(per_group >= 1, "wave groups: 0 waves per group");
-        let total = plan.waves();
-        let mut sizes = vec![per_group; (total / per_group) as usize];
-        if !total.is_multiple_of(per_group) {
-            sizes.push(total % per_group);
-        }
-        Self::new(plan, &sizes)
+    pub fn uniform(plan: &GemmPlan, per_group: u32) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            require!(per_group >= 1, Options, "wave groups: 0 waves per group");
+            let total = plan.waves();
+            let mut sizes = vec![per_group; (total / per_group) as usize];
+            if !total.is_multiple_of(per_group) {
+                sizes.push(total % per_group);
+            }
+            Self::new(plan, &sizes).map_err(anyhow::Error::from)
+        })
     }
 
     pub fn count(&self) -> usize {
@@ -141,30 +151,32 @@ pub struct GroupCounters {
 
 impl GroupCounters {
     /// Zeroed counters for `groups` on `stream`'s device; `rank` names this process in reports.
-    pub fn new(stream: &Arc<CudaStream>, groups: WaveGroups, rank: u32) -> anyhow::Result<Self> {
-        let ctx: &Arc<CudaContext> = stream.context();
-        let module = cubins::GEMM_GROUP_WAIT
-            .load(ctx)
-            .with_context(|| format!("loading {}", cubins::GEMM_GROUP_WAIT.source))?;
-        let wait = module
-            .load_function("weft_gemm_group_wait")
-            .context("kernels/gemm/group_wait.cu has no weft_gemm_group_wait")?;
-        let counters = stream
-            .alloc_zeros::<u64>(groups.count())
-            .context("allocating wave-group counters")?;
-        stream.synchronize()?;
-        let slot = ErrorSlot::new(ctx)?;
-        let bound = weft_sync_bound {
-            error_slot: slot.device_ptr(ctx)?,
-            budget_cycles: WaitBudget::default_for(ctx)?.cycles,
-        };
-        Ok(Self {
-            groups,
-            counters,
-            wait,
-            slot,
-            bound,
-            rank,
+    pub fn new(stream: &Arc<CudaStream>, groups: WaveGroups, rank: u32) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let ctx: &Arc<CudaContext> = stream.context();
+            let module = cubins::GEMM_GROUP_WAIT
+                .load(ctx)
+                .with_context(|| format!("loading {}", cubins::GEMM_GROUP_WAIT.source))?;
+            let wait = module
+                .load_function("weft_gemm_group_wait")
+                .context("kernels/gemm/group_wait.cu has no weft_gemm_group_wait")?;
+            let counters = stream
+                .alloc_zeros::<u64>(groups.count())
+                .context("allocating wave-group counters")?;
+            stream.synchronize()?;
+            let slot = ErrorSlot::new(ctx)?;
+            let bound = weft_sync_bound {
+                error_slot: slot.device_ptr(ctx)?,
+                budget_cycles: WaitBudget::default_for(ctx)?.cycles,
+            };
+            Ok(Self {
+                groups,
+                counters,
+                wait,
+                slot,
+                bound,
+                rank,
+            })
         })
     }
 
@@ -184,29 +196,32 @@ impl GroupCounters {
 
     /// Enqueues on `stream` the wait for group `g` of the launch in flight: work enqueued after it
     /// reads the group's finished output.
-    pub fn wait(&self, stream: &Arc<CudaStream>, g: usize) -> anyhow::Result<()> {
-        ensure!(
-            g < self.groups.count(),
-            "wave group {g} of {}",
-            self.groups.count()
-        );
-        let p = weft_gemm_group_wait_params {
-            counter: self.device_ptr(stream) + 8 * g as u64,
-            target: self.target(g),
-            group: g as u32,
-            rank: self.rank,
-            bound: self.bound,
-        };
-        let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (1, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: the kernel takes exactly this struct; the counters outlive the launch (the
-        // owner synchronises before dropping them).
-        unsafe { stream.launch_builder(&self.wait).arg(&p).launch(cfg) }
-            .context("launching the wave-group wait")?;
-        Ok(())
+    pub fn wait(&self, stream: &Arc<CudaStream>, g: usize) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            require!(
+                g < self.groups.count(),
+                Options,
+                "wave group {g} of {}",
+                self.groups.count()
+            );
+            let p = weft_gemm_group_wait_params {
+                counter: self.device_ptr(stream) + 8 * g as u64,
+                target: self.target(g),
+                group: g as u32,
+                rank: self.rank,
+                bound: self.bound,
+            };
+            let cfg = LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (1, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the kernel takes exactly this struct; the counters outlive the launch (the
+            // owner synchronises before dropping them).
+            unsafe { stream.launch_builder(&self.wait).arg(&p).launch(cfg) }
+                .context("launching the wave-group wait")?;
+            Ok(())
+        })
     }
 
     /// Bounds later waits by `budget`.
@@ -215,8 +230,8 @@ impl GroupCounters {
     }
 
     /// After a synchronisation: an error naming the group wait that ran past its bound, if any.
-    pub fn check(&self) -> anyhow::Result<()> {
-        Ok(self.slot.check()?)
+    pub fn check(&self) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> { Ok(self.slot.check()?) })
     }
 }
 

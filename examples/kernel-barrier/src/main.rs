@@ -130,7 +130,9 @@ fn main() -> anyhow::Result<()> {
     compute.synchronize()?;
     bar.check()?;
     // Each alone, for the ideal max(T_gemm, T_cast).
-    let gemm_ms = time(&[&compute], 10, || gemm.launch(&compute, &a, &b, &mut d))?;
+    let gemm_ms = time(&[&compute], 10, || {
+        Ok(gemm.launch(&compute, &a, &b, &mut d)?)
+    })?;
     // Alone, the cast arrives on no barrier (arrivals nobody expects would run the counter ahead
     // of the host's total).
     cast.set_kernel_barrier(None);

@@ -219,10 +219,11 @@ fn measure<TI: GemmElement, TO: GemmElement>(
                 if first_weft {
                     weft.push(timed(stream, flush, &mut || {
                         gemm.launch(stream, &a, &b, &mut d)
+                            .map_err(anyhow::Error::from)
                     })?);
                 } else {
                     cublas.push(timed(stream, flush, &mut || {
-                        blas.launch(&a, &b, &mut want)
+                        blas.launch(&a, &b, &mut want).map_err(anyhow::Error::from)
                     })?);
                 }
             }

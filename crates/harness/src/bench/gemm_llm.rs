@@ -270,9 +270,11 @@ pub fn run(job: &mut Job, quick: bool, shapes: &[GemmShape]) -> anyhow::Result<S
             |i| {
                 if i == 0 {
                     blas.launch(&a_o, &b_o, &mut want_d)
+                        .map_err(anyhow::Error::from)
                 } else {
                     let (_, g) = &gemms[i - 1];
                     g.launch(&stream, &a_o, &b_o, &mut outs[i - 1])
+                        .map_err(anyhow::Error::from)
                 }
             },
         )?;

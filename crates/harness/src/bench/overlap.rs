@@ -208,14 +208,15 @@ impl AnyOp {
 
     fn launch(&mut self, stream: &Arc<CudaStream>, x: &mut Operands) -> anyhow::Result<()> {
         match self {
-            AnyOp::Ar(op) => op.launch(stream, &x.a, &x.b),
-            AnyOp::Rs(op) => op.launch(stream, &x.a, &x.b),
-            AnyOp::Ag(op) => op.launch(
+            AnyOp::Ar(op) => op.launch(stream, &x.a, &x.b).map_err(anyhow::Error::from),
+            AnyOp::Rs(op) => op.launch(stream, &x.a, &x.b).map_err(anyhow::Error::from),
+            AnyOp::Ag(op) => (op.launch(
                 stream,
                 &x.b,
                 x.d.as_mut().expect("AllGather operands have a D"),
-            ),
-            AnyOp::A2a(op) => op.launch(stream, &x.a, &x.b),
+            ))
+            .map_err(anyhow::Error::from),
+            AnyOp::A2a(op) => op.launch(stream, &x.a, &x.b).map_err(anyhow::Error::from),
         }
     }
 
@@ -284,19 +285,19 @@ impl AnyOp {
 
     fn synchronize(&self) -> anyhow::Result<()> {
         match self {
-            AnyOp::Ar(x) => x.synchronize(),
-            AnyOp::Rs(x) => x.synchronize(),
-            AnyOp::Ag(x) => x.synchronize(),
-            AnyOp::A2a(x) => x.synchronize(),
+            AnyOp::Ar(x) => x.synchronize().map_err(anyhow::Error::from),
+            AnyOp::Rs(x) => x.synchronize().map_err(anyhow::Error::from),
+            AnyOp::Ag(x) => x.synchronize().map_err(anyhow::Error::from),
+            AnyOp::A2a(x) => x.synchronize().map_err(anyhow::Error::from),
         }
     }
 
     fn free(self, rdzv: &mut Rendezvous) -> anyhow::Result<()> {
         match self {
-            AnyOp::Ar(x) => x.free(rdzv),
-            AnyOp::Rs(x) => x.free(rdzv),
-            AnyOp::Ag(x) => x.free(rdzv),
-            AnyOp::A2a(x) => x.free(rdzv),
+            AnyOp::Ar(x) => x.free(rdzv).map_err(anyhow::Error::from),
+            AnyOp::Rs(x) => x.free(rdzv).map_err(anyhow::Error::from),
+            AnyOp::Ag(x) => x.free(rdzv).map_err(anyhow::Error::from),
+            AnyOp::A2a(x) => x.free(rdzv).map_err(anyhow::Error::from),
         }
     }
 }
@@ -752,7 +753,11 @@ fn alone(
     Ok(match op {
         OpKind::AllReduce | OpKind::ReduceScatter => {
             let mut d = poisoned::<bf16>(&compute, mu * nu)?;
-            let t_gemm = rig.time(|| cublas.launch(&x.a, &x.b, &mut d))?;
+            let t_gemm = rig.time(|| {
+                cublas
+                    .launch(&x.a, &x.b, &mut d)
+                    .map_err(anyhow::Error::from)
+            })?;
             let all = op == OpKind::AllReduce;
             let out = poisoned::<bf16>(&compute, if all { mu * nu } else { mu * nu / world })?;
             let abs = cmp.abs_sum_over_ranks(&comm, &compute, &d)?;
@@ -770,7 +775,11 @@ fn alone(
         }
         OpKind::AllToAll => {
             let mut d = poisoned::<bf16>(&compute, mu * nu)?;
-            let t_gemm = rig.time(|| cublas.launch(&x.a, &x.b, &mut d))?;
+            let t_gemm = rig.time(|| {
+                cublas
+                    .launch(&x.a, &x.b, &mut d)
+                    .map_err(anyhow::Error::from)
+            })?;
             let gather = RowGather::new(&compute, &x.routes, rank, shape.m, shape.n)?;
             let mut send = poisoned::<bf16>(&compute, gather.send_len().max(1))?;
             gather.gather(&compute, &d, &mut send)?;
@@ -791,7 +800,8 @@ fn alone(
                     .map_err(anyhow::Error::from)
             })?;
             let mut d = poisoned::<bf16>(&compute, mu * nu)?;
-            let t_gemm = rig.time(|| cublas.launch(&a, &x.b, &mut d))?;
+            let t_gemm =
+                rig.time(|| cublas.launch(&a, &x.b, &mut d).map_err(anyhow::Error::from))?;
             (t_gemm, t_comm, None, CommAlone::AllGather { a })
         }
     })

@@ -140,7 +140,7 @@ impl GemmLauncher {
                 }
                 Ok(())
             }
-            GemmLauncher::Weft(gemm) => gemm.launch(stream, a, b, d),
+            GemmLauncher::Weft(gemm) => gemm.launch(stream, a, b, d).map_err(anyhow::Error::from),
         }
     }
 }

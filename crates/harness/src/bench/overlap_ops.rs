@@ -101,14 +101,16 @@ impl Signal {
         out: &mut CudaSlice<bf16>,
     ) -> anyhow::Result<()> {
         match self {
-            Signal::AllReduce { ov, staging } => {
-                ov.run(compute, comm, a, b, staging, out, Restore::Copy)
-            }
+            Signal::AllReduce { ov, staging } => ov
+                .run(compute, comm, a, b, staging, out, Restore::Copy)
+                .map_err(anyhow::Error::from),
             Signal::ReduceScatter {
                 ov,
                 staging,
                 received,
-            } => ov.run(compute, comm, a, b, staging, received, out, Restore::Copy),
+            } => ov
+                .run(compute, comm, a, b, staging, received, out, Restore::Copy)
+                .map_err(anyhow::Error::from),
         }
     }
 
@@ -118,17 +120,19 @@ impl Signal {
         out: &mut CudaSlice<bf16>,
     ) -> anyhow::Result<()> {
         match self {
-            Signal::AllReduce { ov, staging } => ov.restore(compute, staging, out, Restore::Copy),
-            Signal::ReduceScatter { ov, received, .. } => {
-                ov.restore(compute, received, out, Restore::Copy)
-            }
+            Signal::AllReduce { ov, staging } => ov
+                .restore(compute, staging, out, Restore::Copy)
+                .map_err(anyhow::Error::from),
+            Signal::ReduceScatter { ov, received, .. } => ov
+                .restore(compute, received, out, Restore::Copy)
+                .map_err(anyhow::Error::from),
         }
     }
 
     pub fn check(&self) -> anyhow::Result<()> {
         match self {
-            Signal::AllReduce { ov, .. } => ov.check(),
-            Signal::ReduceScatter { ov, .. } => ov.check(),
+            Signal::AllReduce { ov, .. } => ov.check().map_err(anyhow::Error::from),
+            Signal::ReduceScatter { ov, .. } => ov.check().map_err(anyhow::Error::from),
         }
     }
 }

@@ -212,7 +212,7 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
         let b = upload(&compute, &uniform::<bf16>(13 + rank as u64, k * n))?;
         let mut d = poisoned::<bf16>(&compute, m * n)?;
         let cublas = CublasGemm::new(&compute, shape, base)?;
-        let t = rig.time(|| cublas.launch(&a, &b, &mut d))?;
+        let t = rig.time(|| cublas.launch(&a, &b, &mut d).map_err(anyhow::Error::from))?;
         profile.cublas.push((shape, slowest(job, &[t])?[0]));
         progress.step(&format!("cuBLAS {shape}"));
         for &margin in &margins {
@@ -224,7 +224,13 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
                     ..base
                 },
             )?;
-            let t = slowest(job, &[rig.time(|| gemm.launch(&compute, &a, &b, &mut d))?])?[0];
+            let t = slowest(
+                job,
+                &[rig.time(|| {
+                    gemm.launch(&compute, &a, &b, &mut d)
+                        .map_err(anyhow::Error::from)
+                })?],
+            )?[0];
             let plan = gemm.plan();
             profile.gemm.push(GemmSample {
                 shape,
@@ -533,7 +539,7 @@ fn fit_contention(
     let mut p = profile.clone();
     let mut predict = |f: f64| -> anyhow::Result<f64> {
         p.contention = vec![(op, plan.options.sm_margin, f)];
-        predict_overlap(&p, op, plan, &groups)
+        predict_overlap(&p, op, plan, &groups).map_err(anyhow::Error::from)
     };
     let (mut lo, mut hi) = CONTENTION_RANGE;
     if predict(lo)? >= measured {

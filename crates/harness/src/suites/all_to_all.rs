@@ -227,8 +227,9 @@ fn all_to_all_stress(job: &mut Job) -> anyhow::Result<()> {
         poison_bf16(&stream, &mut received)?;
         let (a, b) = &inputs[it % 2];
         ov.run(&stream, comm, a, b, &mut staging, &mut received, out)
+            .map_err(anyhow::Error::from)
     })?;
-    ov.check()
+    ov.check().map_err(anyhow::Error::from)
 }
 
 /// Misuse gets an error that names it.
@@ -253,17 +254,23 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
     let mut short = good.clone();
     short[0].pop();
     expect(
-        AllToAllOverlap::new(&stream, shape, options, None, &short, rank).map(|_| ()),
+        AllToAllOverlap::new(&stream, shape, options, None, &short, rank)
+            .map(|_| ())
+            .map_err(anyhow::Error::from),
         "has 1023 rows",
     )?;
     let mut far = good.clone();
     far[world - 1][7] = world as u32;
     expect(
-        AllToAllOverlap::new(&stream, shape, options, None, &far, rank).map(|_| ()),
+        AllToAllOverlap::new(&stream, shape, options, None, &far, rank)
+            .map(|_| ())
+            .map_err(anyhow::Error::from),
         &format!("routes row 7 to rank {world}"),
     )?;
     expect(
-        AllToAllOverlap::new(&stream, shape, options, None, &good, world).map(|_| ()),
+        AllToAllOverlap::new(&stream, shape, options, None, &good, world)
+            .map(|_| ())
+            .map_err(anyhow::Error::from),
         &format!("rank {world} of {world}"),
     )?;
     let ov = AllToAllOverlap::new(&stream, shape, options, None, &good, rank)?;
@@ -284,7 +291,8 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
             &mut short_staging,
             &mut received,
             &mut out,
-        ),
+        )
+        .map_err(anyhow::Error::from),
         "staging buffer",
     )?;
     expect(
@@ -296,7 +304,8 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
             &mut staging,
             &mut received,
             &mut short_out,
-        ),
+        )
+        .map_err(anyhow::Error::from),
         "output has",
     )?;
     // Refused before anything is enqueued: the next run still works.

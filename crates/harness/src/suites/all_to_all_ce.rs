@@ -145,7 +145,7 @@ fn stress(job: &mut Job) -> anyhow::Result<()> {
         Ok(())
     })();
     let freed = op.free(&mut job.rdzv);
-    result.and(freed)
+    result.and(freed.map_err(anyhow::Error::from))
 }
 
 /// Misuse gets an error that names it, on every rank alike (the plan is agreed collectively).
@@ -164,18 +164,18 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
     };
     refused(
         "signal-ce with sm_margin 8",
-        try_plan(job, margin, &[1], &routes),
+        try_plan(job, margin, &[1], &routes).map_err(anyhow::Error::from),
         "sets its own SM margin",
     )?;
     refused(
         "signal-ce with 3 waves per group of a 1-wave GEMM",
-        try_plan(job, GemmOptions::default(), &[3], &routes),
+        try_plan(job, GemmOptions::default(), &[3], &routes).map_err(anyhow::Error::from),
         "cover",
     )?;
     let short: Vec<Vec<u32>> = (0..world).map(|_| vec![0; 16]).collect();
     refused(
         "signal-ce with 16-row routings for M = 512",
-        try_plan(job, GemmOptions::default(), &[1], &short),
+        try_plan(job, GemmOptions::default(), &[1], &short).map_err(anyhow::Error::from),
         "routing has 16 rows",
     )
 }

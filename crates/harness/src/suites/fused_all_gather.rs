@@ -197,14 +197,14 @@ fn check_case<TO: GemmElement>(
                 &want,
                 Tolerance::for_output(options.output),
             ) {
-                wrong.get_or_insert(e);
+                wrong.get_or_insert(e.into());
             }
             crate::gemm_data::poison(stream, &mut d)?;
         }
         Ok(())
     })();
     let freed = op.free(&mut job.rdzv);
-    result.and(freed)?;
+    result.and(freed.map_err(anyhow::Error::from))?;
     wrong.map_or(Ok(()), Err)
 }
 
@@ -317,7 +317,7 @@ fn stress_method(
         Ok(())
     })();
     let freed = op.free(&mut job.rdzv);
-    result.and(freed)
+    result.and(freed.map_err(anyhow::Error::from))
 }
 
 /// Misuse gets an error that names it, on every rank alike.
@@ -342,7 +342,8 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
             FusedAllGatherGemm::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, options, method);
         refused(
             &format!("{} {shape} {options:?}", method.name()),
-            made.and_then(|op| op.free(&mut job.rdzv)),
+            made.and_then(|op| op.free(&mut job.rdzv))
+                .map_err(anyhow::Error::from),
             needle,
         )
     };
@@ -475,25 +476,27 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
     let mut d = poisoned::<bf16>(&stream, (shape.m * shape.n) as usize)?;
     let outcome = refused(
         &format!("a 16-element B for {shape}"),
-        op.run(&stream, &small_b, &mut d),
+        op.run(&stream, &small_b, &mut d)
+            .map_err(anyhow::Error::from),
         "B buffer too small",
     );
     let short = upload(&stream, &[bf16::ZERO; 16])?;
     let outcome = outcome.and(refused(
         "a 16-element shard",
-        op.copy_shard(&stream, &short),
+        op.copy_shard(&stream, &short).map_err(anyhow::Error::from),
         "the A shard needs",
     ));
-    let outcome = outcome.and(op.free(&mut job.rdzv));
+    let outcome = outcome.and(op.free(&mut job.rdzv).map_err(anyhow::Error::from));
     let inter = AllGatherMethod::Inter { comm_ctas: 2 };
     let mut op = FusedAllGatherGemm::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, fits, inter)?;
     let b = upload(&stream, &vec![bf16::ZERO; (shape.k * shape.n) as usize])?;
     let mut small_d = poisoned::<bf16>(&stream, 16)?;
     let outcome = outcome.and(refused(
         &format!("fused-inter with a 16-element D for {shape}"),
-        op.run(&stream, &b, &mut small_d),
+        op.run(&stream, &b, &mut small_d)
+            .map_err(anyhow::Error::from),
         "D buffer too small",
     ));
     let freed = op.free(&mut job.rdzv);
-    outcome.and(freed)
+    outcome.and(freed.map_err(anyhow::Error::from))
 }

@@ -173,7 +173,7 @@ fn check_case(
         Ok(())
     })();
     let freed = op.free(&mut job.rdzv);
-    result.and(freed)?;
+    result.and(freed.map_err(anyhow::Error::from))?;
     wrong.map_or(Ok(()), Err)
 }
 
@@ -243,7 +243,7 @@ fn stress(job: &mut Job) -> anyhow::Result<()> {
             Ok(())
         })();
         let freed = op.free(&mut job.rdzv);
-        result.and(freed)?;
+        result.and(freed.map_err(anyhow::Error::from))?;
     }
     Ok(())
 }
@@ -263,7 +263,8 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
         let made = FusedAllReduce::new(&mut job.rdzv, &ctx, &stream, shape, options, method);
         refused(
             &format!("{options:?} {method:?}"),
-            made.and_then(|op| op.free(&mut job.rdzv)),
+            made.and_then(|op| op.free(&mut job.rdzv))
+                .map_err(anyhow::Error::from),
             needle,
         )
     };
@@ -322,9 +323,9 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
     let b = upload(&stream, &vec![bf16::ZERO; 256 * 64])?;
     let outcome = refused(
         &format!("a 16-element A for {shape}"),
-        op.run(&stream, &small, &b),
+        op.run(&stream, &small, &b).map_err(anyhow::Error::from),
         "A buffer too small",
     );
     let freed = op.free(&mut job.rdzv);
-    outcome.and(freed)
+    outcome.and(freed.map_err(anyhow::Error::from))
 }

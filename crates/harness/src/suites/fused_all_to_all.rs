@@ -220,7 +220,7 @@ fn check_case<T: GemmElement + PglElement>(
         Ok(())
     })();
     let freed = op.free(&mut job.rdzv);
-    result.and(freed)?;
+    result.and(freed.map_err(anyhow::Error::from))?;
     wrong.map_or(Ok(()), Err)
 }
 
@@ -317,7 +317,7 @@ fn stress(job: &mut Job) -> anyhow::Result<()> {
         Ok(())
     })();
     let freed = op.free(&mut job.rdzv);
-    result.and(freed)
+    result.and(freed.map_err(anyhow::Error::from))
 }
 
 /// Rank 0 reads its output of run 0 only after a host sleep while the other ranks go straight on
@@ -378,7 +378,7 @@ fn late_reader(job: &mut Job) -> anyhow::Result<()> {
         Ok(())
     })();
     let freed = op.free(&mut job.rdzv);
-    result.and(freed)
+    result.and(freed.map_err(anyhow::Error::from))
 }
 
 /// Misuse gets an error that names it, on every rank alike (the plan is agreed collectively).
@@ -391,6 +391,7 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
     let mut plan = |opts: GemmOptions, routes: &[Vec<u32>]| -> anyhow::Result<()> {
         FusedAllToAll::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, opts, routes)?
             .free(&mut job.rdzv)
+            .map_err(anyhow::Error::from)
     };
     refused(
         "beta = 1",

@@ -245,7 +245,7 @@ fn check_case<T: GemmElement + PglElement>(
         Ok(())
     })();
     let freed = op.free(&mut job.rdzv);
-    result.and(freed)?;
+    result.and(freed.map_err(anyhow::Error::from))?;
     wrong.map_or(Ok(()), Err)
 }
 
@@ -324,7 +324,7 @@ fn stress(job: &mut Job) -> anyhow::Result<()> {
         Ok(())
     })();
     let freed = op.free(&mut job.rdzv);
-    result.and(freed)
+    result.and(freed.map_err(anyhow::Error::from))
 }
 
 /// Rank 0 checks its output of run 0 only after a host sleep while the other ranks go straight
@@ -396,7 +396,7 @@ fn late_rank(job: &mut Job) -> anyhow::Result<()> {
         Ok(())
     })();
     let freed = op.free(&mut job.rdzv);
-    result.and(freed)
+    result.and(freed.map_err(anyhow::Error::from))
 }
 
 pub(super) fn device_addr<T: cudarc::driver::DeviceRepr>(
@@ -426,7 +426,8 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
         let made = FusedReduceScatter::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, options);
         refused(
             &format!("{shape} {options:?}"),
-            made.and_then(|op| op.free(&mut job.rdzv)),
+            made.and_then(|op| op.free(&mut job.rdzv))
+                .map_err(anyhow::Error::from),
             needle,
         )
     };
@@ -467,11 +468,11 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
     let b = upload(&stream, &vec![bf16::ZERO; 256 * 64])?;
     let outcome = refused(
         &format!("a 16-element A for {shape}"),
-        op.run(&stream, &small, &b),
+        op.run(&stream, &small, &b).map_err(anyhow::Error::from),
         "A buffer too small",
     );
     let freed = op.free(&mut job.rdzv);
-    outcome.and(freed)
+    outcome.and(freed.map_err(anyhow::Error::from))
 }
 
 /// Random GEMM options the fused trials share: B layout, tile, `cluster_m`, and (without

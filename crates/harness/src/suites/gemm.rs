@@ -38,8 +38,8 @@ use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use weft_signal_gemm::reference::{check_all, gemm_f64, Tolerance};
 use weft_signal_gemm::{
-    BLayout, CublasGemm, Dtype, EpilogueChoice, Gemm, GemmElement, GemmOptions, GemmShape, KSplits,
-    LaunchExtras, Scheduling, TileChoice, TileFlags,
+    BLayout, CublasGemm, Dtype, EpilogueChoice, Gemm, GemmElement, GemmError, GemmOptions,
+    GemmShape, KSplits, LaunchExtras, Scheduling, TileChoice, TileFlags,
 };
 
 const RANDOM_SHAPES: usize = 60;
@@ -207,6 +207,7 @@ fn launch_versus_cublas<TI: GemmElement, TO: GemmElement>(
         &want,
         Tolerance::for_output(TO::DTYPE),
     )
+    .map_err(anyhow::Error::from)
 }
 
 fn random_shapes_vs_cublas(job: &mut Job) -> anyhow::Result<()> {
@@ -270,6 +271,7 @@ fn versus_f64<TI: GemmElement, TO: GemmElement>(
         &want,
         Tolerance::for_output(TO::DTYPE),
     )
+    .map_err(anyhow::Error::from)
 }
 
 fn small_shapes_vs_f64(job: &mut Job) -> anyhow::Result<()> {
@@ -706,7 +708,21 @@ fn split_k_across_launches(job: &mut Job) -> anyhow::Result<()> {
         .context("a split-K launch on a second stream was accepted")?;
     ensure!(format!("{e:#}").contains("launches on one stream"), "{e:#}");
     stream.synchronize()?;
-    gemm.check()
+    gemm.check().map_err(anyhow::Error::from)
+}
+
+/// The name of `e`'s kind, for trials that check it.
+pub(super) fn gemm_error_kind(e: &GemmError) -> &'static str {
+    match e {
+        GemmError::Shape(_) => "Shape",
+        GemmError::Length(_) => "Length",
+        GemmError::Options(_) => "Options",
+        GemmError::Unsupported(_) => "Unsupported",
+        GemmError::RanksDisagree(_) => "RanksDisagree",
+        GemmError::Wait(_) => "Wait",
+        GemmError::Pgl(_) => "Pgl",
+        GemmError::Runtime(_) => "Runtime",
+    }
 }
 
 fn bad_inputs_are_rejected(job: &mut Job) -> anyhow::Result<()> {
@@ -720,12 +736,16 @@ fn bad_inputs_are_rejected(job: &mut Job) -> anyhow::Result<()> {
     let b16 = upload(&stream, &uniform::<f16>(2, 256 * 128))?;
     let mut d = poisoned::<bf16>(&stream, 256 * 256)?;
     let mut d32 = poisoned::<f32>(&stream, 256 * 256)?;
-    let expect = |r: anyhow::Result<()>, needle: &str| -> anyhow::Result<()> {
-        let e = format!(
-            "{:#}",
-            r.err()
-                .with_context(|| format!("expected an error containing {needle:?}"))?
+    // Each refusal typed (the kind a caller matches on) and worded.
+    let expect = |r: Result<(), GemmError>, kind: &str, needle: &str| -> anyhow::Result<()> {
+        let e = r
+            .err()
+            .with_context(|| format!("expected an error containing {needle:?}"))?;
+        ensure!(
+            gemm_error_kind(&e) == kind,
+            "expected GemmError::{kind}, got {e:?}"
         );
+        let e = format!("{e:#}");
         ensure!(
             e.contains(needle),
             "error {e:?} does not mention {needle:?}"
@@ -734,14 +754,17 @@ fn bad_inputs_are_rejected(job: &mut Job) -> anyhow::Result<()> {
     };
     expect(
         gemm.launch(&stream, &a, &short_b, &mut d),
+        "Length",
         "B buffer too small",
     )?;
     expect(
         gemm.launch(&stream, &a16, &b16, &mut d),
+        "Options",
         "planned for bf16 inputs, given f16",
     )?;
     expect(
         gemm.launch(&stream, &a, &b, &mut d32),
+        "Options",
         "planned for bf16 output, given a f32",
     )?;
     // 128 x 192 tiles have plain kernels only: a fused launch (here: with a trace) is refused.
@@ -765,30 +788,28 @@ fn bad_inputs_are_rejected(job: &mut Job) -> anyhow::Result<()> {
                 ..Default::default()
             },
         ),
+        "Options",
         "128x192 tiles have plain kernels only, and this GEMM is launched with fusions",
     )?;
-    let e = Gemm::new(&ctx, GemmShape::new(256, 250, 128), GemmOptions::default())
-        .err()
-        .context("n = 250 accepted")?;
-    ensure!(
-        format!("{e:#}").contains("n = 250 is not a multiple of 16"),
-        "{e:#}"
-    );
-    let e = Gemm::new(
-        &ctx,
-        shape,
-        GemmOptions {
-            cluster_m: 2,
-            scheduling: Scheduling::Dynamic,
-            ..GemmOptions::default()
-        },
-    )
-    .err()
-    .context("dynamic scheduling with clusters of 2 accepted")?;
-    ensure!(
-        format!("{e:#}").contains("dynamic scheduling needs cluster_m 1"),
-        "{e:#}"
-    );
+    expect(
+        Gemm::new(&ctx, GemmShape::new(256, 250, 128), GemmOptions::default()).map(drop),
+        "Shape",
+        "n = 250 is not a multiple of 16",
+    )?;
+    expect(
+        Gemm::new(
+            &ctx,
+            shape,
+            GemmOptions {
+                cluster_m: 2,
+                scheduling: Scheduling::Dynamic,
+                ..GemmOptions::default()
+            },
+        )
+        .map(drop),
+        "Options",
+        "dynamic scheduling needs cluster_m 1",
+    )?;
     // Nothing was launched by the rejected calls: D is still all poison.
     ensure!(
         download(&stream, &d)?.iter().all(|x| x.to_f64().is_nan()),

@@ -93,7 +93,9 @@ pub fn child(args: &[String]) -> anyhow::Result<()> {
     };
     // The check may trap before the GEMM's launch is issued (that launch then fails): the report
     // in the error slot is what counts either way.
-    let launched = gemm.launch_with(&stream, &a, &b, &mut d, extras);
+    let launched = gemm
+        .launch_with(&stream, &a, &b, &mut d, extras)
+        .map_err(anyhow::Error::from);
     let synced = launched.and_then(|()| Ok(stream.synchronize()?));
     let message = match gemm.check() {
         Err(e) => format!("{e:#}"),

@@ -135,5 +135,5 @@ fn dynamic_refused(job: &mut Job) -> anyhow::Result<()> {
     drop(graph?);
     gemm.launch(&stream, &a, &b, &mut out)?; // outside a capture it runs
     stream.synchronize()?;
-    gemm.check()
+    gemm.check().map_err(anyhow::Error::from)
 }

@@ -180,12 +180,14 @@ fn gemm_plans(job: &mut Job) -> anyhow::Result<()> {
         }
         refused(
             "a launch with a short B",
-            gemm.launch(&stream, &a, &short_b, &mut d),
+            gemm.launch(&stream, &a, &short_b, &mut d)
+                .map_err(anyhow::Error::from),
             "B buffer too small",
         )?;
         refused(
             "a plan with n = 250",
-            Gemm::new(&ctx, GemmShape::new(256, 250, 128), GemmOptions::default()),
+            Gemm::new(&ctx, GemmShape::new(256, 250, 128), GemmOptions::default())
+                .map_err(anyhow::Error::from),
             "n = 250 is not a multiple of 16",
         )
     })
@@ -266,7 +268,8 @@ fn fused_reduce_scatter_plans(job: &mut Job) -> anyhow::Result<()> {
         );
         refused(
             "a fused ReduceScatter of 96 rows per rank",
-            made.and_then(|op| op.free(&mut job.rdzv)),
+            made.and_then(|op| op.free(&mut job.rdzv))
+                .map_err(anyhow::Error::from),
             "whole multiple of 64",
         )
     })
@@ -303,7 +306,8 @@ fn fused_all_to_all_plans(job: &mut Job) -> anyhow::Result<()> {
         let made = FusedAllToAll::<bf16>::new(&mut job.rdzv, &ctx, &stream, shape, options, &short);
         refused(
             "a fused All-to-All routing M - 1 rows",
-            made.and_then(|op| op.free(&mut job.rdzv)),
+            made.and_then(|op| op.free(&mut job.rdzv))
+                .map_err(anyhow::Error::from),
             "routing has 127 rows, M is 128",
         )
     })
@@ -356,7 +360,8 @@ fn fused_all_reduce_plans(job: &mut Job) -> anyhow::Result<()> {
         );
         refused(
             "DistFuse with sm_margin 0",
-            made.and_then(|op| op.free(&mut job.rdzv)),
+            made.and_then(|op| op.free(&mut job.rdzv))
+                .map_err(anyhow::Error::from),
             "must leave them at least",
         )
     })
@@ -405,7 +410,8 @@ fn fused_all_gather_plans(job: &mut Job) -> anyhow::Result<()> {
         );
         refused(
             "a fused AllGather of 96 rows per rank",
-            made.and_then(|op| op.free(&mut job.rdzv)),
+            made.and_then(|op| op.free(&mut job.rdzv))
+                .map_err(anyhow::Error::from),
             "whole multiple of 128",
         )
     })
@@ -537,7 +543,8 @@ fn overlap_ops(job: &mut Job) -> anyhow::Result<()> {
         refused(
             "an op with beta = 1",
             GemmAllReduce::<bf16>::plan(&mut job.rdzv, &mut env, &stream, shape, beta, &seq, false)
-                .map(|_| ()),
+                .map(|_| ())
+                .map_err(anyhow::Error::from),
             "beta must be 0",
         )
     })

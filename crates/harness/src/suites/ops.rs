@@ -268,7 +268,7 @@ fn every_family(job: &mut Job, kind: OpKind) -> anyhow::Result<()> {
                             )
                         })();
                         let freed = op.free(&mut job.rdzv);
-                        r.and(freed)
+                        r.and(freed.map_err(anyhow::Error::from))
                     } else {
                         let mut op = GemmReduceScatter::<bf16>::plan(
                             &mut job.rdzv,
@@ -304,7 +304,7 @@ fn every_family(job: &mut Job, kind: OpKind) -> anyhow::Result<()> {
                             )
                         })();
                         let freed = op.free(&mut job.rdzv);
-                        r.and(freed)
+                        r.and(freed.map_err(anyhow::Error::from))
                     };
                     weft_pgl::agree(&mut job.rdzv, &format!("{} {c}", kind.title()), checked)?;
                 }
@@ -379,7 +379,7 @@ fn every_family(job: &mut Job, kind: OpKind) -> anyhow::Result<()> {
                     weft_pgl::agree(
                         &mut job.rdzv,
                         &format!("{} {c}", kind.title()),
-                        r.and(freed),
+                        r.and(freed.map_err(anyhow::Error::from)),
                     )?;
                 }
             }
@@ -432,7 +432,7 @@ fn every_family(job: &mut Job, kind: OpKind) -> anyhow::Result<()> {
                     weft_pgl::agree(
                         &mut job.rdzv,
                         &format!("{} {c}", kind.title()),
-                        r.and(freed),
+                        r.and(freed.map_err(anyhow::Error::from)),
                     )?;
                 }
             }
@@ -507,7 +507,7 @@ fn capturable_replays(job: &mut Job) -> anyhow::Result<()> {
     }
     drop(graph);
     reference.free(&mut job.rdzv)?;
-    op.free(&mut job.rdzv)
+    op.free(&mut job.rdzv).map_err(anyhow::Error::from)
 }
 
 fn expect_err(what: &str, r: anyhow::Result<()>, needle: &str) -> anyhow::Result<()> {
@@ -545,7 +545,7 @@ fn misuse(job: &mut Job) -> anyhow::Result<()> {
     .map(|_| ());
     expect_err(
         "an f32 GEMM output for a bf16 op",
-        r,
+        r.map_err(anyhow::Error::from),
         "GemmOptions::output is f32",
     )?;
     // A fused method asked to be capturable.
@@ -561,7 +561,7 @@ fn misuse(job: &mut Job) -> anyhow::Result<()> {
     .map(|_| ());
     expect_err(
         "distfuse planned capturable",
-        r,
+        r.map_err(anyhow::Error::from),
         "cannot be replayed from a CUDA graph",
     )?;
     // A method of another op.
@@ -577,7 +577,7 @@ fn misuse(job: &mut Job) -> anyhow::Result<()> {
     .map(|_| ());
     expect_err(
         "distfuse for a ReduceScatter",
-        r,
+        r.map_err(anyhow::Error::from),
         "not a method of GEMM + ReduceScatter",
     )?;
     // Ranks asking for different shapes.
@@ -588,7 +588,7 @@ fn misuse(job: &mut Job) -> anyhow::Result<()> {
                 .map(|_| ());
         expect_err(
             "ranks asking for different shapes",
-            r,
+            r.map_err(anyhow::Error::from),
             "ranks asked for different ops",
         )?;
     }
@@ -599,18 +599,22 @@ fn misuse(job: &mut Job) -> anyhow::Result<()> {
     let a = poisoned::<bf16>(&stream, m * k)?;
     let b = poisoned::<bf16>(&stream, k * n)?;
     let short = poisoned::<bf16>(&stream, m * k - 1)?;
-    expect_err("a short A", op.launch(&stream, &short, &b), "A holds")?;
+    expect_err(
+        "a short A",
+        op.launch(&stream, &short, &b).map_err(anyhow::Error::from),
+        "A holds",
+    )?;
     let other = stream.context().new_stream()?;
     expect_err(
         "another stream",
-        op.launch(&other, &a, &b),
+        op.launch(&other, &a, &b).map_err(anyhow::Error::from),
         "another stream",
     )?;
     let a16 = poisoned::<half::f16>(&stream, m * k)?;
     let b16 = poisoned::<half::f16>(&stream, k * n)?;
     expect_err(
         "f16 inputs for a bf16 plan",
-        op.launch(&stream, &a16, &b16),
+        op.launch(&stream, &a16, &b16).map_err(anyhow::Error::from),
         "planned for bf16 inputs",
     )?;
     op.free(&mut job.rdzv)?;
@@ -629,9 +633,9 @@ fn misuse(job: &mut Job) -> anyhow::Result<()> {
     let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
     expect_err(
         "a fused launch under capture",
-        captured,
+        captured.map_err(anyhow::Error::from),
         "cannot be captured",
     )?;
     drop(graph);
-    fused.free(&mut job.rdzv)
+    fused.free(&mut job.rdzv).map_err(anyhow::Error::from)
 }

@@ -153,20 +153,20 @@ impl Ops {
         match self {
             Ops::AllReduce(op, a, b) => {
                 op.launch(stream, a, b)?;
-                op.synchronize()
+                op.synchronize().map_err(anyhow::Error::from)
             }
             Ops::ReduceScatter(op, a, b) => {
                 op.launch(stream, a, b)?;
-                op.synchronize()
+                op.synchronize().map_err(anyhow::Error::from)
             }
             Ops::AllGather(op, shard, b, d) => {
                 op.copy_shard(stream, shard)?;
                 op.launch(stream, b, d)?;
-                op.synchronize()
+                op.synchronize().map_err(anyhow::Error::from)
             }
             Ops::AllToAll(op, a, b) => {
                 op.launch(stream, a, b)?;
-                op.synchronize()
+                op.synchronize().map_err(anyhow::Error::from)
             }
         }
     }

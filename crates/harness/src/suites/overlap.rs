@@ -2,6 +2,7 @@
 //! AllReduce overlapped with NCCL, checked against independent paths (the standard-layout GEMM
 //! bit for bit; cuBLAS then ncclAllReduce within a derived bf16 bound; CPU add / RMSNorm).
 
+use super::gemm::gemm_error_kind;
 use super::gpu;
 use crate::data::shared_seed;
 use crate::gemm_data::{download, poisoned, uniform, upload};
@@ -18,9 +19,9 @@ use std::time::Duration;
 use weft_pgl::nccl::ReduceOp;
 use weft_signal_gemm::overlap::AllReduceOverlap;
 use weft_signal_gemm::{
-    BLayout, CublasGemm, Dtype, EpilogueChoice, Gemm, GemmElement, GemmOptions, GemmPlan,
-    GemmShape, GroupCounters, KSplits, LaunchExtras, OutputLayout, Restore, Scheduling, TileChoice,
-    TileOrderMap, WaveGroups,
+    BLayout, CublasGemm, Dtype, EpilogueChoice, Gemm, GemmElement, GemmError, GemmOptions,
+    GemmPlan, GemmShape, GroupCounters, KSplits, LaunchExtras, OutputLayout, Restore, Scheduling,
+    TileChoice, TileOrderMap, WaveGroups,
 };
 use weft_sync::WaitBudget;
 
@@ -463,8 +464,9 @@ fn all_reduce_stress(job: &mut Job, options: GemmOptions) -> anyhow::Result<()> 
         poison_bf16(&stream, &mut staging)?;
         let (a, b) = &inputs[it % 2];
         ov.run(&stream, comm, a, b, &mut staging, out, Restore::Copy)
+            .map_err(anyhow::Error::from)
     })?;
-    ov.check()
+    ov.check().map_err(anyhow::Error::from)
 }
 
 /// STRESS_ITERATIONS runs of `run(iteration, out)` with no host synchronisation, each writing
@@ -510,9 +512,13 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
         sm_margin: 100,
         ..GemmOptions::default()
     };
-    let expect = |r: anyhow::Result<()>, needle: &str| -> anyhow::Result<()> {
+    // Each refusal typed (the kind a caller matches on) and worded.
+    let expect = |r: Result<(), GemmError>, needle: &str, kind: &str| -> anyhow::Result<()> {
         match r {
             Ok(()) => anyhow::bail!("accepted; expected an error containing {needle:?}"),
+            Err(e) if gemm_error_kind(&e) != kind => {
+                anyhow::bail!("expected GemmError::{kind}, got {e:?}")
+            }
             Err(e) if format!("{e:#}").contains(needle) => Ok(()),
             Err(e) => anyhow::bail!("error {e:#} does not mention {needle:?}"),
         }
@@ -530,12 +536,14 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
         )
         .map(|_| ()),
         "beta",
+        "Options",
     )?;
     let gemm = Gemm::new(&ctx, shape, options)?;
     let plan = gemm.plan().clone();
     expect(
         WaveGroups::new(&plan, &[plan.waves() + 1]).map(|_| ()),
         "cover",
+        "Options",
     )?;
     let a = poisoned::<bf16>(&stream, 1024 * 256)?;
     let b = poisoned::<bf16>(&stream, 1024 * 256)?;
@@ -554,6 +562,7 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
             },
         ),
         "too small",
+        "Length",
     )?;
     let other = GemmPlan::new(plan.sms, GemmShape::new(2048, 1024, 256), options)?;
     let foreign = GroupCounters::new(&stream, WaveGroups::uniform(&other, 1)?, rank)?;
@@ -569,6 +578,7 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
             },
         ),
         "another plan",
+        "Options",
     )?;
     let beta_gemm = Gemm::new(
         &ctx,
@@ -591,6 +601,7 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
             },
         ),
         "beta = 0",
+        "Options",
     )?;
     let map = TileOrderMap::new(&stream, &plan)?;
     let mut out16 = poisoned::<f16>(&stream, 1024 * 1024)?;
@@ -598,6 +609,7 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
     expect(
         map.restore(&stream, &staging16, &mut out16, Restore::Copy),
         "output is bf16",
+        "Options",
     )?;
     expect(
         map.restore(
@@ -611,6 +623,7 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
             },
         ),
         "eps",
+        "Options",
     )?;
     let ov = AllReduceOverlap::new(&stream, shape, options, None, rank)?;
     let (comm, _) = job.comm_and_gpu()?;
@@ -625,6 +638,7 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
             Restore::Copy,
         ),
         "staging buffer",
+        "Length",
     )?;
     // Refused before anything is enqueued: the next run still works.
     let bad_norm = Restore::RmsNorm {
@@ -635,6 +649,7 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
     expect(
         ov.run(&stream, comm, &a, &b, &mut staging, &mut standard, bad_norm),
         "eps",
+        "Options",
     )?;
     ov.run(
         &stream,

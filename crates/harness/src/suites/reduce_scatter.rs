@@ -372,8 +372,9 @@ fn reduce_scatter_stress(job: &mut Job) -> anyhow::Result<()> {
             out,
             Restore::Copy,
         )
+        .map_err(anyhow::Error::from)
     })?;
-    ov.check()
+    ov.check().map_err(anyhow::Error::from)
 }
 
 /// Misuse gets an error that names it.
@@ -410,11 +411,14 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
                 layout: nine,
                 ..Default::default()
             },
-        ),
+        )
+        .map_err(anyhow::Error::from),
         "1 to 8 ranks",
     )?;
     expect(
-        RankBandMap::new(&stream, &plan, world, world).map(|_| ()),
+        RankBandMap::new(&stream, &plan, world, world)
+            .map(|_| ())
+            .map_err(anyhow::Error::from),
         &format!("rank {world} of {world}"),
     )?;
     expect(
@@ -429,7 +433,8 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
             world,
             rank,
         )
-        .map(|_| ()),
+        .map(|_| ())
+        .map_err(anyhow::Error::from),
         "beta",
     )?;
     let ov = ReduceScatterOverlap::new(&stream, shape, options, None, world, rank)?;
@@ -451,7 +456,8 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
             &mut received,
             &mut out,
             Restore::Copy,
-        ),
+        )
+        .map_err(anyhow::Error::from),
         "staging buffer",
     )?;
     expect(
@@ -464,7 +470,8 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
             &mut short_received,
             &mut out,
             Restore::Copy,
-        ),
+        )
+        .map_err(anyhow::Error::from),
         "slot buffer",
     )?;
     expect(
@@ -477,7 +484,8 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
             &mut received,
             &mut short_out,
             Restore::Copy,
-        ),
+        )
+        .map_err(anyhow::Error::from),
         "output has",
     )?;
     if world < MAX_BAND_RANKS {
@@ -486,16 +494,18 @@ fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
         let mut other_received = poisoned::<bf16>(&stream, other.received_len())?;
         let mut other_out = poisoned::<bf16>(&stream, other.map().rows() as usize * n)?;
         expect(
-            other.run(
-                &stream,
-                comm,
-                &a,
-                &b,
-                &mut other_staging,
-                &mut other_received,
-                &mut other_out,
-                Restore::Copy,
-            ),
+            other
+                .run(
+                    &stream,
+                    comm,
+                    &a,
+                    &b,
+                    &mut other_staging,
+                    &mut other_received,
+                    &mut other_out,
+                    Restore::Copy,
+                )
+                .map_err(anyhow::Error::from),
             "made for rank",
         )?;
     }

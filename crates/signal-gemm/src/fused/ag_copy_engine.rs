@@ -36,7 +36,9 @@
 //! done) follows every group's flag, so every copy out of the peers' shards: a peer writes its
 //! next shard only after them.
 
-use anyhow::{ensure, Context};
+use crate::error::require;
+use crate::error::GemmError;
+use anyhow::Context;
 use cudarc::driver::{sys, CudaContext, CudaStream};
 use std::sync::Arc;
 use weft_kernels::abi::{WEFT_GEMM_TILE_K, WEFT_GEMM_TILE_M};
@@ -80,29 +82,32 @@ impl CopyEngineGather {
         tile_rows: u32,
         k_chunks: u32,
         k_blocks: u32,
-    ) -> anyhow::Result<Self> {
-        ensure!(
-            tile_rows >= 1,
-            "the copy-engine AllGather copies at least one tile row at a time"
-        );
-        ensure!(
-            (1..=k_blocks).contains(&k_chunks),
-            "the copy-engine AllGather cuts K into 1 to {k_blocks} chunks (its K blocks of {WEFT_GEMM_TILE_K}); asked for {k_chunks}"
-        );
-        let k_chunk_blocks = k_blocks.div_ceil(k_chunks);
-        ensure!(
-            k_chunks_fit(k_blocks, k_chunks),
-            "the copy-engine AllGather cuts K into chunks of whole K blocks ({WEFT_GEMM_TILE_K} columns): {k_blocks} blocks make {} chunks of {k_chunk_blocks}, not {k_chunks}",
-            k_blocks.div_ceil(k_chunk_blocks)
-        );
-        let side = ctx
-            .new_stream()
-            .context("creating the copy-engine AllGather's stream")?;
-        Ok(Self {
-            side,
-            tile_rows,
-            k_chunk_blocks,
-            k_chunks,
+    ) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            require!(
+                tile_rows >= 1,
+                Options,
+                "the copy-engine AllGather copies at least one tile row at a time"
+            );
+            require!(
+                (1..=k_blocks).contains(&k_chunks), Shape,
+                "the copy-engine AllGather cuts K into 1 to {k_blocks} chunks (its K blocks of {WEFT_GEMM_TILE_K}); asked for {k_chunks}"
+            );
+            let k_chunk_blocks = k_blocks.div_ceil(k_chunks);
+            require!(
+                k_chunks_fit(k_blocks, k_chunks), Shape,
+                "the copy-engine AllGather cuts K into chunks of whole K blocks ({WEFT_GEMM_TILE_K} columns): {k_blocks} blocks make {} chunks of {k_chunk_blocks}, not {k_chunks}",
+                k_blocks.div_ceil(k_chunk_blocks)
+            );
+            let side = ctx
+                .new_stream()
+                .context("creating the copy-engine AllGather's stream")?;
+            Ok(Self {
+                side,
+                tile_rows,
+                k_chunk_blocks,
+                k_chunks,
+            })
         })
     }
 
@@ -132,77 +137,81 @@ impl CopyEngineGather {
         l: &CopyEngineLaunch<'_>,
         rank: usize,
         own: u32,
-    ) -> anyhow::Result<()> {
-        let side = self.side.cu_stream();
-        let world = l.shards.len();
-        main.context().bind_to_thread()?;
-        // SAFETY: the counter is this rank's, alive as long as the op; a stream operation.
-        unsafe {
-            sys::cuStreamWaitValue64_v2(
-                side,
-                l.start_counter,
-                l.start_target,
-                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
-            )
-        }
-        .result()
-        .context("the copy-engine AllGather's wait for every rank's START (cuStreamWaitValue64)")?;
-        for q in (1..world).map(|i| (rank + i) % world) {
-            let mut first = 0;
-            while first < own {
-                let rows = self.tile_rows.min(own - first);
-                let tm = u64::from(q as u32 * own + first);
-                let src = l.shards[q] + u64::from(first) * l.tile_row_bytes;
-                let dst = l.gathered + tm * l.tile_row_bytes;
-                for chunk in 0..self.k_chunks {
-                    if self.k_chunks == 1 {
-                        let bytes = u64::from(rows) * l.tile_row_bytes;
-                        // SAFETY: src is rank q's shard (own tile rows), dst the gathered A (world
-                        // × own tile rows), both alive as long as the op; stream-ordered after the
-                        // START wait.
-                        unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes as usize, side) }
-                            .result()
-                            .with_context(|| {
-                                format!("copying tile rows {tm}.. of rank {q}'s A shard")
-                            })?;
-                    } else {
-                        let at = u64::from(chunk) * l.k_chunk_bytes;
-                        let width = l.k_chunk_bytes.min(l.row_bytes - at);
-                        let copy = columns_copy(
-                            src + at,
-                            dst + at,
-                            l.row_bytes,
-                            width,
-                            u64::from(rows) * u64::from(WEFT_GEMM_TILE_M),
-                        );
-                        // SAFETY: columns [at, at + width) of the group's rows, inside rank q's
-                        // shard and the gathered A (as above; at + width <= row_bytes).
-                        unsafe { sys::cuMemcpy2DAsync_v2(&copy, side) }
-                            .result()
-                            .with_context(|| {
-                                format!("copying K chunk {chunk} of tile rows {tm}.. of rank {q}'s A shard")
-                            })?;
-                    }
-                    // SAFETY: the chunk's flag, one u64 of the op's chunk flags (tile rows ×
-                    // k_chunks of them).
-                    unsafe {
-                        sys::cuStreamWriteValue64_v2(
-                            side,
-                            l.chunk_flags + (tm * u64::from(self.k_chunks) + u64::from(chunk)) * 8,
-                            l.flag_target,
-                            sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
-                        )
-                    }
-                    .result()
-                    .with_context(|| {
-                        format!("raising the flag of K chunk {chunk} of tile rows {tm}.. of rank {q}'s A shard (cuStreamWriteValue64)")
-                    })?;
-                }
-                first += rows;
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            let side = self.side.cu_stream();
+            let world = l.shards.len();
+            main.context().bind_to_thread()?;
+            // SAFETY: the counter is this rank's, alive as long as the op; a stream operation.
+            unsafe {
+                sys::cuStreamWaitValue64_v2(
+                    side,
+                    l.start_counter,
+                    l.start_target,
+                    sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+                )
             }
-        }
-        main.join(&self.side)
-            .context("ordering the caller's stream after the copy-engine AllGather's copies")
+            .result()
+            .context(
+                "the copy-engine AllGather's wait for every rank's START (cuStreamWaitValue64)",
+            )?;
+            for q in (1..world).map(|i| (rank + i) % world) {
+                let mut first = 0;
+                while first < own {
+                    let rows = self.tile_rows.min(own - first);
+                    let tm = u64::from(q as u32 * own + first);
+                    let src = l.shards[q] + u64::from(first) * l.tile_row_bytes;
+                    let dst = l.gathered + tm * l.tile_row_bytes;
+                    for chunk in 0..self.k_chunks {
+                        if self.k_chunks == 1 {
+                            let bytes = u64::from(rows) * l.tile_row_bytes;
+                            // SAFETY: src is rank q's shard (own tile rows), dst the gathered A (world
+                            // × own tile rows), both alive as long as the op; stream-ordered after the
+                            // START wait.
+                            unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes as usize, side) }
+                                .result()
+                                .with_context(|| {
+                                    format!("copying tile rows {tm}.. of rank {q}'s A shard")
+                                })?;
+                        } else {
+                            let at = u64::from(chunk) * l.k_chunk_bytes;
+                            let width = l.k_chunk_bytes.min(l.row_bytes - at);
+                            let copy = columns_copy(
+                                src + at,
+                                dst + at,
+                                l.row_bytes,
+                                width,
+                                u64::from(rows) * u64::from(WEFT_GEMM_TILE_M),
+                            );
+                            // SAFETY: columns [at, at + width) of the group's rows, inside rank q's
+                            // shard and the gathered A (as above; at + width <= row_bytes).
+                            unsafe { sys::cuMemcpy2DAsync_v2(&copy, side) }
+                                .result()
+                                .with_context(|| {
+                                    format!("copying K chunk {chunk} of tile rows {tm}.. of rank {q}'s A shard")
+                                })?;
+                        }
+                        // SAFETY: the chunk's flag, one u64 of the op's chunk flags (tile rows ×
+                        // k_chunks of them).
+                        unsafe {
+                            sys::cuStreamWriteValue64_v2(
+                                side,
+                                l.chunk_flags + (tm * u64::from(self.k_chunks) + u64::from(chunk)) * 8,
+                                l.flag_target,
+                                sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
+                            )
+                        }
+                        .result()
+                        .with_context(|| {
+                            format!("raising the flag of K chunk {chunk} of tile rows {tm}.. of rank {q}'s A shard (cuStreamWriteValue64)")
+                        })?;
+                    }
+                    first += rows;
+                }
+            }
+            main.join(&self.side)
+                .context("ordering the caller's stream after the copy-engine AllGather's copies")
+        })
     }
 }
 

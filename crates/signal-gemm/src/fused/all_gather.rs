@@ -20,10 +20,12 @@ use super::collective_plan::{
     with_failed_free,
 };
 use crate::dtype::GemmElement;
+use crate::error::require;
+use crate::error::GemmError;
 use crate::gemm::{device_sms, AllGatherSource, Gemm, LaunchExtras};
 use crate::plan::{FusionSet, GemmOptions, GemmPlan, GemmShape};
 use crate::reorder::MAX_BAND_RANKS;
-use anyhow::{ensure, Context};
+use anyhow::Context;
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
 use weft_kernels::abi::{weft_gemm_ag_copy, WEFT_GEMM_TILE_K, WEFT_GEMM_TILE_M};
@@ -95,110 +97,118 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
         shape: GemmShape,
         options: GemmOptions,
         method: AllGatherMethod,
-    ) -> anyhow::Result<Self> {
-        let (world, rank) = (rdzv.world() as u32, rdzv.rank() as u32);
-        let gemm = agree(
-            rdzv,
-            "fused AllGather + GEMM plan",
-            Self::plan_gemm(ctx, shape, options, method, world, rank),
-        )?;
-        let what = "fused AllGather + GEMM";
-        let plan = gemm.plan();
-        agree_on_plan(
-            rdzv,
-            what,
-            &format!("{} {}", plan.describe(), method.name()),
-        )?;
-        check_resident(rdzv, ctx, what, plan.ctas() + plan.options.comm_ctas)?;
-        // Before any peer memory: a refusal here leaves nothing to free collectively.
-        let copy_engine = match method {
-            AllGatherMethod::CopyEngine {
-                tile_rows,
-                k_chunks,
-            } => Some(agree(
+    ) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let (world, rank) = (rdzv.world() as u32, rdzv.rank() as u32);
+            let gemm = agree(
                 rdzv,
-                "the copy-engine AllGather's stream",
-                CopyEngineGather::new(ctx, tile_rows, k_chunks, shape.k.div_ceil(WEFT_GEMM_TILE_K)),
-            )?),
-            _ => None,
-        };
-        let rows = shape.m / world;
-        let shard = Pgl::<TI>::alloc(
-            rdzv,
-            ctx,
-            Shape::new(1, 1, rows, shape.k),
-            Backend::default(),
-        )
-        .context("allocating the fused AllGather's A shards")?;
-        // Each step collective (agreed): on an error every rank frees what it holds, alike.
-        let maps = agree(
-            rdzv,
-            "fused AllGather tensor maps",
-            Self::encode_maps(stream, &shard, shape, world),
-        );
-        let maps = match maps {
-            Ok(m) => m,
-            Err(e) => {
-                return Err(with_failed_free(
-                    e,
-                    shard.free(rdzv).map_err(anyhow::Error::from),
-                ))
-            }
-        };
-        let bar = match peer_barrier_counters(rdzv, ctx, what) {
-            Ok(b) => b,
-            Err(e) => {
-                return Err(with_failed_free(
-                    e,
-                    shard.free(rdzv).map_err(anyhow::Error::from),
-                ))
-            }
-        };
-        let gathered = match method {
-            AllGatherMethod::Intra => None,
-            AllGatherMethod::Inter { .. } | AllGatherMethod::CopyEngine { .. } => {
-                let k_chunks = copy_engine.as_ref().map_or(1, CopyEngineGather::k_chunks);
-                let flags = shape.m.div_ceil(WEFT_GEMM_TILE_M) * k_chunks;
-                let made = agree(
+                "fused AllGather + GEMM plan",
+                Self::plan_gemm(ctx, shape, options, method, world, rank),
+            )?;
+            let what = "fused AllGather + GEMM";
+            let plan = gemm.plan();
+            agree_on_plan(
+                rdzv,
+                what,
+                &format!("{} {}", plan.describe(), method.name()),
+            )?;
+            check_resident(rdzv, ctx, what, plan.ctas() + plan.options.comm_ctas)?;
+            // Before any peer memory: a refusal here leaves nothing to free collectively.
+            let copy_engine = match method {
+                AllGatherMethod::CopyEngine {
+                    tile_rows,
+                    k_chunks,
+                } => Some(agree(
                     rdzv,
-                    "fused AllGather's gathered A",
-                    Self::alloc_gathered(stream, shape),
-                )
-                .and_then(|a| {
-                    let flags = Pgl::<u64>::alloc(
-                        rdzv,
+                    "the copy-engine AllGather's stream",
+                    CopyEngineGather::new(
                         ctx,
-                        Shape::new(1, 1, 1, flags),
-                        Backend::default(),
+                        tile_rows,
+                        k_chunks,
+                        shape.k.div_ceil(WEFT_GEMM_TILE_K),
                     )
-                    .context("allocating the fused AllGather's chunk flags")?;
-                    Ok(GatheredA {
-                        a,
-                        chunk_flags: flags,
-                    })
-                });
-                match made {
-                    Ok(g) => Some(g),
-                    Err(e) => {
-                        let held = shard
-                            .free(rdzv)
-                            .map_err(anyhow::Error::from)
-                            .and(bar.free(rdzv).map_err(anyhow::Error::new));
-                        return Err(with_failed_free(e, held));
+                    .map_err(anyhow::Error::from),
+                )?),
+                _ => None,
+            };
+            let rows = shape.m / world;
+            let shard = Pgl::<TI>::alloc(
+                rdzv,
+                ctx,
+                Shape::new(1, 1, rows, shape.k),
+                Backend::default(),
+            )
+            .context("allocating the fused AllGather's A shards")?;
+            // Each step collective (agreed): on an error every rank frees what it holds, alike.
+            let maps = agree(
+                rdzv,
+                "fused AllGather tensor maps",
+                Self::encode_maps(stream, &shard, shape, world),
+            );
+            let maps = match maps {
+                Ok(m) => m,
+                Err(e) => {
+                    return Err(with_failed_free(
+                        e,
+                        shard.free(rdzv).map_err(anyhow::Error::from),
+                    ))
+                }
+            };
+            let bar = match peer_barrier_counters(rdzv, ctx, what) {
+                Ok(b) => b,
+                Err(e) => {
+                    return Err(with_failed_free(
+                        e,
+                        shard.free(rdzv).map_err(anyhow::Error::from),
+                    ))
+                }
+            };
+            let gathered = match method {
+                AllGatherMethod::Intra => None,
+                AllGatherMethod::Inter { .. } | AllGatherMethod::CopyEngine { .. } => {
+                    let k_chunks = copy_engine.as_ref().map_or(1, CopyEngineGather::k_chunks);
+                    let flags = shape.m.div_ceil(WEFT_GEMM_TILE_M) * k_chunks;
+                    let made = agree(
+                        rdzv,
+                        "fused AllGather's gathered A",
+                        Self::alloc_gathered(stream, shape),
+                    )
+                    .and_then(|a| {
+                        let flags = Pgl::<u64>::alloc(
+                            rdzv,
+                            ctx,
+                            Shape::new(1, 1, 1, flags),
+                            Backend::default(),
+                        )
+                        .context("allocating the fused AllGather's chunk flags")?;
+                        Ok(GatheredA {
+                            a,
+                            chunk_flags: flags,
+                        })
+                    });
+                    match made {
+                        Ok(g) => Some(g),
+                        Err(e) => {
+                            let held = shard
+                                .free(rdzv)
+                                .map_err(anyhow::Error::from)
+                                .and(bar.free(rdzv).map_err(anyhow::Error::new));
+                            return Err(with_failed_free(e, held));
+                        }
                     }
                 }
-            }
-        };
-        Ok(Self {
-            gemm,
-            method,
-            shard,
-            maps,
-            bar,
-            rows,
-            gathered,
-            copy_engine,
-            broken: false,
+            };
+            Ok(Self {
+                gemm,
+                method,
+                shard,
+                maps,
+                bar,
+                rows,
+                gathered,
+                copy_engine,
+                broken: false,
+            })
         })
     }
 
@@ -224,32 +234,36 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
         world: u32,
         rank: u32,
     ) -> anyhow::Result<Gemm> {
-        ensure!(
+        require!(
             (1..=MAX_BAND_RANKS).contains(&world),
+            Unsupported,
             "the fused AllGather spans 1 to {MAX_BAND_RANKS} ranks; this job has {world}"
         );
-        ensure!(
-            options.input == <TI as GemmElement>::DTYPE,
+        require!(
+            options.input == <TI as GemmElement>::DTYPE, Options,
             "fused AllGather of {} shards planned with {} GEMM inputs (GemmOptions::input must match)",
             <TI as GemmElement>::DTYPE,
             options.input
         );
         let options = match method {
             AllGatherMethod::Intra | AllGatherMethod::CopyEngine { .. } => {
-                ensure!(
+                require!(
                     options.comm_ctas == 0,
+                    Options,
                     "the {} AllGather has no communicator CTAs (comm_ctas must be 0)",
                     method.name()
                 );
                 options
             }
             AllGatherMethod::Inter { comm_ctas } => {
-                ensure!(
+                require!(
                     comm_ctas > 0,
+                    Options,
                     "fused-inter AllGather: at least one communicator CTA is needed"
                 );
-                ensure!(
+                require!(
                     options.comm_ctas == 0 || options.comm_ctas == comm_ctas,
+                    Options,
                     "fused-inter sets comm_ctas itself ({comm_ctas}); GemmOptions::comm_ctas is {}",
                     options.comm_ctas
                 );
@@ -260,8 +274,8 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
             }
         };
         let tile_rows = WEFT_GEMM_TILE_M * options.cluster_m;
-        ensure!(
-            shape.m.is_multiple_of(world) && (shape.m / world).is_multiple_of(tile_rows),
+        require!(
+            shape.m.is_multiple_of(world) && (shape.m / world).is_multiple_of(tile_rows), Shape,
             "GEMM {shape}: the fused AllGather gives each of {world} ranks m / {world} rows of A, which must be a whole multiple of {tile_rows} (tiles of 128 rows, clusters of {}); m = {} gives {}",
             options.cluster_m,
             shape.m,
@@ -272,14 +286,14 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
         // Only the AllGather's own kernel polls a flag per K chunk (the kernel with every fusion
         // would read the later chunks before they landed; the launch refuses it too).
         if let AllGatherMethod::CopyEngine { k_chunks, .. } = method {
-            ensure!(
-                k_chunks <= 1 || plan.has_method_kernel(FusionSet::AllGather),
+            require!(
+                k_chunks <= 1 || plan.has_method_kernel(FusionSet::AllGather), Options,
                 "GEMM {shape}: fused-ce in {k_chunks} K chunks needs the AllGather's own kernel (a 128- or 256-wide tile and the pipelined epilogue), which this plan has not ({})",
                 plan.describe()
             );
         }
         let plan = plan.with_tm_offset(rank * (shape.m / world) / WEFT_GEMM_TILE_M)?;
-        Gemm::from_plan(ctx, plan)
+        Gemm::from_plan(ctx, plan).map_err(anyhow::Error::from)
     }
 
     fn encode_maps(
@@ -319,29 +333,36 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
     }
 
     /// Copies `src` (m/world × k) into this rank's shard on `stream`.
-    pub fn copy_shard(&self, stream: &Arc<CudaStream>, src: &CudaSlice<TI>) -> anyhow::Result<()> {
-        let len = self.shard.len();
-        ensure!(
-            src.len() >= len,
-            "fused AllGather: the A shard needs {len} elements ({} x {}), given {}",
-            self.rows,
-            self.plan().shape.k,
-            src.len()
-        );
-        let (ptr, _g) = src.device_ptr(stream);
-        stream.context().bind_to_thread()?;
-        // SAFETY: both hold `len` elements of TI on this context; stream-ordered.
-        unsafe {
-            sys::cuMemcpyDtoDAsync_v2(
-                self.shard.local_ptr(),
-                ptr,
-                len * std::mem::size_of::<TI>(),
-                stream.cu_stream(),
-            )
-        }
-        .result()
-        .context("copying the fused AllGather's A shard")?;
-        Ok(())
+    pub fn copy_shard(
+        &self,
+        stream: &Arc<CudaStream>,
+        src: &CudaSlice<TI>,
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            let len = self.shard.len();
+            require!(
+                src.len() >= len,
+                Length,
+                "fused AllGather: the A shard needs {len} elements ({} x {}), given {}",
+                self.rows,
+                self.plan().shape.k,
+                src.len()
+            );
+            let (ptr, _g) = src.device_ptr(stream);
+            stream.context().bind_to_thread()?;
+            // SAFETY: both hold `len` elements of TI on this context; stream-ordered.
+            unsafe {
+                sys::cuMemcpyDtoDAsync_v2(
+                    self.shard.local_ptr(),
+                    ptr,
+                    len * std::mem::size_of::<TI>(),
+                    stream.cu_stream(),
+                )
+            }
+            .result()
+            .context("copying the fused AllGather's A shard")?;
+            Ok(())
+        })
     }
 
     /// Bounds the kernel's cross-rank barrier waits (default: weft-sync's default budget).
@@ -357,114 +378,120 @@ impl<TI: GemmElement + PglElement> FusedAllGatherGemm<TI> {
         stream: &Arc<CudaStream>,
         b: &CudaSlice<TI>,
         d: &mut CudaSlice<TO>,
-    ) -> anyhow::Result<()> {
-        ensure!(
-            Arc::ptr_eq(stream.context(), self.shard.context()),
-            "the fused AllGather was made on another context than the stream's"
-        );
-        ensure!(
-            !self.broken,
-            "the fused AllGather (fused-ce): an earlier launch failed after its kernel was enqueued; make a new one"
-        );
-        let epoch = self.bar.epoch() + 1;
-        // Inter-SM and copy engines: the launch's A is the gathered copy; a chunk's flag reaches
-        // the epoch.
-        let (a, copy) = match &self.gathered {
-            None => ((self.shard.local_ptr(), self.shard.len()), None),
-            Some(g) => {
-                let copy = weft_gemm_ag_copy {
-                    shards: self.shard.view(),
-                    chunk_flags: g.chunk_flags.local_ptr(),
-                    flag_target: epoch,
-                    row_bytes: self.plan().shape.k * <TI as GemmElement>::DTYPE.bytes() as u32,
-                    flag_rows: self
-                        .copy_engine
-                        .as_ref()
-                        .map_or(1, CopyEngineGather::tile_rows),
-                    k_chunks: self
-                        .copy_engine
-                        .as_ref()
-                        .map_or(1, CopyEngineGather::k_chunks),
-                    k_chunk_blocks: self
-                        .copy_engine
-                        .as_ref()
-                        .map_or(0, CopyEngineGather::k_chunk_blocks),
-                    ..Default::default()
-                };
-                ((g.a.device_ptr(stream).0, g.a.len()), Some(copy))
-            }
-        };
-        let source = AllGatherSource {
-            maps: self.maps.device_ptr(stream).0,
-            rows: self.rows,
-            bar: self.bar.device()?,
-            epoch,
-            copy,
-            host_copy: self.copy_engine.is_some(),
-        };
-        let extras = LaunchExtras::<TO> {
-            all_gather: Some(source),
-            ..Default::default()
-        };
-        let d_len = d.len();
-        {
-            let (d_ptr, _rd) = cudarc::driver::DevicePtrMut::device_ptr_mut(d, stream);
-            // SAFETY: A (the shard PGL, rows × k, or the gathered copy, m × k) and `d` (d_len of
-            // TO) are alive past the launch (the caller orders its later use of them on the stream).
-            unsafe { self.gemm.launch_into(stream, a, b, d_ptr, d_len, extras)? };
-        }
-        // Counted only once enqueued: a refused launch leaves the epoch where the device is.
-        self.bar.begin(1);
-        if let (Some(ce), Some(g)) = (&self.copy_engine, &self.gathered) {
-            let world = self.shard.world();
-            let shards: Vec<u64> = (0..world).map(|r| self.shard.peer_ptr(r)).collect();
-            let element_bytes = <TI as GemmElement>::DTYPE.bytes() as u64;
-            let row_bytes = u64::from(self.plan().shape.k) * element_bytes;
-            let launch = CopyEngineLaunch {
-                shards: &shards,
-                gathered: g.a.device_ptr(stream).0,
-                chunk_flags: g.chunk_flags.local_ptr(),
-                tile_row_bytes: u64::from(WEFT_GEMM_TILE_M) * row_bytes,
-                row_bytes,
-                k_chunk_bytes: ce.k_chunk_bytes(element_bytes),
-                // Row WEFT_GEMM_PEER_BAR_START (0) of this rank's counters; every CTA of every
-                // rank adds 1 per launch (peer_reduce.cuh's peer_bar_target).
-                start_counter: self.bar.pgl().local_ptr(),
-                start_target: world as u64 * u64::from(self.plan().ctas()) * epoch,
-                flag_target: epoch,
-            };
-            let copied = ce.copy(
-                stream,
-                &launch,
-                self.shard.rank(),
-                self.rows / WEFT_GEMM_TILE_M,
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            require!(
+                Arc::ptr_eq(stream.context(), self.shard.context()),
+                Options,
+                "the fused AllGather was made on another context than the stream's"
             );
-            if copied.is_err() {
-                self.broken = true;
+            anyhow::ensure!(
+                !self.broken, "the fused AllGather (fused-ce): an earlier launch failed after its kernel was enqueued; make a new one"
+            );
+            let epoch = self.bar.epoch() + 1;
+            // Inter-SM and copy engines: the launch's A is the gathered copy; a chunk's flag reaches
+            // the epoch.
+            let (a, copy) = match &self.gathered {
+                None => ((self.shard.local_ptr(), self.shard.len()), None),
+                Some(g) => {
+                    let copy = weft_gemm_ag_copy {
+                        shards: self.shard.view(),
+                        chunk_flags: g.chunk_flags.local_ptr(),
+                        flag_target: epoch,
+                        row_bytes: self.plan().shape.k * <TI as GemmElement>::DTYPE.bytes() as u32,
+                        flag_rows: self
+                            .copy_engine
+                            .as_ref()
+                            .map_or(1, CopyEngineGather::tile_rows),
+                        k_chunks: self
+                            .copy_engine
+                            .as_ref()
+                            .map_or(1, CopyEngineGather::k_chunks),
+                        k_chunk_blocks: self
+                            .copy_engine
+                            .as_ref()
+                            .map_or(0, CopyEngineGather::k_chunk_blocks),
+                        ..Default::default()
+                    };
+                    ((g.a.device_ptr(stream).0, g.a.len()), Some(copy))
+                }
+            };
+            let source = AllGatherSource {
+                maps: self.maps.device_ptr(stream).0,
+                rows: self.rows,
+                bar: self.bar.device()?,
+                epoch,
+                copy,
+                host_copy: self.copy_engine.is_some(),
+            };
+            let extras = LaunchExtras::<TO> {
+                all_gather: Some(source),
+                ..Default::default()
+            };
+            let d_len = d.len();
+            {
+                let (d_ptr, _rd) = cudarc::driver::DevicePtrMut::device_ptr_mut(d, stream);
+                // SAFETY: A (the shard PGL, rows × k, or the gathered copy, m × k) and `d` (d_len of
+                // TO) are alive past the launch (the caller orders its later use of them on the stream).
+                unsafe { self.gemm.launch_into(stream, a, b, d_ptr, d_len, extras)? };
             }
-            copied?;
-        }
-        Ok(())
+            // Counted only once enqueued: a refused launch leaves the epoch where the device is.
+            self.bar.begin(1);
+            if let (Some(ce), Some(g)) = (&self.copy_engine, &self.gathered) {
+                let world = self.shard.world();
+                let shards: Vec<u64> = (0..world).map(|r| self.shard.peer_ptr(r)).collect();
+                let element_bytes = <TI as GemmElement>::DTYPE.bytes() as u64;
+                let row_bytes = u64::from(self.plan().shape.k) * element_bytes;
+                let launch = CopyEngineLaunch {
+                    shards: &shards,
+                    gathered: g.a.device_ptr(stream).0,
+                    chunk_flags: g.chunk_flags.local_ptr(),
+                    tile_row_bytes: u64::from(WEFT_GEMM_TILE_M) * row_bytes,
+                    row_bytes,
+                    k_chunk_bytes: ce.k_chunk_bytes(element_bytes),
+                    // Row WEFT_GEMM_PEER_BAR_START (0) of this rank's counters; every CTA of every
+                    // rank adds 1 per launch (peer_reduce.cuh's peer_bar_target).
+                    start_counter: self.bar.pgl().local_ptr(),
+                    start_target: world as u64 * u64::from(self.plan().ctas()) * epoch,
+                    flag_target: epoch,
+                };
+                let copied = ce.copy(
+                    stream,
+                    &launch,
+                    self.shard.rank(),
+                    self.rows / WEFT_GEMM_TILE_M,
+                );
+                if copied.is_err() {
+                    self.broken = true;
+                }
+                copied?;
+            }
+            Ok(())
+        })
     }
 
     /// Waits for `stream`; an error names any wait that ran past its bound (START: a rank's
     /// shard not ready; END: a rank's loads not done), else the driver's error, if any.
-    pub fn synchronize(&self, stream: &Arc<CudaStream>) -> anyhow::Result<()> {
-        synchronize_checked(stream, "the fused AllGather + GEMM", || {
-            vec![
-                self.gemm.check(),
-                self.bar.check().context("fused AllGather barrier (row 0: every rank's shard written; row 1: every rank's loads done)"),
-            ]
+    pub fn synchronize(&self, stream: &Arc<CudaStream>) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            synchronize_checked(stream, "the fused AllGather + GEMM", || {
+                vec![
+                    self.gemm.check().map_err(anyhow::Error::from),
+                    self.bar.check().context("fused AllGather barrier (row 0: every rank's shard written; row 1: every rank's loads done)"),
+                ]
+            })
         })
     }
 
     /// Collective: frees the shards, counters and chunk flags on every rank.
-    pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
-        let shard = self.shard.free(rdzv).map_err(anyhow::Error::from);
-        let bar = self.bar.free(rdzv).map_err(anyhow::Error::new);
-        let flags = self.gathered.map_or(Ok(()), |g| {
-            g.chunk_flags.free(rdzv).map_err(anyhow::Error::from)
-        });
-        shard.and(bar).and(flags)
+    pub fn free(self, rdzv: &mut dyn Bootstrap) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            let shard = self.shard.free(rdzv).map_err(anyhow::Error::from);
+            let bar = self.bar.free(rdzv).map_err(anyhow::Error::new);
+            let flags = self.gathered.map_or(Ok(()), |g| {
+                g.chunk_flags.free(rdzv).map_err(anyhow::Error::from)
+            });
+            shard.and(bar).and(flags)
+        })
     }
 }

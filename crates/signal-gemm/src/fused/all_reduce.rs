@@ -10,10 +10,12 @@
 
 use super::collective_plan::{agree_on_plan, check_resident, copy_own_buffer, synchronize_checked};
 use crate::dtype::{Dtype, GemmElement};
+use crate::error::require;
+use crate::error::GemmError;
 use crate::gemm::{device_sms, AllReduceTarget, Gemm, LaunchExtras};
 use crate::plan::{GemmOptions, GemmPlan, GemmShape};
 use crate::SIGNALS_PER_TILE;
-use anyhow::{ensure, Context};
+use anyhow::Context;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
@@ -84,81 +86,83 @@ impl FusedAllReduce {
         shape: GemmShape,
         options: GemmOptions,
         method: AllReduceMethod,
-    ) -> anyhow::Result<Self> {
-        let world = rdzv.world();
-        let gemm = agree(
-            rdzv,
-            "fused GEMM + AllReduce plan",
-            Self::plan_gemm(ctx, shape, options, method, world),
-        )?;
-        // The workers' count is in every rank's END target: it must be agreed as well.
-        let what = "fused GEMM + AllReduce";
-        let plan = gemm.plan();
-        agree_on_plan(
-            rdzv,
-            what,
-            &format!(
-                "{} {} with {} workers",
-                plan.describe(),
-                method.name(),
-                method.workers()
-            ),
-        )?;
-        let distfuse_workers = if let AllReduceMethod::DistFuse { workers } = method {
-            workers
-        } else {
-            0
-        };
-        check_resident(
-            rdzv,
-            ctx,
-            what,
-            plan.ctas() + plan.options.comm_ctas + distfuse_workers,
-        )?;
-        let (m, n) = (shape.m, shape.n);
-        let partial = Pgl::<bf16>::alloc(rdzv, ctx, Shape::new(1, 1, m, n), Backend::default())
-            .context("allocating the fused AllReduce's partials")?;
-        let out = Pgl::<bf16>::alloc(rdzv, ctx, Shape::new(1, 1, m, n), Backend::default())
-            .context("allocating the fused AllReduce's outputs")?;
-        let flags = Pgl::<u64>::alloc(
-            rdzv,
-            ctx,
-            Shape::new(1, 1, 1, plan.tiles()),
-            Backend::default(),
-        )
-        .context("allocating the fused AllReduce's tile flags")?;
-        let bar = Counters::alloc(
-            rdzv,
-            ctx,
-            Shape::new(1, 1, 1, 1),
-            WaitBudget::default_for(ctx)?,
-        )?;
-        let owned_orders = stream
-            .clone_htod(&owned_orders(plan, rdzv.rank(), world))
-            .context("copying the fused AllReduce's owned tile list")?;
-        let distfuse = match method {
-            AllReduceMethod::Inter { .. } => None,
-            AllReduceMethod::DistFuse { .. } => {
-                let module = cubins::GEMM_TILE_ALLREDUCE
-                    .load(ctx)
-                    .with_context(|| format!("loading {}", cubins::GEMM_TILE_ALLREDUCE.source))?;
-                let func = module.load_function("weft_gemm_tile_allreduce")?;
-                let side = ctx.new_stream().context("creating the DistFuse stream")?;
-                Some((func, side))
-            }
-        };
-        stream.synchronize()?;
-        Ok(Self {
-            gemm,
-            method,
-            partial,
-            out,
-            flags,
-            bar,
-            owned_orders,
-            launches: 0,
-            broken: None,
-            distfuse,
+    ) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let world = rdzv.world();
+            let gemm = agree(
+                rdzv,
+                "fused GEMM + AllReduce plan",
+                Self::plan_gemm(ctx, shape, options, method, world),
+            )?;
+            // The workers' count is in every rank's END target: it must be agreed as well.
+            let what = "fused GEMM + AllReduce";
+            let plan = gemm.plan();
+            agree_on_plan(
+                rdzv,
+                what,
+                &format!(
+                    "{} {} with {} workers",
+                    plan.describe(),
+                    method.name(),
+                    method.workers()
+                ),
+            )?;
+            let distfuse_workers = if let AllReduceMethod::DistFuse { workers } = method {
+                workers
+            } else {
+                0
+            };
+            check_resident(
+                rdzv,
+                ctx,
+                what,
+                plan.ctas() + plan.options.comm_ctas + distfuse_workers,
+            )?;
+            let (m, n) = (shape.m, shape.n);
+            let partial = Pgl::<bf16>::alloc(rdzv, ctx, Shape::new(1, 1, m, n), Backend::default())
+                .context("allocating the fused AllReduce's partials")?;
+            let out = Pgl::<bf16>::alloc(rdzv, ctx, Shape::new(1, 1, m, n), Backend::default())
+                .context("allocating the fused AllReduce's outputs")?;
+            let flags = Pgl::<u64>::alloc(
+                rdzv,
+                ctx,
+                Shape::new(1, 1, 1, plan.tiles()),
+                Backend::default(),
+            )
+            .context("allocating the fused AllReduce's tile flags")?;
+            let bar = Counters::alloc(
+                rdzv,
+                ctx,
+                Shape::new(1, 1, 1, 1),
+                WaitBudget::default_for(ctx)?,
+            )?;
+            let owned_orders = stream
+                .clone_htod(&owned_orders(plan, rdzv.rank(), world))
+                .context("copying the fused AllReduce's owned tile list")?;
+            let distfuse = match method {
+                AllReduceMethod::Inter { .. } => None,
+                AllReduceMethod::DistFuse { .. } => {
+                    let module = cubins::GEMM_TILE_ALLREDUCE.load(ctx).with_context(|| {
+                        format!("loading {}", cubins::GEMM_TILE_ALLREDUCE.source)
+                    })?;
+                    let func = module.load_function("weft_gemm_tile_allreduce")?;
+                    let side = ctx.new_stream().context("creating the DistFuse stream")?;
+                    Some((func, side))
+                }
+            };
+            stream.synchronize()?;
+            Ok(Self {
+                gemm,
+                method,
+                partial,
+                out,
+                flags,
+                bar,
+                owned_orders,
+                launches: 0,
+                broken: None,
+                distfuse,
+            })
         })
     }
 
@@ -169,30 +173,34 @@ impl FusedAllReduce {
         method: AllReduceMethod,
         world: usize,
     ) -> anyhow::Result<Gemm> {
-        ensure!(
+        require!(
             world <= 8,
+            Unsupported,
             "the fused AllReduce spans at most 8 ranks; this job has {world}"
         );
-        ensure!(
-            options.input == Dtype::Bf16 && options.output == Dtype::Bf16,
+        require!(
+            options.input == Dtype::Bf16 && options.output == Dtype::Bf16, Options,
             "the fused AllReduce sums bf16 partials: GemmOptions input and output must be bf16, have {} -> {}",
             options.input,
             options.output
         );
-        ensure!(
+        require!(
             options.beta == 0.0,
+            Options,
             "the fused AllReduce stores fresh partials: beta must be 0, have {}",
             options.beta
         );
-        ensure!(
+        require!(
             method.workers() > 0,
+            Options,
             "{}: at least one worker CTA is needed",
             method.name()
         );
         let options = match method {
             AllReduceMethod::Inter { comm_ctas } => {
-                ensure!(
+                require!(
                     options.comm_ctas == 0 || options.comm_ctas == comm_ctas,
+                    Options,
                     "fused-inter sets comm_ctas itself ({comm_ctas}); GemmOptions::comm_ctas is {}",
                     options.comm_ctas
                 );
@@ -202,9 +210,9 @@ impl FusedAllReduce {
                 }
             }
             AllReduceMethod::DistFuse { workers } => {
-                ensure!(options.comm_ctas == 0, "distfuse runs its workers in a kernel of their own: GemmOptions::comm_ctas must be 0");
-                ensure!(
-                    options.sm_margin >= workers,
+                require!(options.comm_ctas == 0, Options, "distfuse runs its workers in a kernel of their own: GemmOptions::comm_ctas must be 0");
+                require!(
+                    options.sm_margin >= workers, Options,
                     "distfuse's {workers} worker CTAs run beside the GEMM: GemmOptions::sm_margin ({}) must leave them at least {workers} SMs",
                     options.sm_margin
                 );
@@ -213,7 +221,7 @@ impl FusedAllReduce {
         };
         let plan = GemmPlan::new(device_sms(ctx)?, shape, options)?;
         plan.require_fused_kernel()?;
-        Gemm::from_plan(ctx, plan)
+        Gemm::from_plan(ctx, plan).map_err(anyhow::Error::from)
     }
 
     pub fn gemm(&self) -> &Gemm {
@@ -246,79 +254,82 @@ impl FusedAllReduce {
         stream: &Arc<CudaStream>,
         a: &CudaSlice<TI>,
         b: &CudaSlice<TI>,
-    ) -> anyhow::Result<()> {
-        use cudarc::driver::DevicePtr;
-        let (a_ptr, _ra) = a.device_ptr(stream);
-        ensure!(
-            Arc::ptr_eq(stream.context(), self.out.context()),
-            "the fused AllReduce was made on another context than the stream's"
-        );
-        if let Some(why) = &self.broken {
-            anyhow::bail!("this fused AllReduce is out of step with its peers since an earlier run failed half-enqueued ({why}); make a new one on every rank");
-        }
-        let flag_target = (self.launches + 1) * SIGNALS_PER_TILE;
-        let (owned_ptr, _owned_read) = self.owned_orders.device_ptr(stream);
-        let params = weft_tile_allreduce_params {
-            partial: self.partial.view(),
-            out: self.out.view(),
-            flags: self.flags.view(),
-            bar: self.bar.device()?,
-            sched: self.plan().sched,
-            flag_target,
-            epoch: self.bar.epoch() + 1,
-            owned_orders: owned_ptr,
-            owned_count: self.owned_orders.len() as u32,
-            workers: self.method.workers(),
-        };
-        let inter = matches!(self.method, AllReduceMethod::Inter { .. });
-        let target = AllReduceTarget {
-            flags: self.flags.local_ptr(),
-            flag_target,
-            comm: inter.then_some(params),
-        };
-        let extras = LaunchExtras::<bf16> {
-            all_reduce: Some(target),
-            ..Default::default()
-        };
-        if let Some((_, side)) = &self.distfuse {
-            // The workers start after everything before on `stream` (their reads of the previous
-            // run's buffers are done, the GEMM's previous launch too), beside this GEMM.
-            side.join(stream)?;
-        }
-        // SAFETY: the partials PGL holds m × n bf16, the GEMM's standard output.
-        unsafe {
-            self.gemm.launch_into(
-                stream,
-                (a_ptr, a.len()),
-                b,
-                self.partial.local_ptr(),
-                self.partial.len(),
-                extras,
-            )?
-        };
-        // Counted once the GEMM is enqueued (its flags will rise; Inter: the workers are its own
-        // CTAs): a refused launch leaves the flags and the epoch where they are.
-        self.launches += 1;
-        self.bar.begin(1);
-        let Some((func, side)) = &self.distfuse else {
-            return Ok(());
-        };
-        let cfg = LaunchConfig {
-            grid_dim: (params.workers, 1, 1),
-            block_dim: (DISTFUSE_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: the kernel takes exactly this struct; its views name PGLs of this object,
-        // alive as long as it (callers order their reuse on `stream`, joined below).
-        let workers = unsafe { side.launch_builder(func).arg(&params).launch(cfg) }
-            .map(|_| ())
-            .context("launching weft_gemm_tile_allreduce")
-            .and_then(|()| stream.join(side).map_err(anyhow::Error::from));
-        if let Err(e) = workers {
-            self.broken = Some(format!("{e:#}"));
-            return Err(e);
-        }
-        Ok(())
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            use cudarc::driver::DevicePtr;
+            let (a_ptr, _ra) = a.device_ptr(stream);
+            require!(
+                Arc::ptr_eq(stream.context(), self.out.context()),
+                Options,
+                "the fused AllReduce was made on another context than the stream's"
+            );
+            if let Some(why) = &self.broken {
+                anyhow::bail!("this fused AllReduce is out of step with its peers since an earlier run failed half-enqueued ({why}); make a new one on every rank");
+            }
+            let flag_target = (self.launches + 1) * SIGNALS_PER_TILE;
+            let (owned_ptr, _owned_read) = self.owned_orders.device_ptr(stream);
+            let params = weft_tile_allreduce_params {
+                partial: self.partial.view(),
+                out: self.out.view(),
+                flags: self.flags.view(),
+                bar: self.bar.device()?,
+                sched: self.plan().sched,
+                flag_target,
+                epoch: self.bar.epoch() + 1,
+                owned_orders: owned_ptr,
+                owned_count: self.owned_orders.len() as u32,
+                workers: self.method.workers(),
+            };
+            let inter = matches!(self.method, AllReduceMethod::Inter { .. });
+            let target = AllReduceTarget {
+                flags: self.flags.local_ptr(),
+                flag_target,
+                comm: inter.then_some(params),
+            };
+            let extras = LaunchExtras::<bf16> {
+                all_reduce: Some(target),
+                ..Default::default()
+            };
+            if let Some((_, side)) = &self.distfuse {
+                // The workers start after everything before on `stream` (their reads of the previous
+                // run's buffers are done, the GEMM's previous launch too), beside this GEMM.
+                side.join(stream)?;
+            }
+            // SAFETY: the partials PGL holds m × n bf16, the GEMM's standard output.
+            unsafe {
+                self.gemm.launch_into(
+                    stream,
+                    (a_ptr, a.len()),
+                    b,
+                    self.partial.local_ptr(),
+                    self.partial.len(),
+                    extras,
+                )?
+            };
+            // Counted once the GEMM is enqueued (its flags will rise; Inter: the workers are its own
+            // CTAs): a refused launch leaves the flags and the epoch where they are.
+            self.launches += 1;
+            self.bar.begin(1);
+            let Some((func, side)) = &self.distfuse else {
+                return Ok(());
+            };
+            let cfg = LaunchConfig {
+                grid_dim: (params.workers, 1, 1),
+                block_dim: (DISTFUSE_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the kernel takes exactly this struct; its views name PGLs of this object,
+            // alive as long as it (callers order their reuse on `stream`, joined below).
+            let workers = unsafe { side.launch_builder(func).arg(&params).launch(cfg) }
+                .map(|_| ())
+                .context("launching weft_gemm_tile_allreduce")
+                .and_then(|()| stream.join(side).map_err(anyhow::Error::from));
+            if let Err(e) = workers {
+                self.broken = Some(format!("{e:#}"));
+                return Err(e);
+            }
+            Ok(())
+        })
     }
 
     /// Copies this rank's output into `dst` (at least m × n elements) on `stream`.
@@ -326,35 +337,41 @@ impl FusedAllReduce {
         &self,
         stream: &Arc<CudaStream>,
         dst: &mut CudaSlice<bf16>,
-    ) -> anyhow::Result<()> {
-        copy_own_buffer(stream, "fused AllReduce output", &self.out, dst)
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            copy_own_buffer(stream, "fused AllReduce output", &self.out, dst)
+        })
     }
 
     /// Waits for `stream`; an error names any wait that ran past its bound (tile flags: coord
     /// b = 5, the order and tile; the END counter), else the driver's error, if any.
-    pub fn synchronize(&self, stream: &Arc<CudaStream>) -> anyhow::Result<()> {
-        synchronize_checked(stream, "the fused GEMM + AllReduce", || {
-            vec![
-                self.gemm.check(),
-                self.bar
-                    .check()
-                    .context("fused AllReduce worker (tile flags or END barrier)"),
-            ]
+    pub fn synchronize(&self, stream: &Arc<CudaStream>) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            synchronize_checked(stream, "the fused GEMM + AllReduce", || {
+                vec![
+                    self.gemm.check().map_err(anyhow::Error::from),
+                    self.bar
+                        .check()
+                        .context("fused AllReduce worker (tile flags or END barrier)"),
+                ]
+            })
         })
     }
 
     /// Collective: frees the buffers and counters on every rank.
-    pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
-        let results = [
-            self.partial.free(rdzv).map_err(anyhow::Error::from),
-            self.out.free(rdzv).map_err(anyhow::Error::from),
-            self.flags.free(rdzv).map_err(anyhow::Error::from),
-            self.bar.free(rdzv).map_err(anyhow::Error::new),
-        ];
-        results
-            .into_iter()
-            .collect::<anyhow::Result<Vec<()>>>()
-            .map(|_| ())
+    pub fn free(self, rdzv: &mut dyn Bootstrap) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            let results = [
+                self.partial.free(rdzv).map_err(anyhow::Error::from),
+                self.out.free(rdzv).map_err(anyhow::Error::from),
+                self.flags.free(rdzv).map_err(anyhow::Error::from),
+                self.bar.free(rdzv).map_err(anyhow::Error::new),
+            ];
+            results
+                .into_iter()
+                .collect::<anyhow::Result<Vec<()>>>()
+                .map(|_| ())
+        })
     }
 }
 

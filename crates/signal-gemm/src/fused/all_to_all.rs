@@ -14,10 +14,12 @@ use super::collective_plan::{
     agree_on_plan, check_resident, peer_barrier_counters, synchronize_checked, with_failed_free,
 };
 use crate::dtype::GemmElement;
+use crate::error::GemmError;
+use crate::error::{refuse, require};
 use crate::gemm::{Gemm, LaunchExtras, PeerRowsTarget};
 use crate::plan::{GemmOptions, GemmPlan, GemmShape};
 use crate::reorder::{OutputLayout, MAX_BAND_RANKS};
-use anyhow::{ensure, Context};
+use anyhow::Context;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
 use weft_kernels::abi::{
@@ -38,16 +40,17 @@ pub(crate) fn peer_row_table(
 ) -> anyhow::Result<(Vec<u32>, Vec<u32>)> {
     let world = routes.len();
     // At most 8 ranks (the fused methods' limit) also keeps every entry below WEFT_GEMM_NO_SLOT.
-    ensure!(
+    require!(
         (1..=MAX_BAND_RANKS as usize).contains(&world) && rank < world,
+        Options,
         "the fused All-to-All spans 1 to {MAX_BAND_RANKS} ranks: rank {rank} of {world} routings"
     );
     // received[d]: rows routed to d; first[d]: those from sources before `rank`.
     let (mut received, mut first) = (vec![0u64; world], vec![0u64; world]);
     for (s, r) in routes.iter().enumerate() {
         for (i, &d) in r.iter().enumerate() {
-            ensure!(
-                (d as usize) < world,
+            require!(
+                (d as usize) < world, Options,
                 "the fused All-to-All: rank {s} routes row {i} to rank {d}, but there are {world} ranks"
             );
             received[d as usize] += 1;
@@ -57,8 +60,9 @@ pub(crate) fn peer_row_table(
         }
     }
     let most = received.iter().copied().max().unwrap_or(0);
-    ensure!(
+    require!(
         most <= u64::from(WEFT_GEMM_PEER_ROW_MASK) + 1,
+        Options,
         "the fused All-to-All: a rank receives {most} rows, at most {} are addressed",
         u64::from(WEFT_GEMM_PEER_ROW_MASK) + 1
     );
@@ -102,74 +106,76 @@ impl<T: GemmElement + PglElement> FusedAllToAll<T> {
         shape: GemmShape,
         options: GemmOptions,
         routes: &[Vec<u32>],
-    ) -> anyhow::Result<Self> {
-        let world = rdzv.world();
-        let ranks = u32::try_from(world).unwrap_or(u32::MAX);
-        let rank = rdzv.rank();
-        let what = "fused GEMM + All-to-All";
-        let local = agree(
-            rdzv,
-            "fused GEMM + All-to-All plan",
-            Self::plan_local(ctx, shape, options, routes, rank, ranks),
-        )?;
-        let (gemm, table, received) = local;
-        // The routing enters the plan every rank must share (a rank with another routing would
-        // put rows where its peers do not expect them).
-        let mut digest = crc32fast::Hasher::new();
-        for d in routes.iter().flatten() {
-            digest.update(&d.to_le_bytes());
-        }
-        let describe = format!(
-            "{} routing {:08x}",
-            gemm.plan().describe(),
-            digest.finalize()
-        );
-        agree_on_plan(rdzv, what, &describe)?;
-        check_resident(rdzv, ctx, what, gemm.plan().ctas())?;
-        let capacity = received.iter().copied().max().unwrap_or(0);
-        let out = Pgl::<T>::alloc(
-            rdzv,
-            ctx,
-            Shape::new(1, 1, capacity.max(1), shape.n),
-            Backend::default(),
-        )
-        .context("allocating the fused All-to-All's outputs")?;
-        let uploaded = agree(rdzv, "fused All-to-All row table", {
-            let ptrs: Vec<u64> = (0..world).map(|r| out.peer_ptr(r)).collect();
-            (|| {
-                let ptrs = stream.clone_htod(&ptrs)?;
-                let table = stream.clone_htod(&table)?;
-                stream.synchronize()?;
-                Ok((ptrs, table))
-            })()
-        });
-        let (ptrs, table) = match uploaded {
-            Ok(u) => u,
-            Err(e) => {
-                return Err(with_failed_free(
-                    e,
-                    out.free(rdzv).map_err(anyhow::Error::from),
-                ))
+    ) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let world = rdzv.world();
+            let ranks = u32::try_from(world).unwrap_or(u32::MAX);
+            let rank = rdzv.rank();
+            let what = "fused GEMM + All-to-All";
+            let local = agree(
+                rdzv,
+                "fused GEMM + All-to-All plan",
+                Self::plan_local(ctx, shape, options, routes, rank, ranks),
+            )?;
+            let (gemm, table, received) = local;
+            // The routing enters the plan every rank must share (a rank with another routing would
+            // put rows where its peers do not expect them).
+            let mut digest = crc32fast::Hasher::new();
+            for d in routes.iter().flatten() {
+                digest.update(&d.to_le_bytes());
             }
-        };
-        let bar = match peer_barrier_counters(rdzv, ctx, what) {
-            Ok(b) => b,
-            Err(e) => {
-                return Err(with_failed_free(
-                    e,
-                    out.free(rdzv).map_err(anyhow::Error::from),
-                ))
-            }
-        };
-        Ok(Self {
-            gemm,
-            out,
-            ptrs,
-            table,
-            bar,
-            ranks,
-            rows: received[rank],
-            capacity,
+            let describe = format!(
+                "{} routing {:08x}",
+                gemm.plan().describe(),
+                digest.finalize()
+            );
+            agree_on_plan(rdzv, what, &describe)?;
+            check_resident(rdzv, ctx, what, gemm.plan().ctas())?;
+            let capacity = received.iter().copied().max().unwrap_or(0);
+            let out = Pgl::<T>::alloc(
+                rdzv,
+                ctx,
+                Shape::new(1, 1, capacity.max(1), shape.n),
+                Backend::default(),
+            )
+            .context("allocating the fused All-to-All's outputs")?;
+            let uploaded = agree(rdzv, "fused All-to-All row table", {
+                let ptrs: Vec<u64> = (0..world).map(|r| out.peer_ptr(r)).collect();
+                (|| {
+                    let ptrs = stream.clone_htod(&ptrs)?;
+                    let table = stream.clone_htod(&table)?;
+                    stream.synchronize()?;
+                    Ok((ptrs, table))
+                })()
+            });
+            let (ptrs, table) = match uploaded {
+                Ok(u) => u,
+                Err(e) => {
+                    return Err(with_failed_free(
+                        e,
+                        out.free(rdzv).map_err(anyhow::Error::from),
+                    ))
+                }
+            };
+            let bar = match peer_barrier_counters(rdzv, ctx, what) {
+                Ok(b) => b,
+                Err(e) => {
+                    return Err(with_failed_free(
+                        e,
+                        out.free(rdzv).map_err(anyhow::Error::from),
+                    ))
+                }
+            };
+            Ok(Self {
+                gemm,
+                out,
+                ptrs,
+                table,
+                bar,
+                ranks,
+                rows: received[rank],
+                capacity,
+            })
         })
     }
 
@@ -182,12 +188,14 @@ impl<T: GemmElement + PglElement> FusedAllToAll<T> {
         rank: usize,
         ranks: u32,
     ) -> anyhow::Result<(Gemm, Vec<u32>, Vec<u32>)> {
-        ensure!(
+        require!(
             (1..=MAX_BAND_RANKS).contains(&ranks),
+            Unsupported,
             "the fused All-to-All spans 1 to {MAX_BAND_RANKS} ranks; this job has {ranks}"
         );
-        ensure!(
+        require!(
             routes.len() == ranks as usize,
+            Options,
             "the fused All-to-All: {} routings for {ranks} ranks (every rank's, on every rank)",
             routes.len()
         );
@@ -196,25 +204,28 @@ impl<T: GemmElement + PglElement> FusedAllToAll<T> {
             .enumerate()
             .find(|(_, r)| r.len() != shape.m as usize)
         {
-            anyhow::bail!(
+            refuse!(
+                Length,
                 "the fused All-to-All: rank {s}'s routing has {} rows, M is {}",
                 r.len(),
                 shape.m
             );
         }
-        ensure!(
-            options.output == <T as GemmElement>::DTYPE,
+        require!(
+            options.output == <T as GemmElement>::DTYPE, Options,
             "fused All-to-All of {} elements planned with a {} GEMM output (GemmOptions::output must match)",
             <T as GemmElement>::DTYPE,
             options.output
         );
-        ensure!(
+        require!(
             options.beta == 0.0,
+            Options,
             "the fused All-to-All stores rows into other ranks' outputs: beta must be 0, have {}",
             options.beta
         );
-        ensure!(
+        require!(
             options.comm_ctas == 0,
+            Options,
             "the fused All-to-All has no communicator CTAs (comm_ctas must be 0)"
         );
         let (table, received) = peer_row_table(routes, rank)?;
@@ -262,52 +273,57 @@ impl<T: GemmElement + PglElement> FusedAllToAll<T> {
         stream: &Arc<CudaStream>,
         a: &CudaSlice<TI>,
         b: &CudaSlice<TI>,
-    ) -> anyhow::Result<()> {
-        ensure!(
-            Arc::ptr_eq(stream.context(), self.out.context()),
-            "the fused All-to-All was made on another context than the stream's"
-        );
-        let (a_ptr, _ra) = a.device_ptr(stream);
-        let target = PeerRowsTarget {
-            ptrs: self.ptrs.device_ptr(stream).0,
-            table: self.table.device_ptr(stream).0,
-            table_rows: u32::try_from(self.table.len()).unwrap_or(u32::MAX),
-            bar: self.bar.device()?,
-            epoch: self.bar.epoch() + 1,
-        };
-        let extras = LaunchExtras::<T> {
-            layout: OutputLayout::PeerRows {
-                ranks: self.ranks,
-                rows: self.capacity,
-            },
-            peer_rows: Some(target),
-            ..Default::default()
-        };
-        // SAFETY: the PGL's own buffer holds capacity × n elements of T (the layout's element
-        // count), every peer's as much (peer_row_table's rows stay below each one's received
-        // count, at most capacity); all live as long as self; the caller orders its reads of the
-        // output on the stream.
-        unsafe {
-            self.gemm.launch_into(
-                stream,
-                (a_ptr, a.len()),
-                b,
-                self.out.local_ptr(),
-                self.out.len(),
-                extras,
-            )?
-        };
-        // Counted only once enqueued: a refused launch leaves the epoch where the device is.
-        self.bar.begin(1);
-        Ok(())
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            require!(
+                Arc::ptr_eq(stream.context(), self.out.context()),
+                Options,
+                "the fused All-to-All was made on another context than the stream's"
+            );
+            let (a_ptr, _ra) = a.device_ptr(stream);
+            let target = PeerRowsTarget {
+                ptrs: self.ptrs.device_ptr(stream).0,
+                table: self.table.device_ptr(stream).0,
+                table_rows: u32::try_from(self.table.len()).unwrap_or(u32::MAX),
+                bar: self.bar.device()?,
+                epoch: self.bar.epoch() + 1,
+            };
+            let extras = LaunchExtras::<T> {
+                layout: OutputLayout::PeerRows {
+                    ranks: self.ranks,
+                    rows: self.capacity,
+                },
+                peer_rows: Some(target),
+                ..Default::default()
+            };
+            // SAFETY: the PGL's own buffer holds capacity × n elements of T (the layout's element
+            // count), every peer's as much (peer_row_table's rows stay below each one's received
+            // count, at most capacity); all live as long as self; the caller orders its reads of the
+            // output on the stream.
+            unsafe {
+                self.gemm.launch_into(
+                    stream,
+                    (a_ptr, a.len()),
+                    b,
+                    self.out.local_ptr(),
+                    self.out.len(),
+                    extras,
+                )?
+            };
+            // Counted only once enqueued: a refused launch leaves the epoch where the device is.
+            self.bar.begin(1);
+            Ok(())
+        })
     }
 
     /// After synchronising: an error naming a GEMM pipeline wait or a cross-rank barrier
     /// (START: a rank never reached the launch; END: a rank's stores not finished) that ran past
     /// its bound.
-    pub fn check(&self) -> anyhow::Result<()> {
-        self.gemm.check()?;
-        self.check_barriers()
+    pub fn check(&self) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            self.gemm.check()?;
+            self.check_barriers()
+        })
     }
 
     fn check_barriers(&self) -> anyhow::Result<()> {
@@ -320,17 +336,24 @@ impl<T: GemmElement + PglElement> FusedAllToAll<T> {
 
     /// Waits for `stream`; an error names any wait of the kernel that ran past its bound (the
     /// report survives the trap that stopped the kernel), else the driver's error, if any.
-    pub fn synchronize(&self, stream: &Arc<CudaStream>) -> anyhow::Result<()> {
-        synchronize_checked(stream, "the fused GEMM + All-to-All", || {
-            vec![self.gemm.check(), self.check_barriers()]
+    pub fn synchronize(&self, stream: &Arc<CudaStream>) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            synchronize_checked(stream, "the fused GEMM + All-to-All", || {
+                vec![
+                    self.gemm.check().map_err(anyhow::Error::from),
+                    self.check_barriers(),
+                ]
+            })
         })
     }
 
     /// Collective: frees the outputs and counters on every rank.
-    pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
-        let out = self.out.free(rdzv).map_err(anyhow::Error::from);
-        let bar = self.bar.free(rdzv).map_err(anyhow::Error::new);
-        out.and(bar)
+    pub fn free(self, rdzv: &mut dyn Bootstrap) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            let out = self.out.free(rdzv).map_err(anyhow::Error::from);
+            let bar = self.bar.free(rdzv).map_err(anyhow::Error::new);
+            out.and(bar)
+        })
     }
 }
 

@@ -3,9 +3,10 @@
 //! synchronisation that names the wait that timed out.
 
 use crate::dtype::Dtype;
+use crate::error::require;
 use crate::gemm::device_sms;
 use crate::tensor_map::encode_2d;
-use anyhow::{ensure, Context};
+use anyhow::Context;
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtrMut};
 use std::sync::Arc;
 use weft_kernels::abi::weft_tensor_map;
@@ -27,8 +28,8 @@ pub(crate) fn agree_on_plan(
         .filter(|(_, d)| d.as_slice() != describe.as_bytes())
         .map(|(r, d)| format!("rank {r} planned {}", String::from_utf8_lossy(d)))
         .collect();
-    ensure!(
-        differing.is_empty(),
+    require!(
+        differing.is_empty(), RanksDisagree,
         "{what}: ranks planned different kernels (each waits for the others' CTAs): this rank planned {describe}, {}",
         differing.join(", ")
     );
@@ -45,8 +46,8 @@ pub(crate) fn check_resident(
 ) -> anyhow::Result<()> {
     let sharing = weft_pgl::gpu::max_ranks_per_gpu(rdzv, ctx)? as u32;
     let sms = device_sms(ctx)?;
-    ensure!(
-        u64::from(ctas) * u64::from(sharing) <= u64::from(sms),
+    require!(
+        u64::from(ctas) * u64::from(sharing) <= u64::from(sms), Unsupported,
         "{what}: {sharing} ranks share one GPU of {sms} SMs, so {ctas} CTAs per rank cannot all be resident at once (the kernel's barriers wait across ranks); plan at most {} CTAs per rank (raise GemmOptions::sm_margin)",
         sms / sharing
     );
@@ -163,8 +164,9 @@ pub(crate) fn copy_own_buffer<T: PglElement>(
     dst: &mut CudaSlice<T>,
 ) -> anyhow::Result<()> {
     let len = pgl.len();
-    ensure!(
+    require!(
         dst.len() >= len,
+        Length,
         "{what}: destination holds {} elements, needs {len}",
         dst.len()
     );

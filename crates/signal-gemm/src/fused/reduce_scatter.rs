@@ -15,10 +15,12 @@ use super::collective_plan::{
     synchronize_checked, with_failed_free,
 };
 use crate::dtype::GemmElement;
+use crate::error::require;
+use crate::error::GemmError;
 use crate::gemm::{device_sms, Gemm, LaunchExtras, PeerReduceTarget};
 use crate::plan::{GemmOptions, GemmPlan, GemmShape};
 use crate::reorder::{OutputLayout, MAX_BAND_RANKS};
-use anyhow::{ensure, Context};
+use anyhow::Context;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use std::sync::Arc;
 use weft_kernels::abi::{WEFT_GEMM_PEER_BAR_END, WEFT_GEMM_PEER_BAR_START};
@@ -43,7 +45,7 @@ fn order_for_owners(plan: GemmPlan, ranks: u32, rank: u32) -> anyhow::Result<Gem
     };
     let first_row = u64::from((rank + 1) % ranks) * u64::from(plan.shape.m / ranks);
     let tiles = (first_row / u64::from(plan.tile_m())) as u32 / cm * cm;
-    plan.with_tm_offset(tiles)
+    plan.with_tm_offset(tiles).map_err(anyhow::Error::from)
 }
 
 /// One rank's fused GEMM + ReduceScatter for a fixed shape and world.
@@ -66,54 +68,56 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
         stream: &Arc<CudaStream>,
         shape: GemmShape,
         options: GemmOptions,
-    ) -> anyhow::Result<Self> {
-        let world = rdzv.world();
-        let ranks = u32::try_from(world).unwrap_or(u32::MAX);
-        let rank = rdzv.rank() as u32;
-        let gemm = agree(
-            rdzv,
-            "fused GEMM + ReduceScatter plan",
-            Self::plan_gemm(ctx, shape, options, ranks, rank),
-        )?;
-        let what = "fused GEMM + ReduceScatter";
-        agree_on_plan(rdzv, what, &gemm.plan().describe())?;
-        check_resident(rdzv, ctx, what, gemm.plan().ctas())?;
-        let rows = shape.m / ranks;
-        let out = Pgl::<T>::alloc(
-            rdzv,
-            ctx,
-            Shape::new(1, 1, rows, shape.n),
-            Backend::default(),
-        )
-        .context("allocating the fused ReduceScatter's outputs")?;
-        let maps = match agree(
-            rdzv,
-            "fused ReduceScatter tensor maps",
-            Self::encode_maps(stream, &out, shape, ranks),
-        ) {
-            Ok(m) => m,
-            Err(e) => {
-                return Err(with_failed_free(
-                    e,
-                    out.free(rdzv).map_err(anyhow::Error::from),
-                ))
-            }
-        };
-        let bar = match peer_barrier_counters(rdzv, ctx, what) {
-            Ok(b) => b,
-            Err(e) => {
-                return Err(with_failed_free(
-                    e,
-                    out.free(rdzv).map_err(anyhow::Error::from),
-                ))
-            }
-        };
-        Ok(Self {
-            gemm,
-            out,
-            maps,
-            bar,
-            ranks,
+    ) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let world = rdzv.world();
+            let ranks = u32::try_from(world).unwrap_or(u32::MAX);
+            let rank = rdzv.rank() as u32;
+            let gemm = agree(
+                rdzv,
+                "fused GEMM + ReduceScatter plan",
+                Self::plan_gemm(ctx, shape, options, ranks, rank),
+            )?;
+            let what = "fused GEMM + ReduceScatter";
+            agree_on_plan(rdzv, what, &gemm.plan().describe())?;
+            check_resident(rdzv, ctx, what, gemm.plan().ctas())?;
+            let rows = shape.m / ranks;
+            let out = Pgl::<T>::alloc(
+                rdzv,
+                ctx,
+                Shape::new(1, 1, rows, shape.n),
+                Backend::default(),
+            )
+            .context("allocating the fused ReduceScatter's outputs")?;
+            let maps = match agree(
+                rdzv,
+                "fused ReduceScatter tensor maps",
+                Self::encode_maps(stream, &out, shape, ranks),
+            ) {
+                Ok(m) => m,
+                Err(e) => {
+                    return Err(with_failed_free(
+                        e,
+                        out.free(rdzv).map_err(anyhow::Error::from),
+                    ))
+                }
+            };
+            let bar = match peer_barrier_counters(rdzv, ctx, what) {
+                Ok(b) => b,
+                Err(e) => {
+                    return Err(with_failed_free(
+                        e,
+                        out.free(rdzv).map_err(anyhow::Error::from),
+                    ))
+                }
+            };
+            Ok(Self {
+                gemm,
+                out,
+                maps,
+                bar,
+                ranks,
+            })
         })
     }
 
@@ -124,29 +128,32 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
         ranks: u32,
         rank: u32,
     ) -> anyhow::Result<Gemm> {
-        ensure!(
+        require!(
             (1..=MAX_BAND_RANKS).contains(&ranks),
+            Unsupported,
             "the fused ReduceScatter spans 1 to {MAX_BAND_RANKS} ranks; this job has {ranks}"
         );
-        ensure!(
-            options.output == <T as GemmElement>::DTYPE,
+        require!(
+            options.output == <T as GemmElement>::DTYPE, Options,
             "fused ReduceScatter of {} elements planned with a {} GEMM output (GemmOptions::output must match)",
             <T as GemmElement>::DTYPE,
             options.output
         );
-        ensure!(
+        require!(
             options.beta == 0.0,
+            Options,
             "the fused ReduceScatter adds into zeroed outputs: beta must be 0, have {}",
             options.beta
         );
-        ensure!(
+        require!(
             options.comm_ctas == 0,
+            Options,
             "the fused ReduceScatter has no communicator CTAs (comm_ctas must be 0)"
         );
         let plan = GemmPlan::new(device_sms(ctx)?, shape, options)?;
         plan.require_fused_kernel()?;
         OutputLayout::PeerReduce { ranks }.check(&plan)?;
-        Gemm::from_plan(ctx, order_for_owners(plan, ranks, rank)?)
+        Gemm::from_plan(ctx, order_for_owners(plan, ranks, rank)?).map_err(anyhow::Error::from)
     }
 
     /// A tensor map per rank's output, as this process maps it, in device memory.
@@ -206,39 +213,42 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
         stream: &Arc<CudaStream>,
         a: &CudaSlice<TI>,
         b: &CudaSlice<TI>,
-    ) -> anyhow::Result<()> {
-        use cudarc::driver::DevicePtr;
-        let (a_ptr, _ra) = a.device_ptr(stream);
-        ensure!(
-            Arc::ptr_eq(stream.context(), self.out.context()),
-            "the fused ReduceScatter was made on another context than the stream's"
-        );
-        let target = PeerReduceTarget {
-            maps: self.maps_ptr(stream),
-            ranks: self.ranks,
-            bar: self.bar.device()?,
-            epoch: self.bar.epoch() + 1,
-        };
-        let extras = LaunchExtras::<T> {
-            layout: OutputLayout::PeerReduce { ranks: self.ranks },
-            peer: Some(target),
-            ..Default::default()
-        };
-        // SAFETY: the PGL's own buffer holds rows × n elements of T (the layout's element count)
-        // and lives as long as self; the caller orders its reads of it on the stream.
-        unsafe {
-            self.gemm.launch_into(
-                stream,
-                (a_ptr, a.len()),
-                b,
-                self.out.local_ptr(),
-                self.out.len(),
-                extras,
-            )?
-        };
-        // Counted only once enqueued: a refused launch leaves the epoch where the device is.
-        self.bar.begin(1);
-        Ok(())
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            use cudarc::driver::DevicePtr;
+            let (a_ptr, _ra) = a.device_ptr(stream);
+            require!(
+                Arc::ptr_eq(stream.context(), self.out.context()),
+                Options,
+                "the fused ReduceScatter was made on another context than the stream's"
+            );
+            let target = PeerReduceTarget {
+                maps: self.maps_ptr(stream),
+                ranks: self.ranks,
+                bar: self.bar.device()?,
+                epoch: self.bar.epoch() + 1,
+            };
+            let extras = LaunchExtras::<T> {
+                layout: OutputLayout::PeerReduce { ranks: self.ranks },
+                peer: Some(target),
+                ..Default::default()
+            };
+            // SAFETY: the PGL's own buffer holds rows × n elements of T (the layout's element count)
+            // and lives as long as self; the caller orders its reads of it on the stream.
+            unsafe {
+                self.gemm.launch_into(
+                    stream,
+                    (a_ptr, a.len()),
+                    b,
+                    self.out.local_ptr(),
+                    self.out.len(),
+                    extras,
+                )?
+            };
+            // Counted only once enqueued: a refused launch leaves the epoch where the device is.
+            self.bar.begin(1);
+            Ok(())
+        })
     }
 
     fn maps_ptr(&self, stream: &Arc<CudaStream>) -> u64 {
@@ -251,16 +261,20 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
         &self,
         stream: &Arc<CudaStream>,
         dst: &mut CudaSlice<T>,
-    ) -> anyhow::Result<()> {
-        copy_own_buffer(stream, "fused ReduceScatter output", &self.out, dst)
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            copy_own_buffer(stream, "fused ReduceScatter output", &self.out, dst)
+        })
     }
 
     /// After synchronising: an error naming a GEMM pipeline wait or a cross-rank barrier
     /// (START: a rank's outputs not zeroed in time; END: a rank's adds not finished) that ran
     /// past its bound.
-    pub fn check(&self) -> anyhow::Result<()> {
-        self.gemm.check()?;
-        self.check_barriers()
+    pub fn check(&self) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            self.gemm.check()?;
+            self.check_barriers()
+        })
     }
 
     fn check_barriers(&self) -> anyhow::Result<()> {
@@ -273,16 +287,23 @@ impl<T: GemmElement + PglElement> FusedReduceScatter<T> {
 
     /// Waits for `stream`; an error names any wait of the kernel that ran past its bound (the
     /// report survives the trap that stopped the kernel), else the driver's error, if any.
-    pub fn synchronize(&self, stream: &Arc<CudaStream>) -> anyhow::Result<()> {
-        synchronize_checked(stream, "the fused GEMM + ReduceScatter", || {
-            vec![self.gemm.check(), self.check_barriers()]
+    pub fn synchronize(&self, stream: &Arc<CudaStream>) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            synchronize_checked(stream, "the fused GEMM + ReduceScatter", || {
+                vec![
+                    self.gemm.check().map_err(anyhow::Error::from),
+                    self.check_barriers(),
+                ]
+            })
         })
     }
 
     /// Collective: frees the outputs and counters on every rank.
-    pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
-        let out = self.out.free(rdzv).map_err(anyhow::Error::from);
-        let bar = self.bar.free(rdzv).map_err(anyhow::Error::new);
-        out.and(bar)
+    pub fn free(self, rdzv: &mut dyn Bootstrap) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            let out = self.out.free(rdzv).map_err(anyhow::Error::from);
+            let bar = self.bar.free(rdzv).map_err(anyhow::Error::new);
+            out.and(bar)
+        })
     }
 }

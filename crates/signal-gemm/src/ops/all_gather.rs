@@ -25,10 +25,12 @@ use super::env::{lock, synchronize_with, OverlapEnv, SharedComm};
 use super::method::{Method, MethodChoice};
 use crate::cublas::CublasGemm;
 use crate::dtype::{Dtype, GemmElement};
+use crate::error::GemmError;
+use crate::error::{refuse, require};
 use crate::fused::{AllGatherMethod, FusedAllGatherGemm};
 use crate::overlap::high_priority_stream;
 use crate::plan::{GemmOptions, GemmShape};
-use anyhow::{bail, ensure, Context};
+use anyhow::Context;
 use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
 use half::{bf16, f16};
 use std::sync::Arc;
@@ -85,70 +87,73 @@ impl<TI: OpElement> AllGatherGemm<TI> {
         options: GemmOptions,
         choice: &MethodChoice,
         capturable: bool,
-    ) -> anyhow::Result<Self> {
-        let kind = OpKind::AllGather;
-        let (world, rank) = (rdzv.world() as u32, rdzv.rank() as u32);
-        let checks = check_dtype::<TI>(kind, shape, "input", options.input).and_then(|()| {
-            ensure!(
-                shape.m.is_multiple_of(world),
-                "AllGather + GEMM {shape}: M = {} does not split into {world} equal shards",
-                shape.m
-            );
-            Ok(String::new())
-        });
-        agree_on_request(
-            rdzv, env, stream, kind, shape, &options, choice, capturable, checks,
-        )?;
-        let mut bench: Option<(CudaSlice<TI>, Bench)> = None;
-        let seed = 0xa6a6 ^ ((rank as u64) << 40);
-        let (imp, report) = choose_and_plan(
-            rdzv,
-            env,
-            PlanRequest {
-                kind,
-                shape,
-                options,
-                choice,
-                capturable,
-            },
-            |rdzv, env, m| plan_imp::<TI>(rdzv, env, stream, shape, options, m),
-            |rdzv, env, m| {
-                if bench.is_none() {
-                    bench = Some((
-                        random_device(stream, seed, (shape.k * shape.n) as usize)?,
-                        Bench::new(stream)?,
-                    ));
-                }
-                let (b, timer) = bench.as_mut().expect("made above");
-                let planned = plan_imp::<TI>(rdzv, env, stream, shape, options, m);
-                let imp = agree(rdzv, &format!("planning {m}"), planned)?;
-                let op = Self {
+    ) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let kind = OpKind::AllGather;
+            let (world, rank) = (rdzv.world() as u32, rdzv.rank() as u32);
+            let checks = check_dtype::<TI>(kind, shape, "input", options.input).and_then(|()| {
+                require!(
+                    shape.m.is_multiple_of(world),
+                    Shape,
+                    "AllGather + GEMM {shape}: M = {} does not split into {world} equal shards",
+                    shape.m
+                );
+                Ok(String::new())
+            });
+            agree_on_request(
+                rdzv, env, stream, kind, shape, &options, choice, capturable, checks,
+            )?;
+            let mut bench: Option<(CudaSlice<TI>, Bench)> = None;
+            let seed = 0xa6a6 ^ ((rank as u64) << 40);
+            let (imp, report) = choose_and_plan(
+                rdzv,
+                env,
+                PlanRequest {
+                    kind,
                     shape,
                     options,
-                    world,
-                    rank,
-                    stream: stream.clone(),
-                    report: exact_report(m),
-                    imp,
-                };
-                time_candidate(rdzv, op, |op| {
-                    op.fill_shard_randomly(seed)?;
-                    match options.output {
-                        Dtype::Bf16 => op.time_into::<bf16>(env, timer, b),
-                        Dtype::F16 => op.time_into::<f16>(env, timer, b),
-                        Dtype::F32 => op.time_into::<f32>(env, timer, b),
+                    choice,
+                    capturable,
+                },
+                |rdzv, env, m| plan_imp::<TI>(rdzv, env, stream, shape, options, m),
+                |rdzv, env, m| {
+                    if bench.is_none() {
+                        bench = Some((
+                            random_device(stream, seed, (shape.k * shape.n) as usize)?,
+                            Bench::new(stream)?,
+                        ));
                     }
-                })
-            },
-        )?;
-        Ok(Self {
-            shape,
-            options,
-            world,
-            rank,
-            stream: stream.clone(),
-            report,
-            imp,
+                    let (b, timer) = bench.as_mut().expect("made above");
+                    let planned = plan_imp::<TI>(rdzv, env, stream, shape, options, m);
+                    let imp = agree(rdzv, &format!("planning {m}"), planned)?;
+                    let op = Self {
+                        shape,
+                        options,
+                        world,
+                        rank,
+                        stream: stream.clone(),
+                        report: exact_report(m),
+                        imp,
+                    };
+                    time_candidate(rdzv, op, |op| {
+                        op.fill_shard_randomly(seed)?;
+                        match options.output {
+                            Dtype::Bf16 => op.time_into::<bf16>(env, timer, b),
+                            Dtype::F16 => op.time_into::<f16>(env, timer, b),
+                            Dtype::F32 => op.time_into::<f32>(env, timer, b),
+                        }
+                    })
+                },
+            )?;
+            Ok(Self {
+                shape,
+                options,
+                world,
+                rank,
+                stream: stream.clone(),
+                report,
+                imp,
+            })
         })
     }
 
@@ -167,7 +172,9 @@ impl<TI: OpElement> AllGatherGemm<TI> {
     ) -> anyhow::Result<f64> {
         let stream = self.stream.clone();
         let mut d = stream.alloc_zeros::<TO>((self.shape.m * self.shape.n) as usize)?;
-        timer.time(env, &stream, || self.launch(&stream, b, &mut d))
+        timer.time(env, &stream, || {
+            self.launch(&stream, b, &mut d).map_err(anyhow::Error::from)
+        })
     }
 
     pub fn method(&self) -> &Method {
@@ -201,28 +208,35 @@ impl<TI: OpElement> AllGatherGemm<TI> {
     }
 
     /// Copies `src` (at least m/world × k elements) into this rank's shard on `stream`.
-    pub fn copy_shard(&self, stream: &Arc<CudaStream>, src: &CudaSlice<TI>) -> anyhow::Result<()> {
-        let len = self.shard_len();
-        ensure!(
-            src.len() >= len,
-            "AllGather + GEMM: the shard needs {len} elements, given {}",
-            src.len()
-        );
-        let dst = self.shard().device_address();
-        let (ptr, _g) = src.device_ptr(stream);
-        stream.context().bind_to_thread()?;
-        // SAFETY: both hold `len` elements of TI on this context; stream-ordered.
-        unsafe {
-            sys::cuMemcpyDtoDAsync_v2(
-                dst,
-                ptr,
-                len * std::mem::size_of::<TI>(),
-                stream.cu_stream(),
-            )
-        }
-        .result()
-        .context("copying the AllGather shard")?;
-        Ok(())
+    pub fn copy_shard(
+        &self,
+        stream: &Arc<CudaStream>,
+        src: &CudaSlice<TI>,
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            let len = self.shard_len();
+            require!(
+                src.len() >= len,
+                Length,
+                "AllGather + GEMM: the shard needs {len} elements, given {}",
+                src.len()
+            );
+            let dst = self.shard().device_address();
+            let (ptr, _g) = src.device_ptr(stream);
+            stream.context().bind_to_thread()?;
+            // SAFETY: both hold `len` elements of TI on this context; stream-ordered.
+            unsafe {
+                sys::cuMemcpyDtoDAsync_v2(
+                    dst,
+                    ptr,
+                    len * std::mem::size_of::<TI>(),
+                    stream.cu_stream(),
+                )
+            }
+            .result()
+            .context("copying the AllGather shard")?;
+            Ok(())
+        })
     }
 
     /// Enqueues D = AllGather(every rank's shard) · B on the planned stream. Every rank must
@@ -232,96 +246,103 @@ impl<TI: OpElement> AllGatherGemm<TI> {
         stream: &Arc<CudaStream>,
         b: &CudaSlice<TI>,
         d: &mut CudaSlice<TO>,
-    ) -> anyhow::Result<()> {
-        let GemmShape { m, n, k } = self.shape;
-        check_launch::<TI>(
-            OpKind::AllGather,
-            &self.stream,
-            stream,
-            &self.options,
-            &[
-                ("B", b.len(), (k * n) as usize),
-                ("D", d.len(), (m * n) as usize),
-            ],
-        )?;
-        ensure!(
-            TO::DTYPE == self.options.output,
-            "AllGather + GEMM: planned for a {} D, given {}",
-            self.options.output,
-            TO::DTYPE
-        );
-        check_capture(stream, &self.report.method)?;
-        let (rows, rank) = ((m / self.world) as usize, self.rank as usize);
-        let (n, k) = (n as usize, k as usize);
-        match &mut self.imp {
-            Imp::Seq {
-                gemm,
-                comm,
-                shard,
-                a,
-            } => {
-                lock(comm)?.all_gather(&*shard, a, stream)?;
-                gemm.launch(stream, a, b, d)
-            }
-            Imp::SeqCollectives {
-                coll,
-                gemm,
-                shard,
-                a,
-            } => {
-                coll.all_gather(&*shard, a)?;
-                gemm.launch(a, b, d)
-            }
-            Imp::Decomposition {
-                band,
-                comm,
-                side,
-                shard,
-                a,
-            } => {
-                // The gather starts after everything before (the shard written); this rank's rows
-                // are computed from its shard meanwhile, the peers' once the gather is done.
-                side.join(stream)?;
-                band.launch(
-                    &*shard,
-                    b,
-                    &mut d.slice_mut(rank * rows * n..(rank + 1) * rows * n),
-                )?;
-                lock(comm)?.all_gather(&*shard, a, side)?;
-                stream.join(side)?;
-                for p in (0..self.world as usize).filter(|&p| p != rank) {
-                    band.launch(
-                        &a.slice(p * rows * k..(p + 1) * rows * k),
-                        b,
-                        &mut d.slice_mut(p * rows * n..(p + 1) * rows * n),
-                    )?;
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            let GemmShape { m, n, k } = self.shape;
+            check_launch::<TI>(
+                OpKind::AllGather,
+                &self.stream,
+                stream,
+                &self.options,
+                &[
+                    ("B", b.len(), (k * n) as usize),
+                    ("D", d.len(), (m * n) as usize),
+                ],
+            )?;
+            require!(
+                TO::DTYPE == self.options.output,
+                Options,
+                "AllGather + GEMM: planned for a {} D, given {}",
+                self.options.output,
+                TO::DTYPE
+            );
+            check_capture(stream, &self.report.method)?;
+            let (rows, rank) = ((m / self.world) as usize, self.rank as usize);
+            let (n, k) = (n as usize, k as usize);
+            match &mut self.imp {
+                Imp::Seq {
+                    gemm,
+                    comm,
+                    shard,
+                    a,
+                } => {
+                    lock(comm)?.all_gather(&*shard, a, stream)?;
+                    gemm.launch(stream, a, b, d).map_err(anyhow::Error::from)
                 }
-                Ok(())
+                Imp::SeqCollectives {
+                    coll,
+                    gemm,
+                    shard,
+                    a,
+                } => {
+                    coll.all_gather(&*shard, a)?;
+                    gemm.launch(a, b, d).map_err(anyhow::Error::from)
+                }
+                Imp::Decomposition {
+                    band,
+                    comm,
+                    side,
+                    shard,
+                    a,
+                } => {
+                    // The gather starts after everything before (the shard written); this rank's rows
+                    // are computed from its shard meanwhile, the peers' once the gather is done.
+                    side.join(stream)?;
+                    band.launch(
+                        &*shard,
+                        b,
+                        &mut d.slice_mut(rank * rows * n..(rank + 1) * rows * n),
+                    )?;
+                    lock(comm)?.all_gather(&*shard, a, side)?;
+                    stream.join(side)?;
+                    for p in (0..self.world as usize).filter(|&p| p != rank) {
+                        band.launch(
+                            &a.slice(p * rows * k..(p + 1) * rows * k),
+                            b,
+                            &mut d.slice_mut(p * rows * n..(p + 1) * rows * n),
+                        )?;
+                    }
+                    Ok(())
+                }
+                Imp::Fused(f) => f.run(stream, b, d).map_err(anyhow::Error::from),
             }
-            Imp::Fused(f) => f.run(stream, b, d),
-        }
+        })
     }
 
     /// As [`super::GemmAllReduce::synchronize`].
-    pub fn synchronize(&self) -> anyhow::Result<()> {
-        match &self.imp {
-            Imp::Fused(f) => f.synchronize(&self.stream),
-            Imp::SeqCollectives { coll, .. } => Ok(coll.synchronize()?),
-            Imp::Seq { comm, .. } | Imp::Decomposition { comm, .. } => synchronize_with(
-                comm,
-                &self.stream,
-                &format!("AllGather + GEMM {} ({})", self.shape, self.method()),
-            ),
-        }
+    pub fn synchronize(&self) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            match &self.imp {
+                Imp::Fused(f) => f.synchronize(&self.stream).map_err(anyhow::Error::from),
+                Imp::SeqCollectives { coll, .. } => Ok(coll.synchronize()?),
+                Imp::Seq { comm, .. } | Imp::Decomposition { comm, .. } => synchronize_with(
+                    comm,
+                    &self.stream,
+                    &format!("AllGather + GEMM {} ({})", self.shape, self.method()),
+                ),
+            }
+        })
     }
 
     /// Collective: frees the op's peer memory (fused methods, weft's collectives) on every rank.
-    pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
-        match self.imp {
-            Imp::Fused(f) => f.free(rdzv),
-            Imp::SeqCollectives { coll, .. } => Ok(coll.free(rdzv)?),
-            _ => Ok(()),
-        }
+    pub fn free(self, rdzv: &mut dyn Bootstrap) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            match self.imp {
+                Imp::Fused(f) => f.free(rdzv).map_err(anyhow::Error::from),
+                Imp::SeqCollectives { coll, .. } => Ok(coll.free(rdzv)?),
+                _ => Ok(()),
+            }
+        })
     }
 }
 
@@ -343,13 +364,13 @@ fn plan_imp<TI: OpElement>(
         Method::SeqCollectives => {
             // This rank's own parts first, agreed, so that every rank enters the collectives'
             // set-up (collective) or none does.
-            let local = CublasGemm::new(stream, shape, options).and_then(|g| Ok((g, alloc(shard_len)?, alloc(mk)?)));
+            let local = CublasGemm::new(stream, shape, options).map_err(anyhow::Error::from).and_then(|g| Ok((g, alloc(shard_len)?, alloc(mk)?)));
             let (gemm, shard, a) = agree(rdzv, "planning seq-collectives (cuBLAS, buffers)", local)?;
             let bytes = u64::from(mk) * size_of::<TI>() as u64;
             Imp::SeqCollectives { coll: op_collectives(rdzv, stream, bytes)?, gemm, shard, a }
         }
         Method::Decomposition { chunks } => {
-            ensure!(*chunks == world, "the AllGather decomposition has one chunk per rank ({world}), asked for {chunks}");
+            require!(*chunks == world, Options, "the AllGather decomposition has one chunk per rank ({world}), asked for {chunks}");
             let band = CublasGemm::new(stream, GemmShape::new(shape.m / world, shape.n, shape.k), options)?;
             Imp::Decomposition { band, comm: env.comm().clone(), side: high_priority_stream(&ctx)?, shard: alloc(shard_len)?, a: alloc(mk)? }
         }
@@ -362,15 +383,15 @@ fn plan_imp<TI: OpElement>(
             let options = GemmOptions { tile: method.tile_choice(options.tile)?, ..options };
             Imp::Fused(FusedAllGatherGemm::<TI>::new(rdzv, &ctx, stream, shape, options, AllGatherMethod::CopyEngine { tile_rows: *tile_rows, k_chunks: *k_chunks })?)
         }
-        other => bail!("{other} is not a method of AllGather + GEMM (seq-cublas, seq-weft, seq-collectives, decomposition, fused-intra, fused-inter, fused-ce)"),
+        other => refuse!(Options, "{other} is not a method of AllGather + GEMM (seq-cublas, seq-weft, seq-collectives, decomposition, fused-intra, fused-inter, fused-ce)"),
     })
 }
 
 impl<TI: OpElement> Candidate for AllGatherGemm<TI> {
     fn synchronize(&self) -> anyhow::Result<()> {
-        Self::synchronize(self)
+        Self::synchronize(self).map_err(anyhow::Error::from)
     }
     fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
-        Self::free(self, rdzv)
+        Self::free(self, rdzv).map_err(anyhow::Error::from)
     }
 }

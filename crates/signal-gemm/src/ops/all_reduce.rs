@@ -21,11 +21,12 @@ use super::inputs::{with_operands, Operands};
 use super::method::{Method, MethodChoice};
 use crate::cublas::CublasGemm;
 use crate::dtype::{Dtype, GemmElement};
+use crate::error::GemmError;
+use crate::error::{refuse, require};
 use crate::fused::{AllReduceMethod, FusedAllReduce};
 use crate::overlap::{high_priority_stream, AllReduceOverlap};
 use crate::plan::{GemmOptions, GemmShape};
 use crate::reorder::Restore;
-use anyhow::{bail, ensure};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
 use weft_collectives::Collectives;
@@ -84,56 +85,59 @@ impl<TO: OpElement> GemmAllReduce<TO> {
         options: GemmOptions,
         choice: &MethodChoice,
         capturable: bool,
-    ) -> anyhow::Result<Self> {
-        let kind = OpKind::AllReduce;
-        let checks =
-            check_dtype::<TO>(kind, shape, "output", options.output).map(|()| String::new());
-        agree_on_request(
-            rdzv, env, stream, kind, shape, &options, choice, capturable, checks,
-        )?;
-        let mut operands: Option<(Operands, Bench)> = None;
-        let seed = 0xA11 ^ ((rdzv.rank() as u64) << 40);
-        let (imp, report) = choose_and_plan(
-            rdzv,
-            env,
-            PlanRequest {
-                kind,
-                shape,
-                options,
-                choice,
-                capturable,
-            },
-            |rdzv, env, m| plan_imp::<TO>(rdzv, env, stream, shape, options, m),
-            |rdzv, env, m| {
-                if operands.is_none() {
-                    let (mk, kn) = ((shape.m * shape.k) as usize, (shape.k * shape.n) as usize);
-                    operands = Some((
-                        Operands::random(stream, &options, seed, mk, kn)?,
-                        Bench::new(stream)?,
-                    ));
-                }
-                let (ops, bench) = operands.as_mut().expect("made above");
-                let planned = plan_imp::<TO>(rdzv, env, stream, shape, options, m);
-                let imp = agree(rdzv, &format!("planning {m}"), planned)?;
-                let op = Self {
+    ) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let kind = OpKind::AllReduce;
+            let checks =
+                check_dtype::<TO>(kind, shape, "output", options.output).map(|()| String::new());
+            agree_on_request(
+                rdzv, env, stream, kind, shape, &options, choice, capturable, checks,
+            )?;
+            let mut operands: Option<(Operands, Bench)> = None;
+            let seed = 0xA11 ^ ((rdzv.rank() as u64) << 40);
+            let (imp, report) = choose_and_plan(
+                rdzv,
+                env,
+                PlanRequest {
+                    kind,
                     shape,
                     options,
-                    stream: stream.clone(),
-                    report: exact_report(m),
-                    imp,
-                };
-                time_candidate(rdzv, op, |op| {
-                    with_operands!(&*ops, |a, b| bench
-                        .time(env, stream, || op.launch(stream, a, b)))
-                })
-            },
-        )?;
-        Ok(Self {
-            shape,
-            options,
-            stream: stream.clone(),
-            report,
-            imp,
+                    choice,
+                    capturable,
+                },
+                |rdzv, env, m| plan_imp::<TO>(rdzv, env, stream, shape, options, m),
+                |rdzv, env, m| {
+                    if operands.is_none() {
+                        let (mk, kn) = ((shape.m * shape.k) as usize, (shape.k * shape.n) as usize);
+                        operands = Some((
+                            Operands::random(stream, &options, seed, mk, kn)?,
+                            Bench::new(stream)?,
+                        ));
+                    }
+                    let (ops, bench) = operands.as_mut().expect("made above");
+                    let planned = plan_imp::<TO>(rdzv, env, stream, shape, options, m);
+                    let imp = agree(rdzv, &format!("planning {m}"), planned)?;
+                    let op = Self {
+                        shape,
+                        options,
+                        stream: stream.clone(),
+                        report: exact_report(m),
+                        imp,
+                    };
+                    time_candidate(rdzv, op, |op| {
+                        with_operands!(&*ops, |a, b| bench.time(env, stream, || op
+                            .launch(stream, a, b)
+                            .map_err(anyhow::Error::from)))
+                    })
+                },
+            )?;
+            Ok(Self {
+                shape,
+                options,
+                stream: stream.clone(),
+                report,
+                imp,
+            })
         })
     }
 
@@ -158,66 +162,70 @@ impl<TO: OpElement> GemmAllReduce<TO> {
         stream: &Arc<CudaStream>,
         a: &CudaSlice<TI>,
         b: &CudaSlice<TI>,
-    ) -> anyhow::Result<()> {
-        let GemmShape { m, n, k } = self.shape;
-        check_launch::<TI>(
-            OpKind::AllReduce,
-            &self.stream,
-            stream,
-            &self.options,
-            &[
-                ("A", a.len(), (m * k) as usize),
-                ("B", b.len(), (k * n) as usize),
-            ],
-        )?;
-        check_capture(stream, &self.report.method)?;
-        match &mut self.imp {
-            Imp::Seq { gemm, comm, out } => {
-                gemm.launch(stream, a, b, out)?;
-                lock(comm)?
-                    .all_reduce_in_place(out, ReduceOp::Sum, stream)
-                    .map_err(anyhow::Error::from)
-            }
-            Imp::SeqCollectives { gemm, coll, out } => {
-                gemm.launch(a, b, out)?;
-                Ok(coll.all_reduce_in_place(out)?)
-            }
-            Imp::Decomposition {
-                band,
-                chunks,
-                comm,
-                side,
-                out,
-            } => {
-                let rows = (m / *chunks) as usize;
-                let (n, k) = (n as usize, k as usize);
-                // The side stream starts after everything before (the output's earlier readers).
-                side.join(stream)?;
-                for c in 0..*chunks as usize {
-                    let a_band = a.slice(c * rows * k..(c + 1) * rows * k);
-                    band.launch(
-                        &a_band,
-                        b,
-                        &mut out.slice_mut(c * rows * n..(c + 1) * rows * n),
-                    )?;
-                    side.join(stream)?;
-                    lock(comm)?.all_reduce_in_place(
-                        &mut out.slice_mut(c * rows * n..(c + 1) * rows * n),
-                        ReduceOp::Sum,
-                        side,
-                    )?;
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            let GemmShape { m, n, k } = self.shape;
+            check_launch::<TI>(
+                OpKind::AllReduce,
+                &self.stream,
+                stream,
+                &self.options,
+                &[
+                    ("A", a.len(), (m * k) as usize),
+                    ("B", b.len(), (k * n) as usize),
+                ],
+            )?;
+            check_capture(stream, &self.report.method)?;
+            match &mut self.imp {
+                Imp::Seq { gemm, comm, out } => {
+                    gemm.launch(stream, a, b, out)?;
+                    lock(comm)?
+                        .all_reduce_in_place(out, ReduceOp::Sum, stream)
+                        .map_err(anyhow::Error::from)
                 }
-                stream.join(side)?;
-                Ok(())
+                Imp::SeqCollectives { gemm, coll, out } => {
+                    gemm.launch(a, b, out)?;
+                    Ok(coll.all_reduce_in_place(out)?)
+                }
+                Imp::Decomposition {
+                    band,
+                    chunks,
+                    comm,
+                    side,
+                    out,
+                } => {
+                    let rows = (m / *chunks) as usize;
+                    let (n, k) = (n as usize, k as usize);
+                    // The side stream starts after everything before (the output's earlier readers).
+                    side.join(stream)?;
+                    for c in 0..*chunks as usize {
+                        let a_band = a.slice(c * rows * k..(c + 1) * rows * k);
+                        band.launch(
+                            &a_band,
+                            b,
+                            &mut out.slice_mut(c * rows * n..(c + 1) * rows * n),
+                        )?;
+                        side.join(stream)?;
+                        lock(comm)?.all_reduce_in_place(
+                            &mut out.slice_mut(c * rows * n..(c + 1) * rows * n),
+                            ReduceOp::Sum,
+                            side,
+                        )?;
+                    }
+                    stream.join(side)?;
+                    Ok(())
+                }
+                Imp::Signal {
+                    ov,
+                    comm,
+                    staging,
+                    out,
+                } => ov
+                    .run(stream, &*lock(comm)?, a, b, staging, out, Restore::Copy)
+                    .map_err(anyhow::Error::from),
+                Imp::Fused(f) => f.run(stream, a, b).map_err(anyhow::Error::from),
             }
-            Imp::Signal {
-                ov,
-                comm,
-                staging,
-                out,
-            } => ov.run(stream, &*lock(comm)?, a, b, staging, out, Restore::Copy),
-            Imp::Fused(f) => f.run(stream, a, b),
-        }
+        })
     }
 
     /// The op's result (m × n of TO): the sum of the last launch once it has run.
@@ -238,28 +246,32 @@ impl<TO: OpElement> GemmAllReduce<TO> {
     /// bound (fused and signal methods), an NCCL call a peer never joined within the
     /// communicator's budget (NCCL methods: the communicator is aborted), else the driver's
     /// error, if any.
-    pub fn synchronize(&self) -> anyhow::Result<()> {
-        let what = || format!("GEMM + AllReduce {} ({})", self.shape, self.method());
-        match &self.imp {
-            Imp::Fused(f) => f.synchronize(&self.stream),
-            Imp::Signal { ov, comm, .. } => {
-                synchronize_with(comm, &self.stream, &what())?;
-                ov.check()
+    pub fn synchronize(&self) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            let what = || format!("GEMM + AllReduce {} ({})", self.shape, self.method());
+            match &self.imp {
+                Imp::Fused(f) => f.synchronize(&self.stream).map_err(anyhow::Error::from),
+                Imp::Signal { ov, comm, .. } => {
+                    synchronize_with(comm, &self.stream, &what())?;
+                    ov.check().map_err(anyhow::Error::from)
+                }
+                Imp::Seq { comm, .. } | Imp::Decomposition { comm, .. } => {
+                    synchronize_with(comm, &self.stream, &what())
+                }
+                Imp::SeqCollectives { coll, .. } => Ok(coll.synchronize()?),
             }
-            Imp::Seq { comm, .. } | Imp::Decomposition { comm, .. } => {
-                synchronize_with(comm, &self.stream, &what())
-            }
-            Imp::SeqCollectives { coll, .. } => Ok(coll.synchronize()?),
-        }
+        })
     }
 
     /// Collective: frees the op's peer memory (fused methods, weft's collectives) on every rank.
-    pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
-        match self.imp {
-            Imp::Fused(f) => f.free(rdzv),
-            Imp::SeqCollectives { coll, .. } => Ok(coll.free(rdzv)?),
-            _ => Ok(()),
-        }
+    pub fn free(self, rdzv: &mut dyn Bootstrap) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            match self.imp {
+                Imp::Fused(f) => f.free(rdzv).map_err(anyhow::Error::from),
+                Imp::SeqCollectives { coll, .. } => Ok(coll.free(rdzv)?),
+                _ => Ok(()),
+            }
+        })
     }
 }
 
@@ -286,7 +298,9 @@ fn plan_imp<TO: OpElement>(
         Method::SeqCollectives => {
             // This rank's own parts first, agreed, so that every rank enters the collectives'
             // set-up (collective) or none does.
-            let local = CublasGemm::new(stream, shape, options).and_then(|g| Ok((g, out(mn)?)));
+            let local = CublasGemm::new(stream, shape, options)
+                .map_err(anyhow::Error::from)
+                .and_then(|g| Ok((g, out(mn)?)));
             let (gemm, out) = agree(rdzv, "planning seq-collectives (cuBLAS, buffers)", local)?;
             let bytes = u64::from(mn) * size_of::<TO>() as u64;
             Imp::SeqCollectives {
@@ -296,8 +310,9 @@ fn plan_imp<TO: OpElement>(
             }
         }
         Method::Decomposition { chunks } => {
-            ensure!(
+            require!(
                 shape.m.is_multiple_of(*chunks),
+                Shape,
                 "decomposition: M = {} does not split into {chunks} bands",
                 shape.m
             );
@@ -325,7 +340,11 @@ fn plan_imp<TO: OpElement>(
                 Some(waves),
                 rdzv.rank() as u32,
             );
-            let ov = agree(rdzv, "planning the signal GEMM", local)?;
+            let ov = agree(
+                rdzv,
+                "planning the signal GEMM",
+                local.map_err(anyhow::Error::from),
+            )?;
             let comm = env.limited_comm(rdzv, *sm_margin)?;
             let staging = stream.alloc_zeros::<TO>(ov.staging_len())?;
             Imp::Signal {
@@ -336,8 +355,9 @@ fn plan_imp<TO: OpElement>(
             }
         }
         Method::FusedInter { ctas } => {
-            ensure!(
+            require!(
                 <TO as GemmElement>::DTYPE == Dtype::Bf16,
+                Options,
                 "fused-inter sums bf16 partials; the output is {}",
                 <TO as GemmElement>::DTYPE
             );
@@ -351,8 +371,9 @@ fn plan_imp<TO: OpElement>(
             )?)
         }
         Method::DistFuse { workers } => {
-            ensure!(
+            require!(
                 <TO as GemmElement>::DTYPE == Dtype::Bf16,
+                Options,
                 "distfuse sums bf16 partials; the output is {}",
                 <TO as GemmElement>::DTYPE
             );
@@ -370,16 +391,19 @@ fn plan_imp<TO: OpElement>(
             )?)
         }
         Method::FusedIntra { .. } | Method::FusedCe { .. } | Method::SignalCe { .. } => {
-            bail!("{method} is not a method of GEMM + AllReduce (fused-inter, distfuse)")
+            refuse!(
+                Options,
+                "{method} is not a method of GEMM + AllReduce (fused-inter, distfuse)"
+            )
         }
     })
 }
 
 impl<TO: OpElement> Candidate for GemmAllReduce<TO> {
     fn synchronize(&self) -> anyhow::Result<()> {
-        Self::synchronize(self)
+        Self::synchronize(self).map_err(anyhow::Error::from)
     }
     fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
-        Self::free(self, rdzv)
+        Self::free(self, rdzv).map_err(anyhow::Error::from)
     }
 }

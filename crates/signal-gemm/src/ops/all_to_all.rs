@@ -25,11 +25,12 @@ use super::env::{lock, synchronize_with, OverlapEnv, SharedComm};
 use super::inputs::{with_operands, Operands};
 use super::method::{Method, MethodChoice};
 use crate::dtype::GemmElement;
+use crate::error::GemmError;
+use crate::error::{refuse, require};
 use crate::fused::FusedAllToAll;
 use crate::overlap::{AllToAllCopyEngine, AllToAllOverlap};
 use crate::plan::{GemmOptions, GemmShape};
 use crate::row_gather::RowGather;
-use anyhow::{bail, ensure};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
 use weft_pgl::agree;
@@ -88,20 +89,22 @@ fn sources_of(routes: &[Vec<u32>], rank: usize) -> Vec<(u32, u32)> {
 
 /// The routing's own checks, and a digest every rank must share.
 fn check_routes(routes: &[Vec<u32>], world: usize, m: u32) -> anyhow::Result<String> {
-    ensure!(
+    require!(
         routes.len() == world,
+        Options,
         "GEMM + All-to-All: {} routings for {world} ranks (every rank's, on every rank)",
         routes.len()
     );
     let mut h = crc32fast::Hasher::new();
     for (s, r) in routes.iter().enumerate() {
-        ensure!(
+        require!(
             r.len() == m as usize,
+            Length,
             "GEMM + All-to-All: rank {s}'s routing has {} rows, M is {m}",
             r.len()
         );
         if let Some((row, d)) = r.iter().enumerate().find(|(_, &d)| d as usize >= world) {
-            bail!("GEMM + All-to-All: rank {s} routes row {row} to rank {d}, but there are {world} ranks");
+            refuse!(Options, "GEMM + All-to-All: rank {s} routes row {row} to rank {d}, but there are {world} ranks");
         }
         for d in r {
             h.update(&d.to_le_bytes());
@@ -123,64 +126,67 @@ impl<TO: OpElement> GemmAllToAll<TO> {
         routes: &[Vec<u32>],
         choice: &MethodChoice,
         capturable: bool,
-    ) -> anyhow::Result<Self> {
-        let kind = OpKind::AllToAll;
-        let rank = rdzv.rank();
-        let checks = check_dtype::<TO>(kind, shape, "output", options.output)
-            .and_then(|()| check_routes(routes, rdzv.world(), shape.m));
-        agree_on_request(
-            rdzv, env, stream, kind, shape, &options, choice, capturable, checks,
-        )?;
-        let sources = sources_of(routes, rank);
-        let mut operands: Option<(Operands, Bench)> = None;
-        let seed = 0xa2a ^ ((rank as u64) << 40);
-        let new = |imp: Imp<TO>, report: ChoiceReport| -> anyhow::Result<Self> {
-            // The fused method's output is its own peer buffer.
-            let len = match imp {
-                Imp::Fused(_) => 1,
-                _ => (sources.len() * shape.n as usize).max(1),
-            };
-            let out = stream.alloc_zeros::<TO>(len)?;
-            Ok(Self {
-                shape,
-                options,
-                stream: stream.clone(),
-                report,
-                sources: sources.clone(),
-                out,
-                imp,
-            })
-        };
-        let (imp, report) = choose_and_plan(
-            rdzv,
-            env,
-            PlanRequest {
-                kind,
-                shape,
-                options,
-                choice,
-                capturable,
-            },
-            |rdzv, env, m| plan_imp::<TO>(rdzv, env, stream, shape, options, routes, m),
-            |rdzv, env, m| {
-                if operands.is_none() {
-                    let (mk, kn) = ((shape.m * shape.k) as usize, (shape.k * shape.n) as usize);
-                    operands = Some((
-                        Operands::random(stream, &options, seed, mk, kn)?,
-                        Bench::new(stream)?,
-                    ));
-                }
-                let (ops, bench) = operands.as_mut().expect("made above");
-                let planned = plan_imp::<TO>(rdzv, env, stream, shape, options, routes, m)
-                    .and_then(|imp| new(imp, exact_report(m)));
-                let op = agree(rdzv, &format!("planning {m}"), planned)?;
-                time_candidate(rdzv, op, |op| {
-                    with_operands!(&*ops, |a, b| bench
-                        .time(env, stream, || op.launch(stream, a, b)))
+    ) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let kind = OpKind::AllToAll;
+            let rank = rdzv.rank();
+            let checks = check_dtype::<TO>(kind, shape, "output", options.output)
+                .and_then(|()| check_routes(routes, rdzv.world(), shape.m));
+            agree_on_request(
+                rdzv, env, stream, kind, shape, &options, choice, capturable, checks,
+            )?;
+            let sources = sources_of(routes, rank);
+            let mut operands: Option<(Operands, Bench)> = None;
+            let seed = 0xa2a ^ ((rank as u64) << 40);
+            let new = |imp: Imp<TO>, report: ChoiceReport| -> anyhow::Result<Self> {
+                // The fused method's output is its own peer buffer.
+                let len = match imp {
+                    Imp::Fused(_) => 1,
+                    _ => (sources.len() * shape.n as usize).max(1),
+                };
+                let out = stream.alloc_zeros::<TO>(len)?;
+                Ok(Self {
+                    shape,
+                    options,
+                    stream: stream.clone(),
+                    report,
+                    sources: sources.clone(),
+                    out,
+                    imp,
                 })
-            },
-        )?;
-        new(imp, report)
+            };
+            let (imp, report) = choose_and_plan(
+                rdzv,
+                env,
+                PlanRequest {
+                    kind,
+                    shape,
+                    options,
+                    choice,
+                    capturable,
+                },
+                |rdzv, env, m| plan_imp::<TO>(rdzv, env, stream, shape, options, routes, m),
+                |rdzv, env, m| {
+                    if operands.is_none() {
+                        let (mk, kn) = ((shape.m * shape.k) as usize, (shape.k * shape.n) as usize);
+                        operands = Some((
+                            Operands::random(stream, &options, seed, mk, kn)?,
+                            Bench::new(stream)?,
+                        ));
+                    }
+                    let (ops, bench) = operands.as_mut().expect("made above");
+                    let planned = plan_imp::<TO>(rdzv, env, stream, shape, options, routes, m)
+                        .and_then(|imp| new(imp, exact_report(m)));
+                    let op = agree(rdzv, &format!("planning {m}"), planned)?;
+                    time_candidate(rdzv, op, |op| {
+                        with_operands!(&*ops, |a, b| bench.time(env, stream, || op
+                            .launch(stream, a, b)
+                            .map_err(anyhow::Error::from)))
+                    })
+                },
+            )?;
+            new(imp, report)
+        })
     }
 
     pub fn method(&self) -> &Method {
@@ -212,44 +218,48 @@ impl<TO: OpElement> GemmAllToAll<TO> {
         stream: &Arc<CudaStream>,
         a: &CudaSlice<TI>,
         b: &CudaSlice<TI>,
-    ) -> anyhow::Result<()> {
-        let GemmShape { m, n, k } = self.shape;
-        check_launch::<TI>(
-            OpKind::AllToAll,
-            &self.stream,
-            stream,
-            &self.options,
-            &[
-                ("A", a.len(), (m * k) as usize),
-                ("B", b.len(), (k * n) as usize),
-            ],
-        )?;
-        check_capture(stream, &self.report.method)?;
-        let out = &mut self.out;
-        match &mut self.imp {
-            Imp::Seq {
-                gemm,
-                comm,
-                gather,
-                d,
-                send,
-            } => {
-                gemm.launch(stream, a, b, d)?;
-                gather.gather(stream, d, send)?;
-                let (sends, recvs) = gather.ranges();
-                lock(comm)?
-                    .all_to_all_v(&*send, sends, out, recvs, stream)
-                    .map_err(anyhow::Error::from)
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            let GemmShape { m, n, k } = self.shape;
+            check_launch::<TI>(
+                OpKind::AllToAll,
+                &self.stream,
+                stream,
+                &self.options,
+                &[
+                    ("A", a.len(), (m * k) as usize),
+                    ("B", b.len(), (k * n) as usize),
+                ],
+            )?;
+            check_capture(stream, &self.report.method)?;
+            let out = &mut self.out;
+            match &mut self.imp {
+                Imp::Seq {
+                    gemm,
+                    comm,
+                    gather,
+                    d,
+                    send,
+                } => {
+                    gemm.launch(stream, a, b, d)?;
+                    gather.gather(stream, d, send)?;
+                    let (sends, recvs) = gather.ranges();
+                    lock(comm)?
+                        .all_to_all_v(&*send, sends, out, recvs, stream)
+                        .map_err(anyhow::Error::from)
+                }
+                Imp::Signal {
+                    ov,
+                    comm,
+                    staging,
+                    received,
+                } => ov
+                    .run(stream, &*lock(comm)?, a, b, staging, received, out)
+                    .map_err(anyhow::Error::from),
+                Imp::CopyEngine(ce) => ce.run(stream, a, b, out).map_err(anyhow::Error::from),
+                Imp::Fused(f) => f.run(stream, a, b).map_err(anyhow::Error::from),
             }
-            Imp::Signal {
-                ov,
-                comm,
-                staging,
-                received,
-            } => ov.run(stream, &*lock(comm)?, a, b, staging, received, out),
-            Imp::CopyEngine(ce) => ce.run(stream, a, b, out),
-            Imp::Fused(f) => f.run(stream, a, b),
-        }
+        })
     }
 
     /// The op's result: rows() × n of TO, the last launch's once it has run.
@@ -270,29 +280,33 @@ impl<TO: OpElement> GemmAllToAll<TO> {
     }
 
     /// As [`super::GemmAllReduce::synchronize`].
-    pub fn synchronize(&self) -> anyhow::Result<()> {
-        let what = || format!("GEMM + All-to-All {} ({})", self.shape, self.method());
-        match &self.imp {
-            Imp::Fused(f) => f.synchronize(&self.stream),
-            Imp::Seq { comm, .. } => synchronize_with(comm, &self.stream, &what()),
-            Imp::Signal { ov, comm, .. } => {
-                synchronize_with(comm, &self.stream, &what())?;
-                ov.check()
+    pub fn synchronize(&self) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            let what = || format!("GEMM + All-to-All {} ({})", self.shape, self.method());
+            match &self.imp {
+                Imp::Fused(f) => f.synchronize(&self.stream).map_err(anyhow::Error::from),
+                Imp::Seq { comm, .. } => synchronize_with(comm, &self.stream, &what()),
+                Imp::Signal { ov, comm, .. } => {
+                    synchronize_with(comm, &self.stream, &what())?;
+                    ov.check().map_err(anyhow::Error::from)
+                }
+                Imp::CopyEngine(ce) => {
+                    self.stream.synchronize()?;
+                    ce.check().map_err(anyhow::Error::from)
+                }
             }
-            Imp::CopyEngine(ce) => {
-                self.stream.synchronize()?;
-                ce.check()
-            }
-        }
+        })
     }
 
     /// Collective: frees the op's peer memory (signal-ce, fused-intra) on every rank.
-    pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
-        match self.imp {
-            Imp::CopyEngine(ce) => ce.free(rdzv),
-            Imp::Fused(f) => f.free(rdzv),
-            _ => Ok(()),
-        }
+    pub fn free(self, rdzv: &mut dyn Bootstrap) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            match self.imp {
+                Imp::CopyEngine(ce) => ce.free(rdzv).map_err(anyhow::Error::from),
+                Imp::Fused(f) => f.free(rdzv).map_err(anyhow::Error::from),
+                _ => Ok(()),
+            }
+        })
     }
 }
 
@@ -333,7 +347,11 @@ fn plan_imp<TO: OpElement>(
                 routes,
                 rank,
             );
-            let ov = agree(rdzv, "planning the signal GEMM", local)?;
+            let ov = agree(
+                rdzv,
+                "planning the signal GEMM",
+                local.map_err(anyhow::Error::from),
+            )?;
             let comm = env.limited_comm(rdzv, *sm_margin)?;
             let (staging, received) = (alloc(ov.staging_len())?, alloc(ov.received_len())?);
             Imp::Signal {
@@ -358,17 +376,17 @@ fn plan_imp<TO: OpElement>(
             routes,
         )?)),
         other => {
-            bail!("{other} is not a method of GEMM + All-to-All (seq-cublas, seq-weft, signal, signal-ce, fused-intra)")
+            refuse!(Options, "{other} is not a method of GEMM + All-to-All (seq-cublas, seq-weft, signal, signal-ce, fused-intra)")
         }
     })
 }
 
 impl<TO: OpElement> Candidate for GemmAllToAll<TO> {
     fn synchronize(&self) -> anyhow::Result<()> {
-        Self::synchronize(self)
+        Self::synchronize(self).map_err(anyhow::Error::from)
     }
     fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
-        Self::free(self, rdzv)
+        Self::free(self, rdzv).map_err(anyhow::Error::from)
     }
 }
 

@@ -15,6 +15,7 @@
 
 use super::key::{weft_version, ChoiceKey};
 use super::method::Method;
+use crate::error::GemmError;
 use anyhow::{ensure, Context};
 use serde::{Deserialize, Serialize};
 use std::fs::{File, OpenOptions};
@@ -110,49 +111,53 @@ impl ChoiceCache {
 
     /// `$WEFT_CHOICES` if set, else `choices-<host>.jsonl` in `$XDG_CACHE_HOME/weft` or
     /// `~/.cache/weft`.
-    pub fn default_path() -> anyhow::Result<PathBuf> {
-        if let Some(p) = std::env::var_os(CACHE_VAR).filter(|p| !p.is_empty()) {
-            return Ok(PathBuf::from(p));
-        }
-        let dir = std::env::var_os("XDG_CACHE_HOME")
-            .filter(|p| !p.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| {
-                std::env::var_os("HOME")
-                    .filter(|p| !p.is_empty())
-                    .map(|h| PathBuf::from(h).join(".cache"))
-            })
-            .with_context(|| {
-                format!("no cache directory: set {CACHE_VAR}, XDG_CACHE_HOME or HOME")
-            })?;
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-        let host: String = host
-            .trim()
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        let host = if host.is_empty() {
-            "localhost".to_string()
-        } else {
-            host
-        };
-        Ok(dir.join("weft").join(format!("choices-{host}.jsonl")))
+    pub fn default_path() -> Result<PathBuf, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<PathBuf> {
+            if let Some(p) = std::env::var_os(CACHE_VAR).filter(|p| !p.is_empty()) {
+                return Ok(PathBuf::from(p));
+            }
+            let dir = std::env::var_os("XDG_CACHE_HOME")
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from)
+                .or_else(|| {
+                    std::env::var_os("HOME")
+                        .filter(|p| !p.is_empty())
+                        .map(|h| PathBuf::from(h).join(".cache"))
+                })
+                .with_context(|| {
+                    format!("no cache directory: set {CACHE_VAR}, XDG_CACHE_HOME or HOME")
+                })?;
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+            let host: String = host
+                .trim()
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            let host = if host.is_empty() {
+                "localhost".to_string()
+            } else {
+                host
+            };
+            Ok(dir.join("weft").join(format!("choices-{host}.jsonl")))
+        })
     }
 
     /// The entries in `path` (none if it does not exist yet); corrupt lines are dropped and named
     /// in [`problems`](Self::problems). New entries are written back there.
-    pub fn open(path: &Path) -> anyhow::Result<Self> {
-        let (entries, problems) = read_entries(path)?;
-        Ok(Self {
-            path: Some(path.to_path_buf()),
-            entries,
-            problems,
+    pub fn open(path: &Path) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let (entries, problems) = read_entries(path)?;
+            Ok(Self {
+                path: Some(path.to_path_buf()),
+                entries,
+                problems,
+            })
         })
     }
 
@@ -176,27 +181,29 @@ impl ChoiceCache {
     /// Keeps `entry` (replacing the one of its key) and, for a file-backed cache, merges it into
     /// the file under its lock: the file is re-read, the entry replaces its key's, stale-version
     /// and corrupt lines are dropped, and the result is renamed over the file.
-    pub fn record(&mut self, entry: Entry) -> anyhow::Result<()> {
-        entry
-            .validate()
-            .context("refusing to record an invalid choice")?;
-        self.entries.retain(|e| e.key != entry.key);
-        self.entries.push(entry.clone());
-        let Some(path) = self.path.clone() else {
-            return Ok(());
-        };
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).with_context(|| {
-                format!("creating the choice cache directory {}", dir.display())
-            })?;
-        }
-        let _lock = FileLock::acquire(&path)?;
-        let (mut on_disk, _) = read_entries(&path)?;
-        on_disk.retain(|e| e.key != entry.key && e.key.version == weft_version());
-        on_disk.push(entry);
-        write_atomically(&path, &on_disk)?;
-        self.entries = on_disk;
-        Ok(())
+    pub fn record(&mut self, entry: Entry) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            entry
+                .validate()
+                .context("refusing to record an invalid choice")?;
+            self.entries.retain(|e| e.key != entry.key);
+            self.entries.push(entry.clone());
+            let Some(path) = self.path.clone() else {
+                return Ok(());
+            };
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).with_context(|| {
+                    format!("creating the choice cache directory {}", dir.display())
+                })?;
+            }
+            let _lock = FileLock::acquire(&path)?;
+            let (mut on_disk, _) = read_entries(&path)?;
+            on_disk.retain(|e| e.key != entry.key && e.key.version == weft_version());
+            on_disk.push(entry);
+            write_atomically(&path, &on_disk)?;
+            self.entries = on_disk;
+            Ok(())
+        })
     }
 }
 

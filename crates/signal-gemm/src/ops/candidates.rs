@@ -2,6 +2,7 @@
 //! (so a measurement cut short by its budget always has the baseline to fall back on).
 
 use super::method::Method;
+use crate::error::GemmError;
 use crate::fused::k_chunks_fit;
 use crate::plan::{FusionSet, GemmOptions, GemmPlan, GemmShape, TileChoice};
 use crate::reorder::MAX_BAND_RANKS;
@@ -69,21 +70,23 @@ pub const DECOMPOSITION_CHUNKS: [u32; 2] = [2, 4];
 
 /// Wave groupings the signal method tries for `plan`: 1, 2 or 4 waves a group, the first wave
 /// alone, and two halves (deduplicated).
-pub fn groupings(plan: &GemmPlan) -> anyhow::Result<Vec<Vec<u32>>> {
-    let waves = plan.waves();
-    let mut out = Vec::new();
-    for w in [1, 2, 4] {
-        if waves.div_ceil(w) <= WEFT_GEMM_MAX_WAVE_GROUPS {
-            out.push(WaveGroups::uniform(plan, w)?.waves().to_vec());
+pub fn groupings(plan: &GemmPlan) -> Result<Vec<Vec<u32>>, GemmError> {
+    crate::error::typed_with(|| -> anyhow::Result<Vec<Vec<u32>>> {
+        let waves = plan.waves();
+        let mut out = Vec::new();
+        for w in [1, 2, 4] {
+            if waves.div_ceil(w) <= WEFT_GEMM_MAX_WAVE_GROUPS {
+                out.push(WaveGroups::uniform(plan, w)?.waves().to_vec());
+            }
         }
-    }
-    if waves > 1 {
-        out.push(vec![1, waves - 1]);
-        out.push(vec![waves.div_ceil(2), waves / 2]);
-    }
-    out.sort();
-    out.dedup();
-    Ok(out)
+        if waves > 1 {
+            out.push(vec![1, waves - 1]);
+            out.push(vec![waves.div_ceil(2), waves / 2]);
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
+    })
 }
 
 /// The methods `Auto` considers for `op` at `shape` on `world` ranks of `sms` SMs, sequential

@@ -8,10 +8,11 @@ use super::env::{lock, OverlapEnv};
 use super::key::ChoiceKey;
 use super::method::{Method, MethodChoice};
 use crate::dtype::GemmElement;
+use crate::error::GemmError;
+use crate::error::{refuse, require};
 use crate::gemm::device_sms;
 use crate::plan::{GemmOptions, GemmShape};
 use crate::timing::{l2_flush_bytes, median, time_flushed_aligned};
-use anyhow::{bail, ensure};
 use cudarc::driver::{CudaSlice, CudaStream};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -65,8 +66,8 @@ pub(crate) fn choose_and_plan<T>(
     } = req;
     let title = kind.title();
     if let MethodChoice::Exact(m) = choice {
-        ensure!(
-            !capturable || m.family().capturable(),
+        require!(
+            !capturable || m.family().capturable(), Options,
             "{title} {shape}: {m} cannot be replayed from a CUDA graph (its kernels carry host-side epochs), and the op was asked to be capturable"
         );
         let planned = plan_exact(rdzv, env, m);
@@ -79,8 +80,9 @@ pub(crate) fn choose_and_plan<T>(
         .into_iter()
         .filter(|m| choice.allows(m))
         .collect();
-    ensure!(
+    require!(
         !allowed.is_empty(),
+        Options,
         "{title} {shape}: no {choice} method can run this shape on {world} ranks{}",
         if capturable { " capturably" } else { "" }
     );
@@ -123,7 +125,8 @@ pub(crate) fn choose_and_plan<T>(
         }
     }
     let refused: Vec<String> = refused.iter().map(|(m, e)| format!("{m}: {e}")).collect();
-    bail!(
+    refuse!(
+        Options,
         "{title} {shape}: no {choice} method could be planned ({}{}{})",
         ranking.why_none(|m| choice.allows(m)),
         if refused.is_empty() {
@@ -174,10 +177,12 @@ pub(crate) struct Bench {
 }
 
 impl Bench {
-    pub fn new(stream: &Arc<CudaStream>) -> anyhow::Result<Self> {
-        let flush = stream.alloc_zeros::<u8>(l2_flush_bytes(stream.context())?)?;
-        let tiny = stream.alloc_zeros::<f32>(1)?;
-        Ok(Self { flush, tiny })
+    pub fn new(stream: &Arc<CudaStream>) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let flush = stream.alloc_zeros::<u8>(l2_flush_bytes(stream.context())?)?;
+            let tiny = stream.alloc_zeros::<f32>(1)?;
+            Ok(Self { flush, tiny })
+        })
     }
 
     /// This rank's median ms of `op` (warm-up and iterations as `env`'s policy says; before each

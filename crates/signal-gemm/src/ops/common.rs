@@ -6,8 +6,10 @@ use super::candidates::OpKind;
 use super::env::OverlapEnv;
 use super::method::{Method, MethodChoice};
 use crate::dtype::GemmElement;
+use crate::error::GemmError;
+use crate::error::{refuse, require};
 use crate::plan::{GemmOptions, GemmShape};
-use anyhow::{ensure, Context};
+use anyhow::Context;
 use cudarc::driver::{sys, CudaStream, ValidAsZeroBits};
 use cudarc::nccl::NcclType;
 use std::sync::Arc;
@@ -58,13 +60,15 @@ pub(crate) fn agree_on_request(
         .filter(|(_, d)| d.as_slice() != describe.as_bytes())
         .map(|(r, d)| format!("rank {r} asked for {}", String::from_utf8_lossy(d)))
         .collect();
-    ensure!(
+    require!(
         differing.is_empty(),
+        RanksDisagree,
         "ranks asked for different ops: this rank asked for {describe}; {}",
         differing.join("; ")
     );
-    ensure!(
+    require!(
         rdzv.world() == env.world(),
+        Options,
         "{}: the rendezvous has {} ranks, the environment {}",
         kind.title(),
         rdzv.world(),
@@ -80,19 +84,22 @@ fn check_options(
     options: &GemmOptions,
 ) -> anyhow::Result<()> {
     let title = kind.title();
-    ensure!(
+    require!(
         options.beta == 0.0,
+        Options,
         "{title}: beta must be 0 (the op's output is its own buffer), have {}",
         options.beta
     );
-    ensure!(
+    require!(
         options.sm_margin == 0 && options.comm_ctas == 0,
+        Options,
         "{title}: sm_margin and comm_ctas must be 0 (the methods set them), have {} and {}",
         options.sm_margin,
         options.comm_ctas
     );
-    ensure!(
+    require!(
         stream.context().cu_ctx() == env.context().cu_ctx(),
+        Options,
         "{title}: the stream is on another context than the op's environment"
     );
     Ok(())
@@ -105,8 +112,9 @@ pub(crate) fn check_dtype<T: GemmElement>(
     what: &str,
     options_dtype: crate::Dtype,
 ) -> anyhow::Result<()> {
-    ensure!(
+    require!(
         options_dtype == T::DTYPE,
+        Options,
         "{} {shape}: the op's {what} is {} but GemmOptions::{what} is {options_dtype}",
         kind.title(),
         T::DTYPE
@@ -124,19 +132,21 @@ pub(crate) fn check_launch<TI: GemmElement>(
     inputs: &[(&str, usize, usize)],
 ) -> anyhow::Result<()> {
     let title = kind.title();
-    ensure!(
-        stream.cu_stream() == planned.cu_stream(),
+    require!(
+        stream.cu_stream() == planned.cu_stream(), Options,
         "{title}: launched on another stream than the one it was planned with (plan one op per stream)"
     );
-    ensure!(
+    require!(
         TI::DTYPE == options.input,
+        Options,
         "{title}: planned for {} inputs, given {}",
         options.input,
         TI::DTYPE
     );
     for &(name, have, need) in inputs {
-        ensure!(
+        require!(
             have >= need,
+            Length,
             "{title}: {name} holds {have} elements, needs {need}"
         );
     }
@@ -153,8 +163,8 @@ pub(crate) fn check_capture(stream: &Arc<CudaStream>, method: &Method) -> anyhow
     unsafe { sys::cuStreamIsCapturing(stream.cu_stream(), &mut status) }
         .result()
         .context("cuStreamIsCapturing")?;
-    ensure!(
-        status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE,
+    require!(
+        status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE, Options,
         "{method} cannot be captured into a CUDA graph (its kernels carry host-side epochs a replay would repeat): plan the op with capturable = true"
     );
     Ok(())
@@ -173,21 +183,23 @@ impl SeqGemm {
         stream: &Arc<CudaStream>,
         shape: GemmShape,
         options: GemmOptions,
-    ) -> anyhow::Result<Self> {
-        Ok(match method {
-            Method::SeqCublas => {
-                SeqGemm::Cublas(crate::cublas::CublasGemm::new(stream, shape, options)?)
-            }
-            Method::SeqWeft => {
-                // Launched plain only: Auto may take the 128 x 192 tiles too.
-                let tile = match options.tile {
-                    crate::plan::TileChoice::Auto => crate::plan::TileChoice::AutoPlain,
-                    other => other,
-                };
-                let options = GemmOptions { tile, ..options };
-                SeqGemm::Weft(crate::gemm::Gemm::new(stream.context(), shape, options)?)
-            }
-            other => anyhow::bail!("{other} is not a sequential method"),
+    ) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            Ok(match method {
+                Method::SeqCublas => {
+                    SeqGemm::Cublas(crate::cublas::CublasGemm::new(stream, shape, options)?)
+                }
+                Method::SeqWeft => {
+                    // Launched plain only: Auto may take the 128 x 192 tiles too.
+                    let tile = match options.tile {
+                        crate::plan::TileChoice::Auto => crate::plan::TileChoice::AutoPlain,
+                        other => other,
+                    };
+                    let options = GemmOptions { tile, ..options };
+                    SeqGemm::Weft(crate::gemm::Gemm::new(stream.context(), shape, options)?)
+                }
+                other => refuse!(Options, "{other} is not a sequential method"),
+            })
         })
     }
 
@@ -198,11 +210,13 @@ impl SeqGemm {
         a: &cudarc::driver::CudaSlice<TI>,
         b: &cudarc::driver::CudaSlice<TI>,
         d: &mut cudarc::driver::CudaSlice<TO>,
-    ) -> anyhow::Result<()> {
-        match self {
-            SeqGemm::Cublas(g) => g.launch(a, b, d),
-            SeqGemm::Weft(g) => g.launch(stream, a, b, d),
-        }
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            match self {
+                SeqGemm::Cublas(g) => g.launch(a, b, d).map_err(anyhow::Error::from),
+                SeqGemm::Weft(g) => g.launch(stream, a, b, d).map_err(anyhow::Error::from),
+            }
+        })
     }
 }
 

@@ -9,6 +9,7 @@ use super::candidates::OpKind;
 use super::choose::AutoPolicy;
 use super::key::machine_fingerprint;
 use super::method::Method;
+use crate::error::GemmError;
 use crate::plan::{GemmOptions, GemmPlan, GemmShape};
 use crate::tuner::{predict_overlap, Op, TuningProfile};
 use crate::wave_groups::WaveGroups;
@@ -42,17 +43,19 @@ impl OverlapEnv {
     /// machine and, on rank 0, opens the choice cache at [`ChoiceCache::default_path`] (the other
     /// ranks hear its answers). The context must have cudarc's event tracking off (weft orders
     /// its streams itself).
-    pub fn new(rdzv: &mut dyn Bootstrap, ctx: &Arc<CudaContext>) -> anyhow::Result<Self> {
-        let comm = Communicator::new(rdzv, ctx)?;
-        let cache = if rdzv.rank() == 0 {
-            let path = ChoiceCache::default_path()?;
-            ChoiceCache::open(&path)
-                .with_context(|| format!("opening the choice cache {}", path.display()))
-        } else {
-            Ok(ChoiceCache::in_memory())
-        };
-        let cache = weft_pgl::agree(rdzv, "opening the choice cache", cache)?;
-        Self::with_communicator(rdzv, ctx, comm, cache)
+    pub fn new(rdzv: &mut dyn Bootstrap, ctx: &Arc<CudaContext>) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let comm = Communicator::new(rdzv, ctx)?;
+            let cache = if rdzv.rank() == 0 {
+                let path = ChoiceCache::default_path()?;
+                ChoiceCache::open(&path)
+                    .with_context(|| format!("opening the choice cache {}", path.display()))
+            } else {
+                Ok(ChoiceCache::in_memory())
+            };
+            let cache = weft_pgl::agree(rdzv, "opening the choice cache", cache)?;
+            Self::with_communicator(rdzv, ctx, comm, cache).map_err(anyhow::Error::from)
+        })
     }
 
     /// Collective: as [`OverlapEnv::new`] with a communicator of the caller's (over the same ranks
@@ -62,62 +65,66 @@ impl OverlapEnv {
         ctx: &Arc<CudaContext>,
         comm: Communicator,
         cache: ChoiceCache,
-    ) -> anyhow::Result<Self> {
-        ensure!(
-            comm.world() == rdzv.world() && comm.rank() == rdzv.rank(),
-            "the communicator is rank {} of {}, the rendezvous rank {} of {}",
-            comm.rank(),
-            comm.world(),
-            rdzv.rank(),
-            rdzv.world()
-        );
-        ensure!(
-            comm.context().cu_ctx() == ctx.cu_ctx(),
-            "the communicator is on another GPU's context than the ops'"
-        );
-        ensure!(
-            !ctx.is_event_tracking(),
-            "the overlapped ops need the context's event tracking off (CudaContext::disable_event_tracking): with it on, a buffer handed to a second stream waits for everything before it"
-        );
-        // Collective; a rank that fails before its first exchange makes the others' wait end
-        // at the rendezvous timeout.
-        let machine = machine_fingerprint(rdzv, ctx)
-            .context("describing the machine for the choice cache")?;
-        let mut env = Self {
-            ctx: ctx.clone(),
-            comm: Arc::new(Mutex::new(comm)),
-            limited: Vec::new(),
-            cache,
-            policy: AutoPolicy::default(),
-            machine,
-            world: rdzv.world(),
-            tuning: None,
-        };
-        // Every rank takes part (a rank without the variable too), so a file one rank cannot
-        // load fails every rank alike.
-        let loaded = match std::env::var_os(TUNING_VAR) {
-            None => Ok(()),
-            Some(path) => {
-                let path = std::path::PathBuf::from(path);
-                TuningProfile::load(&path)
-                    .and_then(|p| env.set_tuning(p))
-                    .with_context(|| {
-                        format!("loading the tuning file {} ({TUNING_VAR})", path.display())
-                    })
-            }
-        };
-        weft_pgl::agree(rdzv, "loading the tuning file", loaded)?;
-        Ok(env)
+    ) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            ensure!(
+                comm.world() == rdzv.world() && comm.rank() == rdzv.rank(),
+                "the communicator is rank {} of {}, the rendezvous rank {} of {}",
+                comm.rank(),
+                comm.world(),
+                rdzv.rank(),
+                rdzv.world()
+            );
+            ensure!(
+                comm.context().cu_ctx() == ctx.cu_ctx(),
+                "the communicator is on another GPU's context than the ops'"
+            );
+            ensure!(
+                !ctx.is_event_tracking(),
+                "the overlapped ops need the context's event tracking off (CudaContext::disable_event_tracking): with it on, a buffer handed to a second stream waits for everything before it"
+            );
+            // Collective; a rank that fails before its first exchange makes the others' wait end
+            // at the rendezvous timeout.
+            let machine = machine_fingerprint(rdzv, ctx)
+                .context("describing the machine for the choice cache")?;
+            let mut env = Self {
+                ctx: ctx.clone(),
+                comm: Arc::new(Mutex::new(comm)),
+                limited: Vec::new(),
+                cache,
+                policy: AutoPolicy::default(),
+                machine,
+                world: rdzv.world(),
+                tuning: None,
+            };
+            // Every rank takes part (a rank without the variable too), so a file one rank cannot
+            // load fails every rank alike.
+            let loaded = match std::env::var_os(TUNING_VAR) {
+                None => Ok(()),
+                Some(path) => {
+                    let path = std::path::PathBuf::from(path);
+                    TuningProfile::load(&path)
+                        .and_then(|p| env.set_tuning(p))
+                        .with_context(|| {
+                            format!("loading the tuning file {} ({TUNING_VAR})", path.display())
+                        })
+                }
+            };
+            weft_pgl::agree(rdzv, "loading the tuning file", loaded)?;
+            Ok(env)
+        })
     }
 
     /// Uses `profile` (`weft tune`'s file) to predict the signal path of GEMM + AllReduce
     /// instead of measuring it at first use. Refused if it was made on another machine shape
     /// (SM count, world size).
-    pub fn set_tuning(&mut self, profile: TuningProfile) -> anyhow::Result<()> {
-        let sms = crate::gemm::device_sms(&self.ctx)?;
-        profile.check_machine(sms, self.world as u32)?;
-        self.tuning = Some(profile);
-        Ok(())
+    pub fn set_tuning(&mut self, profile: TuningProfile) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            let sms = crate::gemm::device_sms(&self.ctx)?;
+            profile.check_machine(sms, self.world as u32)?;
+            self.tuning = Some(profile);
+            Ok(())
+        })
     }
 
     pub fn tuning(&self) -> Option<&TuningProfile> {

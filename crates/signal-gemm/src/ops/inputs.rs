@@ -3,8 +3,9 @@
 
 use super::choice::random_device;
 use crate::dtype::Dtype;
+use crate::error::refuse;
+use crate::error::GemmError;
 use crate::plan::GemmOptions;
-use anyhow::bail;
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::{bf16, f16};
 use std::sync::Arc;
@@ -23,17 +24,22 @@ impl Operands {
         seed: u64,
         first: usize,
         second: usize,
-    ) -> anyhow::Result<Self> {
-        Ok(match options.input {
-            Dtype::Bf16 => Operands::Bf16(
-                random_device(stream, seed, first)?,
-                random_device(stream, seed ^ 1, second)?,
-            ),
-            Dtype::F16 => Operands::F16(
-                random_device(stream, seed, first)?,
-                random_device(stream, seed ^ 1, second)?,
-            ),
-            other => bail!("GEMM inputs of {other} are not supported (bf16 or f16)"),
+    ) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            Ok(match options.input {
+                Dtype::Bf16 => Operands::Bf16(
+                    random_device(stream, seed, first)?,
+                    random_device(stream, seed ^ 1, second)?,
+                ),
+                Dtype::F16 => Operands::F16(
+                    random_device(stream, seed, first)?,
+                    random_device(stream, seed ^ 1, second)?,
+                ),
+                other => refuse!(
+                    Options,
+                    "GEMM inputs of {other} are not supported (bf16 or f16)"
+                ),
+            })
         })
     }
 }

@@ -4,6 +4,7 @@
 //! version (the crate's and a checksum of its kernels).
 
 use super::candidates::OpKind;
+use crate::error::GemmError;
 use crate::plan::{GemmOptions, GemmShape};
 use anyhow::Context;
 use cudarc::driver::{sys, CudaContext};
@@ -200,52 +201,54 @@ fn link_to(ctx: &Arc<CudaContext>, bus_id: &str) -> String {
 pub fn machine_fingerprint(
     rdzv: &mut dyn Bootstrap,
     ctx: &Arc<CudaContext>,
-) -> anyhow::Result<String> {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .unwrap_or_default()
-        .trim()
-        .to_string();
-    let name = ctx.name().context("reading the device name")?;
-    let sms = crate::gemm::device_sms(ctx)?;
-    let bus = pci_bus_id(ctx.cu_device())?;
-    let me = format!("{host}\t{name}\t{sms}\t{}\t{bus}", driver_version());
-    let all = rdzv
-        .all_gather(me.as_bytes())
-        .context("all-gathering the machine description")?;
-    let ranks: Vec<Vec<String>> = all
-        .iter()
-        .map(|b| {
-            String::from_utf8_lossy(b)
-                .split('\t')
-                .map(str::to_string)
-                .collect()
-        })
-        .collect();
-    // My links to every later rank on my host; all-gathered so every rank builds the same text.
-    let mine = rdzv.rank();
-    let links: Vec<String> = (mine + 1..ranks.len())
-        .filter(|&r| ranks[r].first() == ranks[mine].first())
-        .map(|r| {
-            format!(
-                "{mine}-{r}:{}",
-                link_to(ctx, ranks[r].get(4).map_or("", String::as_str))
-            )
-        })
-        .collect();
-    let links = rdzv.all_gather(links.join(",").as_bytes())?;
-    let mut text = String::new();
-    for (r, f) in ranks.iter().enumerate() {
-        // host, GPU model, SMs, driver (the bus id only enters through the links).
-        let f: Vec<&str> = f.iter().map(String::as_str).take(4).collect();
-        text.push_str(&format!("rank{r}={};", f.join("/")));
-    }
-    let links: Vec<String> = links
-        .iter()
-        .map(|b| String::from_utf8_lossy(b).into_owned())
-        .filter(|s| !s.is_empty())
-        .collect();
-    text.push_str(&format!("links={}", links.join(",")));
-    Ok(text)
+) -> Result<String, GemmError> {
+    crate::error::typed_with(|| -> anyhow::Result<String> {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        let name = ctx.name().context("reading the device name")?;
+        let sms = crate::gemm::device_sms(ctx)?;
+        let bus = pci_bus_id(ctx.cu_device())?;
+        let me = format!("{host}\t{name}\t{sms}\t{}\t{bus}", driver_version());
+        let all = rdzv
+            .all_gather(me.as_bytes())
+            .context("all-gathering the machine description")?;
+        let ranks: Vec<Vec<String>> = all
+            .iter()
+            .map(|b| {
+                String::from_utf8_lossy(b)
+                    .split('\t')
+                    .map(str::to_string)
+                    .collect()
+            })
+            .collect();
+        // My links to every later rank on my host; all-gathered so every rank builds the same text.
+        let mine = rdzv.rank();
+        let links: Vec<String> = (mine + 1..ranks.len())
+            .filter(|&r| ranks[r].first() == ranks[mine].first())
+            .map(|r| {
+                format!(
+                    "{mine}-{r}:{}",
+                    link_to(ctx, ranks[r].get(4).map_or("", String::as_str))
+                )
+            })
+            .collect();
+        let links = rdzv.all_gather(links.join(",").as_bytes())?;
+        let mut text = String::new();
+        for (r, f) in ranks.iter().enumerate() {
+            // host, GPU model, SMs, driver (the bus id only enters through the links).
+            let f: Vec<&str> = f.iter().map(String::as_str).take(4).collect();
+            text.push_str(&format!("rank{r}={};", f.join("/")));
+        }
+        let links: Vec<String> = links
+            .iter()
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .filter(|s| !s.is_empty())
+            .collect();
+        text.push_str(&format!("links={}", links.join(",")));
+        Ok(text)
+    })
 }
 
 #[cfg(test)]

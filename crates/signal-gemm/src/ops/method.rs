@@ -10,8 +10,10 @@
 //! fused-ce:<tile rows per copy>[:<tile width>][:k<chunks along K>]  distfuse:<workers>
 //! ```
 
+use crate::error::GemmError;
+use crate::error::{refuse, require};
 use crate::plan::TileChoice;
-use anyhow::{bail, ensure, Context};
+use anyhow::Context;
 use std::fmt;
 use std::str::FromStr;
 
@@ -159,16 +161,18 @@ impl Method {
 impl Method {
     /// The GEMM's tile choice: the width the method fixes (`fused-intra:<w>`, `fused-ce:…:<w>`:
     /// 128 or 256), else `planned`, the options' own.
-    pub fn tile_choice(&self, planned: TileChoice) -> anyhow::Result<TileChoice> {
-        let tile_n = match self {
-            Method::FusedIntra { tile_n } | Method::FusedCe { tile_n, .. } => *tile_n,
-            _ => None,
-        };
-        Ok(match tile_n {
-            None => planned,
-            Some(128) => TileChoice::N128,
-            Some(256) => TileChoice::N256,
-            Some(w) => bail!("{self}: the tile width is 128 or 256, not {w}"),
+    pub fn tile_choice(&self, planned: TileChoice) -> Result<TileChoice, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<TileChoice> {
+            let tile_n = match self {
+                Method::FusedIntra { tile_n } | Method::FusedCe { tile_n, .. } => *tile_n,
+                _ => None,
+            };
+            Ok(match tile_n {
+                None => planned,
+                Some(128) => TileChoice::N128,
+                Some(256) => TileChoice::N256,
+                Some(w) => refuse!(Options, "{self}: the tile width is 128 or 256, not {w}"),
+            })
         })
     }
 }
@@ -214,8 +218,9 @@ impl fmt::Display for Method {
 /// A fixed tile width in a method's text: 128 or 256.
 fn tile_width(text: &str, method: &str) -> anyhow::Result<u32> {
     let w = count(text, "tile width", method)?;
-    ensure!(
+    require!(
         w == 128 || w == 256,
+        Options,
         "method {method:?}: the tile width is 128 or 256, not {w}"
     );
     Ok(w)
@@ -225,108 +230,122 @@ fn count(text: &str, what: &str, method: &str) -> anyhow::Result<u32> {
     let v: u32 = text
         .parse()
         .with_context(|| format!("method {method:?}: {what} {text:?} is not a whole number"))?;
-    ensure!(v > 0, "method {method:?}: {what} must be at least 1");
+    require!(
+        v > 0,
+        Options,
+        "method {method:?}: {what} must be at least 1"
+    );
     Ok(v)
 }
 
 impl FromStr for Method {
-    type Err = anyhow::Error;
+    type Err = GemmError;
 
-    fn from_str(s: &str) -> anyhow::Result<Self> {
-        let parts: Vec<&str> = s.split(':').collect();
-        let Some(family) = Family::from_name(parts[0]) else {
-            bail!(
-                "unknown method {s:?} (methods: {})",
-                Family::ALL.map(Family::name).join(", ")
-            );
-        };
-        let args = &parts[1..];
-        let want = |n: usize, form: &str| -> anyhow::Result<()> {
-            ensure!(args.len() == n, "method {s:?}: expected the form {form}");
-            Ok(())
-        };
-        Ok(match family {
-            Family::SeqCublas => want(0, "seq-cublas").map(|()| Method::SeqCublas)?,
-            Family::SeqWeft => want(0, "seq-weft").map(|()| Method::SeqWeft)?,
-            Family::SeqCollectives => {
-                want(0, "seq-collectives").map(|()| Method::SeqCollectives)?
-            }
-            Family::FusedIntra => {
-                ensure!(
-                    args.len() <= 1,
-                    "method {s:?}: expected the form fused-intra[:<tile width, 128 or 256>]"
+    fn from_str(s: &str) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let parts: Vec<&str> = s.split(':').collect();
+            let Some(family) = Family::from_name(parts[0]) else {
+                refuse!(
+                    Options,
+                    "unknown method {s:?} (methods: {})",
+                    Family::ALL.map(Family::name).join(", ")
                 );
-                Method::FusedIntra {
-                    tile_n: args.first().map(|w| tile_width(w, s)).transpose()?,
-                }
-            }
-            Family::Decomposition => {
-                want(1, "decomposition:<chunks>")?;
-                Method::Decomposition {
-                    chunks: count(args[0], "chunks", s)?,
-                }
-            }
-            Family::FusedInter => {
-                want(1, "fused-inter:<ctas>")?;
-                Method::FusedInter {
-                    ctas: count(args[0], "CTA count", s)?,
-                }
-            }
-            Family::FusedCe => {
-                let form =
-                    "fused-ce:<tile rows per copy>[:<tile width, 128 or 256>][:k<chunks along K>]";
-                ensure!(
-                    (1..=3).contains(&args.len()),
+            };
+            let args = &parts[1..];
+            let want = |n: usize, form: &str| -> anyhow::Result<()> {
+                require!(
+                    args.len() == n,
+                    Options,
                     "method {s:?}: expected the form {form}"
                 );
-                // The optional parts in their order: a width, then k and a chunk count.
-                let (widths, chunks): (Vec<&str>, Vec<&str>) =
-                    args[1..].iter().partition(|a| !a.starts_with('k'));
-                ensure!(
-                    widths.len() <= 1
-                        && chunks.len() <= 1
-                        && (chunks.is_empty() || args.last() == chunks.first()),
-                    "method {s:?}: expected the form {form}"
-                );
-                let tile_n = widths.first().map(|w| tile_width(w, s)).transpose()?;
-                let k_chunks = match chunks.first() {
-                    None => 1,
-                    Some(c) => count(&c[1..], "chunks along K", s)?,
-                };
-                Method::FusedCe {
-                    tile_rows: count(args[0], "tile rows per copy", s)?,
-                    tile_n,
-                    k_chunks,
+                Ok(())
+            };
+            Ok(match family {
+                Family::SeqCublas => want(0, "seq-cublas").map(|()| Method::SeqCublas)?,
+                Family::SeqWeft => want(0, "seq-weft").map(|()| Method::SeqWeft)?,
+                Family::SeqCollectives => {
+                    want(0, "seq-collectives").map(|()| Method::SeqCollectives)?
                 }
-            }
-            Family::DistFuse => {
-                want(1, "distfuse:<workers>")?;
-                Method::DistFuse {
-                    workers: count(args[0], "worker count", s)?,
+                Family::FusedIntra => {
+                    require!(
+                        args.len() <= 1,
+                        Options,
+                        "method {s:?}: expected the form fused-intra[:<tile width, 128 or 256>]"
+                    );
+                    Method::FusedIntra {
+                        tile_n: args.first().map(|w| tile_width(w, s)).transpose()?,
+                    }
                 }
-            }
-            Family::SignalCe => {
-                want(1, "signal-ce:<waves>+<waves>…")?;
-                let waves = args[0]
-                    .split('+')
-                    .map(|w| count(w, "waves per group", s))
-                    .collect::<anyhow::Result<Vec<u32>>>()?;
-                Method::SignalCe { waves }
-            }
-            Family::Signal => {
-                want(2, "signal:<sm_margin>:<waves>+<waves>…")?;
-                let sm_margin: u32 = args[0].parse().with_context(|| {
-                    format!(
-                        "method {s:?}: sm_margin {:?} is not a whole number",
-                        args[0]
-                    )
-                })?;
-                let waves = args[1]
-                    .split('+')
-                    .map(|w| count(w, "waves per group", s))
-                    .collect::<anyhow::Result<Vec<u32>>>()?;
-                Method::Signal { sm_margin, waves }
-            }
+                Family::Decomposition => {
+                    want(1, "decomposition:<chunks>")?;
+                    Method::Decomposition {
+                        chunks: count(args[0], "chunks", s)?,
+                    }
+                }
+                Family::FusedInter => {
+                    want(1, "fused-inter:<ctas>")?;
+                    Method::FusedInter {
+                        ctas: count(args[0], "CTA count", s)?,
+                    }
+                }
+                Family::FusedCe => {
+                    let form =
+                        "fused-ce:<tile rows per copy>[:<tile width, 128 or 256>][:k<chunks along K>]";
+                    require!(
+                        (1..=3).contains(&args.len()),
+                        Options,
+                        "method {s:?}: expected the form {form}"
+                    );
+                    // The optional parts in their order: a width, then k and a chunk count.
+                    let (widths, chunks): (Vec<&str>, Vec<&str>) =
+                        args[1..].iter().partition(|a| !a.starts_with('k'));
+                    require!(
+                        widths.len() <= 1
+                            && chunks.len() <= 1
+                            && (chunks.is_empty() || args.last() == chunks.first()),
+                        Options,
+                        "method {s:?}: expected the form {form}"
+                    );
+                    let tile_n = widths.first().map(|w| tile_width(w, s)).transpose()?;
+                    let k_chunks = match chunks.first() {
+                        None => 1,
+                        Some(c) => count(&c[1..], "chunks along K", s)?,
+                    };
+                    Method::FusedCe {
+                        tile_rows: count(args[0], "tile rows per copy", s)?,
+                        tile_n,
+                        k_chunks,
+                    }
+                }
+                Family::DistFuse => {
+                    want(1, "distfuse:<workers>")?;
+                    Method::DistFuse {
+                        workers: count(args[0], "worker count", s)?,
+                    }
+                }
+                Family::SignalCe => {
+                    want(1, "signal-ce:<waves>+<waves>…")?;
+                    let waves = args[0]
+                        .split('+')
+                        .map(|w| count(w, "waves per group", s))
+                        .collect::<anyhow::Result<Vec<u32>>>()?;
+                    Method::SignalCe { waves }
+                }
+                Family::Signal => {
+                    want(2, "signal:<sm_margin>:<waves>+<waves>…")?;
+                    let sm_margin: u32 = args[0].parse().with_context(|| {
+                        format!(
+                            "method {s:?}: sm_margin {:?} is not a whole number",
+                            args[0]
+                        )
+                    })?;
+                    let waves = args[1]
+                        .split('+')
+                        .map(|w| count(w, "waves per group", s))
+                        .collect::<anyhow::Result<Vec<u32>>>()?;
+                    Method::Signal { sm_margin, waves }
+                }
+            })
         })
     }
 }
@@ -364,27 +383,29 @@ impl fmt::Display for MethodChoice {
 }
 
 impl FromStr for MethodChoice {
-    type Err = anyhow::Error;
+    type Err = GemmError;
 
     /// `auto`, a family name (`signal`), or an exact method (`signal:32:1+3`).
-    fn from_str(s: &str) -> anyhow::Result<Self> {
-        if s == "auto" {
-            return Ok(MethodChoice::Auto);
-        }
-        if let Some(f) = Family::from_name(s) {
-            if !s.contains(':')
-                && !matches!(
-                    f,
-                    Family::SeqCublas
-                        | Family::SeqWeft
-                        | Family::SeqCollectives
-                        | Family::FusedIntra
-                )
-            {
-                return Ok(MethodChoice::Family(f));
+    fn from_str(s: &str) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            if s == "auto" {
+                return Ok(MethodChoice::Auto);
             }
-        }
-        Ok(MethodChoice::Exact(s.parse()?))
+            if let Some(f) = Family::from_name(s) {
+                if !s.contains(':')
+                    && !matches!(
+                        f,
+                        Family::SeqCublas
+                            | Family::SeqWeft
+                            | Family::SeqCollectives
+                            | Family::FusedIntra
+                    )
+                {
+                    return Ok(MethodChoice::Family(f));
+                }
+            }
+            Ok(MethodChoice::Exact(s.parse()?))
+        })
     }
 }
 

@@ -22,10 +22,11 @@ use super::inputs::{with_operands, Operands};
 use super::method::{Method, MethodChoice};
 use crate::cublas::CublasGemm;
 use crate::dtype::GemmElement;
+use crate::error::GemmError;
+use crate::error::{refuse, require};
 use crate::fused::FusedReduceScatter;
 use crate::overlap::high_priority_stream;
 use crate::plan::{GemmOptions, GemmShape};
-use anyhow::{bail, ensure};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
 use weft_collectives::Collectives;
@@ -118,67 +119,71 @@ impl<TO: OpElement> GemmReduceScatter<TO> {
         options: GemmOptions,
         choice: &MethodChoice,
         capturable: bool,
-    ) -> anyhow::Result<Self> {
-        let kind = OpKind::ReduceScatter;
-        let (world, rank) = (rdzv.world() as u32, rdzv.rank() as u32);
-        let checks = check_dtype::<TO>(kind, shape, "output", options.output).and_then(|()| {
-            ensure!(
-                shape.m.is_multiple_of(world),
-                "GEMM + ReduceScatter {shape}: M = {} does not split into {world} equal row blocks",
-                shape.m
-            );
-            Ok(String::new())
-        });
-        agree_on_request(
-            rdzv, env, stream, kind, shape, &options, choice, capturable, checks,
-        )?;
-        let mut operands: Option<(Operands, Bench)> = None;
-        let seed = 0x5ca7 ^ ((rank as u64) << 40);
-        let (imp, report) = choose_and_plan(
-            rdzv,
-            env,
-            PlanRequest {
-                kind,
-                shape,
-                options,
-                choice,
-                capturable,
-            },
-            |rdzv, env, m| plan_imp::<TO>(rdzv, env, stream, shape, options, m),
-            |rdzv, env, m| {
-                if operands.is_none() {
-                    let (mk, kn) = ((shape.m * shape.k) as usize, (shape.k * shape.n) as usize);
-                    operands = Some((
-                        Operands::random(stream, &options, seed, mk, kn)?,
-                        Bench::new(stream)?,
-                    ));
-                }
-                let (ops, bench) = operands.as_mut().expect("made above");
-                let planned = plan_imp::<TO>(rdzv, env, stream, shape, options, m);
-                let imp = agree(rdzv, &format!("planning {m}"), planned)?;
-                let op = Self {
+    ) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let kind = OpKind::ReduceScatter;
+            let (world, rank) = (rdzv.world() as u32, rdzv.rank() as u32);
+            let checks = check_dtype::<TO>(kind, shape, "output", options.output).and_then(|()| {
+                require!(
+                    shape.m.is_multiple_of(world),
+                    Shape,
+                    "GEMM + ReduceScatter {shape}: M = {} does not split into {world} equal row blocks",
+                    shape.m
+                );
+                Ok(String::new())
+            });
+            agree_on_request(
+                rdzv, env, stream, kind, shape, &options, choice, capturable, checks,
+            )?;
+            let mut operands: Option<(Operands, Bench)> = None;
+            let seed = 0x5ca7 ^ ((rank as u64) << 40);
+            let (imp, report) = choose_and_plan(
+                rdzv,
+                env,
+                PlanRequest {
+                    kind,
                     shape,
                     options,
-                    world,
-                    rank,
-                    stream: stream.clone(),
-                    report: exact_report(m),
-                    imp,
-                };
-                time_candidate(rdzv, op, |op| {
-                    with_operands!(&*ops, |a, b| bench
-                        .time(env, stream, || op.launch(stream, a, b)))
-                })
-            },
-        )?;
-        Ok(Self {
-            shape,
-            options,
-            world,
-            rank,
-            stream: stream.clone(),
-            report,
-            imp,
+                    choice,
+                    capturable,
+                },
+                |rdzv, env, m| plan_imp::<TO>(rdzv, env, stream, shape, options, m),
+                |rdzv, env, m| {
+                    if operands.is_none() {
+                        let (mk, kn) = ((shape.m * shape.k) as usize, (shape.k * shape.n) as usize);
+                        operands = Some((
+                            Operands::random(stream, &options, seed, mk, kn)?,
+                            Bench::new(stream)?,
+                        ));
+                    }
+                    let (ops, bench) = operands.as_mut().expect("made above");
+                    let planned = plan_imp::<TO>(rdzv, env, stream, shape, options, m);
+                    let imp = agree(rdzv, &format!("planning {m}"), planned)?;
+                    let op = Self {
+                        shape,
+                        options,
+                        world,
+                        rank,
+                        stream: stream.clone(),
+                        report: exact_report(m),
+                        imp,
+                    };
+                    time_candidate(rdzv, op, |op| {
+                        with_operands!(&*ops, |a, b| bench.time(env, stream, || op
+                            .launch(stream, a, b)
+                            .map_err(anyhow::Error::from)))
+                    })
+                },
+            )?;
+            Ok(Self {
+                shape,
+                options,
+                world,
+                rank,
+                stream: stream.clone(),
+                report,
+                imp,
+            })
         })
     }
 
@@ -207,67 +212,69 @@ impl<TO: OpElement> GemmReduceScatter<TO> {
         stream: &Arc<CudaStream>,
         a: &CudaSlice<TI>,
         b: &CudaSlice<TI>,
-    ) -> anyhow::Result<()> {
-        let GemmShape { m, n, k } = self.shape;
-        check_launch::<TI>(
-            OpKind::ReduceScatter,
-            &self.stream,
-            stream,
-            &self.options,
-            &[
-                ("A", a.len(), (m * k) as usize),
-                ("B", b.len(), (k * n) as usize),
-            ],
-        )?;
-        check_capture(stream, &self.report.method)?;
-        let world = self.world as usize;
-        match &mut self.imp {
-            Imp::Seq { gemm, comm, d, out } => {
-                gemm.launch(stream, a, b, d)?;
-                lock(comm)?
-                    .reduce_scatter(&*d, out, ReduceOp::Sum, stream)
-                    .map_err(anyhow::Error::from)
-            }
-            Imp::SeqCollectives { coll, gemm, d, out } => {
-                gemm.launch(a, b, d)?;
-                Ok(coll.reduce_scatter(&*d, out)?)
-            }
-            Imp::Decomposition {
-                band,
-                chunks,
-                comm,
-                side,
-                d,
-                out,
-            } => {
-                let chunks = *chunks as usize;
-                let (m, n, k) = (m as usize, n as usize, k as usize);
-                let q = m / (world * chunks);
-                side.join(stream)?;
-                for c in 0..chunks {
-                    for r in 0..world {
-                        let src = r * (m / world) + c * q;
-                        let dst = (c * world + r) * q;
-                        band.launch(
-                            &a.slice(src * k..(src + q) * k),
-                            b,
-                            &mut d.slice_mut(dst * n..(dst + q) * n),
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            let GemmShape { m, n, k } = self.shape;
+            check_launch::<TI>(
+                OpKind::ReduceScatter,
+                &self.stream,
+                stream,
+                &self.options,
+                &[
+                    ("A", a.len(), (m * k) as usize),
+                    ("B", b.len(), (k * n) as usize),
+                ],
+            )?;
+            check_capture(stream, &self.report.method)?;
+            let world = self.world as usize;
+            match &mut self.imp {
+                Imp::Seq { gemm, comm, d, out } => {
+                    gemm.launch(stream, a, b, d)?;
+                    lock(comm)?
+                        .reduce_scatter(&*d, out, ReduceOp::Sum, stream)
+                        .map_err(anyhow::Error::from)
+                }
+                Imp::SeqCollectives { coll, gemm, d, out } => {
+                    gemm.launch(a, b, d)?;
+                    Ok(coll.reduce_scatter(&*d, out)?)
+                }
+                Imp::Decomposition {
+                    band,
+                    chunks,
+                    comm,
+                    side,
+                    d,
+                    out,
+                } => {
+                    let chunks = *chunks as usize;
+                    let (m, n, k) = (m as usize, n as usize, k as usize);
+                    let q = m / (world * chunks);
+                    side.join(stream)?;
+                    for c in 0..chunks {
+                        for r in 0..world {
+                            let src = r * (m / world) + c * q;
+                            let dst = (c * world + r) * q;
+                            band.launch(
+                                &a.slice(src * k..(src + q) * k),
+                                b,
+                                &mut d.slice_mut(dst * n..(dst + q) * n),
+                            )?;
+                        }
+                        side.join(stream)?;
+                        let send = d.slice(c * world * q * n..(c + 1) * world * q * n);
+                        lock(comm)?.reduce_scatter(
+                            &send,
+                            &mut out.slice_mut(c * q * n..(c + 1) * q * n),
+                            ReduceOp::Sum,
+                            side,
                         )?;
                     }
-                    side.join(stream)?;
-                    let send = d.slice(c * world * q * n..(c + 1) * world * q * n);
-                    lock(comm)?.reduce_scatter(
-                        &send,
-                        &mut out.slice_mut(c * q * n..(c + 1) * q * n),
-                        ReduceOp::Sum,
-                        side,
-                    )?;
+                    stream.join(side)?;
+                    Ok(())
                 }
-                stream.join(side)?;
-                Ok(())
+                Imp::Fused(f) => f.run(stream, a, b).map_err(anyhow::Error::from),
             }
-            Imp::Fused(f) => f.run(stream, a, b),
-        }
+        })
     }
 
     /// The op's result: this rank's m/world × n rows of the last launch, once it has run.
@@ -283,25 +290,29 @@ impl<TO: OpElement> GemmReduceScatter<TO> {
     }
 
     /// As [`super::GemmAllReduce::synchronize`].
-    pub fn synchronize(&self) -> anyhow::Result<()> {
-        match &self.imp {
-            Imp::Fused(f) => f.synchronize(&self.stream),
-            Imp::SeqCollectives { coll, .. } => Ok(coll.synchronize()?),
-            Imp::Seq { comm, .. } | Imp::Decomposition { comm, .. } => synchronize_with(
-                comm,
-                &self.stream,
-                &format!("GEMM + ReduceScatter {} ({})", self.shape, self.method()),
-            ),
-        }
+    pub fn synchronize(&self) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            match &self.imp {
+                Imp::Fused(f) => f.synchronize(&self.stream).map_err(anyhow::Error::from),
+                Imp::SeqCollectives { coll, .. } => Ok(coll.synchronize()?),
+                Imp::Seq { comm, .. } | Imp::Decomposition { comm, .. } => synchronize_with(
+                    comm,
+                    &self.stream,
+                    &format!("GEMM + ReduceScatter {} ({})", self.shape, self.method()),
+                ),
+            }
+        })
     }
 
     /// Collective: frees the op's peer memory (fused method, weft's collectives) on every rank.
-    pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
-        match self.imp {
-            Imp::Fused(f) => f.free(rdzv),
-            Imp::SeqCollectives { coll, .. } => Ok(coll.free(rdzv)?),
-            _ => Ok(()),
-        }
+    pub fn free(self, rdzv: &mut dyn Bootstrap) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            match self.imp {
+                Imp::Fused(f) => f.free(rdzv).map_err(anyhow::Error::from),
+                Imp::SeqCollectives { coll, .. } => Ok(coll.free(rdzv)?),
+                _ => Ok(()),
+            }
+        })
     }
 }
 
@@ -323,14 +334,14 @@ fn plan_imp<TO: OpElement>(
         Method::SeqCollectives => {
             // This rank's own parts first, agreed, so that every rank enters the collectives'
             // set-up (collective) or none does.
-            let local = CublasGemm::new(stream, shape, options).and_then(|g| Ok((g, alloc(mn)?, alloc(out_len)?)));
+            let local = CublasGemm::new(stream, shape, options).map_err(anyhow::Error::from).and_then(|g| Ok((g, alloc(mn)?, alloc(out_len)?)));
             let (gemm, d, out) = agree(rdzv, "planning seq-collectives (cuBLAS, buffers)", local)?;
             let bytes = u64::from(mn) * size_of::<TO>() as u64;
             Imp::SeqCollectives { coll: op_collectives(rdzv, stream, bytes)?, gemm, d, out }
         }
         Method::Decomposition { chunks } => {
-            ensure!(
-                shape.m.is_multiple_of(world * chunks),
+            require!(
+                shape.m.is_multiple_of(world * chunks), Shape,
                 "decomposition: M = {} does not split into {chunks} chunks of {world} equal row blocks",
                 shape.m
             );
@@ -341,15 +352,15 @@ fn plan_imp<TO: OpElement>(
             let options = GemmOptions { tile: method.tile_choice(options.tile)?, ..options };
             Imp::Fused(FusedReduceScatter::<TO>::new(rdzv, &ctx, stream, shape, options)?)
         }
-        other => bail!("{other} is not a method of GEMM + ReduceScatter (seq-cublas, seq-weft, seq-collectives, decomposition, fused-intra)"),
+        other => refuse!(Options, "{other} is not a method of GEMM + ReduceScatter (seq-cublas, seq-weft, seq-collectives, decomposition, fused-intra)"),
     })
 }
 
 impl<TO: OpElement> Candidate for GemmReduceScatter<TO> {
     fn synchronize(&self) -> anyhow::Result<()> {
-        Self::synchronize(self)
+        Self::synchronize(self).map_err(anyhow::Error::from)
     }
     fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
-        Self::free(self, rdzv)
+        Self::free(self, rdzv).map_err(anyhow::Error::from)
     }
 }

@@ -3,6 +3,7 @@
 //! layout (optionally fused with a residual add or RMSNorm) on the compute stream. The ordering
 //! of a run is the pipeline's (overlap/pipeline.rs).
 
+use crate::error::GemmError;
 use crate::gemm::Gemm;
 use crate::overlap::pipeline::GroupPipeline;
 use crate::plan::{GemmOptions, GemmShape};
@@ -30,19 +31,21 @@ impl AllReduceOverlap {
         options: GemmOptions,
         waves_per_group: Option<&[u32]>,
         rank: u32,
-    ) -> anyhow::Result<Self> {
-        let layout = OutputLayout::TileOrder;
-        let pipe = GroupPipeline::new(
-            "GEMM + AllReduce",
-            stream,
-            shape,
-            options,
-            waves_per_group,
-            layout,
-            rank,
-        )?;
-        let map = TileOrderMap::new(stream, pipe.gemm().plan())?;
-        Ok(Self { pipe, map })
+    ) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let layout = OutputLayout::TileOrder;
+            let pipe = GroupPipeline::new(
+                "GEMM + AllReduce",
+                stream,
+                shape,
+                options,
+                waves_per_group,
+                layout,
+                rank,
+            )?;
+            let map = TileOrderMap::new(stream, pipe.gemm().plan())?;
+            Ok(Self { pipe, map })
+        })
     }
 
     pub fn gemm(&self) -> &Gemm {
@@ -70,21 +73,26 @@ impl AllReduceOverlap {
         staging: &mut CudaSlice<TO>,
         out: &mut CudaSlice<TO>,
         restore: Restore<'_>,
-    ) -> anyhow::Result<()> {
-        // Everything that can be refused is checked before anything is enqueued.
-        self.pipe.check_comm(comm, compute)?;
-        self.pipe.check_staging(staging.len())?;
-        self.map.check::<TO>(staging.len(), out.len(), &restore)?;
-        let tile = (self.gemm().plan().tile_m() * self.gemm().plan().tile_n()) as usize;
-        self.pipe
-            .enqueue(compute, a, b, staging, None, |g, x, staging| {
-                let r = self.groups().orders(g);
-                let mut range = staging.slice_mut(r.start as usize * tile..r.end as usize * tile);
-                comm.all_reduce_in_place(&mut range, ReduceOp::Sum, x)
-                    .map_err(anyhow::Error::from)
-            })?;
-        let restored = self.map.restore(compute, staging, out, restore);
-        self.pipe.mark_if_failed(restored)
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            // Everything that can be refused is checked before anything is enqueued.
+            self.pipe.check_comm(comm, compute)?;
+            self.pipe.check_staging(staging.len())?;
+            self.map.check::<TO>(staging.len(), out.len(), &restore)?;
+            let tile = (self.gemm().plan().tile_m() * self.gemm().plan().tile_n()) as usize;
+            self.pipe
+                .enqueue(compute, a, b, staging, None, |g, x, staging| {
+                    let r = self.groups().orders(g);
+                    let mut range =
+                        staging.slice_mut(r.start as usize * tile..r.end as usize * tile);
+                    comm.all_reduce_in_place(&mut range, ReduceOp::Sum, x)
+                        .map_err(anyhow::Error::from)
+                })?;
+            let restored = self.map.restore(compute, staging, out, restore);
+            self.pipe
+                .mark_if_failed(restored.map_err(anyhow::Error::from))
+                .map_err(anyhow::Error::from)
+        })
     }
 
     /// Only the GEMM with its signals and the group waits (no collective, no restore): for
@@ -95,9 +103,11 @@ impl AllReduceOverlap {
         a: &CudaSlice<TI>,
         b: &CudaSlice<TI>,
         staging: &mut CudaSlice<TO>,
-    ) -> anyhow::Result<()> {
-        self.pipe
-            .enqueue(compute, a, b, staging, None, |_, _, _| Ok(()))
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            self.pipe
+                .enqueue(compute, a, b, staging, None, |_, _, _| Ok(()))
+        })
     }
 
     /// Only the restore (for timing it alone): `out` from `staging`.
@@ -107,12 +117,18 @@ impl AllReduceOverlap {
         staging: &CudaSlice<T>,
         out: &mut CudaSlice<T>,
         step: Restore<'_>,
-    ) -> anyhow::Result<()> {
-        self.map.restore(stream, staging, out, step)
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            self.map
+                .restore(stream, staging, out, step)
+                .map_err(anyhow::Error::from)
+        })
     }
 
     /// After synchronising: an error naming a GEMM or group wait that ran past its bound.
-    pub fn check(&self) -> anyhow::Result<()> {
-        self.pipe.check()
+    pub fn check(&self) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            self.pipe.check().map_err(anyhow::Error::from)
+        })
     }
 }

@@ -5,6 +5,7 @@
 //! stream. The ordering of a run is the pipeline's (overlap/pipeline.rs).
 
 use crate::a2a_map::AllToAllMap;
+use crate::error::GemmError;
 use crate::gemm::Gemm;
 use crate::overlap::pipeline::GroupPipeline;
 use crate::plan::{GemmOptions, GemmShape};
@@ -34,20 +35,22 @@ impl AllToAllOverlap {
         waves_per_group: Option<&[u32]>,
         routes: &[Vec<u32>],
         rank: usize,
-    ) -> anyhow::Result<Self> {
-        let layout = OutputLayout::RowSlots { slots: 0 }; // replaced once the pools are known
-        let mut pipe = GroupPipeline::new(
-            "GEMM + All-to-All",
-            stream,
-            shape,
-            options,
-            waves_per_group,
-            layout,
-            rank as u32,
-        )?;
-        let map = AllToAllMap::new(stream, pipe.gemm().plan(), pipe.groups(), routes, rank)?;
-        pipe.set_layout(map.layout())?;
-        Ok(Self { pipe, map, rank })
+    ) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let layout = OutputLayout::RowSlots { slots: 0 }; // replaced once the pools are known
+            let mut pipe = GroupPipeline::new(
+                "GEMM + All-to-All",
+                stream,
+                shape,
+                options,
+                waves_per_group,
+                layout,
+                rank as u32,
+            )?;
+            let map = AllToAllMap::new(stream, pipe.gemm().plan(), pipe.groups(), routes, rank)?;
+            pipe.set_layout(map.layout())?;
+            Ok(Self { pipe, map, rank })
+        })
     }
 
     pub fn gemm(&self) -> &Gemm {
@@ -83,26 +86,30 @@ impl AllToAllOverlap {
         staging: &mut CudaSlice<TO>,
         received: &mut CudaSlice<TO>,
         out: &mut CudaSlice<TO>,
-    ) -> anyhow::Result<()> {
-        // Everything that can be refused is checked before anything is enqueued.
-        self.pipe.check_comm(comm, compute)?;
-        self.pipe.check_rank(comm, self.rank, self.map.world())?;
-        self.pipe.check_staging(staging.len())?;
-        self.map.check::<TO>(received.len(), out.len())?;
-        self.pipe.enqueue(
-            compute,
-            a,
-            b,
-            staging,
-            Some(self.map.row_slots()),
-            |g, x, staging| {
-                let (sends, recvs) = self.map.group_ranges(g);
-                comm.all_to_all_v(&*staging, sends, received, recvs, x)
-                    .map_err(anyhow::Error::from)
-            },
-        )?;
-        let scattered = self.map.scatter(compute, received, out);
-        self.pipe.mark_if_failed(scattered)
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            // Everything that can be refused is checked before anything is enqueued.
+            self.pipe.check_comm(comm, compute)?;
+            self.pipe.check_rank(comm, self.rank, self.map.world())?;
+            self.pipe.check_staging(staging.len())?;
+            self.map.check::<TO>(received.len(), out.len())?;
+            self.pipe.enqueue(
+                compute,
+                a,
+                b,
+                staging,
+                Some(self.map.row_slots()),
+                |g, x, staging| {
+                    let (sends, recvs) = self.map.group_ranges(g);
+                    comm.all_to_all_v(&*staging, sends, received, recvs, x)
+                        .map_err(anyhow::Error::from)
+                },
+            )?;
+            let scattered = self.map.scatter(compute, received, out);
+            self.pipe
+                .mark_if_failed(scattered.map_err(anyhow::Error::from))
+                .map_err(anyhow::Error::from)
+        })
     }
 
     /// Only the GEMM with its signals and the group waits. Enqueues only.
@@ -112,19 +119,23 @@ impl AllToAllOverlap {
         a: &CudaSlice<TI>,
         b: &CudaSlice<TI>,
         staging: &mut CudaSlice<TO>,
-    ) -> anyhow::Result<()> {
-        self.pipe.enqueue(
-            compute,
-            a,
-            b,
-            staging,
-            Some(self.map.row_slots()),
-            |_, _, _| Ok(()),
-        )
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            self.pipe.enqueue(
+                compute,
+                a,
+                b,
+                staging,
+                Some(self.map.row_slots()),
+                |_, _, _| Ok(()),
+            )
+        })
     }
 
     /// After synchronising: an error naming a GEMM or group wait that ran past its bound.
-    pub fn check(&self) -> anyhow::Result<()> {
-        self.pipe.check()
+    pub fn check(&self) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            self.pipe.check().map_err(anyhow::Error::from)
+        })
     }
 }

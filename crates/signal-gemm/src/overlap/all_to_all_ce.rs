@@ -33,12 +33,14 @@
 //! marks the op broken: a later launch would wait for flags this one consumed.
 
 use crate::a2a_map::AllToAllMap;
+use crate::error::require;
+use crate::error::GemmError;
 use crate::gemm::Gemm;
 use crate::overlap::comm_stream::high_priority_stream;
 use crate::plan::{GemmOptions, GemmPlan, GemmShape};
 use crate::wave_groups::{GroupCounters, WaveGroups};
 use crate::{GemmElement, LaunchExtras};
-use anyhow::{ensure, Context};
+use anyhow::Context;
 use cudarc::driver::{
     sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
     ValidAsZeroBits,
@@ -92,77 +94,79 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
         options: GemmOptions,
         waves: &[u32],
         routes: &[Vec<u32>],
-    ) -> anyhow::Result<Self> {
-        let (rank, world) = (rdzv.rank(), rdzv.world());
-        let local = agree(
-            rdzv,
-            "planning the copy-engine All-to-All",
-            Self::plan_local(stream, shape, options, waves, routes, rank, world),
-        )?;
-        let ctx = stream.context();
-        let received = Pgl::<TO>::alloc(
-            rdzv,
-            ctx,
-            Shape::new(1, 1, 1, local.map.max_received_len().max(1) as u32),
-            Backend::default(),
-        )
-        .context("allocating the copy-engine All-to-All's received buffers")?;
-        let flags = Pgl::<u64>::alloc(
-            rdzv,
-            ctx,
-            Shape::new(1, 1, 2, world as u32),
-            Backend::default(),
-        );
-        let flags = match flags {
-            Ok(f) => f,
-            Err(e) => {
-                let e =
-                    anyhow::Error::from(e).context("allocating the copy-engine All-to-All's flags");
-                return Err(match received.free(rdzv) {
-                    Ok(()) => e,
-                    Err(f) => e.context(format!(
-                        "and freeing the received buffers failed too: {f:#}"
-                    )),
-                });
-            }
-        };
-        let started = agree(
-            rdzv,
-            "arming the copy-engine All-to-All's free flags",
-            (|| {
-                // Every peer's buffer starts free: the first launch's wait passes as the later ones do.
-                let ones = vec![1u64; world];
-                stream.context().bind_to_thread()?;
-                // SAFETY: row FREE of this rank's flags holds `world` u64; synchronous copy.
-                unsafe {
-                    sys::cuMemcpyHtoD_v2(
-                        flags.local_ptr() + 8 * world as u64 * u64::from(FREE),
-                        ones.as_ptr().cast(),
-                        8 * world,
-                    )
+    ) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let (rank, world) = (rdzv.rank(), rdzv.world());
+            let local = agree(
+                rdzv,
+                "planning the copy-engine All-to-All",
+                Self::plan_local(stream, shape, options, waves, routes, rank, world),
+            )?;
+            let ctx = stream.context();
+            let received = Pgl::<TO>::alloc(
+                rdzv,
+                ctx,
+                Shape::new(1, 1, 1, local.map.max_received_len().max(1) as u32),
+                Backend::default(),
+            )
+            .context("allocating the copy-engine All-to-All's received buffers")?;
+            let flags = Pgl::<u64>::alloc(
+                rdzv,
+                ctx,
+                Shape::new(1, 1, 2, world as u32),
+                Backend::default(),
+            );
+            let flags = match flags {
+                Ok(f) => f,
+                Err(e) => {
+                    let e = anyhow::Error::from(e)
+                        .context("allocating the copy-engine All-to-All's flags");
+                    return Err(match received.free(rdzv) {
+                        Ok(()) => e,
+                        Err(f) => e.context(format!(
+                            "and freeing the received buffers failed too: {f:#}"
+                        )),
+                    });
                 }
-                .result()?;
-                let staging = stream.alloc_zeros::<TO>(local.map.staging_len().max(1))?;
-                stream.synchronize()?;
-                Ok(staging)
-            })(),
-        );
-        let staging = match started {
-            Ok(s) => s,
-            Err(e) => {
-                let freed = received.free(rdzv).and(flags.free(rdzv));
-                return Err(match freed {
-                    Ok(()) => e,
-                    Err(f) => e.context(format!("and freeing the buffers failed too: {f:#}")),
-                });
-            }
-        };
-        Ok(Self {
-            local,
-            staging,
-            received,
-            flags,
-            broken: AtomicBool::new(false),
+            };
+            let started = agree(
+                rdzv,
+                "arming the copy-engine All-to-All's free flags",
+                (|| {
+                    // Every peer's buffer starts free: the first launch's wait passes as the later ones do.
+                    let ones = vec![1u64; world];
+                    stream.context().bind_to_thread()?;
+                    // SAFETY: row FREE of this rank's flags holds `world` u64; synchronous copy.
+                    unsafe {
+                        sys::cuMemcpyHtoD_v2(
+                            flags.local_ptr() + 8 * world as u64 * u64::from(FREE),
+                            ones.as_ptr().cast(),
+                            8 * world,
+                        )
+                    }
+                    .result()?;
+                    let staging = stream.alloc_zeros::<TO>(local.map.staging_len().max(1))?;
+                    stream.synchronize()?;
+                    Ok(staging)
+                })(),
+            );
+            let staging = match started {
+                Ok(s) => s,
+                Err(e) => {
+                    let freed = received.free(rdzv).and(flags.free(rdzv));
+                    return Err(match freed {
+                        Ok(()) => e,
+                        Err(f) => e.context(format!("and freeing the buffers failed too: {f:#}")),
+                    });
+                }
+            };
+            Ok(Self {
+                local,
+                staging,
+                received,
+                flags,
+                broken: AtomicBool::new(false),
+            })
         })
     }
 
@@ -175,20 +179,25 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
         rank: usize,
         world: usize,
     ) -> anyhow::Result<Local> {
-        ensure!(
+        require!(
             (2..=32).contains(&world),
+            Unsupported,
             "the copy-engine All-to-All spans 2 to 32 ranks; this job has {world}"
         );
-        ensure!(
-            options.sm_margin == 0 && options.comm_ctas == 0,
+        require!(
+            options.sm_margin == 0 && options.comm_ctas == 0, Options,
             "the copy-engine All-to-All sets its own SM margin ({COPY_ENGINE_SM_MARGIN}); GemmOptions has sm_margin {} and comm_ctas {}",
             options.sm_margin,
             options.comm_ctas
         );
-        ensure!(options.beta == 0.0, "GEMM + All-to-All: beta must be 0");
+        require!(
+            options.beta == 0.0,
+            Options,
+            "GEMM + All-to-All: beta must be 0"
+        );
         let ctx = stream.context();
-        ensure!(
-            !ctx.is_event_tracking(),
+        require!(
+            !ctx.is_event_tracking(), Options,
             "the copy-engine All-to-All needs the context's event tracking off (CudaContext::disable_event_tracking)"
         );
         let options = GemmOptions {
@@ -251,28 +260,29 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
         a: &CudaSlice<TI>,
         b: &CudaSlice<TI>,
         out: &mut CudaSlice<TO>,
-    ) -> anyhow::Result<()> {
-        ensure!(
-            !self.broken.load(Ordering::Relaxed),
-            "the copy-engine All-to-All: an earlier launch failed after its free wait was enqueued, so its counters or flags may be stale; make a new one"
-        );
-        // What can be refused is checked before the `free` wait consumes the flags.
-        self.local.map.check::<TO>(self.received.len(), out.len())?;
-        let GemmShape { m, n, k } = self.local.gemm.plan().shape;
-        ensure!(
-            a.len() >= (m * k) as usize && b.len() >= (k * n) as usize,
-            "the copy-engine All-to-All {m}x{n}x{k}: A holds {} elements (needs {}), B {} (needs {})",
-            a.len(),
-            m * k,
-            b.len(),
-            k * n
-        );
-        self.wait_flags(compute, FREE)?;
-        let enqueued = self.enqueue_after_free(compute, a, b, out);
-        if enqueued.is_err() {
-            self.broken.store(true, Ordering::Relaxed);
-        }
-        enqueued
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            anyhow::ensure!(
+                !self.broken.load(Ordering::Relaxed), "the copy-engine All-to-All: an earlier launch failed after its free wait was enqueued, so its counters or flags may be stale; make a new one"
+            );
+            // What can be refused is checked before the `free` wait consumes the flags.
+            self.local.map.check::<TO>(self.received.len(), out.len())?;
+            let GemmShape { m, n, k } = self.local.gemm.plan().shape;
+            require!(
+                a.len() >= (m * k) as usize && b.len() >= (k * n) as usize, Length,
+                "the copy-engine All-to-All {m}x{n}x{k}: A holds {} elements (needs {}), B {} (needs {})",
+                a.len(),
+                m * k,
+                b.len(),
+                k * n
+            );
+            self.wait_flags(compute, FREE)?;
+            let enqueued = self.enqueue_after_free(compute, a, b, out);
+            if enqueued.is_err() {
+                self.broken.store(true, Ordering::Relaxed);
+            }
+            enqueued
+        })
     }
 
     /// Everything of a launch after its `free` wait (see the module doc).
@@ -391,19 +401,23 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
     }
 
     /// After synchronising: an error naming a GEMM, group or flag wait that ran past its bound.
-    pub fn check(&self) -> anyhow::Result<()> {
-        self.local.gemm.check()?;
-        self.local.counters.check()?;
-        self.local
-            .slot
-            .check()
-            .context("copy-engine All-to-All flags (row 0: a peer's copies landed; row 1: a peer consumed this rank's copies)")
+    pub fn check(&self) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            self.local.gemm.check()?;
+            self.local.counters.check()?;
+            self.local
+                .slot
+                .check()
+                .context("copy-engine All-to-All flags (row 0: a peer's copies landed; row 1: a peer consumed this rank's copies)")
+        })
     }
 
     /// Collective: frees the received buffers and flags on every rank.
-    pub fn free(self, rdzv: &mut dyn Bootstrap) -> anyhow::Result<()> {
-        let received = self.received.free(rdzv);
-        let flags = self.flags.free(rdzv);
-        Ok(received.and(flags)?)
+    pub fn free(self, rdzv: &mut dyn Bootstrap) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            let received = self.received.free(rdzv);
+            let flags = self.flags.free(rdzv);
+            Ok(received.and(flags)?)
+        })
     }
 }

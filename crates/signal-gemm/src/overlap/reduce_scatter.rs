@@ -6,6 +6,7 @@
 //! differ from ncclReduceScatter's contiguous m / world rows of the standard layout).
 
 use crate::band_map::RankBandMap;
+use crate::error::GemmError;
 use crate::gemm::Gemm;
 use crate::overlap::pipeline::GroupPipeline;
 use crate::plan::{GemmOptions, GemmShape};
@@ -34,23 +35,25 @@ impl ReduceScatterOverlap {
         waves_per_group: Option<&[u32]>,
         world: u32,
         rank: u32,
-    ) -> anyhow::Result<Self> {
-        let layout = OutputLayout::RankBands { ranks: world };
-        let pipe = GroupPipeline::new(
-            "GEMM + ReduceScatter",
-            stream,
-            shape,
-            options,
-            waves_per_group,
-            layout,
-            rank,
-        )?;
-        let map = RankBandMap::new(stream, pipe.gemm().plan(), world, rank)?;
-        Ok(Self {
-            pipe,
-            map,
-            world,
-            rank,
+    ) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let layout = OutputLayout::RankBands { ranks: world };
+            let pipe = GroupPipeline::new(
+                "GEMM + ReduceScatter",
+                stream,
+                shape,
+                options,
+                waves_per_group,
+                layout,
+                rank,
+            )?;
+            let map = RankBandMap::new(stream, pipe.gemm().plan(), world, rank)?;
+            Ok(Self {
+                pipe,
+                map,
+                world,
+                rank,
+            })
         })
     }
 
@@ -91,23 +94,27 @@ impl ReduceScatterOverlap {
         received: &mut CudaSlice<TO>,
         out: &mut CudaSlice<TO>,
         restore: Restore<'_>,
-    ) -> anyhow::Result<()> {
-        // Everything that can be refused is checked before anything is enqueued.
-        self.pipe.check_comm(comm, compute)?;
-        self.pipe
-            .check_rank(comm, self.rank as usize, self.world as usize)?;
-        self.pipe.check_staging(staging.len())?;
-        self.map.check::<TO>(received.len(), out.len(), &restore)?;
-        self.pipe
-            .enqueue(compute, a, b, staging, None, |g, x, staging| {
-                let (send, recv) = self.map.group_ranges(self.groups().orders(g));
-                let send = staging.slice(send);
-                let mut recv = received.slice_mut(recv);
-                comm.reduce_scatter(&send, &mut recv, ReduceOp::Sum, x)
-                    .map_err(anyhow::Error::from)
-            })?;
-        let restored = self.map.restore(compute, received, out, restore);
-        self.pipe.mark_if_failed(restored)
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            // Everything that can be refused is checked before anything is enqueued.
+            self.pipe.check_comm(comm, compute)?;
+            self.pipe
+                .check_rank(comm, self.rank as usize, self.world as usize)?;
+            self.pipe.check_staging(staging.len())?;
+            self.map.check::<TO>(received.len(), out.len(), &restore)?;
+            self.pipe
+                .enqueue(compute, a, b, staging, None, |g, x, staging| {
+                    let (send, recv) = self.map.group_ranges(self.groups().orders(g));
+                    let send = staging.slice(send);
+                    let mut recv = received.slice_mut(recv);
+                    comm.reduce_scatter(&send, &mut recv, ReduceOp::Sum, x)
+                        .map_err(anyhow::Error::from)
+                })?;
+            let restored = self.map.restore(compute, received, out, restore);
+            self.pipe
+                .mark_if_failed(restored.map_err(anyhow::Error::from))
+                .map_err(anyhow::Error::from)
+        })
     }
 
     /// Only the GEMM with its signals and the group waits (no collective, no restore). Enqueues only.
@@ -117,9 +124,11 @@ impl ReduceScatterOverlap {
         a: &CudaSlice<TI>,
         b: &CudaSlice<TI>,
         staging: &mut CudaSlice<TO>,
-    ) -> anyhow::Result<()> {
-        self.pipe
-            .enqueue(compute, a, b, staging, None, |_, _, _| Ok(()))
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            self.pipe
+                .enqueue(compute, a, b, staging, None, |_, _, _| Ok(()))
+        })
     }
 
     /// Only the restore (for timing it alone): `out` from `received`.
@@ -129,12 +138,18 @@ impl ReduceScatterOverlap {
         received: &CudaSlice<T>,
         out: &mut CudaSlice<T>,
         step: Restore<'_>,
-    ) -> anyhow::Result<()> {
-        self.map.restore(stream, received, out, step)
+    ) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            self.map
+                .restore(stream, received, out, step)
+                .map_err(anyhow::Error::from)
+        })
     }
 
     /// After synchronising: an error naming a GEMM or group wait that ran past its bound.
-    pub fn check(&self) -> anyhow::Result<()> {
-        self.pipe.check()
+    pub fn check(&self) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            self.pipe.check().map_err(anyhow::Error::from)
+        })
     }
 }

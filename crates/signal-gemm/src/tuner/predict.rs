@@ -17,6 +17,7 @@
 //! factor along with NCCL's own slowdown.
 
 use super::profile::{Op, TuningProfile};
+use crate::error::GemmError;
 use crate::plan::{GemmPlan, GemmShape};
 use crate::reorder::OutputLayout;
 use crate::wave_groups::WaveGroups;
@@ -25,20 +26,22 @@ use crate::wave_groups::WaveGroups;
 pub struct GroupBytes(pub Vec<u64>);
 
 impl GroupBytes {
-    pub fn of(plan: &GemmPlan, groups: &WaveGroups, op: Op, world: u32) -> anyhow::Result<Self> {
-        let elem = plan.options.output.bytes() as u64;
-        let layout = match op {
-            Op::AllReduce => OutputLayout::TileOrder,
-            Op::ReduceScatter => OutputLayout::RankBands { ranks: world },
-        };
-        layout.check(plan)?; // a world the band layout cannot cut for
-                             // Elements per order (slot or band slots), the same for every order of a layout.
-        let per_order = layout.elements(plan) / u64::from(plan.orders());
-        Ok(Self(
-            (0..groups.count())
-                .map(|g| u64::from(groups.orders(g).len() as u32) * per_order * elem)
-                .collect(),
-        ))
+    pub fn of(plan: &GemmPlan, groups: &WaveGroups, op: Op, world: u32) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let elem = plan.options.output.bytes() as u64;
+            let layout = match op {
+                Op::AllReduce => OutputLayout::TileOrder,
+                Op::ReduceScatter => OutputLayout::RankBands { ranks: world },
+            };
+            layout.check(plan)?; // a world the band layout cannot cut for
+                                 // Elements per order (slot or band slots), the same for every order of a layout.
+            let per_order = layout.elements(plan) / u64::from(plan.orders());
+            Ok(Self(
+                (0..groups.count())
+                    .map(|g| u64::from(groups.orders(g).len() as u32) * per_order * elem)
+                    .collect(),
+            ))
+        })
     }
 }
 
@@ -51,20 +54,23 @@ pub fn predict_overlap(
     op: Op,
     plan: &GemmPlan,
     groups: &WaveGroups,
-) -> anyhow::Result<f64> {
-    let margin = plan.options.sm_margin;
-    let t_wave = profile.gemm_wave_ms(plan.shape, margin, plan.tile_n())?;
-    let curve = profile.curve(op, Some(margin))?;
-    let contention = profile.contention(op, margin);
-    let bytes = GroupBytes::of(plan, groups, op, profile.world)?;
-    let end = f64::from(groups.waves().iter().sum::<u32>()) * t_wave;
-    let (mut comp, mut comm) = (0.0f64, 0.0f64);
-    for (g, &waves) in groups.waves().iter().enumerate() {
-        comp += f64::from(waves) * t_wave;
-        comm = finish(comm.max(comp), curve.ms(bytes.0[g]), contention, end);
-    }
-    Ok(comm
-        + profile.restore_ms_per_mib(op)? * output_bytes(plan.shape, op, profile.world, plan) / MIB)
+) -> Result<f64, GemmError> {
+    crate::error::typed_with(|| -> anyhow::Result<f64> {
+        let margin = plan.options.sm_margin;
+        let t_wave = profile.gemm_wave_ms(plan.shape, margin, plan.tile_n())?;
+        let curve = profile.curve(op, Some(margin))?;
+        let contention = profile.contention(op, margin);
+        let bytes = GroupBytes::of(plan, groups, op, profile.world)?;
+        let end = f64::from(groups.waves().iter().sum::<u32>()) * t_wave;
+        let (mut comp, mut comm) = (0.0f64, 0.0f64);
+        for (g, &waves) in groups.waves().iter().enumerate() {
+            comp += f64::from(waves) * t_wave;
+            comm = finish(comm.max(comp), curve.ms(bytes.0[g]), contention, end);
+        }
+        Ok(comm
+            + profile.restore_ms_per_mib(op)? * output_bytes(plan.shape, op, profile.world, plan)
+                / MIB)
+    })
 }
 
 /// When a collective of `alone` ms (NCCL by itself) that starts at `start` ends, slowed by
@@ -87,9 +93,11 @@ pub fn predict_sequential(
     op: Op,
     shape: GemmShape,
     elem_bytes: u64,
-) -> anyhow::Result<f64> {
-    let bytes = u64::from(shape.m) * u64::from(shape.n) * elem_bytes;
-    Ok(profile.cublas_ms(shape)? + profile.curve(op, None)?.ms(bytes))
+) -> Result<f64, GemmError> {
+    crate::error::typed_with(|| -> anyhow::Result<f64> {
+        let bytes = u64::from(shape.m) * u64::from(shape.n) * elem_bytes;
+        Ok(profile.cublas_ms(shape)? + profile.curve(op, None)?.ms(bytes))
+    })
 }
 
 /// Bytes the restore writes: the whole output (AllReduce) or this rank's share (ReduceScatter).

@@ -10,6 +10,7 @@
 //! contention <op> <sm_margin> <factor>           NCCL's slowdown beside the GEMM (fitted)
 //! ```
 
+use crate::error::GemmError;
 use crate::plan::GemmShape;
 use anyhow::{bail, ensure, Context};
 use std::fmt::Write as _;
@@ -30,12 +31,14 @@ impl Op {
         }
     }
 
-    pub fn parse(s: &str) -> anyhow::Result<Self> {
-        match s {
-            "all_reduce" => Ok(Op::AllReduce),
-            "reduce_scatter" => Ok(Op::ReduceScatter),
-            _ => bail!("unknown collective {s:?} (all_reduce, reduce_scatter)"),
-        }
+    pub fn parse(s: &str) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            match s {
+                "all_reduce" => Ok(Op::AllReduce),
+                "reduce_scatter" => Ok(Op::ReduceScatter),
+                _ => bail!("unknown collective {s:?} (all_reduce, reduce_scatter)"),
+            }
+        })
     }
 }
 
@@ -101,28 +104,32 @@ pub struct TuningProfile {
 
 impl TuningProfile {
     /// Refuses a profile measured on another machine shape than this job's.
-    pub fn check_machine(&self, sms: u32, world: u32) -> anyhow::Result<()> {
-        ensure!(
-            self.sms == sms && self.world == world,
-            "the tuning profile was measured on {} ranks of {} SMs ({}), this job has {world} ranks of {sms} SMs: run `weft tune` here",
-            self.world,
-            self.sms,
-            self.device
-        );
-        Ok(())
+    pub fn check_machine(&self, sms: u32, world: u32) -> Result<(), GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<()> {
+            ensure!(
+                self.sms == sms && self.world == world,
+                "the tuning profile was measured on {} ranks of {} SMs ({}), this job has {world} ranks of {sms} SMs: run `weft tune` here",
+                self.world,
+                self.sms,
+                self.device
+            );
+            Ok(())
+        })
     }
 
     /// The curve of `op` with NCCL limited to `max_ctas` (None: its default).
-    pub fn curve(&self, op: Op, max_ctas: Option<u32>) -> anyhow::Result<&CommCurve> {
-        self.comm
-            .iter()
-            .find(|c| c.op == op && c.max_ctas == max_ctas)
-            .with_context(|| {
-                format!(
-                    "the tuning profile has no {} curve for max_ctas {max_ctas:?}",
-                    op.name()
-                )
-            })
+    pub fn curve(&self, op: Op, max_ctas: Option<u32>) -> Result<&CommCurve, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<&CommCurve> {
+            self.comm
+                .iter()
+                .find(|c| c.op == op && c.max_ctas == max_ctas)
+                .with_context(|| {
+                    format!(
+                        "the tuning profile has no {} curve for max_ctas {max_ctas:?}",
+                        op.name()
+                    )
+                })
+        })
     }
 
     /// The SM margins profiled for the GEMM (each also a curve's CTA limit).
@@ -142,17 +149,19 @@ impl TuningProfile {
         shape: GemmShape,
         sm_margin: u32,
         tile_n: u32,
-    ) -> anyhow::Result<f64> {
-        let same = self
-            .gemm
-            .iter()
-            .filter(|g| g.sm_margin == sm_margin && g.tile_n == tile_n);
-        let near = nearest(same.map(|g| (g.shape, g)), shape).with_context(|| {
-            format!(
-                "the tuning profile has no GEMM with 128 x {tile_n} tiles at sm_margin {sm_margin}"
-            )
-        })?;
-        Ok(near.ms / f64::from(near.waves) * f64::from(shape.k) / f64::from(near.shape.k))
+    ) -> Result<f64, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<f64> {
+            let same = self
+                .gemm
+                .iter()
+                .filter(|g| g.sm_margin == sm_margin && g.tile_n == tile_n);
+            let near = nearest(same.map(|g| (g.shape, g)), shape).with_context(|| {
+                format!(
+                    "the tuning profile has no GEMM with 128 x {tile_n} tiles at sm_margin {sm_margin}"
+                )
+            })?;
+            Ok(near.ms / f64::from(near.waves) * f64::from(shape.k) / f64::from(near.shape.k))
+        })
     }
 
     pub fn contention(&self, op: Op, sm_margin: u32) -> f64 {
@@ -163,18 +172,24 @@ impl TuningProfile {
     }
 
     /// cuBLAS alone for `shape`: profiled, or the nearest profiled shape scaled by FLOPs.
-    pub fn cublas_ms(&self, shape: GemmShape) -> anyhow::Result<f64> {
-        let (s, ms) = nearest(self.cublas.iter().map(|(s, ms)| (*s, (*s, *ms))), shape)
-            .context("the tuning profile has no cuBLAS times")?;
-        Ok(ms * flops(shape) / flops(s))
+    pub fn cublas_ms(&self, shape: GemmShape) -> Result<f64, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<f64> {
+            let (s, ms) = nearest(self.cublas.iter().map(|(s, ms)| (*s, (*s, *ms))), shape)
+                .context("the tuning profile has no cuBLAS times")?;
+            Ok(ms * flops(shape) / flops(s))
+        })
     }
 
-    pub fn restore_ms_per_mib(&self, op: Op) -> anyhow::Result<f64> {
-        self.restore
-            .iter()
-            .find(|r| r.0 == op)
-            .map(|r| r.1)
-            .with_context(|| format!("the tuning profile has no restore time for {}", op.name()))
+    pub fn restore_ms_per_mib(&self, op: Op) -> Result<f64, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<f64> {
+            self.restore
+                .iter()
+                .find(|r| r.0 == op)
+                .map(|r| r.1)
+                .with_context(|| {
+                    format!("the tuning profile has no restore time for {}", op.name())
+                })
+        })
     }
 
     pub fn to_text(&self) -> String {
@@ -208,123 +223,127 @@ impl TuningProfile {
         s
     }
 
-    pub fn parse(text: &str) -> anyhow::Result<Self> {
-        let mut lines = text
-            .lines()
-            .enumerate()
-            .filter(|(_, l)| !l.trim().is_empty());
-        let (_, head) = lines.next().context("empty tuning file")?;
-        let h: Vec<&str> = head.splitn(5, ' ').collect();
-        ensure!(
-            h.len() >= 4 && h[0] == "weft-tuning" && h[1] == "1",
-            "not a weft tuning file (version 1): first line {head:?}"
-        );
-        let mut p = TuningProfile {
-            world: h[2].parse().context("world size")?,
-            sms: h[3].parse().context("SM count")?,
-            device: h.get(4).unwrap_or(&"").to_string(),
-            ..Default::default()
-        };
-        for (i, line) in lines {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let num = |j: usize| -> anyhow::Result<f64> {
-                f.get(j)
-                    .with_context(|| format!("line {}: too few fields", i + 1))?
-                    .parse::<f64>()
-                    .with_context(|| format!("line {}: field {j}", i + 1))
+    pub fn parse(text: &str) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let mut lines = text
+                .lines()
+                .enumerate()
+                .filter(|(_, l)| !l.trim().is_empty());
+            let (_, head) = lines.next().context("empty tuning file")?;
+            let h: Vec<&str> = head.splitn(5, ' ').collect();
+            ensure!(
+                h.len() >= 4 && h[0] == "weft-tuning" && h[1] == "1",
+                "not a weft tuning file (version 1): first line {head:?}"
+            );
+            let mut p = TuningProfile {
+                world: h[2].parse().context("world size")?,
+                sms: h[3].parse().context("SM count")?,
+                device: h.get(4).unwrap_or(&"").to_string(),
+                ..Default::default()
             };
-            let shape = || -> anyhow::Result<GemmShape> {
-                Ok(GemmShape::new(
-                    num(1)? as u32,
-                    num(2)? as u32,
-                    num(3)? as u32,
-                ))
-            };
-            match f[0] {
-                "comm" => {
-                    let op = Op::parse(f.get(1).copied().unwrap_or(""))?;
-                    let ctas = match f.get(2).copied() {
-                        Some("default") => None,
-                        Some(n) => Some(
-                            n.parse()
-                                .with_context(|| format!("line {}: max_ctas", i + 1))?,
-                        ),
-                        None => bail!("line {}: too few fields", i + 1),
-                    };
-                    let point = (num(3)? as u64, num(4)?);
-                    match p.comm.iter_mut().find(|c| c.op == op && c.max_ctas == ctas) {
-                        Some(c) => c.points.push(point),
-                        None => p.comm.push(CommCurve {
-                            op,
-                            max_ctas: ctas,
-                            points: vec![point],
-                        }),
+            for (i, line) in lines {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                let num = |j: usize| -> anyhow::Result<f64> {
+                    f.get(j)
+                        .with_context(|| format!("line {}: too few fields", i + 1))?
+                        .parse::<f64>()
+                        .with_context(|| format!("line {}: field {j}", i + 1))
+                };
+                let shape = || -> anyhow::Result<GemmShape> {
+                    Ok(GemmShape::new(
+                        num(1)? as u32,
+                        num(2)? as u32,
+                        num(3)? as u32,
+                    ))
+                };
+                match f[0] {
+                    "comm" => {
+                        let op = Op::parse(f.get(1).copied().unwrap_or(""))?;
+                        let ctas = match f.get(2).copied() {
+                            Some("default") => None,
+                            Some(n) => Some(
+                                n.parse()
+                                    .with_context(|| format!("line {}: max_ctas", i + 1))?,
+                            ),
+                            None => bail!("line {}: too few fields", i + 1),
+                        };
+                        let point = (num(3)? as u64, num(4)?);
+                        match p.comm.iter_mut().find(|c| c.op == op && c.max_ctas == ctas) {
+                            Some(c) => c.points.push(point),
+                            None => p.comm.push(CommCurve {
+                                op,
+                                max_ctas: ctas,
+                                points: vec![point],
+                            }),
+                        }
                     }
+                    "gemm" => p.gemm.push(GemmSample {
+                        shape: shape()?,
+                        sm_margin: num(4)? as u32,
+                        tile_n: num(5)? as u32,
+                        ms: num(6)?,
+                        waves: num(7)? as u32,
+                    }),
+                    "cublas" => p.cublas.push((shape()?, num(4)?)),
+                    "restore" => p
+                        .restore
+                        .push((Op::parse(f.get(1).copied().unwrap_or(""))?, num(2)?)),
+                    "contention" => p.contention.push((
+                        Op::parse(f.get(1).copied().unwrap_or(""))?,
+                        num(2)? as u32,
+                        num(3)?,
+                    )),
+                    other => bail!("line {}: unknown record {other:?}", i + 1),
                 }
-                "gemm" => p.gemm.push(GemmSample {
-                    shape: shape()?,
-                    sm_margin: num(4)? as u32,
-                    tile_n: num(5)? as u32,
-                    ms: num(6)?,
-                    waves: num(7)? as u32,
-                }),
-                "cublas" => p.cublas.push((shape()?, num(4)?)),
-                "restore" => p
-                    .restore
-                    .push((Op::parse(f.get(1).copied().unwrap_or(""))?, num(2)?)),
-                "contention" => p.contention.push((
-                    Op::parse(f.get(1).copied().unwrap_or(""))?,
-                    num(2)? as u32,
-                    num(3)?,
-                )),
-                other => bail!("line {}: unknown record {other:?}", i + 1),
             }
-        }
-        let positive = |x: f64| x > 0.0 && x.is_finite();
-        ensure!(
-            p.world >= 1 && p.sms >= 1,
-            "world size {} and SM count {} must be at least 1",
-            p.world,
-            p.sms
-        );
-        for c in &mut p.comm {
-            c.points.sort_by_key(|x| x.0);
+            let positive = |x: f64| x > 0.0 && x.is_finite();
             ensure!(
-                c.points.iter().all(|x| x.0 > 0 && positive(x.1)),
-                "{} curve: a size or time that is not positive",
-                c.op.name()
+                p.world >= 1 && p.sms >= 1,
+                "world size {} and SM count {} must be at least 1",
+                p.world,
+                p.sms
             );
-        }
-        for g in &p.gemm {
+            for c in &mut p.comm {
+                c.points.sort_by_key(|x| x.0);
+                ensure!(
+                    c.points.iter().all(|x| x.0 > 0 && positive(x.1)),
+                    "{} curve: a size or time that is not positive",
+                    c.op.name()
+                );
+            }
+            for g in &p.gemm {
+                ensure!(
+                    positive(g.ms) && g.waves >= 1 && g.tile_n > 0,
+                    "gemm record for {}: time, waves and tile width must be positive",
+                    g.shape
+                );
+            }
             ensure!(
-                positive(g.ms) && g.waves >= 1 && g.tile_n > 0,
-                "gemm record for {}: time, waves and tile width must be positive",
-                g.shape
+                p.cublas.iter().all(|c| positive(c.1)),
+                "a cublas record with a time that is not positive"
             );
-        }
-        ensure!(
-            p.cublas.iter().all(|c| positive(c.1)),
-            "a cublas record with a time that is not positive"
-        );
-        ensure!(
-            p.restore.iter().all(|r| r.1 >= 0.0 && r.1.is_finite()),
-            "a restore record with a negative time"
-        );
-        ensure!(
-            p.contention.iter().all(|c| positive(c.2)),
-            "a contention factor that is not positive"
-        );
-        Ok(p)
+            ensure!(
+                p.restore.iter().all(|r| r.1 >= 0.0 && r.1.is_finite()),
+                "a restore record with a negative time"
+            );
+            ensure!(
+                p.contention.iter().all(|c| positive(c.2)),
+                "a contention factor that is not positive"
+            );
+            Ok(p)
+        })
     }
 
-    pub fn load(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| {
-            format!(
-                "reading the tuning file {} (make one with `weft tune`)",
-                path.display()
-            )
-        })?;
-        Self::parse(&text).with_context(|| format!("tuning file {}", path.display()))
+    pub fn load(path: &Path) -> Result<Self, GemmError> {
+        crate::error::typed_with(|| -> anyhow::Result<Self> {
+            let text = std::fs::read_to_string(path).with_context(|| {
+                format!(
+                    "reading the tuning file {} (make one with `weft tune`)",
+                    path.display()
+                )
+            })?;
+            Self::parse(&text).with_context(|| format!("tuning file {}", path.display()))
+        })
     }
 }
 

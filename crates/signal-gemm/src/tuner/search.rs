@@ -5,6 +5,7 @@
 
 use super::predict::{predict_overlap, predict_sequential};
 use super::profile::{Op, TuningProfile};
+use crate::error::GemmError;
 use crate::plan::{GemmOptions, GemmPlan, GemmShape};
 use crate::wave_groups::WaveGroups;
 use anyhow::Context;
@@ -79,41 +80,43 @@ pub fn best_overlap(
     shape: GemmShape,
     base: GemmOptions,
     only: Option<u32>,
-) -> anyhow::Result<(GemmPlan, Vec<u32>, f64)> {
-    let mut best: Option<(f64, GemmPlan, Vec<u32>)> = None;
-    let mut skipped = Vec::new();
-    for margin in profile
-        .margins()
-        .into_iter()
-        .filter(|m| only.is_none_or(|o| o == *m))
-    {
-        let plan = GemmPlan::new(
-            profile.sms,
-            shape,
-            GemmOptions {
-                sm_margin: margin,
-                ..base
-            },
-        )?;
-        if let Err(e) = profile.gemm_wave_ms(shape, margin, plan.tile_n()) {
-            skipped.push(format!("{e:#}"));
-            continue;
-        }
-        for waves in candidates(plan.waves()) {
-            let groups = WaveGroups::new(&plan, &waves)?;
-            let t = predict_overlap(profile, op, &plan, &groups)?;
-            if best.as_ref().is_none_or(|b| t < b.0) {
-                best = Some((t, plan.clone(), waves));
+) -> Result<(GemmPlan, Vec<u32>, f64), GemmError> {
+    crate::error::typed_with(|| -> anyhow::Result<(GemmPlan, Vec<u32>, f64)> {
+        let mut best: Option<(f64, GemmPlan, Vec<u32>)> = None;
+        let mut skipped = Vec::new();
+        for margin in profile
+            .margins()
+            .into_iter()
+            .filter(|m| only.is_none_or(|o| o == *m))
+        {
+            let plan = GemmPlan::new(
+                profile.sms,
+                shape,
+                GemmOptions {
+                    sm_margin: margin,
+                    ..base
+                },
+            )?;
+            if let Err(e) = profile.gemm_wave_ms(shape, margin, plan.tile_n()) {
+                skipped.push(format!("{e:#}"));
+                continue;
+            }
+            for waves in candidates(plan.waves()) {
+                let groups = WaveGroups::new(&plan, &waves)?;
+                let t = predict_overlap(profile, op, &plan, &groups)?;
+                if best.as_ref().is_none_or(|b| t < b.0) {
+                    best = Some((t, plan.clone(), waves));
+                }
             }
         }
-    }
-    let (t, plan, waves) = best.with_context(|| {
-        format!(
-            "no profiled margin can predict {shape} ({})",
-            skipped.join("; ")
-        )
-    })?;
-    Ok((plan, waves, t))
+        let (t, plan, waves) = best.with_context(|| {
+            format!(
+                "no profiled margin can predict {shape} ({})",
+                skipped.join("; ")
+            )
+        })?;
+        Ok((plan, waves, t))
+    })
 }
 
 /// The best predicted way to run `shape` + `op` on the profiled machine (GEMM `base` options,
@@ -126,21 +129,23 @@ pub fn tune(
     base: GemmOptions,
     sms: u32,
     world: u32,
-) -> anyhow::Result<Choice> {
-    profile.check_machine(sms, world)?;
-    let sequential = predict_sequential(profile, op, shape, base.output.bytes() as u64)?;
-    let best = best_overlap(profile, op, shape, base, None)?;
-    Ok(match best {
-        (plan, waves, t) if t < sequential => Choice::Overlap {
-            sm_margin: plan.options.sm_margin,
-            waves,
-            predicted_ms: t,
-            sequential_ms: sequential,
-        },
-        (_, _, t) => Choice::Sequential {
-            predicted_ms: sequential,
-            best_overlap_ms: Some(t),
-        },
+) -> Result<Choice, GemmError> {
+    crate::error::typed_with(|| -> anyhow::Result<Choice> {
+        profile.check_machine(sms, world)?;
+        let sequential = predict_sequential(profile, op, shape, base.output.bytes() as u64)?;
+        let best = best_overlap(profile, op, shape, base, None)?;
+        Ok(match best {
+            (plan, waves, t) if t < sequential => Choice::Overlap {
+                sm_margin: plan.options.sm_margin,
+                waves,
+                predicted_ms: t,
+                sequential_ms: sequential,
+            },
+            (_, _, t) => Choice::Sequential {
+                predicted_ms: sequential,
+                best_overlap_ms: Some(t),
+            },
+        })
     })
 }
 

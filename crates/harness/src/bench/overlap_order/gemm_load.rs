@@ -122,6 +122,7 @@ impl GemmLoad {
         self.gemms[self.current]
             .1
             .launch_with(stream, &self.a, &self.b, &mut self.d, extras)
+            .map_err(anyhow::Error::from)
     }
 
     /// After a synchronisation: every element of D checked. Returns the elements checked.
