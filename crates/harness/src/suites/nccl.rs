@@ -12,6 +12,7 @@ use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
 use weft_pgl::nccl::{new_unique_id, Communicator, ReduceOp, Waits, TIMEOUT_VAR};
 use weft_pgl::{NcclFailure, PglError};
+use weft_signal_gemm::GemmError;
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -59,7 +60,8 @@ pub(super) const TRIAL_SLACK: Duration = Duration::from_secs(20);
 
 /// Checks that `r` is the bounded-wait error, within budget + slack of `t0`.
 /// The error must be weft-pgl's typed NCCL timeout (`PglError::Nccl` with
-/// `NcclFailure::TimedOut`, through any context), naming the budget's variable and the abort.
+/// `NcclFailure::TimedOut`, through any context, or inside an op's `GemmError::Pgl`), naming the
+/// budget's variable and the abort.
 pub(super) fn expect_bounded<T, E: Into<anyhow::Error>>(
     what: &str,
     t0: Instant,
@@ -70,13 +72,18 @@ pub(super) fn expect_bounded<T, E: Into<anyhow::Error>>(
         Ok(_) => anyhow::bail!("{what} succeeded, but a peer never took part"),
         Err(e) => e.into(),
     };
-    let typed = matches!(
-        e.downcast_ref::<PglError>(),
-        Some(PglError::Nccl {
-            failure: NcclFailure::TimedOut { .. },
-            ..
-        })
-    );
+    // weft-pgl's error itself (a communicator's call), or inside weft-signal-gemm's (an op's).
+    let timed_out = |p: &PglError| {
+        matches!(
+            p,
+            PglError::Nccl {
+                failure: NcclFailure::TimedOut { .. },
+                ..
+            }
+        )
+    };
+    let typed = e.downcast_ref::<PglError>().is_some_and(timed_out)
+        || matches!(e.downcast_ref::<GemmError>(), Some(GemmError::Pgl(p)) if timed_out(p));
     let e = format!("{e:#}");
     anyhow::ensure!(
         typed,
