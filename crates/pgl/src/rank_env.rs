@@ -689,4 +689,106 @@ mod tests {
             Some(("10.1.1.1".into(), 29500))
         );
     }
+
+    /// Hostile launcher variables: any of the five launchers' variables set or not, to numbers,
+    /// signs, spaces or garbage. `from_vars` never panics; it accepts only a world it can run
+    /// (rank below world, local rank below local world, local world within world), with the
+    /// values of the launcher the precedence below (written out here) picks, and refuses
+    /// everything else as `PglError::Launcher`.
+    mod hostile {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// (the variable that selects a launcher, its rank, world, local rank and local world
+        /// variables), in weft's order of precedence; Slurm also needs SLURM_STEP_NUM_TASKS.
+        const LAUNCHERS: [(&str, [&str; 4]); 5] = [
+            (
+                "WEFT_RANK",
+                [
+                    "WEFT_RANK",
+                    "WEFT_WORLD_SIZE",
+                    "WEFT_LOCAL_RANK",
+                    "WEFT_LOCAL_WORLD_SIZE",
+                ],
+            ),
+            (
+                "OMPI_COMM_WORLD_RANK",
+                [
+                    "OMPI_COMM_WORLD_RANK",
+                    "OMPI_COMM_WORLD_SIZE",
+                    "OMPI_COMM_WORLD_LOCAL_RANK",
+                    "OMPI_COMM_WORLD_LOCAL_SIZE",
+                ],
+            ),
+            (
+                "PMI_RANK",
+                ["PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"],
+            ),
+            (
+                "SLURM_PROCID",
+                ["SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", ""],
+            ),
+            (
+                "RANK",
+                ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"],
+            ),
+        ];
+
+        fn value() -> impl Strategy<Value = Option<String>> {
+            prop_oneof![
+                2 => Just(None),
+                4 => (0u64..6).prop_map(|v| Some(v.to_string())),
+                1 => any::<u64>().prop_map(|v| Some(v.to_string())),
+                1 => prop::sample::select(vec!["-1", "", " 2 ", "x", "1e3", "18446744073709551616", "4(x2),3", "0x1"])
+                    .prop_map(|v| Some(v.to_string())),
+            ]
+        }
+
+        /// The variables every launcher reads, then Slurm's node list and node id.
+        fn names() -> Vec<&'static str> {
+            let mut n: Vec<&str> = LAUNCHERS
+                .iter()
+                .flat_map(|(_, v)| v.iter().copied())
+                .filter(|v| !v.is_empty())
+                .collect();
+            n.extend(["SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID"]);
+            n
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(4096))]
+            #[test]
+            fn accepts_only_a_runnable_world(values in prop::collection::vec(value(), 22)) {
+                let names = names();
+                let map: HashMap<String, String> = names.iter().zip(&values)
+                    .filter_map(|(n, v)| v.clone().map(|v| (n.to_string(), v)))
+                    .collect();
+                let got = RankEnv::from_vars(|n| map.get(n).cloned());
+                let has = |n: &str| map.contains_key(n);
+                // The launcher the precedence picks, if any.
+                let picked = LAUNCHERS.iter().find(|(trigger, _)| {
+                    has(trigger)
+                        && (*trigger != "SLURM_PROCID" || has("SLURM_STEP_NUM_TASKS"))
+                        && (*trigger != "RANK" || has("WORLD_SIZE"))
+                });
+                match (&got, picked) {
+                    (Ok(env), None) => prop_assert_eq!((env.rank, env.world), (0, 1)),
+                    (Ok(env), Some((_, vars))) => {
+                        let num = |n: &str| map[n].trim().parse::<usize>().unwrap();
+                        prop_assert_eq!(env.rank, num(vars[0]));
+                        prop_assert_eq!(env.world, num(vars[1]));
+                        prop_assert_eq!(env.local_rank, num(vars[2]));
+                        if !vars[3].is_empty() {
+                            prop_assert_eq!(env.local_world, num(vars[3]));
+                        }
+                        prop_assert!(env.rank < env.world);
+                        prop_assert!(env.local_rank < env.local_world);
+                        prop_assert!(env.local_world <= env.world);
+                    }
+                    (Err(PglError::Launcher(_)), Some(_)) => {}
+                    (Err(e), _) => prop_assert!(false, "{e:?} for {map:?}"),
+                }
+            }
+        }
+    }
 }

@@ -676,3 +676,88 @@ fn part_encoding() {
     assert_eq!(fmt_duration(Duration::from_millis(250)), "250 ms");
     assert_eq!(fmt_duration(Duration::from_millis(2500)), "2.5 s");
 }
+
+/// Hostile bytes where the rendezvous reads a peer's: the framing of an all-gather's result and a
+/// frame on the socket. Nothing panics or reads past what arrived; what is accepted is exactly
+/// what the independent encoding below says.
+mod hostile {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The root's framing of an all-gather result, written out here: a u64 length, the bytes.
+    fn encode(parts: &[Vec<u8>]) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        for p in parts {
+            bytes.extend_from_slice(&(p.len() as u64).to_le_bytes());
+            bytes.extend_from_slice(p);
+        }
+        bytes
+    }
+
+    /// The kind bytes the wire format defines (wire.rs's table, written out again).
+    const KINDS: std::ops::RangeInclusive<u8> = 1..=9;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2048))]
+
+        /// Any bytes: parts come back only when encoding them again gives exactly those bytes.
+        #[test]
+        fn decode_parts_takes_only_exact_framings(
+            bytes in prop::collection::vec(any::<u8>(), 0..96), world in 0usize..6
+        ) {
+            if let Some(parts) = decode_parts(&bytes, world) {
+                prop_assert_eq!(parts.len(), world);
+                prop_assert_eq!(encode(&parts), bytes);
+            }
+        }
+
+        /// Framed parts round-trip; cut short or with a byte more, they are refused.
+        #[test]
+        fn framed_parts_round_trip_and_tampering_is_refused(
+            parts in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..12), 0..6),
+            cut in 1usize..8, extra in any::<u8>()
+        ) {
+            let bytes = encode(&parts);
+            prop_assert_eq!(decode_parts(&bytes, parts.len()), Some(parts.clone()));
+            if bytes.len() >= cut {
+                prop_assert_eq!(decode_parts(&bytes[..bytes.len() - cut], parts.len()), None);
+            }
+            let mut longer = bytes.clone();
+            longer.push(extra);
+            prop_assert_eq!(decode_parts(&longer, parts.len()), None);
+        }
+
+        /// A peer's frame with any magic, kind, length and payload: taken only with the magic, a
+        /// defined kind and a length within the limit whose bytes all arrived, and then exactly
+        /// those bytes; never a buffer sized by an unchecked length.
+        #[test]
+        fn recv_frame_takes_only_valid_frames(
+            good_magic in any::<bool>(), magic in any::<[u8; 4]>(),
+            kind in prop_oneof![3 => 1u8..=9, 1 => any::<u8>()],
+            seq in any::<u64>(), len in prop_oneof![0u64..64, any::<u64>()],
+            payload in prop::collection::vec(any::<u8>(), 0..80), max_len in 0usize..64
+        ) {
+            let magic = if good_magic { *b"WFRV" } else { magic };
+            let mut bytes = magic.to_vec();
+            bytes.push(kind);
+            bytes.extend_from_slice(&seq.to_le_bytes());
+            bytes.extend_from_slice(&len.to_le_bytes());
+            bytes.extend_from_slice(&payload);
+            let (mut writer, reader) = UnixStream::pair().unwrap();
+            writer.write_all(&bytes).unwrap();
+            drop(writer); // the peer is gone after its bytes: a short payload ends in Closed
+            let mut stream = Stream::Unix(reader);
+            let got = recv_frame(&mut stream, max_len, Instant::now() + Duration::from_secs(5));
+            let valid = &magic == b"WFRV"
+                && KINDS.contains(&kind)
+                && len <= max_len as u64
+                && payload.len() as u64 >= len;
+            prop_assert_eq!(got.is_ok(), valid);
+            if let Ok(f) = got {
+                prop_assert_eq!(f.kind as u8, kind);
+                prop_assert_eq!(f.seq, seq);
+                prop_assert_eq!(&f.payload[..], &payload[..len as usize]);
+            }
+        }
+    }
+}

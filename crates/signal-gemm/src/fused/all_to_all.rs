@@ -400,6 +400,62 @@ mod tests {
         }
     }
 
+    mod hostile {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2048))]
+            /// Any routing (0 to 10 ranks, routings of any length, destinations past the world):
+            /// `peer_row_table` never panics; it accepts only 1 to 8 ranks with every destination
+            /// inside the world, and then, over every rank's table, each destination's rows are
+            /// exactly 0 .. the rows routed to it, each once: no row lands outside a destination's
+            /// received rows, none is written twice.
+            #[test]
+            fn every_accepted_table_fills_each_destination_exactly(
+                routes in (0u32..10).prop_flat_map(|world| {
+                    // Mostly destinations inside the world, now and then one past it.
+                    let dest = prop_oneof![12 => 0..world.max(1), 1 => 0u32..12];
+                    prop::collection::vec(prop::collection::vec(dest, 0..12), world as usize)
+                }),
+                rank in 0usize..10
+            ) {
+                let world = routes.len();
+                let got = peer_row_table(&routes, rank);
+                let valid = (1..=8).contains(&world)
+                    && rank < world
+                    && routes.iter().flatten().all(|&d| (d as usize) < world);
+                prop_assert_eq!(got.is_ok(), valid);
+                if !valid {
+                    prop_assert!(matches!(
+                        GemmError::from_anyhow(got.unwrap_err()),
+                        GemmError::Options(_)
+                    ));
+                    return Ok(());
+                }
+                let mut seen: Vec<Vec<bool>> = (0..world as u32)
+                    .map(|d| vec![false; routes.iter().flatten().filter(|&&x| x == d).count()])
+                    .collect();
+                for s in 0..world {
+                    let (table, received) = peer_row_table(&routes, s).unwrap();
+                    prop_assert_eq!(table.len(), routes[s].len());
+                    for (d, r) in received.iter().enumerate() {
+                        prop_assert_eq!(*r as usize, seen[d].len());
+                    }
+                    for (i, v) in table.iter().enumerate() {
+                        let d = (v >> WEFT_GEMM_PEER_ROW_BITS) as usize;
+                        let row = (v & WEFT_GEMM_PEER_ROW_MASK) as usize;
+                        prop_assert_eq!(d as u32, routes[s][i]);
+                        prop_assert!(row < seen[d].len(), "rank {} row {} past destination {}'s rows", s, i, d);
+                        prop_assert!(!seen[d][row], "destination {} row {} written twice", d, row);
+                        seen[d][row] = true;
+                    }
+                }
+                prop_assert!(seen.iter().flatten().all(|&b| b));
+            }
+        }
+    }
+
     #[test]
     fn a_bad_routing_is_named() {
         let e = peer_row_table(&[vec![0, 3], vec![1, 1]], 0).unwrap_err();
