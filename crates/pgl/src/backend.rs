@@ -7,9 +7,11 @@
 //! - `Ipc`: `cuMemAlloc` memory shared with CUDA IPC handles. Works on a buffer the caller already
 //!   owns (e.g. a framework tensor), which VMM cannot share; no granularity padding.
 //!
-//! `WEFT_PGL_BACKEND=ipc|vmm` overrides the default; an explicit choice in code wins over both.
+//! [`Backend::choose`] picks one for a caller that leaves it open: `WEFT_PGL_BACKEND=ipc|vmm`
+//! overrides the default there, an explicit choice wins over both. `Pgl::alloc` itself takes the
+//! backend it is given (weft's own allocations pass theirs).
 
-use anyhow::bail;
+use crate::error::PglError;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[repr(u8)]
@@ -41,12 +43,18 @@ impl Backend {
         var: impl Fn(&str) -> Option<String>,
         existing_buffer: bool,
         multicast: bool,
-    ) -> anyhow::Result<Backend> {
+    ) -> Result<Backend, PglError> {
         let from_env = match var("WEFT_PGL_BACKEND").as_deref() {
             None | Some("") => None,
             Some("ipc") => Some(Backend::Ipc),
             Some("vmm") => Some(Backend::Vmm),
-            Some(other) => bail!("WEFT_PGL_BACKEND={other:?}: expected \"ipc\" or \"vmm\""),
+            Some(other) => {
+                return Err(PglError::Setting {
+                    var: "WEFT_PGL_BACKEND",
+                    value: other.to_string(),
+                    reason: "is not \"ipc\" or \"vmm\"".into(),
+                })
+            }
         };
         let implied = if existing_buffer {
             Some(Backend::Ipc)
@@ -57,10 +65,12 @@ impl Backend {
         };
         let chosen = requested.or(implied).or(from_env).unwrap_or_default();
         if existing_buffer && chosen != Backend::Ipc {
-            bail!("sharing an existing buffer needs the ipc backend (vmm can only share memory it allocated)");
+            return Err(PglError::Unsupported("sharing an existing buffer needs the ipc backend (vmm can only share memory it allocated)".into()));
         }
         if multicast && chosen != Backend::Vmm {
-            bail!("multicast needs the vmm backend");
+            return Err(PglError::Unsupported(
+                "multicast needs the vmm backend".into(),
+            ));
         }
         Ok(chosen)
     }
@@ -88,10 +98,11 @@ mod tests {
             Backend::choose(Some(Backend::Vmm), env(Some("ipc")), false, false).unwrap(),
             Backend::Vmm
         );
-        assert!(Backend::choose(None, env(Some("nvshmem")), false, false)
-            .unwrap_err()
-            .to_string()
-            .contains("WEFT_PGL_BACKEND"));
+        let e = Backend::choose(None, env(Some("nvshmem")), false, false).unwrap_err();
+        assert!(
+            matches!(&e, PglError::Setting { var: "WEFT_PGL_BACKEND", value, .. } if value == "nvshmem"),
+            "{e:?}"
+        );
     }
 
     #[test]
@@ -100,7 +111,10 @@ mod tests {
             Backend::choose(None, env(Some("vmm")), true, false).unwrap(),
             Backend::Ipc
         );
-        assert!(Backend::choose(Some(Backend::Vmm), env(None), true, false).is_err());
+        assert!(matches!(
+            Backend::choose(Some(Backend::Vmm), env(None), true, false),
+            Err(PglError::Unsupported(_))
+        ));
         assert_eq!(
             Backend::choose(None, env(Some("ipc")), false, true).unwrap(),
             Backend::Vmm

@@ -23,6 +23,13 @@ pub enum GemmError {
     /// count than the plan's).
     #[error("{0}")]
     Unsupported(String),
+    /// A weft variable that is not one (`WEFT_AUTO_BUDGET_S`, …).
+    #[error("{var}={value:?} {reason}")]
+    Setting {
+        var: &'static str,
+        value: String,
+        reason: String,
+    },
     /// The ranks' arguments differ, or a rank refused a collective step.
     #[error("{0}")]
     RanksDisagree(String),

@@ -719,6 +719,7 @@ pub(super) fn gemm_error_kind(e: &GemmError) -> &'static str {
         GemmError::Options(_) => "Options",
         GemmError::Unsupported(_) => "Unsupported",
         GemmError::RanksDisagree(_) => "RanksDisagree",
+        GemmError::Setting { .. } => "Setting",
         GemmError::Wait(_) => "Wait",
         GemmError::Pgl(_) => "Pgl",
         GemmError::Runtime(_) => "Runtime",

@@ -16,6 +16,7 @@
 use super::cache::{ChoiceCache, Entry, Outcome};
 use super::key::ChoiceKey;
 use super::method::Method;
+use crate::error::GemmError;
 use anyhow::Context;
 use std::time::{Duration, Instant};
 use weft_pgl::agree;
@@ -35,20 +36,46 @@ pub struct AutoPolicy {
 /// Seconds of first-use measurement per choice, unless `WEFT_AUTO_BUDGET_S` says otherwise.
 pub const DEFAULT_BUDGET_S: f64 = 30.0;
 
+/// The variable [`AutoPolicy::from_env`] reads: seconds of first-use measurement per choice.
+pub const BUDGET_VAR: &str = "WEFT_AUTO_BUDGET_S";
+
+/// The measurement budget from `value` (the variable's, if set): seconds, finite and >= 0.
+pub fn budget_from(value: Option<&str>) -> Result<Duration, GemmError> {
+    let Some(v) = value else {
+        return Ok(Duration::from_secs_f64(DEFAULT_BUDGET_S));
+    };
+    match v.trim().parse::<f64>() {
+        Ok(s) if s.is_finite() && (0.0..=1e9).contains(&s) => Ok(Duration::from_secs_f64(s)),
+        _ => Err(GemmError::Setting {
+            var: BUDGET_VAR,
+            value: v.to_string(),
+            reason: "is not a number of seconds >= 0".into(),
+        }),
+    }
+}
+
+/// The defaults, without reading the environment ([`AutoPolicy::from_env`] does).
 impl Default for AutoPolicy {
     fn default() -> Self {
-        let budget = std::env::var("WEFT_AUTO_BUDGET_S")
-            .ok()
-            .and_then(|s| s.parse::<f64>().ok())
-            .filter(|s| s.is_finite() && *s >= 0.0)
-            .unwrap_or(DEFAULT_BUDGET_S);
         // 11 timed runs: the fused methods' best counts often lie within 2-3 % of each other
         // (measured on two H100s), closer than 7 runs' medians told apart.
         Self {
             warmup: 2,
             iters: 11,
-            budget: Duration::from_secs_f64(budget),
+            budget: Duration::from_secs_f64(DEFAULT_BUDGET_S),
         }
+    }
+}
+
+impl AutoPolicy {
+    /// The defaults with the budget from `WEFT_AUTO_BUDGET_S` when set (`GemmError::Setting`
+    /// when it is not a number of seconds >= 0; before, a bad value fell back to 30 s silently).
+    pub fn from_env() -> Result<Self, GemmError> {
+        let budget = budget_from(std::env::var(BUDGET_VAR).ok().as_deref())?;
+        Ok(Self {
+            budget,
+            ..Self::default()
+        })
     }
 }
 
@@ -340,5 +367,32 @@ impl Timer {
                 }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `WEFT_AUTO_BUDGET_S`: seconds >= 0, else a typed refusal naming it (no silent default).
+    #[test]
+    fn the_budget_setting_is_read_or_refused() {
+        assert_eq!(
+            budget_from(None).unwrap(),
+            Duration::from_secs_f64(DEFAULT_BUDGET_S)
+        );
+        assert_eq!(
+            budget_from(Some(" 2.5 ")).unwrap(),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(budget_from(Some("0")).unwrap(), Duration::ZERO);
+        for bad in ["-1", "x", "", "inf", "NaN", "1e10"] {
+            match budget_from(Some(bad)) {
+                Err(GemmError::Setting { var, value, .. }) => {
+                    assert_eq!((var, value.as_str()), (BUDGET_VAR, bad))
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
     }
 }

@@ -97,20 +97,28 @@ impl OverlapEnv {
                 world: rdzv.world(),
                 tuning: None,
             };
-            // Every rank takes part (a rank without the variable too), so a file one rank cannot
-            // load fails every rank alike.
-            let loaded = match std::env::var_os(TUNING_VAR) {
-                None => Ok(()),
-                Some(path) => {
-                    let path = std::path::PathBuf::from(path);
-                    TuningProfile::load(&path)
-                        .and_then(|p| env.set_tuning(p))
-                        .with_context(|| {
-                            format!("loading the tuning file {} ({TUNING_VAR})", path.display())
-                        })
-                }
-            };
-            weft_pgl::agree(rdzv, "loading the tuning file", loaded)?;
+            // Every rank takes part (a rank without the variables too), so a setting or a file
+            // one rank cannot read fails every rank alike.
+            let loaded = AutoPolicy::from_env()
+                .map(|p| env.policy = p)
+                .map_err(anyhow::Error::from)
+                .and_then(|()| match std::env::var_os(TUNING_VAR) {
+                    None => Ok(()),
+                    Some(path) => {
+                        let path = std::path::PathBuf::from(path);
+                        TuningProfile::load(&path)
+                            .map_err(anyhow::Error::from)
+                            .and_then(|p| Ok(env.set_tuning(p)?))
+                            .with_context(|| {
+                                format!("loading the tuning file {} ({TUNING_VAR})", path.display())
+                            })
+                    }
+                });
+            weft_pgl::agree(
+                rdzv,
+                "reading the ops' settings (WEFT_AUTO_BUDGET_S, WEFT_TUNING)",
+                loaded,
+            )?;
             Ok(env)
         })
     }
