@@ -40,8 +40,9 @@ pub fn agree<T>(
 }
 
 /// [`agree`] for weft-pgl's own steps: a failed exchange is the bootstrap's error (typed when
-/// it is weft's rendezvous); the ranks' refusals are `PglError::RanksDisagree` with the agreed
-/// text, or this rank's own kind (`Shape`, `Unsupported`, …) with that text when it refused too.
+/// it is weft's rendezvous); when this rank refused too, its own kind (`Shape`, `Unsupported`,
+/// `Setting`, …) with the agreed text where the kind carries one; a refusal of other ranks only
+/// is `RanksDisagree`.
 pub(crate) fn agree_typed<T>(
     rdzv: &mut dyn Bootstrap,
     step: &str,
@@ -49,10 +50,11 @@ pub(crate) fn agree_typed<T>(
 ) -> Result<T, PglError> {
     agree_outcome(rdzv, step, local).map_err(|e| match e {
         AgreeError::Exchange(e) => PglError::from_anyhow(e),
-        AgreeError::Refused { text, local } => local
-            .map(PglError::from_anyhow)
-            .and_then(|own| own.with_text(text.clone()))
-            .unwrap_or(PglError::RanksDisagree(text)),
+        AgreeError::Refused { text, local } => match local.map(PglError::from_anyhow) {
+            None => PglError::RanksDisagree(text),
+            Some(PglError::Runtime(_)) => PglError::Runtime(anyhow::anyhow!(text)),
+            Some(own) => own.with_text(text),
+        },
     })
 }
 

@@ -93,11 +93,16 @@ pub enum NcclFailure {
 }
 
 impl PglError {
-    /// The typed error under `e` (through any context added on the way), else `Runtime`.
+    /// The typed error under `e` (through any context added on the way), else `Runtime`. A
+    /// kind that carries a message keeps the whole one, context included (`with_text`).
     pub(crate) fn from_anyhow(e: anyhow::Error) -> Self {
+        let whole = format!("{e:#}");
+        let layered = e.chain().count() > 1;
         match e.downcast::<PglError>() {
+            Ok(p) if layered => p.with_text(whole),
             Ok(p) => p,
             Err(e) => match e.downcast::<DriverError>() {
+                Ok(d) if layered => PglError::Runtime(anyhow::Error::new(d).context(whole)),
                 Ok(d) => PglError::Driver(d),
                 Err(e) => PglError::Runtime(e),
             },
@@ -109,16 +114,19 @@ impl PglError {
         PglError::Rendezvous { failure, text }
     }
 
-    /// The same kind of error with another text, for the kinds that are text alone.
-    pub(crate) fn with_text(&self, text: String) -> Option<Self> {
-        Some(match self {
+    /// The same kind with `text` as its message, where the kind carries one; other kinds
+    /// (`Setting`, `Driver`, `Runtime`) unchanged.
+    pub fn with_text(self, text: String) -> Self {
+        match self {
             PglError::Launcher(_) => PglError::Launcher(text),
             PglError::RanksDisagree(_) => PglError::RanksDisagree(text),
             PglError::Shape(_) => PglError::Shape(text),
             PglError::Length(_) => PglError::Length(text),
             PglError::Unsupported(_) => PglError::Unsupported(text),
-            _ => return None,
-        })
+            PglError::Rendezvous { failure, .. } => PglError::Rendezvous { failure, text },
+            PglError::Nccl { failure, .. } => PglError::Nccl { failure, text },
+            other => other,
+        }
     }
 }
 
@@ -137,7 +145,7 @@ mod tests {
     use super::*;
     use anyhow::Context;
 
-    /// A typed error keeps its kind and text through anyhow and context.
+    /// A typed error keeps its kind through anyhow and context, and its text the context too.
     #[test]
     fn typed_errors_survive_context() {
         let e: anyhow::Error = Err::<(), _>(PglError::rendezvous(
@@ -152,7 +160,10 @@ mod tests {
                 text,
             } => {
                 assert_eq!(ranks, vec![2]);
-                assert_eq!(text, "rendezvous at x: timed out waiting for rank 2");
+                assert_eq!(
+                    text,
+                    "allocating a PGL: rendezvous at x: timed out waiting for rank 2"
+                );
             }
             other => panic!("not a rendezvous timeout: {other:?}"),
         }

@@ -10,7 +10,7 @@
 //! Not exercised on hardware by weft's own tests (the lent machines forbid multicast); only the
 //! refusal logic is tested.
 
-use crate::agree::agree;
+use crate::agree::agree_typed;
 use crate::driver::check;
 use crate::element::PglElement;
 use crate::error::{typed, PglError};
@@ -85,7 +85,7 @@ fn bind<T: PglElement>(rdzv: &mut dyn Bootstrap, pgl: &Pgl<T>) -> anyhow::Result
     check(|| "cuDeviceGetAttribute".into(), unsafe {
         sys::cuDeviceGetAttribute(&mut supported, attr, device)
     })?;
-    agree(
+    agree_typed(
         rdzv,
         "multicast permission",
         multicast_permitted(|k| std::env::var(k).ok(), supported == 1).map_err(Into::into),
@@ -125,7 +125,7 @@ fn bind<T: PglElement>(rdzv: &mut dyn Bootstrap, pgl: &Pgl<T>) -> anyhow::Result
     } else {
         Ok((None, None))
     };
-    let (mc0, fd0) = agree(rdzv, "multicast create", created)?;
+    let (mc0, fd0) = agree_typed(rdzv, "multicast create", created)?;
     let mut announce = std::process::id().to_le_bytes().to_vec();
     announce.extend_from_slice(&fd0.as_ref().map_or(-1, |f| f.as_raw_fd()).to_le_bytes());
     let root = rdzv.broadcast(0, &announce)?;
@@ -141,19 +141,19 @@ fn bind<T: PglElement>(rdzv: &mut dyn Bootstrap, pgl: &Pgl<T>) -> anyhow::Result
             vmm::fd_from_process(pid, fd).and_then(|f| vmm::Physical::import_fd(&f, prop.size))
         }
     };
-    let mc = agree(rdzv, "multicast import", mc)?;
+    let mc = agree_typed(rdzv, "multicast import", mc)?;
     // Every device joins before any memory is bound.
     // SAFETY: valid handle and device.
     let added = check(|| "cuMulticastAddDevice".into(), unsafe {
         sys::cuMulticastAddDevice(mc.handle, device)
     });
-    agree(rdzv, "multicast add device", added)?;
+    agree_typed(rdzv, "multicast add device", added)?;
     // SAFETY: binds this rank's physical memory at offset 0 of the object.
     let bound = check(|| "cuMulticastBindMem".into(), unsafe {
         sys::cuMulticastBindMem(mc.handle, 0, phys.handle, 0, phys.size, 0)
     });
-    agree(rdzv, "multicast bind", bound)?;
-    let map = agree(
+    agree_typed(rdzv, "multicast bind", bound)?;
+    let map = agree_typed(
         rdzv,
         "multicast map",
         vmm::Mapping::new(&mc, gran, &[device]),

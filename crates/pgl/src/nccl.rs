@@ -260,10 +260,11 @@ impl Communicator {
         waits: Waits,
     ) -> anyhow::Result<Self> {
         require_nccl(&format!("rank {rank}: "))?;
-        anyhow::ensure!(
-            rank < world,
-            "NCCL communicator: rank {rank} is not below world {world}"
-        );
+        if rank >= world {
+            return Err(nccl_argument(format!(
+                "NCCL communicator: rank {rank} is not below world {world}"
+            )));
+        }
         keep_nvls_off();
         // The communicator's own config: blocking is NCCL's default (blocking, or
         // NCCL_COMM_BLOCKING) unless asked for non-blocking.
@@ -272,10 +273,11 @@ impl Communicator {
             config.blocking = 0;
         }
         if let Some(ctas) = max_ctas {
-            anyhow::ensure!(
-                (1..=64).contains(&ctas),
-                "NCCL maxCTAs must be 1..=64, got {ctas}"
-            );
+            if !(1..=64).contains(&ctas) {
+                return Err(nccl_argument(format!(
+                    "NCCL maxCTAs must be 1..=64, got {ctas}"
+                )));
+            }
             config.maxCTAs = ctas as i32;
             config.minCTAs = 1;
         }
@@ -484,7 +486,15 @@ impl Communicator {
             Err(e) if e.0 != sys::ncclResult_t::ncclInvalidArgument => {
                 Err(self.fail(what, Unsettled::Failed(e.0)))
             }
-            other => check(what, self.comm, other),
+            // A refused argument leaves the communicator sound: `Argument`, not aborted.
+            Err(e) => Err(nccl_argument(format!(
+                "rank {} of {}: {what} refused an argument: {:?}: {}",
+                self.rank,
+                self.world,
+                e.0,
+                last_error(self.comm)
+            ))),
+            Ok(_) => Ok(()),
         }
     }
 

@@ -771,6 +771,17 @@ mod tests {
                         && (*trigger != "SLURM_PROCID" || has("SLURM_STEP_NUM_TASKS"))
                         && (*trigger != "RANK" || has("WORLD_SIZE"))
                 });
+                // Outside Slurm (whose local world comes from its node list), which worlds are
+                // runnable, decided here: the four numbers parse, rank < world, local rank <
+                // local world, local world <= world; then it must be accepted.
+                if let Some((trigger, vars)) = picked.filter(|(t, _)| *t != "SLURM_PROCID") {
+                    let num = |n: &str| map.get(n).and_then(|v| v.trim().parse::<usize>().ok());
+                    let runnable = match vars.map(num) {
+                        [Some(r), Some(w), Some(lr), Some(lw)] => r < w && lr < lw && lw <= w,
+                        _ => false,
+                    };
+                    prop_assert_eq!(got.is_ok(), runnable, "{}: {:?} for {:?}", trigger, got, map);
+                }
                 match (&got, picked) {
                     (Ok(env), None) => prop_assert_eq!((env.rank, env.world), (0, 1)),
                     (Ok(env), Some((_, vars))) => {

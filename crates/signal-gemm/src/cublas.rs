@@ -2,6 +2,7 @@
 //! as [`crate::Gemm`], for correctness checks and timing side by side.
 
 use crate::dtype::{Dtype, GemmElement};
+use crate::error::require;
 use crate::error::GemmError;
 use crate::plan::{BLayout, GemmOptions, GemmShape};
 use anyhow::{ensure, Context};
@@ -59,8 +60,9 @@ impl CublasGemm {
         crate::error::typed_with(|| -> anyhow::Result<()> {
             let GemmShape { m, n, k } = self.shape;
             let o = &self.options;
-            ensure!(
+            require!(
                 TI::DTYPE == o.input && TO::DTYPE == o.output,
+                Options,
                 "cuBLAS GEMM planned for {}→{}, given {}→{}",
                 o.input,
                 o.output,
@@ -68,8 +70,9 @@ impl CublasGemm {
                 TO::DTYPE
             );
             let (mu, nu, ku) = (m as usize, n as usize, k as usize);
-            ensure!(
+            require!(
                 a.len() >= mu * ku && b.len() >= ku * nu && d.len() >= mu * nu,
+                Length,
                 "cuBLAS GEMM {}: a buffer is too small",
                 self.shape
             );

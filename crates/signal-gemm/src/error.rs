@@ -46,22 +46,60 @@ pub enum GemmError {
 
 impl GemmError {
     /// The typed error under `e` (through any context added on the way): this crate's own, a
-    /// recorded device wait, weft-pgl's; else `Runtime`.
+    /// recorded device wait, weft-pgl's; else `Runtime`. A kind that is text keeps the whole
+    /// message, context included (`with_text`).
     pub(crate) fn from_anyhow(e: anyhow::Error) -> Self {
-        let e = match e.downcast::<GemmError>() {
-            Ok(g) => return g,
-            Err(e) => e,
+        let whole = format!("{e:#}");
+        let layered = e.chain().count() > 1;
+        let typed = match e.downcast::<GemmError>() {
+            Ok(g) => g,
+            Err(e) => match e.downcast::<SyncError>() {
+                Ok(s @ SyncError::Device { .. }) => GemmError::Wait(s),
+                Ok(s) => return GemmError::Runtime(anyhow::Error::new(s).context(whole)),
+                Err(e) => match e.downcast::<PglError>() {
+                    Ok(p) => GemmError::Pgl(p),
+                    Err(e) => return GemmError::Runtime(e),
+                },
+            },
         };
-        let e = match e.downcast::<SyncError>() {
-            Ok(s @ SyncError::Device { .. }) => return GemmError::Wait(s),
-            Ok(s) => return GemmError::Runtime(anyhow::Error::new(s)),
-            Err(e) => e,
-        };
-        match e.downcast::<PglError>() {
-            Ok(p) => GemmError::Pgl(p),
-            Err(e) => GemmError::Runtime(e),
+        if layered {
+            typed.with_text(whole)
+        } else {
+            typed
         }
     }
+
+    /// The same kind with `text` as its message, where the kind carries one (also weft-pgl's
+    /// inside `Pgl`); other kinds unchanged.
+    pub(crate) fn with_text(self, text: String) -> Self {
+        match self {
+            GemmError::Shape(_) => GemmError::Shape(text),
+            GemmError::Length(_) => GemmError::Length(text),
+            GemmError::Options(_) => GemmError::Options(text),
+            GemmError::Unsupported(_) => GemmError::Unsupported(text),
+            GemmError::RanksDisagree(_) => GemmError::RanksDisagree(text),
+            GemmError::Pgl(p) => GemmError::Pgl(p.with_text(text)),
+            other => other,
+        }
+    }
+}
+
+/// `weft_pgl::agree` keeping the kinds: when ranks refused a collective step, this rank's own
+/// typed refusal comes back with the agreed text (naming every failing rank), and a refusal of
+/// other ranks only is `RanksDisagree`. A failed exchange is the bootstrap's error.
+pub(crate) fn agree<T>(
+    rdzv: &mut dyn weft_pgl::Bootstrap,
+    step: &str,
+    local: anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    weft_pgl::agree_outcome(rdzv, step, local).map_err(|e| match e {
+        weft_pgl::AgreeError::Exchange(e) => e,
+        weft_pgl::AgreeError::Refused { text, local } => match local.map(GemmError::from_anyhow) {
+            None => GemmError::RanksDisagree(text).into(),
+            Some(GemmError::Runtime(_)) => anyhow::anyhow!(text),
+            Some(own) => own.with_text(text).into(),
+        },
+    })
 }
 
 /// `r`'s error as a `GemmError` (typed where one is inside).
@@ -107,11 +145,16 @@ mod tests {
         Ok(())
     }
 
-    /// A refusal keeps its kind and text through anyhow and context; weft-pgl's error is `Pgl`.
+    /// A refusal keeps its kind through anyhow and context, and its text the context too;
+    /// weft-pgl's error is `Pgl`.
     #[test]
     fn typed_errors_survive_context() {
         let e = refused(100).context("planning").unwrap_err();
         match GemmError::from_anyhow(e) {
+            GemmError::Shape(t) => assert_eq!(t, "planning: m = 100 is not a multiple of 128"),
+            other => panic!("not Shape: {other:?}"),
+        }
+        match GemmError::from_anyhow(refused(100).unwrap_err()) {
             GemmError::Shape(t) => assert_eq!(t, "m = 100 is not a multiple of 128"),
             other => panic!("not Shape: {other:?}"),
         }
@@ -119,7 +162,7 @@ mod tests {
         let p = anyhow::Error::new(PglError::Shape("zero rows".into())).context("peer output");
         assert!(matches!(
             GemmError::from_anyhow(p),
-            GemmError::Pgl(PglError::Shape(_))
+            GemmError::Pgl(PglError::Shape(t)) if t == "peer output: zero rows"
         ));
         assert!(matches!(
             GemmError::from_anyhow(anyhow::anyhow!("cuBLAS failed")),

@@ -70,7 +70,7 @@ impl OutputLayout {
         crate::error::typed_with(|| -> anyhow::Result<()> {
             if let OutputLayout::RankBands { ranks } = self {
                 require!(
-                    (1..=MAX_BAND_RANKS).contains(&ranks), Options,
+                    (1..=MAX_BAND_RANKS).contains(&ranks), Unsupported,
                     "the rank-bands layout cuts a tile for 1 to {MAX_BAND_RANKS} ranks, asked for {ranks} ({})",
                     plan.describe()
                 );
@@ -79,7 +79,7 @@ impl OutputLayout {
                 let m = plan.shape.m;
                 require!(
                     (1..=MAX_BAND_RANKS).contains(&ranks),
-                    Options,
+                    Unsupported,
                     "the fused ReduceScatter spans 1 to {MAX_BAND_RANKS} ranks, asked for {ranks} ({})",
                     plan.describe()
                 );
@@ -93,7 +93,7 @@ impl OutputLayout {
             if let OutputLayout::PeerRows { ranks, rows } = self {
                 require!(
                     (1..=MAX_BAND_RANKS).contains(&ranks),
-                    Options,
+                    Unsupported,
                     "the fused All-to-All spans 1 to {MAX_BAND_RANKS} ranks, asked for {ranks} ({})",
                     plan.describe()
                 );

@@ -4,6 +4,7 @@
 //! its dtype allows; a capturable `Auto` op captured into a CUDA graph and replayed; misuse
 //! refused with a message naming the problem. Needs NCCL: one rank per GPU.
 
+use super::gemm::gemm_error_kind;
 use super::gpu;
 use crate::bound_compare::{Bound, BoundCompare};
 use crate::data::shared_seed;
@@ -21,7 +22,7 @@ use weft_signal_gemm::ops::{
     candidates, AllGatherGemm, AutoPolicy, ChoiceCache, GemmAllReduce, GemmAllToAll,
     GemmReduceScatter, Method, MethodChoice, OpKind, OverlapEnv,
 };
-use weft_signal_gemm::{device_sms, CublasGemm, Dtype, GemmOptions, GemmShape};
+use weft_signal_gemm::{device_sms, CublasGemm, Dtype, GemmError, GemmOptions, GemmShape};
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -510,10 +511,20 @@ fn capturable_replays(job: &mut Job) -> anyhow::Result<()> {
     op.free(&mut job.rdzv).map_err(anyhow::Error::from)
 }
 
-fn expect_err(what: &str, r: anyhow::Result<()>, needle: &str) -> anyhow::Result<()> {
+/// `r` must be refused as `GemmError::{kind}`, the text naming `needle`.
+fn expect_err(
+    what: &str,
+    r: Result<(), GemmError>,
+    kind: &str,
+    needle: &str,
+) -> anyhow::Result<()> {
     match r {
         Ok(()) => anyhow::bail!("{what}: accepted, expected an error naming {needle:?}"),
         Err(e) => {
+            anyhow::ensure!(
+                gemm_error_kind(&e) == kind,
+                "{what}: expected GemmError::{kind}, got {e:?}"
+            );
             let text = format!("{e:#}");
             anyhow::ensure!(
                 text.contains(needle),
@@ -545,7 +556,8 @@ fn misuse(job: &mut Job) -> anyhow::Result<()> {
     .map(|_| ());
     expect_err(
         "an f32 GEMM output for a bf16 op",
-        r.map_err(anyhow::Error::from),
+        r,
+        "Options",
         "GemmOptions::output is f32",
     )?;
     // A fused method asked to be capturable.
@@ -561,7 +573,8 @@ fn misuse(job: &mut Job) -> anyhow::Result<()> {
     .map(|_| ());
     expect_err(
         "distfuse planned capturable",
-        r.map_err(anyhow::Error::from),
+        r,
+        "Options",
         "cannot be replayed from a CUDA graph",
     )?;
     // A method of another op.
@@ -577,7 +590,8 @@ fn misuse(job: &mut Job) -> anyhow::Result<()> {
     .map(|_| ());
     expect_err(
         "distfuse for a ReduceScatter",
-        r.map_err(anyhow::Error::from),
+        r,
+        "Options",
         "not a method of GEMM + ReduceScatter",
     )?;
     // Ranks asking for different shapes.
@@ -588,7 +602,8 @@ fn misuse(job: &mut Job) -> anyhow::Result<()> {
                 .map(|_| ());
         expect_err(
             "ranks asking for different shapes",
-            r.map_err(anyhow::Error::from),
+            r,
+            "RanksDisagree",
             "ranks asked for different ops",
         )?;
     }
@@ -601,20 +616,23 @@ fn misuse(job: &mut Job) -> anyhow::Result<()> {
     let short = poisoned::<bf16>(&stream, m * k - 1)?;
     expect_err(
         "a short A",
-        op.launch(&stream, &short, &b).map_err(anyhow::Error::from),
+        op.launch(&stream, &short, &b),
+        "Length",
         "A holds",
     )?;
     let other = stream.context().new_stream()?;
     expect_err(
         "another stream",
-        op.launch(&other, &a, &b).map_err(anyhow::Error::from),
+        op.launch(&other, &a, &b),
+        "Options",
         "another stream",
     )?;
     let a16 = poisoned::<half::f16>(&stream, m * k)?;
     let b16 = poisoned::<half::f16>(&stream, k * n)?;
     expect_err(
         "f16 inputs for a bf16 plan",
-        op.launch(&stream, &a16, &b16).map_err(anyhow::Error::from),
+        op.launch(&stream, &a16, &b16),
+        "Options",
         "planned for bf16 inputs",
     )?;
     op.free(&mut job.rdzv)?;
@@ -633,7 +651,8 @@ fn misuse(job: &mut Job) -> anyhow::Result<()> {
     let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
     expect_err(
         "a fused launch under capture",
-        captured.map_err(anyhow::Error::from),
+        captured,
+        "Options",
         "cannot be captured",
     )?;
     drop(graph);

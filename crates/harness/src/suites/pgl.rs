@@ -347,7 +347,6 @@ fn needs_two_ranks(job: &Job) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The error every rank must see, checked for `expected` text.
 /// `r` as anyhow, once its error is the typed `PglError::RanksDisagree` (a success passes on, for
 /// `expect_error` to report).
 fn ranks_disagree<T>(what: &str, r: Result<T, PglError>) -> anyhow::Result<anyhow::Result<T>> {
@@ -360,6 +359,7 @@ fn ranks_disagree<T>(what: &str, r: Result<T, PglError>) -> anyhow::Result<anyho
     Ok(r.map_err(anyhow::Error::from))
 }
 
+/// The error every rank must see, checked for `expected` text.
 fn expect_error<T>(what: &str, r: anyhow::Result<T>, expected: &[&str]) -> anyhow::Result<()> {
     match r {
         Ok(_) => anyhow::bail!("{what}: allocation succeeded but should have failed"),

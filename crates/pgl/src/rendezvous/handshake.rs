@@ -281,13 +281,14 @@ impl Rendezvous {
 /// Hello: rank and world (u64 each), whether the member has a job secret (one byte), its nonce.
 pub(super) const HELLO_BYTES: usize = 8 + 8 + 1 + NONCE_BYTES;
 
-/// What every refusal of `prove_to_member` says (and only those: a member that reads it in rank
-/// 0's Abort was refused for the secret).
-const SECRET_REFUSAL: &str = "start every rank with the same job secret";
+/// How every refusal of `prove_to_member` begins (and only those: a member whose Abort begins
+/// so was refused for the secret; rank 0's other Aborts may quote one later in their text, as
+/// the timeout's "the last connection refused: …" does).
+const SECRET_REFUSAL: &str = "refused for the job secret";
 
-/// Whether rank 0's Abort `text` is a refusal for the job secret.
-fn is_secret_refusal(text: &str) -> bool {
-    text.contains(SECRET_REFUSAL)
+/// Whether rank 0's Abort `text` is a refusal of this process for the job secret.
+pub(super) fn is_secret_refusal(text: &str) -> bool {
+    text.starts_with(SECRET_REFUSAL)
 }
 
 /// Rank 0's side of the secret: `Err(why)` when the member that said Hello (`rank`, `world`,
@@ -302,17 +303,17 @@ pub(super) fn prove_to_member(
 ) -> std::result::Result<(), String> {
     let s = match (secret, has_secret) {
         (None, false) => return Ok(()),
-        (None, true) => return Err(format!("this process has a job secret ({SECRET_VAR}) and rank 0 has none: {SECRET_REFUSAL}")),
-        (Some(_), false) => return Err(format!("rank 0 requires the job secret ({SECRET_VAR}) and this process has none: {SECRET_REFUSAL}")),
+        (None, true) => return Err(format!("{SECRET_REFUSAL}: this process has a job secret ({SECRET_VAR}) and rank 0 has none; start every rank with the same one")),
+        (Some(_), false) => return Err(format!("{SECRET_REFUSAL}: rank 0 requires the job secret ({SECRET_VAR}) and this process has none; start every rank with the same one")),
         (Some(s), true) => s,
     };
     let my_nonce = crate::job_secret::nonce().map_err(|e| format!("rank 0: {e:#}"))?;
     let proof = s.proof(AuthRole::Root, rank, world, (their_nonce, &my_nonce));
     send_frame(stream, Kind::Challenge, 0, &[&my_nonce, &proof], deadline).map_err(|_| {
-        format!("the connection closed during the secret's exchange ({SECRET_REFUSAL})")
+        format!("{SECRET_REFUSAL}: the connection closed during the secret's exchange")
     })?;
     let answer = recv_frame(stream, PROOF_BYTES, deadline)
-        .map_err(|_| format!("no proof of the job secret came back in time ({SECRET_REFUSAL})"))?;
+        .map_err(|_| format!("{SECRET_REFUSAL}: no proof of the job secret came back in time"))?;
     let good = answer.kind == Kind::Proof
         && s.verify(
             AuthRole::Member,
@@ -325,7 +326,7 @@ pub(super) fn prove_to_member(
         Ok(())
     } else {
         Err(format!(
-            "rank 0 refused this process: its proof of the job secret ({SECRET_VAR}) did not match ({SECRET_REFUSAL})"
+            "{SECRET_REFUSAL}: rank 0 refused this process: its proof of the job secret ({SECRET_VAR}) did not match"
         ))
     }
 }

@@ -149,8 +149,10 @@ impl Rendezvous {
         if env.world == 1 {
             return Ok(rdzv);
         }
-        let endpoint = Endpoint::for_env(env)
-            .map_err(|e| PglError::rendezvous(Why::Transport, format!("{e:#}")))?;
+        let endpoint = Endpoint::for_env(env).map_err(|e| match PglError::from_anyhow(e) {
+            PglError::Runtime(e) => PglError::rendezvous(Why::Transport, format!("{e:#}")),
+            typed => typed,
+        })?;
         rdzv.address = endpoint.describe();
         if matches!(endpoint, Endpoint::Tcp { .. }) && env.secret.is_none() && !env.insecure_tcp {
             return Err(PglError::rendezvous(Why::Refused, format!(

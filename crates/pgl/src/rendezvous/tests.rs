@@ -1,6 +1,6 @@
 //! The rendezvous on threads and sockets: collectives, the secret, failures and their texts.
 
-use super::handshake::HELLO_BYTES;
+use super::handshake::{is_secret_refusal, HELLO_BYTES};
 use super::*;
 use crate::rank_env::Launcher;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -258,6 +258,56 @@ fn a_stranger_without_the_secret_is_refused_and_the_job_carries_on() {
         root.join().unwrap().unwrap();
         member.join().unwrap().unwrap();
     });
+}
+
+/// World 3: rank 1 joins with the secret, a stranger claiming rank 2 is refused, the real rank 2
+/// never comes. Rank 0 times out naming rank 2 (and the refused stranger); rank 1, told so by
+/// rank 0's Abort, fails as `Aborted`, not `Unauthenticated`, though the text quotes the
+/// stranger's refusal. (Fails if a member classifies any Abort that mentions the secret.)
+#[test]
+fn an_abort_quoting_a_strangers_refusal_is_not_this_ranks() {
+    let secret = JobSecret::generate().unwrap();
+    let master = Some(("127.0.0.1".to_string(), free_port()));
+    let job = with_secret(envs("quoted", &[0, 1], 3, master.clone()), &secret);
+    let stranger_env = with_secret(envs("quoted-s", &[2], 3, master), &secret).remove(0);
+    let wait = Duration::from_secs(3);
+    let results = std::thread::scope(|s| {
+        let ranks: Vec<_> = job
+            .into_iter()
+            .map(|env| s.spawn(move || Rendezvous::connect(&env, wait).map(drop)))
+            .collect();
+        let endpoint = Endpoint::for_env(&stranger_env).unwrap();
+        let mut stream = loop {
+            match endpoint.connect(Duration::from_secs(1)) {
+                Ok(st) => break st,
+                Err(_) => std::thread::sleep(RETRY_INTERVAL),
+            }
+        };
+        let mut hello = [0u8; HELLO_BYTES];
+        hello[..8].copy_from_slice(&2u64.to_le_bytes());
+        hello[8..16].copy_from_slice(&3u64.to_le_bytes());
+        hello[16] = 1;
+        let soon = || Instant::now() + Duration::from_secs(5);
+        send_frame(&mut stream, Kind::Hello, 0, &[&hello], soon()).unwrap();
+        let challenge = recv_frame(&mut stream, 1 << 10, soon()).unwrap();
+        assert_eq!(challenge.kind, Kind::Challenge);
+        send_frame(&mut stream, Kind::Proof, 0, &[&[7u8; PROOF_BYTES]], soon()).unwrap();
+        let refusal = recv_frame(&mut stream, 1 << 10, soon()).unwrap();
+        assert_eq!(refusal.kind, Kind::Abort);
+        assert!(is_secret_refusal(&String::from_utf8_lossy(
+            &refusal.payload
+        )));
+        ranks
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(
+        whys(&results),
+        vec![Why::Timeout { ranks: vec![2] }, Why::Aborted]
+    );
+    let e = errors(results);
+    assert!(e[1].contains("the last connection refused"), "{}", e[1]);
 }
 
 #[test]
@@ -584,20 +634,18 @@ fn payload_limits() {
 fn address_errors() {
     let mut multi = rank_env(1, 4, "multi", None);
     multi.local_world = 2;
-    let e = Rendezvous::connect(&multi, CONNECT)
-        .map(drop)
-        .unwrap_err()
-        .to_string();
+    let e = Rendezvous::connect(&multi, CONNECT).map(drop).unwrap_err();
+    assert!(matches!(e, PglError::Launcher(_)), "{e:?}");
+    let e = e.to_string();
     assert!(
         e.contains("a multi-node job needs MASTER_ADDR and MASTER_PORT (or WEFT_MASTER_ADDR/PORT)"),
         "{e}"
     );
     let mut no_job = rank_env(0, 2, "x", None);
     no_job.job_id = None;
-    let e = Rendezvous::connect(&no_job, CONNECT)
-        .map(drop)
-        .unwrap_err()
-        .to_string();
+    let e = Rendezvous::connect(&no_job, CONNECT).map(drop).unwrap_err();
+    assert!(matches!(e, PglError::Launcher(_)), "{e:?}");
+    let e = e.to_string();
     assert!(
         e.contains("set WEFT_JOB_ID") && e.contains("MASTER_ADDR/MASTER_PORT"),
         "{e}"

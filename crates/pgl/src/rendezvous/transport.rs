@@ -109,22 +109,25 @@ impl Endpoint {
                 port: *port,
             });
         }
+        // What the launcher's variables leave out: `PglError::Launcher`.
         if env.world != env.local_world {
-            bail!(
+            return Err(PglError::Launcher(format!(
                 "rank {} of {}: a multi-node job needs MASTER_ADDR and MASTER_PORT (or WEFT_MASTER_ADDR/PORT) \
                  for the rendezvous ({} rank(s) per node)",
                 env.rank,
                 env.world,
                 env.local_world
-            );
+            ))
+            .into());
         }
         let Some(job) = &env.job_id else {
-            bail!(
+            return Err(PglError::Launcher(format!(
                 "rank {} of {}: no job id to name the rendezvous socket: set WEFT_JOB_ID (the same on every \
                  rank) or MASTER_ADDR/MASTER_PORT",
                 env.rank,
                 env.world
-            );
+            ))
+            .into());
         };
         Ok(Endpoint::Unix(unix_socket_path(job)?))
     }

@@ -20,6 +20,7 @@ use super::collective_plan::{
     with_failed_free,
 };
 use crate::dtype::GemmElement;
+use crate::error::agree;
 use crate::error::require;
 use crate::error::GemmError;
 use crate::gemm::{device_sms, AllGatherSource, Gemm, LaunchExtras};
@@ -30,7 +31,7 @@ use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
 use weft_kernels::abi::{weft_gemm_ag_copy, WEFT_GEMM_TILE_K, WEFT_GEMM_TILE_M};
 use weft_pgl::Bootstrap;
-use weft_pgl::{agree, Backend, Pgl, PglElement, Shape};
+use weft_pgl::{Backend, Pgl, PglElement, Shape};
 use weft_sync::{Counters, WaitBudget};
 
 /// Where the peers' A rows are read.

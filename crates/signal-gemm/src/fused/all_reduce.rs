@@ -10,6 +10,7 @@
 
 use super::collective_plan::{agree_on_plan, check_resident, copy_own_buffer, synchronize_checked};
 use crate::dtype::{Dtype, GemmElement};
+use crate::error::agree;
 use crate::error::require;
 use crate::error::GemmError;
 use crate::gemm::{device_sms, AllReduceTarget, Gemm, LaunchExtras};
@@ -24,7 +25,7 @@ use std::sync::Arc;
 use weft_kernels::abi::weft_tile_allreduce_params;
 use weft_kernels::cubins;
 use weft_pgl::Bootstrap;
-use weft_pgl::{agree, Backend, Pgl, Shape};
+use weft_pgl::{Backend, Pgl, Shape};
 use weft_sync::{Counters, WaitBudget};
 
 /// Threads of a DistFuse worker CTA.

@@ -14,6 +14,7 @@ use super::collective_plan::{
     agree_on_plan, check_resident, peer_barrier_counters, synchronize_checked, with_failed_free,
 };
 use crate::dtype::GemmElement;
+use crate::error::agree;
 use crate::error::GemmError;
 use crate::error::{refuse, require};
 use crate::gemm::{Gemm, LaunchExtras, PeerRowsTarget};
@@ -27,7 +28,7 @@ use weft_kernels::abi::{
     WEFT_GEMM_PEER_ROW_MASK,
 };
 use weft_pgl::Bootstrap;
-use weft_pgl::{agree, Backend, Pgl, PglElement, Shape};
+use weft_pgl::{Backend, Pgl, PglElement, Shape};
 use weft_sync::{Counters, WaitBudget};
 
 /// Where each row of `rank`'s product goes, as the kernel reads it: its destination rank in the
@@ -41,9 +42,14 @@ pub(crate) fn peer_row_table(
     let world = routes.len();
     // At most 8 ranks (the fused methods' limit) also keeps every entry below WEFT_GEMM_NO_SLOT.
     require!(
-        (1..=MAX_BAND_RANKS as usize).contains(&world) && rank < world,
-        Options,
+        (1..=MAX_BAND_RANKS as usize).contains(&world),
+        Unsupported,
         "the fused All-to-All spans 1 to {MAX_BAND_RANKS} ranks: rank {rank} of {world} routings"
+    );
+    require!(
+        rank < world,
+        Options,
+        "the fused All-to-All: rank {rank} of {world} routings"
     );
     // received[d]: rows routed to d; first[d]: those from sources before `rank`.
     let (mut received, mut first) = (vec![0u64; world], vec![0u64; world]);
@@ -62,7 +68,7 @@ pub(crate) fn peer_row_table(
     let most = received.iter().copied().max().unwrap_or(0);
     require!(
         most <= u64::from(WEFT_GEMM_PEER_ROW_MASK) + 1,
-        Options,
+        Shape,
         "the fused All-to-All: a rank receives {most} rows, at most {} are addressed",
         u64::from(WEFT_GEMM_PEER_ROW_MASK) + 1
     );
@@ -427,10 +433,13 @@ mod tests {
                     && routes.iter().flatten().all(|&d| (d as usize) < world);
                 prop_assert_eq!(got.is_ok(), valid);
                 if !valid {
-                    prop_assert!(matches!(
-                        GemmError::from_anyhow(got.unwrap_err()),
-                        GemmError::Options(_)
-                    ));
+                    // Too many ranks: what the method cannot do; else a bad argument.
+                    let kind = GemmError::from_anyhow(got.unwrap_err());
+                    if (1..=8).contains(&world) {
+                        prop_assert!(matches!(kind, GemmError::Options(_)), "{:?}", kind);
+                    } else {
+                        prop_assert!(matches!(kind, GemmError::Unsupported(_)), "{:?}", kind);
+                    }
                     return Ok(());
                 }
                 let mut seen: Vec<Vec<bool>> = (0..world as u32)

@@ -3,6 +3,7 @@
 //! synchronisation that names the wait that timed out.
 
 use crate::dtype::Dtype;
+use crate::error::agree;
 use crate::error::require;
 use crate::gemm::device_sms;
 use crate::tensor_map::encode_2d;
@@ -11,7 +12,7 @@ use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtrMut};
 use std::sync::Arc;
 use weft_kernels::abi::weft_tensor_map;
 use weft_pgl::Bootstrap;
-use weft_pgl::{agree, Pgl, PglElement, Shape};
+use weft_pgl::{Pgl, PglElement, Shape};
 use weft_sync::{Counters, WaitBudget};
 
 /// Collective: every rank's `describe` (its plan, and whatever else enters the cross-rank

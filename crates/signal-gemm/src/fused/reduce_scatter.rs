@@ -15,6 +15,7 @@ use super::collective_plan::{
     synchronize_checked, with_failed_free,
 };
 use crate::dtype::GemmElement;
+use crate::error::agree;
 use crate::error::require;
 use crate::error::GemmError;
 use crate::gemm::{device_sms, Gemm, LaunchExtras, PeerReduceTarget};
@@ -25,7 +26,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use std::sync::Arc;
 use weft_kernels::abi::{WEFT_GEMM_PEER_BAR_END, WEFT_GEMM_PEER_BAR_START};
 use weft_pgl::Bootstrap;
-use weft_pgl::{agree, Backend, Pgl, PglElement, Shape};
+use weft_pgl::{Backend, Pgl, PglElement, Shape};
 use weft_sync::{Counters, WaitBudget};
 
 /// The order the ranks' adds travel best in: the owners' row blocks visited in turn (every wave

@@ -25,6 +25,7 @@ use super::env::{lock, synchronize_with, OverlapEnv, SharedComm};
 use super::method::{Method, MethodChoice};
 use crate::cublas::CublasGemm;
 use crate::dtype::{Dtype, GemmElement};
+use crate::error::agree;
 use crate::error::GemmError;
 use crate::error::{refuse, require};
 use crate::fused::{AllGatherMethod, FusedAllGatherGemm};
@@ -35,7 +36,6 @@ use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
 use half::{bf16, f16};
 use std::sync::Arc;
 use weft_collectives::Collectives;
-use weft_pgl::agree;
 use weft_pgl::Bootstrap;
 
 // One Imp per op, held for the op's life: the fused variant's size costs nothing worth a Box.

@@ -21,6 +21,7 @@ use super::inputs::{with_operands, Operands};
 use super::method::{Method, MethodChoice};
 use crate::cublas::CublasGemm;
 use crate::dtype::{Dtype, GemmElement};
+use crate::error::agree;
 use crate::error::GemmError;
 use crate::error::{refuse, require};
 use crate::fused::{AllReduceMethod, FusedAllReduce};
@@ -30,7 +31,6 @@ use crate::reorder::Restore;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
 use weft_collectives::Collectives;
-use weft_pgl::agree;
 use weft_pgl::nccl::ReduceOp;
 use weft_pgl::Bootstrap;
 

@@ -25,6 +25,7 @@ use super::env::{lock, synchronize_with, OverlapEnv, SharedComm};
 use super::inputs::{with_operands, Operands};
 use super::method::{Method, MethodChoice};
 use crate::dtype::GemmElement;
+use crate::error::agree;
 use crate::error::GemmError;
 use crate::error::{refuse, require};
 use crate::fused::FusedAllToAll;
@@ -33,7 +34,6 @@ use crate::plan::{GemmOptions, GemmShape};
 use crate::row_gather::RowGather;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use std::sync::Arc;
-use weft_pgl::agree;
 use weft_pgl::Bootstrap;
 
 // One Imp per op, held for the op's life: the fused variant's size costs nothing worth a Box.

@@ -8,6 +8,7 @@ use super::env::{lock, OverlapEnv};
 use super::key::ChoiceKey;
 use super::method::{Method, MethodChoice};
 use crate::dtype::GemmElement;
+use crate::error::agree;
 use crate::error::GemmError;
 use crate::error::{refuse, require};
 use crate::gemm::device_sms;
@@ -17,7 +18,6 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
-use weft_pgl::agree;
 use weft_pgl::nccl::ReduceOp;
 use weft_pgl::Bootstrap;
 

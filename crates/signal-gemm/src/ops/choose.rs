@@ -16,10 +16,10 @@
 use super::cache::{ChoiceCache, Entry, Outcome};
 use super::key::ChoiceKey;
 use super::method::Method;
+use crate::error::agree;
 use crate::error::GemmError;
 use anyhow::Context;
 use std::time::{Duration, Instant};
-use weft_pgl::agree;
 use weft_pgl::Bootstrap;
 
 /// How a first use measures.
@@ -146,7 +146,7 @@ pub fn rank_candidates(
     candidates: &[Method],
     policy: &AutoPolicy,
     measure: impl FnMut(&mut dyn Bootstrap, &Method) -> anyhow::Result<f64>,
-) -> anyhow::Result<Ranking> {
+) -> Result<Ranking, GemmError> {
     rank_candidates_predicted(rdzv, cache, key, m, candidates, policy, |_| None, measure)
 }
 
@@ -165,104 +165,108 @@ pub fn rank_candidates_predicted(
     policy: &AutoPolicy,
     mut predict: impl FnMut(&Method) -> Option<f64>,
     mut measure: impl FnMut(&mut dyn Bootstrap, &Method) -> anyhow::Result<f64>,
-) -> anyhow::Result<Ranking> {
-    // Rank 0's entry, as JSON, or nothing.
-    let cached = match cache.lookup(key) {
-        Some(e) if rdzv.rank() == 0 => {
-            serde_json::to_string(e).context("encoding a cached choice")?
-        }
-        _ => String::new(),
-    };
-    let cached = rdzv
-        .broadcast(0, cached.as_bytes())
-        .context("broadcasting rank 0's cached choice")?;
-    let mut entry: Entry = if cached.is_empty() {
-        Entry {
-            key: key.clone(),
-            measured_m: m,
-            results: Vec::new(),
-        }
-    } else {
-        serde_json::from_slice(&cached).context("decoding rank 0's cached choice")?
-    };
-    let known = |entry: &Entry, c: &Method| entry.results.iter().any(|r| r.method == c.to_string());
-    let missing: Vec<&Method> = candidates.iter().filter(|c| !known(&entry, c)).collect();
-    let mut predicted = agreed_predictions(rdzv, &missing, &mut predict)?;
-    let mut timer = Timer {
-        start: Instant::now(),
-        elapsed_s: 0.0,
-    };
-    let mut measured = 0;
-    let mut unmeasured = Vec::new();
-    for c in missing {
-        if predicted.iter().any(|(p, _)| p == c) {
-            continue;
-        }
-        if !c.is_sequential() && timer.elapsed_s > policy.budget.as_secs_f64() {
-            unmeasured.push((
-                c.clone(),
-                format!(
-                    "not measured: the first-use budget of {:.0} s was spent",
-                    policy.budget.as_secs_f64()
-                ),
-            ));
-            continue;
-        }
-        entry
-            .results
-            .push(timer.measure(rdzv, key, c, &mut measure)?);
-        measured += 1;
-    }
-    // The fastest predicted candidate is measured while it would rank first.
-    let best_measured = |entry: &Entry| {
-        candidates
-            .iter()
-            .filter_map(|c| entry.results.iter().find(|r| r.method == c.to_string()))
-            .filter_map(|r| r.ms)
-            .fold(f64::INFINITY, f64::min)
-    };
-    while let Some(at) = predicted
-        .iter()
-        .enumerate()
-        .min_by(|a, b| a.1 .1.total_cmp(&b.1 .1))
-        .filter(|(_, (_, ms))| *ms < best_measured(&entry))
-        .map(|(at, _)| at)
-    {
-        let (c, _) = predicted.remove(at);
-        entry
-            .results
-            .push(timer.measure(rdzv, key, &c, &mut measure)?);
-        measured += 1;
-    }
-    if measured > 0 {
-        entry.measured_m = m;
-        if rdzv.rank() == 0 {
-            cache
-                .record(entry.clone())
-                .context("recording the first-use choice")?;
-        }
-    }
-    let mut times = Vec::new();
-    let mut excluded = unmeasured;
-    for c in candidates {
-        let Some(r) = entry.results.iter().find(|r| r.method == c.to_string()) else {
-            continue;
+) -> Result<Ranking, GemmError> {
+    // The measurements are the caller's: their errors pass through (typed where they are).
+    crate::error::typed_with(|| -> anyhow::Result<Ranking> {
+        // Rank 0's entry, as JSON, or nothing.
+        let cached = match cache.lookup(key) {
+            Some(e) if rdzv.rank() == 0 => {
+                serde_json::to_string(e).context("encoding a cached choice")?
+            }
+            _ => String::new(),
         };
-        match (r.ms, &r.error) {
-            (Some(ms), _) => times.push((c.clone(), ms)),
-            (None, why) => excluded.push((c.clone(), why.clone().unwrap_or_default())),
+        let cached = rdzv
+            .broadcast(0, cached.as_bytes())
+            .context("broadcasting rank 0's cached choice")?;
+        let mut entry: Entry = if cached.is_empty() {
+            Entry {
+                key: key.clone(),
+                measured_m: m,
+                results: Vec::new(),
+            }
+        } else {
+            serde_json::from_slice(&cached).context("decoding rank 0's cached choice")?
+        };
+        let known =
+            |entry: &Entry, c: &Method| entry.results.iter().any(|r| r.method == c.to_string());
+        let missing: Vec<&Method> = candidates.iter().filter(|c| !known(&entry, c)).collect();
+        let mut predicted = agreed_predictions(rdzv, &missing, &mut predict)?;
+        let mut timer = Timer {
+            start: Instant::now(),
+            elapsed_s: 0.0,
+        };
+        let mut measured = 0;
+        let mut unmeasured = Vec::new();
+        for c in missing {
+            if predicted.iter().any(|(p, _)| p == c) {
+                continue;
+            }
+            if !c.is_sequential() && timer.elapsed_s > policy.budget.as_secs_f64() {
+                unmeasured.push((
+                    c.clone(),
+                    format!(
+                        "not measured: the first-use budget of {:.0} s was spent",
+                        policy.budget.as_secs_f64()
+                    ),
+                ));
+                continue;
+            }
+            entry
+                .results
+                .push(timer.measure(rdzv, key, c, &mut measure)?);
+            measured += 1;
         }
-    }
-    times.extend(predicted.iter().cloned());
-    times.sort_by(|a, b| a.1.total_cmp(&b.1));
-    Ok(Ranking {
-        key: key.clone(),
-        measured_m: entry.measured_m,
-        times,
-        excluded,
-        measured,
-        predicted: predicted.into_iter().map(|(m, _)| m).collect(),
-        first_use_s: timer.elapsed_s,
+        // The fastest predicted candidate is measured while it would rank first.
+        let best_measured = |entry: &Entry| {
+            candidates
+                .iter()
+                .filter_map(|c| entry.results.iter().find(|r| r.method == c.to_string()))
+                .filter_map(|r| r.ms)
+                .fold(f64::INFINITY, f64::min)
+        };
+        while let Some(at) = predicted
+            .iter()
+            .enumerate()
+            .min_by(|a, b| a.1 .1.total_cmp(&b.1 .1))
+            .filter(|(_, (_, ms))| *ms < best_measured(&entry))
+            .map(|(at, _)| at)
+        {
+            let (c, _) = predicted.remove(at);
+            entry
+                .results
+                .push(timer.measure(rdzv, key, &c, &mut measure)?);
+            measured += 1;
+        }
+        if measured > 0 {
+            entry.measured_m = m;
+            if rdzv.rank() == 0 {
+                cache
+                    .record(entry.clone())
+                    .context("recording the first-use choice")?;
+            }
+        }
+        let mut times = Vec::new();
+        let mut excluded = unmeasured;
+        for c in candidates {
+            let Some(r) = entry.results.iter().find(|r| r.method == c.to_string()) else {
+                continue;
+            };
+            match (r.ms, &r.error) {
+                (Some(ms), _) => times.push((c.clone(), ms)),
+                (None, why) => excluded.push((c.clone(), why.clone().unwrap_or_default())),
+            }
+        }
+        times.extend(predicted.iter().cloned());
+        times.sort_by(|a, b| a.1.total_cmp(&b.1));
+        Ok(Ranking {
+            key: key.clone(),
+            measured_m: entry.measured_m,
+            times,
+            excluded,
+            measured,
+            predicted: predicted.into_iter().map(|(m, _)| m).collect(),
+            first_use_s: timer.elapsed_s,
+        })
     })
 }
 

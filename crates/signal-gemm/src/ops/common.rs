@@ -42,7 +42,7 @@ pub(crate) fn agree_on_request(
 ) -> anyhow::Result<()> {
     let local =
         op_checks.and_then(|extra| check_options(env, stream, kind, options).map(|()| extra));
-    let extra = weft_pgl::agree(
+    let extra = crate::error::agree(
         rdzv,
         &format!("checking the {} request", kind.title()),
         local,

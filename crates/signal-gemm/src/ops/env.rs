@@ -53,7 +53,7 @@ impl OverlapEnv {
             } else {
                 Ok(ChoiceCache::in_memory())
             };
-            let cache = weft_pgl::agree(rdzv, "opening the choice cache", cache)?;
+            let cache = crate::error::agree(rdzv, "opening the choice cache", cache)?;
             Self::with_communicator(rdzv, ctx, comm, cache).map_err(anyhow::Error::from)
         })
     }
@@ -114,7 +114,7 @@ impl OverlapEnv {
                             })
                     }
                 });
-            weft_pgl::agree(
+            crate::error::agree(
                 rdzv,
                 "reading the ops' settings (WEFT_AUTO_BUDGET_S, WEFT_TUNING)",
                 loaded,

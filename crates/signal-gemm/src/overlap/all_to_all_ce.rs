@@ -33,6 +33,7 @@
 //! marks the op broken: a later launch would wait for flags this one consumed.
 
 use crate::a2a_map::AllToAllMap;
+use crate::error::agree;
 use crate::error::require;
 use crate::error::GemmError;
 use crate::gemm::Gemm;
@@ -50,7 +51,7 @@ use std::sync::Arc;
 use weft_kernels::abi::{weft_gemm_peer_flags_params, weft_sync_bound};
 use weft_kernels::cubins;
 use weft_pgl::Bootstrap;
-use weft_pgl::{agree, Backend, Pgl, PglElement, Shape};
+use weft_pgl::{Backend, Pgl, PglElement, Shape};
 use weft_sync::{ErrorSlot, WaitBudget};
 
 /// The SMs the GEMM leaves for the group waits.
