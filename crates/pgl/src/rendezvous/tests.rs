@@ -217,6 +217,32 @@ fn a_shared_secret_joins_over_the_unix_socket() {
     }
 }
 
+/// A process at `env`'s rendezvous address that says Hello as `rank` of `world` with a secret,
+/// answers rank 0's challenge with a forged proof, and returns rank 0's answer (kind, text).
+fn stranger_with_a_forged_proof(env: &RankEnv, rank: u64, world: u64) -> (Kind, String) {
+    let endpoint = Endpoint::for_env(env).unwrap();
+    let mut stream = loop {
+        match endpoint.connect(Duration::from_secs(1)) {
+            Ok(st) => break st,
+            Err(_) => std::thread::sleep(RETRY_INTERVAL),
+        }
+    };
+    let mut hello = [0u8; HELLO_BYTES];
+    hello[..8].copy_from_slice(&rank.to_le_bytes());
+    hello[8..16].copy_from_slice(&world.to_le_bytes());
+    hello[16] = 1;
+    let soon = || Instant::now() + Duration::from_secs(5);
+    send_frame(&mut stream, Kind::Hello, 0, &[&hello], soon()).unwrap();
+    let challenge = recv_frame(&mut stream, 1 << 10, soon()).unwrap();
+    assert_eq!(challenge.kind, Kind::Challenge);
+    send_frame(&mut stream, Kind::Proof, 0, &[&[7u8; PROOF_BYTES]], soon()).unwrap();
+    let answer = recv_frame(&mut stream, 1 << 10, soon()).unwrap();
+    (
+        answer.kind,
+        String::from_utf8_lossy(&answer.payload).into_owned(),
+    )
+}
+
 /// A process that knows the job's address but not its secret says Hello as rank 1, answers
 /// rank 0's challenge with a forged proof and is refused; then the real rank 1 joins and the
 /// job carries on. (Fails if rank 0 seats a member without checking its proof: the stranger
@@ -229,30 +255,8 @@ fn a_stranger_without_the_secret_is_refused_and_the_job_carries_on() {
     let (root_env, member_env) = (job[0].clone(), job[1].clone());
     std::thread::scope(|s| {
         let root = s.spawn(|| exercise(root_env, 5));
-        let endpoint = Endpoint::for_env(&member_env).unwrap();
-        let mut stream = loop {
-            match endpoint.connect(Duration::from_secs(1)) {
-                Ok(st) => break st,
-                Err(_) => std::thread::sleep(RETRY_INTERVAL),
-            }
-        };
-        let mut hello = [0u8; HELLO_BYTES];
-        hello[..8].copy_from_slice(&1u64.to_le_bytes());
-        hello[8..16].copy_from_slice(&2u64.to_le_bytes());
-        hello[16] = 1;
-        let soon = || Instant::now() + Duration::from_secs(5);
-        send_frame(&mut stream, Kind::Hello, 0, &[&hello], soon()).unwrap();
-        let challenge = recv_frame(&mut stream, 1 << 10, soon()).unwrap();
-        assert_eq!(challenge.kind, Kind::Challenge);
-        send_frame(&mut stream, Kind::Proof, 0, &[&[7u8; PROOF_BYTES]], soon()).unwrap();
-        let answer = recv_frame(&mut stream, 1 << 10, soon()).unwrap();
-        let text = String::from_utf8_lossy(&answer.payload).into_owned();
-        assert_eq!(
-            answer.kind,
-            Kind::Abort,
-            "the stranger got {:?}",
-            answer.kind
-        );
+        let (kind, text) = stranger_with_a_forged_proof(&member_env, 1, 2);
+        assert_eq!(kind, Kind::Abort, "the stranger got {kind:?}");
         assert!(text.contains("did not match"), "{text}");
         let member = s.spawn(|| exercise(member_env, 5));
         root.join().unwrap().unwrap();
@@ -276,27 +280,9 @@ fn an_abort_quoting_a_strangers_refusal_is_not_this_ranks() {
             .into_iter()
             .map(|env| s.spawn(move || Rendezvous::connect(&env, wait).map(drop)))
             .collect();
-        let endpoint = Endpoint::for_env(&stranger_env).unwrap();
-        let mut stream = loop {
-            match endpoint.connect(Duration::from_secs(1)) {
-                Ok(st) => break st,
-                Err(_) => std::thread::sleep(RETRY_INTERVAL),
-            }
-        };
-        let mut hello = [0u8; HELLO_BYTES];
-        hello[..8].copy_from_slice(&2u64.to_le_bytes());
-        hello[8..16].copy_from_slice(&3u64.to_le_bytes());
-        hello[16] = 1;
-        let soon = || Instant::now() + Duration::from_secs(5);
-        send_frame(&mut stream, Kind::Hello, 0, &[&hello], soon()).unwrap();
-        let challenge = recv_frame(&mut stream, 1 << 10, soon()).unwrap();
-        assert_eq!(challenge.kind, Kind::Challenge);
-        send_frame(&mut stream, Kind::Proof, 0, &[&[7u8; PROOF_BYTES]], soon()).unwrap();
-        let refusal = recv_frame(&mut stream, 1 << 10, soon()).unwrap();
-        assert_eq!(refusal.kind, Kind::Abort);
-        assert!(is_secret_refusal(&String::from_utf8_lossy(
-            &refusal.payload
-        )));
+        let (kind, text) = stranger_with_a_forged_proof(&stranger_env, 2, 3);
+        assert_eq!(kind, Kind::Abort);
+        assert!(is_secret_refusal(&text), "{text}");
         ranks
             .into_iter()
             .map(|h| h.join().unwrap())
