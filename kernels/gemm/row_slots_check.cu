@@ -3,8 +3,6 @@
 #include "weft/abi/gemm.h"
 #include "weft/sync/error.cuh"
 
-constexpr uint32_t kRoleRowSlots = 7;  // error reports: coord.b (loader.cuh has the GEMM's other roles)
-
 extern "C" __global__ void __launch_bounds__(256) weft_gemm_row_slots_check(const __grid_constant__ weft_gemm_row_slots_check_params p) {
   const uint32_t* table = reinterpret_cast<const uint32_t*>(p.table);
   for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < p.entries; i += uint64_t(gridDim.x) * blockDim.x) {
@@ -13,8 +11,9 @@ extern "C" __global__ void __launch_bounds__(256) weft_gemm_row_slots_check(cons
       weft::sync::failure f{};
       f.status = WEFT_SYNC_STATUS_BAD_INDEX;
       f.primitive = WEFT_SYNC_PRIM_GEMM_ROW_SLOTS;
+      f.role = WEFT_ROLE_GEMM_ROW_SLOTS;
       f.target_rank = p.rank;
-      f.coord = weft_tile_coord{kRoleRowSlots, 0, uint32_t(i / WEFT_GEMM_TILE_M), uint32_t(i % WEFT_GEMM_TILE_M)};
+      f.coord = weft_tile_coord{0, 0, uint32_t(i / WEFT_GEMM_TILE_M), uint32_t(i % WEFT_GEMM_TILE_M)};
       f.expected = p.slots;
       f.observed = slot;
       weft::sync::fail(p.bound, p.rank, f);

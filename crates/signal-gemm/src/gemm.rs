@@ -181,6 +181,8 @@ pub struct Gemm {
     kernels: Box<GemmKernels>,
     slot: ErrorSlot,
     bound: weft_sync_bound,
+    /// The rank the kernels' give-up reports name outside peer launches (which name their own).
+    rank: i32,
     /// Dynamic scheduling only: the claim counter and where the next launch starts on it.
     claims: Option<Mutex<TileClaims>>,
     /// Split-K plans only: the earlier splits' partials and the tiles' flags (boxed, as the
@@ -480,6 +482,7 @@ impl Gemm {
                 }),
                 slot,
                 bound,
+                rank: 0,
                 claims,
                 split,
             })
@@ -493,6 +496,12 @@ impl Gemm {
     /// Bounds every device wait of later launches by `budget` (default: weft-sync's default).
     pub fn set_budget(&mut self, budget: WaitBudget) {
         self.bound.budget_cycles = budget.cycles;
+    }
+
+    /// The rank this GEMM's give-up reports name (its rank in a job; 0 until set). Launches with
+    /// peer targets (the fused methods) name the rank of their targets instead.
+    pub fn set_rank(&mut self, rank: usize) {
+        self.rank = i32::try_from(rank).unwrap_or(i32::MAX);
     }
 
     /// D = alpha · A · B + beta · D on `stream`.
@@ -1030,13 +1039,21 @@ impl Gemm {
             p.claim_counter = ptr;
             r
         });
+        // The rank the kernel's give-up reports name: a peer launch's own, else this Gemm's.
+        p.rank = if p.peer_bar.view.world > 0 {
+            p.peer_bar.view.rank
+        } else if p.comm_op == WEFT_GEMM_COMM_ALLREDUCE {
+            p.allreduce.partial.rank
+        } else {
+            self.rank
+        };
         if let Some((table, entries, slots)) = slots_check {
             require!(
                 !early_release, Options,
                 "GEMM {}: the row-slots layout's table check runs on the stream before the GEMM, so the GEMM cannot be released early by a wait",
                 plan.shape
             );
-            self.check_row_slots(stream, table, entries, slots, p.peer_bar.view.rank)?;
+            self.check_row_slots(stream, table, entries, slots, p.rank)?;
         }
         let grid = plan.ctas() + o.comm_ctas;
         let mut attrs = Vec::with_capacity(2);

@@ -64,9 +64,14 @@ impl DeviceFailure {
     pub fn primitive(&self) -> i32 {
         self.slot.primitive
     }
-    /// The rank whose kernel recorded it.
+    /// The rank whose kernel recorded it (as its launch was told).
     pub fn rank(&self) -> i32 {
         self.slot.rank
+    }
+    /// The part of the kernel whose wait or check gave up (WEFT_ROLE_*, 0 in kernels without
+    /// roles; `error_slot::role_name` names it).
+    pub fn role(&self) -> u32 {
+        self.slot.role
     }
     /// The rank whose counter it waited on or signalled.
     pub fn target_rank(&self) -> i32 {

@@ -130,6 +130,23 @@ pub fn primitive_name(id: i32) -> &'static str {
     }
 }
 
+/// The name of the kernel part a report comes from (`weft_error_slot.role`, WEFT_ROLE_*); None for
+/// a kernel without roles.
+pub fn role_name(role: u32) -> Option<&'static str> {
+    Some(match role {
+        abi::WEFT_ROLE_NONE => return None,
+        abi::WEFT_ROLE_GEMM_LOADER => "GEMM loader",
+        abi::WEFT_ROLE_GEMM_CONSUMER => "GEMM consumer",
+        abi::WEFT_ROLE_GEMM_COMMUNICATOR => "GEMM communicator",
+        abi::WEFT_ROLE_GEMM_SIGNALLER => "GEMM signaller",
+        abi::WEFT_ROLE_GEMM_ALLREDUCE => "GEMM AllReduce communicator",
+        abi::WEFT_ROLE_GEMM_ROW_SLOTS => "GEMM row-slots check",
+        abi::WEFT_ROLE_GEMM_PEER_BARRIER => "GEMM peer barrier",
+        abi::WEFT_ROLE_GEMM_SETUP => "GEMM kernel entry",
+        _ => "unknown role",
+    })
+}
+
 fn ms(cycles: u64, clock_khz: u32) -> f64 {
     cycles as f64 / clock_khz.max(1) as f64
 }
@@ -142,12 +159,16 @@ pub fn describe(s: &weft_error_slot, clock_khz: u32) -> Option<String> {
     );
     let prim = primitive_name(s.primitive);
     let whence = format!("[block {}, thread {}, SM {}]", s.block, s.thread, s.smid);
+    // "rank 1" or "rank 1 (GEMM loader)": who gave up.
+    let who = match role_name(s.role) {
+        Some(role) => format!("rank {} ({role})", s.rank),
+        None => format!("rank {}", s.rank),
+    };
     match s.status as u32 {
         abi::WEFT_SYNC_STATUS_NONE => None,
         abi::WEFT_SYNC_STATUS_TIMEOUT => Some(format!(
-            "rank {}: sync {prim} timed out at counter {at} of rank {}: expected >= {}, observed {} after {} cycles \
+            "{who}: sync {prim} timed out at counter {at} of rank {}: expected >= {}, observed {} after {} cycles \
              ({:.3} ms by the GPU timer); bound {} cycles = {:.3} ms at {} MHz {whence}",
-            s.rank,
             s.target_rank,
             s.expected,
             s.observed,
@@ -158,24 +179,23 @@ pub fn describe(s: &weft_error_slot, clock_khz: u32) -> Option<String> {
             clock_khz / 1000,
         )),
         abi::WEFT_SYNC_STATUS_BAD_COORD => Some(format!(
-            "rank {}: sync {prim} was given counter {at} of rank {}, outside the counter layout (coordinate past the \
+            "{who}: sync {prim} was given counter {at} of rank {}, outside the counter layout (coordinate past the \
              shape, rank outside the job, unmapped buffer or counters that are not 8-byte) {whence}",
-            s.rank, s.target_rank
+            s.target_rank
         )),
         abi::WEFT_SYNC_STATUS_BAD_INDEX => Some(format!(
-            "rank {}: {prim} read entry {at} of a table: it holds {}, but what it indexes has only {} (no store \
+            "{who}: {prim} read entry {at} of a table: it holds {}, but what it indexes has only {} (no store \
              was made past it) {whence}",
-            s.rank, s.observed, s.expected
+            s.observed, s.expected
         )),
         abi::WEFT_SYNC_STATUS_SMEM => Some(format!(
-            "rank {}: kernel launched with {} bytes of dynamic shared memory, needs {} (host and kernel disagree on \
+            "{who}: kernel launched with {} bytes of dynamic shared memory, needs {} (host and kernel disagree on \
              the layout: a build bug) {whence}",
-            s.rank, s.observed, s.expected
+            s.observed, s.expected
         )),
         abi::WEFT_SYNC_STATUS_WRITING => Some(format!(
-            "rank {}: a sync {prim} began recording a failure at counter {at} but the kernel stopped before it \
-             finished (fields may be partial) {whence}",
-            s.rank
+            "{who}: a sync {prim} began recording a failure at counter {at} but the kernel stopped before it \
+             finished (fields may be partial) {whence}"
         )),
         other => Some(format!("sync error slot holds unknown status {other} (memory corrupted?)")),
     }
@@ -206,7 +226,7 @@ mod tests {
             block: 0,
             thread: 0,
             smid: 4,
-            reserved: 0,
+            role: 0,
         }
     }
 
@@ -258,6 +278,42 @@ mod tests {
             "barrier"
         );
         assert_eq!(primitive_name(-1), "unknown primitive");
+    }
+
+    #[test]
+    fn a_role_is_named_beside_the_rank() {
+        let mut s = timed_out();
+        s.primitive = abi::WEFT_SYNC_PRIM_MBARRIER_WAIT as i32;
+        s.role = abi::WEFT_ROLE_GEMM_LOADER;
+        let msg = describe(&s, 1_980_000).unwrap();
+        assert!(
+            msg.starts_with("rank 2 (GEMM loader): sync mbarrier wait timed out"),
+            "{msg}"
+        );
+        s.status = abi::WEFT_SYNC_STATUS_SMEM as i32;
+        s.role = abi::WEFT_ROLE_GEMM_SETUP;
+        let msg = describe(&s, 1_980_000).unwrap();
+        assert!(
+            msg.starts_with("rank 2 (GEMM kernel entry): kernel launched with 12 bytes"),
+            "{msg}"
+        );
+        // Every role the header defines has its own name; an unknown one says so.
+        let roles = [
+            abi::WEFT_ROLE_GEMM_LOADER,
+            abi::WEFT_ROLE_GEMM_CONSUMER,
+            abi::WEFT_ROLE_GEMM_COMMUNICATOR,
+            abi::WEFT_ROLE_GEMM_SIGNALLER,
+            abi::WEFT_ROLE_GEMM_ALLREDUCE,
+            abi::WEFT_ROLE_GEMM_ROW_SLOTS,
+            abi::WEFT_ROLE_GEMM_PEER_BARRIER,
+            abi::WEFT_ROLE_GEMM_SETUP,
+        ];
+        let names: std::collections::BTreeSet<_> =
+            roles.iter().map(|r| role_name(*r).unwrap()).collect();
+        assert_eq!(names.len(), roles.len());
+        assert!(!names.contains("unknown role"));
+        assert_eq!(role_name(abi::WEFT_ROLE_NONE), None);
+        assert_eq!(role_name(999), Some("unknown role"));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The GEMM's row-slots layout with a caller's table that points past D: the table check launched
 //! before the GEMM (kernels/gemm/row_slots_check.cu) must report the entry (BAD_INDEX: tile, row,
 //! the slot it holds and D's slot count) and trap, so the GEMM never stores outside D. The trap poisons every context of its process, so the GEMM runs in a child
-//! process (`weft __gemm-row-slots-child ORDINAL`), as the sync timeout trials do.
+//! process (`weft __gemm-row-slots-child ORDINAL RANK`), as the sync timeout trials do. The report
+//! names the rank the GEMM was given (the job's) and the part of the kernel that gave up.
 
 use crate::job::Job;
 use crate::trials::{Case, Skip};
@@ -36,7 +37,12 @@ fn row_slot_table_past_d(job: &mut Job) -> anyhow::Result<()> {
         .gpu()
         .map_err(|why| anyhow::anyhow!("no GPU: {why}"))?
         .ordinal;
-    let args = [CHILD_COMMAND.to_string(), ordinal.to_string()];
+    let rank = job.rank();
+    let args = [
+        CHILD_COMMAND.to_string(),
+        ordinal.to_string(),
+        rank.to_string(),
+    ];
     let out = super::child::run_bounded(&args, Duration::from_secs(60))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let Some(message) = stdout.lines().find_map(|l| l.strip_prefix("message ")) else {
@@ -46,11 +52,10 @@ fn row_slot_table_past_d(job: &mut Job) -> anyhow::Result<()> {
             String::from_utf8_lossy(&out.stderr)
         );
     };
-    // One tile row: tile (tm 0, tn 1) has index 1 in any raster order. Role 7 is the row-slots
-    // check's (kernels/gemm/row_slots_check.cu).
+    // One tile row: tile (tm 0, tn 1) has index 1 in any raster order.
     let needles = [
-        "GEMM row-slots table check".to_string(),
-        format!("(b 7, d 0, row {BAD_TILE}, col {BAD_ROW})"),
+        format!("rank {rank} (GEMM row-slots check): GEMM row-slots table check"),
+        format!("(b 0, d 0, row {BAD_TILE}, col {BAD_ROW})"),
         format!("it holds {SLOTS}, but what it indexes has only {SLOTS}"),
     ];
     for n in &needles {
@@ -62,12 +67,13 @@ fn row_slot_table_past_d(job: &mut Job) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `weft __gemm-row-slots-child ORDINAL`: plans a GEMM of two tiles with the row-slots layout
-/// over SLOTS slots, gives it a table whose only used entry (tile BAD_TILE, row BAD_ROW) points
-/// one past D's slots, and prints `message <the GEMM's error report>` (or `message none`).
+/// `weft __gemm-row-slots-child ORDINAL RANK`: plans a GEMM of two tiles with the row-slots
+/// layout over SLOTS slots as rank RANK, gives it a table whose only used entry (tile BAD_TILE,
+/// row BAD_ROW) points one past D's slots, and prints `message <the GEMM's error report>` (or
+/// `message none`).
 pub fn child(args: &[String]) -> anyhow::Result<()> {
-    let [ordinal] = args else {
-        anyhow::bail!("usage: weft {CHILD_COMMAND} ORDINAL");
+    let [ordinal, rank] = args else {
+        anyhow::bail!("usage: weft {CHILD_COMMAND} ORDINAL RANK");
     };
     let ctx = CudaContext::new(ordinal.parse()?)?;
     let stream = ctx.default_stream();
@@ -76,7 +82,8 @@ pub fn child(args: &[String]) -> anyhow::Result<()> {
         tile: weft_signal_gemm::TileChoice::N256,
         ..GemmOptions::default()
     };
-    let gemm = Gemm::new(&ctx, shape, options)?;
+    let mut gemm = Gemm::new(&ctx, shape, options)?;
+    gemm.set_rank(rank.parse()?);
     let tiles = gemm.plan().tiles() as usize;
     anyhow::ensure!(tiles == 2, "the child's GEMM has {tiles} tiles, expected 2");
     let mut table = vec![WEFT_GEMM_NO_SLOT; tiles * 128];

@@ -360,7 +360,7 @@ fn plan_imp<TI: OpElement>(
         |len: u32| -> anyhow::Result<CudaSlice<TI>> { Ok(stream.alloc_zeros::<TI>(len as usize)?) };
     let (mk, shard_len) = (shape.m * shape.k, shape.m / world * shape.k);
     Ok(match method {
-        Method::SeqCublas | Method::SeqWeft => Imp::Seq { gemm: SeqGemm::new(method, stream, shape, options)?, comm: env.comm().clone(), shard: alloc(shard_len)?, a: alloc(mk)? },
+        Method::SeqCublas | Method::SeqWeft => Imp::Seq { gemm: SeqGemm::new(method, stream, shape, options, env.rank())?, comm: env.comm().clone(), shard: alloc(shard_len)?, a: alloc(mk)? },
         Method::SeqCollectives => {
             // This rank's own parts first, agreed, so that every rank enters the collectives'
             // set-up (collective) or none does.

@@ -291,7 +291,7 @@ fn plan_imp<TO: OpElement>(
     let mn = shape.m * shape.n;
     Ok(match method {
         Method::SeqCublas | Method::SeqWeft => Imp::Seq {
-            gemm: SeqGemm::new(method, stream, shape, options)?,
+            gemm: SeqGemm::new(method, stream, shape, options, env.rank())?,
             comm: env.comm().clone(),
             out: out(mn)?,
         },

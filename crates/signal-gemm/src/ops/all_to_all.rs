@@ -328,7 +328,7 @@ fn plan_imp<TO: OpElement>(
             let gather = RowGather::new(stream, routes, rank, shape.m, shape.n)?;
             let (comm, d, send) = (env.comm().clone(), alloc(mn)?, alloc(gather.send_len())?);
             Imp::Seq {
-                gemm: SeqGemm::new(method, stream, shape, options)?,
+                gemm: SeqGemm::new(method, stream, shape, options, env.rank())?,
                 comm,
                 gather,
                 d,

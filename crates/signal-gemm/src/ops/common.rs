@@ -177,12 +177,14 @@ pub(crate) enum SeqGemm {
 }
 
 impl SeqGemm {
-    /// `method`'s GEMM (SeqCublas or SeqWeft) for `shape` on `stream`'s device.
+    /// `method`'s GEMM (SeqCublas or SeqWeft) for `shape` on `stream`'s device; weft's names
+    /// `rank` in its give-up reports.
     pub fn new(
         method: &Method,
         stream: &Arc<CudaStream>,
         shape: GemmShape,
         options: GemmOptions,
+        rank: usize,
     ) -> Result<Self, GemmError> {
         crate::error::typed_with(|| -> anyhow::Result<Self> {
             Ok(match method {
@@ -196,7 +198,9 @@ impl SeqGemm {
                         other => other,
                     };
                     let options = GemmOptions { tile, ..options };
-                    SeqGemm::Weft(crate::gemm::Gemm::new(stream.context(), shape, options)?)
+                    let mut gemm = crate::gemm::Gemm::new(stream.context(), shape, options)?;
+                    gemm.set_rank(rank);
+                    SeqGemm::Weft(gemm)
                 }
                 other => refuse!(Options, "{other} is not a sequential method"),
             })

@@ -32,6 +32,7 @@ pub struct OverlapEnv {
     policy: AutoPolicy,
     machine: String,
     world: usize,
+    rank: usize,
     tuning: Option<TuningProfile>,
 }
 
@@ -95,6 +96,7 @@ impl OverlapEnv {
                 policy: AutoPolicy::default(),
                 machine,
                 world: rdzv.world(),
+                rank: rdzv.rank(),
                 tuning: None,
             };
             // Every rank takes part (a rank without the variables too), so a setting or a file
@@ -196,6 +198,11 @@ impl OverlapEnv {
 
     pub fn world(&self) -> usize {
         self.world
+    }
+
+    /// This rank (the rendezvous's and the communicator's).
+    pub fn rank(&self) -> usize {
+        self.rank
     }
 
     /// Collective on first use of `max_ctas`: a communicator whose kernels use at most that many

@@ -330,7 +330,7 @@ fn plan_imp<TO: OpElement>(
         |len: u32| -> anyhow::Result<CudaSlice<TO>> { Ok(stream.alloc_zeros::<TO>(len as usize)?) };
     let (mn, out_len) = (shape.m * shape.n, shape.m / world * shape.n);
     Ok(match method {
-        Method::SeqCublas | Method::SeqWeft => Imp::Seq { gemm: SeqGemm::new(method, stream, shape, options)?, comm: env.comm().clone(), d: alloc(mn)?, out: alloc(out_len)? },
+        Method::SeqCublas | Method::SeqWeft => Imp::Seq { gemm: SeqGemm::new(method, stream, shape, options, env.rank())?, comm: env.comm().clone(), d: alloc(mn)?, out: alloc(out_len)? },
         Method::SeqCollectives => {
             // This rank's own parts first, agreed, so that every rank enters the collectives'
             // set-up (collective) or none does.

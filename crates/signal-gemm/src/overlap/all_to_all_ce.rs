@@ -207,7 +207,8 @@ impl<TO: GemmElement + PglElement + ValidAsZeroBits> AllToAllCopyEngine<TO> {
         };
         let plan = GemmPlan::new(crate::gemm::device_sms(ctx)?, shape, options)?;
         plan.require_fused_kernel()?;
-        let gemm = Gemm::from_plan(ctx, plan)?;
+        let mut gemm = Gemm::from_plan(ctx, plan)?;
+        gemm.set_rank(rank);
         let plan = gemm.plan();
         let groups = WaveGroups::new(plan, waves)?;
         let map = AllToAllMap::new(stream, plan, &groups, routes, rank)?;

@@ -64,7 +64,8 @@ impl GroupPipeline {
             );
             let plan = GemmPlan::new(crate::gemm::device_sms(ctx)?, shape, options)?;
             plan.require_fused_kernel()?;
-            let gemm = Gemm::from_plan(ctx, plan)?;
+            let mut gemm = Gemm::from_plan(ctx, plan)?;
+            gemm.set_rank(rank as usize);
             let plan = gemm.plan();
             layout.check(plan)?;
             let groups = match waves_per_group {

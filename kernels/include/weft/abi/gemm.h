@@ -362,6 +362,7 @@ typedef struct weft_gemm_params {
   uint32_t bands;      // RANK_BANDS: bands per tile (the world size, 1..=8)
   uint32_t band_box_shift;  // RANK_BANDS: log2 of weft_gemm_band_box_rows(bands)
   uint32_t d_wide;     // whole-tile epilogue only, 0 or 1: `d` is the wide view of D ("Wide stores", above the layouts)
+  int32_t rank;        // the launching rank in its job (0 outside one): the rank its give-up reports name
   uint8_t band_of_box[16];  // RANK_BANDS: store box i (tile rows [i << shift, + box rows)) -> its band
   uint8_t row_of_box[16];   //             and its first row within that band (the host fills both
                             //             from the functions above: no divisions in the epilogue)

@@ -23,15 +23,30 @@
 #define WEFT_SYNC_PRIM_MBARRIER_WAIT 6  // mbarrier parity wait inside one SM
 #define WEFT_SYNC_PRIM_WAIT_UNORDERED 7 // unordered::wait() (relaxed poll, no acquire)
 #define WEFT_SYNC_PRIM_WAVE_GROUP 8     // signal-gemm's wave-group wait kernel (coord.b = group)
-#define WEFT_SYNC_PRIM_GEMM_ROW_SLOTS 9 // the GEMM's row-slots table check (coord: 7, 0, tile index, row in tile)
-#define WEFT_SYNC_PRIM_GEMM_SPLIT_K 10  // the GEMM's last split waiting for the earlier splits' partials (coord: 2, consumer, tile row, tile column; expected = splits - 1, observed = the tile's flag)
+#define WEFT_SYNC_PRIM_GEMM_ROW_SLOTS 9 // the GEMM's row-slots table check (coord: 0, 0, tile index, row in tile)
+#define WEFT_SYNC_PRIM_GEMM_SPLIT_K 10  // the GEMM's last split waiting for the earlier splits' partials (coord: 0, consumer, tile row, tile column; expected = splits - 1, observed = the tile's flag)
+
+// weft_error_slot.role: the part of a kernel whose wait or check gave up (0 in kernels without
+// roles). The GEMM's (kernels/include/weft/gemm/); coordinates (0, stage, tile row, tile column)
+// unless the line says otherwise:
+#define WEFT_ROLE_NONE 0
+#define WEFT_ROLE_GEMM_LOADER 1        // the TMA loader: a stage's empty barrier; the fused AllGather's
+                                       // shard chunk flags (coord: 0, 0, tile row, K chunk)
+#define WEFT_ROLE_GEMM_CONSUMER 2      // a consumer warpgroup: a stage's full barrier, split-K partials
+                                       // (coord: 0, consumer, ...), a post to its signaller (0, slot, consumer, 0)
+#define WEFT_ROLE_GEMM_COMMUNICATOR 3  // the test communicator CTAs: a tile's flag (coord: 0, order, ...)
+#define WEFT_ROLE_GEMM_SIGNALLER 4     // a consumer's signaller thread: its ring (coord: 0, slot, consumer, 1)
+#define WEFT_ROLE_GEMM_ALLREDUCE 5     // the fused AllReduce's communicator CTAs: a rank's tile flag (0, order, ...)
+#define WEFT_ROLE_GEMM_ROW_SLOTS 6     // the row-slots table check kernel (coord: 0, 0, tile index, row in tile)
+#define WEFT_ROLE_GEMM_PEER_BARRIER 7  // the fused methods' START / END barrier among ranks (coord: peer_bar's)
+#define WEFT_ROLE_GEMM_SETUP 8         // the kernel's entry check of its dynamic shared memory
 
 // What the first thread whose wait expired saw. Lives in host-mapped pinned memory so the host can
 // read it after the kernel trapped and its context died.
 typedef struct weft_error_slot {
   int32_t status;          // WEFT_SYNC_STATUS_*
   int32_t primitive;       // WEFT_SYNC_PRIM_*
-  int32_t rank;            // the rank whose thread gave up
+  int32_t rank;            // the rank whose thread gave up (as the launch was told it)
   int32_t target_rank;     // the rank whose counter it polled (or signalled, for BAD_COORD)
   weft_tile_coord coord;   // element coordinate (b, d, row, col) in the counter layout
   uint64_t expected;       // the target the counter had to reach (>=)
@@ -42,7 +57,7 @@ typedef struct weft_error_slot {
   uint32_t block;          // linear block index of the thread
   uint32_t thread;         // linear thread index in its block
   uint32_t smid;
-  uint32_t reserved;
+  uint32_t role;           // WEFT_ROLE_*: the part of the kernel the thread belongs to
 } weft_error_slot;
 
 // The bound every wait runs under.

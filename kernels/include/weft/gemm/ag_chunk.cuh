@@ -11,7 +11,6 @@
 
 namespace weft::gemm {
 
-constexpr uint32_t kRoleAllGather = 6;  // error reports: coord.b (kRoleAllReduce = 5, tile_allreduce.cuh)
 
 __device__ __forceinline__ bool ag_inter(const weft_gemm_params& p) { return p.comm_op == WEFT_GEMM_COMM_ALLGATHER; }
 
@@ -60,8 +59,8 @@ __device__ __forceinline__ uint32_t ag_stall_code(const weft_gemm_params& p, uin
   return 1u + k_chunk * weft_gemm_tiles_m(p.sched) + tm;
 }
 
-// Reports a chunk wait the loader gave up on (ag_stall_code `code`, coord {role, 0, tile row, K
-// chunk}) and traps.
+// Reports a chunk wait the loader gave up on (ag_stall_code `code`, role LOADER, coord {0, 0, tile
+// row, K chunk}) and traps.
 template <class Cfg>
 __device__ __forceinline__ void ag_chunk_fail(const weft_gemm_params& p, uint32_t code) {
   const uint32_t tiles_m = weft_gemm_tiles_m(p.sched), tm = (code - 1u) % tiles_m, chunk = (code - 1u) / tiles_m;
@@ -69,7 +68,8 @@ __device__ __forceinline__ void ag_chunk_fail(const weft_gemm_params& p, uint32_
   f.status = WEFT_SYNC_STATUS_TIMEOUT;
   f.primitive = WEFT_SYNC_PRIM_WAIT_GPU;
   f.target_rank = p.peer_bar.view.rank;
-  f.coord = weft_tile_coord{kRoleAllGather, 0, tm, chunk};
+  f.role = WEFT_ROLE_GEMM_LOADER;
+  f.coord = weft_tile_coord{0, 0, tm, chunk};
   f.expected = p.ag_copy.flag_target;
   f.observed = weft::sync::mo::ld_relaxed_gpu(ag_chunk_flag<Cfg>(p, tm, chunk));
   f.elapsed_cycles = p.peer_bar.bound.budget_cycles;

@@ -29,8 +29,7 @@ struct TileCopyCommunicator {
     const uint32_t orders = weft_gemm_order_count(s);
     const uint32_t row_bytes = s.n * sizeof(typename Cfg::Out);
     const uint32_t tile_row_bytes = Cfg::kBN * sizeof(typename Cfg::Out);
-    // The test communicator's launches are not peer launches: peer_bar.view.rank is 0 then.
-    const int32_t rank = p.peer_bar.view.rank;
+    const int32_t rank = p.rank;
     for (uint32_t order = blockIdx.x - s.ctas; order < orders; order += p.comm_ctas) {
       const weft_gemm_tile t = weft_gemm_tile_at(s, order);
       if (!t.valid) continue;
@@ -38,7 +37,8 @@ struct TileCopyCommunicator {
         const uint64_t* flag = reinterpret_cast<const uint64_t*>(p.tile_flags) + weft_gemm_tile_index(s, t);
         weft::sync::wait_flag<weft::sync::FlagScope::Gpu>(
             flag, p.flag_target, p.bound,
-            weft::sync::WaitSite{rank, WEFT_SYNC_PRIM_WAIT_GPU, rank, weft_tile_coord{kRoleCommunicator, order, t.tm, t.tn}});
+            weft::sync::WaitSite{rank, WEFT_SYNC_PRIM_WAIT_GPU, rank, weft_tile_coord{0, order, t.tm, t.tn},
+                                 WEFT_ROLE_GEMM_COMMUNICATOR});
       }
       __syncthreads();  // extends thread 0's acquire to the block
       const uint32_t rows = min(s.m - t.tm * Cfg::kBM, uint32_t(Cfg::kBM));

@@ -110,12 +110,13 @@ __device__ __forceinline__ void report_stall(const weft_gemm_params& p, const Co
   weft::sync::failure f{};
   f.status = WEFT_SYNC_STATUS_TIMEOUT;
   f.primitive = static_cast<int32_t>(stall.primitive);
-  f.coord = weft_tile_coord{kRoleConsumer, stall.stage, stall.tile.tm, stall.tile.tn};
+  f.role = WEFT_ROLE_GEMM_CONSUMER;
+  f.coord = weft_tile_coord{0, stall.stage, stall.tile.tm, stall.tile.tn};
   f.expected = stall.parity;
   f.observed = stall.primitive == WEFT_SYNC_PRIM_MBARRIER_WAIT ? stall.parity ^ 1u : stall.observed;
   f.elapsed_cycles = stall.cycles;
   f.elapsed_ns = stall.ns;
-  weft::sync::fail_inline(p.bound, 0, f);
+  weft::sync::fail_inline(p.bound, p.rank, f);
 }
 
 }  // namespace weft::gemm

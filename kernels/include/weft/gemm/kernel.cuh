@@ -58,9 +58,11 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
     if (given < Cfg::kSmemBytes) {
       weft::sync::failure f{};
       f.status = WEFT_SYNC_STATUS_SMEM;
+      f.role = WEFT_ROLE_GEMM_SETUP;
+      f.target_rank = p.rank;
       f.expected = Cfg::kSmemBytes;
       f.observed = given;
-      weft::sync::fail_inline(p.bound, 0, f);
+      weft::sync::fail_inline(p.bound, p.rank, f);
     }
     for (int s = 0; s < Cfg::kStages; ++s) {
       mbar_init(sm.full(s), 1);                      // the loader's expect_tx arrival

@@ -14,8 +14,6 @@
 
 namespace weft::gemm {
 
-// Role ids for error reports (weft_error_slot.coord.b).
-constexpr uint32_t kRoleLoader = 1, kRoleConsumer = 2, kRoleCommunicator = 3;  // kRoleSignaller = 4: signaller.cuh
 
 // The CTA's next work unit (its tile's order unless split-K): static, `current` + ctas; dynamic, a
 // claim on the launch's counter (a relaxed atomic: the claim carries no data). `current` =
@@ -80,8 +78,8 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
         }
       }
       // Parity phase ^ 1: a fresh barrier counts as having completed the phase before phase 0.
-      weft::sync::mbarrier_wait<true>(sm.empty(ps.stage), ps.phase ^ 1u, p.bound, 0,
-                                weft_tile_coord{kRoleLoader, static_cast<uint32_t>(ps.stage), t.tm, t.tn});
+      weft::sync::mbarrier_wait<true>(sm.empty(ps.stage), ps.phase ^ 1u, p.bound, p.rank,
+                                      weft_tile_coord{0, static_cast<uint32_t>(ps.stage), t.tm, t.tn}, WEFT_ROLE_GEMM_LOADER);
       uint64_t* full = sm.full(ps.stage);
       if (kb == kbs.begin) *sm.order(ps.stage) = work;  // released to the consumers by the arrival below
       mbar_arrive_expect_tx(full, Cfg::kABytes + Cfg::kBBytes);
@@ -118,8 +116,8 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
   }
   // No more tiles: a stage with no bytes whose order says so (with clusters both CTAs of a cluster
   // run the same number of tiles, so no peer multicasts into it).
-  weft::sync::mbarrier_wait<true>(sm.empty(ps.stage), ps.phase ^ 1u, p.bound, 0,
-                                  weft_tile_coord{kRoleLoader, static_cast<uint32_t>(ps.stage), WEFT_GEMM_NO_TILE, 0});
+  weft::sync::mbarrier_wait<true>(sm.empty(ps.stage), ps.phase ^ 1u, p.bound, p.rank,
+                                  weft_tile_coord{0, static_cast<uint32_t>(ps.stage), WEFT_GEMM_NO_TILE, 0}, WEFT_ROLE_GEMM_LOADER);
   *sm.order(ps.stage) = WEFT_GEMM_NO_TILE;
   mbar_arrive(sm.full(ps.stage));
 }

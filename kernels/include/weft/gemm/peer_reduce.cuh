@@ -98,6 +98,7 @@ __device__ __forceinline__ void peer_bar_fail(const weft_gemm_params& p, int32_t
   weft::sync::failure f{};
   f.status = status;
   f.primitive = primitive;
+  f.role = WEFT_ROLE_GEMM_PEER_BARRIER;
   f.target_rank = rank;
   f.coord = peer_bar_coord(row);
   f.expected = expected;

@@ -24,8 +24,6 @@
 
 namespace weft::gemm {
 
-constexpr uint32_t kRoleSignaller = 4;  // error reports: coord.b (loader.cuh has the others)
-
 // Whether this launch signals at all (else the signallers exit at once and nothing is posted).
 __device__ __forceinline__ bool launch_signals(const weft_gemm_params& p) {
   return p.tile_flags != 0 || p.group_counters != 0;
@@ -59,16 +57,17 @@ __device__ __forceinline__ bool post_signal(const weft_gemm_params& p, const Sha
 }
 
 // Reports a leader's post that found no free slot within the budget (MBARRIER_WAIT on the
-// slot's empty barrier, coord {kRoleSignaller, slot, consumer, 0}) and traps.
+// slot's empty barrier, coord {0, slot, consumer, 0}; the leader is a consumer's) and traps.
 __device__ __forceinline__ void report_signal_stall(const weft_gemm_params& p, int consumer, const SignalRing& ring) {
   weft::sync::failure f{};
   f.status = WEFT_SYNC_STATUS_TIMEOUT;
   f.primitive = WEFT_SYNC_PRIM_MBARRIER_WAIT;
-  f.coord = weft_tile_coord{kRoleSignaller, static_cast<uint32_t>(ring.stage), static_cast<uint32_t>(consumer), 0};
+  f.role = WEFT_ROLE_GEMM_CONSUMER;
+  f.coord = weft_tile_coord{0, static_cast<uint32_t>(ring.stage), static_cast<uint32_t>(consumer), 0};
   f.expected = ring.phase ^ 1u;
   f.observed = ring.phase;
   f.elapsed_cycles = p.bound.budget_cycles;
-  weft::sync::fail_inline(p.bound, 0, f);
+  weft::sync::fail_inline(p.bound, p.rank, f);
 }
 
 // The signaller of `consumer`: issues each posted release until the leader posts address 0.
@@ -79,8 +78,9 @@ template <class Cfg>
 __device__ __forceinline__ void run_signaller(const weft_gemm_params& p, const SharedTiles<Cfg>& sm, int consumer) {
   SignalRing ring;
   for (;;) {
-    weft::sync::mbarrier_wait<true>(sm.signal_full(consumer, ring.stage), ring.phase, p.bound, 0,
-                                    weft_tile_coord{kRoleSignaller, static_cast<uint32_t>(ring.stage), static_cast<uint32_t>(consumer), 1});
+    weft::sync::mbarrier_wait<true>(sm.signal_full(consumer, ring.stage), ring.phase, p.bound, p.rank,
+                                    weft_tile_coord{0, static_cast<uint32_t>(ring.stage), static_cast<uint32_t>(consumer), 1},
+                                    WEFT_ROLE_GEMM_SIGNALLER);
     const uint64_t* slot = sm.signal_slot(consumer, ring.stage);
     const uint64_t address = slot[0], value = slot[1];
     if (address == 0) return;

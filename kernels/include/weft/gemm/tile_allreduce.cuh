@@ -23,7 +23,6 @@
 
 namespace weft::gemm {
 
-constexpr uint32_t kRoleAllReduce = 5;  // error reports: coord.b (loader.cuh, signaller.cuh have the others)
 
 // Adds the 8 bf16 of `v` to acc[0..8).
 __device__ __forceinline__ void add_bf16x8(float* acc, const int4& v) {
@@ -90,7 +89,8 @@ __device__ __forceinline__ void await_tile(const weft_tile_allreduce_params& p, 
       const uint64_t* flag = weft::pgl::on_rank<const uint64_t>(p.flags, r) + a.index;
       weft::sync::wait_flag<weft::sync::FlagScope::Sys>(
           flag, p.flag_target, p.bar.bound,
-          weft::sync::WaitSite{p.partial.rank, WEFT_SYNC_PRIM_WAIT, r, weft_tile_coord{kRoleAllReduce, a.order, a.t.tm, a.t.tn}});
+          weft::sync::WaitSite{p.partial.rank, WEFT_SYNC_PRIM_WAIT, r, weft_tile_coord{0, a.order, a.t.tm, a.t.tn},
+                               WEFT_ROLE_GEMM_ALLREDUCE});
     }
   }
   __syncthreads();

@@ -26,9 +26,8 @@ namespace weft::sync {
 __device__ __forceinline__ void barrier(const weft_sync_counters& bar, weft_tile_coord coord, uint64_t epoch) {
   signal_all(bar, coord, 1);
   const uint64_t* own = counter_or_trap(bar, coord, bar.view.rank, WEFT_SYNC_PRIM_BARRIER);
-  detail::spin_until(own, weft_barrier_target(bar.view.world, epoch), bar.bound, bar.view.rank, WEFT_SYNC_PRIM_BARRIER,
-                     bar.view.rank, coord,
-                     detail::AcquireSys{});
+  detail::spin_until(own, weft_barrier_target(bar.view.world, epoch), bar.bound,
+                     WaitSite{bar.view.rank, WEFT_SYNC_PRIM_BARRIER, bar.view.rank, coord}, detail::AcquireSys{});
 }
 
 // GPU scope: `participants` threads (one per block, typically) of this GPU meet at this rank's own
@@ -38,9 +37,8 @@ __device__ __forceinline__ void barrier_gpu(const weft_sync_counters& bar, weft_
                                             uint64_t epoch) {
   uint64_t* own = counter_or_trap(bar, coord, bar.view.rank, WEFT_SYNC_PRIM_BARRIER_GPU);
   mo::red_add_release_gpu(own, 1);
-  detail::spin_until(own, uint64_t(participants) * epoch, bar.bound, bar.view.rank, WEFT_SYNC_PRIM_BARRIER_GPU,
-                     bar.view.rank, coord,
-                     detail::AcquireGpu{});
+  detail::spin_until(own, uint64_t(participants) * epoch, bar.bound,
+                     WaitSite{bar.view.rank, WEFT_SYNC_PRIM_BARRIER_GPU, bar.view.rank, coord}, detail::AcquireGpu{});
 }
 
 }  // namespace weft::sync

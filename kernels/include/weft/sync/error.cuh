@@ -25,6 +25,7 @@ struct failure {
   uint64_t observed;
   uint64_t elapsed_cycles;
   uint64_t elapsed_ns;
+  uint32_t role;     // WEFT_ROLE_*: the part of the kernel whose wait or check gave up
 };
 
 // One per loaded module (each kernels/**/*.cu is its own module): 0 until a thread claims it.
@@ -56,6 +57,7 @@ __device__ __forceinline__ void fail_inline(const weft_sync_bound& bound, int32_
       slot->block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
       slot->thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
       slot->smid = smid();
+      slot->role = f.role;
       __threadfence_system();  // the fields reach host memory before the status that vouches for them
       slot->status = f.status;
       __threadfence_system();

@@ -11,11 +11,12 @@
 namespace weft::sync {
 
 // Waits for the phase of parity `parity` to complete, bounded by `bound`; on expiry reports
-// MBARRIER_WAIT (expected = the awaited parity, observed = the other parity, coord = `coord`) and
-// traps. kInlineReport: report without a function call (for code after setmaxnreg; see fail_inline).
+// MBARRIER_WAIT (expected = the awaited parity, observed = the other parity, coord = `coord`, the
+// waiting thread's `role`) and traps. kInlineReport: report without a function call (for code
+// after setmaxnreg; see fail_inline).
 template <bool kInlineReport = false>
 __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity, const weft_sync_bound& bound, int32_t rank,
-                                              weft_tile_coord coord) {
+                                              weft_tile_coord coord, uint32_t role = WEFT_ROLE_NONE) {
   if (weft::mbar_try_wait(bar, parity)) return;
   const long long c0 = clock64();
   const uint64_t t0 = globaltimer_ns();
@@ -25,6 +26,7 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity, co
       failure f{};
       f.status = WEFT_SYNC_STATUS_TIMEOUT;
       f.primitive = WEFT_SYNC_PRIM_MBARRIER_WAIT;
+      f.role = role;
       f.target_rank = rank;
       f.coord = coord;
       f.expected = parity;

@@ -20,6 +20,18 @@
 #include "weft/sync/memory_order.cuh"
 
 namespace weft::sync {
+
+// Where a wait is, for its give-up report: the waiting rank, the primitive it reports as
+// (WEFT_SYNC_PRIM_*), the rank whose flag or counter it polls, the site's coordinate and the part
+// of the kernel that waits (WEFT_ROLE_*; none by default).
+struct WaitSite {
+  int32_t rank;
+  int32_t primitive;
+  int32_t target_rank;
+  weft_tile_coord coord;
+  uint32_t role = WEFT_ROLE_NONE;
+};
+
 namespace detail {
 
 struct AcquireSys {
@@ -32,12 +44,11 @@ struct RelaxedSys {
   __device__ __forceinline__ uint64_t operator()(const uint64_t* p) const { return mo::ld_relaxed_sys(p); }
 };
 
-// Polls `counter` with `load` until it is >= expected; past bound.budget_cycles reports (as
-// rank `rank`) and traps.
+// Polls `counter` with `load` until it is >= expected; past bound.budget_cycles reports `site`
+// and traps.
 template <typename Load>
 __device__ __forceinline__ uint64_t spin_until(const uint64_t* counter, uint64_t expected, const weft_sync_bound& bound,
-                                               int32_t rank, int32_t primitive, int32_t target_rank, weft_tile_coord coord,
-                                               Load load) {
+                                               const WaitSite& site, Load load) {
   uint64_t v = load(counter);
   if (v >= expected) return v;
   const long long c0 = clock64();
@@ -49,14 +60,15 @@ __device__ __forceinline__ uint64_t spin_until(const uint64_t* counter, uint64_t
     if (spent > bound.budget_cycles) {
       failure f{};
       f.status = WEFT_SYNC_STATUS_TIMEOUT;
-      f.primitive = primitive;
-      f.target_rank = target_rank;
-      f.coord = coord;
+      f.primitive = site.primitive;
+      f.role = site.role;
+      f.target_rank = site.target_rank;
+      f.coord = site.coord;
       f.expected = expected;
       f.observed = v;
       f.elapsed_cycles = spent;
       f.elapsed_ns = globaltimer_ns() - t0;
-      fail(bound, rank, f);
+      fail(bound, site.rank, f);
     }
   }
 }
@@ -67,15 +79,6 @@ __device__ __forceinline__ uint64_t spin_until(const uint64_t* counter, uint64_t
 // another GPU or a stream memory operation.
 enum class FlagScope { Gpu, Sys };
 
-// Where a flag wait is, for its give-up report: the waiting rank, the primitive it reports as
-// (WEFT_SYNC_PRIM_*), the rank whose flag it polls and the site's coordinate.
-struct WaitSite {
-  int32_t rank;
-  int32_t primitive;
-  int32_t target_rank;
-  weft_tile_coord coord;
-};
-
 // Waits until the flag at `flag` (any u64 in device or peer memory, not a counters PGL's slot:
 // those have wait() / wait_gpu()) is >= expected, with an acquire at `kScope`; returns the value
 // seen. Bounded: past bound.budget_cycles it records the site, expected and observed value in
@@ -84,11 +87,9 @@ template <FlagScope kScope>
 __device__ __forceinline__ uint64_t wait_flag(const uint64_t* flag, uint64_t expected, const weft_sync_bound& bound,
                                               const WaitSite& site) {
   if constexpr (kScope == FlagScope::Gpu) {
-    return detail::spin_until(flag, expected, bound, site.rank, site.primitive, site.target_rank, site.coord,
-                              detail::AcquireGpu{});
+    return detail::spin_until(flag, expected, bound, site, detail::AcquireGpu{});
   } else {
-    return detail::spin_until(flag, expected, bound, site.rank, site.primitive, site.target_rank, site.coord,
-                              detail::AcquireSys{});
+    return detail::spin_until(flag, expected, bound, site, detail::AcquireSys{});
   }
 }
 
@@ -98,14 +99,15 @@ __device__ __forceinline__ uint64_t wait_flag(const uint64_t* flag, uint64_t exp
 __device__ __forceinline__ uint64_t wait(const weft_sync_counters& bar, weft_tile_coord coord, int32_t rank,
                                          uint64_t expected) {
   const uint64_t* c = counter_or_trap(bar, coord, rank, WEFT_SYNC_PRIM_WAIT);
-  return detail::spin_until(c, expected, bar.bound, bar.view.rank, WEFT_SYNC_PRIM_WAIT, rank, coord, detail::AcquireSys{});
+  return detail::spin_until(c, expected, bar.bound, WaitSite{bar.view.rank, WEFT_SYNC_PRIM_WAIT, rank, coord},
+                            detail::AcquireSys{});
 }
 
 // GPU scope: waits on this rank's own counter for signals from other SMs of the same GPU
 // (signal_gpu). Cheaper than wait(); does not order against other GPUs' writes.
 __device__ __forceinline__ uint64_t wait_gpu(const weft_sync_counters& bar, weft_tile_coord coord, uint64_t expected) {
   const uint64_t* c = counter_or_trap(bar, coord, bar.view.rank, WEFT_SYNC_PRIM_WAIT_GPU);
-  return detail::spin_until(c, expected, bar.bound, bar.view.rank, WEFT_SYNC_PRIM_WAIT_GPU, bar.view.rank, coord,
+  return detail::spin_until(c, expected, bar.bound, WaitSite{bar.view.rank, WEFT_SYNC_PRIM_WAIT_GPU, bar.view.rank, coord},
                             detail::AcquireGpu{});
 }
 
@@ -117,7 +119,7 @@ namespace unordered {
 __device__ __forceinline__ uint64_t wait(const weft_sync_counters& bar, weft_tile_coord coord, int32_t rank,
                                          uint64_t expected) {
   const uint64_t* c = counter_or_trap(bar, coord, rank, WEFT_SYNC_PRIM_WAIT_UNORDERED);
-  return detail::spin_until(c, expected, bar.bound, bar.view.rank, WEFT_SYNC_PRIM_WAIT_UNORDERED, rank, coord,
+  return detail::spin_until(c, expected, bar.bound, WaitSite{bar.view.rank, WEFT_SYNC_PRIM_WAIT_UNORDERED, rank, coord},
                             detail::RelaxedSys{});
 }
 
