@@ -1,7 +1,9 @@
 //! Results files: `{"suite", "device", "gpus", "driver", "commit", "date", "command", "rows"}`
-//! (docs/DESIGN.md §5), shared by every timing suite so runs can be compared and plotted.
+//! (docs/DESIGN.md §5, the schema in results_file.rs), shared by every timing suite so runs can be
+//! compared and plotted.
 
 use crate::json::Json;
+use crate::results_file::{ResultsFile, ResultsFileError};
 
 /// Where and how a timing run was made.
 pub struct RunMeta {
@@ -15,17 +17,24 @@ pub struct RunMeta {
 }
 
 impl RunMeta {
-    pub fn to_json(&self, rows: Vec<Json>) -> Json {
-        Json::obj([
-            ("suite", Json::from(self.suite.as_str())),
-            ("device", Json::from(self.device.as_str())),
-            ("gpus", Json::from(self.gpus)),
-            ("driver", Json::from(self.driver.as_str())),
-            ("commit", Json::from(self.commit.as_str())),
-            ("date", Json::from(self.date.as_str())),
-            ("command", Json::from(self.command.as_str())),
-            ("rows", Json::Arr(rows)),
-        ])
+    /// The results file of a run's `rows` (each read through the rows' schema; `path` names the
+    /// file in errors).
+    pub fn results_file(
+        &self,
+        rows: Vec<Json>,
+        path: &str,
+    ) -> Result<ResultsFile, ResultsFileError> {
+        let envelope = ResultsFile {
+            suite: self.suite.clone(),
+            device: self.device.clone(),
+            gpus: Some(self.gpus as u32),
+            driver: Some(self.driver.clone()),
+            commit: self.commit.clone(),
+            date: self.date.clone(),
+            command: self.command.clone(),
+            rows: Vec::new(),
+        };
+        ResultsFile::with_rows(envelope, rows, path)
     }
 }
 

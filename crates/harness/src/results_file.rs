@@ -1,23 +1,23 @@
-//! The results files' shared schema, read back with serde (`weft plot`, and the test that every
-//! committed file under `results/` follows it): an envelope naming the suite, device, commit,
-//! date and command, and rows `{case, weft_ms, baseline, baseline_ms, ratio, …}` whose further
-//! fields are the suite's own. A row's `ratio`, where it has one with both times, is
+//! The results files' shared schema, written and read with serde (every bench suite writes through
+//! it; `weft plot`, and the test that every committed file under `results/` follows it, read it):
+//! an envelope naming the suite, device, commit, date and command, and rows `{case, weft_ms,
+//! baseline, baseline_ms, ratio, …}` whose further fields are the suite's own. A row's `ratio`, where it has one with both times, is
 //! `baseline_ms / weft_ms`. (In the PyTorch peer files the measured op is async-TP: their rows
 //! have `baseline_ms` and `ratio` = seq ÷ async-TP, and no `weft_ms`.)
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::path::Path;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 pub struct ResultsFile {
     pub suite: String,
     /// The GPU's name (e.g. "NVIDIA H200").
     pub device: String,
     /// GPUs in the job (the PyTorch peer files written up to the a83d516 runs do not say).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpus: Option<u32>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver: Option<String>,
     pub commit: String,
     pub date: String,
@@ -27,17 +27,17 @@ pub struct ResultsFile {
     pub rows: Vec<Row>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 pub struct Row {
     /// What the row measured (the tuner's, the interference bench's and the peer files' rows
     /// are keyed by their fields instead).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub case: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weft_ms: Option<f64>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub baseline_ms: Option<f64>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ratio: Option<f64>,
     /// The suite's own fields.
     #[serde(flatten)]
@@ -97,6 +97,12 @@ pub enum ResultsFileError {
     },
     #[error("{path}: no rows")]
     Empty { path: String },
+    #[error("{path}: row {row} does not follow the rows' schema: {source}")]
+    Row {
+        path: String,
+        row: usize,
+        source: serde_json::Error,
+    },
 }
 
 impl ResultsFile {
@@ -113,6 +119,57 @@ impl ResultsFile {
         )
     }
 
+    /// A file of the suite's `rows` (JSON objects) under `envelope` (its rows ignored), each row
+    /// read through the schema and the whole checked as [`ResultsFile::load`] checks a file;
+    /// `path` names it in errors.
+    pub fn with_rows(
+        envelope: ResultsFile,
+        rows: Vec<serde_json::Value>,
+        path: &str,
+    ) -> Result<Self, ResultsFileError> {
+        let rows = rows
+            .into_iter()
+            .enumerate()
+            .map(|(row, v)| {
+                serde_json::from_value(v).map_err(|source| ResultsFileError::Row {
+                    path: path.to_string(),
+                    row,
+                    source,
+                })
+            })
+            .collect::<Result<Vec<Row>, _>>()?;
+        let file = ResultsFile { rows, ..envelope };
+        file.check(path)?;
+        Ok(file)
+    }
+
+    /// The file's text: the envelope pretty-printed, each row on one line (so that a diff of two
+    /// runs shows rows).
+    pub fn render(&self) -> Result<String, serde_json::Error> {
+        let serde_json::Value::Object(fields) = serde_json::to_value(self)? else {
+            unreachable!("a struct serializes to an object");
+        };
+        let mut out = String::from("{\n");
+        let last = fields.len().saturating_sub(1);
+        for (i, (key, value)) in fields.iter().enumerate() {
+            out.push_str(&format!("  {}: ", serde_json::to_string(key)?));
+            match value {
+                serde_json::Value::Array(rows) if key == "rows" && !rows.is_empty() => {
+                    out.push_str("[\n");
+                    for (j, row) in rows.iter().enumerate() {
+                        let sep = if j + 1 < rows.len() { "," } else { "" };
+                        out.push_str(&format!("    {}{sep}\n", serde_json::to_string(row)?));
+                    }
+                    out.push_str("  ]");
+                }
+                other => out.push_str(&serde_json::to_string(other)?),
+            }
+            out.push_str(if i < last { ",\n" } else { "\n" });
+        }
+        out.push_str("}\n");
+        Ok(out)
+    }
+
     /// `path` read and checked: the schema, at least one row, and every row's ratio.
     pub fn load(path: &Path) -> Result<Self, ResultsFileError> {
         let shown = path.display().to_string();
@@ -125,6 +182,14 @@ impl ResultsFile {
                 path: shown.clone(),
                 source,
             })?;
+        file.check(&shown)?;
+        Ok(file)
+    }
+
+    /// At least one row, and every row's ratio is baseline_ms / weft_ms where it has all three.
+    fn check(&self, path: &str) -> Result<(), ResultsFileError> {
+        let shown = path.to_string();
+        let file = self;
         if file.rows.is_empty() {
             return Err(ResultsFileError::Empty { path: shown });
         }
@@ -142,13 +207,14 @@ impl ResultsFile {
                 }
             }
         }
-        Ok(file)
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::json::Json;
     use std::path::PathBuf;
 
     fn results_dir() -> PathBuf {
@@ -191,6 +257,75 @@ mod tests {
     }
 
     const ENVELOPE: &str = r#""suite": "s", "device": "d", "commit": "c", "date": "2026-11-27", "command": "weft bench s""#;
+
+    fn envelope() -> ResultsFile {
+        ResultsFile {
+            suite: "s".into(),
+            device: "d".into(),
+            gpus: Some(2),
+            driver: Some("580".into()),
+            commit: "c".into(),
+            date: "2026-11-28".into(),
+            command: "weft bench s".into(),
+            rows: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn what_the_suites_write_reads_back_one_row_per_line() {
+        let rows = vec![
+            crate::json::obj([
+                ("case", Json::from("a \"quoted\" case")),
+                ("m", crate::json::num(4096.0)),
+                ("weft_ms", Json::from(2.0)),
+                ("baseline_ms", Json::from(3.0)),
+                ("ratio", Json::from(1.5)),
+                (
+                    "nested",
+                    Json::Array(vec![crate::json::obj([("x", Json::Null)])]),
+                ),
+            ]),
+            crate::json::obj([("op", Json::from("all_reduce")), ("weft_ms", Json::Null)]),
+        ];
+        let file = ResultsFile::with_rows(envelope(), rows, "mem").unwrap();
+        let text = file.render().unwrap();
+        // The suite's own fields keep their order after the schema's; absent options are left out.
+        assert!(
+            text.contains(
+                "\n    {\"case\":\"a \\\"quoted\\\" case\",\"weft_ms\":2.0,\"baseline_ms\":3.0,\"ratio\":1.5,\"m\":4096,\"nested\":[{\"x\":null}]},\n    {\"op\":\"all_reduce\"}\n  ]\n}\n"
+            ),
+            "{text}"
+        );
+        assert!(text.starts_with("{\n  \"suite\": \"s\",\n  \"device\": \"d\",\n  \"gpus\": 2,"));
+        let path = write("round-trip.json", &text);
+        let back = ResultsFile::load(&path).unwrap();
+        assert_eq!(back.rows.len(), 2);
+        assert_eq!(back.rows[0].num("m"), Some(4096.0));
+        assert_eq!(back.rows[1].label(), "all_reduce");
+        assert_eq!(back.render().unwrap(), text);
+    }
+
+    #[test]
+    fn a_suite_row_off_the_schema_is_refused_when_written() {
+        let bad = vec![crate::json::obj([("weft_ms", Json::from("fast"))])];
+        assert!(matches!(
+            ResultsFile::with_rows(envelope(), bad, "mem"),
+            Err(ResultsFileError::Row { row: 0, .. })
+        ));
+        let wrong_ratio = vec![crate::json::obj([
+            ("weft_ms", Json::from(2.0)),
+            ("baseline_ms", Json::from(3.0)),
+            ("ratio", Json::from(2.0)),
+        ])];
+        assert!(matches!(
+            ResultsFile::with_rows(envelope(), wrong_ratio, "mem"),
+            Err(ResultsFileError::Ratio { row: 0, .. })
+        ));
+        assert!(matches!(
+            ResultsFile::with_rows(envelope(), Vec::new(), "mem"),
+            Err(ResultsFileError::Empty { .. })
+        ));
+    }
 
     #[test]
     fn a_wrong_ratio_a_missing_field_and_no_rows_are_refused() {

@@ -17,7 +17,7 @@ use super::nccl::Op;
 use super::sweep::Sweep;
 use super::SuiteResult;
 use crate::job::Job;
-use crate::json::Json;
+use crate::json::{self, Json};
 use crate::results::Table;
 use crate::timing::{median, time_iterations};
 use crate::word_compare::WordCompare;
@@ -330,7 +330,7 @@ pub fn run(job: &mut Job, quick: bool, sweep: &Sweep) -> anyhow::Result<SuiteRes
             format!("{}×{}", m.blocks, m.threads),
             m.rounds.to_string(),
         ]);
-        rows.push(Json::obj([
+        rows.push(json::obj([
             ("case", Json::from(format!("{} {} B", m.op.name(), m.bytes))),
             ("op", Json::from(m.op.name())),
             ("bytes", Json::from(m.bytes)),

@@ -11,7 +11,7 @@
 use super::SuiteResult;
 use crate::gemm_data::{download, poisoned, uniform, upload};
 use crate::job::Job;
-use crate::json::Json;
+use crate::json::{self, Json};
 use crate::results::Table;
 use crate::timing::median;
 use cudarc::driver::{sys, CudaSlice, CudaStream};
@@ -358,7 +358,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             goal,
             notes,
         ]);
-        rows.push(Json::obj([
+        rows.push(json::obj([
             ("case", Json::from(label)),
             ("plan", Json::from(m.describe.clone())),
             ("weft_ms", Json::from(weft_ms)),

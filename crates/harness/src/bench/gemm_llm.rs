@@ -21,7 +21,7 @@ use super::SuiteResult;
 use crate::bound_compare::{Bound, BoundCompare};
 use crate::gemm_data::{uniform, upload};
 use crate::job::Job;
-use crate::json::Json;
+use crate::json::{self, Json};
 use crate::results::Table;
 use crate::timing::median;
 use cudarc::driver::{sys, CudaSlice, CudaStream, CudaView, DevicePtr};
@@ -308,7 +308,7 @@ pub fn run(job: &mut Job, quick: bool, shapes: &[GemmShape]) -> anyhow::Result<S
             .iter()
             .zip(&times[1..])
             .map(|((name, g), ms)| {
-                Json::obj([
+                json::obj([
                     ("config", Json::from(name.to_string())),
                     ("plan", Json::from(g.plan().describe())),
                     ("ms", Json::from(*ms)),
@@ -316,7 +316,7 @@ pub fn run(job: &mut Job, quick: bool, shapes: &[GemmShape]) -> anyhow::Result<S
                 ])
             })
             .collect();
-        rows.push(Json::obj([
+        rows.push(json::obj([
             ("case", Json::from(label.clone())),
             ("m", Json::from(f64::from(m))),
             ("n", Json::from(f64::from(n))),
@@ -332,10 +332,10 @@ pub fn run(job: &mut Job, quick: bool, shapes: &[GemmShape]) -> anyhow::Result<S
             ("best_config", Json::from(best_name.to_string())),
             ("best_ms", Json::from(best_ms)),
             ("best_ratio", Json::from(cublas_ms / best_ms)),
-            ("configs", Json::Arr(configs_json)),
+            ("configs", Json::Array(configs_json)),
             (
                 "refused",
-                Json::Arr(refused.into_iter().map(Json::from).collect()),
+                Json::Array(refused.into_iter().map(Json::from).collect()),
             ),
         ]));
     }

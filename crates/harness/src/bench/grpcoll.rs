@@ -13,7 +13,7 @@
 use super::rig::{slowest, Rig, FLUSH_BYTES};
 use super::SuiteResult;
 use crate::job::Job;
-use crate::json::Json;
+use crate::json::{self, Json};
 use crate::results::Table;
 use half::bf16;
 use weft_grpcoll::pattern::{cast_metas, reduce_metas, Workload};
@@ -304,7 +304,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             format!("{:.1}", gbs(baseline)),
             format!("{:.1}", logical / (native * 1e-3) / 1e9),
         ]);
-        rows.push(Json::obj([
+        rows.push(json::obj([
             ("case", Json::from(c.name.clone())),
             ("workload", Json::from(c.workload)),
             ("collective", Json::from(c.collective)),

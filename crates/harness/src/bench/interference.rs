@@ -33,7 +33,7 @@ use super::rig::{slowest, Rig};
 use super::SuiteResult;
 use crate::gemm_data::{band_receive, download, poison, poisoned, uniform, upload};
 use crate::job::Job;
-use crate::json::Json;
+use crate::json::{self, Json};
 use crate::results::Table;
 use crate::timing::median;
 use cudarc::driver::{sys, CudaSlice, CudaStream};
@@ -311,18 +311,18 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
                 format!("{:.3}", event_ms / plain_event),
                 format!("{:.3}", span_ms / plain_span),
             ]);
-            rows.push(Json::obj([
-                ("m", Json::Num(f64::from(m))),
-                ("n", Json::Num(f64::from(n))),
-                ("k", Json::Num(f64::from(k))),
-                ("sm_margin", Json::Num(f64::from(MARGIN))),
-                ("ctas", Json::Num(f64::from(plan.ctas()))),
-                ("waves", Json::Num(f64::from(waves))),
-                ("variant", Json::Str(v.name.clone())),
-                ("event_ms", Json::Num(event_ms)),
-                ("span_ms", Json::Num(span_ms)),
-                ("event_over_plain", Json::Num(event_ms / plain_event)),
-                ("span_over_plain", Json::Num(span_ms / plain_span)),
+            rows.push(json::obj([
+                ("m", json::num(f64::from(m))),
+                ("n", json::num(f64::from(n))),
+                ("k", json::num(f64::from(k))),
+                ("sm_margin", json::num(f64::from(MARGIN))),
+                ("ctas", json::num(f64::from(plan.ctas()))),
+                ("waves", json::num(f64::from(waves))),
+                ("variant", Json::String(v.name.clone())),
+                ("event_ms", json::num(event_ms)),
+                ("span_ms", json::num(span_ms)),
+                ("event_over_plain", json::num(event_ms / plain_event)),
+                ("span_over_plain", json::num(span_ms / plain_span)),
             ]));
         }
     }

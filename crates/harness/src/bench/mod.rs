@@ -283,7 +283,8 @@ pub fn report(
     };
     if let Some(path) = json {
         // Rows were printed as they were measured; the whole table again for the record.
-        write_file(path, &meta.to_json(result.rows).render())?;
+        let file = meta.results_file(result.rows, &path.display().to_string())?;
+        write_file(path, &file.render()?)?;
         println!("wrote {}", path.display());
     }
     if let Some(path) = csv {

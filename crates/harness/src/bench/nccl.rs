@@ -12,7 +12,7 @@
 use super::sweep::Sweep;
 use super::SuiteResult;
 use crate::job::Job;
-use crate::json::Json;
+use crate::json::{self, Json};
 use crate::results::Table;
 use crate::timing::{median, time_iterations};
 use cudarc::driver::{CudaSlice, CudaStream};
@@ -231,7 +231,7 @@ pub fn run(job: &mut Job, quick: bool, sweep: &Sweep) -> anyhow::Result<SuiteRes
             format!("{busbw:.2}"),
             anchor.map_or(String::new(), |a| format!("{a:.0}")),
         ]);
-        rows.push(Json::obj([
+        rows.push(json::obj([
             ("case", Json::from(format!("{} {bytes} B", op.name()))),
             ("op", Json::from(op.name())),
             ("bytes", Json::from(bytes)),

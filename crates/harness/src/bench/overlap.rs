@@ -33,7 +33,7 @@ use super::SuiteResult;
 use crate::bound_compare::{Bound, BoundCompare};
 use crate::gemm_data::{poisoned, uniform, upload};
 use crate::job::Job;
-use crate::json::Json;
+use crate::json::{self, Json};
 use crate::results::Table;
 use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, DeviceSlice};
 use half::bf16;
@@ -603,8 +603,8 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
         let breakdown = |method: &str, ms: f64| -> Vec<(&'static str, Json)> {
             match gemm_alone(method) {
                 Some(g) if ms.is_finite() => vec![
-                    ("gemm_alone_ms", Json::Num(g)),
-                    ("exposed_ms", Json::Num(ms - g)),
+                    ("gemm_alone_ms", json::num(g)),
+                    ("exposed_ms", json::num(ms - g)),
                 ],
                 _ => Vec::new(),
             }
@@ -630,39 +630,39 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
             });
         }
         let mut json = vec![
-            ("case", Json::Str(format!("{} {label}", op.name()))),
-            ("routing", Json::Str(routing.unwrap_or("").into())),
-            ("op", Json::Str(op.name().into())),
-            ("m", Json::Num(f64::from(m))),
-            ("n", Json::Num(f64::from(n))),
-            ("k", Json::Num(f64::from(k))),
-            ("world", Json::Num(world as f64)),
-            ("baseline", Json::Str("seq-cublas".into())),
-            ("baseline_ms", Json::Num(seq_ms)),
-            ("t_gemm_cublas_ms", Json::Num(t_gemm)),
-            ("t_comm_nccl_ms", Json::Num(t_comm)),
-            ("t_gemm_cublas_first_ms", Json::Num(t_gemm_first)),
-            ("t_comm_nccl_first_ms", Json::Num(t_comm_first)),
-            ("ideal_ms", Json::Num(ideal)),
-            ("iterations", Json::Num(rig.iters as f64)),
+            ("case", Json::String(format!("{} {label}", op.name()))),
+            ("routing", Json::String(routing.unwrap_or("").into())),
+            ("op", Json::String(op.name().into())),
+            ("m", json::num(f64::from(m))),
+            ("n", json::num(f64::from(n))),
+            ("k", json::num(f64::from(k))),
+            ("world", json::num(world as f64)),
+            ("baseline", Json::String("seq-cublas".into())),
+            ("baseline_ms", json::num(seq_ms)),
+            ("t_gemm_cublas_ms", json::num(t_gemm)),
+            ("t_comm_nccl_ms", json::num(t_comm)),
+            ("t_gemm_cublas_first_ms", json::num(t_gemm_first)),
+            ("t_comm_nccl_first_ms", json::num(t_comm_first)),
+            ("ideal_ms", json::num(ideal)),
+            ("iterations", json::num(rig.iters as f64)),
         ];
         if let Some(g) = gemm_alone("seq-cublas") {
             json.extend([
-                ("baseline_gemm_alone_ms", Json::Num(g)),
-                ("baseline_exposed_ms", Json::Num(seq_ms - g)),
+                ("baseline_gemm_alone_ms", json::num(g)),
+                ("baseline_exposed_ms", json::num(seq_ms - g)),
             ]);
         }
         let methods_json: Vec<Json> = measured
             .iter()
             .map(|c| {
                 let mut fields = vec![
-                    ("asked", Json::Str(c.choice.to_string())),
-                    ("method", Json::Str(c.method.clone())),
-                    ("ms", Json::Num(c.ms)),
-                    ("speedup_vs_seq_cublas", Json::Num(seq_ms / c.ms)),
+                    ("asked", Json::String(c.choice.to_string())),
+                    ("method", Json::String(c.method.clone())),
+                    ("ms", json::num(c.ms)),
+                    ("speedup_vs_seq_cublas", json::num(seq_ms / c.ms)),
                 ];
                 fields.extend(breakdown(&c.method, c.ms));
-                Json::obj(fields)
+                json::obj(fields)
             })
             .collect();
         if let Some((a, first_use, count)) = &auto {
@@ -676,23 +676,23 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
                 format!("{first_use:.1}"),
             ]);
             json.extend([
-                ("weft_ms", Json::Num(a.ms)),
-                ("ratio", Json::Num(seq_ms / a.ms)),
-                ("auto_method", Json::Str(a.method.clone())),
-                ("auto_over_fastest", Json::Num(a.ms / fastest.1)),
-                ("fraction_of_ideal", Json::Num(ideal / a.ms)),
-                ("auto_first_use_s", Json::Num(*first_use)),
-                ("auto_breakdown", Json::obj(breakdown(&a.method, a.ms))),
-                ("auto_candidates_measured", Json::Num(*count as f64)),
+                ("weft_ms", json::num(a.ms)),
+                ("ratio", json::num(seq_ms / a.ms)),
+                ("auto_method", Json::String(a.method.clone())),
+                ("auto_over_fastest", json::num(a.ms / fastest.1)),
+                ("fraction_of_ideal", json::num(ideal / a.ms)),
+                ("auto_first_use_s", json::num(*first_use)),
+                ("auto_breakdown", json::obj(breakdown(&a.method, a.ms))),
+                ("auto_candidates_measured", json::num(*count as f64)),
                 (
                     "auto_predicted",
-                    Json::Arr(
+                    Json::Array(
                         auto_predicted
                             .iter()
                             .map(|(m, t)| {
-                                Json::obj(vec![
-                                    ("method", Json::Str(m.clone())),
-                                    ("ms", Json::Num(*t)),
+                                json::obj(vec![
+                                    ("method", Json::String(m.clone())),
+                                    ("ms", json::num(*t)),
                                 ])
                             })
                             .collect(),
@@ -702,16 +702,16 @@ pub fn run(job: &mut Job, run: &OverlapRun<'_>) -> anyhow::Result<SuiteResult> {
         }
         cells.push(fastest.0.to_string());
         json.extend([
-            ("fastest_method", Json::Str(fastest.0.to_string())),
-            ("fastest_ms", Json::Num(fastest.1)),
-            ("methods", Json::Arr(methods_json)),
-            ("row_seconds", Json::Num(started.elapsed().as_secs_f64())),
+            ("fastest_method", Json::String(fastest.0.to_string())),
+            ("fastest_ms", json::num(fastest.1)),
+            ("methods", Json::Array(methods_json)),
+            ("row_seconds", json::num(started.elapsed().as_secs_f64())),
         ]);
         if rank == 0 {
             println!("{}", table.render_row(&cells));
         }
         table.rows.push(cells);
-        rows.push(Json::obj(json));
+        rows.push(json::obj(json));
     }
     Ok(SuiteResult { table, rows })
 }

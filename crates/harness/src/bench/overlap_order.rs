@@ -25,7 +25,7 @@ mod measure;
 
 use super::SuiteResult;
 use crate::job::Job;
-use crate::json::Json;
+use crate::json::{self, Json};
 use crate::results::Table;
 use anyhow::Context;
 use cudarc::driver::CudaContext;
@@ -551,7 +551,7 @@ fn report(cfg: &Config, measured: &[(Compute, Mode, Measured)]) -> SuiteResult {
                 ),
             ));
         }
-        rows.push(Json::obj(row));
+        rows.push(json::obj(row));
     }
     if let Some((_, _, b)) = measured
         .iter()
@@ -569,7 +569,7 @@ fn report(cfg: &Config, measured: &[(Compute, Mode, Measured)]) -> SuiteResult {
             b.empty_events_us
         );
         table.rows.push(cells);
-        rows.push(Json::obj([
+        rows.push(json::obj([
             (
                 "case",
                 Json::from("KernelBarrier wait, target already reached, idle stream"),

@@ -59,7 +59,7 @@
 
 use super::SuiteResult;
 use crate::job::Job;
-use crate::json::Json;
+use crate::json::{self, Json};
 use crate::results::Table;
 use crate::timing::{median, time_iterations};
 use anyhow::{bail, Context};
@@ -678,7 +678,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         } else {
             format!("{} {} B", c.method.name(), c.bytes)
         };
-        rows.push(Json::obj([
+        rows.push(json::obj([
             ("case", Json::from(case)),
             ("method", Json::from(c.method.name())),
             (

@@ -16,7 +16,7 @@
 
 use super::SuiteResult;
 use crate::job::Job;
-use crate::json::Json;
+use crate::json::{self, Json};
 use crate::results::Table;
 use crate::timing::{median, time_iterations};
 use cudarc::driver::{CudaContext, CudaStream};
@@ -300,7 +300,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
             m.goal_us.map_or(String::new(), fmt_us),
             notes,
         ]);
-        rows.push(Json::obj([
+        rows.push(json::obj([
             ("case", Json::from(m.case.as_str())),
             ("weft_ms", Json::from(slowest / 1e3)),
             ("weft_us", Json::from(slowest)),
@@ -333,7 +333,7 @@ pub fn run(job: &mut Job, quick: bool) -> anyhow::Result<SuiteResult> {
         String::new(),
         "reference: docs/DESIGN.md §4".into(),
     ]);
-    rows.push(Json::obj([
+    rows.push(json::obj([
         ("case", Json::from("NCCL all_reduce 4 B f32")),
         ("weft_ms", Json::from(nccl_slowest / 1e3)),
         ("min_rank_us", Json::from(nccl_fastest)),

@@ -25,7 +25,7 @@ use super::rig::{slowest, Rig};
 use super::SuiteResult;
 use crate::gemm_data::{poisoned, uniform, upload};
 use crate::job::Job;
-use crate::json::Json;
+use crate::json::{self, Json};
 use crate::results::Table;
 use anyhow::Context;
 use half::bf16;
@@ -424,10 +424,10 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
                 let meas = measure(job, &mut rig, op, shape, plan.options.sm_margin, waves)?;
                 pairs.push((pred, meas, true));
                 other_txt.push(format!("{}: {pred:.3}/{meas:.3}", fmt_waves(waves)));
-                other_json.push(Json::obj([
-                    ("groups", Json::Str(fmt_waves(waves))),
-                    ("predicted_ms", Json::Num(pred)),
-                    ("measured_ms", Json::Num(meas)),
+                other_json.push(json::obj([
+                    ("groups", Json::String(fmt_waves(waves))),
+                    ("predicted_ms", json::num(pred)),
+                    ("measured_ms", json::num(meas)),
                 ]));
             }
             let calibrated = calibration.contains(&shape);
@@ -446,24 +446,24 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
                 format!("{:.3}", seq / chosen_meas),
                 other_txt.join(", "),
             ]);
-            rows.push(Json::obj([
-                ("op", Json::Str(op.name().into())),
-                ("m", Json::Num(f64::from(shape.m))),
-                ("n", Json::Num(f64::from(shape.n))),
-                ("k", Json::Num(f64::from(shape.k))),
+            rows.push(json::obj([
+                ("op", Json::String(op.name().into())),
+                ("m", json::num(f64::from(shape.m))),
+                ("n", json::num(f64::from(shape.n))),
+                ("k", json::num(f64::from(shape.k))),
                 (
                     "calibration_shape",
-                    Json::Num(if calibrated { 1.0 } else { 0.0 }),
+                    json::num(if calibrated { 1.0 } else { 0.0 }),
                 ),
-                ("choice", Json::Str(label)),
-                ("predicted_ms", Json::Num(chosen_pred)),
-                ("measured_ms", Json::Num(chosen_meas)),
-                ("prediction_error", Json::Num(err)),
-                ("seq_cublas_ms", Json::Num(seq)),
-                ("seq_cublas_predicted_ms", Json::Num(seq_pred)),
-                ("speedup_vs_seq_cublas", Json::Num(seq / chosen_meas)),
-                ("sm_margin", Json::Num(f64::from(plan.options.sm_margin))),
-                ("other_partitions", Json::Arr(other_json)),
+                ("choice", Json::String(label)),
+                ("predicted_ms", json::num(chosen_pred)),
+                ("measured_ms", json::num(chosen_meas)),
+                ("prediction_error", json::num(err)),
+                ("seq_cublas_ms", json::num(seq)),
+                ("seq_cublas_predicted_ms", json::num(seq_pred)),
+                ("speedup_vs_seq_cublas", json::num(seq / chosen_meas)),
+                ("sm_margin", json::num(f64::from(plan.options.sm_margin))),
+                ("other_partitions", Json::Array(other_json)),
             ]));
             progress.step(&format!("check {} {shape}", op.name()));
         }
@@ -495,23 +495,23 @@ pub fn run(job: &mut Job, opts: &TuneOptions) -> anyhow::Result<SuiteResult> {
         );
     }
     for (op, margin, f) in &profile.contention {
-        rows.push(Json::obj([
-            ("contention_op", Json::Str(op.name().into())),
-            ("sm_margin", Json::Num(f64::from(*margin))),
-            ("factor", Json::Num(*f)),
+        rows.push(json::obj([
+            ("contention_op", Json::String(op.name().into())),
+            ("sm_margin", json::num(f64::from(*margin))),
+            ("factor", json::num(*f)),
         ]));
     }
-    rows.push(Json::obj([
-        ("mean_prediction_error", Json::Num(all)),
-        ("predictions", Json::Num(n_all as f64)),
-        ("mean_prediction_error_held_out", Json::Num(held_out)),
-        ("predictions_held_out", Json::Num(n_held as f64)),
-        ("mean_prediction_error_overlap", Json::Num(ov)),
-        ("max_prediction_error_overlap", Json::Num(ov_max)),
-        ("predictions_overlap", Json::Num(n_ov as f64)),
-        ("mean_prediction_error_overlap_held_out", Json::Num(ov_held)),
-        ("predictions_overlap_held_out", Json::Num(n_ov_held as f64)),
-        ("tuning_file", Json::Str(profile.to_text())),
+    rows.push(json::obj([
+        ("mean_prediction_error", json::num(all)),
+        ("predictions", json::num(n_all as f64)),
+        ("mean_prediction_error_held_out", json::num(held_out)),
+        ("predictions_held_out", json::num(n_held as f64)),
+        ("mean_prediction_error_overlap", json::num(ov)),
+        ("max_prediction_error_overlap", json::num(ov_max)),
+        ("predictions_overlap", json::num(n_ov as f64)),
+        ("mean_prediction_error_overlap_held_out", json::num(ov_held)),
+        ("predictions_overlap_held_out", json::num(n_ov_held as f64)),
+        ("tuning_file", Json::String(profile.to_text())),
     ]));
     Ok(SuiteResult { table, rows })
 }
