@@ -10,7 +10,20 @@ pub fn time_iterations(
     iters: usize,
     op: impl FnMut() -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<f64>> {
-    time_runs(stream, warmup, iters, None, || Ok(()), op)
+    time_runs(
+        stream,
+        warmup,
+        iters,
+        None,
+        || Ok(()),
+        op,
+        plain_wait(stream),
+    )
+}
+
+/// A plain stream synchronize (unbounded where the stream holds collectives a peer never joins).
+fn plain_wait(stream: &CudaStream) -> impl FnMut() -> anyhow::Result<()> + '_ {
+    || Ok(stream.synchronize()?)
 }
 
 /// Bytes an L2 flush writes: twice the device's L2, so nothing an earlier run left there survives.
@@ -28,7 +41,15 @@ pub fn time_flushed(
     flush: &mut cudarc::driver::CudaSlice<u8>,
     op: impl FnMut() -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<f64>> {
-    time_runs(stream, warmup, iters, Some(flush), || Ok(()), op)
+    time_runs(
+        stream,
+        warmup,
+        iters,
+        Some(flush),
+        || Ok(()),
+        op,
+        plain_wait(stream),
+    )
 }
 
 /// As [`time_flushed`], with `align` enqueued after each flush, outside the events (a collective
@@ -41,12 +62,37 @@ pub fn time_flushed_aligned(
     align: impl FnMut() -> anyhow::Result<()>,
     op: impl FnMut() -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<f64>> {
-    time_runs(stream, warmup, iters, Some(flush), align, op)
+    time_runs(
+        stream,
+        warmup,
+        iters,
+        Some(flush),
+        align,
+        op,
+        plain_wait(stream),
+    )
+}
+
+/// As [`time_flushed_aligned`], waiting for the stream (after the warm-up and at the end) with
+/// `wait` instead of a plain synchronize: an NCCL communicator's bounded synchronize, which
+/// aborts it past its budget, keeps a peer that never joins a timed collective from hanging the
+/// timing (`Auto`'s first use times its candidates so).
+pub fn time_flushed_aligned_waiting(
+    stream: &std::sync::Arc<CudaStream>,
+    warmup: usize,
+    iters: usize,
+    flush: &mut cudarc::driver::CudaSlice<u8>,
+    align: impl FnMut() -> anyhow::Result<()>,
+    op: impl FnMut() -> anyhow::Result<()>,
+    wait: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<f64>> {
+    time_runs(stream, warmup, iters, Some(flush), align, op, wait)
 }
 
 /// `align` is called exactly `iters` times whatever happens to `op` (it may be a collective the
-/// other ranks wait in): after a failed warm-up, event or run, the remaining runs are skipped,
-/// their line-ups are not, and the first error is returned at the end.
+/// other ranks wait in): after a failed warm-up, event, run or wait, the remaining runs are
+/// skipped, their line-ups are not, and the first error is returned at the end. `wait` waits for
+/// the stream after the warm-up and at the end.
 fn time_runs(
     stream: &std::sync::Arc<CudaStream>,
     warmup: usize,
@@ -54,6 +100,7 @@ fn time_runs(
     mut flush: Option<&mut cudarc::driver::CudaSlice<u8>>,
     mut align: impl FnMut() -> anyhow::Result<()>,
     mut op: impl FnMut() -> anyhow::Result<()>,
+    mut wait: impl FnMut() -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<f64>> {
     let mut failed: Option<anyhow::Error> = None;
     let keep = |r: anyhow::Result<()>, failed: &mut Option<anyhow::Error>| {
@@ -79,7 +126,7 @@ fn time_runs(
         }
     }
     if failed.is_none() {
-        keep(stream.synchronize().map_err(Into::into), &mut failed);
+        keep(wait(), &mut failed);
     }
     for i in 0..iters {
         if failed.is_none() {
@@ -98,10 +145,11 @@ fn time_runs(
             keep(run, &mut failed);
         }
     }
-    stream.synchronize()?;
+    let waited = wait();
     if let Some(e) = failed {
         return Err(e);
     }
+    waited?;
     let mut ms = Vec::with_capacity(iters);
     for i in 0..iters {
         ms.push(events[2 * i].elapsed_ms(&events[2 * i + 1])? as f64);

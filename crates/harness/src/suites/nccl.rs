@@ -5,13 +5,15 @@
 use crate::data::{check_equal, shared_seed, small_ints, Elem};
 use crate::job::Job;
 use crate::trials::{Case, Skip};
-use cudarc::driver::{sys, CudaStream};
+use cudarc::driver::{sys, CudaSlice, CudaStream};
 use half::bf16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use weft_pgl::nccl::{new_unique_id, Communicator, ReduceOp, Waits, TIMEOUT_VAR};
 use weft_pgl::{NcclFailure, PglError};
+use weft_signal_gemm::timing::time_flushed_aligned_waiting;
 use weft_signal_gemm::GemmError;
 
 pub fn cases() -> Vec<Case> {
@@ -46,6 +48,10 @@ pub fn cases() -> Vec<Case> {
         Case::gpu(
             "nccl::bounded::collective_a_peer_never_joins",
             collective_a_peer_never_joins,
+        ),
+        Case::gpu(
+            "nccl::bounded::timing_a_peer_never_joins",
+            timing_a_peer_never_joins,
         ),
         Case::gpu(
             "nccl::bounded::nonblocking_all_reduce",
@@ -154,6 +160,47 @@ fn second_communicator(job: &mut Job, waits: Waits) -> anyhow::Result<Communicat
 /// communicator and leave the stream usable (a plain synchronize would wait forever); every rank
 /// then aborts its own communicator (a peer's teardown after an abort could block).
 fn collective_a_peer_never_joins(job: &mut Job) -> anyhow::Result<()> {
+    rank_0_alone(
+        job,
+        "the all-reduce only rank 0 calls",
+        |comm, stream, buf| {
+            comm.all_reduce_in_place(buf, ReduceOp::Sum, stream)?;
+            Ok(comm.synchronize(stream, "an all-reduce only rank 0 calls")?)
+        },
+    )
+}
+
+/// As collective_a_peer_never_joins, with rank 0's all-reduces timed as `Auto`'s first use times
+/// its candidates (`time_flushed_aligned_waiting`, waiting through the communicator): the timing
+/// must end with the bounded error, where a plain stream synchronize in it would wait forever.
+fn timing_a_peer_never_joins(job: &mut Job) -> anyhow::Result<()> {
+    rank_0_alone(
+        job,
+        "timed all-reduces only rank 0 calls",
+        |comm, stream, buf| {
+            let mut flush = stream.alloc_zeros::<u8>(1 << 20)?;
+            time_flushed_aligned_waiting(
+                stream,
+                1,
+                3,
+                &mut flush,
+                || Ok(()),
+                || Ok(comm.all_reduce_in_place(&mut *buf, ReduceOp::Sum, stream)?),
+                || Ok(comm.synchronize(stream, "timed all-reduces only rank 0 calls")?),
+            )
+            .map(drop)
+        },
+    )
+}
+
+/// After one all-reduce every rank joins on a blocking communicator of its own, rank 0 alone
+/// makes `call` (collectives the others never join), which must fail with the bounded error,
+/// abort the communicator and leave the stream usable.
+fn rank_0_alone(
+    job: &mut Job,
+    what: &str,
+    call: impl FnOnce(&Communicator, &Arc<CudaStream>, &mut CudaSlice<f32>) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
     if job.world() < 2 {
         return Err(Skip("needs two ranks (a peer that never calls)".into()).into());
     }
@@ -185,10 +232,8 @@ fn collective_a_peer_never_joins(job: &mut Job) -> anyhow::Result<()> {
             return Ok(());
         }
         let t0 = Instant::now();
-        let r = comm
-            .all_reduce_in_place(&mut buf, ReduceOp::Sum, &stream)
-            .and_then(|()| comm.synchronize(&stream, "an all-reduce only rank 0 calls"));
-        let checked = expect_bounded("the all-reduce only rank 0 calls", t0, r).and_then(|()| {
+        let r = call(&comm, &stream, &mut buf);
+        let checked = expect_bounded(what, t0, r).and_then(|()| {
             anyhow::ensure!(comm.is_aborted(), "the communicator was not aborted");
             let again = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum, &stream);
             anyhow::ensure!(
@@ -202,7 +247,7 @@ fn collective_a_peer_never_joins(job: &mut Job) -> anyhow::Result<()> {
         checked
     })();
     // The others abort only once rank 0 is done, so their teardown cannot reach it as an error.
-    let agreed = weft_pgl::agree(&mut job.rdzv, "rank 0's bounded all-reduce", outcome);
+    let agreed = weft_pgl::agree(&mut job.rdzv, &format!("rank 0's {what}"), outcome);
     comm.abort();
     drop(comm);
     agreed

@@ -172,7 +172,9 @@ impl<TI: OpElement> AllGatherGemm<TI> {
     ) -> anyhow::Result<f64> {
         let stream = self.stream.clone();
         let mut d = stream.alloc_zeros::<TO>((self.shape.m * self.shape.n) as usize)?;
-        timer.time(env, &stream, || {
+        let what =
+            super::choice::first_use_what(OpKind::AllGather, self.shape, &self.report.method);
+        timer.time(env, &stream, &what, || {
             self.launch(&stream, b, &mut d).map_err(anyhow::Error::from)
         })
     }

@@ -16,7 +16,8 @@
 use super::buffer::OpBuffer;
 use super::candidates::OpKind;
 use super::choice::{
-    choose_and_plan, exact_report, time_candidate, Bench, Candidate, ChoiceReport, PlanRequest,
+    choose_and_plan, exact_report, first_use_what, time_candidate, Bench, Candidate, ChoiceReport,
+    PlanRequest,
 };
 use super::common::{
     agree_on_request, check_capture, check_dtype, check_launch, OpElement, SeqGemm,
@@ -179,9 +180,12 @@ impl<TO: OpElement> GemmAllToAll<TO> {
                         .and_then(|imp| new(imp, exact_report(m)));
                     let op = agree(rdzv, &format!("planning {m}"), planned)?;
                     time_candidate(rdzv, op, |op| {
-                        with_operands!(&*ops, |a, b| bench.time(env, stream, || op
-                            .launch(stream, a, b)
-                            .map_err(anyhow::Error::from)))
+                        with_operands!(&*ops, |a, b| bench.time(
+                            env,
+                            stream,
+                            &first_use_what(kind, shape, m),
+                            || op.launch(stream, a, b).map_err(anyhow::Error::from)
+                        ))
                     })
                 },
             )?;

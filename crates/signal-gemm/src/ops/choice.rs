@@ -13,7 +13,7 @@ use crate::error::GemmError;
 use crate::error::{refuse, require};
 use crate::gemm::device_sms;
 use crate::plan::{GemmOptions, GemmShape};
-use crate::timing::{l2_flush_bytes, median, time_flushed_aligned};
+use crate::timing::{l2_flush_bytes, median, time_flushed_aligned_waiting};
 use cudarc::driver::{CudaSlice, CudaStream};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -156,6 +156,14 @@ pub(crate) fn exact_report(method: &Method) -> ChoiceReport {
     }
 }
 
+/// What a first-use timing of `method` is called in a bounded wait's error.
+pub(crate) fn first_use_what(kind: OpKind, shape: GemmShape, method: &Method) -> String {
+    format!(
+        "{} {shape}: Auto's first-use timing of {method}",
+        kind.title()
+    )
+}
+
 /// Collective: `time`s a candidate planned on every rank, waits for it and frees it (freed even
 /// when the timing failed, so every rank takes part); this rank's median ms.
 pub(crate) fn time_candidate<O: Candidate>(
@@ -163,7 +171,16 @@ pub(crate) fn time_candidate<O: Candidate>(
     mut op: O,
     time: impl FnOnce(&mut O) -> anyhow::Result<f64>,
 ) -> anyhow::Result<f64> {
-    let timed = time(&mut op).and_then(|t| op.synchronize().map(|()| t));
+    // The op's own wait runs even after a failed timing: where a kernel of the op gave up, its
+    // report (what it waited for) is the error to show.
+    let timed = time(&mut op);
+    let synced = op.synchronize();
+    let timed = match (timed, synced) {
+        (Ok(t), Ok(())) => Ok(t),
+        (Ok(_), Err(e)) => Err(e),
+        (Err(e), Ok(())) => Err(e),
+        (Err(e), Err(report)) => Err(report.context(format!("{e:#}"))),
+    };
     let freed = op.free(rdzv);
     let t = timed?;
     freed?;
@@ -190,11 +207,15 @@ impl Bench {
     /// ncclAllReduce on `env`'s communicator, as the overlap benches time their rows: unaligned,
     /// a rank's run could start while its peer is still in the previous one, and the methods
     /// that wait for their peers inside the kernel measured up to 20 % faster than they run
-    /// aligned — GEMM + All-to-All fused-intra at M = 128 on two H200s).
+    /// aligned — GEMM + All-to-All fused-intra at M = 128 on two H200s). The stream is waited
+    /// for through `env`'s communicator (its budget, NCCL's errors polled, aborted past the
+    /// budget), so a peer that never joins a timed collective ends the timing with an error
+    /// naming `what`, not a hang.
     pub fn time(
         &mut self,
         env: &OverlapEnv,
         stream: &Arc<CudaStream>,
+        what: &str,
         op: impl FnMut() -> anyhow::Result<()>,
     ) -> anyhow::Result<f64> {
         let p = env.policy();
@@ -204,13 +225,15 @@ impl Bench {
             comm.all_reduce_in_place(tiny, ReduceOp::Sum, stream)
                 .map_err(anyhow::Error::from)
         };
-        Ok(median(&time_flushed_aligned(
+        let wait = || super::env::synchronize_with(env.comm(), stream, what);
+        Ok(median(&time_flushed_aligned_waiting(
             stream,
             p.warmup,
             p.iters.max(1),
             &mut self.flush,
             align,
             op,
+            wait,
         )?))
     }
 }

@@ -12,7 +12,8 @@
 use super::buffer::OpBuffer;
 use super::candidates::OpKind;
 use super::choice::{
-    choose_and_plan, exact_report, time_candidate, Bench, Candidate, ChoiceReport, PlanRequest,
+    choose_and_plan, exact_report, first_use_what, time_candidate, Bench, Candidate, ChoiceReport,
+    PlanRequest,
 };
 use super::common::{
     agree_on_request, check_capture, check_dtype, check_launch, op_collectives, OpElement, SeqGemm,
@@ -169,9 +170,12 @@ impl<TO: OpElement> GemmReduceScatter<TO> {
                         imp,
                     };
                     time_candidate(rdzv, op, |op| {
-                        with_operands!(&*ops, |a, b| bench.time(env, stream, || op
-                            .launch(stream, a, b)
-                            .map_err(anyhow::Error::from)))
+                        with_operands!(&*ops, |a, b| bench.time(
+                            env,
+                            stream,
+                            &first_use_what(kind, shape, m),
+                            || op.launch(stream, a, b).map_err(anyhow::Error::from)
+                        ))
                     })
                 },
             )?;
