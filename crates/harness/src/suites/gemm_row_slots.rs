@@ -2,7 +2,8 @@
 //! before the GEMM (kernels/gemm/row_slots_check.cu) must report the entry (BAD_INDEX: tile, row,
 //! the slot it holds and D's slot count) and trap, so the GEMM never stores outside D. The trap poisons every context of its process, so the GEMM runs in a child
 //! process (`weft __gemm-row-slots-child ORDINAL RANK`), as the sync timeout trials do. The report
-//! names the rank the GEMM was given (the job's) and the part of the kernel that gave up.
+//! names the rank the GEMM was given (CHILD_RANK, not 0, so that a report that loses it fails at
+//! any world size) and the part of the kernel that gave up.
 
 use crate::job::Job;
 use crate::trials::{Case, Skip};
@@ -13,6 +14,8 @@ use weft_kernels::abi::WEFT_GEMM_NO_SLOT;
 use weft_signal_gemm::{Gemm, GemmOptions, GemmShape, LaunchExtras, OutputLayout, RowSlotTable};
 
 pub const CHILD_COMMAND: &str = "__gemm-row-slots-child";
+/// The rank the child's GEMM is told it is.
+const CHILD_RANK: usize = 3;
 
 /// D's slots, and the one bad entry: tile 1, row 77 holds slot SLOTS (one past the last).
 const SLOTS: u32 = 16;
@@ -37,7 +40,7 @@ fn row_slot_table_past_d(job: &mut Job) -> anyhow::Result<()> {
         .gpu()
         .map_err(|why| anyhow::anyhow!("no GPU: {why}"))?
         .ordinal;
-    let rank = job.rank();
+    let rank = CHILD_RANK;
     let args = [
         CHILD_COMMAND.to_string(),
         ordinal.to_string(),
