@@ -1,7 +1,9 @@
 //! Checking a bf16 sum over ranks against another path to the same sum: the bound
-//! world · 2⁻⁷ · Σ_r |partial_r| per element. Each rank's partial may round differently in the two
-//! GEMMs (≤ 2⁻⁷ |partial_r|), and each of the world − 1 bf16 additions of either reduction rounds
-//! by ≤ 2⁻⁸ Σ_r |partial_r|.
+//! world · (2⁻⁷ · Σ_r |partial_r| + k · 2⁻¹⁸) per element. Each rank's partial may round
+//! differently in the two GEMMs (≤ 2⁻⁷ |partial_r|) and sum its k products in another order (fp32,
+//! within k · 2⁻¹⁸ for |a|, |b| ≤ 1: where the products cancel, that is more than 2⁻⁷ of the small
+//! partial), and each of the world − 1 bf16 additions of either reduction rounds by
+//! ≤ 2⁻⁸ Σ_r |partial_r|.
 
 use crate::gemm_data::download;
 use crate::job::Job;
@@ -10,12 +12,13 @@ use half::bf16;
 use std::sync::Arc;
 use weft_pgl::nccl::ReduceOp;
 
-/// The per-element bound for sums of `partial` (this rank's GEMM output) over every rank.
-/// Collective: every rank calls it.
+/// The per-element bound for sums of `partial` (this rank's GEMM output, `k` products of operands
+/// within [-1, 1] per element) over every rank. Collective: every rank calls it.
 pub fn sum_bound(
     job: &mut Job,
     stream: &Arc<CudaStream>,
     partial: &CudaSlice<bf16>,
+    k: u32,
 ) -> anyhow::Result<Vec<f32>> {
     let world = job.world() as f32;
     let abs: Vec<f32> = download(stream, partial)?
@@ -27,7 +30,7 @@ pub fn sum_bound(
         .all_reduce_in_place(&mut s, ReduceOp::Sum, stream)?;
     Ok(download(stream, &s)?
         .iter()
-        .map(|x| world * x / 128.0)
+        .map(|x| world * (x / 128.0 + k as f32 / 262_144.0))
         .collect())
 }
 

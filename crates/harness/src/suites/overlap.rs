@@ -366,7 +366,7 @@ pub(super) fn reference(
     let mut reduced = poisoned::<bf16>(&stream, n_out)?;
     job.comm()?
         .all_reduce(&partial, &mut reduced, ReduceOp::Sum, &stream)?;
-    let bound = sum_bound(job, &stream, &partial)?;
+    let bound = sum_bound(job, &stream, &partial, shape.k)?;
     Ok(Reference {
         want: download(&stream, &reduced)?,
         bound,
