@@ -14,7 +14,7 @@ use super::overlap::STRESS_ITERATIONS;
 use crate::data::shared_seed;
 use crate::gemm_data::{poisoned, upload};
 use crate::job::Job;
-use crate::trials::Case;
+use crate::trials::{Case, Skip};
 use crate::word_compare::WordCompare;
 use half::bf16;
 use rand::rngs::StdRng;
@@ -44,11 +44,19 @@ fn sources(routes: &[Vec<u32>], rank: usize) -> Vec<(usize, usize)> {
     out
 }
 
+/// The copy-engine All-to-All spans 2 to 32 ranks (a job of one is refused: `bad_inputs`).
+fn needs_two_ranks(job: &Job) -> anyhow::Result<()> {
+    if job.world() < 2 {
+        return Err(Skip("the copy-engine All-to-All needs two ranks or more".into()).into());
+    }
+    Ok(())
+}
+
 fn stress(job: &mut Job) -> anyhow::Result<()> {
+    needs_two_ranks(job)?;
     let seed = shared_seed(job)?;
     let (ctx, stream) = gpu(job)?;
     let (world, rank) = (job.world(), job.rank());
-    anyhow::ensure!(world >= 2, "the trial needs 2 ranks or more");
     // 40 tile rows × 8 or 16 tile columns: more tiles than one wave, so several groups.
     let shape = GemmShape::new(128 * 40, 2048, 32);
     let options = GemmOptions::default();
@@ -151,6 +159,25 @@ fn stress(job: &mut Job) -> anyhow::Result<()> {
 /// Misuse gets an error that names it, on every rank alike (the plan is agreed collectively).
 fn bad_inputs(job: &mut Job) -> anyhow::Result<()> {
     let (_ctx, stream) = gpu(job)?;
+    if job.world() < 2 {
+        // The world check comes first: a job of one is refused whatever else it asks.
+        let routes = vec![vec![0u32; 512]];
+        let one = AllToAllCopyEngine::<bf16>::new(
+            &mut job.rdzv,
+            &stream,
+            GemmShape::new(512, 256, 64),
+            GemmOptions::default(),
+            &[1],
+            &routes,
+        )
+        .and_then(|op| op.free(&mut job.rdzv));
+        // The other refusals need a job the op can span.
+        return refused(
+            "signal-ce in a job of one rank",
+            one.map_err(anyhow::Error::from),
+            "spans 2 to 32 ranks",
+        );
+    }
     let world = job.world();
     let shape = GemmShape::new(512, 256, 64);
     let routes: Vec<Vec<u32>> = (0..world).map(|_| vec![0; 512]).collect();

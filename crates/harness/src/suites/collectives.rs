@@ -642,7 +642,8 @@ fn errors(job: &mut Job) -> anyhow::Result<()> {
     }
 
     let mut coll = Collectives::new(&mut job.rdzv, &stream, Options::default())?;
-    let a = stream.alloc_zeros::<f32>(64 * world)?;
+    // One element more than 64 · world: room for the misaligned view a[1..65] at any world.
+    let a = stream.alloc_zeros::<f32>(64 * world + 1)?;
     let mut b = stream.alloc_zeros::<f32>(64 * world)?;
     let e = coll
         .all_reduce(&a.slice(..64), &mut b.slice_mut(..63))

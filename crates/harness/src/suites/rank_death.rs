@@ -246,6 +246,9 @@ fn inner_job(launcher: Launcher, place: Place) -> anyhow::Result<Command> {
                     c.args(["-x", var]);
                 }
             }
+            if place == Place::Between {
+                c.args(["-x", "CUDA_VISIBLE_DEVICES"]);
+            }
             c.arg(&exe);
             c
         }
@@ -255,6 +258,10 @@ fn inner_job(launcher: Launcher, place: Place) -> anyhow::Result<Command> {
         if set_by_a_launcher(&key.to_string_lossy()) {
             cmd.env_remove(&key);
         }
+    }
+    if place == Place::Between {
+        // Its ranks do no GPU work: no GPUs, so two ranks start on a machine with fewer than two.
+        cmd.env("CUDA_VISIBLE_DEVICES", "");
     }
     Ok(cmd)
 }
