@@ -267,9 +267,7 @@ fn inner_job(launcher: Launcher, place: Place) -> anyhow::Result<Command> {
 }
 
 fn trial(job: &mut Job, place: Place) -> anyhow::Result<()> {
-    if job.rank() != 0 {
-        return Ok(());
-    }
+    // Every rank probes, so that all of them skip alike (rank 0 alone runs the inner job).
     if place != Place::Between {
         match gpu::probe() {
             GpuAvailability::Present { count } if count >= 2 => {}
@@ -281,6 +279,9 @@ fn trial(job: &mut Job, place: Place) -> anyhow::Result<()> {
             }
             GpuAvailability::Absent { reason } => return Err(Skip(reason).into()),
         }
+    }
+    if job.rank() != 0 {
+        return Ok(());
     }
     let mut launchers = vec![Launcher::Weft];
     if mpirun_available() {
