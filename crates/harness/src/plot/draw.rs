@@ -4,6 +4,7 @@ use super::chart::{Chart, Series};
 use super::Kind;
 use plotters::coord::Shift;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use std::path::Path;
 use std::sync::Once;
 
@@ -65,26 +66,26 @@ where
                 .map_err(fail)?;
             let cases = &chart.cases;
             ctx.configure_mesh()
-                // One label per case (the formatter names integer positions only).
+                // One grid line per case; the case names are drawn below, rotated (the mesh
+                // centres a rotated label on its tick, so half of it would lie over the plot).
                 .x_labels(n.max(1))
-                .x_label_formatter(&|x| {
-                    let i = x.round();
-                    if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < cases.len() {
-                        cases[i as usize].chars().take(40).collect()
-                    } else {
-                        String::new()
-                    }
-                })
-                // After label_style, which sets both axes' style.
+                .x_label_formatter(&|_| String::new())
                 .label_style(("sans-serif", 14))
-                .x_label_style(
-                    ("sans-serif", 13)
-                        .into_font()
-                        .transform(FontTransform::Rotate90),
-                )
                 .y_desc("baseline ms / measured ms")
                 .draw()
                 .map_err(fail)?;
+            let name_style = TextStyle::from(
+                ("sans-serif", 13)
+                    .into_font()
+                    .transform(FontTransform::Rotate90),
+            )
+            .pos(Pos::new(HPos::Left, VPos::Center));
+            for (i, case) in cases.iter().enumerate() {
+                let (x, y) = ctx.backend_coord(&(i as f64, y_min));
+                let name: String = case.chars().take(40).collect();
+                root.draw_text(&name, &name_style, (x, y + 6))
+                    .map_err(fail)?;
+            }
             ctx.draw_series(LineSeries::new(
                 [(-0.5, 1.0), (n as f64 - 0.5, 1.0)],
                 BLACK.mix(0.5),
