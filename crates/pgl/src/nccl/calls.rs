@@ -17,7 +17,7 @@ impl Communicator {
         stream: &CudaStream,
     ) -> Result<(), PglError> {
         typed_with(|| -> anyhow::Result<()> {
-            self.usable("ncclAllReduce")?;
+            self.collective("ncclAllReduce")?;
             if send.len() != recv.len() {
                 return Err(nccl_argument(format!(
                     "all_reduce: send has {} elements, recv {}",
@@ -52,7 +52,7 @@ impl Communicator {
         stream: &CudaStream,
     ) -> Result<(), PglError> {
         typed_with(|| -> anyhow::Result<()> {
-            self.usable("ncclAllReduce (in place)")?;
+            self.collective("ncclAllReduce (in place)")?;
             let n = buf.len();
             let (p, _g) = buf.device_ptr_mut(stream);
             // SAFETY: the buffer holds n elements of T on this communicator's device; NCCL allows
@@ -81,7 +81,7 @@ impl Communicator {
         stream: &CudaStream,
     ) -> Result<(), PglError> {
         typed_with(|| -> anyhow::Result<()> {
-            self.usable("ncclReduceScatter")?;
+            self.collective("ncclReduceScatter")?;
             let n = recv.len();
             if send.len() != n * self.world {
                 return Err(nccl_argument(format!(
@@ -116,7 +116,7 @@ impl Communicator {
         stream: &CudaStream,
     ) -> Result<(), PglError> {
         typed_with(|| -> anyhow::Result<()> {
-            self.usable("ncclAllGather")?;
+            self.collective("ncclAllGather")?;
             let n = send.len();
             if recv.len() != n * self.world {
                 return Err(nccl_argument(format!(
@@ -151,7 +151,7 @@ impl Communicator {
         stream: &CudaStream,
     ) -> Result<(), PglError> {
         typed_with(|| -> anyhow::Result<()> {
-            self.usable("all_to_all")?;
+            self.collective("all_to_all")?;
             if send.len() != recv.len() || send.len() % self.world != 0 {
                 return Err(nccl_argument(format!(
                     "all_to_all: send {} and recv {} elements must be equal and divisible by world {}",
@@ -207,7 +207,7 @@ impl Communicator {
         stream: &CudaStream,
     ) -> Result<(), PglError> {
         typed_with(|| -> anyhow::Result<()> {
-            self.usable("all_to_all_v")?;
+            self.collective("all_to_all_v")?;
             if sends.len() != self.world || recvs.len() != self.world {
                 return Err(nccl_argument(format!(
                     "all_to_all_v: {} send and {} receive ranges, expected one per rank ({})",
@@ -276,7 +276,7 @@ impl Communicator {
         stream: &CudaStream,
     ) -> Result<(), PglError> {
         typed_with(|| -> anyhow::Result<()> {
-            self.usable("send_recv")?;
+            self.collective("send_recv")?;
             if to >= self.world || from >= self.world {
                 return Err(nccl_argument(format!(
                     "send_recv: peers {to} and {from} must be below world {}",

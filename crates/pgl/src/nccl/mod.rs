@@ -7,7 +7,8 @@
 //! Bounded waits: [`Communicator::synchronize`] waits for a stream's work with NCCL's
 //! asynchronous errors polled, at most a budget ([`TIMEOUT_VAR`], default [`DEFAULT_TIMEOUT`]);
 //! past it, or on an error, the communicator is aborted (ncclCommAbort, its kernels stop) and the
-//! error names the operation, this rank and the budget; every later call fails at once.
+//! error names the operation, this rank and the budget, and the peers on this host that exited or
+//! have made fewer calls on the communicator (progress.rs); every later call fails at once.
 //! Init is bounded: the communicator is first made non-blocking (a rank that never joins costs
 //! the budget; unless NCCL_COMM_BLOCKING=1, which NCCL lets override the config), then, unless
 //! [`NONBLOCKING_VAR`]=1 asks for a non-blocking communicator, a blocking one (NCCL's launch
@@ -27,7 +28,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod calls;
+mod progress;
 use calls::Group;
+use progress::ProgressBoard;
 
 /// A reduction operator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,6 +140,9 @@ pub struct Communicator {
     groups: AtomicUsize,
     /// An abort requested inside a group, run when the outermost group ends.
     abort_pending: AtomicBool,
+    /// This host's progress board of the communicator (none where it could not be made): how
+    /// far each local rank is, to name the peer a timed-out wait waits for.
+    board: Option<ProgressBoard>,
 }
 
 // SAFETY: an ncclComm_t may be used from any thread as long as calls on it are not concurrent;
@@ -288,6 +294,8 @@ impl Communicator {
         for (dst, src) in internal.iter_mut().zip(id) {
             *dst = *src as core::ffi::c_char;
         }
+        // Mapped before joining, so that once the join is done every rank has mapped it.
+        let board = open_board(id, rank, world);
         ctx.bind_to_thread()?;
         let mut comm: sys::ncclComm_t = std::ptr::null_mut();
         let what = format!(
@@ -312,7 +320,7 @@ impl Communicator {
             check(&what, std::ptr::null_mut(), r.result())?;
             bail!("{what} returned no communicator");
         }
-        let init = Self::wrap(
+        let mut init = Self::wrap(
             comm,
             ctx,
             rank,
@@ -322,10 +330,16 @@ impl Communicator {
                 ..waits
             },
         );
+        init.board = board;
         // The call returns at once and the joining goes on in NCCL's threads, polled within the
         // budget; past it (or on an error) `finish` aborts the half-made communicator
         // (ncclCommAbort is NCCL's cleanup for it), and Drop then leaves it alone.
         init.finish(&what, r.result())?;
+        if rank == 0 {
+            if let Some(b) = &init.board {
+                b.unlink();
+            }
+        }
         if waits.nonblocking {
             return Ok(init);
         }
@@ -348,6 +362,7 @@ impl Communicator {
             aborted: AtomicBool::new(false),
             groups: AtomicUsize::new(0),
             abort_pending: AtomicBool::new(false),
+            board: None,
         }
     }
 
@@ -355,7 +370,11 @@ impl Communicator {
     /// kept), then this non-blocking one torn down. On a non-blocking parent the split runs in
     /// NCCL's threads: it is polled within the budget like the init (past it, or on an error,
     /// both communicators are aborted and the error names the split).
-    fn split_blocking(self, mut config: sys::ncclConfig_t, waits: Waits) -> anyhow::Result<Self> {
+    fn split_blocking(
+        mut self,
+        mut config: sys::ncclConfig_t,
+        waits: Waits,
+    ) -> anyhow::Result<Self> {
         let what = format!(
             "ncclCommSplit(rank {} of {}: the blocking communicator from the non-blocking init)",
             self.rank, self.world
@@ -388,7 +407,8 @@ impl Communicator {
             self.abort();
             bail!("{what} ended without a communicator");
         }
-        let split = Self::wrap(child, &self.ctx, self.rank, self.world, waits);
+        let mut split = Self::wrap(child, &self.ctx, self.rank, self.world, waits);
+        split.board = self.board.take();
         // The new communicator's own state (its init ran inside the split): an error aborts it.
         split.finish(&what, Ok(nc::NcclStatus::InProgress))?;
         drop(self); // finalize and destroy, non-blocking: within the budget
@@ -465,6 +485,16 @@ impl Communicator {
     }
 
     /// An error unless the communicator can take another call.
+    /// A collective call about to be enqueued: refused on an aborted communicator, else counted
+    /// on the progress board (every rank counts the same calls).
+    fn collective(&self, what: &str) -> anyhow::Result<()> {
+        self.usable(what)?;
+        if let Some(b) = &self.board {
+            b.count_call();
+        }
+        Ok(())
+    }
+
     fn usable(&self, what: &str) -> anyhow::Result<()> {
         if self.is_aborted() {
             return Err(nccl_error(
@@ -523,9 +553,13 @@ impl Communicator {
                 }
             ),
             Unsettled::TimedOut(t) => format!(
-                "did not complete within its budget of {:.1} s ({TIMEOUT_VAR} or the caller's Waits; {:.1} s waited): a peer rank probably stopped or never made the matching call",
+                "did not complete within its budget of {:.1} s ({TIMEOUT_VAR} or the caller's Waits; {:.1} s waited): a peer rank probably stopped or never made the matching call ({})",
                 self.waits.budget.as_secs_f64(),
-                t.as_secs_f64()
+                t.as_secs_f64(),
+                self.board.as_ref().map_or_else(
+                    || "no progress board to say which".to_string(),
+                    |b| b.diagnose()
+                )
             ),
             Unsettled::Cuda(e) => format!("failed: its stream reported {e:?}"),
         };
@@ -569,6 +603,24 @@ impl Drop for Communicator {
                 self.rank
             );
             self.abort();
+        }
+    }
+}
+
+/// The communicator's progress board on this host, in the user's private runtime directory (the
+/// rendezvous socket's); none, with the reason logged, where it cannot be made.
+fn open_board(id: &[u8; 128], rank: usize, world: usize) -> Option<ProgressBoard> {
+    let base = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(std::path::PathBuf::from)
+        .filter(|d| d.is_dir())
+        .unwrap_or_else(|| std::path::PathBuf::from("/tmp"));
+    let made = crate::socket_trust::private_dir_in(&base)
+        .and_then(|dir| Ok(ProgressBoard::open(&dir, id, rank, world)?));
+    match made {
+        Ok(b) => Some(b),
+        Err(e) => {
+            log::warn!("rank {rank}: no NCCL progress board ({e:#}): a timed-out wait will not name its peer");
+            None
         }
     }
 }
