@@ -1,9 +1,9 @@
 //! Checking a bf16 sum over ranks against another path to the same sum: the bound
 //! world · (2⁻⁷ · Σ_r |partial_r| + k · 2⁻¹⁸) per element. Each rank's partial may round
-//! differently in the two GEMMs (≤ 2⁻⁷ |partial_r|) and sum its k products in another order (fp32,
-//! within k · 2⁻¹⁸ for |a|, |b| ≤ 1: where the products cancel, that is more than 2⁻⁷ of the small
-//! partial), and each of the world − 1 bf16 additions of either reduction rounds by
-//! ≤ 2⁻⁸ Σ_r |partial_r|.
+//! differently in the two GEMMs (≤ 2⁻⁷ |partial_r|) and sum its k products in another order (fp32;
+//! an allowance of k · 2⁻¹⁸ for |a|, |b| ≤ 1, empirical — the worst case is about k² · 2⁻²⁴ — that
+//! covers products which cancel, where the difference is more than 2⁻⁷ of the small partial), and
+//! each of the world − 1 bf16 additions of either reduction rounds by ≤ 2⁻⁸ Σ_r |partial_r|.
 
 use crate::gemm_data::download;
 use crate::job::Job;

@@ -130,7 +130,8 @@ impl ResultsFile {
         let rows = rows
             .into_iter()
             .enumerate()
-            .map(|(row, v)| {
+            .map(|(row, mut v)| {
+                whole_numbers_as_integers(&mut v);
                 serde_json::from_value(v).map_err(|source| ResultsFileError::Row {
                     path: path.to_string(),
                     row,
@@ -143,7 +144,8 @@ impl ResultsFile {
         Ok(file)
     }
 
-    /// The file's text: the envelope pretty-printed, each row on one line (so that a diff of two
+    /// The file's text (the schema's fields first in each row, then the suite's in its order):
+    /// the envelope pretty-printed, each row on one line (so that a diff of two
     /// runs shows rows).
     pub fn render(&self) -> Result<String, serde_json::Error> {
         let serde_json::Value::Object(fields) = serde_json::to_value(self)? else {
@@ -208,6 +210,25 @@ impl ResultsFile {
             }
         }
         Ok(())
+    }
+}
+
+/// Whole numbers a suite gave as floats (shapes, CTA counts) written as integers, as they were
+/// measured: `4096`, not `4096.0`.
+fn whole_numbers_as_integers(v: &mut serde_json::Value) {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) => {
+            if let Some(x) = n
+                .as_f64()
+                .filter(|x| n.is_f64() && x.fract() == 0.0 && x.abs() < 9.0e15)
+            {
+                *v = Value::from(x as i64);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(whole_numbers_as_integers),
+        Value::Object(fields) => fields.values_mut().for_each(whole_numbers_as_integers),
+        _ => {}
     }
 }
 
@@ -276,7 +297,7 @@ mod tests {
         let rows = vec![
             crate::json::obj([
                 ("case", Json::from("a \"quoted\" case")),
-                ("m", crate::json::num(4096.0)),
+                ("m", Json::from(4096.0)),
                 ("weft_ms", Json::from(2.0)),
                 ("baseline_ms", Json::from(3.0)),
                 ("ratio", Json::from(1.5)),

@@ -134,7 +134,9 @@ fn time_runs(
                 keep(stream.memset_zeros(f).map_err(Into::into), &mut failed);
             }
         }
-        align()?;
+        // Called even after a failure (the other ranks may wait in it); its own error is kept
+        // only if nothing failed before (an aborted communicator's line-up fails at once).
+        keep(align(), &mut failed);
         if failed.is_none() {
             let run = (|| {
                 events[2 * i].record(stream)?;

@@ -281,15 +281,27 @@ pub fn report(
             job.env.launcher
         ),
     };
-    if let Some(path) = json {
-        // Rows were printed as they were measured; the whole table again for the record.
-        let file = meta.results_file(result.rows, &path.display().to_string())?;
-        write_file(path, &file.render()?)?;
-        println!("wrote {}", path.display());
-    }
+    // The CSV first: a run whose rows the schema refuses keeps its table.
     if let Some(path) = csv {
         write_file(path, &result.table.csv()?)?;
         println!("wrote {}", path.display());
+    }
+    if let Some(path) = json {
+        // Rows were printed as they were measured; the whole table again for the record.
+        let shown = path.display().to_string();
+        match meta.results_file(result.rows.clone(), &shown) {
+            Ok(file) => {
+                write_file(path, &file.render()?)?;
+                println!("wrote {}", path.display());
+            }
+            Err(e) => {
+                // Kept beside, for the record, but not under the results file's name.
+                let rejected = path.with_extension("rejected.json");
+                let raw = serde_json::to_string_pretty(&result.rows)?;
+                write_file(&rejected, &raw)?;
+                anyhow::bail!("{e} (the rows are in {})", rejected.display());
+            }
+        }
     }
     Ok(())
 }

@@ -61,7 +61,7 @@ where
                 .min(1.0)
                 * 0.9;
             let mut ctx = builder
-                .x_label_area_size(230)
+                .x_label_area_size(280)
                 .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), y_min..y_max.max(1.1))
                 .map_err(fail)?;
             let cases = &chart.cases;
@@ -82,7 +82,7 @@ where
             .pos(Pos::new(HPos::Left, VPos::Center));
             for (i, case) in cases.iter().enumerate() {
                 let (x, y) = ctx.backend_coord(&(i as f64, y_min));
-                let name: String = case.chars().take(40).collect();
+                let name: String = case.chars().take(38).collect();
                 root.draw_text(&name, &name_style, (x, y + 6))
                     .map_err(fail)?;
             }

@@ -234,13 +234,16 @@ fn rank_0_alone(
         let t0 = Instant::now();
         let r = call(&comm, &stream, &mut buf);
         // The error names the peer it waits for: rank 1 made one call (the joint all-reduce),
-        // this rank more (NCCL's progress board, on one host).
+        // this rank more (NCCL's progress board). Unless rank 1 runs on another host (or the
+        // board could not be made), where the error says so instead.
         let named = match &r {
             Err(e) => {
                 let text = format!("{e:#}");
-                if text.contains("rank 1 (pid ")
-                    && text.contains(" has made 1 calls on this communicator")
-                {
+                let behind = text.contains("rank 1 (pid ")
+                    && text.contains(" has made 1 calls on this communicator");
+                let elsewhere = text.contains("not seen on this host's board")
+                    || text.contains("no progress board");
+                if behind || elsewhere {
                     Ok(())
                 } else {
                     Err(anyhow::anyhow!(

@@ -17,7 +17,7 @@ impl Communicator {
         stream: &CudaStream,
     ) -> Result<(), PglError> {
         typed_with(|| -> anyhow::Result<()> {
-            self.collective("ncclAllReduce")?;
+            self.usable("ncclAllReduce")?;
             if send.len() != recv.len() {
                 return Err(nccl_argument(format!(
                     "all_reduce: send has {} elements, recv {}",
@@ -29,6 +29,7 @@ impl Communicator {
             let (s, _gs) = send.device_ptr(stream);
             let (r, _gr) = recv.device_ptr_mut(stream);
             // SAFETY: both buffers hold n elements of T on this communicator's device.
+            self.count_collective(); // checked: about to be enqueued
             let res = unsafe {
                 nc::all_reduce(
                     s as _,
@@ -52,11 +53,12 @@ impl Communicator {
         stream: &CudaStream,
     ) -> Result<(), PglError> {
         typed_with(|| -> anyhow::Result<()> {
-            self.collective("ncclAllReduce (in place)")?;
+            self.usable("ncclAllReduce (in place)")?;
             let n = buf.len();
             let (p, _g) = buf.device_ptr_mut(stream);
             // SAFETY: the buffer holds n elements of T on this communicator's device; NCCL allows
             // sendbuff == recvbuff.
+            self.count_collective(); // checked: about to be enqueued
             let res = unsafe {
                 nc::all_reduce(
                     p as _,
@@ -81,7 +83,7 @@ impl Communicator {
         stream: &CudaStream,
     ) -> Result<(), PglError> {
         typed_with(|| -> anyhow::Result<()> {
-            self.collective("ncclReduceScatter")?;
+            self.usable("ncclReduceScatter")?;
             let n = recv.len();
             if send.len() != n * self.world {
                 return Err(nccl_argument(format!(
@@ -93,6 +95,7 @@ impl Communicator {
             let (s, _gs) = send.device_ptr(stream);
             let (r, _gr) = recv.device_ptr_mut(stream);
             // SAFETY: sizes checked above.
+            self.count_collective(); // checked: about to be enqueued
             let res = unsafe {
                 nc::reduce_scatter(
                     s as _,
@@ -116,7 +119,7 @@ impl Communicator {
         stream: &CudaStream,
     ) -> Result<(), PglError> {
         typed_with(|| -> anyhow::Result<()> {
-            self.collective("ncclAllGather")?;
+            self.usable("ncclAllGather")?;
             let n = send.len();
             if recv.len() != n * self.world {
                 return Err(nccl_argument(format!(
@@ -128,6 +131,7 @@ impl Communicator {
             let (s, _gs) = send.device_ptr(stream);
             let (r, _gr) = recv.device_ptr_mut(stream);
             // SAFETY: sizes checked above.
+            self.count_collective(); // checked: about to be enqueued
             let res = unsafe {
                 nc::all_gather(
                     s as _,
@@ -151,7 +155,7 @@ impl Communicator {
         stream: &CudaStream,
     ) -> Result<(), PglError> {
         typed_with(|| -> anyhow::Result<()> {
-            self.collective("all_to_all")?;
+            self.usable("all_to_all")?;
             if send.len() != recv.len() || send.len() % self.world != 0 {
                 return Err(nccl_argument(format!(
                     "all_to_all: send {} and recv {} elements must be equal and divisible by world {}",
@@ -164,6 +168,7 @@ impl Communicator {
             let bytes = n * std::mem::size_of::<T>();
             let (s, _gs) = send.device_ptr(stream);
             let (r, _gr) = recv.device_ptr_mut(stream);
+            self.count_collective(); // checked: about to be enqueued
             let group = Group::start(self)?;
             for peer in 0..self.world {
                 let off = (peer * bytes) as u64;
@@ -207,7 +212,7 @@ impl Communicator {
         stream: &CudaStream,
     ) -> Result<(), PglError> {
         typed_with(|| -> anyhow::Result<()> {
-            self.collective("all_to_all_v")?;
+            self.usable("all_to_all_v")?;
             if sends.len() != self.world || recvs.len() != self.world {
                 return Err(nccl_argument(format!(
                     "all_to_all_v: {} send and {} receive ranges, expected one per rank ({})",
@@ -229,6 +234,7 @@ impl Communicator {
             let elem = std::mem::size_of::<T>() as u64;
             let (s, _gs) = send.device_ptr(stream);
             let (r, _gr) = recv.device_ptr_mut(stream);
+            self.count_collective(); // checked: about to be enqueued
             let group = Group::start(self)?;
             for peer in 0..self.world {
                 let (out, inn) = (&sends[peer], &recvs[peer]);
@@ -276,7 +282,7 @@ impl Communicator {
         stream: &CudaStream,
     ) -> Result<(), PglError> {
         typed_with(|| -> anyhow::Result<()> {
-            self.collective("send_recv")?;
+            self.usable("send_recv")?;
             if to >= self.world || from >= self.world {
                 return Err(nccl_argument(format!(
                     "send_recv: peers {to} and {from} must be below world {}",

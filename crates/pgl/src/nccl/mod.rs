@@ -335,10 +335,9 @@ impl Communicator {
         // budget; past it (or on an error) `finish` aborts the half-made communicator
         // (ncclCommAbort is NCCL's cleanup for it), and Drop then leaves it alone.
         init.finish(&what, r.result())?;
-        if rank == 0 {
-            if let Some(b) = &init.board {
-                b.unlink();
-            }
+        // Every rank mapped the board before joining: the file can go (each host has its own).
+        if let Some(b) = &init.board {
+            b.unlink();
         }
         if waits.nonblocking {
             return Ok(init);
@@ -484,17 +483,15 @@ impl Communicator {
         Ok(out)
     }
 
-    /// An error unless the communicator can take another call.
-    /// A collective call about to be enqueued: refused on an aborted communicator, else counted
-    /// on the progress board (every rank counts the same calls).
-    fn collective(&self, what: &str) -> anyhow::Result<()> {
-        self.usable(what)?;
+    /// A collective call whose arguments passed, about to be enqueued: counted on the progress
+    /// board (every rank counts the same collectives; point-to-point calls are not counted).
+    fn count_collective(&self) {
         if let Some(b) = &self.board {
             b.count_call();
         }
-        Ok(())
     }
 
+    /// An error unless the communicator can take another call (refused once aborted).
     fn usable(&self, what: &str) -> anyhow::Result<()> {
         if self.is_aborted() {
             return Err(nccl_error(

@@ -5,10 +5,13 @@
 //! The board is a small file in the user's private runtime directory (`<runtime dir>/weft-<uid>`,
 //! as the rendezvous socket), named after the communicator's unique id and mapped shared by every
 //! rank of that communicator on the host: per rank its process id and the number of collective
-//! calls it has made on the communicator (every rank makes the same calls in the same order, so
-//! the counts compare). Each rank writes only its own slot. Ranks on other hosts map their own
-//! host's board and are reported as not seen. Rank 0 removes the file once the communicator is
-//! made (every rank mapped it before joining); the mappings outlive it.
+//! collective calls it has made on the communicator (every rank makes the same collectives in the
+//! same order, so the counts compare; point-to-point calls, whose count differs from rank to rank,
+//! are not counted). Each rank writes only its own slot. Ranks on other hosts map their own host's
+//! board and are reported as not seen; a rank in another pid namespace (another container) is not
+//! checked for having exited. Every rank removes the file once the communicator is made (every
+//! rank mapped it before joining), and on its way out; the mappings outlive it. The file is
+//! allocated (not sparse), so a full filesystem fails the open, not a later store.
 
 use sha2::{Digest, Sha256};
 use std::fs::OpenOptions;
@@ -18,8 +21,9 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Words per rank: process id, calls made.
-const SLOT_WORDS: usize = 2;
+/// Words per rank: process id, calls made, pid namespace (the inode of /proc/self/ns/pid; 0 where
+/// it cannot be read).
+const SLOT_WORDS: usize = 3;
 
 pub(super) struct ProgressBoard {
     words: *mut AtomicU64,
@@ -40,7 +44,8 @@ pub(super) enum Peer {
     NotSeen,
     /// Its process no longer exists.
     Exited { pid: u32 },
-    /// Alive, with this many calls made on the communicator.
+    /// Alive (or in another pid namespace, where that cannot be checked), with this many calls
+    /// made on the communicator.
     Made { pid: u32, calls: u64 },
 }
 
@@ -59,9 +64,12 @@ impl ProgressBoard {
             .mode(0o600)
             .open(&path)?;
         let len = world * SLOT_WORDS * 8;
-        // Every rank sets the same length; a file already that long is left as it is.
-        if file.metadata()?.len() < len as u64 {
-            file.set_len(len as u64)?;
+        // Every rank allocates the same length (blocks, not a hole: a store into a hole of a full
+        // filesystem would kill the process with SIGBUS).
+        // SAFETY: a valid descriptor; offset 0 and a positive length.
+        let r = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len as libc::off_t) };
+        if r != 0 {
+            return Err(io::Error::from_raw_os_error(r));
         }
         // SAFETY: a shared read-write mapping of `len` bytes of a file at least that long; the
         // file may be closed afterwards (the mapping keeps it).
@@ -87,6 +95,9 @@ impl ProgressBoard {
         };
         board.word(rank, 1).store(0, Ordering::Relaxed);
         board
+            .word(rank, 2)
+            .store(pid_namespace(), Ordering::Relaxed);
+        board
             .word(rank, 0)
             .store(u64::from(std::process::id()), Ordering::Release);
         Ok(board)
@@ -99,13 +110,16 @@ impl ProgressBoard {
         unsafe { &*self.words.add(rank * SLOT_WORDS + i) }
     }
 
-    /// Removes the file (the mappings stay); rank 0 does it once every rank has mapped it.
+    /// Removes the file (the mappings stay): once every rank has mapped it, or on the way out.
     pub(super) fn unlink(&self) {
-        if let Err(e) = std::fs::remove_file(&self.path) {
-            log::debug!(
-                "removing the NCCL progress board {}: {e}",
-                self.path.display()
-            );
+        match std::fs::remove_file(&self.path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                log::debug!(
+                    "removing the NCCL progress board {}: {e}",
+                    self.path.display()
+                )
+            }
+            _ => {}
         }
     }
 
@@ -126,7 +140,8 @@ impl ProgressBoard {
             return Peer::NotSeen;
         }
         let pid = pid as u32;
-        if !process_exists(pid) {
+        let ns = self.word(rank, 2).load(Ordering::Relaxed);
+        if ns == pid_namespace() && ns != 0 && !process_exists(pid) {
             return Peer::Exited { pid };
         }
         Peer::Made {
@@ -171,9 +186,17 @@ impl ProgressBoard {
 
 impl Drop for ProgressBoard {
     fn drop(&mut self) {
-        // SAFETY: the mapping made in open, unmapped once.
+        self.unlink(); // a communicator that failed to join leaves no file behind either
+                       // SAFETY: the mapping made in open, unmapped once.
         unsafe { libc::munmap(self.words.cast(), self.len) };
     }
+}
+
+/// This process's pid namespace (the inode of /proc/self/ns/pid), 0 where it cannot be read:
+/// pids compare only within one namespace.
+fn pid_namespace() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
 }
 
 /// Whether a process with this id exists (kill with signal 0: no signal is sent).
@@ -217,9 +240,9 @@ mod tests {
         // Rank 1 is ahead of nobody: nothing holds it up on this host but the unseen rank 2.
         let text = r1.diagnose();
         assert!(text.starts_with("every peer on this host"), "{text}");
-        // Another communicator's board is another file.
+        // Another communicator's board is another file: rank 0 of it never wrote its slot.
         let other = ProgressBoard::open(&d, &[8u8; 128], 1, 3).unwrap();
-        assert_eq!(other.calls(), 0);
+        assert_eq!(other.peer(0), Peer::NotSeen);
         r0.unlink();
         assert!(!r0.path.exists());
         r1.count_call(); // the mappings outlive the file

@@ -90,11 +90,13 @@ impl FusedAllReduce {
     ) -> Result<Self, GemmError> {
         crate::error::typed_with(|| -> anyhow::Result<Self> {
             let world = rdzv.world();
-            let gemm = agree(
+            let mut gemm = agree(
                 rdzv,
                 "fused GEMM + AllReduce plan",
                 Self::plan_gemm(ctx, shape, options, method, world),
             )?;
+            // DistFuse launches carry no peer target that names the rank.
+            gemm.set_rank(rdzv.rank());
             // The workers' count is in every rank's END target: it must be agreed as well.
             let what = "fused GEMM + AllReduce";
             let plan = gemm.plan();
@@ -344,8 +346,9 @@ impl FusedAllReduce {
         })
     }
 
-    /// Waits for `stream`; an error names any wait that ran past its bound (tile flags: coord
-    /// b = 5, the order and tile; the END counter), else the driver's error, if any.
+    /// Waits for `stream`; an error names any wait that ran past its bound (tile flags: role
+    /// GEMM AllReduce communicator, coord (0, order, tile); the END counter), else the driver's
+    /// error, if any.
     pub fn synchronize(&self, stream: &Arc<CudaStream>) -> Result<(), GemmError> {
         crate::error::typed_with(|| -> anyhow::Result<()> {
             synchronize_checked(stream, "the fused GEMM + AllReduce", || {

@@ -483,8 +483,8 @@ typedef struct weft_gemm_peer_flags_params {
 
 // The row-slots layout's table check (kernels/gemm/row_slots_check.cu), launched before every
 // ROW_SLOTS GEMM on its stream: the table is the caller's, and an entry at or past D's slots
-// (other than WEFT_GEMM_NO_SLOT) is reported (WEFT_SYNC_STATUS_BAD_INDEX, coord (7, 0, tile
-// index, row in tile), expected = slots, observed = the entry) and traps, so the GEMM never runs
+// (other than WEFT_GEMM_NO_SLOT) is reported (WEFT_SYNC_STATUS_BAD_INDEX, role GEMM_ROW_SLOTS,
+// coord (0, 0, tile index, row in tile), expected = slots, observed = the entry) and traps, so the GEMM never runs
 // with it. Kept out of the GEMM's storer: the check there cost the consumers registers.
 typedef struct weft_gemm_row_slots_check_params {
   uint64_t table;    // device address of `entries` uint32_t: tile index x 128 + row -> slot

@@ -111,6 +111,7 @@ __device__ __forceinline__ void report_stall(const weft_gemm_params& p, const Co
   f.status = WEFT_SYNC_STATUS_TIMEOUT;
   f.primitive = static_cast<int32_t>(stall.primitive);
   f.role = WEFT_ROLE_GEMM_CONSUMER;
+  f.target_rank = p.rank;  // its own CTA's barriers (split-K: its own partials)
   f.coord = weft_tile_coord{0, stall.stage, stall.tile.tm, stall.tile.tn};
   f.expected = stall.parity;
   f.observed = stall.primitive == WEFT_SYNC_PRIM_MBARRIER_WAIT ? stall.parity ^ 1u : stall.observed;

@@ -63,6 +63,7 @@ __device__ __forceinline__ void report_signal_stall(const weft_gemm_params& p, i
   f.status = WEFT_SYNC_STATUS_TIMEOUT;
   f.primitive = WEFT_SYNC_PRIM_MBARRIER_WAIT;
   f.role = WEFT_ROLE_GEMM_CONSUMER;
+  f.target_rank = p.rank;  // its own CTA's ring
   f.coord = weft_tile_coord{0, static_cast<uint32_t>(ring.stage), static_cast<uint32_t>(consumer), 0};
   f.expected = ring.phase ^ 1u;
   f.observed = ring.phase;
