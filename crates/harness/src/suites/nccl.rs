@@ -179,12 +179,16 @@ fn timing_a_peer_never_joins(job: &mut Job) -> anyhow::Result<()> {
         "timed all-reduces only rank 0 calls",
         |comm, stream, buf| {
             let mut flush = stream.alloc_zeros::<u8>(1 << 20)?;
+            let mut tiny = stream.alloc_zeros::<f32>(1)?;
             time_flushed_aligned_waiting(
                 stream,
                 1,
                 3,
                 &mut flush,
-                || Ok(()),
+                // Lined up by a one-element all-reduce on the same communicator, as `Auto`'s
+                // timing does: after the bounded wait aborted it, the line-ups fail at once and
+                // the wait's error must still be the one returned.
+                || Ok(comm.all_reduce_in_place(&mut tiny, ReduceOp::Sum, stream)?),
                 || Ok(comm.all_reduce_in_place(&mut *buf, ReduceOp::Sum, stream)?),
                 || Ok(comm.synchronize(stream, "timed all-reduces only rank 0 calls")?),
             )
