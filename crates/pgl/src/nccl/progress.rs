@@ -33,9 +33,9 @@ pub(super) struct ProgressBoard {
     path: PathBuf,
 }
 
-// SAFETY: the mapping is shared memory accessed only through atomics.
+// SAFETY: the mapping is shared memory accessed only through atomics; the board moves with its
+// communicator (which is Send, not Sync).
 unsafe impl Send for ProgressBoard {}
-unsafe impl Sync for ProgressBoard {}
 
 /// What the board says about one peer.
 #[derive(Clone, Debug, PartialEq, Eq)]
