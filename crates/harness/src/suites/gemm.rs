@@ -1,8 +1,8 @@
 //! weft's GEMM (crates/signal-gemm, kernels/gemm/) on each rank's own GPU:
 //! - random_shapes_vs_cublas: 60 seeded random shapes (ragged edges, both B layouts, every
 //!   input/output dtype, the three tile widths (192 in clusters of 1) and both automatic choices
-//!   (`Auto`, `AutoPlain`), random sm_margin, some with
-//!   alpha/beta), fresh inputs, weft's output poisoned with NaN, every element within the output
+//!   (`Auto`, `AutoPlain`), random sm_margin, some with alpha and beta, some with alpha alone
+//!   (the 16-bit epilogue without beta stores by stmatrix)), fresh inputs, weft's output poisoned with NaN, every element within the output
 //!   dtype's tolerance of cuBLAS (cublasGemmEx, fp32 compute, fp32 output) on the same inputs.
 //! - small_shapes_vs_f64: 14 small shapes against a float64 CPU reference.
 //! - schedule_matches_kernel: the order each tile was stored in (a trace the epilogue writes)
@@ -131,7 +131,11 @@ fn random_options(rng: &mut StdRng, i: usize) -> GemmOptions {
         cluster_m,
         scheduling,
         epilogue,
-        alpha: if i % 7 == 3 { 0.5 } else { 1.0 },
+        alpha: match i % 7 {
+            3 => 0.5,
+            5 => -1.5,
+            _ => 1.0,
+        },
         beta: if i % 7 == 3 { -1.25 } else { 0.0 },
         ..GemmOptions::default()
     }
