@@ -98,11 +98,11 @@ struct GemmConfig {
   static constexpr uint32_t kOffEpi = kOffB + kStages * kBBytes;
   static constexpr uint32_t kOffBars = kOffEpi + kConsumers * kEpiBufs * kEpiBufBytes;
   static constexpr uint32_t kBarBytes = 2 * kStages * 8;
-  static constexpr uint32_t kOffOrders = kOffBars + kBarBytes;  // a uint32_t tile order per stage
+  static constexpr uint32_t kOffOrders = kOffBars + kBarBytes;  // a StageWork (16 bytes) per stage
   // Per consumer, a ring of WEFT_GEMM_SIGNAL_SLOTS signal slots: full and empty mbarriers, then
   // the slots (address and value, 16 bytes each).
   static constexpr int kSignalSlots = WEFT_GEMM_SIGNAL_SLOTS;
-  static constexpr uint32_t kOffSignals = kOffOrders + ((kStages * 4 + 15) & ~15);
+  static constexpr uint32_t kOffSignals = kOffOrders + kStages * 16;
   static constexpr uint32_t kSignalBytes = kConsumers * kSignalSlots * 32;
   // PEER_REDUCE (peer_reduce.cuh): the consumers-drained mbarrier, the START-stall flag and the
   // gathered A's chunk stall (ag_chunk.cuh).
@@ -132,6 +132,15 @@ __device__ __forceinline__ KBlocks work_k_blocks(const weft_gemm_params& p, uint
   return KBlocks{weft_gemm_split_begin(p.sched, split), weft_gemm_split_begin(p.sched, split + 1)};
 }
 
+// The work unit (the tile's order unless split-K; WEFT_GEMM_NO_TILE after the last) whose first K
+// block a stage holds, with its tile: the loader computes the tile for its loads and hands it over,
+// so the consumers do not repeat the schedule's divisions after every main loop.
+struct StageWork {
+  uint32_t work;
+  weft_gemm_tile tile;
+};
+static_assert(sizeof(StageWork) == 16, "a StageWork per stage takes 16 bytes of shared memory");
+
 // Shared-memory view of one CTA, from the dynamic shared memory base.
 template <class Cfg>
 struct SharedTiles {
@@ -150,11 +159,10 @@ struct SharedTiles {
   __device__ __forceinline__ uint64_t* empty(int stage) const {
     return reinterpret_cast<uint64_t*>(base + Cfg::kOffBars) + Cfg::kStages + stage;
   }
-  // The work unit (the tile's order unless split-K) whose first K block is in stage s (or
-  // WEFT_GEMM_NO_TILE): written by the loader before its arrival on full[s], read by the
-  // consumers after their wait on it.
-  __device__ __forceinline__ uint32_t* order(int stage) const {
-    return reinterpret_cast<uint32_t*>(base + Cfg::kOffOrders) + stage;
+  // The work unit whose first K block is in stage s, and its tile: written by the loader before
+  // its arrival on full[s], read by the consumers after their wait on it.
+  __device__ __forceinline__ StageWork* work(int stage) const {
+    return reinterpret_cast<StageWork*>(base + Cfg::kOffOrders) + stage;
   }
   // Consumer c's signal ring (storer.cuh): signal_full(c, s) completes when the consumer's leader
   // has written slot s; signal_empty(c, s) when its signaller has issued the slot's release.

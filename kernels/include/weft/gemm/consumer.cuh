@@ -37,33 +37,42 @@ struct ConsumerStall {
   uint32_t observed = 0;
 };
 
-// The consumer's next work unit (WEFT_GEMM_NO_TILE after the last), from the stage the loader
-// filled next; WEFT_GEMM_NO_TILE and `stall` filled when it never arrived within the budget.
+// The consumer's next work unit and its tile (work WEFT_GEMM_NO_TILE after the last), from the
+// stage the loader filled next; work WEFT_GEMM_NO_TILE and `stall` filled when it never arrived
+// within the budget.
 template <class Cfg>
-__device__ __forceinline__ uint32_t next_tile_order(const weft_gemm_params& p, const SharedTiles<Cfg>& sm,
-                                                    const PipelineState<Cfg::kStages>& ps, ConsumerStall& stall) {
+__device__ __forceinline__ StageWork next_work(const weft_gemm_params& p, const SharedTiles<Cfg>& sm,
+                                               const PipelineState<Cfg::kStages>& ps, ConsumerStall& stall) {
   if (!mbar_try_wait(sm.full(ps.stage), ps.phase)) {
     const uint64_t t0 = weft::sync::globaltimer_ns();
     if (!mbar_wait_bounded(sm.full(ps.stage), ps.phase, p.bound.budget_cycles)) {
       stall = ConsumerStall{1, static_cast<uint32_t>(ps.stage), ps.phase, weft_gemm_tile{WEFT_GEMM_NO_TILE, 0, 0},
                             p.bound.budget_cycles, weft::sync::globaltimer_ns() - t0};
-      return WEFT_GEMM_NO_TILE;
+      return StageWork{WEFT_GEMM_NO_TILE, weft_gemm_tile{WEFT_GEMM_NO_TILE, 0, 0}};
     }
   }
   // The full barrier's phase completed after the loader's arrival, which followed its write. Lane
   // 0 alone reads the slot: its read is then program-ordered before its own release of the stage
-  // (release_stage), after which the loader may rewrite it; the warp gets the value by shuffle.
-  uint32_t order = 0;
-  if (threadIdx.x % 32 == 0) order = *reinterpret_cast<volatile uint32_t*>(sm.order(ps.stage));
-  return __shfl_sync(0xffffffffu, order, 0);
+  // (release_stage), after which the loader may rewrite it; the warp gets the values by shuffle.
+  uint32_t w = 0, tm = 0, tn = 0, valid = 0;
+  if (threadIdx.x % 32 == 0) {
+    const volatile StageWork* slot = sm.work(ps.stage);
+    w = slot->work;
+    tm = slot->tile.tm;
+    tn = slot->tile.tn;
+    valid = slot->tile.valid;
+  }
+  return StageWork{__shfl_sync(0xffffffffu, w, 0),
+                   weft_gemm_tile{__shfl_sync(0xffffffffu, tm, 0), __shfl_sync(0xffffffffu, tn, 0),
+                                  __shfl_sync(0xffffffffu, valid, 0)}};
 }
 
-// acc = A[tile rows of consumer c] * B[tile columns], over work unit `work`'s `k_blocks` K blocks
-// (all of K unless split-K) as the loader fills them. False (and `stall` filled) when a stage never
-// arrived within the budget.
+// acc = A[tile rows of consumer c] * B[tile columns], over the `k_blocks` K blocks of the work unit
+// of `tile` (all of K unless split-K) as the loader fills them. False (and `stall` filled) when a
+// stage never arrived within the budget.
 template <class Cfg>
 __device__ __forceinline__ bool mma_tile(const weft_gemm_params& p, const SharedTiles<Cfg>& sm, int consumer,
-                                         uint32_t work, uint32_t k_blocks, PipelineState<Cfg::kStages>& ps,
+                                         weft_gemm_tile tile, uint32_t k_blocks, PipelineState<Cfg::kStages>& ps,
                                          float (&acc)[Cfg::kAccumulators], ConsumerStall& stall) {
   int prev_stage = -1;
   for (uint32_t kb = 0; kb < k_blocks; ++kb) {
@@ -72,7 +81,7 @@ __device__ __forceinline__ bool mma_tile(const weft_gemm_params& p, const Shared
       if (!mbar_wait_bounded(sm.full(ps.stage), ps.phase, p.bound.budget_cycles)) {
         // Waited at least the whole budget (mbar_wait_bounded does not return its count).
         stall = ConsumerStall{1, static_cast<uint32_t>(ps.stage), ps.phase,
-                              weft_gemm_tile_at(p.sched, work / work_splits<Cfg>(p)), p.bound.budget_cycles,
+                              tile, p.bound.budget_cycles,
                               weft::sync::globaltimer_ns() - t0};
         wgmma_wait<0>();  // leave no batch in flight on the way out
         accumulator_fence(acc);

@@ -120,14 +120,13 @@ __device__ __forceinline__ void gemm_kernel_body(const weft_gemm_params& p) {
       float acc[Cfg::kAccumulators];
       const uint32_t splits = work_splits<Cfg>(p);
       for (;;) {
-        const uint32_t work = next_tile_order<Cfg>(p, sm, ps, stall);
+        const StageWork next = next_work<Cfg>(p, sm, ps, stall);
+        const uint32_t work = next.work;
         if (work == WEFT_GEMM_NO_TILE) break;
-        // Only `work` and the unit's K block count stay live across the main loop (the tile is
-        // recomputed after it).
         const KBlocks kbs = work_k_blocks<Cfg>(p, work);
-        if (!mma_tile<Cfg>(p, sm, consumer, work, kbs.end - kbs.begin, ps, acc, stall)) break;
+        const weft_gemm_tile t = next.tile;
+        if (!mma_tile<Cfg>(p, sm, consumer, t, kbs.end - kbs.begin, ps, acc, stall)) break;
         const uint32_t order = work / splits, split = work % splits;
-        const weft_gemm_tile t = weft_gemm_tile_at(p.sched, order);
         if (splits > 1) {
           // Split-K: an earlier split hands its partial over; the last adds them and stores.
           if (split + 1 < splits) {

@@ -1,7 +1,7 @@
 // The loader role: one thread of warpgroup 0 takes the CTA's work units (tiles, or with split-K
 // their K ranges) in schedule order and, for each K block, waits for a free stage and issues the
 // TMA loads of the A and B tiles into it. It tells the consumers which unit comes next through
-// the stage of the unit's first K block, and ends with a stage that carries WEFT_GEMM_NO_TILE and
+// the stage of the unit's first K block (with its tile), and ends with a stage that carries WEFT_GEMM_NO_TILE and
 // no bytes.
 #pragma once
 #include "weft/abi/gemm.h"
@@ -81,7 +81,7 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
       weft::sync::mbarrier_wait<true>(sm.empty(ps.stage), ps.phase ^ 1u, p.bound, p.rank,
                                       weft_tile_coord{0, static_cast<uint32_t>(ps.stage), t.tm, t.tn}, WEFT_ROLE_GEMM_LOADER);
       uint64_t* full = sm.full(ps.stage);
-      if (kb == kbs.begin) *sm.order(ps.stage) = work;  // released to the consumers by the arrival below
+      if (kb == kbs.begin) *sm.work(ps.stage) = StageWork{work, t};  // released to the consumers by the arrival below
       mbar_arrive_expect_tx(full, Cfg::kABytes + Cfg::kBBytes);
       const int32_t k0 = static_cast<int32_t>(kb * Cfg::kBK);
       tensor_load_2d(sm.a(ps.stage), a_map, full, k0, a_row);
@@ -118,7 +118,7 @@ __device__ __forceinline__ void run_loader(const weft_gemm_params& p, const Shar
   // run the same number of tiles, so no peer multicasts into it).
   weft::sync::mbarrier_wait<true>(sm.empty(ps.stage), ps.phase ^ 1u, p.bound, p.rank,
                                   weft_tile_coord{0, static_cast<uint32_t>(ps.stage), WEFT_GEMM_NO_TILE, 0}, WEFT_ROLE_GEMM_LOADER);
-  *sm.order(ps.stage) = WEFT_GEMM_NO_TILE;
+  sm.work(ps.stage)->work = WEFT_GEMM_NO_TILE;
   mbar_arrive(sm.full(ps.stage));
 }
 
