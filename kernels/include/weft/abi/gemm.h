@@ -39,22 +39,22 @@
 
 // Pipeline stages: as many as fit next to the epilogue buffers (128 x 192 tiles: 4 of 40 KB; a
 // fifth would need 233 KB with the pipelined epilogue's buffers).
-WEFT_HD uint32_t weft_gemm_stages(uint32_t tile_n, uint32_t epilogue) {
+WEFT_HD_CONSTEXPR uint32_t weft_gemm_stages(uint32_t tile_n, uint32_t epilogue) {
   return tile_n == 256 ? (epilogue == WEFT_GEMM_EPI_WHOLE_TILE ? 3u : 4u) : tile_n == 192 ? 4u : 6u;
 }
 // Epilogue buffers per consumer warpgroup (chunks of a 16-bit 64 x tile_n half tile when whole).
-WEFT_HD uint32_t weft_gemm_epi_bufs(uint32_t tile_n, uint32_t epilogue) {
+WEFT_HD_CONSTEXPR uint32_t weft_gemm_epi_bufs(uint32_t tile_n, uint32_t epilogue) {
   return epilogue == WEFT_GEMM_EPI_WHOLE_TILE ? tile_n * 2u / 128u : 2u;
 }
 // Dynamic shared memory of one CTA with 2-byte inputs: 1024 bytes of alignment slack, the
-// stages, the epilogue buffers, a full and an empty mbarrier per stage, a tile order per stage
-// (rounded up to 16 bytes), per consumer a ring of signal slots (16 bytes and a full and an
+// stages, the epilogue buffers, a full and an empty mbarrier per stage, a work unit and its tile
+// per stage (16 bytes, the kernels' StageWork), per consumer a ring of signal slots (16 bytes and a full and an
 // empty mbarrier each), and 16 bytes for the PEER_REDUCE epilogue's barrier.
-WEFT_HD uint32_t weft_gemm_smem_bytes(uint32_t tile_n, uint32_t epilogue) {
+WEFT_HD_CONSTEXPR uint32_t weft_gemm_smem_bytes(uint32_t tile_n, uint32_t epilogue) {
   const uint32_t stages = weft_gemm_stages(tile_n, epilogue);
   return 1024u + stages * (WEFT_GEMM_TILE_M + tile_n) * WEFT_GEMM_TILE_K * 2u +
          WEFT_GEMM_CONSUMERS * weft_gemm_epi_bufs(tile_n, epilogue) * WEFT_GEMM_EPI_BUF_BYTES + 2u * stages * 8u +
-         ((stages * 4u + 15u) & ~15u) + WEFT_GEMM_CONSUMERS * WEFT_GEMM_SIGNAL_SLOTS * 32u + 16u;
+         stages * 16u /* a StageWork per stage */ + WEFT_GEMM_CONSUMERS * WEFT_GEMM_SIGNAL_SLOTS * 32u + 16u;
 }
 
 typedef struct weft_gemm_schedule {

@@ -7,3 +7,10 @@
 #else
 #define WEFT_HD static inline
 #endif
+// WEFT_HD_CONSTEXPR: the same, and under nvcc usable in constant expressions (sizes the kernels'
+// static_asserts compare with their own).
+#ifdef __CUDACC__
+#define WEFT_HD_CONSTEXPR constexpr __host__ __device__ __forceinline__
+#else
+#define WEFT_HD_CONSTEXPR static inline
+#endif

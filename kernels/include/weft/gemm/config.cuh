@@ -54,8 +54,9 @@ struct GemmConfig {
   static constexpr bool kAllReduceOnly = kFusions == kFusionsAllReduce;
   static constexpr bool kPeerRowsOnly = kFusions == kFusionsPeerRows;
   // Epilogue variant (WEFT_GEMM_EPI_*, abi/gemm.h) and the pipeline depth that fits beside it: the
-  // constexpr mirrors of weft_gemm_stages / weft_gemm_epi_bufs (the host's sizes). A mismatch is
-  // caught at run time: the kernel checks %dynamic_smem_size against kSmemBytes.
+  // mirrors of weft_gemm_stages / weft_gemm_epi_bufs (the host's sizes), checked against them with
+  // the whole layout below (kSmemBytes == weft_gemm_smem_bytes); the kernel also checks
+  // %dynamic_smem_size against kSmemBytes at run time.
   static constexpr int kEpilogue = kEpilogue_;
   static constexpr int kStages = kBN_ == 256 ? (kEpilogue == WEFT_GEMM_EPI_WHOLE_TILE ? 3 : 4) : kBN_ == 192 ? 4 : 6;
   // CTAs per cluster along M: they compute vertically adjacent tiles of one column and share its
@@ -110,6 +111,8 @@ struct GemmConfig {
   static constexpr uint32_t kPeerBytes = 16;
   static constexpr uint32_t kSmemBytes = 1024 + kOffPeer + kPeerBytes;  // + alignment slack
   static_assert(kSmemBytes <= 232448, "shared memory over the sm_90 per-block limit");
+  static_assert(sizeof(In) != 2 || kSmemBytes == weft_gemm_smem_bytes(kBN, kEpilogue),
+                "the host sizes shared memory with weft_gemm_smem_bytes (abi/gemm.h): keep it the layout above");
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stage buffers keep 1024-byte alignment");
 };
 
