@@ -78,6 +78,9 @@ __device__ __forceinline__ void write_chunk_stmatrix(const float (&acc)[Cfg::kAc
                                                      float alpha) {
   using Out = typename Cfg::Out;
   static_assert(sizeof(Out) == 2 && Cfg::kEpiCols == 64, "stmatrix stores 16-bit chunks of 64 columns");
+  // stmatrix is .sync.aligned: every lane of the warp must execute it together. Lanes may arrive
+  // apart (the leader alone waited for peers or issued the last chunk's store): converge first.
+  __syncwarp();
   const uint32_t lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
   const uint32_t m = lane / 8, i = lane % 8;
   const uint32_t row = warp * 16 + (m & 1) * 8 + i;  // row % 8 == i
