@@ -343,7 +343,12 @@ struct TmaStorer {
     };
     // 16-bit output without beta, chunks in the standard boxes: stmatrix (write_chunk_stmatrix).
     // The choice is made once per tile, outside the chunk loops, so that only one writer's code runs.
-    const bool stmatrix_chunks = sizeof(Out) == 2 && !with_beta && run_shift == 6u;
+    // Only in the plain kernels and the one with every fusion, where the trials pass with it on two
+    // H200s and with ranks sharing one; the kernels of one fused method (_pr, _ag, _ar, _a2a) trapped
+    // with an illegal instruction or hung with it (cause not found; crates/signal-gemm/README.md,
+    // "stmatrix epilogue"), so they keep the general writer.
+    constexpr bool kStmatrixKernel = Cfg::kFusions == kFusionsNone || Cfg::kAllFusions;
+    const bool stmatrix_chunks = kStmatrixKernel && sizeof(Out) == 2 && !with_beta && run_shift == 6u;
     auto write_chunk_fast = [&](int c, uint8_t* buf) {
       if constexpr (sizeof(Out) == 2) write_chunk_stmatrix<Cfg>(acc, c, kWhole ? buf + c * Cfg::kEpiBufBytes : buf, p.alpha);
     };
