@@ -343,12 +343,13 @@ struct TmaStorer {
     };
     // 16-bit output without beta, chunks in the standard boxes: stmatrix (write_chunk_stmatrix).
     // The choice is made once per tile, outside the chunk loops, so that only one writer's code runs.
-    // Only in the plain kernels and the one with every fusion, where the trials pass with it on two
-    // H200s and with ranks sharing one; the kernels of one fused method (_pr, _ag, _ar, _a2a) trapped
-    // with an illegal instruction or hung with it (cause not found; crates/signal-gemm/README.md,
-    // "stmatrix epilogue"), so they keep the general writer.
-    constexpr bool kStmatrixKernel = Cfg::kFusions == kFusionsNone || Cfg::kAllFusions;
-    const bool stmatrix_chunks = kStmatrixKernel && sizeof(Out) == 2 && !with_beta && run_shift == 6u;
+    // Plain kernels only. With it the ReduceScatter's own kernel (_pr) trapped with an illegal
+    // instruction on two H200s and hung with two ranks sharing one; the other method kernels were
+    // never seen to pass or fail (the first fault poisoned the context), and the all-fusion kernel,
+    // which passed its trials with it, would also run it under a peer reduce and spills when told
+    // apart at run time. Cause not found (crates/signal-gemm/README.md, "stmatrix epilogue"): every
+    // fused kernel keeps the general writer.
+    const bool stmatrix_chunks = Cfg::kFusions == kFusionsNone && sizeof(Out) == 2 && !with_beta && run_shift == 6u;
     auto write_chunk_fast = [&](int c, uint8_t* buf) {
       if constexpr (sizeof(Out) == 2) write_chunk_stmatrix<Cfg>(acc, c, kWhole ? buf + c * Cfg::kEpiBufBytes : buf, p.alpha);
     };
