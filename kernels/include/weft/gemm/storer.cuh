@@ -71,15 +71,15 @@ __device__ __forceinline__ uint32_t pack_pair(__half*, float a, float b) {
 // its four matrices (j, rows 0-7 of the warp's 16), (j, rows 8-15), (j + 1, 0-7), (j + 1, 8-15).
 // Lane 8 m + i addresses row i of matrix m. The epilogue of a 16-bit output without beta: the
 // general writer (per pair a store, its address and the beta branch) made the epilogue about 30 KB
-// of code, refetched by the instruction cache at every tile (Nsight Compute at K = 1024: a fifth of
-// the consumers' time in the epilogue, a third of it waiting for instructions).
+// of code, refetched by the instruction cache at every tile (Nsight Compute at 4096 x 8192 x 1024:
+// 15 % of the kernel's warp samples in the epilogue, 40 % of those waiting for instructions).
 template <class Cfg>
 __device__ __forceinline__ void write_chunk_stmatrix(const float (&acc)[Cfg::kAccumulators], int c, uint8_t* buf,
                                                      float alpha) {
   using Out = typename Cfg::Out;
   static_assert(sizeof(Out) == 2 && Cfg::kEpiCols == 64, "stmatrix stores 16-bit chunks of 64 columns");
   // stmatrix is .sync.aligned: every lane of the warp must execute it together. Lanes may arrive
-  // apart (the leader alone waited for peers or issued the last chunk's store): converge first.
+  // apart (the leader alone issued the previous chunk's store): converge first.
   __syncwarp();
   const uint32_t lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
   const uint32_t m = lane / 8, i = lane % 8;
